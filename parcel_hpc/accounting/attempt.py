@@ -1,0 +1,283 @@
+"""Attempts: one per allocation row of ``sacct --duplicates``, numbered within their job.
+
+Owns: the ``Attempt`` record, the columnar ``attempt_table`` it is built from, and
+``totals_by_job``, the per-job sums reconciliation reads. A requeued job (REQUEUED,
+PREEMPTED or NODE_FAIL rows, then its final row) yields several attempts of one job id;
+array tasks are jobs of their own ("29_3"), keyed by the id as submitted, not by JobIDRaw
+(the array's last task carries the master's raw id). Must not: read sacct, price hours,
+or know trials — mapping job ids to trials is the reconciler's job.
+
+Attempt order within a job: Start, falling back to Submit when the attempt never started
+(a PENDING row after a requeue), then source line. Everything stays columnar until
+``attempts`` materializes records, so a 1,000,000-line dump aggregates without a Python
+object per row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from parcel_hpc.accounting.parse import SacctTable
+from parcel_hpc.accounting.states import JobState
+from parcel_hpc.errors import AccountingError
+
+_SECONDS_PER_HOUR = 3600.0
+_JOB_ID = re.compile(r"^\d+(?:_(?:\d+|\[[^\]]*\]))?(?:\+\d+)?$")
+
+# Columns of attempt_table, in this order, sorted by (job, attempt).
+ATTEMPT_COLUMNS = (
+    "job_id", "base_job_id", "array_task", "raw_job_id", "attempt", "is_last", "state",
+    "state_text", "exit_status", "exit_signal", "job_name", "node_list", "partition",
+    "account", "submit", "start", "end", "elapsed_s", "gpus", "cpus", "billing",
+    "gpu_hours", "cpu_hours", "queue_wait_s", "line",
+)
+
+__all__ = ["ATTEMPT_COLUMNS", "Attempt", "attempt_table", "attempts", "totals_by_job"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Attempt:
+    """One run (or one wait) of one job id, as SLURM accounted it."""
+
+    job_id: str              # as submitted: "12", "29_3"
+    raw_job_id: int          # JobIDRaw
+    base_job_id: int         # 29 for "29_3"
+    array_task: int | None   # 3 for "29_3"
+    attempt: int             # 0 for the first run of this job id, 1 after the first requeue ...
+    state: JobState
+    exit_status: int         # ExitCode before the colon (modulo 128 above 128 on 22.05)
+    exit_signal: int         # ExitCode after the colon
+    node_list: str           # "n1", "n[1-3]", "None assigned"
+    partition: str
+    account: str
+    submit: int | None       # epoch seconds
+    start: int | None        # epoch seconds; None: never started
+    end: int | None          # epoch seconds; None: not ended yet
+    elapsed_s: int           # seconds, SLURM's ElapsedRaw
+    gpus: int                # gres/gpu in AllocTRES
+    cpus: int                # cpu in AllocTRES
+    line: int                # 1-based line of the allocation row in the sacct text
+
+    def __post_init__(self) -> None:
+        if not _JOB_ID.match(self.job_id):
+            raise ValueError(f"Attempt.job_id {self.job_id!r} is not a SLURM job id without a step")
+        if not isinstance(self.state, JobState):
+            raise TypeError(f"Attempt.state must be a JobState, got {self.state!r}")
+        for name in ("raw_job_id", "base_job_id", "attempt", "elapsed_s", "gpus", "cpus", "exit_status", "exit_signal"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"Attempt.{name} must be a non-negative int, got {value!r}")
+        if self.line < 1:
+            raise ValueError(f"Attempt.line must be >= 1, got {self.line}")
+        _check_times(self.submit, self.start, self.end, where=f"job {self.job_id}")
+
+    @property
+    def gpu_hours(self) -> float:
+        return self.gpus * self.elapsed_s / _SECONDS_PER_HOUR
+
+    @property
+    def cpu_hours(self) -> float:
+        return self.cpus * self.elapsed_s / _SECONDS_PER_HOUR
+
+    @property
+    def queue_wait_s(self) -> int | None:
+        """Submit to Start of this attempt (SLURM resets Submit on a requeue); None if it never started."""
+        if self.start is None or self.submit is None:
+            return None
+        return self.start - self.submit
+
+
+def attempt_table(sacct: SacctTable) -> pa.Table:
+    """The allocation rows as attempts (``ATTEMPT_COLUMNS``), grouped by job id, attempt order.
+
+    Raises AccountingError naming the line when an allocation row's times are impossible
+    (Start before Submit, End before Start): billing an impossible run would be a guess.
+    """
+    alloc = sacct.allocations()
+    n = alloc.num_rows
+    submit = _np(alloc, "submit")
+    start = _np(alloc, "start")
+    end = _np(alloc, "end")
+    line = alloc.column("line").to_numpy()
+    _check_columns(submit, start, end, line, sacct.source)
+    when = np.where(np.isnan(start), submit, start)
+    when = np.where(np.isnan(when), -np.inf, when)  # never reported at all: keep source order first
+    group_keys = _group_keys(alloc)
+    sort_keys = (line, when, *group_keys)  # np.lexsort order: the last key is the primary one
+    # sacct usually prints a job's runs together and in time order; then no sort or take is needed.
+    order = None if _is_sorted(sort_keys) else np.lexsort(sort_keys)
+    first = np.ones(n, dtype=bool)  # the row starts a new job id
+    if n:
+        first[1:] = False
+    for key in group_keys:
+        k = key if order is None else key[order]
+        first[1:] |= k[1:] != k[:-1]
+    group_start = np.maximum.accumulate(np.where(first, np.arange(n), 0)) if n else np.zeros(0, np.int64)
+    attempt = np.arange(n) - group_start
+    is_last = np.ones(n, dtype=bool)
+    is_last[:-1] = first[1:]
+    t = alloc if order is None else alloc.take(pa.array(order))
+    elapsed = t.column("elapsed_s")
+    hours = pc.divide(pc.cast(elapsed, pa.float64()), _SECONDS_PER_HOUR)
+    columns = {
+        "job_id": t.column("job_id"),
+        "base_job_id": t.column("base_job_id"),
+        "array_task": t.column("array_task"),
+        "raw_job_id": t.column("raw_job_id"),
+        "attempt": pa.array(attempt.astype(np.int32)),
+        "is_last": pa.array(is_last),
+        "state": t.column("state"),
+        "state_text": t.column("state_text"),
+        "exit_status": t.column("exit_status"),
+        "exit_signal": t.column("exit_signal"),
+        "job_name": t.column("job_name"),
+        "node_list": t.column("node_list"),
+        "partition": t.column("partition"),
+        "account": t.column("account"),
+        "submit": t.column("submit"),
+        "start": t.column("start"),
+        "end": t.column("end"),
+        "elapsed_s": elapsed,
+        "gpus": t.column("gpus"),
+        "cpus": t.column("cpus"),
+        "billing": t.column("billing"),
+        "gpu_hours": pc.multiply(pc.cast(t.column("gpus"), pa.float64()), hours),
+        "cpu_hours": pc.multiply(pc.cast(t.column("cpus"), pa.float64()), hours),
+        "queue_wait_s": pc.subtract(t.column("start"), t.column("submit")),
+        "line": t.column("line"),
+    }
+    return pa.table([columns[name] for name in ATTEMPT_COLUMNS], names=list(ATTEMPT_COLUMNS))
+
+
+def attempts(sacct: SacctTable) -> list[Attempt]:
+    """Every attempt as a validated record, grouped by job id in attempt order."""
+    cols = attempt_table(sacct).to_pydict()
+    return [
+        Attempt(
+            job_id=cols["job_id"][i],
+            raw_job_id=cols["raw_job_id"][i],
+            base_job_id=cols["base_job_id"][i],
+            array_task=cols["array_task"][i],
+            attempt=cols["attempt"][i],
+            state=JobState.from_code(cols["state"][i]),
+            exit_status=cols["exit_status"][i],
+            exit_signal=cols["exit_signal"][i],
+            node_list=cols["node_list"][i],
+            partition=cols["partition"][i],
+            account=cols["account"][i],
+            submit=cols["submit"][i],
+            start=cols["start"][i],
+            end=cols["end"][i],
+            elapsed_s=cols["elapsed_s"][i],
+            gpus=cols["gpus"][i],
+            cpus=cols["cpus"][i],
+            line=cols["line"][i],
+        )
+        for i in range(len(cols["job_id"]))
+    ]
+
+
+def totals_by_job(table: pa.Table) -> pa.Table:
+    """Per job id sums over its attempts, from ``attempt_table`` (stays columnar).
+
+    Columns: job_id, base_job_id, array_task, attempts, final_state (JobState code of the last
+    attempt), final_exit_status, gpu_hours, cpu_hours, elapsed_s, queue_wait_s (summed over
+    attempts that started), first_submit, last_end (None while the last attempt runs).
+    """
+    if tuple(table.column_names) != ATTEMPT_COLUMNS:
+        raise TypeError("totals_by_job needs attempt_table(...)'s output")
+    n = table.num_rows
+    attempt = table.column("attempt").to_numpy()
+    starts = np.flatnonzero(attempt == 0) if n else np.zeros(0, np.int64)
+    lasts = np.flatnonzero(table.column("is_last").to_numpy(zero_copy_only=False))
+
+    def group_sum(name: str, dtype: type) -> pa.Array:
+        values = table.column(name).to_numpy(zero_copy_only=False)
+        values = np.nan_to_num(values.astype(np.float64), nan=0.0).astype(dtype)
+        return pa.array(np.add.reduceat(values, starts) if n else values[:0])
+
+    submit = _np(table, "submit")
+    first_submit = np.fmin.reduceat(submit, starts) if n else submit[:0]
+    end = _np(table, "end")
+    last_end = end[lasts]
+    return pa.table(
+        {
+            "job_id": table.column("job_id").take(pa.array(starts)),
+            "base_job_id": table.column("base_job_id").take(pa.array(starts)),
+            "array_task": table.column("array_task").take(pa.array(starts)),
+            "attempts": pa.array((lasts - starts + 1).astype(np.int32)),
+            "final_state": table.column("state").take(pa.array(lasts)),
+            "final_exit_status": table.column("exit_status").take(pa.array(lasts)),
+            "gpu_hours": group_sum("gpu_hours", np.float64),
+            "cpu_hours": group_sum("cpu_hours", np.float64),
+            "elapsed_s": group_sum("elapsed_s", np.int64),
+            "queue_wait_s": group_sum("queue_wait_s", np.int64),
+            "first_submit": _from_np(first_submit),
+            "last_end": _from_np(last_end),
+        }
+    )
+
+
+def _group_keys(alloc: pa.Table) -> list[np.ndarray]:
+    """Keys that together identify a job id, least significant first (np.lexsort order).
+
+    (base id, array task) identifies it, except for heterogeneous components (12+0, 12+1) and
+    pending array ranges (29_[4-9]); only when those occur is the job id text encoded too.
+    """
+    keys = [
+        pc.fill_null(alloc.column("array_task"), -1).to_numpy(),
+        alloc.column("base_job_id").to_numpy(),
+    ]
+    job_id = alloc.column("job_id")
+    if alloc.num_rows and pc.any(pc.match_substring_regex(job_id, r"[+\[]")).as_py():
+        codes = pc.dictionary_encode(job_id.combine_chunks()).indices.to_numpy(zero_copy_only=False)
+        keys.insert(0, codes)
+    return keys
+
+
+def _is_sorted(keys: tuple[np.ndarray, ...]) -> bool:
+    """Whether rows are already in lexicographic order of ``keys`` (np.lexsort order)."""
+    if len(keys[0]) < 2:
+        return True
+    undecided = np.ones(len(keys[0]) - 1, dtype=bool)
+    for key in reversed(keys):
+        before, after = key[:-1], key[1:]
+        if (undecided & (before > after)).any():
+            return False
+        undecided &= before == after
+        if not undecided.any():
+            return True
+    return True
+
+
+def _np(table: pa.Table, name: str) -> np.ndarray:
+    """A nullable int64 column as float64 with NaN for null (exact below 2**53 s)."""
+    return pc.cast(table.column(name), pa.float64()).to_numpy(zero_copy_only=False)
+
+
+def _from_np(values: np.ndarray) -> pa.Array:
+    return pa.array(np.where(np.isnan(values), 0, values).astype(np.int64), mask=np.isnan(values))
+
+
+def _check_columns(submit: np.ndarray, start: np.ndarray, end: np.ndarray, line: np.ndarray, source: str) -> None:
+    with np.errstate(invalid="ignore"):
+        bad = (start < submit) | (end < start)
+    if bad.any():
+        i = int(np.argmax(bad))
+        as_int = [None if np.isnan(v) else int(v) for v in (submit[i], start[i], end[i])]
+        try:
+            _check_times(*as_int, where=f"{source}:{int(line[i])}")
+        except ValueError as exc:
+            raise AccountingError(f"{exc}; the accounting record is inconsistent — ask the SLURM admin") from None
+
+
+def _check_times(submit: int | None, start: int | None, end: int | None, *, where: str) -> None:
+    if start is not None and submit is not None and start < submit:
+        raise ValueError(f"{where}: Start ({start}) is before Submit ({submit})")
+    if end is not None and start is not None and end < start:
+        raise ValueError(f"{where}: End ({end}) is before Start ({start})")

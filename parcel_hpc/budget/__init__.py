@@ -1,0 +1,44 @@
+"""Budgets enforced, not monitored.
+
+Two halves, one vocabulary (``BudgetCaps``, ``Rates``, ``Spend``, ``CapLine``):
+- admission (pure): ``worst_case`` -> ``Commitment``; ``admit_launch`` -> ``BudgetDecision``
+  (``admit`` or ``hold:budget``, with the overshoot and what to change); ``render_commitment``;
+- the reservation journal (``BudgetLedger``): every attempt reserves its worst case before it runs
+  and settles what it used after, against caps that concurrent processes on several nodes cannot
+  overshoot, with nothing but create-exclusive files on the shared search directory.
+
+Must not: dispatch, mark trial states, or measure usage; callers do those with these decisions.
+"""
+
+from ._admission import Admission, BudgetDecision, Commitment, admit_launch, attempt_worst_case, render_commitment, worst_case
+from ._journal import (
+    BudgetLedger,
+    BudgetOutcome,
+    KeyState,
+    Refusal,
+    Reservation,
+    ReservationKey,
+    Settlement,
+)
+from ._values import BudgetCaps, CapLine, Rates, Spend
+
+__all__ = [
+    "Admission",
+    "BudgetCaps",
+    "BudgetDecision",
+    "BudgetLedger",
+    "BudgetOutcome",
+    "CapLine",
+    "Commitment",
+    "KeyState",
+    "Rates",
+    "Refusal",
+    "Reservation",
+    "ReservationKey",
+    "Settlement",
+    "Spend",
+    "admit_launch",
+    "attempt_worst_case",
+    "render_commitment",
+    "worst_case",
+]

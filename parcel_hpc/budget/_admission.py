@@ -1,0 +1,205 @@
+"""Launch admission: the worst case a search can spend, checked against its caps before dispatch.
+
+Owns ``worst_case`` (n_trials x (1 + max_retries) attempts x the time limit), ``admit_launch`` (pure:
+plain values in, a ``BudgetDecision`` out, with a one-line message naming the overshoot and the
+config keys that would fix it) and ``render_commitment`` (the text the launch prints).
+
+Must not read files, the clock or the journal: the caller passes what is already committed.
+
+Accelerator-hours count ``gpus x hours``; a zero-GPU trial (a laptop run) commits no GPU-hours but
+still counts against ``budget.max_trials`` and costs its CPU-hours at ``rates.per_cpu_hour``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import Enum
+
+from ..errors import GovernanceRefusal, ParcelError, UsageError
+from ._values import REL_SLACK, BudgetCaps, CapLine, Rates, Spend, check_number, fmt, over_cap
+
+
+class Admission(str, Enum):
+    ADMIT = "admit"
+    HOLD = "hold:budget"
+
+    def admits(self) -> bool:
+        return self is Admission.ADMIT
+
+
+@dataclass(frozen=True)
+class Commitment:
+    """The most a launch can spend if every attempt runs to its time limit."""
+
+    trials: int
+    attempts: int  # trials x attempts_per_trial
+    gpu_hours: float
+    cpu_hours: float
+    cost: float
+    gpus: int  # per attempt
+    cpus: int  # per attempt
+    time_limit_min: float  # per attempt
+    max_retries: int  # per trial, for infrastructure interruptions
+    rates: Rates
+
+    def __post_init__(self) -> None:
+        if self.attempts != self.trials * self.attempts_per_trial:
+            raise ParcelError(f"Commitment.attempts={self.attempts} is not trials x (1 + max_retries); build it with worst_case()")
+
+    @property
+    def attempts_per_trial(self) -> int:
+        return 1 + self.max_retries
+
+    @property
+    def hours_per_attempt(self) -> float:
+        return self.time_limit_min / 60.0
+
+    @property
+    def attempt_gpu_hours(self) -> float:
+        return self.gpus * self.hours_per_attempt
+
+    @property
+    def attempt_cpu_hours(self) -> float:
+        return self.cpus * self.hours_per_attempt
+
+
+def attempt_worst_case(gpus: int, cpus: int, time_limit_min: float) -> tuple[float, float]:
+    """(GPU-hours, CPU-hours) one attempt reserves: its resources for its whole time limit."""
+    gpus = check_number("resources.gpus", gpus, integer=True)
+    cpus = check_number("resources.cpus", cpus, integer=True)
+    time_limit_min = check_number("resources.time_limit_min", time_limit_min)
+    if time_limit_min <= 0:
+        raise UsageError(f"resources.time_limit_min={time_limit_min!r} must be > 0: set the per-attempt time limit in minutes")
+    return gpus * time_limit_min / 60.0, cpus * time_limit_min / 60.0
+
+
+def worst_case(n_trials: int, gpus: int, cpus: int, time_limit_min: float, max_retries: int, rates: Rates) -> Commitment:
+    n_trials = check_number("search.n_trials", n_trials, integer=True, minimum=1)
+    max_retries = check_number("budget.max_retries", max_retries, integer=True)
+    gpu_h, cpu_h = attempt_worst_case(gpus, cpus, time_limit_min)
+    attempts = n_trials * (1 + max_retries)
+    return Commitment(
+        trials=n_trials,
+        attempts=attempts,
+        gpu_hours=attempts * gpu_h,
+        cpu_hours=attempts * cpu_h,
+        cost=rates.cost(attempts * gpu_h, attempts * cpu_h),
+        gpus=int(gpus),
+        cpus=int(cpus),
+        time_limit_min=float(time_limit_min),
+        max_retries=max_retries,
+        rates=rates,
+    )
+
+
+@dataclass(frozen=True)
+class BudgetDecision:
+    outcome: Admission
+    lines: tuple[CapLine, ...]  # trials, GPU-hours, cost, in that order
+    message: str  # one line; on hold, every overshot cap with what to change
+    commitment: Commitment
+
+    def __post_init__(self) -> None:
+        if self.outcome.admits() != all(line.ok for line in self.lines):
+            raise ParcelError(f"BudgetDecision outcome {self.outcome.value} contradicts its cap lines")
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome.admits()
+
+    def require(self) -> None:
+        """Raise the governance refusal the launch exits with (code 3) when held."""
+        if not self.ok:
+            raise GovernanceRefusal(self.outcome.value, self.message)
+
+
+def admit_launch(commitment: Commitment, caps: BudgetCaps, already_committed: Spend = Spend(), trials_already: int = 0) -> BudgetDecision:
+    trials_already = check_number("trials_already", trials_already, integer=True)
+    lines = (
+        _trials_line(commitment, caps, trials_already),
+        _gpu_line(commitment, caps, already_committed),
+        _cost_line(commitment, caps, already_committed),
+    )
+    over = [line for line in lines if not line.ok]
+    if over:
+        return BudgetDecision(Admission.HOLD, lines, "; ".join(line.message for line in over), commitment)
+    c = commitment
+    msg = f"{c.trials} trials, worst case {fmt(c.gpu_hours)} GPU-h and {fmt(c.cost)} cost fit within budget.gpu_hours_cap={fmt(caps.gpu_hours_cap)} and budget.cost_cap={fmt(caps.cost_cap)}"
+    return BudgetDecision(Admission.ADMIT, lines, msg, commitment)
+
+
+def _trials_line(c: Commitment, caps: BudgetCaps, already: int) -> CapLine:
+    name, cap, total = "budget.max_trials", caps.max_trials, already + c.trials
+    if not over_cap(already, c.trials, cap):
+        return CapLine(name, "trials", already, c.trials, cap)
+    room = cap - already
+    head = f"{c.trials} trials with {already} already in the search make {total}, over {name}={cap} by {total - cap}"
+    fix = f"lower search.n_trials to {room} or raise {name} to {total}" if room > 0 else f"raise {name} to {total}"
+    return CapLine(name, "trials", already, c.trials, cap, f"{head}: {fix}")
+
+
+def _gpu_line(c: Commitment, caps: BudgetCaps, spend: Spend) -> CapLine:
+    name, committed, cap = "budget.gpu_hours_cap", spend.committed_gpu_hours, caps.gpu_hours_cap
+    if not over_cap(committed, c.gpu_hours, cap):
+        return CapLine(name, "GPU-h", committed, c.gpu_hours, cap)
+    shape = f"{c.trials} trials x {c.attempts_per_trial} attempts x {c.gpus} GPU x {fmt(c.hours_per_attempt)} h"
+    msg = _over_message(name, committed, c.gpu_hours, cap, c, shape, per_hour=float(c.gpus), unit=" GPU-h")
+    return CapLine(name, "GPU-h", committed, c.gpu_hours, cap, msg)
+
+
+def _cost_line(c: Commitment, caps: BudgetCaps, spend: Spend) -> CapLine:
+    name, committed, cap = "budget.cost_cap", spend.committed_cost(c.rates), caps.cost_cap
+    if not over_cap(committed, c.cost, cap):
+        return CapLine(name, "money", committed, c.cost, cap)
+    per_hour = c.rates.cost(c.gpus, c.cpus)  # money per attempt-hour
+    shape = (
+        f"{c.trials} trials x {c.attempts_per_trial} attempts x {fmt(c.hours_per_attempt)} h x {fmt(per_hour)}/h"
+        f" = {c.gpus} GPU x {fmt(c.rates.per_gpu_hour)} + {c.cpus} CPU x {fmt(c.rates.per_cpu_hour)}"
+    )
+    msg = _over_message(name, committed, c.cost, cap, c, shape, per_hour=per_hour, unit="")
+    return CapLine(name, "money", committed, c.cost, cap, msg)
+
+
+def _over_message(name: str, committed: float, requested: float, cap: float, c: Commitment, shape: str, *, per_hour: float, unit: str) -> str:
+    """``per_hour`` is what one attempt adds per hour of its time limit, in the cap's unit."""
+    left = cap - committed
+    spent = f" ({fmt(committed)} of {fmt(cap)} already committed)" if committed > 0 else ""
+    over = committed + requested - cap
+    head = f"needs {fmt(requested)}{unit} worst case ({shape}) but the cap leaves {fmt(left)}{unit}{spent}, over by {fmt(over)}{unit}"
+    fixes = []
+    if left > 0:
+        hours = c.hours_per_attempt
+        n_fit = _floor(left / (c.attempts_per_trial * per_hour * hours))
+        if 0 < n_fit < c.trials:
+            fixes.append(f"search.n_trials to {n_fit}")
+        t_fit = _floor(left * 60.0 / (c.attempts * per_hour))
+        if 0 < t_fit < c.time_limit_min:
+            fixes.append(f"resources.time_limit_min to {t_fit}")
+        r_fit = _floor(left / (c.trials * per_hour * hours)) - 1
+        if 0 <= r_fit < c.max_retries:
+            fixes.append(f"budget.max_retries to {r_fit}")
+    raise_fix = f"raise {name} to {fmt(committed + requested)}"
+    return f"{head}: " + (f"lower {', '.join(fixes)}, or {raise_fix}" if fixes else raise_fix)
+
+
+def _floor(x: float) -> int:
+    return math.floor(x + REL_SLACK * max(1.0, abs(x)))
+
+
+def render_commitment(decision: BudgetDecision) -> str:
+    """The table the launch prints before dispatching: the worst case against each cap."""
+    c = decision.commitment
+    retries = f"1 + {c.max_retries} retr{'y' if c.max_retries == 1 else 'ies'}"
+    head = (
+        f"budget: {c.trials} trials x {c.attempts_per_trial} attempts ({retries}) x {fmt(c.hours_per_attempt)} h limit,"
+        f" {c.gpus} GPU + {c.cpus} CPU per attempt = worst case {fmt(c.gpu_hours)} GPU-h, {fmt(c.cpu_hours)} CPU-h, {fmt(c.cost)} cost"
+    )
+    rows = [("cap", "committed", "this launch", "total", "cap", "left after")]
+    for line in decision.lines:
+        num = (lambda x: str(int(x))) if line.unit == "trials" else fmt
+        after = num(line.cap - line.total) if line.ok else f"OVER by {num(line.overshoot)}"
+        rows.append((f"{line.cap_name} ({line.unit})", num(line.committed), num(line.requested), num(line.total), num(line.cap), after))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    body = ["  " + "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(r, widths))) for r in rows]
+    return "\n".join([head, *body, f"=> {decision.outcome.value}: {decision.message}"])

@@ -1,0 +1,61 @@
+"""``parcel-hpc``: every subcommand that is not the launch. Parsing only; each command calls a module."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .cli_errors import exit_on_error
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line and exit 2, like every other bad input
+        print(f"error: {message}; see `parcel-hpc {self.prog.split()[-1] if ' ' in self.prog else ''} --help`".replace("  ", " "), file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="parcel-hpc", description="Governed model searches on SLURM clusters (the search itself: python -m parcel_hpc.launch -m).")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    s = sub.add_parser("make-snapshot", help="write the synthetic parcel snapshot and its splits")
+    s.add_argument("out_dir", type=Path)
+    s.add_argument("--seed", type=int, default=0)
+
+    s = sub.add_parser("status", help="counts by state and a per-trial table")
+    s.add_argument("search_dir", type=Path)
+    s.add_argument("--json", action="store_true", help="print one JSON object")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    with exit_on_error():
+        if args.command == "make-snapshot":
+            _make_snapshot(args)
+        elif args.command == "status":
+            _status(args)
+
+
+def _make_snapshot(args) -> None:
+    from .data import make_default_artifacts
+
+    out = make_default_artifacts(args.out_dir, seed=args.seed)
+    for key, value in out.items():
+        print(f"{key}: {value}")
+
+
+def _status(args) -> None:
+    from . import status
+    from .ledger.store import SearchDir
+
+    data = status.collect(SearchDir(args.search_dir))
+    if args.json:
+        print(status.to_json(data))
+    else:
+        status.render(data)
+
+
+if __name__ == "__main__":
+    main()

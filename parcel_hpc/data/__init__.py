@@ -1,0 +1,48 @@
+"""Parcel snapshots: the HDF5 format, a synthetic generator, content digests and group splits.
+
+A trial reads its data through ``read_split`` and ``load_partition`` only; the protected final
+partition is reached only through ``load_final_partition``, by the one-time final evaluation.
+The format is described for users in docs/snapshot-format.md.
+"""
+
+from .artifacts import GROUP_REVISION, RANDOM_REVISION, make_default_artifacts
+from .digest import json_digest, snapshot_digest
+from .partition import Partition, PartitionName, load_final_partition, load_partition
+from .schema import SCHEMA_VERSION, SNAPSHOT_FILENAME, SnapshotMeta, validate_snapshot
+from .split import (
+    Split,
+    SplitInfo,
+    SplitMethod,
+    assign_groups,
+    assign_rows,
+    make_group_split,
+    make_random_split,
+    read_split,
+)
+from .synthetic import SnapshotInfo, make_snapshot
+
+__all__ = [
+    "GROUP_REVISION",
+    "RANDOM_REVISION",
+    "SCHEMA_VERSION",
+    "SNAPSHOT_FILENAME",
+    "Partition",
+    "PartitionName",
+    "SnapshotInfo",
+    "SnapshotMeta",
+    "Split",
+    "SplitInfo",
+    "SplitMethod",
+    "assign_groups",
+    "assign_rows",
+    "json_digest",
+    "load_final_partition",
+    "load_partition",
+    "make_default_artifacts",
+    "make_group_split",
+    "make_random_split",
+    "make_snapshot",
+    "read_split",
+    "snapshot_digest",
+    "validate_snapshot",
+]

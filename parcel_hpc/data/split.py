@@ -1,0 +1,237 @@
+"""Splits of a snapshot into train / validation / final, and the two files each split is made of.
+
+Owns the split artifacts: ``split-<revision>.json`` (what trials are given: train and validation
+ids, the snapshot digest, the digest of the final file) and ``final-<revision>.json`` (the protected
+final partition's ids; read only by the one-time final evaluation). Each file carries a ``digest``
+of its own canonical content; readers recompute it. A revision is immutable: writing it again with
+the same content is a no-op, with different content a refusal.
+
+Two methods: ``group`` keeps every frame of a shipment in one partition (the only honest one, since
+frames of a shipment share box, belt and handling); ``random`` assigns frames at random and so
+leaks shipments across partitions. It exists so that governance has something real to reject.
+
+The assignment functions are pure; must not: read pixels or hand out the final ids to a trial
+(``read_split`` never opens the final file).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..errors import CorruptRecord, UsageError
+from ..fsio import create_exclusive_json, ensure_dir, read_json
+from .digest import DIGEST_FIELD, digest_open_snapshot, json_digest
+from .schema import SHIPMENT_ID, inspect_structure, open_snapshot
+
+SPLIT_FORMAT = "parcel-split/1"
+FINAL_FORMAT = "parcel-final/1"
+ROW = "row"  # the key of a random split: ids are row numbers in the snapshot
+_REVISION = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
+
+
+class SplitMethod(enum.Enum):
+    GROUP = "group"
+    RANDOM = "random"
+
+    @property
+    def key(self) -> str:
+        return SHIPMENT_ID if self is SplitMethod.GROUP else ROW
+
+    def leaks_shipments(self) -> bool:
+        return self is SplitMethod.RANDOM
+
+
+Ids = tuple[str, ...] | tuple[int, ...]  # shipment ids (group) or row numbers (random)
+
+
+@dataclass(frozen=True)
+class Split:
+    """A split as a trial sees it: no final ids, only the final file's digest for lineage."""
+
+    method: SplitMethod
+    key: str
+    revision: str
+    snapshot_digest: str
+    seed: int
+    train: Ids
+    validation: Ids
+    final_digest: str
+    digest: str  # of the split file's content; recomputed by read_split
+    path: str
+
+    def __post_init__(self) -> None:
+        _check_ids(self.method, self.train, "train", self.path)
+        _check_ids(self.method, self.validation, "validation", self.path)
+        if self.key != self.method.key:
+            raise CorruptRecord(f"{self.path}: a {self.method.value} split must have key {self.method.key!r}, not {self.key!r}")
+        if set(self.train) & set(self.validation):
+            raise CorruptRecord(f"{self.path}: train and validation share ids; regenerate the split under a new revision")
+
+
+@dataclass(frozen=True)
+class FinalRecord:
+    """The protected final partition. Only load_final_partition reads one."""
+
+    method: SplitMethod
+    key: str
+    revision: str
+    snapshot_digest: str
+    final: Ids
+    digest: str
+    path: str
+
+    def __post_init__(self) -> None:
+        _check_ids(self.method, self.final, "final", self.path)
+
+
+@dataclass(frozen=True)
+class SplitInfo:
+    method: SplitMethod
+    revision: str
+    split_path: str
+    final_path: str
+    split_digest: str
+    final_digest: str
+    snapshot_digest: str
+    seed: int
+    counts: tuple[int, int, int]  # ids in train, validation, final (shipments, or rows for random)
+
+
+def assign_groups(ids: Sequence[str], seed: int, fractions: Sequence[float]) -> tuple[tuple[str, ...], ...]:
+    """Shuffle the distinct ids with the seed and cut them into (train, validation, final)."""
+    distinct = sorted(set(ids))
+    parts = _cut(len(distinct), seed, fractions, "shipments")
+    return tuple(tuple(sorted(distinct[i] for i in part)) for part in parts)
+
+
+def assign_rows(n_rows: int, seed: int, fractions: Sequence[float]) -> tuple[tuple[int, ...], ...]:
+    """Every row on its own: frames of one shipment land in different partitions."""
+    return tuple(tuple(sorted(int(i) for i in part)) for part in _cut(n_rows, seed, fractions, "frames"))
+
+
+def make_group_split(snapshot_path: str | os.PathLike, out_dir: str | os.PathLike, *, seed: int,
+                     fractions: Sequence[float] = (0.7, 0.15, 0.15), revision: str = "group_r8") -> SplitInfo:
+    return _make_split(SplitMethod.GROUP, snapshot_path, out_dir, seed, fractions, revision)
+
+
+def make_random_split(snapshot_path: str | os.PathLike, out_dir: str | os.PathLike, *, seed: int,
+                      fractions: Sequence[float] = (0.7, 0.15, 0.15), revision: str = "random_r7") -> SplitInfo:
+    return _make_split(SplitMethod.RANDOM, snapshot_path, out_dir, seed, fractions, revision)
+
+
+def read_split(path: str | os.PathLike) -> Split:
+    """The split a trial is given, its digest recomputed from what was read."""
+    c = _read_checked(path, SPLIT_FORMAT)
+    try:
+        return Split(method=_method(c, path), key=c["key"], revision=c["revision"], snapshot_digest=c["snapshot_digest"],
+                     seed=c["seed"], train=tuple(c["train"]), validation=tuple(c["validation"]),
+                     final_digest=c["final_digest"], digest=c[DIGEST_FIELD], path=str(path))
+    except (KeyError, TypeError) as exc:
+        raise CorruptRecord(f"{path} lacks field {exc}; regenerate the split under a new revision") from None
+
+
+def read_final_record(path: str | os.PathLike) -> FinalRecord:
+    """For load_final_partition only; a trial never has a reason to call this."""
+    c = _read_checked(path, FINAL_FORMAT)
+    try:
+        return FinalRecord(method=_method(c, path), key=c["key"], revision=c["revision"],
+                           snapshot_digest=c["snapshot_digest"], final=tuple(c["final"]), digest=c[DIGEST_FIELD], path=str(path))
+    except (KeyError, TypeError) as exc:
+        raise CorruptRecord(f"{path} lacks field {exc}; regenerate the split under a new revision") from None
+
+
+def split_paths(out_dir: str | os.PathLike, revision: str) -> tuple[Path, Path]:
+    _check_revision(revision)
+    return Path(out_dir) / f"split-{revision}.json", Path(out_dir) / f"final-{revision}.json"
+
+
+def _make_split(method: SplitMethod, snapshot_path, out_dir, seed, fractions, revision) -> SplitInfo:
+    split_path, final_path = split_paths(out_dir, revision)
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise UsageError(f"split seed must be a non-negative integer, got {seed!r}")
+    with open_snapshot(snapshot_path) as f:
+        n_rows = inspect_structure(f).n_frames
+        snapshot = digest_open_snapshot(f)
+        if method is SplitMethod.GROUP:
+            shipments = np.char.decode(f[SHIPMENT_ID][:], "ascii").tolist()
+            train, validation, final = assign_groups(shipments, seed, fractions)
+        else:
+            train, validation, final = assign_rows(n_rows, seed, fractions)
+    common = {"method": method.value, "key": method.key, "revision": revision, "snapshot_digest": snapshot, "seed": seed}
+    final_content = _sealed({"format": FINAL_FORMAT, **common, "final": list(final)})
+    split_content = _sealed({"format": SPLIT_FORMAT, **common, "fractions": [float(x) for x in fractions],
+                             "train": list(train), "validation": list(validation),
+                             "final_digest": final_content[DIGEST_FIELD]})
+    ensure_dir(out_dir)
+    _write_once(final_path, final_content)
+    _write_once(split_path, split_content)
+    return SplitInfo(method=method, revision=revision, split_path=str(split_path), final_path=str(final_path),
+                     split_digest=split_content[DIGEST_FIELD], final_digest=final_content[DIGEST_FIELD],
+                     snapshot_digest=snapshot, seed=seed, counts=(len(train), len(validation), len(final)))
+
+
+def _cut(n: int, seed: int, fractions: Sequence[float], unit: str) -> tuple[np.ndarray, ...]:
+    fr = _check_fractions(fractions)
+    n_val, n_final = (max(1, math.floor(x * n + 0.5)) for x in fr[1:])
+    n_train = n - n_val - n_final
+    if n_train < 1:
+        raise UsageError(f"{n} {unit} cannot be cut into {list(fr)} with every partition non-empty; use more {unit}")
+    # argsort of raw uniforms: a permutation that does not depend on numpy's shuffle algorithm
+    order = np.argsort(np.random.Generator(np.random.PCG64(seed)).random(n), kind="stable")
+    return order[:n_train], order[n_train : n_train + n_val], order[n_train + n_val :]
+
+
+def _check_fractions(fractions: Sequence[float]) -> tuple[float, float, float]:
+    fr = tuple(float(x) for x in fractions)
+    if len(fr) != 3 or not all(math.isfinite(x) and x > 0 for x in fr) or abs(sum(fr) - 1.0) > 1e-9:
+        raise UsageError(f"fractions {list(fractions)} must be three positive numbers (train, validation, final) summing to 1")
+    return fr  # type: ignore[return-value]
+
+
+def _check_revision(revision: str) -> None:
+    if not isinstance(revision, str) or not _REVISION.match(revision):
+        raise UsageError(f"revision {revision!r} must match {_REVISION.pattern} (it becomes part of a file name)")
+
+
+def _sealed(content: dict[str, Any]) -> dict[str, Any]:
+    return {**content, DIGEST_FIELD: json_digest(content)}
+
+
+def _write_once(path: Path, content: dict[str, Any]) -> None:
+    if create_exclusive_json(path, content):
+        return
+    if read_json(path) != content:
+        raise UsageError(f"{path} already exists with different content; a split revision is immutable: choose a new revision")
+
+
+def _read_checked(path: str | os.PathLike, fmt: str) -> dict[str, Any]:
+    if not Path(path).is_file():
+        raise UsageError(f"split file {path} does not exist; make it with make_group_split()")
+    c = read_json(path)
+    if not isinstance(c, dict) or c.get("format") != fmt:
+        found = c.get("format") if isinstance(c, dict) else type(c).__name__
+        raise UsageError(f"{path} is {found!r}, not a {fmt!r} file; pass split-<revision>.json to trials, final-<revision>.json only to the final evaluation")
+    if c.get(DIGEST_FIELD) != json_digest(c):
+        raise CorruptRecord(f"{path} does not match its own digest: it was edited after it was written; regenerate the split under a new revision")
+    return c
+
+
+def _method(c: dict[str, Any], path) -> SplitMethod:
+    try:
+        return SplitMethod(c.get("method"))
+    except ValueError:
+        raise CorruptRecord(f"{path} has unknown split method {c.get('method')!r}") from None
+
+
+def _check_ids(method: SplitMethod, ids: Ids, part: str, path: str) -> None:
+    kind = str if method is SplitMethod.GROUP else int
+    if not ids or not all(isinstance(i, kind) and not isinstance(i, bool) for i in ids) or len(set(ids)) != len(ids):
+        raise CorruptRecord(f"{path}: {part} must be a non-empty list of distinct {kind.__name__} ids")

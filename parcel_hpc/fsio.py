@@ -1,0 +1,171 @@
+"""Writes that stay whole on a shared filesystem (NFS included).
+
+Owns the three primitives every record in a search directory is made with:
+- ``atomic_write_*``: temp file in the same directory, fsync, rename, fsync the directory;
+- ``create_exclusive``: O_CREAT|O_EXCL, which NFSv3+ implements atomically on the server
+  (no flock, no SQLite: both are unreliable across NFS clients);
+- ``append_jsonl`` / ``read_jsonl``: one writer per file, one ``write()`` per record, fsync; the
+  reader tolerates a torn last line (a writer killed mid-append) and refuses a torn middle line.
+
+Nothing the toolkit creates is world-writable: files 0o644 (or tighter), directories 0o755.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable
+
+from .errors import CorruptRecord
+
+FILE_MODE = 0o644
+DIR_MODE = 0o755
+
+
+def canonical_json(obj: Any) -> str:
+    """Sorted keys, no whitespace, ASCII: equal values give byte-equal text on every host."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+
+
+def ensure_dir(path: str | os.PathLike) -> Path:
+    """Create ``path`` and missing parents as 0o755 whatever the umask (mkdir's mode is masked, and
+    ``parents=True`` ignores it for the parents)."""
+    p = Path(path)
+    missing = []
+    probe = p
+    while not probe.exists():
+        missing.append(probe)
+        probe = probe.parent
+    for d in reversed(missing):
+        try:
+            d.mkdir(mode=DIR_MODE)
+        except FileExistsError:
+            continue  # another process made it first: it is theirs, and not world-writable either
+        os.chmod(d, DIR_MODE)
+    return p
+
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes, mode: int = FILE_MODE) -> None:
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        _unlink_quietly(tmp)
+        raise
+    fsync_dir(path.parent)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str, mode: int = FILE_MODE) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"), mode)
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any, mode: int = FILE_MODE) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n", mode)
+
+
+def create_exclusive(path: str | os.PathLike, data: bytes, mode: int = FILE_MODE) -> bool:
+    """Create ``path`` holding ``data`` only if it does not exist; False if someone else has it.
+
+    The content is written to a temp file first and then hard-linked into place: ``link`` fails
+    with EEXIST atomically (also on NFS), and a reader never sees a half-written claim.
+    """
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".claim", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+    finally:
+        _unlink_quietly(tmp)
+    fsync_dir(path.parent)
+    return True
+
+
+def create_exclusive_json(path: str | os.PathLike, obj: Any, mode: int = FILE_MODE) -> bool:
+    return create_exclusive(path, (json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n").encode(), mode)
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    try:
+        with open(path, "rb") as f:
+            return json.loads(f.read())
+    except json.JSONDecodeError as exc:
+        raise CorruptRecord(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}); move it aside and rerun") from None
+
+
+def append_jsonl(path: str | os.PathLike, record: dict, fsync: bool = True) -> None:
+    """Append one record as one line. The file must have a single writer (one per attempt)."""
+    line = (json.dumps(record, sort_keys=True, separators=(",", ":"), allow_nan=False) + "\n").encode()
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, FILE_MODE)
+    try:
+        _repair_torn_tail(fd)
+        os.write(fd, line)
+        if fsync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict]:
+    """All whole records; a torn last line (no newline, or not JSON) is skipped."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return []
+    return list(parse_jsonl(data, str(path)))
+
+
+def parse_jsonl(data: bytes, name: str = "<jsonl>") -> Iterable[dict]:
+    lines = data.split(b"\n")
+    last = len(lines) - 1
+    for i, raw in enumerate(lines):
+        if not raw.strip():
+            continue
+        try:
+            rec = json.loads(raw)
+        except json.JSONDecodeError:
+            if i == last or (i == last - 1 and not lines[last].strip()):
+                return  # torn tail from a killed writer
+            raise CorruptRecord(f"{name} line {i + 1} is not valid JSON; the record is damaged mid-file: move the file aside") from None
+        if i == last:
+            return  # whole JSON but no trailing newline: the writer died before finishing the line
+        yield rec
+
+
+def _repair_torn_tail(fd: int) -> None:
+    """Cut a torn last line left by a writer that died mid-append (this file's writer was us)."""
+    size = os.fstat(fd).st_size
+    if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+        return
+    data = os.pread(fd, size, 0)  # journals are small (one trial, one writer)
+    os.ftruncate(fd, data.rfind(b"\n") + 1)
+
+
+def _unlink_quietly(path: str | os.PathLike) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

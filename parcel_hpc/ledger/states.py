@@ -1,0 +1,61 @@
+"""Trial states and how an attempt ended, as Enums with predicates (never bare strings)."""
+
+from __future__ import annotations
+
+import enum
+
+
+class TrialState(str, enum.Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    PRUNED = "pruned"
+    FAILED = "failed"
+    QUARANTINED = "quarantined"
+    REJECTED = "rejected"
+    BUDGET_EXHAUSTED = "budget_exhausted"
+
+    def is_finished(self) -> bool:
+        """Finished trials are never dispatched again (a quarantined one is rerun cleanly)."""
+        return self in _FINISHED
+
+    def is_result(self) -> bool:
+        """States that count as a result about the design (a reproducible failure does)."""
+        return self in (TrialState.COMPLETED, TrialState.PRUNED, TrialState.FAILED)
+
+
+_FINISHED = frozenset({TrialState.COMPLETED, TrialState.PRUNED, TrialState.FAILED, TrialState.REJECTED, TrialState.BUDGET_EXHAUSTED})
+
+
+class AttemptEnd(str, enum.Enum):
+    """How one attempt (one run of the worker process) ended."""
+
+    COMPLETED = "completed"
+    PRUNED = "pruned"
+    FAILED = "failed"  # an error in training: classified, retried once to see if it reproduces
+    INTERRUPTED = "interrupted"  # infrastructure: preemption, timeout, node failure, system cancel
+    LOST = "lost"  # the process or job vanished without saying how (resolved from the scheduler)
+    REJECTED = "rejected"
+    QUARANTINED = "quarantined"
+    BUDGET_EXHAUSTED = "budget_exhausted"
+
+    def is_infrastructure(self) -> bool:
+        return self in (AttemptEnd.INTERRUPTED, AttemptEnd.LOST)
+
+
+class FailureClass(str, enum.Enum):
+    """Why training failed; two failures of one class on one configuration make it reproducible."""
+
+    DIVERGED = "diverged"  # loss or metric became NaN/inf
+    EXCEPTION = "exception"
+    OUT_OF_MEMORY = "out_of_memory"
+
+
+class Interruption(str, enum.Enum):
+    """Infrastructure causes, retried from the trial's checkpoint up to the retry limit."""
+
+    PREEMPTED = "preempted"
+    TIMEOUT = "timeout"
+    NODE_FAIL = "node_fail"
+    CANCELLED = "cancelled"  # by the system or an admin, not by a result
+    LOST = "lost"

@@ -1,0 +1,116 @@
+"""The search directory on the shared filesystem: where every record of one search lives.
+
+    <search.root>/<search.revision>/
+      contract.json                 frozen once (contract.py)
+      trials/<trial_id>/spec.json   the proposed trial, created exclusively
+      trials/<trial_id>/dispatch-<n>.json   the n-th dispatch, claimed exclusively by one launcher
+      trials/<trial_id>/journal-*.jsonl     per-writer event journals (journal.py)
+      configs/<config hash>         which trial owns an effective configuration (dedup)
+      launches/<launch_id>.json     what each launch proposed, admitted, dispatched, deduplicated
+      checkpoints/, milestones/, prune_decisions/, budget/, quarantine/, submitit/
+
+Owns paths and the create-exclusive claims that make two launchers agree; no decisions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from .. import fsio
+from ..contract import Contract, load_contract
+from .journal import Journal, read_events, writer_name
+from .records import TrialRecord, TrialSpec, fold
+
+
+@dataclass(frozen=True)
+class SearchDir:
+    path: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "path", Path(self.path).absolute())
+
+    # --- layout -----------------------------------------------------------------------------
+    @property
+    def trials_dir(self) -> Path:
+        return self.path / "trials"
+
+    def trial_dir(self, trial_id: str) -> Path:
+        return self.trials_dir / trial_id
+
+    @property
+    def submitit_dir(self) -> Path:
+        return self.path / "submitit"
+
+    @property
+    def quarantine_dir(self) -> Path:
+        return self.path / "quarantine"
+
+    @property
+    def launches_dir(self) -> Path:
+        return self.path / "launches"
+
+    def contract(self) -> Contract:
+        return load_contract(self.path)
+
+    # --- proposals and claims ---------------------------------------------------------------
+    def write_spec(self, spec: TrialSpec) -> bool:
+        """Record a proposed trial; False if it was already proposed (by this or another launch)."""
+        d = fsio.ensure_dir(self.trial_dir(spec.trial_id))
+        return fsio.create_exclusive_json(d / "spec.json", spec.to_json())
+
+    def claim_config(self, config_hash: str, trial_id: str) -> str:
+        """The trial that owns ``config_hash``: ours if we got there first, else the twin's."""
+        d = fsio.ensure_dir(self.path / "configs")
+        path = d / config_hash.replace(":", "-")
+        if fsio.create_exclusive(path, trial_id.encode()):
+            return trial_id
+        return path.read_text().strip()
+
+    def claim_dispatch(self, trial_id: str, launch_id: str) -> int | None:
+        """Claim the next dispatch of a trial; None if another launcher holds that dispatch."""
+        d = self.trial_dir(trial_id)
+        n = len(list(d.glob("dispatch-*.json"))) + 1
+        if fsio.create_exclusive_json(d / f"dispatch-{n}.json", {"launch_id": launch_id, "dispatch": n}):
+            return n
+        return None
+
+    def dispatch_count(self, trial_id: str) -> int:
+        return len(list(self.trial_dir(trial_id).glob("dispatch-*.json")))
+
+    # --- reading ----------------------------------------------------------------------------
+    def spec(self, trial_id: str) -> TrialSpec:
+        return TrialSpec.from_json(fsio.read_json(self.trial_dir(trial_id) / "spec.json"))
+
+    def trial_ids(self) -> list[str]:
+        if not self.trials_dir.exists():
+            return []
+        return sorted(p.parent.name for p in self.trials_dir.glob("*/spec.json"))
+
+    def events(self, trial_id: str) -> list[dict]:
+        return read_events(self.trial_dir(trial_id))
+
+    def record(self, trial_id: str) -> TrialRecord:
+        return fold(self.spec(trial_id), self.events(trial_id))
+
+    def records(self) -> Iterator[TrialRecord]:
+        for tid in self.trial_ids():
+            yield self.record(tid)
+
+    def journal(self, trial_id: str, role: str) -> Journal:
+        return Journal(fsio.ensure_dir(self.trial_dir(trial_id)), writer_name(role))
+
+    # --- quarantine marks ----------------------------------------------------------------------
+    def mark_quarantined(self, trial_id: str, attempts_upto: int, reason: str) -> None:
+        d = fsio.ensure_dir(self.quarantine_dir / "marks")
+        fsio.create_exclusive_json(d / f"{trial_id}-a{attempts_upto}.json", {"trial_id": trial_id, "attempts_upto": attempts_upto, "reason": reason})
+
+    def is_quarantined_attempt(self, trial_id: str, attempt: int) -> bool:
+        """Has an attempt numbered ``attempt`` (or later) of this trial been quarantined?"""
+        marks = self.quarantine_dir / "marks"
+        return any(int(p.stem.rsplit("-a", 1)[1]) >= attempt for p in marks.glob(f"{trial_id}-a*.json")) if marks.exists() else False
+
+    def write_launch(self, launch_id: str, summary: dict) -> None:
+        fsio.ensure_dir(self.launches_dir)
+        fsio.atomic_write_json(self.launches_dir / f"{launch_id}.json", summary)

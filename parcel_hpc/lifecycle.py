@@ -1,0 +1,58 @@
+"""What to do next with a trial, from its record and what the scheduler says (pure).
+
+Infrastructure interruptions (preemption, node failure, time limit, system cancel, a job that
+vanished) are retried from the trial's checkpoint up to ``max_retries``. A training failure is
+retried once to see whether it reproduces; the second failure of the same class is final (the
+worker records it so). A quarantined trial is rerun cleanly, a bounded number of times.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from .ledger.records import TrialRecord
+from .ledger.states import TrialState
+
+MAX_QUARANTINE_RERUNS = 2
+
+
+class Action(enum.Enum):
+    NONE = "none"  # finished: never dispatched again
+    WAIT = "wait"  # a live job holds it (pending, running, requeued by the scheduler)
+    DISPATCH = "dispatch"  # never dispatched yet
+    RETRY = "retry"  # dispatch again under the same trial_id, resuming its own checkpoint
+    RESOLVE_LOST = "resolve_lost"  # the ledger says running but no job is alive: record that first
+    GIVE_UP = "give_up"  # retry limit reached: end it as failed
+
+
+@dataclass(frozen=True)
+class Next:
+    action: Action
+    reason: str = ""
+
+
+def next_action(record: TrialRecord, *, dispatches: int, job_alive: bool, max_retries: int) -> Next:
+    state = record.state
+    if state.is_finished():
+        return Next(Action.NONE)
+    if job_alive:
+        return Next(Action.WAIT)
+    if state is TrialState.RUNNING:
+        return Next(Action.RESOLVE_LOST, "the ledger says running but its job is gone")
+    if dispatches == 0:
+        return Next(Action.DISPATCH)
+    if state is TrialState.QUARANTINED:
+        if len(record.quarantines) > MAX_QUARANTINE_RERUNS:
+            return Next(Action.GIVE_UP, f"quarantined {len(record.quarantines)} times")
+        return Next(Action.RETRY, "clean rerun after quarantine")
+    if record.failures and record.reason.startswith("retry:"):
+        return Next(Action.RETRY, f"checking whether {record.failures[-1]} reproduces")
+    if record.interrupted > max_retries:
+        return Next(Action.GIVE_UP, f"{record.interrupted} infrastructure interruptions > budget.max_retries={max_retries}")
+    if record.interrupted or record.reason.startswith("interrupted"):
+        return Next(Action.RETRY, record.reason or "interrupted")
+    # Dispatched, no live job, no attempt recorded: the job died before the worker started.
+    if dispatches > max_retries + 1:
+        return Next(Action.GIVE_UP, f"dispatched {dispatches} times without the worker ever starting")
+    return Next(Action.RETRY, "the job ended before the worker started")

@@ -1,0 +1,103 @@
+"""What a launch prints: the contract line, the budget commitment, progress and the summary (rich)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from ..ledger.states import TrialState
+from ..ledger.store import SearchDir
+from ..report import compute_used, counts_by_state, best_completed
+
+
+def make_console() -> Console:
+    import shutil
+
+    # Piped output (CI logs, tests) gets a wide fixed width instead of rich's 80-column default.
+    return Console(highlight=False, width=None if sys.stdout.isatty() else max(160, shutil.get_terminal_size().columns))
+
+
+def contract_line(contract, path: Path, created: bool) -> str:
+    verb = "froze" if created else "matched frozen"
+    return f"[bold]{verb}[/] contract {contract.digest[:19]}… in {path}"
+
+
+def commitment_text(decision) -> str:
+    from ..budget import render_commitment
+
+    return render_commitment(decision)
+
+
+def dry_run_text(search: SearchDir, trial_ids: list[str], dispatcher, contract) -> Table | str:
+    table = Table(title=f"dry run: {len(trial_ids)} trials would be dispatched (nothing submitted)")
+    for col in ("trial", "params", "gpus", "cpus", "mem_gb", "time_min"):
+        table.add_column(col)
+    res = contract["resources"]
+    for tid in trial_ids:
+        spec = search.spec(tid)
+        table.add_row(tid, ", ".join(f"{k}={v}" for k, v in spec.params.items()), str(res["gpus"]), str(res["cpus"]), str(res["mem_gb"]), str(res["time_limit_min"]))
+    console = make_console()
+    with console.capture() as cap:
+        console.print(table)
+    return cap.get() + "\n" + dispatcher.describe(len(trial_ids))
+
+
+def nothing_to_do(report) -> str:
+    return (f"nothing to dispatch: {report.proposed} proposed, {len(report.finished_before)} already finished, "
+            f"{len(report.duplicates)} duplicates, {len(report.rejected)} rejected")
+
+
+def detached_text(search: SearchDir, report) -> str:
+    return (f"dispatched {len(report.dispatched)} trials ({', '.join(sorted(set(j.split('_')[0] for j in report.jobs.values())))}); "
+            f"not waiting: follow with `parcel-hpc status {search.path}`")
+
+
+class Progress:
+    """A one-line live count of trials by state; quiet when stdout is not a terminal."""
+
+    def __init__(self, console: Console, search: SearchDir, trial_ids: list[str]) -> None:
+        self.console, self.search, self.trial_ids = console, search, trial_ids
+        self._last = ""
+        self._progress = None
+
+    def __enter__(self) -> "Progress":
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn
+
+        self._progress = RichProgress(TextColumn("trials"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
+                                      TimeElapsedColumn(), console=self.console, transient=False, disable=not self.console.is_terminal)
+        self._progress.__enter__()
+        self._task = self._progress.add_task("", total=len(self.trial_ids))
+        return self
+
+    def update(self) -> None:
+        counts = Counter(self.search.record(t).state for t in self.trial_ids)
+        done = sum(n for s, n in counts.items() if s.is_finished())
+        text = " ".join(f"{s.value}={counts[s]}" for s in TrialState if counts.get(s))
+        self._progress.update(self._task, completed=done, description=text)
+        if not self.console.is_terminal and text != self._last:
+            self.console.print(f"[progress] {done}/{len(self.trial_ids)} finished: {text}")
+        self._last = text
+
+    def __exit__(self, *exc) -> None:
+        self._progress.__exit__(*exc)
+
+
+def summary(search: SearchDir, wall_s: float) -> Table:
+    records = list(search.records())
+    counts = counts_by_state(records)
+    table = Table(title=f"search {search.path.name}: summary", show_header=False)
+    table.add_column("what")
+    table.add_column("value")
+    table.add_row("trials", str(len(records)))
+    table.add_row("by state", "  ".join(f"{s.value}={counts[s.value]}" for s in TrialState))
+    best = best_completed(records)
+    table.add_row("best validation", f"{best.trial_id} miss-cost={best.metric:.4f} ({', '.join(f'{k}={v}' for k, v in best.spec.params.items())})" if best else "none completed")
+    used = compute_used(records)
+    table.add_row("wall time", f"{wall_s:.1f} s")
+    table.add_row("compute used", f"{used['gpu_hours']:.4f} GPU-h, {used['cpu_hours']:.4f} CPU-h over {used['attempts']} attempts")
+    return table

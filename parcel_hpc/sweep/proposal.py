@@ -1,0 +1,130 @@
+"""From a composed config to a contract, trial specs and worker plans (pure except file digests).
+
+Reads the snapshot, split and image only to digest them; refuses missing inputs with one line that
+names the file and the fix.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+from .. import data
+from ..contract import Contract, config_hash
+from ..errors import GovernanceRefusal, UsageError
+from ..image import image_digest
+from ..ledger.records import TrialSpec
+from ..worker.plan import WorkerPlan
+from .space import sample
+
+PINNED_RESOURCES = ("gpus", "cpus", "mem_gb", "time_limit_min")
+
+
+def search_path(cfg: Mapping[str, Any]) -> Path:
+    root = Path(cfg["search"]["root"]).expanduser()
+    revision = str(cfg["search"]["revision"])
+    if not revision or "/" in revision or revision.startswith("."):
+        raise UsageError(f"search.revision={revision!r} must be a plain name like parcel-search-r1")
+    return (root / revision).absolute()
+
+
+def ensure_writable(search_dir: Path) -> None:
+    """Create the search directory, or say in one line why it cannot be."""
+    import tempfile
+
+    try:
+        search_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
+        with tempfile.TemporaryFile(dir=search_dir):
+            pass
+    except OSError as exc:
+        raise UsageError(f"search root {search_dir.parent} is not writable ({exc.strerror}); set search.root to a writable shared directory") from None
+
+
+def build_contract(cfg: Mapping[str, Any]) -> Contract:
+    snap, split_cfg = cfg["snapshot"], cfg["split"]
+    snapshot_path = Path(snap["path"])
+    if not snapshot_path.is_file():
+        raise UsageError(f"snapshot file {snapshot_path} does not exist; create it with `parcel-hpc make-snapshot {snapshot_path.parent}` or set snapshot.path")
+    data.validate_snapshot(snapshot_path)
+    snapshot_digest = data.snapshot_digest(snapshot_path)
+    if snap.get("digest") and snap["digest"] != snapshot_digest:
+        raise GovernanceRefusal("reject:snapshot_digest", f"{snapshot_path} has digest {snapshot_digest}, config pins {snap['digest']}")
+    split_path = Path(split_cfg["path"])
+    if not split_path.is_file():
+        raise UsageError(f"split file {split_path} does not exist; create it with `parcel-hpc make-snapshot {split_path.parent}` or set split.path")
+    split = data.read_split(split_path)
+    if split.revision != split_cfg["revision"]:
+        raise UsageError(f"split file {split_path} holds revision {split.revision!r}, config says {split_cfg['revision']!r}; point split.path at the right file")
+    fields = {
+        "search_revision": cfg["search"]["revision"],
+        "search_seed": int(cfg["search"]["seed"]),
+        "snapshot_digest": snapshot_digest,
+        "split_digest": split.digest,
+        "split_method": split.method.value,
+        "split_revision": split.revision,
+        "split_snapshot_digest": split.snapshot_digest,
+        "metric_revision": cfg["metric"]["revision"],
+        "metric": dict(cfg["metric"]),
+        "space_revision": cfg["space"]["revision"],
+        "space": dict(cfg["space"]),
+        "preprocessing": dict(cfg["preprocessing"]),
+        "image_digest": image_digest(cfg["image"]),
+        "image_kind": cfg["image"]["kind"],
+        "train": dict(cfg["train"]),
+        "resources": {k: cfg["resources"][k] for k in PINNED_RESOURCES},
+        "budget": dict(cfg["budget"]),
+        "pruner": dict(cfg["pruner"]),
+    }
+    contract = Contract(fields)
+    return contract
+
+
+def check_policy(contract: Contract) -> None:
+    """Governance that holds for every search, checked when a contract is first frozen."""
+    if contract["split_method"] != "group":
+        raise GovernanceRefusal("reject:split_method", f"split {contract['split_revision']} is a {contract['split_method']} split; trials must be split by shipment (split=group_r8)")
+    if contract["split_snapshot_digest"] != contract["snapshot_digest"]:
+        raise GovernanceRefusal("reject:split_digest", "the split was made from another snapshot; regenerate the split for this snapshot")
+
+
+def propose(cfg: Mapping[str, Any], contract: Contract, start: int, stop: int) -> list[TrialSpec]:
+    space = contract["space"]["params"]
+    seed = int(cfg["train"]["seed"])
+    specs = []
+    for index in range(start, stop):
+        params = sample(space, int(contract["search_seed"]), index)
+        effective = {"params": params, "seed": seed, "contract_digest": contract.digest}
+        specs.append(TrialSpec(
+            trial_id=f"t{index:04d}", index=index, params=params, seed=seed, config_hash=config_hash(effective),
+            contract_digest=contract.digest, image_digest=contract["image_digest"], resources=contract["resources"],
+        ))
+    return specs
+
+
+def plan_for(spec: TrialSpec, cfg: Mapping[str, Any], contract: Contract, search_dir: Path) -> WorkerPlan:
+    ck = cfg["checkpoint"]
+    return WorkerPlan(
+        search_dir=str(search_dir),
+        trial_id=spec.trial_id,
+        config_hash=spec.config_hash,
+        contract_digest=contract.digest,
+        params=dict(spec.params),
+        seed=spec.seed,
+        snapshot_path=str(Path(cfg["snapshot"]["path"]).absolute()),
+        split_path=str(Path(cfg["split"]["path"]).absolute()),
+        image=dict(cfg["image"]),
+        image_digest=spec.image_digest,
+        steps=int(contract["train"]["steps"]),
+        metric=contract["metric"],
+        preprocessing=contract["preprocessing"],
+        pruner=contract["pruner"],
+        checkpoint_root=str(Path(ck["dir"]).absolute()),
+        checkpoint_prefix=str(ck.get("prefix", "{trial_id}")),
+        every_steps=int(ck["every_steps"]),
+        keep_last=int(ck["keep_last"]),
+        max_retries=int(contract["budget"]["max_retries"]),
+        gpus=int(contract["resources"]["gpus"]),
+        cpus=int(contract["resources"]["cpus"]),
+        time_limit_min=int(contract["resources"]["time_limit_min"]),
+    )

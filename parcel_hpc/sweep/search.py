@@ -1,0 +1,224 @@
+"""A governed search launch: freeze, propose, dedup, admit, commit the budget, dispatch, follow.
+
+Order is the contract with the user: nothing is dispatched before the contract is frozen (or
+matched), every proposal is deduplicated and admitted, and the worst-case budget is admitted for
+the whole launch; a refusal happens before the first sbatch, never after.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from ..budget._search import launch_decision
+from ..contract import TrialIdentity, admit, freeze_contract
+from ..errors import GovernanceRefusal, UsageError
+from ..ledger.states import TrialState
+from ..ledger.store import SearchDir
+from ..lifecycle import Action, next_action
+from ..worker.task import TrialTask
+from . import display
+from .proposal import build_contract, check_policy, ensure_writable, plan_for, propose, search_path
+
+
+@dataclass
+class LaunchReport:
+    search_dir: Path
+    launch_id: str
+    contract_digest: str
+    proposed: int = 0
+    duplicates: dict[str, str] = field(default_factory=dict)  # trial_id -> twin
+    finished_before: list[str] = field(default_factory=list)
+    rejected: dict[str, str] = field(default_factory=dict)
+    dispatched: list[str] = field(default_factory=list)
+    jobs: dict[str, str] = field(default_factory=dict)
+    dry_run: bool = False
+
+    def to_json(self) -> dict:
+        return {
+            "launch_id": self.launch_id, "contract_digest": self.contract_digest, "proposed": self.proposed,
+            "duplicates": self.duplicates, "finished_before": self.finished_before, "rejected": self.rejected,
+            "dispatched": self.dispatched, "jobs": self.jobs, "dry_run": self.dry_run,
+        }
+
+
+class SearchLaunch:
+    def __init__(self, cfg: Mapping[str, Any], dispatcher_factory: Callable[[SearchDir], Any], console=None,
+                 poll_s: float = 0.5) -> None:
+        self.cfg = cfg
+        self.dispatcher_factory = dispatcher_factory
+        self.console = console or display.make_console()
+        self.poll_s = poll_s
+
+    def run(self) -> LaunchReport:
+        cfg = self.cfg
+        started = time.time()
+        path = search_path(cfg)
+        n_trials = int(cfg["search"]["n_trials"])
+        if n_trials < 0:
+            raise UsageError(f"search.n_trials={n_trials} must be >= 0")
+        contract = build_contract(cfg)  # validates every input file before anything is written
+        search = SearchDir(path)
+        fresh = not (path / "contract.json").exists()
+        if fresh:
+            check_policy(contract)
+        dispatcher = self.dispatcher_factory(search)
+        if hasattr(dispatcher, "check"):
+            dispatcher.check()  # an unreachable scheduler is refused before anything is written
+        if not cfg["search"]["wait"] and not dispatcher.can_detach:
+            raise UsageError("search.wait=false needs a scheduler: the local executor runs trials as children of this process; use hydra/launcher=submitit_slurm")
+        max_trials = int(contract["budget"]["max_trials"])
+        if n_trials > max_trials:
+            raise GovernanceRefusal("hold:budget", f"search.n_trials={n_trials} exceeds budget.max_trials={max_trials}; lower search.n_trials to {max_trials} or start a new search revision with a larger budget")
+        if fresh and n_trials:
+            # Hold before freezing: a held first launch must leave the caps free to change.
+            self._require_budget(launch_decision(contract, n_trials, 0, None))
+        ensure_writable(path)
+        frozen, created = freeze_contract(path, contract)
+        launch_id = time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
+        report = LaunchReport(path, launch_id, frozen.digest, dry_run=bool(cfg["search"]["dry_run"]))
+
+        to_dispatch = self._admit_proposals(search, frozen, n_trials, report)
+        if not to_dispatch:
+            self.console.print(display.contract_line(frozen, path, created))
+            self.console.print(display.nothing_to_do(report))
+            if not report.dry_run:
+                search.write_launch(launch_id, report.to_json())
+                if cfg["search"]["wait"]:
+                    self.console.print(display.summary(search, time.time() - started))
+            return report
+        decision = launch_decision(frozen, len(to_dispatch), len(search.trial_ids()) - len(to_dispatch), path)
+        self._require_budget(decision)
+        self.console.print(display.contract_line(frozen, path, created))
+        self.console.print(display.commitment_text(decision))
+        if report.dry_run:
+            self.console.print(display.dry_run_text(search, to_dispatch, dispatcher, frozen))
+            return report
+        search.write_launch(launch_id, report.to_json())
+        plans = {tid: plan_for(search.spec(tid), cfg, frozen, path) for tid in to_dispatch}
+        follower = Follower(search, dispatcher, plans, launch_id, frozen, self.console, self.poll_s)
+        follower.dispatch_initial(report)
+        search.write_launch(launch_id, report.to_json())
+        if cfg["search"]["wait"]:
+            follower.follow()
+            self.console.print(display.summary(search, time.time() - started))
+        else:
+            self.console.print(display.detached_text(search, report))
+        return report
+
+    @staticmethod
+    def _require_budget(decision) -> None:
+        """A hold prints its outcome first (stdout), the commitment table on stderr, and exits 3."""
+        if not decision.ok:
+            import sys
+
+            print(display.commitment_text(decision), file=sys.stderr)
+            decision.require()
+
+    def _admit_proposals(self, search: SearchDir, contract, n_trials: int, report: LaunchReport) -> list[str]:
+        """Dedup and admit every proposal; returns the trial ids that need a dispatch now."""
+        out = []
+        for spec in propose(self.cfg, contract, 0, n_trials):
+            report.proposed += 1
+            owner = search.claim_config(spec.config_hash, spec.trial_id)
+            if owner != spec.trial_id:
+                report.duplicates[spec.trial_id] = owner
+                continue
+            search.write_spec(spec)  # no-op when an earlier launch proposed it
+            record = search.record(spec.trial_id)
+            if record.state.is_finished():
+                report.finished_before.append(spec.trial_id)
+                continue
+            outcome = admit(TrialIdentity.for_contract(spec.trial_id, contract, spec.config_hash), contract)
+            if spec.contract_digest != contract.digest or spec.image_digest != contract["image_digest"]:
+                outcome = "reject:identity" if not spec.image_digest else outcome
+            if outcome != "admit":
+                search.journal(spec.trial_id, "launch").append("admission", outcome=outcome, launch_id=report.launch_id)
+                report.rejected[spec.trial_id] = outcome
+                continue
+            out.append(spec.trial_id)
+        return out
+
+
+class Follower:
+    """Dispatches, retries and follows the trials of one launch until none needs anything."""
+
+    def __init__(self, search: SearchDir, dispatcher, plans: Mapping[str, Any], launch_id: str, contract, console, poll_s: float) -> None:
+        self.search = search
+        self.dispatcher = dispatcher
+        self.plans = dict(plans)
+        self.launch_id = launch_id
+        self.contract = contract
+        self.console = console
+        self.poll_s = poll_s
+        self.max_retries = int(contract["budget"]["max_retries"])
+        self.journals = {tid: search.journal(tid, "launch") for tid in plans}
+        self.waiting: list[str] = []  # admitted, dispatch claimed, not yet submitted (local capacity)
+
+    def dispatch_initial(self, report: LaunchReport) -> None:
+        claimed = []
+        for tid in self.plans:
+            record = self.search.record(tid)
+            jobs_alive = self._alive(record)
+            nxt = next_action(record, dispatches=self.search.dispatch_count(tid), job_alive=jobs_alive, max_retries=self.max_retries)
+            if nxt.action in (Action.DISPATCH, Action.RETRY):
+                if self.search.claim_dispatch(tid, self.launch_id) is not None:
+                    claimed.append(tid)
+            elif nxt.action is Action.RESOLVE_LOST:
+                self._resolve_lost(record)
+                if self.search.claim_dispatch(tid, self.launch_id) is not None:
+                    claimed.append(tid)
+        self.waiting = claimed
+        self._submit_waiting()
+        report.dispatched = claimed
+        report.jobs = {tid: self.search.record(tid).jobs[-1] for tid in claimed if self.search.record(tid).jobs}
+
+    def _submit_waiting(self) -> None:
+        room = self.dispatcher.capacity()
+        batch, self.waiting = self.waiting[:room], self.waiting[room:]
+        if not batch:
+            return
+        submitted = self.dispatcher.submit([TrialTask(self.plans[tid]) for tid in batch])
+        for s in submitted:
+            self.journals[s.trial_id].append("submitted", job_id=s.job_id, executor=self.dispatcher.name, launch_id=self.launch_id)
+        if hasattr(self.dispatcher, "release"):
+            self.dispatcher.release(submitted)
+
+    def _alive(self, record) -> bool:
+        return bool(record.jobs) and self.dispatcher.alive(record.trial_id, record.jobs[-1])
+
+    def _resolve_lost(self, record) -> None:
+        last = record.attempts[-1].number if record.attempts else 0
+        self.journals.setdefault(record.trial_id, self.search.journal(record.trial_id, "launch")).append(
+            "resolved", attempt=last, how="lost", cause="lost", job_id=record.jobs[-1] if record.jobs else "",
+            message="no live job for a trial the ledger said was running")
+
+    def follow(self) -> None:
+        with display.Progress(self.console, self.search, list(self.plans)) as progress:
+            while True:
+                self.dispatcher.refresh()
+                active = 0
+                for tid in self.plans:
+                    record = self.search.record(tid)
+                    if tid in self.waiting:
+                        active += 1
+                        continue
+                    nxt = next_action(record, dispatches=self.search.dispatch_count(tid), job_alive=self._alive(record), max_retries=self.max_retries)
+                    if nxt.action is Action.NONE:
+                        continue
+                    active += 1
+                    if nxt.action is Action.RESOLVE_LOST:
+                        self._resolve_lost(record)
+                    elif nxt.action in (Action.RETRY, Action.DISPATCH):
+                        if self.search.claim_dispatch(tid, self.launch_id) is not None:
+                            self.waiting.append(tid)
+                    elif nxt.action is Action.GIVE_UP:
+                        self.journals[tid].append("gave_up", state=TrialState.FAILED.value, cause="retries_exhausted", reason=nxt.reason)
+                self._submit_waiting()
+                progress.update()
+                if active == 0:
+                    return
+                time.sleep(self.poll_s)

@@ -1,0 +1,65 @@
+"""Two trials on one checkpoint prefix: quarantine both, keep every byte, rerun both cleanly.
+
+Called by the attempt that found another trial's claim or checkpoint in its directory. Both trials
+are marked quarantined (every attempt so far is tainted), the shared directory and both trials'
+milestone reports are moved (never deleted) into ``<search>/quarantine/``, and every prune decision
+that used either trial as a peer is marked invalid. The launcher's retry loop (or ``resubmit``)
+reruns both under the same trial_ids in fresh directories.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .. import checkpoints as ckpt
+from .. import fsio
+from ..ledger.store import SearchDir
+from ..pruning import MilestoneStore
+
+
+def quarantine_collision(search: SearchDir, trial_id: str, attempt: int, exc: "ckpt.CheckpointCollision") -> list[str]:
+    other = _other_trial(exc, trial_id)
+    reason = f"checkpoint prefix {exc.ckpt_dir} shared by {trial_id}" + (f" and {other}" if other else "")
+    involved = [trial_id] + ([other] if other and other != trial_id else [])
+    moved = ""
+    if Path(exc.ckpt_dir).exists():
+        moved = str(ckpt.quarantine_move(exc.ckpt_dir, search.quarantine_dir, "+".join(involved), reason))
+    milestones = MilestoneStore(search.path, _milestones(search))
+    for tid in involved:
+        upto = attempt if tid == trial_id else _latest_attempt(search, tid)
+        search.mark_quarantined(tid, upto, reason)
+        journal = search.journal(tid, "quarantine")
+        journal.append("quarantined", reason=reason, attempts_upto=upto, moved_to=moved, with_trials=[t for t in involved if t != tid])
+        _move_reports(search, tid, upto)
+        milestones.invalidate_uses_of(tid, reason)
+    return involved
+
+
+def _other_trial(exc: "ckpt.CheckpointCollision", ours: str) -> str | None:
+    theirs = getattr(exc, "theirs", None)
+    trial = getattr(theirs, "trial", None)
+    tid = getattr(trial, "trial_id", None) or getattr(theirs, "trial_id", None)
+    return tid if tid and tid != ours else None
+
+
+def _latest_attempt(search: SearchDir, trial_id: str) -> int:
+    if not (search.trial_dir(trial_id) / "spec.json").exists():
+        return 0
+    return max((a.number for a in search.record(trial_id).attempts), default=0)
+
+
+def _milestones(search: SearchDir) -> tuple[int, ...]:
+    return tuple(int(m) for m in search.contract()["pruner"]["milestones"])
+
+
+def _move_reports(search: SearchDir, trial_id: str, upto: int) -> None:
+    """Tainted reports and the trial's own prune decisions move aside, so the clean rerun starts afresh.
+
+    (The pruning store separately keeps a quarantined trial out of every later peer set.)
+    """
+    dest = fsio.ensure_dir(search.quarantine_dir / "reports" / f"{trial_id}-a{upto}")
+    for area in ("milestones", "off_milestone", "prune_decisions"):
+        for path in list((search.path / area).glob(f"*/{trial_id}.json")) + list((search.path / area).glob(f"*/{trial_id}.invalid")):
+            target = fsio.ensure_dir(dest / area / path.parent.name) / path.name
+            os.replace(path, target)

@@ -1,0 +1,29 @@
+# Sourced by scripts/demo.sh and scripts/test.sh: make (once) and activate the project virtualenv.
+# Needs only Python 3.11 on a Debian machine; installs python3-venv with apt when venv is missing.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+VENV=${PARCEL_VENV:-$ROOT/.venv}
+PY=${PYTHON:-$(command -v python3.11 || command -v python3)}
+"$PY" -c 'import sys; assert sys.version_info >= (3, 11), sys.version' \
+  || { echo "parcel_hpc needs Python >= 3.11 (found $("$PY" --version 2>&1))" >&2; exit 2; }
+if [ ! -x "$VENV/bin/python" ]; then
+  if ! "$PY" -m venv "$VENV" 2>/dev/null; then
+    # Debian ships venv separately; a fresh machine may lack it.
+    echo "[setup] installing python3-venv" >&2
+    rm -rf "$VENV"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+    "$PY" -m venv "$VENV"
+  fi
+fi
+# Reinstall when pyproject.toml changed since the last install (cheap check, no network otherwise).
+STAMP="$VENV/.parcel-installed"
+if [ ! -f "$STAMP" ] || [ "$ROOT/pyproject.toml" -nt "$STAMP" ]; then
+  echo "[setup] installing parcel_hpc and its dependencies into $VENV" >&2
+  "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+  "$VENV/bin/python" -m pip install -q -e "$ROOT[test,bench]" 2>&1 | grep -v "is ignored" >&2 || true
+  "$VENV/bin/python" -c 'import parcel_hpc, submitit, hydra, h5py' || { echo "[setup] install failed" >&2; exit 1; }
+  touch "$STAMP"
+fi
+export PATH="$VENV/bin:$PATH"
+# One BLAS thread per process: trials run side by side, and results stay bit-reproducible.
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it: virtualenv, a real 3-node SLURM cluster (started here
+# unless SLURM is already configured and answering, stopped again at the end), then pytest.
+#   scripts/test.sh [pytest args...]
+set -euo pipefail
+source "$(dirname "$0")/_env.sh"
+cd "$ROOT"
+started_cluster=0
+if [ -z "${SLURM_CONF:-}" ] || ! scontrol ping >/dev/null 2>&1; then
+  BASE=${PARCEL_SLURM_BASE:-/tmp/parcel-slurm}
+  bash scripts/dev-cluster-up.sh "$BASE"
+  # shellcheck disable=SC1091
+  source "$BASE/env.sh"
+  started_cluster=1
+fi
+stop_cluster() { [ "$started_cluster" = 1 ] && bash "$ROOT/scripts/dev-cluster-down.sh" "$BASE" >/dev/null 2>&1 || true; }
+trap stop_cluster EXIT
+export PARCEL_REQUIRE_SLURM=1  # slurm-marked tests fail, not skip, when the cluster is missing
+python -m pytest "$@"

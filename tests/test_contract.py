@@ -1,0 +1,108 @@
+"""Contract freezing, digests and the admission outcomes (pure decisions plus the one frozen file)."""
+
+import json
+import os
+
+import pytest
+
+from parcel_hpc.contract import (
+    ADMIT, Contract, TrialIdentity, WorkerObservation, admit, check_worker, first_difference, freeze_contract, load_contract,
+)
+from parcel_hpc.errors import CorruptRecord, GovernanceRefusal
+
+FIELDS = {
+    "snapshot_digest": "sha256:" + "a" * 64,
+    "split_digest": "sha256:" + "b" * 64,
+    "split_method": "group",
+    "metric_revision": "miss-cost-r3",
+    "search_revision": "parcel-search-r1",
+    "image_digest": "sha256:" + "c" * 64,
+    "space": {"revision": "space-r4", "params": {"lr": {"type": "loguniform", "low": 0.001, "high": 0.3}}},
+    "resources": {"gpus": 1, "cpus": 1},
+}
+
+
+def identity(contract, **changes):
+    base = TrialIdentity.for_contract("t0001", contract)
+    return TrialIdentity(**{**base.__dict__, **changes})
+
+
+def test_digest_is_canonical_and_content_only():
+    a = Contract(FIELDS)
+    b = Contract(dict(reversed(list(FIELDS.items()))))
+    assert a.digest == b.digest and a.digest.startswith("sha256:")
+    assert Contract({**FIELDS, "resources": {"gpus": 2, "cpus": 1}}).digest != a.digest
+
+
+def test_contract_without_identity_fields_is_refused():
+    with pytest.raises(GovernanceRefusal) as err:
+        Contract({k: v for k, v in FIELDS.items() if k != "image_digest"})
+    assert err.value.outcome == "reject:identity"
+
+
+@pytest.mark.parametrize("field", ["snapshot_digest", "split_digest", "metric_revision", "search_revision"])
+def test_admission_names_the_differing_field(field):
+    c = Contract(FIELDS)
+    assert admit(identity(c), c) == ADMIT
+    assert admit(identity(c, **{field: "other"}), c) == f"reject:{field}"
+
+
+def test_admission_order_is_snapshot_split_metric_search():
+    c = Contract(FIELDS)
+    every = identity(c, snapshot_digest="x", split_digest="x", metric_revision="x", search_revision="x")
+    assert admit(every, c) == "reject:snapshot_digest"
+    assert admit(identity(c, split_digest="x", metric_revision="x", search_revision="x"), c) == "reject:split_digest"
+    assert admit(identity(c, metric_revision="x", search_revision="x"), c) == "reject:metric_revision"
+
+
+@pytest.mark.parametrize("missing", ["trial_id", "image_digest"])
+def test_admission_rejects_missing_identity(missing):
+    c = Contract(FIELDS)
+    assert admit(identity(c, **{missing: ""}), c) == "reject:identity"
+
+
+def test_admission_rejects_another_image():
+    c = Contract(FIELDS)
+    assert admit(identity(c, image_digest="sha256:" + "d" * 64), c) == "reject:image_digest"
+
+
+def test_worker_check_compares_what_it_opened():
+    c = Contract(FIELDS)
+    ok = WorkerObservation(FIELDS["snapshot_digest"], FIELDS["split_digest"], "group", FIELDS["image_digest"])
+    assert check_worker(ok, c) == ADMIT
+    assert check_worker(WorkerObservation("sha256:new", ok.split_digest, "group", ok.image_digest), c) == "reject:snapshot_digest"
+    assert check_worker(WorkerObservation(ok.snapshot_digest, "sha256:rnd", "random", ok.image_digest), c) == "reject:split_digest"
+    assert check_worker(WorkerObservation(ok.snapshot_digest, ok.split_digest, "group", "sha256:newer"), c) == "reject:image_digest"
+
+
+def test_first_difference_follows_pinned_order_then_names():
+    frozen = {**FIELDS, "zeta": 1, "alpha": 1}
+    assert first_difference(frozen, frozen) is None
+    assert first_difference(frozen, {**frozen, "alpha": 2, "zeta": 2}) == "alpha"
+    assert first_difference(frozen, {**frozen, "resources": {"gpus": 2, "cpus": 1}, "metric_revision": "m"}) == "metric_revision"
+    assert first_difference(frozen, {k: v for k, v in frozen.items() if k != "zeta"}) == "zeta"
+
+
+def test_freeze_once_then_match_or_refuse(tmp_path):
+    c = Contract(FIELDS)
+    frozen, created = freeze_contract(tmp_path, c)
+    assert created and frozen.digest == c.digest
+    before = (tmp_path / "contract.json").read_bytes()
+    again, created = freeze_contract(tmp_path, Contract(dict(FIELDS)))
+    assert not created and again.digest == c.digest
+    with pytest.raises(GovernanceRefusal) as err:
+        freeze_contract(tmp_path, Contract({**FIELDS, "split_digest": "sha256:" + "e" * 64}))
+    assert err.value.outcome == "reject:split_digest"
+    assert "new search.revision" in err.value.detail
+    assert (tmp_path / "contract.json").read_bytes() == before  # never rewritten
+    assert oct(os.stat(tmp_path / "contract.json").st_mode & 0o777) == "0o644"
+
+
+def test_edited_contract_file_is_detected(tmp_path):
+    freeze_contract(tmp_path, Contract(FIELDS))
+    path = tmp_path / "contract.json"
+    obj = json.loads(path.read_text())
+    obj["contract"]["metric_revision"] = "miss-cost-r4"
+    path.write_text(json.dumps(obj))
+    with pytest.raises(CorruptRecord):
+        load_contract(tmp_path)

@@ -1,0 +1,168 @@
+"""The governed search end to end on the embedded local executor: real Hydra, real submitit
+processes, real h5py files. Every case runs the entry point a user runs."""
+
+import json
+import os
+import pickle
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from parcel_hpc.contract import load_contract
+from parcel_hpc.data import make_snapshot
+from parcel_hpc.ledger.store import SearchDir
+from parcel_hpc.sweep.proposal import plan_for
+from parcel_hpc.testing import launch, parcel_hpc, run_trial_directly
+
+REV = "search.revision=test-r1"
+
+
+def run(tmp_path, data_dir, *overrides, **kw):
+    return launch([f"search.root={tmp_path / 'runs'}", REV, *overrides], cwd=tmp_path, data_dir=data_dir, **kw)
+
+
+def search_dir(tmp_path, rev="test-r1") -> Path:
+    return tmp_path / "runs" / rev
+
+
+def status(path) -> dict:
+    res = parcel_hpc(["status", str(path), "--json"])
+    assert res.returncode == 0, res.stderr
+    return res.json()
+
+
+def test_search_runs_records_and_continues_without_redispatch(tmp_path, data_dir):
+    first = run(tmp_path, data_dir, "search.n_trials=5")
+    assert first.returncode == 0, first.stderr
+    assert "summary" in first.stdout and "best validation" in first.stdout
+    st = status(search_dir(tmp_path))
+    assert st["contract_digest"] == load_contract(search_dir(tmp_path)).digest
+    assert sum(st["counts"].values()) == 5 and len(st["trials"]) == 5
+    assert all(t["state"] in ("completed", "pruned") for t in st["trials"])
+    completed = [t for t in st["trials"] if t["state"] == "completed"]
+    assert completed and all(t["metric"] is not None and t["step"] == 82 for t in completed)
+    assert set(st["trials"][0]) >= {"trial_id", "state", "metric", "step", "attempts", "reason"}
+    # what ran, on what, how it ended: the record keeps params, seed, config hash and jobs
+    spec = json.loads((search_dir(tmp_path) / "trials" / "t0000" / "spec.json").read_text())
+    assert spec["image_digest"].startswith("sha256:") and spec["resources"]["gpus"] == 1
+
+    again = run(tmp_path, data_dir, "search.n_trials=7")
+    assert again.returncode == 0, again.stderr
+    launches = sorted((search_dir(tmp_path) / "launches").glob("*.json"))
+    second = json.loads(launches[-1].read_text())
+    assert sorted(second["finished_before"]) == [f"t000{i}" for i in range(5)]
+    assert sorted(second["dispatched"]) == ["t0005", "t0006"]
+    st = status(search_dir(tmp_path))
+    assert all(t["attempts"] == 1 for t in st["trials"])  # no finished trial ran twice
+
+
+@pytest.mark.parametrize("override,outcome", [
+    ("split=random_r7", "reject:split_digest"),
+    ("metric.miss_cost=7.0", "reject:metric"),
+    ("space.params.lr.high=0.5", "reject:space"),
+    ("resources.gpus=2", "reject:resources"),
+])
+def test_changed_contract_is_refused_before_dispatch(tmp_path, data_dir, override, outcome):
+    assert run(tmp_path, data_dir, "search.n_trials=0").returncode == 0
+    contract_before = (search_dir(tmp_path) / "contract.json").read_bytes()
+    res = run(tmp_path, data_dir, "search.n_trials=2", override)
+    assert res.returncode == 3, res.stderr
+    assert res.stdout.splitlines()[0] == outcome
+    assert "new search.revision" in res.stderr
+    assert (search_dir(tmp_path) / "contract.json").read_bytes() == contract_before
+    assert not (search_dir(tmp_path) / "trials").exists()
+
+
+def test_changed_snapshot_file_is_refused(tmp_path, data_dir):
+    assert run(tmp_path, data_dir, "search.n_trials=0").returncode == 0
+    os.remove(data_dir / "parcels.h5")
+    make_snapshot(data_dir, seed=0, label_noise=0.03)  # same schema, other content
+    res = run(tmp_path, data_dir, "search.n_trials=1")
+    assert res.returncode == 3 and res.stdout.splitlines()[0] == "reject:snapshot_digest"
+
+
+def test_random_split_cannot_start_a_search(tmp_path, data_dir):
+    res = run(tmp_path, data_dir, "split=random_r7", "search.n_trials=1")
+    assert res.returncode == 3 and res.stdout.splitlines()[0] == "reject:split_method"
+    assert not search_dir(tmp_path).exists()
+
+
+def test_pinned_snapshot_digest_must_match(tmp_path, data_dir):
+    res = run(tmp_path, data_dir, "snapshot.digest=sha256:" + "0" * 64, "search.n_trials=1")
+    assert res.returncode == 3 and res.stdout.splitlines()[0] == "reject:snapshot_digest"
+
+
+@pytest.mark.parametrize("override,needle", [
+    ("split=nope", "split"),
+    ("foo=1", "foo"),
+    ("search.n_trials=abc", "n_trials"),
+    ("search.n_trials=[1,", "search.n_trials"),
+    ("snapshot.path=/nonexistent/parcels.h5", "make-snapshot"),
+    ("search.root=/proc/forbidden", "not writable"),
+    ("search.n_trials=1,2", "sweep override"),
+])
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, data_dir, override, needle):
+    res = run(tmp_path, data_dir, override)
+    assert res.returncode == 2, (res.stdout, res.stderr)
+    lines = [l for l in res.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], res.stderr
+    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").rglob("contract.json"))
+
+
+def test_budget_hold_before_anything_is_dispatched(tmp_path, data_dir):
+    res = run(tmp_path, data_dir, "search.n_trials=83")
+    assert res.returncode == 3 and res.stdout.splitlines()[0] == "hold:budget"
+    res = run(tmp_path, data_dir, "search.n_trials=40", "budget.gpu_hours_cap=5")
+    assert res.returncode == 3 and res.stdout.splitlines()[0] == "hold:budget"
+    assert "lower search.n_trials" in res.stderr
+    assert not (search_dir(tmp_path) / "trials").exists() or not list((search_dir(tmp_path) / "trials").rglob("journal-*"))
+
+
+def _plan(tmp_path, data_dir, *overrides):
+    """Freeze a search and propose one trial without running it (dry run), then build its plan."""
+    res = run(tmp_path, data_dir, "search.n_trials=1", "search.dry_run=true", *overrides)
+    assert res.returncode == 0, res.stderr
+    assert "dry run" in res.stdout
+    sd = SearchDir(search_dir(tmp_path))
+    cfg = {"snapshot": {"path": str(data_dir / "parcels.h5")}, "split": {"path": str(data_dir / "split-group_r8.json")},
+           "image": {"kind": "computed"}, "checkpoint": {"dir": str(sd.path / "checkpoints"), "every_steps": 10, "keep_last": 2}}
+    return sd, cfg
+
+
+def test_worker_refuses_a_random_split_it_was_pointed_at(tmp_path, data_dir):
+    sd, cfg = _plan(tmp_path, data_dir)
+    cfg["split"]["path"] = str(data_dir / "split-random_r7.json")
+    plan = plan_for(sd.spec("t0000"), cfg, sd.contract(), sd.path)
+    res = run_trial_directly(plan)
+    assert res.returncode == 0, res.stderr
+    rec = sd.record("t0000")
+    assert rec.state.value == "rejected" and rec.reason == "reject:split_digest"
+    assert not (sd.path / "checkpoints" / "t0000").exists()  # refused before claiming or training
+
+
+def test_worker_refuses_a_newer_image_archive(tmp_path, data_dir):
+    archive = tmp_path / "worker.sif"
+    archive.write_bytes(b"image v1")
+    sd, cfg = _plan(tmp_path, data_dir, "image=archive", f"image.path={archive}")
+    archive.write_bytes(b"image v2: rebuilt with a newer numpy")
+    cfg["image"] = {"kind": "archive", "path": str(archive)}
+    res = run_trial_directly(plan_for(sd.spec("t0000"), cfg, sd.contract(), sd.path))
+    assert res.returncode == 0, res.stderr
+    rec = sd.record("t0000")
+    assert rec.state.value == "rejected" and rec.reason == "reject:image_digest"
+
+
+def test_same_seed_and_params_give_the_same_metric(tmp_path, data_dir):
+    metrics = []
+    for rev in ("same-a", "same-b"):
+        res = launch([f"search.root={tmp_path / 'runs'}", f"search.revision={rev}", "search.n_trials=1", "pruner=none"],
+                     cwd=tmp_path, data_dir=data_dir)
+        assert res.returncode == 0, res.stderr
+        metrics.append(status(search_dir(tmp_path, rev))["trials"][0]["metric"])
+    assert metrics[0] is not None and metrics[0] == metrics[1]
+
+
+def test_without_multirun_flag_the_launch_explains(tmp_path, data_dir):
+    res = launch([f"search.root={tmp_path / 'runs'}"], cwd=tmp_path, data_dir=data_dir, multirun=False)
+    assert res.returncode == 2 and "-m" in res.stderr

@@ -1,0 +1,94 @@
+"""The trial record folded from journal events, and the next-action decision (both pure)."""
+
+import pytest
+
+from parcel_hpc.ledger.journal import Journal, read_events
+from parcel_hpc.ledger.records import TrialSpec, fold
+from parcel_hpc.ledger.states import TrialState
+from parcel_hpc.lifecycle import Action, next_action
+
+SPEC = TrialSpec("t0001", 1, {"lr": 0.1}, 1234, "sha256:" + "1" * 64, "sha256:" + "2" * 64, "sha256:" + "3" * 64, {"gpus": 1, "cpus": 1})
+
+
+def ev(kind, t, **kw):
+    return {"kind": kind, "t": t, "writer": "w", "seq": t, **kw}
+
+
+def test_lifecycle_of_a_completed_trial():
+    events = [ev("submitted", 1, job_id="11"), ev("started", 2, attempt=1, job_id="11"),
+              ev("milestone", 3, attempt=1, step=10, value=0.5), ev("ended", 4, attempt=1, how="completed", metric=0.4, step=82)]
+    assert fold(SPEC, events[:1]).state is TrialState.QUEUED
+    assert fold(SPEC, events[:2]).state is TrialState.RUNNING
+    rec = fold(SPEC, events)
+    assert rec.state is TrialState.COMPLETED and rec.metric == 0.4 and rec.step == 82 and rec.jobs == ("11",)
+
+
+def test_only_a_completed_trial_carries_a_metric():
+    rec = fold(SPEC, [ev("started", 1, attempt=1), ev("milestone", 2, attempt=1, step=10, value=0.6),
+                      ev("ended", 3, attempt=1, how="pruned", step=10)])
+    assert rec.state is TrialState.PRUNED and rec.metric is None and rec.last_value == 0.6
+    with pytest.raises(ValueError):
+        type(rec)(spec=SPEC, state=TrialState.COMPLETED)
+
+
+def test_interruption_then_resume():
+    events = [ev("started", 1, attempt=1), ev("ended", 2, attempt=1, how="interrupted", cause="preempted", step=30),
+              ev("started", 3, attempt=2, resumed_from=30)]
+    rec = fold(SPEC, events[:2])
+    assert rec.state is TrialState.QUEUED and rec.interrupted == 1
+    rec = fold(SPEC, events)
+    assert rec.state is TrialState.RUNNING and rec.resumed == 1 and len(rec.attempts) == 2
+
+
+def test_failure_is_retried_once_then_final():
+    first = [ev("started", 1, attempt=1), ev("ended", 2, attempt=1, how="failed", cause="exception", final=False)]
+    rec = fold(SPEC, first)
+    assert rec.state is TrialState.QUEUED and rec.failures == ("exception",)
+    rec = fold(SPEC, first + [ev("started", 3, attempt=2), ev("ended", 4, attempt=2, how="failed", cause="exception", final=True)])
+    assert rec.state is TrialState.FAILED and rec.reason == "exception" and len(rec.attempts) == 2
+
+
+def test_quarantine_withdraws_a_result_and_taints_its_attempts():
+    done = [ev("started", 1, attempt=1), ev("ended", 2, attempt=1, how="completed", metric=0.1, step=82)]
+    q = ev("quarantined", 3, reason="shared prefix", attempts_upto=1)
+    rec = fold(SPEC, done + [q])
+    assert rec.state is TrialState.QUARANTINED and rec.metric is None and rec.invalid_metrics
+    # a late report from the tainted attempt changes nothing
+    late = ev("ended", 4, attempt=1, how="completed", metric=0.05, step=82)
+    assert fold(SPEC, done + [q, late]).state is TrialState.QUARANTINED
+    clean = [ev("started", 5, attempt=2), ev("ended", 6, attempt=2, how="completed", metric=0.3, step=82)]
+    rec = fold(SPEC, done + [q, late] + clean)
+    assert rec.state is TrialState.COMPLETED and rec.metric == 0.3 and rec.quarantines == ("shared prefix",)
+
+
+def test_rejection_and_budget_exhaustion_are_final():
+    assert fold(SPEC, [ev("admission", 1, outcome="reject:split_digest")]).reason == "reject:split_digest"
+    rec = fold(SPEC, [ev("started", 1, attempt=1), ev("ended", 2, attempt=1, how="budget_exhausted", reason="hold:budget")])
+    assert rec.state is TrialState.BUDGET_EXHAUSTED and rec.state.is_finished()
+
+
+def test_journals_merge_in_time_order_and_survive_a_torn_tail(tmp_path):
+    a = Journal(tmp_path, "launch", clock=iter([1.0, 4.0]).__next__)
+    b = Journal(tmp_path, "a1", clock=iter([2.0, 3.0]).__next__)
+    a.append("submitted", job_id="7")
+    b.append("started", attempt=1)
+    b.append("milestone", attempt=1, step=10, value=0.5)
+    a.append("note")
+    with open(b.path, "ab") as f:
+        f.write(b'{"kind":"ended","t":5')  # the writer was killed mid-append
+    assert [e["kind"] for e in read_events(tmp_path)] == ["submitted", "started", "milestone", "note"]
+
+
+@pytest.mark.parametrize("events,dispatches,alive,expected", [
+    ([], 0, False, Action.DISPATCH),
+    ([ev("submitted", 1, job_id="1")], 1, True, Action.WAIT),
+    ([ev("started", 1, attempt=1)], 1, False, Action.RESOLVE_LOST),
+    ([ev("started", 1, attempt=1), ev("ended", 2, attempt=1, how="interrupted", cause="node_fail")], 1, False, Action.RETRY),
+    ([ev("started", 1, attempt=1), ev("ended", 2, attempt=1, how="failed", cause="exception")], 1, False, Action.RETRY),
+    ([ev("started", 1, attempt=1), ev("ended", 2, attempt=1, how="completed", metric=0.2)], 1, False, Action.NONE),
+    ([ev("started", 1, attempt=1), ev("quarantined", 2, attempts_upto=1, reason="x")], 1, False, Action.RETRY),
+    ([ev("started", i, attempt=i) if i % 2 else ev("ended", i, attempt=i - 1, how="interrupted") for i in range(1, 9)], 4, False, Action.GIVE_UP),
+    ([ev("submitted", 1, job_id="1")], 5, False, Action.GIVE_UP),
+])
+def test_next_action(events, dispatches, alive, expected):
+    assert next_action(fold(SPEC, events), dispatches=dispatches, job_alive=alive, max_retries=2).action is expected
