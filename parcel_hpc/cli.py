@@ -26,6 +26,11 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("status", help="counts by state and a per-trial table")
     s.add_argument("search_dir", type=Path)
     s.add_argument("--json", action="store_true", help="print one JSON object")
+
+    s = sub.add_parser("resubmit", help="rerun trials whose jobs ended without a result for infrastructure reasons")
+    s.add_argument("search_dir", type=Path)
+    s.add_argument("--dry-run", action="store_true", help="list what would be done; change nothing")
+    s.add_argument("--wait", action="store_true", help="follow the resubmitted trials until they end")
     return p
 
 
@@ -36,6 +41,8 @@ def main(argv: list[str] | None = None) -> None:
             _make_snapshot(args)
         elif args.command == "status":
             _status(args)
+        elif args.command == "resubmit":
+            _resubmit(args)
 
 
 def _make_snapshot(args) -> None:
@@ -55,6 +62,14 @@ def _status(args) -> None:
         print(status.to_json(data))
     else:
         status.render(data)
+
+
+def _resubmit(args) -> None:
+    from . import resubmit
+    from .ledger.store import SearchDir
+    from .sweep.display import make_console
+
+    resubmit.run(SearchDir(args.search_dir), dry_run=args.dry_run, wait=args.wait, console=make_console())
 
 
 if __name__ == "__main__":

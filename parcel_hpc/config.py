@@ -68,7 +68,8 @@ class BudgetConf:
     cost_cap: float = 500.0  # money, worst case
     rate_per_gpu_hour: float = 2.0  # money per GPU-hour
     rate_per_cpu_hour: float = 0.05  # money per CPU-hour
-    max_retries: int = 2  # infrastructure retries per trial
+    max_retries: int = 2  # retries per trial after timeouts, node failures, lost jobs, system cancels
+    max_preemptions: int = 10  # requeues per trial after preemption (not the trial's fault; counted apart)
 
 
 @dataclass
@@ -102,6 +103,7 @@ class SearchConf:
 class TrainConf:
     steps: int = 82  # training steps per trial
     seed: int = 1234  # initialisation and batching seed, shared by every trial
+    step_seconds: float = 0.0  # minimum wall time per step: emulates a heavier model (demos, fault tests)
 
 
 @dataclass

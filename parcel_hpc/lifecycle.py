@@ -32,7 +32,14 @@ class Next:
     reason: str = ""
 
 
-def next_action(record: TrialRecord, *, dispatches: int, job_alive: bool, max_retries: int) -> Next:
+def interruption_counts(record: TrialRecord) -> tuple[int, int]:
+    """(preemptions, other infrastructure interruptions) over the trial's attempts."""
+    causes = [a.cause for a in record.attempts if a.how is not None and a.how.is_infrastructure()]
+    preempted = sum(1 for c in causes if c == "preempted")
+    return preempted, len(causes) - preempted
+
+
+def next_action(record: TrialRecord, *, dispatches: int, job_alive: bool, max_retries: int, max_preemptions: int = 10) -> Next:
     state = record.state
     if state.is_finished():
         return Next(Action.NONE)
@@ -48,11 +55,14 @@ def next_action(record: TrialRecord, *, dispatches: int, job_alive: bool, max_re
         return Next(Action.RETRY, "clean rerun after quarantine")
     if record.failures and record.reason.startswith("retry:"):
         return Next(Action.RETRY, f"checking whether {record.failures[-1]} reproduces")
-    if record.interrupted > max_retries:
-        return Next(Action.GIVE_UP, f"{record.interrupted} infrastructure interruptions > budget.max_retries={max_retries}")
+    preempted, other = interruption_counts(record)
+    if other > max_retries:
+        return Next(Action.GIVE_UP, f"{other} infrastructure interruptions > budget.max_retries={max_retries}")
+    if preempted > max_preemptions:
+        return Next(Action.GIVE_UP, f"{preempted} preemptions > budget.max_preemptions={max_preemptions}")
     if record.interrupted or record.reason.startswith("interrupted"):
         return Next(Action.RETRY, record.reason or "interrupted")
     # Dispatched, no live job, no attempt recorded: the job died before the worker started.
-    if dispatches > max_retries + 1:
+    if dispatches > max_retries + preempted + 1:
         return Next(Action.GIVE_UP, f"dispatched {dispatches} times without the worker ever starting")
     return Next(Action.RETRY, "the job ended before the worker started")

@@ -45,13 +45,16 @@ def collect(search: SearchDir) -> dict[str, Any]:
 
 
 def _queue_view(search: SearchDir, records: list[TrialRecord]) -> tuple[dict[str, str], str]:
-    if not any(r.jobs and "_" in r.jobs[-1] or _is_slurm(search, r) for r in records if not r.state.is_finished()):
+    if not any(_is_slurm(search, r) for r in records if not r.state.is_finished() and r.jobs):
         return {}, ""
+    names = sorted({str(l["launcher"]["params"]["job_name"]) for l in search.launches() if l.get("launcher", {}).get("kind") == "slurm"})
+    view: dict[str, str] = {}
     try:
-        name = f"parcel-{search.path.name}"
-        return {job: q.state.lower() for job, q in slurm.queued_jobs(name).items()}, ""
+        for name in names:
+            view.update({job: q.state.lower() for job, q in slurm.queued_jobs(name).items()})
     except SchedulerUnavailable as exc:
         return {}, str(exc)
+    return view, ""
 
 
 def _is_slurm(search: SearchDir, record: TrialRecord) -> bool:

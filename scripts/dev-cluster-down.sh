@@ -39,7 +39,7 @@ fi
 
 # Serialise with dev-cluster-up.sh and other downs on this BASE (see the note there).
 exec 9>"$BASE/.lock"
-flock -w 600 9 || die "another dev-cluster-up/down on $BASE held the lock for 600 s; check with ps."
+flock -w 120 9 || die "another dev-cluster-up/down on $BASE held the lock for 120 s; check with ps."
 
 # Same test as dev-cluster-up.sh: alive (a zombie counts as stopped, it waits for PID 1
 # to reap it), the expected name, and BASE in cmdline or environ (PIDs get reused).

@@ -94,11 +94,12 @@ is_running() {
   [[ -s $f ]] && pid_is_ours "$(<"$f")" "$2"
 }
 # start_daemon NAME LOGFILE CMD...: detach (setsid) and record the PID.
-# The daemon is re-parented to PID 1 when this script exits (P15).
+# The daemon is re-parented to PID 1 when this script exits (P15). It must not
+# inherit fd 9: a daemon holding the lock file open would hold the lock forever.
 start_daemon() {
   local name=$1 logfile=$2
   shift 2
-  setsid "$@" >>"$logfile" 2>&1 </dev/null &
+  setsid "$@" >>"$logfile" 2>&1 </dev/null 9>&- &
   echo $! >"$PIDS/$name.pid"
 }
 tail_log() {

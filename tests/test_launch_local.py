@@ -12,7 +12,7 @@ import pytest
 from parcel_hpc.contract import load_contract
 from parcel_hpc.data import make_snapshot
 from parcel_hpc.ledger.store import SearchDir
-from parcel_hpc.sweep.proposal import plan_for
+from parcel_hpc.sweep.proposal import plan_for, propose
 from parcel_hpc.testing import launch, parcel_hpc, run_trial_directly
 
 REV = "search.revision=test-r1"
@@ -120,11 +120,13 @@ def test_budget_hold_before_anything_is_dispatched(tmp_path, data_dir):
 
 
 def _plan(tmp_path, data_dir, *overrides):
-    """Freeze a search and propose one trial without running it (dry run), then build its plan."""
-    res = run(tmp_path, data_dir, "search.n_trials=1", "search.dry_run=true", *overrides)
+    """Freeze a search (a launch of zero trials), propose its first trial without dispatching it."""
+    dry = run(tmp_path, data_dir, "search.n_trials=1", "search.dry_run=true", *overrides)
+    assert dry.returncode == 0 and "dry run" in dry.stdout and not search_dir(tmp_path).exists()  # a dry run writes nothing
+    res = run(tmp_path, data_dir, "search.n_trials=0", *overrides)
     assert res.returncode == 0, res.stderr
-    assert "dry run" in res.stdout
     sd = SearchDir(search_dir(tmp_path))
+    sd.write_spec(propose({"train": {"seed": 1234}}, sd.contract(), 0, 1)[0])
     cfg = {"snapshot": {"path": str(data_dir / "parcels.h5")}, "split": {"path": str(data_dir / "split-group_r8.json")},
            "image": {"kind": "computed"}, "checkpoint": {"dir": str(sd.path / "checkpoints"), "every_steps": 10, "keep_last": 2}}
     return sd, cfg

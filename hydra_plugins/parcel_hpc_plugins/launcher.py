@@ -28,24 +28,17 @@ class _ParcelLauncher(Launcher):
 
 
 class LocalLauncher(_ParcelLauncher):
-    def dispatcher(self, search, resources, max_retries: int):
-        from parcel_hpc.sweep.dispatch import LocalDispatcher
+    kind = "local"
 
-        return LocalDispatcher(
-            search.submitit_dir / "local", parallelism=int(self.params["parallelism"]),
-            timeout_min=int(resources["time_limit_min"]), signal_delay_s=int(self.params["signal_delay_s"]),
-            max_num_timeout=max_retries + 1,
-        )
+    def dispatcher(self, search, resources, budget):
+        from parcel_hpc.sweep.dispatch import make_dispatcher
+
+        return make_dispatcher(self.kind, _plain(self.params), search, resources, budget)
 
 
-class SlurmLauncher(_ParcelLauncher):
-    def dispatcher(self, search, resources, max_retries: int):
-        from parcel_hpc.sweep.dispatch import SlurmDispatcher
+class SlurmLauncher(LocalLauncher):
+    kind = "slurm"
 
-        p = self.params
-        return SlurmDispatcher(
-            search.submitit_dir / "slurm", job_name=str(p["job_name"]), resources=resources,
-            array_parallelism=int(p["array_parallelism"]), signal_delay_s=int(p["signal_delay_s"]),
-            max_num_timeout=max_retries + 1, setup=list(p.get("setup") or []),
-            additional=OmegaConf.to_container(p["additional_parameters"]) if isinstance(p.get("additional_parameters"), DictConfig) else dict(p.get("additional_parameters") or {}),
-        )
+
+def _plain(params):
+    return {k: OmegaConf.to_container(v, resolve=True) if isinstance(v, DictConfig) or OmegaConf.is_list(v) else v for k, v in params.items()}

@@ -44,5 +44,4 @@ class ParcelSweeper(Sweeper):
         launcher = Plugins.instance().instantiate_launcher(hydra_context=self.hydra_context, task_function=self.task_function, config=self.config)
         job_cfg = OmegaConf.masked_copy(self.config, [k for k in self.config if k != "hydra"])
         cfg = OmegaConf.to_container(job_cfg, resolve=True, throw_on_missing=True)
-        resources, max_retries = cfg["resources"], int(cfg["budget"]["max_retries"])
-        return SearchLaunch(cfg, lambda search: launcher.dispatcher(search, resources, max_retries)).run()
+        return SearchLaunch(cfg, lambda search: launcher.dispatcher(search, cfg["resources"], cfg["budget"])).run()

@@ -37,6 +37,8 @@ ATTEMPT_COLUMNS = (
     "gpu_hours", "cpu_hours", "queue_wait_s", "line",
 )
 
+_ALLOCATION_COLUMNS = [c for c in ATTEMPT_COLUMNS if c not in ("attempt", "is_last", "gpu_hours", "cpu_hours", "queue_wait_s")]
+
 __all__ = ["ATTEMPT_COLUMNS", "Attempt", "attempt_table", "attempts", "totals_by_job"]
 
 
@@ -98,7 +100,7 @@ def attempt_table(sacct: SacctTable) -> pa.Table:
     Raises AccountingError naming the line when an allocation row's times are impossible
     (Start before Submit, End before Start): billing an impossible run would be a guess.
     """
-    alloc = sacct.allocations()
+    alloc = sacct.allocations(_ALLOCATION_COLUMNS)
     n = alloc.num_rows
     submit = _np(alloc, "submit")
     start = _np(alloc, "start")
@@ -234,7 +236,7 @@ def _group_keys(alloc: pa.Table) -> list[np.ndarray]:
         alloc.column("base_job_id").to_numpy(),
     ]
     job_id = alloc.column("job_id")
-    if alloc.num_rows and pc.any(pc.match_substring_regex(job_id, r"[+\[]")).as_py():
+    if alloc.num_rows and (pc.any(pc.match_substring(job_id, "+")).as_py() or pc.any(pc.match_substring(job_id, "[")).as_py()):
         codes = pc.dictionary_encode(job_id.combine_chunks()).indices.to_numpy(zero_copy_only=False)
         keys.insert(0, codes)
     return keys

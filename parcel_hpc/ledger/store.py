@@ -68,6 +68,10 @@ class SearchDir:
             return trial_id
         return path.read_text().strip()
 
+    def config_owner(self, config_hash: str) -> str | None:
+        path = self.path / "configs" / config_hash.replace(":", "-")
+        return path.read_text().strip() if path.exists() else None
+
     def claim_dispatch(self, trial_id: str, launch_id: str) -> int | None:
         """Claim the next dispatch of a trial; None if another launcher holds that dispatch."""
         d = self.trial_dir(trial_id)
@@ -100,6 +104,20 @@ class SearchDir:
 
     def journal(self, trial_id: str, role: str) -> Journal:
         return Journal(fsio.ensure_dir(self.trial_dir(trial_id)), writer_name(role))
+
+    def write_plan(self, plan) -> None:
+        fsio.atomic_write_json(self.trial_dir(plan.trial_id) / "plan.json", plan.to_json())
+
+    def plan(self, trial_id: str):
+        from ..worker.plan import WorkerPlan
+
+        return WorkerPlan.from_json(fsio.read_json(self.trial_dir(trial_id) / "plan.json"))
+
+    def launches(self) -> list[dict]:
+        """Every launch record, oldest first."""
+        if not self.launches_dir.exists():
+            return []
+        return [fsio.read_json(p) for p in sorted(self.launches_dir.glob("*.json"))]
 
     # --- quarantine marks ----------------------------------------------------------------------
     def mark_quarantined(self, trial_id: str, attempts_upto: int, reason: str) -> None:

@@ -31,6 +31,7 @@ class Submitted:
 class LocalDispatcher:
     name = "local"
     can_detach = False
+    kind = "local"
 
     def __init__(self, folder: Path, *, parallelism: int, timeout_min: int, signal_delay_s: int, max_num_timeout: int) -> None:
         if parallelism < 1:
@@ -83,6 +84,7 @@ class LocalDispatcher:
 class SlurmDispatcher:
     name = "slurm"
     can_detach = True
+    kind = "slurm"
 
     def __init__(self, folder: Path, *, job_name: str, resources: Mapping[str, Any], array_parallelism: int,
                  signal_delay_s: int, max_num_timeout: int, setup: Sequence[str] = (), additional: Mapping[str, Any] | None = None,
@@ -158,6 +160,26 @@ class SlurmDispatcher:
         python = shlex.quote(self.executor.python) if " " in self.executor.python else self.executor.python
         command = " ".join([python, "-u -m submitit.core._submit", shlex.quote(str(self.executor.folder))])
         return submitit_slurm._make_sbatch_string(command=command, folder=self.executor.folder, **params)
+
+
+def make_dispatcher(kind: str, params: Mapping[str, Any], search, resources: Mapping[str, Any], budget: Mapping[str, Any]):
+    """A dispatcher from the launcher's settings (also as recorded in a launch, for resubmit)."""
+    # submitit's own timeout countdown must never end a trial before parcel_hpc's retry policy does.
+    max_num_timeout = int(budget["max_retries"]) + int(budget.get("max_preemptions", 10)) + 1
+    settings = {"kind": kind, "params": dict(params), "resources": dict(resources), "budget": dict(budget)}
+    if kind == "local":
+        d = LocalDispatcher(search.submitit_dir / "local", parallelism=int(params["parallelism"]),
+                               timeout_min=int(resources["time_limit_min"]), signal_delay_s=int(params["signal_delay_s"]),
+                               max_num_timeout=max_num_timeout)
+    elif kind == "slurm":
+        d = SlurmDispatcher(search.submitit_dir / "slurm", job_name=str(params["job_name"]), resources=resources,
+                               array_parallelism=int(params["array_parallelism"]), signal_delay_s=int(params["signal_delay_s"]),
+                               max_num_timeout=max_num_timeout, setup=list(params.get("setup") or []),
+                               additional=dict(params.get("additional_parameters") or {}))
+    else:
+        raise UsageError(f"launcher kind {kind!r} is unknown; use hydra/launcher=submitit_local or submitit_slurm")
+    d.settings = settings
+    return d
 
 
 def _local_pid_alive(job_id: str) -> bool:

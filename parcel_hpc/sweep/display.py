@@ -22,8 +22,8 @@ def make_console() -> Console:
     return Console(highlight=False, width=None if sys.stdout.isatty() else max(160, shutil.get_terminal_size().columns))
 
 
-def contract_line(contract, path: Path, created: bool) -> str:
-    verb = "froze" if created else "matched frozen"
+def contract_line(contract, path: Path, created: bool, dry_run: bool = False) -> str:
+    verb = ("would freeze" if dry_run else "froze") if created else "matched frozen"
     return f"[bold]{verb}[/] contract {contract.digest[:19]}… in {path}"
 
 
@@ -33,18 +33,19 @@ def commitment_text(decision) -> str:
     return render_commitment(decision)
 
 
-def dry_run_text(search: SearchDir, trial_ids: list[str], dispatcher, contract) -> Table | str:
-    table = Table(title=f"dry run: {len(trial_ids)} trials would be dispatched (nothing submitted)")
+def dry_run_table(specs, contract) -> Table:
+    table = Table(title=f"dry run: {len(specs)} trials would be dispatched (nothing submitted, nothing written)")
     for col in ("trial", "params", "gpus", "cpus", "mem_gb", "time_min"):
         table.add_column(col)
     res = contract["resources"]
-    for tid in trial_ids:
-        spec = search.spec(tid)
-        table.add_row(tid, ", ".join(f"{k}={v}" for k, v in spec.params.items()), str(res["gpus"]), str(res["cpus"]), str(res["mem_gb"]), str(res["time_limit_min"]))
-    console = make_console()
-    with console.capture() as cap:
-        console.print(table)
-    return cap.get() + "\n" + dispatcher.describe(len(trial_ids))
+    for spec in specs:
+        table.add_row(spec.trial_id, ", ".join(f"{k}={v}" for k, v in spec.params.items()), str(res["gpus"]), str(res["cpus"]), str(res["mem_gb"]), str(res["time_limit_min"]))
+    return table
+
+
+def worst_case_line(decision) -> str:
+    c = decision.commitment
+    return f"worst case: {c.gpu_hours:.2f} GPU-hours, {c.cpu_hours:.2f} CPU-hours, cost {c.cost:.2f} ({c.trials} trials x {c.attempts_per_trial} attempts)"
 
 
 def nothing_to_do(report) -> str:

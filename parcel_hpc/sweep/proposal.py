@@ -124,6 +124,8 @@ def plan_for(spec: TrialSpec, cfg: Mapping[str, Any], contract: Contract, search
         every_steps=int(ck["every_steps"]),
         keep_last=int(ck["keep_last"]),
         max_retries=int(contract["budget"]["max_retries"]),
+        max_preemptions=int(contract["budget"].get("max_preemptions", 10)),
+        step_seconds=float(contract["train"].get("step_seconds", 0.0)),
         gpus=int(contract["resources"]["gpus"]),
         cpus=int(contract["resources"]["cpus"]),
         time_limit_min=int(contract["resources"]["time_limit_min"]),

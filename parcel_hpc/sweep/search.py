@@ -36,9 +36,10 @@ class LaunchReport:
     dispatched: list[str] = field(default_factory=list)
     jobs: dict[str, str] = field(default_factory=dict)
     dry_run: bool = False
+    launcher: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
-        return {
+        return {"launcher": self.launcher,
             "launch_id": self.launch_id, "contract_digest": self.contract_digest, "proposed": self.proposed,
             "duplicates": self.duplicates, "finished_before": self.finished_before, "rejected": self.rejected,
             "dispatched": self.dispatched, "jobs": self.jobs, "dry_run": self.dry_run,
@@ -76,29 +77,40 @@ class SearchLaunch:
         if fresh and n_trials:
             # Hold before freezing: a held first launch must leave the caps free to change.
             self._require_budget(launch_decision(contract, n_trials, 0, None))
-        ensure_writable(path)
-        frozen, created = freeze_contract(path, contract)
+        dry_run = bool(cfg["search"]["dry_run"])
+        if dry_run:
+            frozen, created = self._dry_freeze(path, contract, fresh)
+        else:
+            ensure_writable(path)
+            frozen, created = freeze_contract(path, contract)
         launch_id = time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
-        report = LaunchReport(path, launch_id, frozen.digest, dry_run=bool(cfg["search"]["dry_run"]))
+        report = LaunchReport(path, launch_id, frozen.digest, dry_run=dry_run)
 
-        to_dispatch = self._admit_proposals(search, frozen, n_trials, report)
+        specs = self._admit_proposals(search, frozen, n_trials, report)
+        to_dispatch = [s.trial_id for s in specs]
         if not to_dispatch:
-            self.console.print(display.contract_line(frozen, path, created))
+            self.console.print(display.contract_line(frozen, path, created, dry_run))
             self.console.print(display.nothing_to_do(report))
             if not report.dry_run:
                 search.write_launch(launch_id, report.to_json())
                 if cfg["search"]["wait"]:
                     self.console.print(display.summary(search, time.time() - started))
             return report
-        decision = launch_decision(frozen, len(to_dispatch), len(search.trial_ids()) - len(to_dispatch), path)
+        known = set(search.trial_ids()) | set(to_dispatch)
+        decision = launch_decision(frozen, len(to_dispatch), len(known) - len(to_dispatch), None if dry_run and fresh else path)
         self._require_budget(decision)
-        self.console.print(display.contract_line(frozen, path, created))
+        self.console.print(display.contract_line(frozen, path, created, dry_run))
         self.console.print(display.commitment_text(decision))
         if report.dry_run:
-            self.console.print(display.dry_run_text(search, to_dispatch, dispatcher, frozen))
+            self.console.print(display.dry_run_table(specs, frozen))
+            self.console.print(display.worst_case_line(decision))
+            self.console.print(dispatcher.describe(len(specs)), soft_wrap=True, markup=False, highlight=False)
             return report
+        report.launcher = getattr(dispatcher, "settings", {})
         search.write_launch(launch_id, report.to_json())
         plans = {tid: plan_for(search.spec(tid), cfg, frozen, path) for tid in to_dispatch}
+        for tid, plan in plans.items():
+            search.write_plan(plan)  # resubmit rebuilds the task from this, without the launch's config
         follower = Follower(search, dispatcher, plans, launch_id, frozen, self.console, self.poll_s)
         follower.dispatch_initial(report)
         search.write_launch(launch_id, report.to_json())
@@ -110,6 +122,19 @@ class SearchLaunch:
         return report
 
     @staticmethod
+    def _dry_freeze(path: Path, contract, fresh: bool):
+        """A dry run checks against the frozen contract (or would freeze this one) without writing."""
+        from ..contract import first_difference, load_contract
+
+        if fresh:
+            return contract, True
+        frozen = load_contract(path)
+        name = first_difference(frozen.fields, contract.fields)
+        if name is not None:
+            raise GovernanceRefusal(f"reject:{name}", f"{name} differs from the contract frozen in {path}; a changed search needs a new search.revision")
+        return frozen, False
+
+    @staticmethod
     def _require_budget(decision) -> None:
         """A hold prints its outcome first (stdout), the commitment table on stderr, and exits 3."""
         if not decision.ok:
@@ -118,28 +143,34 @@ class SearchLaunch:
             print(display.commitment_text(decision), file=sys.stderr)
             decision.require()
 
-    def _admit_proposals(self, search: SearchDir, contract, n_trials: int, report: LaunchReport) -> list[str]:
-        """Dedup and admit every proposal; returns the trial ids that need a dispatch now."""
+    def _admit_proposals(self, search: SearchDir, contract, n_trials: int, report: LaunchReport) -> list:
+        """Dedup and admit every proposal; the specs that need a dispatch now. A dry run writes nothing."""
         out = []
+        owners: dict[str, str] = {}
         for spec in propose(self.cfg, contract, 0, n_trials):
             report.proposed += 1
-            owner = search.claim_config(spec.config_hash, spec.trial_id)
+            if report.dry_run:
+                owner = owners.setdefault(spec.config_hash, search.config_owner(spec.config_hash) or spec.trial_id)
+            else:
+                owner = search.claim_config(spec.config_hash, spec.trial_id)
             if owner != spec.trial_id:
                 report.duplicates[spec.trial_id] = owner
                 continue
-            search.write_spec(spec)  # no-op when an earlier launch proposed it
-            record = search.record(spec.trial_id)
-            if record.state.is_finished():
+            if not report.dry_run:
+                search.write_spec(spec)  # no-op when an earlier launch proposed it
+            known = (search.trial_dir(spec.trial_id) / "spec.json").exists()
+            if known and search.record(spec.trial_id).state.is_finished():
                 report.finished_before.append(spec.trial_id)
                 continue
             outcome = admit(TrialIdentity.for_contract(spec.trial_id, contract, spec.config_hash), contract)
             if spec.contract_digest != contract.digest or spec.image_digest != contract["image_digest"]:
                 outcome = "reject:identity" if not spec.image_digest else outcome
             if outcome != "admit":
-                search.journal(spec.trial_id, "launch").append("admission", outcome=outcome, launch_id=report.launch_id)
+                if not report.dry_run:
+                    search.journal(spec.trial_id, "launch").append("admission", outcome=outcome, launch_id=report.launch_id)
                 report.rejected[spec.trial_id] = outcome
                 continue
-            out.append(spec.trial_id)
+            out.append(spec)
         return out
 
 
@@ -155,6 +186,7 @@ class Follower:
         self.console = console
         self.poll_s = poll_s
         self.max_retries = int(contract["budget"]["max_retries"])
+        self.max_preemptions = int(contract["budget"].get("max_preemptions", 10))
         self.journals = {tid: search.journal(tid, "launch") for tid in plans}
         self.waiting: list[str] = []  # admitted, dispatch claimed, not yet submitted (local capacity)
 
@@ -163,7 +195,7 @@ class Follower:
         for tid in self.plans:
             record = self.search.record(tid)
             jobs_alive = self._alive(record)
-            nxt = next_action(record, dispatches=self.search.dispatch_count(tid), job_alive=jobs_alive, max_retries=self.max_retries)
+            nxt = self._next(record, jobs_alive)
             if nxt.action in (Action.DISPATCH, Action.RETRY):
                 if self.search.claim_dispatch(tid, self.launch_id) is not None:
                     claimed.append(tid)
@@ -175,6 +207,10 @@ class Follower:
         self._submit_waiting()
         report.dispatched = claimed
         report.jobs = {tid: self.search.record(tid).jobs[-1] for tid in claimed if self.search.record(tid).jobs}
+
+    def _next(self, record, alive: bool):
+        return next_action(record, dispatches=self.search.dispatch_count(record.trial_id), job_alive=alive,
+                           max_retries=self.max_retries, max_preemptions=self.max_preemptions)
 
     def _submit_waiting(self) -> None:
         room = self.dispatcher.capacity()
@@ -206,7 +242,7 @@ class Follower:
                     if tid in self.waiting:
                         active += 1
                         continue
-                    nxt = next_action(record, dispatches=self.search.dispatch_count(tid), job_alive=self._alive(record), max_retries=self.max_retries)
+                    nxt = self._next(record, self._alive(record))
                     if nxt.action is Action.NONE:
                         continue
                     active += 1

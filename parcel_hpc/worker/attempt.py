@@ -63,6 +63,7 @@ class AttemptRun:
         plan, facts = self.plan, self.facts
         resumed_from = 0
         self.started_at = time.time()
+        self._resolve_unended_attempt()
         self.journal.append("started", attempt=self.attempt, job_id=facts.job_id, raw_job_id=facts.raw_job_id,
                             executor=facts.executor, node=facts.node, host=facts.host, pid=facts.pid,
                             restart_count=facts.restart_count, cuda_visible_devices=facts.cuda_visible_devices)
@@ -113,6 +114,16 @@ class AttemptRun:
             self._end(AttemptEnd.REJECTED, reason=outcome, cause=outcome)
             raise StopAttempt(TrialState.REJECTED.value)
 
+    def _resolve_unended_attempt(self) -> None:
+        """The previous attempt never said how it ended (killed with the node, SIGKILL): say it now."""
+        last = self.prior.attempts[-1] if self.prior.attempts else None
+        if last is None or last.how is not None:
+            return
+        cause = "requeued_by_scheduler" if self.facts.executor == "slurm" and self.facts.restart_count > last.restart_count else "lost"
+        self.journal.append("resolved", attempt=last.number, how="lost", cause=cause, job_id=last.job_id,
+                            message="the attempt ended without recording how; its job was requeued or resubmitted")
+        self.prior = self.search.record(self.plan.trial_id)
+
     def _reserve(self, contract) -> None:
         """Hold this attempt's worst case before using anything; a full budget ends the trial normally."""
         held = reserve_attempt(self.search.path, contract, self.plan.trial_id, self.attempt)
@@ -157,12 +168,15 @@ class AttemptRun:
         self.task._state = state
         value = math.nan
         while state.step < plan.steps:
+            step_started = time.monotonic()
             state = train_step(state, data["x_train"], data["y_train"], hyper)
             if fault == "raise" and state.step == 5:
                 raise RuntimeError("injected fault: params.fault=raise")
             if fault == "nan" and state.step == 5:
                 raise Diverged("injected fault: params.fault=nan")
             self.task._state = state  # one reference swap: a signal handler always sees a whole state
+            if plan.step_seconds > 0:
+                time.sleep(max(0.0, plan.step_seconds - (time.monotonic() - step_started)))
             if state.step % plan.every_steps == 0 or state.step == plan.steps:
                 self._save(state)
             if state.step in milestones or state.step == plan.steps:
@@ -218,9 +232,13 @@ class AttemptRun:
                 return False
         step = state.step if state is not None else 0
         self._end(AttemptEnd.INTERRUPTED, cause=cause, step=step)
-        interruptions = self.prior.interrupted + 1
-        if interruptions > self.plan.max_retries:
-            self.journal.append("gave_up", state=TrialState.FAILED.value, cause="retries_exhausted",
-                                reason=f"{interruptions} infrastructure interruptions > budget.max_retries={self.plan.max_retries}")
+        # Preemption is the cluster's choice, not the trial's: it has its own, larger allowance.
+        causes = [a.cause for a in self.prior.attempts if a.how is not None and a.how.is_infrastructure()] + [cause]
+        preempted = sum(1 for c in causes if c == "preempted")
+        other = len(causes) - preempted
+        if preempted > self.plan.max_preemptions or other > self.plan.max_retries:
+            limit = f"{preempted} preemptions > budget.max_preemptions={self.plan.max_preemptions}" if preempted > self.plan.max_preemptions \
+                else f"{other} interruptions > budget.max_retries={self.plan.max_retries}"
+            self.journal.append("gave_up", state=TrialState.FAILED.value, cause="retries_exhausted", reason=limit)
             return False
         return True

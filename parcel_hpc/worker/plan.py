@@ -30,9 +30,20 @@ class WorkerPlan:
     every_steps: int = 10
     keep_last: int = 2
     max_retries: int = 2
+    max_preemptions: int = 10
+    step_seconds: float = 0.0
     gpus: int = 0
     cpus: int = 1
     time_limit_min: int = 10
+
+    def to_json(self) -> dict:
+        from dataclasses import asdict
+
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> "WorkerPlan":
+        return cls(**obj)
 
     def checkpoint_dir(self) -> str:
         """The directory this trial claims. A prefix template that does not include {trial_id} can
