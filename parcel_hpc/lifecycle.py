@@ -12,7 +12,7 @@ import enum
 from dataclasses import dataclass
 
 from .ledger.records import TrialRecord
-from .ledger.states import TrialState
+from .ledger.states import AttemptEnd, TrialState
 
 MAX_QUARANTINE_RERUNS = 2
 
@@ -39,19 +39,23 @@ def interruption_counts(record: TrialRecord) -> tuple[int, int]:
     return preempted, len(causes) - preempted
 
 
-def next_action(record: TrialRecord, *, dispatches: int, job_alive: bool, max_retries: int, max_preemptions: int = 10) -> Next:
+def next_action(record: TrialRecord, *, dispatches: int, job_alive: bool, max_retries: int, max_preemptions: int = 10,
+                dispatch_in_flight: bool = False) -> Next:
+    """``dispatch_in_flight``: another launcher claimed the latest dispatch moments ago and has not
+    recorded its job yet; waiting for it is what keeps two launchers from dispatching one trial twice."""
     state = record.state
     if state.is_finished():
         return Next(Action.NONE)
-    if job_alive:
+    if job_alive or dispatch_in_flight:
         return Next(Action.WAIT)
     if state is TrialState.RUNNING:
         return Next(Action.RESOLVE_LOST, "the ledger says running but its job is gone")
     if dispatches == 0:
         return Next(Action.DISPATCH)
     if state is TrialState.QUARANTINED:
-        if len(record.quarantines) > MAX_QUARANTINE_RERUNS:
-            return Next(Action.GIVE_UP, f"quarantined {len(record.quarantines)} times")
+        times = max(len(record.quarantines), sum(1 for a in record.attempts if a.how is AttemptEnd.QUARANTINED))
+        if times > MAX_QUARANTINE_RERUNS:
+            return Next(Action.GIVE_UP, f"quarantined {times} times")
         return Next(Action.RETRY, "clean rerun after quarantine")
     if record.failures and record.reason.startswith("retry:"):
         return Next(Action.RETRY, f"checking whether {record.failures[-1]} reproduces")

@@ -26,6 +26,8 @@ def collect(search: SearchDir) -> dict[str, Any]:
     contract = search.contract()
     records = list(search.records())
     queue, queue_error = _queue_view(search, records)
+    if not queue_error and _resolve_lost(search, records, queue):
+        records = list(search.records())
     decisions = _prune_decisions(search, contract)
     trials = []
     for r in records:
@@ -55,6 +57,44 @@ def _queue_view(search: SearchDir, records: list[TrialRecord]) -> tuple[dict[str
     except SchedulerUnavailable as exc:
         return {}, str(exc)
     return view, ""
+
+
+def _resolve_lost(search: SearchDir, records: list[TrialRecord], queue: dict[str, str]) -> bool:
+    """A trial the ledger calls running whose job the scheduler says is gone gets that answer
+    journaled (never left running forever). Only a definite answer counts: for SLURM, absent from
+    squeue and ended in sacct; locally, the worker's process is gone from this host."""
+    import socket
+
+    from .sweep.dispatch import _local_pid_alive
+
+    lost: list[tuple[TrialRecord, str]] = []
+    slurm_jobs = []
+    for r in records:
+        if r.state.value != "running" or not r.jobs or not r.attempts:
+            continue
+        job = r.jobs[-1]
+        if _is_slurm(search, r):
+            if job not in queue:
+                slurm_jobs.append((r, job))
+        elif r.attempts[-1].host == socket.gethostname() and not _local_pid_alive(job) and not _local_pid_alive(str(r.attempts[-1].pid)):
+            lost.append((r, "lost"))
+    if slurm_jobs:
+        from .accounting import attempts, build_sacct_argv, parse_sacct, run_sacct
+        from .resubmit import _CAUSE
+
+        rows = attempts(parse_sacct(run_sacct(build_sacct_argv([j for _, j in slurm_jobs])), source="sacct"))
+        last = {}
+        for a in sorted(rows, key=lambda a: a.attempt):
+            last[a.job_id] = a
+        for r, job in slurm_jobs:
+            a = last.get(job)
+            if a is not None and a.state.is_terminal():
+                lost.append((r, _CAUSE.get(a.state, "lost")))
+    for r, cause in lost:
+        search.journal(r.trial_id, "status").append(
+            "resolved", attempt=r.attempts[-1].number, how="lost" if cause == "lost" else "interrupted", cause=cause,
+            job_id=r.jobs[-1], message="the scheduler says this attempt's job is gone; resolved by parcel-hpc status")
+    return bool(lost)
 
 
 def _is_slurm(search: SearchDir, record: TrialRecord) -> bool:

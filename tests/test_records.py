@@ -33,11 +33,12 @@ def test_only_a_completed_trial_carries_a_metric():
 
 def test_interruption_then_resume():
     events = [ev("started", 1, attempt=1), ev("ended", 2, attempt=1, how="interrupted", cause="preempted", step=30),
-              ev("started", 3, attempt=2, resumed_from=30)]
+              ev("started", 3, attempt=2), ev("resumed", 4, attempt=2, step=30)]
     rec = fold(SPEC, events[:2])
     assert rec.state is TrialState.QUEUED and rec.interrupted == 1
     rec = fold(SPEC, events)
     assert rec.state is TrialState.RUNNING and rec.resumed == 1 and len(rec.attempts) == 2
+    assert rec.attempts[1].resumed_from == 30
 
 
 def test_failure_is_retried_once_then_final():

@@ -412,3 +412,71 @@ def test_sacct_table_rejects_foreign_tables():
         SacctTable(pa.table({"x": [1]}), "s")
     with pytest.raises(UsageError):
         parse_sacct("text", source="s")  # type: ignore[arg-type]
+
+
+# ---- large inputs: threads, and the vectorized error locator ----------------------------------
+
+def big_dump(n_rows: int) -> list[str]:
+    lines = read_sample("requeue_duplicates.txt").decode().splitlines()
+    return [lines[i % len(lines)].replace("12", str(100 + i // len(lines)), 2) for i in range(n_rows)]
+
+
+def test_threaded_derivation_equals_single_threaded(monkeypatch):
+    from parcel_hpc.accounting import parse as parse_module
+
+    data = ("\n".join(big_dump(120_000)) + "\n").encode()
+    threaded = parse_sacct(data, source="big").table
+    monkeypatch.setattr(parse_module, "_THREADS", 1)
+    single = parse_sacct(data, source="big").table
+    assert threaded.equals(single)
+    assert threaded.column("line")[-1].as_py() == 120_000
+    assert len(attempts(SacctTable(single, "big"))) == 80_000
+
+
+def test_bad_line_in_the_second_thread_is_named(monkeypatch):
+    from parcel_hpc.accounting import parse as parse_module
+
+    monkeypatch.setattr(parse_module, "_THREADS", 2)
+    lines = big_dump(120_000)
+    lines[110_000] = lines[110_000].replace("COMPLETED", "DONE")
+    lines[115_000] = lines[115_000].replace("|0:0|", "|x|")
+    with pytest.raises(AccountingError, match=r"^big:110001: unknown SLURM job state 'DONE'"):
+        parse_sacct(("\n".join(lines) + "\n").encode(), source="big")
+
+
+@pytest.mark.parametrize("index, field, value", [
+    (30_000, 8, "2s"),                       # int conversion
+    (30_000, 6, "2026-02-30T00:00:00"),      # a date pyarrow rejects but strptime rolls over
+    (30_000, 7, "2026-02-03T24:00:00"),
+    (30_000, 8, "99999999999999999999"),     # overflows int64
+    (30_000, None, None),                    # a missing field
+])
+def test_read_errors_are_located_without_a_python_scan(index, field, value):
+    from parcel_hpc.accounting._malformed import locate_read_error
+
+    lines = big_dump(40_000)
+    fields = lines[index].split("|")
+    if field is None:
+        del fields[3]
+    else:
+        fields[field] = value
+    lines[index] = "|".join(fields)
+    body = memoryview(("\n".join(lines)).encode())
+    assert locate_read_error(body) == index
+    with pytest.raises(AccountingError, match=rf"^big:{index + 1}: "):
+        parse_sacct(bytes(body), source="big")
+    assert locate_read_error(memoryview("\n".join(big_dump(1000)).encode())) is None
+
+
+@pytest.mark.parametrize("first, second", [("fields", "elapsed"), ("elapsed", "fields")])
+def test_the_earliest_of_two_bad_lines_is_named(first, second):
+    lines = big_dump(1000)
+    for index, kind in ((300, first), (600, second)):
+        fields = lines[index].split("|")
+        if kind == "fields":
+            del fields[3]
+        else:
+            fields[8] = "x"
+        lines[index] = "|".join(fields)
+    with pytest.raises(AccountingError, match=r"^d:301: "):
+        parse_sacct("\n".join(lines).encode(), source="d")

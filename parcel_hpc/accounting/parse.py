@@ -10,15 +10,14 @@ CSV reader splits the text with explicit column types (plain strings: its own di
 conversion is slower than encoding afterwards), State, ExitCode and AllocTRES are
 dictionary-encoded so each distinct value is interpreted once, not once per line, and
 pyarrow.compute derives the job id parts. Detection is vectorized; only when something is
-wrong does a slow line-by-line pass (``_first_bad_line``) find the line and say what is wrong,
-so every error message comes from one place.
+wrong does ``_malformed`` find the line and say what is wrong with it, so every error message
+comes from one place.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import datetime as _dt
 import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -28,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
+from parcel_hpc.accounting._malformed import EXIT_CODE, MAX_DIGITS, NULL_TIMES, raise_malformed
 from parcel_hpc.accounting.sacct import SACCT_FIELDS, SACCT_FORMAT
 from parcel_hpc.accounting.states import JobState
 from parcel_hpc.errors import AccountingError, UsageError
@@ -54,8 +54,8 @@ _READ_TYPES = {
 }
 assert tuple(_READ_TYPES) == SACCT_FIELDS
 # sacct prints Unknown for a time not reached yet; None shows up in some dumps for never-started jobs.
-_NULL_TIMES = ["Unknown", "None"]
-_MAX_DIGITS = 18
+_NULL_TIMES = list(NULL_TIMES)
+_MAX_DIGITS = MAX_DIGITS
 _THREADS = min(8, os.cpu_count() or 1)
 _MIN_ROWS_PER_THREAD = 50_000  # below this, a thread costs more than it saves
 _BLOCK_BYTES = 4 << 20
@@ -146,7 +146,7 @@ def parse_sacct(data: bytes, *, source: str = "<sacct>", tz: str = "UTC") -> Sac
             ),
         )
     except (pa.ArrowException, ValueError) as exc:
-        _raise_first_bad_line(body, source, first_line, None, str(exc))
+        raise_malformed(body, source, first_line, None, str(exc))
         raise AssertionError("unreachable")  # pragma: no cover
     return SacctTable(_derive(raw, body, source, first_line, tz), source)
 
@@ -169,7 +169,7 @@ def _derive(raw: pa.Table, body: memoryview, source: str, first_line: int, tz: s
             derived = [f.result() for f in futures]
     if problems:
         row, what = min(problems)
-        _raise_first_bad_line(body, source, first_line, row, what)
+        raise_malformed(body, source, first_line, row, what)
     line = pa.array(np.arange(first_line, first_line + n, dtype=np.int64))
     columns = []
     for field in SCHEMA:
@@ -183,18 +183,19 @@ def _derive(raw: pa.Table, body: memoryview, source: str, first_line: int, tz: s
 def _derive_rows(raw: pa.Table, row0: int, tz: str, problems: list[tuple[int, str]]) -> dict[str, pa.ChunkedArray]:
     """Every SCHEMA column but ``line`` for these rows; bad rows are flagged (offset by row0)."""
     found: list[tuple[int, str]] = []
-    job_id, step, base_text, task_number = _job_id_columns(raw.column("JobID"), found)
-    raw_text = _before(raw.column("JobIDRaw"), ".")
-    _flag(found, pc.invert(pc.ascii_is_decimal(raw_text)), "JobIDRaw is not a SLURM job id")
-    _flag(found, pc.greater(pc.utf8_length(raw_text), _MAX_DIGITS), f"job id longer than {_MAX_DIGITS} digits")
+    job_id, step, base_job_id, array_task = _job_id_columns(raw.column("JobID"), found)
+    raw_job_id = _ids(_before(raw.column("JobIDRaw"), "."), "JobIDRaw is not a SLURM job id", found)
     (state,) = _per_distinct(raw.column("State"), (_state_codes, pa.int8()))
-    _flag(found, pc.is_null(state), "unknown State")
+    if state.null_count:
+        _flag(found, pc.is_null(state), "unknown State")
     exit_status, exit_signal = _per_distinct(
         raw.column("ExitCode"), (lambda v: _exit_part(v, 0), pa.int16()), (lambda v: _exit_part(v, 1), pa.int16())
     )
-    _flag(found, pc.is_null(exit_status), "ExitCode is not <status>:<signal>")
+    if exit_status.null_count:
+        _flag(found, pc.is_null(exit_status), "ExitCode is not <status>:<signal>")
     elapsed = raw.column("ElapsedRaw")
-    _flag(found, pc.is_null(elapsed), "ElapsedRaw is missing")
+    if elapsed.null_count:
+        _flag(found, pc.is_null(elapsed), "ElapsedRaw is missing")
     _flag(found, pc.less(elapsed, 0), "ElapsedRaw is negative")
     tres = raw.column("AllocTRES")
     gpus, cpus, billing = _per_distinct(
@@ -205,11 +206,11 @@ def _derive_rows(raw: pa.Table, row0: int, tz: str, problems: list[tuple[int, st
         return {}
     return {
         "job_id": job_id,
-        "base_job_id": pc.cast(base_text, pa.int64()),
-        "array_task": pc.cast(task_number, pa.int64()),
+        "base_job_id": base_job_id,
+        "array_task": array_task,
         "step": step,
         "is_allocation": pc.is_null(step),
-        "raw_job_id": pc.cast(raw_text, pa.int64()),
+        "raw_job_id": raw_job_id,
         "job_name": raw.column("JobName"),
         "state": state,
         "state_text": raw.column("State"),
@@ -232,31 +233,47 @@ def _derive_rows(raw: pa.Table, row0: int, tz: str, problems: list[tuple[int, st
     }
 
 
-def _job_id_columns(job_id_full: pa.ChunkedArray, problems: list[tuple[int, str]]) -> tuple[pa.ChunkedArray, ...]:
-    """JobID -> (job_id, step, base id text, array task text or null); flags bad rows."""
+def _job_id_columns(job_id_full: pa.ChunkedArray, found: list[tuple[int, str]]) -> tuple[pa.ChunkedArray, ...]:
+    """JobID -> (job_id, step, base job id, array task or null); flags bad rows."""
     job_id, step = _split_once(job_id_full, ".")
-    base_text, task_core = _split_once(job_id, "_")
-    base_ok, task_ok, task_is_number = _id_parts_ok(base_text, task_core)
-    if not (pc.all(base_ok).as_py() and pc.all(task_ok).as_py()) and pc.any(pc.match_substring(job_id, "+")).as_py():
-        # Heterogeneous job components (12+0, 29_3+1) are rare: only look for them when the
-        # plain split left something that is not a number.
-        base_text, task_core = _before(base_text, "+"), _before(task_core, "+")
-        base_ok, task_ok, task_is_number = _id_parts_ok(base_text, task_core)
-    _flag(problems, pc.invert(base_ok), "JobID is not a SLURM job id")
-    _flag(problems, pc.invert(task_ok), "JobID is not a SLURM job id")
-    _flag(problems, pc.equal(step, ""), "JobID has an empty step")
-    task_number = pc.if_else(task_is_number, task_core, pa.scalar(None, pa.string()))
+    _flag(found, pc.equal(step, ""), "JobID has an empty step")
+    base_text, task_text = _split_once(job_id, "_")
+    try:
+        # The common case, every part plain digits, costs two casts; anything else (a pending
+        # range 29_[4-9], a het component 12+0, garbage) takes the careful path below.
+        base, task = pc.cast(base_text, pa.int64()), pc.cast(task_text, pa.int64())
+        if _all_in_range(base) and _all_in_range(task):
+            return job_id, step, base, task
+    except pa.ArrowInvalid:
+        pass
+    if pc.any(pc.match_substring(job_id, "+")).as_py():
+        base_text, task_text = _before(base_text, "+"), _before(task_text, "+")
+    is_range = pc.fill_null(pc.and_(pc.starts_with(task_text, "["), pc.ends_with(task_text, "]")), False)
+    task_number = pc.if_else(is_range, pa.scalar(None, pa.string()), task_text)
+    base = _ids(base_text, "JobID is not a SLURM job id", found)
+    task = _ids(task_number, "JobID is not a SLURM job id", found)
+    return job_id, step, base, task
+
+
+def _ids(text: pa.ChunkedArray, what: str, found: list[tuple[int, str]]) -> pa.ChunkedArray:
+    """Cast id text to int64; flag the first bad value's row (the result is then unused)."""
+    try:
+        ids = pc.cast(text, pa.int64())
+        if _all_in_range(ids):
+            return ids
+    except pa.ArrowInvalid:
+        pass
     # int64 holds 18 digits; SLURM ids are 32-bit, so a longer one is garbage, not a big job.
-    for text in (base_text, task_number):
-        _flag(problems, pc.greater(pc.utf8_length(text), _MAX_DIGITS), f"job id longer than {_MAX_DIGITS} digits")
-    return job_id, step, base_text, task_number
+    bad = pc.or_(pc.invert(pc.ascii_is_decimal(text)), pc.greater(pc.utf8_length(text), _MAX_DIGITS))
+    _flag(found, bad, what)
+    return pa.chunked_array([pa.nulls(len(text), pa.int64())])
 
 
-def _id_parts_ok(base_text: pa.ChunkedArray, task_core: pa.ChunkedArray) -> tuple[pa.ChunkedArray, ...]:
-    # A task part is digits (29_3) or a pending range (29_[4-9%2]); null when there is none.
-    task_is_number = pc.ascii_is_decimal(task_core)
-    task_is_range = pc.and_(pc.starts_with(task_core, "["), pc.ends_with(task_core, "]"))
-    return pc.ascii_is_decimal(base_text), pc.or_(task_is_number, task_is_range), task_is_number
+def _all_in_range(ids: pa.ChunkedArray) -> bool:
+    # At most 18 digits, like the text check: SLURM ids are 32-bit, a longer one is garbage.
+    bounds = pc.min_max(ids)
+    low, high = bounds["min"].as_py(), bounds["max"].as_py()
+    return low is None or (low >= 0 and high < 10**_MAX_DIGITS)
 
 
 def _flag(problems: list[tuple[int, str]], bad: pa.ChunkedArray, what: str) -> None:
@@ -313,13 +330,10 @@ def _state_codes(values: pa.Array) -> pa.Array:
     return pa.array(codes, pa.int8())
 
 
-_EXIT_CODE = re.compile(r"^(\d{1,5}):(\d{1,5})$")
-
-
 def _exit_part(values: pa.Array, which: int) -> pa.Array:
     out = []
     for text in values.to_pylist():
-        m = _EXIT_CODE.match(text)
+        m = EXIT_CODE.match(text)
         out.append(int(m.group(which + 1)) if m and int(m.group(which + 1)) <= 32767 else None)
     return pa.array(out, pa.int16())
 
@@ -362,68 +376,3 @@ def _without_trailing_newlines(body: memoryview) -> memoryview:
     while end > 0 and body[end - 1] in (0x0A, 0x0D):
         end -= 1
     return body[:end]
-
-
-# ---- the slow path: find the first bad line and say what is wrong with it -------------------
-
-_JOB_ID_TEXT = re.compile(r"^\d+(?:_(?:\d+|\[[^\]]*\]))?(?:\+\d+)?(?:\..+)?$")
-_RAW_ID_TEXT = re.compile(r"^\d+(?:\..+)?$")
-_TIME_TEXT = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}$")
-
-
-def _raise_first_bad_line(body: memoryview, source: str, first_line: int, row: int | None, detail: str) -> None:
-    lines = bytes(body).split(b"\n")
-    start = 0 if row is None else row
-    for index in range(start, len(lines)):
-        problem = _line_problem(lines[index])
-        if problem is not None:
-            raise AccountingError(
-                f"{source}:{first_line + index}: {problem}; sacct text must come from "
-                f"sacct --parsable2 --noheader --format={SACCT_FORMAT}"
-            )
-    where = f"{source}:{first_line + row}" if row is not None else source
-    raise AccountingError(f"{where}: sacct text could not be parsed ({detail.splitlines()[0] if detail else 'bad value'})")
-
-
-def _line_problem(line_bytes: bytes) -> str | None:
-    line_bytes = line_bytes[:-1] if line_bytes.endswith(b"\r") else line_bytes
-    try:
-        line = line_bytes.decode("utf-8")
-    except UnicodeDecodeError:
-        return "line is not UTF-8"
-    fields = line.split("|")
-    if len(fields) != len(SACCT_FIELDS):
-        hint = " (a '|' inside a job name?)" if len(fields) > len(SACCT_FIELDS) else ""
-        return f"expected {len(SACCT_FIELDS)} '|'-separated fields, found {len(fields)}{hint}"
-    row = dict(zip(SACCT_FIELDS, fields))
-    if not _JOB_ID_TEXT.match(row["JobID"]):
-        return f"JobID {row['JobID']!r} is not a SLURM job id (12, 29_3, 12.batch)"
-    if not _RAW_ID_TEXT.match(row["JobIDRaw"]):
-        return f"JobIDRaw {row['JobIDRaw']!r} is not a SLURM job id"
-    try:
-        JobState.parse(row["State"])
-    except AccountingError as exc:
-        return str(exc)
-    m = _EXIT_CODE.match(row["ExitCode"])
-    if not m or int(m.group(1)) > 32767 or int(m.group(2)) > 32767:
-        return f"ExitCode {row['ExitCode']!r} is not <status>:<signal>"
-    for name in ("Submit", "Start", "End"):
-        value = row[name]
-        if value not in _NULL_TIMES and not _is_time(value):
-            return f"{name} {value!r} is not a time (YYYY-MM-DDTHH:MM:SS or Unknown)"
-    if not row["ElapsedRaw"].isascii() or not row["ElapsedRaw"].isdigit():
-        return f"ElapsedRaw {row['ElapsedRaw']!r} is not a whole number of seconds"
-    for part in re.split(r"[._+\[\]]", row["JobID"].split(".", 1)[0]) + [row["JobIDRaw"].split(".", 1)[0]]:
-        if part.isdigit() and len(part) > _MAX_DIGITS:
-            return f"job id {part!r} is longer than {_MAX_DIGITS} digits"
-    return None
-
-
-def _is_time(text: str) -> bool:
-    if not _TIME_TEXT.match(text):
-        return False
-    try:
-        _dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%S")
-    except ValueError:
-        return False
-    return True

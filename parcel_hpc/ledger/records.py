@@ -149,11 +149,12 @@ def fold(spec: TrialSpec, events: Sequence[Mapping[str, Any]]) -> TrialRecord:
         elif kind == "started":
             a = attempts.setdefault(n, {"number": n})
             a.update(job_id=ev.get("job_id", ""), host=ev.get("host", ""), pid=ev.get("pid", 0), started=ev["t"],
-                     resumed_from=ev.get("resumed_from", 0), restart_count=ev.get("restart_count", 0))
-            if ev.get("resumed_from", 0) > 0:
-                resumed += 1
+                     restart_count=ev.get("restart_count", 0))
             if not state.is_finished():
                 state, reason = TrialState.RUNNING, ""
+        elif kind == "resumed":
+            attempts.setdefault(n, {"number": n})["resumed_from"] = int(ev["step"])
+            resumed += 1
         elif kind == "milestone" and not tainted:
             step = max(step, int(ev["step"]))
             if ev.get("is_milestone", True):

@@ -83,6 +83,17 @@ class SearchDir:
     def dispatch_count(self, trial_id: str) -> int:
         return len(list(self.trial_dir(trial_id).glob("dispatch-*.json")))
 
+    def dispatch_in_flight(self, trial_id: str, launch_id: str, record: TrialRecord, grace_s: float = 300.0) -> bool:
+        """Another launcher claimed this trial's latest dispatch recently and has not submitted it yet."""
+        import time
+
+        n = self.dispatch_count(trial_id)
+        if n == 0 or len(record.jobs) >= n:
+            return False
+        path = self.trial_dir(trial_id) / f"dispatch-{n}.json"
+        claim = fsio.read_json(path)
+        return claim.get("launch_id") != launch_id and time.time() - path.stat().st_mtime < grace_s
+
     # --- reading ----------------------------------------------------------------------------
     def spec(self, trial_id: str) -> TrialSpec:
         return TrialSpec.from_json(fsio.read_json(self.trial_dir(trial_id) / "spec.json"))

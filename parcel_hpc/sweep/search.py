@@ -209,8 +209,10 @@ class Follower:
         report.jobs = {tid: self.search.record(tid).jobs[-1] for tid in claimed if self.search.record(tid).jobs}
 
     def _next(self, record, alive: bool):
-        return next_action(record, dispatches=self.search.dispatch_count(record.trial_id), job_alive=alive,
-                           max_retries=self.max_retries, max_preemptions=self.max_preemptions)
+        tid = record.trial_id
+        return next_action(record, dispatches=self.search.dispatch_count(tid), job_alive=alive,
+                           max_retries=self.max_retries, max_preemptions=self.max_preemptions,
+                           dispatch_in_flight=self.search.dispatch_in_flight(tid, self.launch_id, record))
 
     def _submit_waiting(self) -> None:
         room = self.dispatcher.capacity()

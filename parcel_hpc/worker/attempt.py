@@ -85,7 +85,9 @@ class AttemptRun:
             return result
         except ckpt.CheckpointCollision as exc:
             self._end(AttemptEnd.QUARANTINED, cause="checkpoint_collision", reason=str(exc))
-            quarantine.quarantine_collision(self.search, self.plan.trial_id, self.attempt, exc)
+            if not self.search.is_quarantined_attempt(plan.trial_id, self.attempt):
+                # The first to find the collision quarantines both; the other attempt only stops.
+                quarantine.quarantine_collision(self.search, plan.trial_id, self.attempt, exc)
             return {"trial_id": plan.trial_id, "state": TrialState.QUARANTINED.value, "reason": str(exc)}
         except StopAttempt as exc:
             return {"trial_id": plan.trial_id, "state": str(exc)}

@@ -24,7 +24,7 @@ def quarantine_collision(search: SearchDir, trial_id: str, attempt: int, exc: "c
     involved = [trial_id] + ([other] if other and other != trial_id else [])
     moved = ""
     if Path(exc.ckpt_dir).exists():
-        moved = str(ckpt.quarantine_move(exc.ckpt_dir, search.quarantine_dir, "+".join(involved), reason))
+        moved = str(ckpt.quarantine_move(exc.ckpt_dir, search.quarantine_dir, "_".join(involved), reason))
     milestones = MilestoneStore(search.path, _milestones(search))
     for tid in involved:
         upto = attempt if tid == trial_id else _latest_attempt(search, tid)

@@ -1,0 +1,170 @@
+"""Governed searches on the real dev SLURM cluster: array dispatch with GPU limits, preemption,
+time limits, a node going down followed by resubmit, and a job killed for good.
+
+Every scenario drives the real entry points (the launch, parcel-hpc status/resubmit) and the
+real scheduler (sbatch of a competing job, scontrol on nodes, scancel)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from parcel_hpc.ledger.store import SearchDir
+from parcel_hpc.testing import launch, parcel_hpc
+
+from .cluster import sh, wait_for
+
+pytestmark = pytest.mark.slurm
+
+SLURM = "hydra/launcher=submitit_slurm"
+
+
+def slurm_launch(tmp_path, data_dir, rev, *overrides, timeout=600):
+    return launch([SLURM, f"search.root={tmp_path / 'runs'}", f"search.revision={rev}", *overrides],
+                  cwd=tmp_path, data_dir=data_dir, timeout=timeout)
+
+
+def record(tmp_path, rev, tid="t0000"):
+    return SearchDir(tmp_path / "runs" / rev).record(tid)
+
+
+def events(tmp_path, rev, tid="t0000"):
+    return SearchDir(tmp_path / "runs" / rev).events(tid)
+
+
+def reference_metric(tmp_path, data_dir, rev):
+    """The same trial, uninterrupted, on the local executor."""
+    res = launch([f"search.root={tmp_path / 'runs'}", f"search.revision={rev}-ref", "search.n_trials=1", "pruner=none"],
+                 cwd=tmp_path, data_dir=data_dir)
+    assert res.returncode == 0, res.stderr
+    return record(tmp_path, f"{rev}-ref").metric
+
+
+def running_at(tmp_path, rev, min_step):
+    """The trial's job id and node once it has saved a checkpoint at or past ``min_step``."""
+    def check():
+        ck = sorted((tmp_path / "runs" / rev / "checkpoints" / "t0000").glob("ckpt-*.h5"))
+        evs = [e for e in events(tmp_path, rev) if e["kind"] == "started"]
+        if ck and int(ck[-1].stem.split("-")[1]) >= min_step and evs:
+            return evs[-1]["job_id"], evs[-1]["node"]
+        return None
+    return wait_for(check, 120, f"a checkpoint at step >= {min_step}")
+
+
+def wait_finished(tmp_path, rev, timeout):
+    return wait_for(lambda: record(tmp_path, rev).state.is_finished() and record(tmp_path, rev), timeout, "the trial to finish")
+
+
+def test_82_trial_array_search_with_gpu_limits(tmp_path, data_dir, cluster_guard):
+    _, names = cluster_guard
+    names.append("parcel-arr82")
+    res = slurm_launch(tmp_path, data_dir, "arr82", "hydra.launcher.array_parallelism=12", "resources.gpus=1")
+    assert res.returncode == 0, res.stderr[-2000:]
+    st = json.loads(parcel_hpc(["status", str(tmp_path / "runs" / "arr82"), "--json"]).stdout)
+    assert sum(st["counts"].values()) == 82
+    assert st["counts"]["completed"] + st["counts"]["pruned"] == 82, st["counts"]
+    sd = SearchDir(tmp_path / "runs" / "arr82")
+    array_ids = set()
+    for tid in sd.trial_ids():
+        evs = sd.events(tid)
+        submitted = [e for e in evs if e["kind"] == "submitted"]
+        started = [e for e in evs if e["kind"] == "started"]
+        assert submitted and started
+        assert submitted[0]["t"] < started[0]["t"]  # the job id was in the ledger before the trial started
+        assert started[0]["cuda_visible_devices"] in {"0", "1", "2", "3"}  # SLURM bound one GPU
+        assert started[0]["job_id"] == submitted[0]["job_id"]
+        array_ids.add(submitted[0]["job_id"].split("_")[0])
+    assert len(array_ids) == 1  # one array job
+    rows = sh("sacct", "-j", array_ids.pop(), "--parsable2", "--noheader", "-X", "--format=JobID,State,AllocTRES")
+    assert rows.count("gres/gpu=1") == 82 and rows.count("COMPLETED") == 82
+
+
+def test_preempted_trial_resumes_to_the_uninterrupted_metric(tmp_path, data_dir, cluster_guard):
+    _, names = cluster_guard
+    names += ["parcel-preempt", "preemptor"]
+    res = slurm_launch(tmp_path, data_dir, "preempt", "search.n_trials=1", "pruner=none", "search.wait=false",
+                       "resources.gpus=4", "train.step_seconds=0.35")
+    assert res.returncode == 0, res.stderr
+    job, node = running_at(tmp_path, "preempt", 10)
+    # A high-priority job wanting the same node's GPUs preempts the trial.
+    sh("sbatch", "-p", "high", "-w", node, "--gres=gpu:4", "--mem=100M", "-t", "2", "-J", "preemptor", "-o", "/dev/null", "--wrap", "sleep 3")
+    rec = wait_finished(tmp_path, "preempt", 240)
+    assert rec.state.value == "completed", (rec.state, rec.reason)
+    first, last = rec.attempts[0], rec.attempts[-1]
+    assert first.how.value == "interrupted" and first.cause == "preempted"  # not counted as a timeout
+    assert last.resumed_from >= 10 and last.restart_count >= 1 and last.job_id == job
+    assert rec.metric == reference_metric(tmp_path, data_dir, "preempt")
+
+
+def test_time_limit_with_checkpoint_resumes(tmp_path, data_dir, cluster_guard):
+    _, names = cluster_guard
+    names.append("parcel-tlimit")
+    res = slurm_launch(tmp_path, data_dir, "tlimit", "search.n_trials=1", "pruner=none", "search.wait=false",
+                       "resources.time_limit_min=1", "hydra.launcher.signal_delay_s=30", "train.step_seconds=0.5",
+                       "budget.max_retries=3")
+    assert res.returncode == 0, res.stderr
+    rec = wait_finished(tmp_path, "tlimit", 300)
+    assert rec.state.value == "completed", (rec.state, rec.reason)
+    assert rec.attempts[0].how.value == "interrupted" and rec.attempts[0].cause == "timeout"
+    assert rec.resumed >= 1 and all(a.resumed_from > 0 for a in rec.attempts[1:])
+    assert rec.metric == reference_metric(tmp_path, data_dir, "tlimit")
+
+
+def test_node_down_then_resubmit_excludes_the_node(tmp_path, data_dir, cluster_guard):
+    touched, names = cluster_guard
+    names.append("parcel-drain")
+    res = slurm_launch(tmp_path, data_dir, "drain", "search.n_trials=1", "pruner=none", "search.wait=false",
+                       "resources.gpus=1", "train.step_seconds=0.35", "+hydra.launcher.additional_parameters.no_requeue=true")
+    assert res.returncode == 0, res.stderr
+    job, node = running_at(tmp_path, "drain", 10)
+    touched.append(node)
+    sh("scontrol", "update", f"nodename={node}", "state=down", "reason=parcel-test")
+    wait_for(lambda: job not in sh("squeue", "-h", "-r", "-o", "%i"), 60, "the job to leave the queue")
+    search = str(tmp_path / "runs" / "drain")
+    dry = parcel_hpc(["resubmit", search, "--dry-run"])
+    assert dry.returncode == 0, dry.stderr
+    assert "t0000" in dry.stdout and "node_fail" in dry.stdout and node in dry.stdout
+    assert record(tmp_path, "drain").attempts[-1].how is None  # a dry run changes nothing
+    res = parcel_hpc(["resubmit", search])
+    assert res.returncode == 0, res.stderr
+    rec = wait_finished(tmp_path, "drain", 240)
+    assert rec.state.value == "completed", (rec.state, rec.reason)
+    assert rec.attempts[0].cause == "node_fail" and len(rec.jobs) == 2
+    new = [e for e in events(tmp_path, "drain") if e["kind"] == "submitted"][-1]
+    assert new["exclude_nodes"] == [node]
+    assert rec.attempts[-1].host and rec.attempts[-1].resumed_from >= 10
+    started = [e for e in events(tmp_path, "drain") if e["kind"] == "started"]
+    assert started[-1]["node"] != node
+    again = parcel_hpc(["resubmit", search, "--dry-run"])
+    assert "nothing" in again.stdout  # a completed trial is never resubmitted
+
+
+def test_job_killed_for_good_is_not_retried_forever(tmp_path, data_dir, cluster_guard):
+    _, names = cluster_guard
+    names.append("parcel-killed")
+    res = slurm_launch(tmp_path, data_dir, "killed", "search.n_trials=1", "pruner=none", "search.wait=false",
+                       "train.step_seconds=0.5", "budget.max_retries=1", "+hydra.launcher.additional_parameters.no_requeue=true")
+    assert res.returncode == 0, res.stderr
+    search = str(tmp_path / "runs" / "killed")
+    for round_ in range(2):
+        job, _ = wait_for(lambda: (lambda e: e and (e[-1]["job_id"], e[-1]["node"]))(
+            [e for e in events(tmp_path, "killed") if e["kind"] == "started" and e["attempt"] == round_ + 1]), 120, "the attempt to start")
+        sh("scancel", job)
+        wait_for(lambda: job not in sh("squeue", "-h", "-r", "-o", "%i"), 60, "the job to leave the queue")
+        res = parcel_hpc(["resubmit", search])
+        assert res.returncode == 0, res.stderr
+    rec = record(tmp_path, "killed")
+    assert rec.state.value == "failed" and "max_retries" in rec.reason, (rec.state, rec.reason)
+    assert [a.cause for a in rec.attempts] == ["cancelled", "cancelled"]
+    last = parcel_hpc(["resubmit", search, "--dry-run"])
+    assert "nothing" in last.stdout
+
+
+def test_dry_run_submits_nothing_and_shows_the_batch_script(tmp_path, data_dir):
+    res = slurm_launch(tmp_path, data_dir, "dry", "search.n_trials=5", "search.dry_run=true", "resources.gpus=2")
+    assert res.returncode == 0, res.stderr
+    for line in ("#SBATCH --array=0-4%", "#SBATCH --gres=gpu:2", "#SBATCH --time=10", "#SBATCH --mem=1024M", "#SBATCH --job-name=parcel-dry"):
+        assert line in res.stdout
+    assert "worst case: 5.00 GPU-hours" in res.stdout  # 5 trials x (1 + 2 retries) x 2 GPUs x 10 min
+    assert "parcel-dry" not in sh("squeue", "-h", "-o", "%j")
+    assert not (tmp_path / "runs" / "dry").exists()

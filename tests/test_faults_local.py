@@ -1,0 +1,127 @@
+"""Checkpoints, quarantine, failure classification and dedup end to end on the local executor,
+with real concurrent processes and real signals."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from parcel_hpc.ledger.store import SearchDir
+from parcel_hpc.testing import launch, parcel_hpc
+from parcel_hpc.testing.runs import _env
+
+
+def run(tmp_path, data_dir, rev, *overrides, **kw):
+    return launch([f"search.root={tmp_path / 'runs'}", f"search.revision={rev}", *overrides], cwd=tmp_path, data_dir=data_dir, **kw)
+
+
+def sd(tmp_path, rev) -> SearchDir:
+    return SearchDir(tmp_path / "runs" / rev)
+
+
+def reference(tmp_path, data_dir, n=1) -> list[float]:
+    res = run(tmp_path, data_dir, "reference", f"search.n_trials={n}", "pruner=none")
+    assert res.returncode == 0, res.stderr
+    return [r.metric for r in sd(tmp_path, "reference").records()]
+
+
+def wait_for(predicate, timeout, what):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_two_trials_on_one_prefix_are_quarantined_and_rerun_clean(tmp_path, data_dir):
+    res = run(tmp_path, data_dir, "shared", "search.n_trials=2", "pruner=none", "checkpoint.prefix=shared",
+              "train.step_seconds=0.03", "hydra.launcher.parallelism=2")
+    assert res.returncode == 0, res.stderr
+    records = list(sd(tmp_path, "shared").records())
+    assert [r.state.value for r in records] == ["completed", "completed"]
+    for r in records:
+        assert r.quarantines and "shared" in r.quarantines[0]  # both were quarantined...
+        assert r.attempts[-1].number > 1 and r.invalid_metrics
+    # ...their outputs were moved aside, not deleted, and the reruns used fresh directories
+    moved = list((tmp_path / "runs" / "shared" / "quarantine").glob("t000?_t000?-*"))
+    assert moved and any(moved[0].rglob("claim-*.json"))
+    assert len(list((tmp_path / "runs" / "shared" / "checkpoints-clean").iterdir())) == 2
+    # the clean reruns reach exactly the metrics of trials that never shared anything
+    assert [r.metric for r in records] == reference(tmp_path, data_dir, 2)
+
+
+def test_killed_worker_resumes_from_its_last_good_checkpoint(tmp_path, data_dir):
+    argv = [sys.executable, "-m", "parcel_hpc.launch", "-m", f"search.root={tmp_path / 'runs'}", "search.revision=killed",
+            "search.n_trials=1", "pruner=none", "train.step_seconds=0.08", "checkpoint.keep_last=3"]
+    launcher = subprocess.Popen(argv, cwd=tmp_path, env={**_env(data_dir, None)}, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)
+    ckpt_dir = tmp_path / "runs" / "killed" / "checkpoints" / "t0000"
+    wait_for(lambda: len(list(ckpt_dir.glob("ckpt-*.h5"))) >= 3, 60, "three checkpoints")
+    started = [e for e in sd(tmp_path, "killed").events("t0000") if e["kind"] == "started"][-1]
+    # Kill everything at once, launcher and worker: nobody is left to say how the attempt ended.
+    os.killpg(launcher.pid, signal.SIGKILL)
+    os.kill(started["pid"], signal.SIGKILL)
+    launcher.wait()
+    wait_for(lambda: not os.path.exists(f"/proc/{started['pid']}"), 10, "the worker to be gone")
+    files = sorted(ckpt_dir.glob("ckpt-*.h5"))
+    newest, previous = files[-1], files[-2]
+    with open(newest, "r+b") as f:  # and the newest checkpoint is damaged on disk
+        f.truncate(newest.stat().st_size // 2)
+    st = json.loads(parcel_hpc(["status", str(tmp_path / "runs" / "killed"), "--json"]).stdout)
+    assert st["trials"][0]["state"] == "queued"  # resolved from the process table, not left running
+    assert "lost" in st["trials"][0]["reason"]
+    res = parcel_hpc(["resubmit", str(tmp_path / "runs" / "killed")])
+    assert res.returncode == 0, res.stderr
+    rec = sd(tmp_path, "killed").record("t0000")
+    assert rec.state.value == "completed", (rec.state, rec.reason)
+    assert rec.attempts[0].how.value == "lost" and rec.attempts[1].resumed_from == int(previous.stem.split("-")[1])
+    skipped = [e for e in sd(tmp_path, "killed").events("t0000") if e["kind"] == "checkpoint_skipped"]
+    assert skipped and skipped[0]["path"].endswith(newest.name)
+    assert rec.metric == reference(tmp_path, data_dir)[0]
+
+
+def test_reproducible_failure_is_tried_twice_then_failed(tmp_path, data_dir):
+    res = run(tmp_path, data_dir, "boom", "search.n_trials=1", "+space.params.fault={type:choice,values:[raise]}")
+    assert res.returncode == 0, res.stderr
+    rec = sd(tmp_path, "boom").record("t0000")
+    assert rec.state.value == "failed" and rec.reason == "exception"
+    assert rec.failures == ("exception", "exception") and len(rec.attempts) == 2
+    assert "failed=1" in res.stdout  # counted in the summary, never dropped
+    again = run(tmp_path, data_dir, "boom", "search.n_trials=1", "+space.params.fault={type:choice,values:[raise]}")
+    assert again.returncode == 0 and "1 already finished" in again.stdout
+    assert len(sd(tmp_path, "boom").record("t0000").attempts) == 2  # not retried again
+
+
+def test_divergence_is_its_own_failure_class(tmp_path, data_dir):
+    res = run(tmp_path, data_dir, "nan", "search.n_trials=1", "+space.params.fault={type:choice,values:[nan]}")
+    assert res.returncode == 0, res.stderr
+    rec = sd(tmp_path, "nan").record("t0000")
+    assert rec.state.value == "failed" and rec.reason == "diverged"
+
+
+def test_duplicates_are_dispatched_once_even_by_two_concurrent_launchers(tmp_path, data_dir):
+    argv = [sys.executable, "-m", "parcel_hpc.launch", "-m", f"search.root={tmp_path / 'runs'}", "search.revision=dedup",
+            "space=tiny_r1", "search.n_trials=12", "pruner=none", "train.step_seconds=0.01"]
+    procs = [subprocess.Popen(argv, cwd=tmp_path, env=_env(data_dir, None), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[1][-500:] for o in outs]
+    search = sd(tmp_path, "dedup")
+    launches = search.launches()
+    assert len(launches) == 2
+    distinct = {json.dumps(search.spec(t).params, sort_keys=True) for t in search.trial_ids()}
+    assert len(distinct) == len(search.trial_ids()) <= 6  # one trial per effective configuration
+    for l in launches:
+        assert len(l["duplicates"]) == 12 - len(distinct)
+        for dup, twin in l["duplicates"].items():
+            assert twin in search.trial_ids() and dup not in search.trial_ids()
+    for tid in search.trial_ids():
+        assert search.dispatch_count(tid) == 1
+        assert len(search.record(tid).attempts) == 1 and search.record(tid).state.value == "completed"
+    dispatched = sorted(t for l in launches for t in l["dispatched"])
+    assert dispatched == sorted(search.trial_ids())  # split between the launchers, none twice
