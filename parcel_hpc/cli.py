@@ -31,6 +31,14 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("search_dir", type=Path)
     s.add_argument("--dry-run", action="store_true", help="list what would be done; change nothing")
     s.add_argument("--wait", action="store_true", help="follow the resubmitted trials until they end")
+
+    s = sub.add_parser("reconcile", help="reconcile sacct accounting with the ledger and the budget (for admins)")
+    s.add_argument("search_dirs", type=Path, nargs="+", metavar="SEARCH_DIR")
+    s.add_argument("--sacct-file", type=Path, help="an exported `sacct --parsable2 --noheader --duplicates` dump instead of calling sacct")
+    out = s.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="print one JSON object")
+    out.add_argument("--csv", action="store_true", help="print one CSV row per attempt")
+    s.add_argument("--html", type=Path, metavar="FILE", help="also write a self-contained HTML report with plots")
     return p
 
 
@@ -43,6 +51,8 @@ def main(argv: list[str] | None = None) -> None:
             _status(args)
         elif args.command == "resubmit":
             _resubmit(args)
+        elif args.command == "reconcile":
+            _reconcile(args)
 
 
 def _make_snapshot(args) -> None:
@@ -70,6 +80,26 @@ def _resubmit(args) -> None:
     from .sweep.display import make_console
 
     resubmit.run(SearchDir(args.search_dir), dry_run=args.dry_run, wait=args.wait, console=make_console())
+
+
+def _reconcile(args) -> None:
+    import json
+
+    from . import fsio
+    from .accounting import run as accounting
+    from .ledger.store import SearchDir
+    from .sweep.display import make_console
+
+    results = [accounting.reconcile_search(SearchDir(d), args.sacct_file) for d in args.search_dirs]
+    if args.json:
+        print(json.dumps({"campaigns": [r.to_json() for r in results]}, indent=2))
+    elif args.csv:
+        print(accounting.to_csv(results), end="")
+    else:
+        accounting.render_table(results, make_console())
+    if args.html:
+        fsio.atomic_write_text(args.html, accounting.to_html(results))
+        print(f"wrote {args.html}", file=sys.stderr)
 
 
 if __name__ == "__main__":

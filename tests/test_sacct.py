@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import os
 import re
 import stat
+import subprocess
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -211,6 +214,17 @@ def test_attempts_per_job_in_order(name, job_id, states, exit_codes):
     assert [a.attempt for a in runs] == list(range(len(states)))
 
 
+def test_real_recording_from_the_dev_cluster():
+    jobs = by_job("recorded_dev_cluster.txt")
+    # sacct -D printed 59's re-run at the end of the text (line 19), after other jobs.
+    assert [(a.state, a.line) for a in jobs["59"]] == [(JobState.REQUEUED, 9), (JobState.COMPLETED, 19)]
+    assert jobs["59"][1].submit == jobs["59"][0].end  # Submit is reset at the requeue
+    assert (jobs["55_3"][0].raw_job_id, jobs["55_0"][0].raw_job_id) == (55, 60)
+    assert [(a.state, a.exit_status, a.exit_signal) for j in ("56", "57", "58") for a in jobs[j]] == [
+        (JobState.FAILED, 3, 0), (JobState.FAILED, 0, 9), (JobState.CANCELLED, 0, 0)]
+    assert jobs["54"][0].gpu_hours == pytest.approx(1 * 2 / 3600)
+
+
 def test_cancelled_by_uid_keeps_its_text_and_step_rows_are_not_attempts():
     table = parse_sacct(read_sample("exit_codes.txt"), source="exit_codes.txt")
     rows = table.table.to_pylist()
@@ -405,6 +419,13 @@ def test_columnar_totals_match_the_records():
         assert t["first_submit"] == min(a.submit for a in runs)
     assert totals["42"]["attempts"] == 4 and JobState.from_code(totals["42"]["final_state"]) is JobState.FAILED
     assert totals["24"]["last_end"] is None  # still running
+    # The fast path straight from the SacctTable gives the same sums.
+    direct = {r["job_id"]: r for r in totals_by_job(table).to_pylist()}
+    assert direct.keys() == totals.keys()
+    for job_id, t in totals.items():
+        assert direct[job_id] == pytest.approx(t)
+    with pytest.raises(TypeError):
+        totals_by_job(table.table)
 
 
 def test_sacct_table_rejects_foreign_tables():
@@ -480,3 +501,65 @@ def test_the_earliest_of_two_bad_lines_is_named(first, second):
         lines[index] = "|".join(fields)
     with pytest.raises(AccountingError, match=r"^d:301: "):
         parse_sacct("\n".join(lines).encode(), source="d")
+
+
+# ---- the real dev cluster ---------------------------------------------------------------------
+
+needs_slurm = pytest.mark.skipif(
+    not os.environ.get("SLURM_CONF"),
+    reason="SLURM_CONF is not set: start scripts/dev-cluster-up.sh and source /tmp/parcel-slurm/env.sh",
+)
+CLUSTER_WAIT_S = 60  # jobs start ~1 s after sbatch; a requeued one re-runs within ~3 s of StartTime=now
+
+
+def _sbatch(*args: str) -> str:
+    out = subprocess.run(["sbatch", "--parsable", "--mem=100M", "-t", "2", "-o", "/dev/null", *args],
+                         capture_output=True, text=True, timeout=30, check=True)
+    return out.stdout.strip().split(";")[0]
+
+
+def _attempts_when(job_ids: list[str], done) -> list[Attempt]:
+    deadline = time.monotonic() + CLUSTER_WAIT_S
+    while True:
+        got = attempts(parse_sacct(run_sacct(build_sacct_argv(job_ids)), source="sacct"))
+        if done(got) or time.monotonic() > deadline:
+            return got
+        time.sleep(0.5)
+
+
+@pytest.mark.slurm
+@needs_slurm
+def test_real_sacct_requeue_array_and_listing_by_name(tmp_path):
+    name = f"sacct-test-{os.getpid()}"
+    since = dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=1)
+    array = _sbatch("-J", name, "--array=0-2", "--gres=gpu:1", "--wrap", "sleep 1")
+    requeued = _sbatch("-J", name, "--gres=gpu:2", "--wrap", "sleep 4")
+    try:
+        running = _attempts_when([requeued], lambda got: any(a.state is JobState.RUNNING for a in got))
+        assert [a.state for a in running] == [JobState.RUNNING], running
+        subprocess.run(["scontrol", "requeue", requeued], check=True, timeout=30)
+        time.sleep(1)  # a requeued job is PENDING with a BeginTime; pull it forward
+        subprocess.run(["scontrol", "update", f"jobid={requeued}", "StartTime=now"], check=True, timeout=30)
+        got = _attempts_when([array, requeued], lambda got: all(a.state.is_terminal() for a in got) and len(got) == 5)
+    finally:
+        subprocess.run(["scancel", array, requeued], check=False, timeout=30)
+    by_id: dict[str, list[Attempt]] = {}
+    for a in got:
+        by_id.setdefault(a.job_id, []).append(a)
+    assert [a.state for a in by_id[requeued]] == [JobState.REQUEUED, JobState.COMPLETED]
+    assert by_id[requeued][1].queue_wait_s is not None and by_id[requeued][0].gpus == 2
+    tasks = {f"{array}_{k}" for k in range(3)}
+    assert tasks <= by_id.keys() and all(by_id[t][0].state is JobState.COMPLETED for t in tasks)
+    assert by_id[f"{array}_2"][0].raw_job_id == int(array)  # the last task carries the master id
+    listed = parse_sacct(run_sacct(build_sacct_argv([], since=since, name=name, account="parcel")), source="list")
+    def key(a: Attempt) -> tuple:
+        return (a.job_id, a.attempt, a.state, a.start, a.end, a.gpus)
+
+    assert {key(a) for a in attempts(listed)} >= {key(a) for a in got}
+
+
+@pytest.mark.slurm
+@needs_slurm
+def test_real_sacct_rejects_a_field_22_05_does_not_have():
+    with pytest.raises(AccountingError, match='Invalid field requested: "Restarts"'):
+        run_sacct(["sacct", "--parsable2", "--format=JobID,Restarts", "--jobs=1"])

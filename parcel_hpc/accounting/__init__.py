@@ -3,7 +3,8 @@
     sacct.py     SACCT_FIELDS, build_sacct_argv (pure), run_sacct (the only subprocess)
     states.py    JobState: every sacct state word, mapped once, with predicates
     parse.py     parse_sacct -> SacctTable (columnar, pyarrow; no object per line)
-    attempt.py   attempt_table / totals_by_job (columnar), attempts -> [Attempt]
+    _malformed   the error path: which line is bad and why (one place for those messages)
+    attempt.py   Attempt, attempt_table / totals_by_job (columnar), attempts -> [Attempt]
 
 Reconciling against the ledger and the budget is built on top of this package, not in it.
 """

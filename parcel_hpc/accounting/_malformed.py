@@ -91,7 +91,8 @@ def _suspect_rows(text: pa.Table) -> pa.ChunkedArray:
         return pc.invert(pc.match_substring_regex(text.column(name), pattern))
 
     bad = pc.or_(fails("JobID", _JOB_ID_TEXT), fails("JobIDRaw", _RAW_ID_TEXT))
-    bad = pc.or_(bad, fails("ExitCode", EXIT_CODE.pattern))
+    bad = pc.or_(bad, pc.and_(fails("ExitCode", EXIT_CODE.pattern),
+                              pc.invert(pc.and_(pc.equal(text.column("ExitCode"), ""), pc.match_substring(text.column("JobID"), ".")))))
     elapsed = text.column("ElapsedRaw")
     bad = pc.or_(bad, pc.invert(pc.ascii_is_decimal(elapsed)))
     bad = pc.or_(bad, pc.greater(pc.utf8_length(elapsed), MAX_DIGITS))
@@ -134,7 +135,9 @@ def line_problem(line_bytes: bytes) -> str | None:
     except AccountingError as exc:
         return str(exc)
     m = EXIT_CODE.match(row["ExitCode"])
-    if not m or int(m.group(1)) > 32767 or int(m.group(2)) > 32767:
+    if row["ExitCode"] == "" and "." in row["JobID"]:
+        pass  # a step cancelled with its node has no exit code
+    elif not m or int(m.group(1)) > 32767 or int(m.group(2)) > 32767:
         return f"ExitCode {row['ExitCode']!r} is not <status>:<signal>"
     for name in ("Submit", "Start", "End"):
         value = row[name]

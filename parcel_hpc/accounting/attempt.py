@@ -38,6 +38,8 @@ ATTEMPT_COLUMNS = (
 )
 
 _ALLOCATION_COLUMNS = [c for c in ATTEMPT_COLUMNS if c not in ("attempt", "is_last", "gpu_hours", "cpu_hours", "queue_wait_s")]
+_TOTALS_COLUMNS = ["job_id", "base_job_id", "array_task", "state", "exit_status", "submit", "start", "end",
+                   "elapsed_s", "gpus", "cpus", "line"]
 
 __all__ = ["ATTEMPT_COLUMNS", "Attempt", "attempt_table", "attempts", "totals_by_job"]
 
@@ -100,7 +102,23 @@ def attempt_table(sacct: SacctTable) -> pa.Table:
     Raises AccountingError naming the line when an allocation row's times are impossible
     (Start before Submit, End before Start): billing an impossible run would be a guess.
     """
-    alloc = sacct.allocations(_ALLOCATION_COLUMNS)
+    t, attempt, is_last = _ordered_allocations(sacct, _ALLOCATION_COLUMNS)
+    elapsed = t.column("elapsed_s")
+    hours = pc.divide(pc.cast(elapsed, pa.float64()), _SECONDS_PER_HOUR)
+    columns = {name: t.column(name) for name in _ALLOCATION_COLUMNS}
+    columns.update(
+        attempt=pa.array(attempt.astype(np.int32)),
+        is_last=pa.array(is_last),
+        gpu_hours=pc.multiply(pc.cast(t.column("gpus"), pa.float64()), hours),
+        cpu_hours=pc.multiply(pc.cast(t.column("cpus"), pa.float64()), hours),
+        queue_wait_s=pc.subtract(t.column("start"), t.column("submit")),
+    )
+    return pa.table([columns[name] for name in ATTEMPT_COLUMNS], names=list(ATTEMPT_COLUMNS))
+
+
+def _ordered_allocations(sacct: SacctTable, columns: list[str]) -> tuple[pa.Table, np.ndarray, np.ndarray]:
+    """Allocation rows (these columns) in attempt order, their attempt index and is-last flag."""
+    alloc = sacct.allocations(columns)
     n = alloc.num_rows
     submit = _np(alloc, "submit")
     start = _np(alloc, "start")
@@ -113,47 +131,16 @@ def attempt_table(sacct: SacctTable) -> pa.Table:
     sort_keys = (line, when, *group_keys)  # np.lexsort order: the last key is the primary one
     # sacct usually prints a job's runs together and in time order; then no sort or take is needed.
     order = None if _is_sorted(sort_keys) else np.lexsort(sort_keys)
-    first = np.ones(n, dtype=bool)  # the row starts a new job id
-    if n:
-        first[1:] = False
+    first = np.zeros(n, dtype=bool)  # the row starts a new job id
+    first[:1] = True
     for key in group_keys:
         k = key if order is None else key[order]
         first[1:] |= k[1:] != k[:-1]
     group_start = np.maximum.accumulate(np.where(first, np.arange(n), 0)) if n else np.zeros(0, np.int64)
-    attempt = np.arange(n) - group_start
     is_last = np.ones(n, dtype=bool)
     is_last[:-1] = first[1:]
     t = alloc if order is None else alloc.take(pa.array(order))
-    elapsed = t.column("elapsed_s")
-    hours = pc.divide(pc.cast(elapsed, pa.float64()), _SECONDS_PER_HOUR)
-    columns = {
-        "job_id": t.column("job_id"),
-        "base_job_id": t.column("base_job_id"),
-        "array_task": t.column("array_task"),
-        "raw_job_id": t.column("raw_job_id"),
-        "attempt": pa.array(attempt.astype(np.int32)),
-        "is_last": pa.array(is_last),
-        "state": t.column("state"),
-        "state_text": t.column("state_text"),
-        "exit_status": t.column("exit_status"),
-        "exit_signal": t.column("exit_signal"),
-        "job_name": t.column("job_name"),
-        "node_list": t.column("node_list"),
-        "partition": t.column("partition"),
-        "account": t.column("account"),
-        "submit": t.column("submit"),
-        "start": t.column("start"),
-        "end": t.column("end"),
-        "elapsed_s": elapsed,
-        "gpus": t.column("gpus"),
-        "cpus": t.column("cpus"),
-        "billing": t.column("billing"),
-        "gpu_hours": pc.multiply(pc.cast(t.column("gpus"), pa.float64()), hours),
-        "cpu_hours": pc.multiply(pc.cast(t.column("cpus"), pa.float64()), hours),
-        "queue_wait_s": pc.subtract(t.column("start"), t.column("submit")),
-        "line": t.column("line"),
-    }
-    return pa.table([columns[name] for name in ATTEMPT_COLUMNS], names=list(ATTEMPT_COLUMNS))
+    return t, np.arange(n) - group_start, is_last
 
 
 def attempts(sacct: SacctTable) -> list[Attempt]:
@@ -184,29 +171,33 @@ def attempts(sacct: SacctTable) -> list[Attempt]:
     ]
 
 
-def totals_by_job(table: pa.Table) -> pa.Table:
-    """Per job id sums over its attempts, from ``attempt_table`` (stays columnar).
+def totals_by_job(source: SacctTable | pa.Table) -> pa.Table:
+    """Per job id sums over its attempts (stays columnar).
 
-    Columns: job_id, base_job_id, array_task, attempts, final_state (JobState code of the last
-    attempt), final_exit_status, gpu_hours, cpu_hours, elapsed_s, queue_wait_s (summed over
-    attempts that started), first_submit, last_end (None while the last attempt runs).
+    ``source`` is a SacctTable (the fast path: only the columns the sums need are gathered) or
+    ``attempt_table``'s output. Columns: job_id, base_job_id, array_task, attempts,
+    final_state (JobState code of the last attempt), final_exit_status, gpu_hours, cpu_hours,
+    elapsed_s, queue_wait_s (summed over attempts that started), first_submit, last_end
+    (None while the last attempt runs).
     """
-    if tuple(table.column_names) != ATTEMPT_COLUMNS:
-        raise TypeError("totals_by_job needs attempt_table(...)'s output")
+    if isinstance(source, SacctTable):
+        table, attempt, is_last = _ordered_allocations(source, _TOTALS_COLUMNS)
+    elif isinstance(source, pa.Table) and tuple(source.column_names) == ATTEMPT_COLUMNS:
+        table = source
+        attempt = table.column("attempt").to_numpy()
+        is_last = table.column("is_last").to_numpy(zero_copy_only=False)
+    else:
+        raise TypeError("totals_by_job needs a SacctTable or attempt_table(...)'s output")
     n = table.num_rows
-    attempt = table.column("attempt").to_numpy()
-    starts = np.flatnonzero(attempt == 0) if n else np.zeros(0, np.int64)
-    lasts = np.flatnonzero(table.column("is_last").to_numpy(zero_copy_only=False))
+    starts = np.flatnonzero(attempt == 0)
+    lasts = np.flatnonzero(is_last)
+    elapsed = table.column("elapsed_s").to_numpy().astype(np.float64)
+    submit, start, end = (_np(table, name) for name in ("submit", "start", "end"))
+    wait = np.nan_to_num(start - submit, nan=0.0)
 
-    def group_sum(name: str, dtype: type) -> pa.Array:
-        values = table.column(name).to_numpy(zero_copy_only=False)
-        values = np.nan_to_num(values.astype(np.float64), nan=0.0).astype(dtype)
-        return pa.array(np.add.reduceat(values, starts) if n else values[:0])
+    def group_sum(values: np.ndarray, dtype: type) -> pa.Array:
+        return pa.array(np.add.reduceat(values, starts).astype(dtype) if n else np.zeros(0, dtype))
 
-    submit = _np(table, "submit")
-    first_submit = np.fmin.reduceat(submit, starts) if n else submit[:0]
-    end = _np(table, "end")
-    last_end = end[lasts]
     return pa.table(
         {
             "job_id": table.column("job_id").take(pa.array(starts)),
@@ -215,12 +206,12 @@ def totals_by_job(table: pa.Table) -> pa.Table:
             "attempts": pa.array((lasts - starts + 1).astype(np.int32)),
             "final_state": table.column("state").take(pa.array(lasts)),
             "final_exit_status": table.column("exit_status").take(pa.array(lasts)),
-            "gpu_hours": group_sum("gpu_hours", np.float64),
-            "cpu_hours": group_sum("cpu_hours", np.float64),
-            "elapsed_s": group_sum("elapsed_s", np.int64),
-            "queue_wait_s": group_sum("queue_wait_s", np.int64),
-            "first_submit": _from_np(first_submit),
-            "last_end": _from_np(last_end),
+            "gpu_hours": group_sum(table.column("gpus").to_numpy() * elapsed / _SECONDS_PER_HOUR, np.float64),
+            "cpu_hours": group_sum(table.column("cpus").to_numpy() * elapsed / _SECONDS_PER_HOUR, np.float64),
+            "elapsed_s": group_sum(elapsed, np.int64),
+            "queue_wait_s": group_sum(wait, np.int64),
+            "first_submit": _from_np(np.fmin.reduceat(submit, starts) if n else submit[:0]),
+            "last_end": _from_np(end[lasts]),
         }
     )
 

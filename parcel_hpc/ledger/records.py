@@ -80,6 +80,7 @@ class TrialRecord:
     failures: tuple[str, ...] = ()  # failure classes of failed attempts, in order
     quarantines: tuple[str, ...] = ()  # reasons, one per quarantine
     invalid_metrics: bool = False  # some metric of this trial came from a quarantined attempt
+    tainted_upto: int = 0  # attempts numbered up to this ran in a quarantined directory
 
     def __post_init__(self) -> None:
         if self.state is TrialState.COMPLETED and self.metric is None:
@@ -206,5 +207,5 @@ def fold(spec: TrialSpec, events: Sequence[Mapping[str, Any]]) -> TrialRecord:
     return TrialRecord(
         spec=spec, state=state, attempts=attempt_records, jobs=tuple(jobs), metric=metric, step=step,
         milestone=milestone, last_value=last_value, reason=reason, interrupted=interrupted, resumed=resumed,
-        failures=tuple(failures), quarantines=tuple(quarantines), invalid_metrics=invalid,
+        failures=tuple(failures), quarantines=tuple(quarantines), invalid_metrics=invalid, tainted_upto=tainted_upto,
     )

@@ -1,0 +1,211 @@
+"""``parcel-hpc reconcile``: ask the scheduler (or read an exported dump), reconcile, report.
+
+The edge of the accounting package: the only place that runs sacct for a search or reads a
+``--sacct-file``. A failing or unreachable sacct is an error (exit 2), never a partial report.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from pathlib import Path
+from typing import Sequence
+
+from ..errors import UsageError
+from ..ledger.store import SearchDir
+from .attempt import attempts
+from .parse import parse_sacct
+from .reconcile import Caps, Reconciliation, local_runs, reconcile
+from .sacct import SACCT_FORMAT, build_sacct_argv, run_sacct
+
+
+def reconcile_search(search: SearchDir, sacct_file: Path | None = None) -> Reconciliation:
+    contract = search.contract()
+    records = list(search.records())
+    launches = search.launches()
+    kinds = {l.get("launcher", {}).get("kind") for l in launches if l.get("launcher")}
+    caps = Caps.from_budget(contract["budget"])
+    ledger_used = _ledger_used(search)
+    campaign, objective = contract["search_revision"], contract["metric_revision"]
+    if sacct_file is not None:
+        try:
+            data = Path(sacct_file).read_bytes()
+        except OSError as exc:
+            raise UsageError(f"cannot read --sacct-file {sacct_file}: {exc.strerror}; export it with `sacct {SACCT_FORMAT_HINT}`") from None
+        rows = attempts(parse_sacct(data, source=str(sacct_file)))
+        mine = {j for r in records for j in r.jobs}
+        # The dump is exported by the search's job name (README): every row the ledger lacks is an orphan.
+        listed = [a for a in rows if a.job_id not in mine]
+        return reconcile(campaign, objective, f"sacct-file:{sacct_file}", records, [a for a in rows if a.job_id in mine], listed, caps, ledger_used)
+    if "slurm" not in kinds:
+        runs = local_runs(records)
+        return reconcile(campaign, objective, "local executor", records, runs, [], caps, ledger_used)
+    jobs = sorted({j for r in records for j in r.jobs})
+    runs = attempts(parse_sacct(run_sacct(build_sacct_argv(jobs)), source="sacct")) if jobs else []
+    since = _created(search)
+    listed = []
+    for name in _job_names(launches):
+        listed += attempts(parse_sacct(run_sacct(build_sacct_argv([], since=since, name=name)), source="sacct --name"))
+    return reconcile(campaign, objective, "sacct", records, runs, listed, caps, ledger_used)
+
+
+SACCT_FORMAT_HINT = f"--parsable2 --noheader --duplicates --format={SACCT_FORMAT}"
+
+
+def _job_names(launches: Sequence[dict]) -> list[str]:
+    return sorted({str(l["launcher"]["params"]["job_name"]) for l in launches if l.get("launcher", {}).get("kind") == "slurm"})
+
+
+def _created(search: SearchDir) -> int:
+    return int((search.path / "contract.json").stat().st_mtime) - 60
+
+
+def _ledger_used(search: SearchDir) -> float | None:
+    if not (search.path / "budget" / "journal").is_dir():
+        return None
+    from ..budget import BudgetLedger
+
+    return BudgetLedger(search.path).totals().used_gpu_hours
+
+
+# --- renderers ---------------------------------------------------------------------------------
+
+def render_table(results: Sequence[Reconciliation], console) -> None:
+    from rich.table import Table
+
+    for rec in results:
+        console.print(f"[bold]campaign {rec.campaign}[/] objective {rec.objective}  source: {rec.source}")
+        summary = Table(show_header=True)
+        for col in ("ceiling", "used", "cap", "left"):
+            summary.add_column(col)
+        for name, s in rec.spend.items():
+            summary.add_row(name, f"{s['used']:.4f}", f"{s['cap']:.4f}", f"{s['left']:.4f}")
+        console.print(summary)
+        figs = rec.figures
+        console.print("  ".join(f"{k}={_fmt(v)}" for k, v in figs.items()))
+        console.print("wasted hours by cause: " + "  ".join(f"{k}={v:.4f}" for k, v in rec.waste_hours.items()))
+        trials = Table(title="per trial")
+        for col in ("trial", "state", "attempts", "GPU-h", "CPU-h", "wall s", "cost", "queue wait s", "effective"):
+            trials.add_column(col)
+        for t in rec.trials:
+            trials.add_row(t.trial_id, t.state, str(t.attempts), f"{t.gpu_hours:.4f}", f"{t.cpu_hours:.4f}", str(t.wall_s),
+                           f"{t.cost:.4f}", ",".join(str(w) for w in t.queue_wait_s), "yes" if t.effective else "no")
+        console.print(trials)
+        if rec.flags:
+            flags = Table(title=f"{len(rec.flags)} flags")
+            for col in ("kind", "trial", "job", "detail"):
+                flags.add_column(col)
+            for f in rec.flags:
+                flags.add_row(f.kind, f.trial_id, f.job_id, f.detail)
+            console.print(flags)
+        else:
+            console.print("no flags: the ledger and the scheduler agree")
+
+
+def to_csv(results: Sequence[Reconciliation]) -> str:
+    import csv
+    import io
+    from dataclasses import asdict, fields
+
+    from .reconcile import AttemptLine
+
+    out = io.StringIO()
+    names = ["campaign"] + [f.name for f in fields(AttemptLine)]
+    w = csv.DictWriter(out, fieldnames=names, lineterminator="\n")
+    w.writeheader()
+    for rec in results:
+        for a in rec.attempts:
+            w.writerow({"campaign": rec.campaign, **asdict(a)})
+    return out.getvalue()
+
+
+def to_html(results: Sequence[Reconciliation]) -> str:
+    """A self-contained page: tables and PNG plots inlined as data URIs (opens with no network)."""
+    import html
+
+    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>parcel_hpc accounting</title>",
+             "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;margin:1em 0}"
+             "td,th{border:1px solid #bbb;padding:3px 8px;text-align:right}th{background:#eee}"
+             ".flag{color:#a00}img{max-width:48%;margin:0.5%}</style></head><body>"]
+    for rec in results:
+        parts.append(f"<h1>campaign {html.escape(rec.campaign)}</h1><p>objective {html.escape(rec.objective)}; source {html.escape(rec.source)}; "
+                     f"generated {_dt.datetime.now(_dt.timezone.utc).isoformat(timespec='seconds')}</p>")
+        parts.append(_html_table(["ceiling", "used", "cap", "left"], [[k, _fmt(v["used"]), _fmt(v["cap"]), _fmt(v["left"])] for k, v in rec.spend.items()]))
+        parts.append(_html_table(["figure", "value"], [[k, _fmt(v)] for k, v in rec.figures.items()]))
+        for png in _plots(rec):
+            parts.append(f"<img alt='plot' src='data:image/png;base64,{png}'>")
+        parts.append("<h2>flags</h2>" + (_html_table(["kind", "trial", "job", "detail"], [[f.kind, f.trial_id, f.job_id, f.detail] for f in rec.flags])
+                                        if rec.flags else "<p>none: the ledger and the scheduler agree</p>"))
+        parts.append("<h2>trials</h2>" + _html_table(["trial", "state", "attempts", "GPU-h", "CPU-h", "wall s", "cost", "effective"],
+                                                    [[t.trial_id, t.state, t.attempts, _fmt(t.gpu_hours), _fmt(t.cpu_hours), t.wall_s, _fmt(t.cost), t.effective] for t in rec.trials]))
+        parts.append("<h2>attempts</h2>" + _html_table(["trial", "job", "run", "state", "node", "elapsed s", "GPU-h", "queue wait s", "waste"],
+                                                      [[a.trial_id, a.job_id, a.run, a.state, a.node, a.elapsed_s, _fmt(a.gpu_hours), a.queue_wait_s, a.waste] for a in rec.attempts]))
+    parts.append("</body></html>")
+    return "".join(parts)
+
+
+def _plots(rec: Reconciliation) -> list[str]:
+    import base64
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pngs = []
+
+    def emit(fig) -> None:
+        buf = io.BytesIO()
+        fig.tight_layout()
+        fig.savefig(buf, format="png", dpi=90)
+        plt.close(fig)
+        pngs.append(base64.b64encode(buf.getvalue()).decode())
+
+    ended = sorted((a.end, a.gpu_hours) for a in rec.attempts if a.end is not None)
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    if ended:
+        t0 = ended[0][0]
+        xs, ys, acc = [], [], 0.0
+        for end, h in ended:
+            acc += h
+            xs.append((end - t0) / 60.0)
+            ys.append(acc)
+        ax.step(xs, ys, where="post", label="GPU-hours used")
+    ax.axhline(rec.spend["gpu_hours"]["cap"], color="red", linestyle="--", label="cap")
+    ax.set_xlabel("minutes since first attempt ended")
+    ax.set_ylabel("GPU-hours")
+    ax.set_title("spend over time against the cap")
+    ax.legend()
+    emit(fig)
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    ax.bar(list(rec.counts), list(rec.counts.values()))
+    ax.set_title("trials by state")
+    ax.tick_params(axis="x", rotation=45)
+    emit(fig)
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    ax.bar([t.trial_id for t in rec.trials], [t.gpu_hours for t in rec.trials])
+    ax.set_title("GPU-hours per trial")
+    ax.tick_params(axis="x", rotation=90, labelsize=6)
+    emit(fig)
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    ax.bar(list(rec.waste_hours), list(rec.waste_hours.values()))
+    ax.set_title("wasted hours by cause")
+    ax.tick_params(axis="x", rotation=45)
+    emit(fig)
+    return pngs
+
+
+def _html_table(head: list[str], rows: list[list]) -> str:
+    import html
+
+    th = "".join(f"<th>{html.escape(str(h))}</th>" for h in head)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><tr>{th}</tr>{body}</table>"
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4f}"
+    return str(v)
