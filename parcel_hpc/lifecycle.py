@@ -34,7 +34,8 @@ class Next:
 
 def interruption_counts(record: TrialRecord) -> tuple[int, int]:
     """(preemptions, other infrastructure interruptions) over the trial's attempts."""
-    causes = [a.cause for a in record.attempts if a.how is not None and a.how.is_infrastructure()]
+    # A superseded attempt was replaced by a live one; it is not an interruption of the trial.
+    causes = [a.cause for a in record.attempts if a.how is not None and a.how.is_infrastructure() and a.cause != "superseded"]
     preempted = sum(1 for c in causes if c == "preempted")
     return preempted, len(causes) - preempted
 

@@ -93,3 +93,11 @@ def test_journals_merge_in_time_order_and_survive_a_torn_tail(tmp_path):
 ])
 def test_next_action(events, dispatches, alive, expected):
     assert next_action(fold(SPEC, events), dispatches=dispatches, job_alive=alive, max_retries=2).action is expected
+
+
+def test_a_stale_attempt_ending_late_does_not_change_the_state():
+    events = [ev("started", 1, attempt=1), ev("resolved", 2, attempt=1, how="interrupted", cause="node_fail"),
+              ev("started", 3, attempt=2), ev("ended", 4, attempt=1, how="lost", cause="superseded")]
+    rec = fold(SPEC, events)
+    assert rec.state is TrialState.RUNNING  # attempt 2 runs; attempt 1's late word changes nothing
+    assert rec.attempts[0].how.value == "interrupted"  # the first word on how it ended stands

@@ -164,14 +164,15 @@ def fold(spec: TrialSpec, events: Sequence[Mapping[str, Any]]) -> TrialRecord:
             step = max(step, int(ev["step"]))
         elif kind in ("ended", "resolved"):
             a = attempts.setdefault(n, {"number": n})
-            if a.get("how") is not None and kind == "resolved":
-                continue  # the worker already said how it ended; the scheduler's view is only a fallback
+            if a.get("how") is not None and not (kind == "ended" and a.get("cause") == "lost"):
+                continue  # the first specific word on how an attempt ended stands; a bare "lost" yields to the worker's
+            superseded = any(k > n and "started" in v for k, v in attempts.items())
             how = AttemptEnd(ev["how"])
             a.update(ended=ev["t"], how=how, cause=ev.get("cause", ""), step=ev.get("step", a.get("step", 0)), message=ev.get("message", ""))
             if "step" in ev:
                 step = max(step, int(ev["step"]))
-            if state.is_finished() or tainted:
-                continue
+            if state.is_finished() or tainted or superseded:
+                continue  # a stale attempt ending after a newer one started does not change the state
             if how in _TERMINAL_ENDS:
                 state = _TERMINAL_ENDS[how]
                 reason = ev.get("reason", ev.get("cause", ""))

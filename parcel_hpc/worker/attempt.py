@@ -37,6 +37,14 @@ if TYPE_CHECKING:
     from .task import TrialTask
 
 
+PREVIOUS_ATTEMPT_WAIT_S = 90.0  # SLURM's KillWait plus slurmd's cleanup, with margin
+
+
+def _same_trial(exc: "ckpt.CheckpointCollision", plan: WorkerPlan) -> bool:
+    trial = getattr(exc.theirs, "trial", None)
+    return trial is not None and trial.trial_id == plan.trial_id and trial.config_hash == plan.config_hash
+
+
 class StopAttempt(Exception):
     """Stop this attempt without a result; the reason is already journaled."""
 
@@ -73,7 +81,7 @@ class AttemptRun:
             self._reserve(contract)
             ckpt_dir = self._checkpoint_dir()
             identity = ckpt.TrialIdentity(plan.trial_id, plan.config_hash, contract.digest, contract["snapshot_digest"])
-            claim = ckpt.claim_directory(ckpt_dir, ckpt.ClaimIdentity.here(identity, job_id=facts.job_id, attempt=self.attempt))
+            claim = self._claim(ckpt_dir, identity)
             self.store = ckpt.CheckpointStore(ckpt_dir, identity, keep_last=plan.keep_last, claim=claim)
             data = self._load_data()
             state = self._resume_or_start(data["x_train"].shape[1])
@@ -84,6 +92,11 @@ class AttemptRun:
             claim.release()
             return result
         except ckpt.CheckpointCollision as exc:
+            if _same_trial(exc, plan):
+                # A newer attempt of this same trial took the directory over (we were presumed dead,
+                # e.g. our node was set down): stop writing, it is not a collision between trials.
+                self._end(AttemptEnd.LOST, cause="superseded", reason=exc.reason)
+                return {"trial_id": plan.trial_id, "state": "superseded"}
             self._end(AttemptEnd.QUARANTINED, cause="checkpoint_collision", reason=str(exc))
             if not self.search.is_quarantined_attempt(plan.trial_id, self.attempt):
                 # The first to find the collision quarantines both; the other attempt only stops.
@@ -125,6 +138,25 @@ class AttemptRun:
         self.journal.append("resolved", attempt=last.number, how="lost", cause=cause, job_id=last.job_id,
                             message="the attempt ended without recording how; its job was requeued or resubmitted")
         self.prior = self.search.record(self.plan.trial_id)
+
+    def _claim(self, ckpt_dir: str, identity: "ckpt.TrialIdentity") -> "ckpt.Claim":
+        """Claim the directory; if an earlier attempt of this trial still runs (its node was set down
+        but its process lives on), wait for it to die rather than train beside it."""
+        deadline = time.monotonic() + PREVIOUS_ATTEMPT_WAIT_S
+        while True:
+            try:
+                return ckpt.claim_directory(ckpt_dir, ckpt.ClaimIdentity.here(identity, job_id=self.facts.job_id, attempt=self.attempt))
+            except ckpt.CheckpointCollision as exc:
+                theirs = getattr(exc.theirs, "attempt", None)
+                if not _same_trial(exc, self.plan) or theirs is None:
+                    raise
+                if theirs > self.attempt:
+                    self._end(AttemptEnd.LOST, cause="superseded", reason=exc.reason)
+                    raise StopAttempt("superseded")
+                if time.monotonic() > deadline:
+                    self._end(AttemptEnd.INTERRUPTED, cause="previous_attempt_alive", reason=exc.reason)
+                    raise StopAttempt("previous_attempt_alive")
+                time.sleep(2.0)
 
     def _reserve(self, contract) -> None:
         """Hold this attempt's worst case before using anything; a full budget ends the trial normally."""
@@ -235,9 +267,10 @@ class AttemptRun:
         step = state.step if state is not None else 0
         self._end(AttemptEnd.INTERRUPTED, cause=cause, step=step)
         # Preemption is the cluster's choice, not the trial's: it has its own, larger allowance.
-        causes = [a.cause for a in self.prior.attempts if a.how is not None and a.how.is_infrastructure()] + [cause]
-        preempted = sum(1 for c in causes if c == "preempted")
-        other = len(causes) - preempted
+        from ..lifecycle import interruption_counts
+
+        preempted, other = interruption_counts(self.prior)
+        preempted, other = (preempted + 1, other) if cause == "preempted" else (preempted, other + 1)
         if preempted > self.plan.max_preemptions or other > self.plan.max_retries:
             limit = f"{preempted} preemptions > budget.max_preemptions={self.plan.max_preemptions}" if preempted > self.plan.max_preemptions \
                 else f"{other} interruptions > budget.max_retries={self.plan.max_retries}"
