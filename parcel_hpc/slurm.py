@@ -33,9 +33,14 @@ def check_reachable(env: Mapping[str, str] | None = None, timeout: float = 15.0)
     conf = env.get("SLURM_CONF") or "/etc/slurm/slurm.conf"
     if not os.path.exists(conf):
         raise SchedulerUnavailable(f"SLURM is not configured here ({'SLURM_CONF=' + env['SLURM_CONF'] if env.get('SLURM_CONF') else 'no SLURM_CONF and no /etc/slurm/slurm.conf'}); source the cluster's env file (scripts/dev-cluster-up.sh prints it) or use hydra/launcher=submitit_local")
-    out = _run(["scontrol", "ping"], env, timeout)
-    if "UP" not in out:
-        raise SchedulerUnavailable(f"slurmctld is not answering ({out.strip().splitlines()[0] if out.strip() else 'no reply'}); start it (scripts/dev-cluster-up.sh for the dev cluster) or ask your admin")
+    try:
+        proc = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, env=env, timeout=timeout)
+        reply = (proc.stdout or proc.stderr).strip()
+    except subprocess.TimeoutExpired:
+        proc, reply = None, f"no reply within {timeout:.0f}s"
+    if proc is None or proc.returncode != 0 or " is UP" not in reply:
+        first = reply.splitlines()[0] if reply else "no reply"
+        raise SchedulerUnavailable(f"slurmctld is not answering ({first}); start it (scripts/dev-cluster-up.sh for the dev cluster) or ask your admin")
 
 
 def squeue_argv(job_name: str) -> list[str]:

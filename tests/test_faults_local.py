@@ -98,7 +98,7 @@ def test_reproducible_failure_is_tried_twice_then_failed(tmp_path, data_dir):
 
 
 def test_divergence_is_its_own_failure_class(tmp_path, data_dir):
-    res = run(tmp_path, data_dir, "nan", "search.n_trials=1", "+space.params.fault={type:choice,values:[nan]}")
+    res = run(tmp_path, data_dir, "nan", "search.n_trials=1", "+space.params.fault={type:choice,values:['nan']}")
     assert res.returncode == 0, res.stderr
     rec = sd(tmp_path, "nan").record("t0000")
     assert rec.state.value == "failed" and rec.reason == "diverged"

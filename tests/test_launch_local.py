@@ -168,3 +168,8 @@ def test_same_seed_and_params_give_the_same_metric(tmp_path, data_dir):
 def test_without_multirun_flag_the_launch_explains(tmp_path, data_dir):
     res = launch([f"search.root={tmp_path / 'runs'}"], cwd=tmp_path, data_dir=data_dir, multirun=False)
     assert res.returncode == 2 and "-m" in res.stderr
+
+
+def test_a_non_finite_number_in_the_config_is_bad_input(tmp_path, data_dir):
+    res = run(tmp_path, data_dir, "search.n_trials=1", "+space.params.fault={type:choice,values:[nan]}")
+    assert res.returncode == 2 and res.stderr.startswith("error: ") and "nan" in res.stderr and res.stderr.count("\n") == 1

@@ -89,12 +89,11 @@ class SlurmDispatcher:
     def __init__(self, folder: Path, *, job_name: str, resources: Mapping[str, Any], array_parallelism: int,
                  signal_delay_s: int, max_num_timeout: int, setup: Sequence[str] = (), additional: Mapping[str, Any] | None = None,
                  env: Mapping[str, str] | None = None) -> None:
-        import submitit
-
         self.env = dict(os.environ if env is None else env)
         self.job_name = job_name
         self.folder = Path(folder)
-        self.executor = submitit.SlurmExecutor(folder=str(self.folder / "%j"), max_num_timeout=max_num_timeout)
+        self._max_num_timeout = max_num_timeout
+        self._executor = None
         extra = {k: v for k, v in dict(additional or {}).items() if v is not None}
         if resources.get("account"):
             extra["account"] = resources["account"]
@@ -116,8 +115,18 @@ class SlurmDispatcher:
             params["gres"] = f"gpu:{int(resources['gpus'])}"
         if resources.get("partition"):
             params["partition"] = resources["partition"]
-        self.executor.update_parameters(**params)
+        self._params = params
         self._queued: dict[str, slurm.QueuedJob] = {}
+
+    @property
+    def executor(self):
+        """Built after ``check``: submitit's SlurmExecutor raises a bare RuntimeError without srun."""
+        if self._executor is None:
+            import submitit
+
+            self._executor = submitit.SlurmExecutor(folder=str(self.folder / "%j"), max_num_timeout=self._max_num_timeout)
+            self._executor.update_parameters(**self._params)
+        return self._executor
 
     def check(self) -> None:
         slurm.check_reachable(self.env)

@@ -76,8 +76,10 @@ def build_contract(cfg: Mapping[str, Any]) -> Contract:
         "budget": dict(cfg["budget"]),
         "pruner": dict(cfg["pruner"]),
     }
-    contract = Contract(fields)
-    return contract
+    try:
+        return Contract(fields)
+    except ValueError:  # canonical JSON refuses NaN and infinity
+        raise UsageError("the composed config holds a non-finite number (nan or inf); quote text values, e.g. values:['nan'], or give a finite number") from None
 
 
 def check_policy(contract: Contract) -> None:

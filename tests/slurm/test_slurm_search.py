@@ -75,8 +75,11 @@ def test_82_trial_array_search_with_gpu_limits(tmp_path, data_dir, cluster_guard
         assert started[0]["job_id"] == submitted[0]["job_id"]
         array_ids.add(submitted[0]["job_id"].split("_")[0])
     assert len(array_ids) == 1  # one array job
-    rows = sh("sacct", "-j", array_ids.pop(), "--parsable2", "--noheader", "-X", "--format=JobID,State,AllocTRES")
-    assert rows.count("gres/gpu=1") == 82 and rows.count("COMPLETED") == 82
+    array = array_ids.pop()
+    # slurmdbd writes a finished job's full record (AllocTRES included) a moment after it ends
+    rows = wait_for(lambda: (lambda r: r if r.count("gres/gpu=1") == 82 else None)(
+        sh("sacct", "-j", array, "--parsable2", "--noheader", "-X", "--format=JobID,State,AllocTRES")), 60, "sacct's final rows")
+    assert rows.count("COMPLETED") == 82
 
 
 def test_preempted_trial_resumes_to_the_uninterrupted_metric(tmp_path, data_dir, cluster_guard):
@@ -94,6 +97,15 @@ def test_preempted_trial_resumes_to_the_uninterrupted_metric(tmp_path, data_dir,
     assert first.how.value == "interrupted" and first.cause == "preempted"  # not counted as a timeout
     assert last.resumed_from >= 10 and last.restart_count >= 1 and last.job_id == job
     assert rec.metric == reference_metric(tmp_path, data_dir, "preempt")
+    # sacct --duplicates shows the requeued run and the final one; both match the ledger's attempts
+    def reconciled():
+        res = parcel_hpc(["reconcile", str(tmp_path / "runs" / "preempt"), "--json"])
+        out = json.loads(res.stdout)["campaigns"][0] if res.returncode == 0 else None
+        return out if out and not out["flags"] and all(a["ledger_attempt"] for a in out["attempts"]) else None
+    out = wait_for(reconciled, 60, "a reconciliation without flags")
+    runs = [(a["state"], a["ledger_attempt"], a["ledger_how"]) for a in out["attempts"]]
+    assert runs[0][0] == "REQUEUED" and runs[0][1:] == (1, "interrupted") and runs[-1] == ("COMPLETED", len(rec.attempts), "completed")
+    assert out["waste_hours"]["preemption"] > 0
 
 
 def test_time_limit_with_checkpoint_resumes(tmp_path, data_dir, cluster_guard):
@@ -168,3 +180,26 @@ def test_dry_run_submits_nothing_and_shows_the_batch_script(tmp_path, data_dir):
     assert "worst case: 5.00 GPU-hours" in res.stdout  # 5 trials x (1 + 2 retries) x 2 GPUs x 10 min
     assert "parcel-dry" not in sh("squeue", "-h", "-o", "%j")
     assert not (tmp_path / "runs" / "dry").exists()
+
+
+def test_ctrl_c_stops_waiting_but_not_the_trials(tmp_path, data_dir, cluster_guard):
+    import signal
+    import subprocess
+    import sys
+
+    from parcel_hpc.testing.runs import _env
+
+    _, names = cluster_guard
+    names.append("parcel-ctrlc")
+    argv = [sys.executable, "-m", "parcel_hpc.launch", "-m", SLURM, f"search.root={tmp_path / 'runs'}", "search.revision=ctrlc",
+            "search.n_trials=3", "pruner=none", "train.step_seconds=0.1"]
+    proc = subprocess.Popen(argv, cwd=tmp_path, env=_env(data_dir, None), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    search = SearchDir(tmp_path / "runs" / "ctrlc")
+    wait_for(lambda: search.path.exists() and len(search.trial_ids()) == 3 and all(search.record(t).jobs for t in search.trial_ids()),
+             60, "the trials to be submitted")
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "keep running" in err
+    st = json.loads(parcel_hpc(["status", str(search.path), "--json"]).stdout)
+    assert all(t["state"] in ("queued", "running", "completed") for t in st["trials"])
+    wait_for(lambda: all(search.record(t).state.value == "completed" for t in search.trial_ids()), 180, "the trials to complete")
