@@ -10,7 +10,7 @@ Must not: read Hydra objects (callers pass plain dicts), open data files, or dis
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 

@@ -5,6 +5,7 @@
     │   ├── SchedulerUnavailable     SLURM cannot be reached (no SLURM_CONF, slurmctld down)
     │   └── AccountingError          sacct failed or its text could not be parsed
     ├── CorruptRecord                exit 2: a record on disk is unreadable (not a torn last line)
+    ├── CheckpointCollision          exit 2: another trial's claim or checkpoint in our directory (claims.py)
     └── GovernanceRefusal            exit 3: the search refused to go on; carries the outcome string
                                      (``reject:<field>``, ``hold:budget``)
 

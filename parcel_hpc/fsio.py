@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterable
 
-from .errors import CorruptRecord
+from .errors import CorruptRecord, UsageError
 
 FILE_MODE = 0o644
 DIR_MODE = 0o755
@@ -44,6 +44,8 @@ def ensure_dir(path: str | os.PathLike) -> Path:
         except FileExistsError:
             continue  # another process made it first: it is theirs, and not world-writable either
         os.chmod(d, DIR_MODE)
+    if not p.is_dir():
+        raise UsageError(f"{p} exists and is not a directory; choose another path")
     return p
 
 
@@ -55,15 +57,25 @@ def fsync_dir(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes, mode: int = FILE_MODE) -> None:
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+def _durable_temp(path: Path, data: bytes, mode: int, suffix: str) -> str:
+    """``data`` in a new temp file beside ``path``, fsynced, with its final mode."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, mode)
+    except BaseException:
+        _unlink_quietly(tmp)
+        raise
+    return tmp
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes, mode: int = FILE_MODE) -> None:
+    path = Path(path)
+    tmp = _durable_temp(path, data, mode, ".tmp")
+    try:
         os.replace(tmp, path)
     except BaseException:
         _unlink_quietly(tmp)
@@ -86,13 +98,8 @@ def create_exclusive(path: str | os.PathLike, data: bytes, mode: int = FILE_MODE
     with EEXIST atomically (also on NFS), and a reader never sees a half-written claim.
     """
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".claim", dir=path.parent)
+    tmp = _durable_temp(path, data, mode, ".claim")
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
         try:
             os.link(tmp, path)
         except FileExistsError:

@@ -8,7 +8,7 @@ Completed, pruned, rejected, budget-exhausted and reproducibly failed trials are
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
 from .accounting import Attempt as SacctAttempt
@@ -116,7 +116,6 @@ def _with_resolution(rec: TrialRecord, r: Resolution) -> TrialRecord:
     """The record as it will read once the resolution is journaled (keeps ``decide`` pure)."""
     from dataclasses import replace
 
-    from .ledger.records import Attempt
     from .ledger.states import TrialState
 
     attempts = rec.attempts[:-1] + (replace(rec.attempts[-1], how=r.how, cause=r.cause),)

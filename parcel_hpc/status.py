@@ -8,7 +8,6 @@ requeued); when it does not answer, the table says so instead of guessing.
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 from rich.console import Console

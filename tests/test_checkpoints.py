@@ -15,9 +15,9 @@ import h5py
 import numpy as np
 import pytest
 
-from parcel_hpc.checkpoints import (
+from parcel_hpc.checkpoints import CheckpointStore, scan_for_foreign, step_files
+from parcel_hpc.claims import (
     CheckpointCollision,
-    CheckpointStore,
     ClaimIdentity,
     ClaimOutcome,
     ClaimRecord,
@@ -29,8 +29,6 @@ from parcel_hpc.checkpoints import (
     fresh_directory,
     quarantine_move,
     read_claim,
-    scan_for_foreign,
-    step_files,
 )
 from parcel_hpc.errors import ParcelError, UsageError
 
@@ -141,6 +139,7 @@ WORKER = r'''
 import json, os, signal, sys
 import numpy as np
 from parcel_hpc.checkpoints import *
+from parcel_hpc.claims import *
 
 def trial(tid, cfg):  # "t0007" with cfg "a" is the tests' T7
     return TrialIdentity(tid, "sha256:" + cfg * 64, "sha256:" + "c" * 64, "sha256:" + "d" * 64)

@@ -22,7 +22,6 @@ def assert_refused_cleanly(res, tmp_path, needle):
 
 @pytest.mark.skipif(shutil.which("sbatch") is None, reason="needs the SLURM client (slurm-client) installed")
 def test_no_slurm_conf(tmp_path, data_dir):
-    env = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}
     if os.path.exists("/etc/slurm/slurm.conf"):
         pytest.skip("this machine has a system-wide /etc/slurm/slurm.conf")
     res = launch(["hydra/launcher=submitit_slurm", f"search.root={tmp_path / 'runs'}", "search.n_trials=2"],

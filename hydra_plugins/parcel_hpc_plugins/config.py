@@ -6,7 +6,7 @@ The launcher names follow hydra-submitit-launcher (``hydra/launcher=submitit_loc
 
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 from hydra.core.config_store import ConfigStore
 

@@ -7,7 +7,6 @@ exit codes (2 bad input, 3 governance refusal) and one line, instead of Hydra's 
 
 from __future__ import annotations
 
-import sys
 from typing import Any, List
 
 from hydra.core.plugins import Plugins

@@ -14,7 +14,6 @@ import os
 import tempfile
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import h5py
 import numpy as np

@@ -6,7 +6,7 @@ resubmit, reconcile, selection) sees the same answer from the same files.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from .states import AttemptEnd, TrialState

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 

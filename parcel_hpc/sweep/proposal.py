@@ -6,7 +6,6 @@ names the file and the fix.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Mapping
 

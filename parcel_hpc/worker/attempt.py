@@ -11,19 +11,17 @@ Order matters and is the point of this module:
 from __future__ import annotations
 
 import math
-import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from .. import checkpoints as ckpt
+from .. import claims
 from ..budget._search import reserve_attempt, settle_attempt
 from ..contract import TrialIdentity, WorkerObservation, admit, check_worker
 from ..data import load_partition, read_split, snapshot_digest
 from ..image import image_digest
-from ..ledger.states import AttemptEnd, FailureClass, Interruption, TrialState
+from ..ledger.states import AttemptEnd, FailureClass, TrialState
 from ..ledger.store import SearchDir
 from ..metric import MissCost
 from ..pruning import MilestoneStore, make_pruner
@@ -40,7 +38,7 @@ if TYPE_CHECKING:
 PREVIOUS_ATTEMPT_WAIT_S = 90.0  # SLURM's KillWait plus slurmd's cleanup, with margin
 
 
-def _same_trial(exc: "ckpt.CheckpointCollision", plan: WorkerPlan) -> bool:
+def _same_trial(exc: "claims.CheckpointCollision", plan: WorkerPlan) -> bool:
     trial = getattr(exc.theirs, "trial", None)
     return trial is not None and trial.trial_id == plan.trial_id and trial.config_hash == plan.config_hash
 
@@ -80,7 +78,7 @@ class AttemptRun:
             self._admit(contract)
             self._reserve(contract)
             ckpt_dir = self._checkpoint_dir()
-            identity = ckpt.TrialIdentity(plan.trial_id, plan.config_hash, contract.digest, contract["snapshot_digest"])
+            identity = claims.TrialIdentity(plan.trial_id, plan.config_hash, contract.digest, contract["snapshot_digest"])
             claim = self._claim(ckpt_dir, identity)
             self.store = ckpt.CheckpointStore(ckpt_dir, identity, keep_last=plan.keep_last, claim=claim)
             data = self._load_data()
@@ -91,7 +89,7 @@ class AttemptRun:
             result = self._train(state, data)
             claim.release()
             return result
-        except ckpt.CheckpointCollision as exc:
+        except claims.CheckpointCollision as exc:
             if _same_trial(exc, plan):
                 # A newer attempt of this same trial took the directory over (we were presumed dead,
                 # e.g. our node was set down): stop writing, it is not a collision between trials.
@@ -139,14 +137,14 @@ class AttemptRun:
                             message="the attempt ended without recording how; its job was requeued or resubmitted")
         self.prior = self.search.record(self.plan.trial_id)
 
-    def _claim(self, ckpt_dir: str, identity: "ckpt.TrialIdentity") -> "ckpt.Claim":
+    def _claim(self, ckpt_dir: str, identity: "claims.TrialIdentity") -> "claims.Claim":
         """Claim the directory; if an earlier attempt of this trial still runs (its node was set down
         but its process lives on), wait for it to die rather than train beside it."""
         deadline = time.monotonic() + PREVIOUS_ATTEMPT_WAIT_S
         while True:
             try:
-                return ckpt.claim_directory(ckpt_dir, ckpt.ClaimIdentity.here(identity, job_id=self.facts.job_id, attempt=self.attempt))
-            except ckpt.CheckpointCollision as exc:
+                return claims.claim_directory(ckpt_dir, claims.ClaimIdentity.here(identity, job_id=self.facts.job_id, attempt=self.attempt))
+            except claims.CheckpointCollision as exc:
                 theirs = getattr(exc.theirs, "attempt", None)
                 if not _same_trial(exc, self.plan) or theirs is None:
                     raise
@@ -169,7 +167,7 @@ class AttemptRun:
     def _checkpoint_dir(self) -> str:
         if self.prior.quarantines:
             # A quarantined trial reruns in a fresh directory nobody else can have been pointed at.
-            return str(ckpt.fresh_directory(self.search.path / "checkpoints-clean", self.plan.trial_id, self.attempt))
+            return str(claims.fresh_directory(self.search.path / "checkpoints-clean", self.plan.trial_id, self.attempt))
         return self.plan.checkpoint_dir()
 
     def _load_data(self) -> dict:
@@ -262,7 +260,7 @@ class AttemptRun:
         if state is not None and self.store is not None and state.step > 0:
             try:
                 self._save(state)
-            except ckpt.CheckpointCollision:
+            except claims.CheckpointCollision:
                 return False
         step = state.step if state is not None else 0
         self._end(AttemptEnd.INTERRUPTED, cause=cause, step=step)

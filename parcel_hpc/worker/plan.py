@@ -5,7 +5,7 @@ The worker trusts nothing in it blindly: digests are recomputed from the files i
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 

@@ -12,19 +12,19 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .. import checkpoints as ckpt
+from .. import claims
 from .. import fsio
 from ..ledger.store import SearchDir
 from ..pruning import MilestoneStore
 
 
-def quarantine_collision(search: SearchDir, trial_id: str, attempt: int, exc: "ckpt.CheckpointCollision") -> list[str]:
+def quarantine_collision(search: SearchDir, trial_id: str, attempt: int, exc: "claims.CheckpointCollision") -> list[str]:
     other = _other_trial(exc, trial_id)
     reason = f"checkpoint prefix {exc.ckpt_dir} shared by {trial_id}" + (f" and {other}" if other else "")
     involved = [trial_id] + ([other] if other and other != trial_id else [])
     moved = ""
     if Path(exc.ckpt_dir).exists():
-        moved = str(ckpt.quarantine_move(exc.ckpt_dir, search.quarantine_dir, "_".join(involved), reason))
+        moved = str(claims.quarantine_move(exc.ckpt_dir, search.quarantine_dir, "_".join(involved), reason))
     milestones = MilestoneStore(search.path, _milestones(search))
     for tid in involved:
         upto = attempt if tid == trial_id else _latest_attempt(search, tid)
@@ -36,7 +36,7 @@ def quarantine_collision(search: SearchDir, trial_id: str, attempt: int, exc: "c
     return involved
 
 
-def _other_trial(exc: "ckpt.CheckpointCollision", ours: str) -> str | None:
+def _other_trial(exc: "claims.CheckpointCollision", ours: str) -> str | None:
     theirs = getattr(exc, "theirs", None)
     trial = getattr(theirs, "trial", None)
     tid = getattr(trial, "trial_id", None) or getattr(theirs, "trial_id", None)

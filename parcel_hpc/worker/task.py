@@ -8,19 +8,10 @@ requeued under the same trial_id, unless the retry limit says otherwise.
 
 from __future__ import annotations
 
-import math
-from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from .. import contract as contract_mod
-from ..checkpoints import CheckpointCollision
-from ..errors import GovernanceRefusal
-from ..ledger.states import AttemptEnd, FailureClass, TrialState
-from ..ledger.store import SearchDir
 from .jobenv import JobFacts, signal_cause
-from .model import Diverged, Hyper, TrainState, init_state, predict_proba, train_step
+from .model import TrainState
 from .plan import WorkerPlan
 
 
