@@ -53,6 +53,10 @@ def next_action(record: TrialRecord, *, dispatches: int, job_alive: bool, max_re
         return Next(Action.RESOLVE_LOST, "the ledger says running but its job is gone")
     if dispatches == 0:
         return Next(Action.DISPATCH)
+    never_started = dispatches - sum(1 for a in record.attempts if a.started is not None)
+    if never_started > max_retries + 1:
+        # Jobs that die before the worker runs add no attempt: bound them on their own.
+        return Next(Action.GIVE_UP, f"{never_started} dispatches whose job ended before the worker started")
     if state is TrialState.QUARANTINED:
         times = max(len(record.quarantines), sum(1 for a in record.attempts if a.how is AttemptEnd.QUARANTINED))
         if times > MAX_QUARANTINE_RERUNS:
@@ -68,6 +72,4 @@ def next_action(record: TrialRecord, *, dispatches: int, job_alive: bool, max_re
     if record.interrupted or record.reason.startswith("interrupted"):
         return Next(Action.RETRY, record.reason or "interrupted")
     # Dispatched, no live job, no attempt recorded: the job died before the worker started.
-    if dispatches > max_retries + preempted + 1:
-        return Next(Action.GIVE_UP, f"dispatched {dispatches} times without the worker ever starting")
     return Next(Action.RETRY, "the job ended before the worker started")

@@ -8,6 +8,8 @@ Completed, pruned, rejected, budget-exhausted and reproducibly failed trials are
 
 from __future__ import annotations
 
+import time
+import uuid
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
@@ -56,7 +58,10 @@ class ResubmitPlan:
 
 
 def decide(records: Iterable[TrialRecord], alive_jobs: Iterable[str], sacct: Sequence[SacctAttempt], *,
-           dispatches: Mapping[str, int], max_retries: int, max_preemptions: int) -> ResubmitPlan:
+           dispatches: Mapping[str, int], max_retries: int, max_preemptions: int,
+           in_flight: Iterable[str] = ()) -> ResubmitPlan:
+    """``in_flight``: trials whose latest dispatch another launcher claimed and has not submitted yet."""
+    in_flight = set(in_flight)
     alive = set(alive_jobs)
     by_job: dict[str, list[SacctAttempt]] = {}
     for a in sacct:
@@ -72,6 +77,9 @@ def decide(records: Iterable[TrialRecord], alive_jobs: Iterable[str], sacct: Seq
             untouched.append((rec.trial_id, "never dispatched: relaunch the search to dispatch it"))
             continue
         job = rec.jobs[-1]
+        if rec.trial_id in in_flight:
+            untouched.append((rec.trial_id, "another launcher is dispatching it right now"))
+            continue
         if job in alive:
             untouched.append((rec.trial_id, f"job {job} is still queued or running"))
             continue
@@ -153,8 +161,10 @@ def run(search, *, dry_run: bool, wait: bool, console) -> ResubmitPlan:
     else:
         alive = {j for j in open_jobs if _local_pid_alive(j)}
         sacct_rows = []
+    launch_id = "resubmit-" + time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
     plan = decide(records, alive, sacct_rows, dispatches={r.trial_id: search.dispatch_count(r.trial_id) for r in records},
-                  max_retries=int(budget["max_retries"]), max_preemptions=int(budget.get("max_preemptions", 10)))
+                  max_retries=int(budget["max_retries"]), max_preemptions=int(budget.get("max_preemptions", 10)),
+                  in_flight=[r.trial_id for r in records if search.dispatch_in_flight(r.trial_id, launch_id, r)])
     console.print(render(plan, dry_run))
     if dry_run:
         return plan
@@ -168,29 +178,29 @@ def run(search, *, dry_run: bool, wait: bool, console) -> ResubmitPlan:
         return plan
     decision = launch_decision(contract, len(plan.resubmit), len(search.trial_ids()) - len(plan.resubmit), search.path)
     decision.require()  # a resubmission that would overshoot a cap is refused (hold:budget, exit 3)
-    resubmitted = _dispatch(search, dispatcher, plan, settings)
+    resubmitted = _dispatch(search, dispatcher, plan, launch_id)
     console.print(f"resubmitted {len(resubmitted)} trials: " + ", ".join(f"{s.trial_id}->{s.job_id}" for s in resubmitted))
     if wait or not dispatcher.can_detach:
         from .sweep.search import Follower
 
         plans = {s.trial_id: search.plan(s.trial_id) for s in resubmitted}
-        Follower(search, dispatcher, plans, "resubmit", contract, console, 0.5).follow()
+        Follower(search, dispatcher, plans, launch_id, contract, console, 0.5).follow()
     return plan
 
 
-def _dispatch(search, dispatcher, plan: ResubmitPlan, settings) -> list:
+def _dispatch(search, dispatcher, plan: ResubmitPlan, launch_id: str) -> list:
     from .worker.task import TrialTask
 
     groups: dict[tuple[str, ...], list[str]] = {}
     for item in plan.resubmit:
-        if search.claim_dispatch(item.trial_id, "resubmit") is not None:
+        if search.claim_dispatch(item.trial_id, launch_id) is not None:
             groups.setdefault(item.exclude_nodes, []).append(item.trial_id)
     out = []
     for exclude, tids in groups.items():
         submitted = dispatcher.submit([TrialTask(search.plan(t)) for t in tids], exclude_nodes=",".join(exclude))
         for s in submitted:
             search.journal(s.trial_id, "resubmit").append("submitted", job_id=s.job_id, executor=dispatcher.name,
-                                                          launch_id="resubmit", exclude_nodes=list(exclude))
+                                                          launch_id=launch_id, exclude_nodes=list(exclude))
         if hasattr(dispatcher, "release"):
             dispatcher.release(submitted)
         out.extend(submitted)

@@ -173,3 +173,22 @@ def test_without_multirun_flag_the_launch_explains(tmp_path, data_dir):
 def test_a_non_finite_number_in_the_config_is_bad_input(tmp_path, data_dir):
     res = run(tmp_path, data_dir, "search.n_trials=1", "+space.params.fault={type:choice,values:[nan]}")
     assert res.returncode == 2 and res.stderr.startswith("error: ") and "nan" in res.stderr and res.stderr.count("\n") == 1
+
+
+def test_an_attempt_that_died_after_its_final_checkpoint_resumes_and_scores(tmp_path, data_dir):
+    res = run(tmp_path, data_dir, "search.n_trials=1", "pruner=none")
+    assert res.returncode == 0, res.stderr
+    sd = SearchDir(search_dir(tmp_path))
+    metric = sd.record("t0000").metric
+    # The attempt dies between its step-82 checkpoint and recording how it ended.
+    for journal in (sd.trial_dir("t0000")).glob("journal-a1-*.jsonl"):
+        journal.write_text("".join(l + "\n" for l in journal.read_text().splitlines() if '"kind":"ended"' not in l))
+    assert sd.record("t0000").state.value == "running"
+    again = run_trial_directly(sd.plan("t0000"))
+    assert again.returncode == 0, again.stderr
+    rec = sd.record("t0000")
+    assert rec.state.value == "completed" and rec.metric == metric
+    assert rec.attempts[-1].resumed_from == 82 and rec.attempts[0].how.value == "lost"
+    # and a finished trial that is dispatched once more does not train again
+    assert run_trial_directly(sd.plan("t0000")).returncode == 0
+    assert len(sd.record("t0000").attempts) == 2

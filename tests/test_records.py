@@ -101,3 +101,32 @@ def test_a_stale_attempt_ending_late_does_not_change_the_state():
     rec = fold(SPEC, events)
     assert rec.state is TrialState.RUNNING  # attempt 2 runs; attempt 1's late word changes nothing
     assert rec.attempts[0].how.value == "interrupted"  # the first word on how it ended stands
+
+
+def test_a_late_give_up_never_overrides_a_result():
+    events = [ev("started", 1, attempt=1), ev("ended", 2, attempt=1, how="completed", metric=0.2, step=82),
+              ev("gave_up", 3, state="failed", cause="retries_exhausted", reason="late signal")]
+    rec = fold(SPEC, events)
+    assert rec.state is TrialState.COMPLETED and rec.metric == 0.2
+
+
+def test_an_older_attempts_result_still_counts_after_a_newer_one_started():
+    events = [ev("started", 1, attempt=1), ev("resolved", 2, attempt=1, how="lost", cause="lost"),
+              ev("started", 3, attempt=2), ev("ended", 4, attempt=1, how="completed", metric=0.25, step=82)]
+    rec = fold(SPEC, events)
+    assert rec.state is TrialState.COMPLETED and rec.metric == 0.25
+
+
+def test_quarantine_withdraws_failures_made_in_the_shared_directory():
+    events = [ev("started", 1, attempt=1), ev("ended", 2, attempt=1, how="failed", cause="exception", final=False),
+              ev("started", 3, attempt=2), ev("ended", 4, attempt=2, how="failed", cause="exception", final=True),
+              ev("quarantined", 5, attempts_upto=2, reason="shared prefix")]
+    rec = fold(SPEC, events)
+    assert rec.state is TrialState.QUARANTINED and rec.failures == () and not rec.state.is_result()
+
+
+def test_jobs_that_never_start_are_not_retried_forever():
+    events = [ev("started", 1, attempt=1), ev("ended", 2, attempt=1, how="interrupted", cause="timeout")]
+    rec = fold(SPEC, events)
+    assert next_action(rec, dispatches=3, job_alive=False, max_retries=2).action is Action.RETRY
+    assert next_action(rec, dispatches=5, job_alive=False, max_retries=2).action is Action.GIVE_UP

@@ -129,7 +129,7 @@ def fold(spec: TrialSpec, events: Sequence[Mapping[str, Any]]) -> TrialRecord:
     metric = None
     reason = ""
     milestone = last_value = None
-    failures: list[str] = []
+    failures: list[tuple[int, str]] = []  # (attempt, failure class)
     quarantines: list[str] = []
     interrupted = resumed = 0
     step = 0
@@ -171,15 +171,17 @@ def fold(spec: TrialSpec, events: Sequence[Mapping[str, Any]]) -> TrialRecord:
             a.update(ended=ev["t"], how=how, cause=ev.get("cause", ""), step=ev.get("step", a.get("step", 0)), message=ev.get("message", ""))
             if "step" in ev:
                 step = max(step, int(ev["step"]))
-            if state.is_finished() or tainted or superseded:
-                continue  # a stale attempt ending after a newer one started does not change the state
+            if state.is_finished() or tainted:
+                continue
+            if superseded and how not in (AttemptEnd.COMPLETED, AttemptEnd.PRUNED):
+                continue  # a stale attempt's interruption after a newer one started changes nothing; its result still counts
             if how in _TERMINAL_ENDS:
                 state = _TERMINAL_ENDS[how]
                 reason = ev.get("reason", ev.get("cause", ""))
                 if how is AttemptEnd.COMPLETED:
                     metric = float(ev["metric"])
             elif how is AttemptEnd.FAILED:
-                failures.append(ev.get("cause", "exception"))
+                failures.append((n, ev.get("cause", "exception")))
                 if ev.get("final"):
                     state, reason = TrialState.FAILED, ev.get("cause", "exception")
                 else:
@@ -192,14 +194,18 @@ def fold(spec: TrialSpec, events: Sequence[Mapping[str, Any]]) -> TrialRecord:
         elif kind == "quarantined":
             quarantines.append(ev.get("reason", ""))
             tainted_upto = max(tainted_upto, int(ev.get("attempts_upto", 0)))
-            if state not in (TrialState.REJECTED, TrialState.FAILED, TrialState.BUDGET_EXHAUSTED):
+            # Failures in a shared directory say nothing about the design: they are withdrawn too.
+            failures = [(k, c) for k, c in failures if k > tainted_upto]
+            if state not in (TrialState.REJECTED, TrialState.BUDGET_EXHAUSTED):
                 # A quarantined result is withdrawn, never scored: the trial is rerun cleanly.
                 state, reason, metric, invalid = TrialState.QUARANTINED, ev.get("reason", ""), None, True
                 milestone = last_value = None
         elif kind == "gave_up":
+            if state.is_finished():
+                continue  # a late give-up (a signal after the result) never overrides an ending
             state, reason = TrialState(ev.get("state", "failed")), ev.get("reason", "")
             if ev.get("cause"):
-                failures.append(ev["cause"])
+                failures.append((n, ev["cause"]))
         elif kind == "budget_exhausted":
             if not state.is_finished():
                 state, reason = TrialState.BUDGET_EXHAUSTED, ev.get("reason", "budget exhausted")
@@ -208,5 +214,5 @@ def fold(spec: TrialSpec, events: Sequence[Mapping[str, Any]]) -> TrialRecord:
     return TrialRecord(
         spec=spec, state=state, attempts=attempt_records, jobs=tuple(jobs), metric=metric, step=step,
         milestone=milestone, last_value=last_value, reason=reason, interrupted=interrupted, resumed=resumed,
-        failures=tuple(failures), quarantines=tuple(quarantines), invalid_metrics=invalid, tainted_upto=tainted_upto,
+        failures=tuple(c for _, c in failures), quarantines=tuple(quarantines), invalid_metrics=invalid, tainted_upto=tainted_upto,
     )

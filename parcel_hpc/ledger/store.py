@@ -96,7 +96,13 @@ class SearchDir:
 
     # --- reading ----------------------------------------------------------------------------
     def spec(self, trial_id: str) -> TrialSpec:
-        return TrialSpec.from_json(fsio.read_json(self.trial_dir(trial_id) / "spec.json"))
+        path = self.trial_dir(trial_id) / "spec.json"
+        try:
+            return TrialSpec.from_json(fsio.read_json(path))
+        except (KeyError, ValueError, TypeError) as exc:
+            from ..errors import CorruptRecord
+
+            raise CorruptRecord(f"{path} is not a trial spec ({exc}); restore it or move the trial aside") from None
 
     def trial_ids(self) -> list[str]:
         if not self.trials_dir.exists():
@@ -107,7 +113,21 @@ class SearchDir:
         return read_events(self.trial_dir(trial_id))
 
     def record(self, trial_id: str) -> TrialRecord:
-        return fold(self.spec(trial_id), self.events(trial_id))
+        try:
+            return fold(self.spec(trial_id), self.events(trial_id))
+        except (KeyError, ValueError, TypeError) as exc:
+            from ..errors import CorruptRecord
+
+            raise CorruptRecord(f"the records of trial {trial_id} in {self.trial_dir(trial_id)} do not fold ({type(exc).__name__}: {exc}); "
+                                "move the damaged journal-*.jsonl or spec.json aside and rerun") from None
+
+    def claim_attempt(self, trial_id: str, first: int) -> int:
+        """The next attempt number, claimed exclusively (two workers never share one, even when a
+        cached directory listing on NFS hides a newer journal)."""
+        n = first
+        while not fsio.create_exclusive_json(self.trial_dir(trial_id) / f"attempt-{n}.json", {"attempt": n}):
+            n += 1
+        return n
 
     def records(self) -> Iterator[TrialRecord]:
         for tid in self.trial_ids():
@@ -116,8 +136,9 @@ class SearchDir:
     def journal(self, trial_id: str, role: str) -> Journal:
         return Journal(fsio.ensure_dir(self.trial_dir(trial_id)), writer_name(role))
 
-    def write_plan(self, plan) -> None:
-        fsio.atomic_write_json(self.trial_dir(plan.trial_id) / "plan.json", plan.to_json())
+    def write_plan(self, plan) -> bool:
+        """Record the worker plan once; False if the trial already has one (it is kept)."""
+        return fsio.create_exclusive_json(self.trial_dir(plan.trial_id) / "plan.json", plan.to_json())
 
     def plan(self, trial_id: str):
         from ..worker.plan import WorkerPlan
@@ -131,9 +152,9 @@ class SearchDir:
         return [fsio.read_json(p) for p in sorted(self.launches_dir.glob("*.json"))]
 
     # --- quarantine marks ----------------------------------------------------------------------
-    def mark_quarantined(self, trial_id: str, attempts_upto: int, reason: str) -> None:
+    def mark_quarantined(self, trial_id: str, attempts_upto: int, reason: str) -> bool:
         d = fsio.ensure_dir(self.quarantine_dir / "marks")
-        fsio.create_exclusive_json(d / f"{trial_id}-a{attempts_upto}.json", {"trial_id": trial_id, "attempts_upto": attempts_upto, "reason": reason})
+        return fsio.create_exclusive_json(d / f"{trial_id}-a{attempts_upto}.json", {"trial_id": trial_id, "attempts_upto": attempts_upto, "reason": reason})
 
     def is_quarantined_attempt(self, trial_id: str, attempt: int) -> bool:
         """Has an attempt numbered ``attempt`` (or later) of this trial been quarantined?"""

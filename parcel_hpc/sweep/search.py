@@ -110,7 +110,10 @@ class SearchLaunch:
         search.write_launch(launch_id, report.to_json())
         plans = {tid: plan_for(search.spec(tid), cfg, frozen, path) for tid in to_dispatch}
         for tid, plan in plans.items():
-            search.write_plan(plan)  # resubmit rebuilds the task from this, without the launch's config
+            # The first plan stands for the trial's life (its checkpoint directory must not move under
+            # a retry); resubmit rebuilds tasks from it without the launch's config.
+            search.write_plan(plan)
+        plans = {tid: search.plan(tid) for tid in plans}
         follower = Follower(search, dispatcher, plans, launch_id, frozen, self.console, self.poll_s)
         follower.dispatch_initial(report)
         search.write_launch(launch_id, report.to_json())
@@ -163,8 +166,6 @@ class SearchLaunch:
                 report.finished_before.append(spec.trial_id)
                 continue
             outcome = admit(TrialIdentity.for_contract(spec.trial_id, contract, spec.config_hash), contract)
-            if spec.contract_digest != contract.digest or spec.image_digest != contract["image_digest"]:
-                outcome = "reject:identity" if not spec.image_digest else outcome
             if outcome != "admit":
                 if not report.dry_run:
                     search.journal(spec.trial_id, "launch").append("admission", outcome=outcome, launch_id=report.launch_id)
@@ -192,17 +193,19 @@ class Follower:
 
     def dispatch_initial(self, report: LaunchReport) -> None:
         claimed = []
+        self.dispatcher.refresh()  # an earlier detached launch's jobs may still be queued or running
         for tid in self.plans:
             record = self.search.record(tid)
-            jobs_alive = self._alive(record)
-            nxt = self._next(record, jobs_alive)
+            nxt = self._next(record, self._alive(record))
+            if nxt.action is Action.RESOLVE_LOST:
+                self._resolve_lost(record)
+                record = self.search.record(tid)
+                nxt = self._next(record, False)
             if nxt.action in (Action.DISPATCH, Action.RETRY):
                 if self.search.claim_dispatch(tid, self.launch_id) is not None:
                     claimed.append(tid)
-            elif nxt.action is Action.RESOLVE_LOST:
-                self._resolve_lost(record)
-                if self.search.claim_dispatch(tid, self.launch_id) is not None:
-                    claimed.append(tid)
+            elif nxt.action is Action.GIVE_UP:
+                self.journals[tid].append("gave_up", state=TrialState.FAILED.value, cause="retries_exhausted", reason=nxt.reason)
         self.waiting = claimed
         self._submit_waiting()
         report.dispatched = claimed

@@ -55,7 +55,7 @@ class AttemptRun:
         self.search = SearchDir(Path(plan.search_dir))
         record = self.search.record(plan.trial_id)
         self.prior = record
-        self.attempt = 1 + max((a.number for a in record.attempts), default=0)
+        self.attempt = self.search.claim_attempt(plan.trial_id, 1 + max((a.number for a in record.attempts), default=0))
         self.journal = self.search.journal(plan.trial_id, f"a{self.attempt}")
         self.store: ckpt.CheckpointStore | None = None
         self.milestones = MilestoneStore(self.search.path, plan.pruner["milestones"])
@@ -67,6 +67,9 @@ class AttemptRun:
     # --- the attempt --------------------------------------------------------------------------
     def execute(self) -> dict:
         plan, facts = self.plan, self.facts
+        if self.prior.state.is_finished():
+            # A late requeue or a duplicate dispatch of a finished trial: it never trains twice.
+            return {"trial_id": plan.trial_id, "state": self.prior.state.value, "note": "already finished"}
         resumed_from = 0
         self.started_at = time.time()
         self._resolve_unended_attempt()
@@ -166,8 +169,10 @@ class AttemptRun:
 
     def _checkpoint_dir(self) -> str:
         if self.prior.quarantines:
-            # A quarantined trial reruns in a fresh directory nobody else can have been pointed at.
-            return str(claims.fresh_directory(self.search.path / "checkpoints-clean", self.plan.trial_id, self.attempt))
+            # A quarantined trial reruns in a directory nobody else can have been pointed at, named
+            # by its quarantine generation, so a preempted clean rerun resumes its own checkpoints.
+            clean = self.search.path / "checkpoints-clean" / f"{self.plan.trial_id}-q{self.prior.tainted_upto}"
+            return str(clean)
         return self.plan.checkpoint_dir()
 
     def _load_data(self) -> dict:
@@ -216,6 +221,11 @@ class AttemptRun:
                 if not math.isfinite(value):
                     raise Diverged(f"validation metric is {value} at step {state.step}")
                 self._milestone(state.step, value, pruner, final=state.step == plan.steps)
+        if not math.isfinite(value):  # resumed from the final checkpoint: score the state it holds
+            value = metric(predict_proba(state.params, data["x_val"]), data["y_val"])
+            if not math.isfinite(value):
+                raise Diverged(f"validation metric is {value} at step {state.step}")
+            self._milestone(state.step, value, pruner, final=True)
         self._end(AttemptEnd.COMPLETED, metric=value, step=state.step)
         return {"trial_id": plan.trial_id, "state": TrialState.COMPLETED.value, "metric": value, "step": state.step}
 
@@ -242,8 +252,8 @@ class AttemptRun:
     # --- endings ------------------------------------------------------------------------------
     def _end(self, how: AttemptEnd, **fields: Any) -> None:
         if not self.ended:
-            self.ended = True
             self.journal.append("ended", attempt=self.attempt, how=how.value, **fields)
+            self.ended = True  # only once it is on disk
             if self.reserved:
                 settle_attempt(self.search.path, self.contract, self.plan.trial_id, self.attempt, self.started_at)
 
@@ -256,6 +266,8 @@ class AttemptRun:
 
     def interrupt(self, cause: str) -> bool:
         """On the scheduler's signal: checkpoint, record, and say whether to requeue."""
+        if self.ended:
+            return False  # the attempt already ended (a result, a rejection): nothing to requeue
         state = self.task._state
         if state is not None and self.store is not None and state.step > 0:
             try:

@@ -10,10 +10,10 @@ reruns both under the same trial_ids in fresh directories.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from .. import claims
 from .. import fsio
+from ..errors import UsageError
 from ..ledger.store import SearchDir
 from ..pruning import MilestoneStore
 
@@ -22,13 +22,20 @@ def quarantine_collision(search: SearchDir, trial_id: str, attempt: int, exc: "c
     other = _other_trial(exc, trial_id)
     reason = f"checkpoint prefix {exc.ckpt_dir} shared by {trial_id}" + (f" and {other}" if other else "")
     involved = [trial_id] + ([other] if other and other != trial_id else [])
+    uptos = {tid: attempt if tid == trial_id else _latest_attempt(search, tid) for tid in involved}
+    # Marks first, create-exclusive: of two attempts finding the same collision, one acts.
+    if not search.mark_quarantined(trial_id, uptos[trial_id], reason):
+        return involved
+    for tid in involved[1:]:
+        search.mark_quarantined(tid, uptos[tid], reason)
     moved = ""
-    if Path(exc.ckpt_dir).exists():
+    try:
         moved = str(claims.quarantine_move(exc.ckpt_dir, search.quarantine_dir, "_".join(involved), reason))
+    except UsageError:
+        pass  # already moved by the other trial's attempt: nothing is lost
     milestones = MilestoneStore(search.path, _milestones(search))
     for tid in involved:
-        upto = attempt if tid == trial_id else _latest_attempt(search, tid)
-        search.mark_quarantined(tid, upto, reason)
+        upto = uptos[tid]
         journal = search.journal(tid, "quarantine")
         journal.append("quarantined", reason=reason, attempts_upto=upto, moved_to=moved, with_trials=[t for t in involved if t != tid])
         _move_reports(search, tid, upto)
@@ -62,4 +69,7 @@ def _move_reports(search: SearchDir, trial_id: str, upto: int) -> None:
     for area in ("milestones", "off_milestone", "prune_decisions"):
         for path in list((search.path / area).glob(f"*/{trial_id}.json")) + list((search.path / area).glob(f"*/{trial_id}.invalid")):
             target = fsio.ensure_dir(dest / area / path.parent.name) / path.name
-            os.replace(path, target)
+            try:
+                os.replace(path, target)
+            except FileNotFoundError:
+                pass  # moved by a concurrent quarantine of the same collision
