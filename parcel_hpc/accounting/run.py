@@ -177,21 +177,17 @@ def _plots(rec: Reconciliation) -> list[str]:
     ax.set_title("spend over time against the cap")
     ax.legend()
     emit(fig)
-    fig, ax = plt.subplots(figsize=(6, 3.2))
-    ax.bar(list(rec.counts), list(rec.counts.values()))
-    ax.set_title("trials by state")
-    ax.tick_params(axis="x", rotation=45)
-    emit(fig)
-    fig, ax = plt.subplots(figsize=(6, 3.2))
-    ax.bar([t.trial_id for t in rec.trials], [t.gpu_hours for t in rec.trials])
-    ax.set_title("GPU-hours per trial")
-    ax.tick_params(axis="x", rotation=90, labelsize=6)
-    emit(fig)
-    fig, ax = plt.subplots(figsize=(6, 3.2))
-    ax.bar(list(rec.waste_hours), list(rec.waste_hours.values()))
-    ax.set_title("wasted hours by cause")
-    ax.tick_params(axis="x", rotation=45)
-    emit(fig)
+
+    def bars(title: str, labels: list, values: list, **ticks) -> None:
+        fig, ax = plt.subplots(figsize=(6, 3.2))
+        ax.bar(labels, values)
+        ax.set_title(title)
+        ax.tick_params(axis="x", **ticks)
+        emit(fig)
+
+    bars("trials by state", list(rec.counts), list(rec.counts.values()), rotation=45)
+    bars("GPU-hours per trial", [t.trial_id for t in rec.trials], [t.gpu_hours for t in rec.trials], rotation=90, labelsize=6)
+    bars("wasted hours by cause", list(rec.waste_hours), list(rec.waste_hours.values()), rotation=45)
     return pngs
 
 

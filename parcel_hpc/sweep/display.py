@@ -60,8 +60,8 @@ def detached_text(search: SearchDir, report) -> str:
 class Progress:
     """A one-line live count of trials by state; quiet when stdout is not a terminal."""
 
-    def __init__(self, console: Console, search: SearchDir, trial_ids: list[str]) -> None:
-        self.console, self.search, self.trial_ids = console, search, trial_ids
+    def __init__(self, console: Console, trial_ids: list[str]) -> None:
+        self.console, self.trial_ids = console, trial_ids
         self._last = ""
         self._progress = None
 
@@ -74,8 +74,8 @@ class Progress:
         self._task = self._progress.add_task("", total=len(self.trial_ids))
         return self
 
-    def update(self) -> None:
-        counts = Counter(self.search.record(t).state for t in self.trial_ids)
+    def update(self, states: list[TrialState]) -> None:
+        counts = Counter(states)
         done = sum(n for s, n in counts.items() if s.is_finished())
         text = " ".join(f"{s.value}={counts[s]}" for s in TrialState if counts.get(s))
         self._progress.update(self._task, completed=done, description=text)

@@ -238,12 +238,14 @@ class Follower:
             message="no live job for a trial the ledger said was running")
 
     def follow(self) -> None:
-        with display.Progress(self.console, self.search, list(self.plans)) as progress:
+        with display.Progress(self.console, list(self.plans)) as progress:
             while True:
                 self.dispatcher.refresh()
                 active = 0
+                states = []
                 for tid in self.plans:
                     record = self.search.record(tid)
+                    states.append(record.state)
                     if tid in self.waiting:
                         active += 1
                         continue
@@ -259,7 +261,7 @@ class Follower:
                     elif nxt.action is Action.GIVE_UP:
                         self.journals[tid].append("gave_up", state=TrialState.FAILED.value, cause="retries_exhausted", reason=nxt.reason)
                 self._submit_waiting()
-                progress.update()
+                progress.update(states)  # the states read this round: one fold per trial per poll
                 if active == 0:
                     return
                 time.sleep(self.poll_s)
