@@ -192,3 +192,21 @@ def test_an_attempt_that_died_after_its_final_checkpoint_resumes_and_scores(tmp_
     # and a finished trial that is dispatched once more does not train again
     assert run_trial_directly(sd.plan("t0000")).returncode == 0
     assert len(sd.record("t0000").attempts) == 2
+
+
+def test_a_full_budget_ends_trials_budget_exhausted_not_as_an_error(tmp_path, data_dir):
+    from parcel_hpc.budget import BudgetLedger
+    from parcel_hpc.budget._search import search_caps
+
+    sd, cfg = _plan(tmp_path, data_dir, "budget.gpu_hours_cap=3", "resources.time_limit_min=60")
+    plan = plan_for(sd.spec("t0000"), cfg, sd.contract(), sd.path)
+    # Another process (a concurrent launch, say) already holds most of the cap.
+    held = BudgetLedger(sd.path, search_caps(sd.contract())).reserve("t0099", 1, 2.5)
+    assert held.ok
+    res = run_trial_directly(plan)
+    assert res.returncode == 0, res.stderr
+    rec = sd.record("t0000")
+    assert rec.state.value == "budget_exhausted" and rec.reason.startswith("hold:budget")
+    assert not (sd.path / "checkpoints" / "t0000").exists()  # refused before it used anything
+    totals = BudgetLedger(sd.path).totals()
+    assert totals.reserved_gpu_hours == 2.5  # the refusal reserved nothing
