@@ -43,6 +43,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from .fsio import no_world_writes
+
+    no_world_writes()
     args = _parser().parse_args(argv)
     with exit_on_error():
         if args.command == "make-snapshot":

@@ -24,6 +24,12 @@ FILE_MODE = 0o644
 DIR_MODE = 0o755
 
 
+def no_world_writes() -> None:
+    """Drop 'others may write' from this process's umask: files that libraries create for us
+    (submitit's pickles and logs, HDF5 temp files) are never world-writable on a shared filesystem."""
+    os.umask(os.umask(0) | 0o002)
+
+
 def canonical_json(obj: Any) -> str:
     """Sorted keys, no whitespace, ASCII: equal values give byte-equal text on every host."""
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)

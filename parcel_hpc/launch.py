@@ -23,6 +23,9 @@ def _task(cfg: DictConfig) -> None:
 def main() -> None:
     from .cli_errors import one_line
 
+    from .fsio import no_world_writes
+
+    no_world_writes()
     os.environ["HYDRA_FULL_ERROR"] = "1"  # let Hydra's errors reach us instead of its multi-line report
     try:
         _task()

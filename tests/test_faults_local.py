@@ -125,3 +125,14 @@ def test_duplicates_are_dispatched_once_even_by_two_concurrent_launchers(tmp_pat
         assert len(search.record(tid).attempts) == 1 and search.record(tid).state.value == "completed"
     dispatched = sorted(t for l in launches for t in l["dispatched"])
     assert dispatched == sorted(search.trial_ids())  # split between the launchers, none twice
+
+
+def test_nothing_in_the_search_is_world_writable_even_under_umask_0(tmp_path, data_dir):
+    argv = [sys.executable, "-m", "parcel_hpc.launch", "-m", f"search.root={tmp_path / 'runs'}", "search.revision=umask",
+            "search.n_trials=2", f"checkpoint.dir={tmp_path / 'shared-ckpt'}"]
+    proc = subprocess.run(argv, cwd=tmp_path, env=_env(data_dir, None), capture_output=True, text=True, preexec_fn=lambda: os.umask(0))
+    assert proc.returncode == 0, proc.stderr
+    made = list((tmp_path / "runs").rglob("*")) + list((tmp_path / "shared-ckpt").rglob("*")) + [tmp_path / "shared-ckpt"]
+    assert len(made) > 50
+    writable = [str(p) for p in made if os.stat(p).st_mode & 0o002]
+    assert writable == []

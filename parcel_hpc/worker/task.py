@@ -32,8 +32,10 @@ class TrialTask:
         self.__init__(state["plan"])
 
     def __call__(self) -> dict:
+        from ..fsio import no_world_writes
         from .attempt import AttemptRun
 
+        no_world_writes()
         self._run = AttemptRun(self.plan, JobFacts.from_env(), self)
         return self._run.execute()
 
