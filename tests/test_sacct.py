@@ -533,7 +533,8 @@ def test_real_sacct_requeue_array_and_listing_by_name(tmp_path):
     name = f"sacct-test-{os.getpid()}"
     since = dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=1)
     array = _sbatch("-J", name, "--array=0-2", "--gres=gpu:1", "--wrap", "sleep 1")
-    requeued = _sbatch("-J", name, "--gres=gpu:2", "--wrap", "sleep 4")
+    # Long on its first run (so a loaded machine still sees it RUNNING), short once requeued.
+    requeued = _sbatch("-J", name, "--gres=gpu:2", "--wrap", 'if [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then sleep 90; else sleep 1; fi')
     try:
         running = _attempts_when([requeued], lambda got: any(a.state is JobState.RUNNING for a in got))
         assert [a.state for a in running] == [JobState.RUNNING], running
