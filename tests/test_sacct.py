@@ -552,10 +552,16 @@ def test_real_sacct_requeue_array_and_listing_by_name(tmp_path):
     tasks = {f"{array}_{k}" for k in range(3)}
     assert tasks <= by_id.keys() and all(by_id[t][0].state is JobState.COMPLETED for t in tasks)
     assert by_id[f"{array}_2"][0].raw_job_id == int(array)  # the last task carries the master id
-    listed = parse_sacct(run_sacct(build_sacct_argv([], since=since, name=name, account="parcel")), source="list")
     def key(a: Attempt) -> tuple:
         return (a.job_id, a.attempt, a.state, a.start, a.end, a.gpus)
 
+    # slurmdbd files a just-finished run a moment after the job-id query saw it: poll, bounded.
+    deadline = time.monotonic() + CLUSTER_WAIT_S
+    while True:
+        listed = parse_sacct(run_sacct(build_sacct_argv([], since=since, name=name, account="parcel")), source="list")
+        if {key(a) for a in attempts(listed)} >= {key(a) for a in got} or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     assert {key(a) for a in attempts(listed)} >= {key(a) for a in got}
 
 
