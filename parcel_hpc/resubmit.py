@@ -63,11 +63,7 @@ def decide(records: Iterable[TrialRecord], alive_jobs: Iterable[str], sacct: Seq
     """``in_flight``: trials whose latest dispatch another launcher claimed and has not submitted yet."""
     in_flight = set(in_flight)
     alive = set(alive_jobs)
-    by_job: dict[str, list[SacctAttempt]] = {}
-    for a in sacct:
-        by_job.setdefault(a.job_id, []).append(a)
-    for rows in by_job.values():
-        rows.sort(key=lambda a: a.attempt)
+    by_job = runs_by_job(sacct)
     resolve, resubmit, give_up, untouched = [], [], [], []
     for rec in records:
         if rec.state.is_finished():
@@ -88,7 +84,7 @@ def decide(records: Iterable[TrialRecord], alive_jobs: Iterable[str], sacct: Seq
         if last is not None and last.state.is_active():
             # sacct still says running but squeue does not know it: the controller lost it.
             last = None
-        cause = _CAUSE.get(last.state, "lost") if last is not None else "lost"
+        cause = interruption_cause(last.state) if last is not None else "lost"
         unended = rec.attempts[-1] if rec.attempts and rec.attempts[-1].how is None else None
         folded = rec
         if unended is not None:
@@ -109,6 +105,21 @@ def decide(records: Iterable[TrialRecord], alive_jobs: Iterable[str], sacct: Seq
         else:
             untouched.append((rec.trial_id, nxt.reason or folded.state.value))
     return ResubmitPlan(tuple(resolve), tuple(resubmit), tuple(give_up), tuple(untouched))
+
+
+def runs_by_job(sacct: Iterable[SacctAttempt]) -> dict[str, list[SacctAttempt]]:
+    """Each job id's runs in the order SLURM ran them (a requeued job has several)."""
+    by_job: dict[str, list[SacctAttempt]] = {}
+    for a in sacct:
+        by_job.setdefault(a.job_id, []).append(a)
+    for rows in by_job.values():
+        rows.sort(key=lambda a: a.attempt)
+    return by_job
+
+
+def interruption_cause(state: JobState) -> str:
+    """The ledger's cause word for how the scheduler says a run ended without a result."""
+    return _CAUSE.get(state, "lost")
 
 
 def _failed_nodes(rec: TrialRecord, by_job: Mapping[str, list[SacctAttempt]]) -> tuple[str, ...]:
@@ -151,11 +162,10 @@ def run(search, *, dry_run: bool, wait: bool, console) -> ResubmitPlan:
     dispatcher = make_dispatcher(settings["kind"], settings["params"], search, settings["resources"], settings["budget"])
     records = list(search.records())
     open_jobs = [r.jobs[-1] for r in records if not r.state.is_finished() and r.jobs]
-    job_names = sorted({str(l["launcher"]["params"].get("job_name")) for l in search.launches() if l.get("launcher", {}).get("kind") == "slurm"})
     if settings["kind"] == "slurm":
         dispatcher.check()
         alive = set()
-        for name in job_names:
+        for name in search.slurm_job_names():
             alive |= set(slurm.queued_jobs(name))
         sacct_rows = attempts(parse_sacct(run_sacct(build_sacct_argv(open_jobs)), source="sacct")) if open_jobs else []
     else:

@@ -48,7 +48,7 @@ def collect(search: SearchDir) -> dict[str, Any]:
 def _queue_view(search: SearchDir, records: list[TrialRecord]) -> tuple[dict[str, str], str]:
     if not any(_is_slurm(search, r) for r in records if not r.state.is_finished() and r.jobs):
         return {}, ""
-    names = sorted({str(l["launcher"]["params"]["job_name"]) for l in search.launches() if l.get("launcher", {}).get("kind") == "slurm"})
+    names = search.slurm_job_names()
     view: dict[str, str] = {}
     try:
         for name in names:
@@ -79,16 +79,13 @@ def _resolve_lost(search: SearchDir, records: list[TrialRecord], queue: dict[str
             lost.append((r, "lost"))
     if slurm_jobs:
         from .accounting import attempts, build_sacct_argv, parse_sacct, run_sacct
-        from .resubmit import _CAUSE
+        from .resubmit import interruption_cause, runs_by_job
 
-        rows = attempts(parse_sacct(run_sacct(build_sacct_argv([j for _, j in slurm_jobs])), source="sacct"))
-        last = {}
-        for a in sorted(rows, key=lambda a: a.attempt):
-            last[a.job_id] = a
+        by_job = runs_by_job(attempts(parse_sacct(run_sacct(build_sacct_argv([j for _, j in slurm_jobs])), source="sacct")))
         for r, job in slurm_jobs:
-            a = last.get(job)
+            a = by_job[job][-1] if by_job.get(job) else None
             if a is not None and a.state.is_terminal():
-                lost.append((r, _CAUSE.get(a.state, "lost")))
+                lost.append((r, interruption_cause(a.state)))
     for r, cause in lost:
         search.journal(r.trial_id, "status").append(
             "resolved", attempt=r.attempts[-1].number, how="lost" if cause == "lost" else "interrupted", cause=cause,

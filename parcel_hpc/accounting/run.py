@@ -43,16 +43,12 @@ def reconcile_search(search: SearchDir, sacct_file: Path | None = None) -> Recon
     runs = attempts(parse_sacct(run_sacct(build_sacct_argv(jobs)), source="sacct")) if jobs else []
     since = _created(search)
     listed = []
-    for name in _job_names(launches):
+    for name in search.slurm_job_names():
         listed += attempts(parse_sacct(run_sacct(build_sacct_argv([], since=since, name=name)), source="sacct --name"))
     return reconcile(campaign, objective, "sacct", records, runs, listed, caps, ledger_used)
 
 
 SACCT_FORMAT_HINT = f"--parsable2 --noheader --duplicates --format={SACCT_FORMAT}"
-
-
-def _job_names(launches: Sequence[dict]) -> list[str]:
-    return sorted({str(l["launcher"]["params"]["job_name"]) for l in launches if l.get("launcher", {}).get("kind") == "slurm"})
 
 
 def _created(search: SearchDir) -> int:

@@ -49,13 +49,3 @@ class FailureClass(str, enum.Enum):
     DIVERGED = "diverged"  # loss or metric became NaN/inf
     EXCEPTION = "exception"
     OUT_OF_MEMORY = "out_of_memory"
-
-
-class Interruption(str, enum.Enum):
-    """Infrastructure causes, retried from the trial's checkpoint up to the retry limit."""
-
-    PREEMPTED = "preempted"
-    TIMEOUT = "timeout"
-    NODE_FAIL = "node_fail"
-    CANCELLED = "cancelled"  # by the system or an admin, not by a result
-    LOST = "lost"

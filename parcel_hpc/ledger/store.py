@@ -151,6 +151,10 @@ class SearchDir:
             return []
         return [fsio.read_json(p) for p in sorted(self.launches_dir.glob("*.json"))]
 
+    def slurm_job_names(self) -> list[str]:
+        """The SLURM job names this search's launches used (squeue and sacct find its jobs by them)."""
+        return sorted({str(l["launcher"]["params"]["job_name"]) for l in self.launches() if l.get("launcher", {}).get("kind") == "slurm"})
+
     # --- quarantine marks ----------------------------------------------------------------------
     def mark_quarantined(self, trial_id: str, attempts_upto: int, reason: str) -> bool:
         d = fsio.ensure_dir(self.quarantine_dir / "marks")

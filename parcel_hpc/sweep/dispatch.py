@@ -73,10 +73,6 @@ class LocalDispatcher:
             return not job.done()
         return _local_pid_alive(job_id)  # a job of an earlier launch on this machine
 
-    def interrupt(self, trial_id: str) -> None:
-        """Send the job its preemption signal (local stand-in for a scheduler preemption)."""
-        self.jobs[trial_id]._interrupt()
-
     def describe(self, n: int) -> str:
         return f"submitit LocalExecutor: {n} trials as child processes, {self.parallelism} at a time, folder {self.folder}"
 
@@ -156,10 +152,6 @@ class SlurmDispatcher:
 
     def alive(self, trial_id: str, job_id: str) -> bool:
         return job_id in self._queued
-
-    def queue_state(self, job_id: str) -> str:
-        q = self._queued.get(job_id)
-        return q.state.lower() if q else ""
 
     def describe(self, n: int) -> str:
         from submitit.slurm import slurm as submitit_slurm
