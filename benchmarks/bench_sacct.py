@@ -1,16 +1,16 @@
-"""Benchmark: parse_sacct + attempt aggregation vs pyarrow's own CSV reader on the same dump.
+"""Benchmark: parse_sacct + job-run aggregation vs pyarrow's own CSV reader on the same dump.
 
     .venv/bin/python benchmarks/bench_sacct.py [--lines 1000000] [--repeat 3] [--no-memory]
 
 Generates a realistic sacct dump in parcel_hpc's format (allocation + .batch + .extern rows
-per attempt, arrays whose last task carries the master id, ~10% requeued jobs with
+per job run, arrays whose last task carries the master id, ~10% requeued jobs with
 REQUEUED / PREEMPTED / NODE_FAIL rows, a few running jobs) into a temp file, then times, best
 of --repeat and interleaved so both see the same machine load:
 
     baseline   pyarrow.csv.read_csv(delimiter='|', quoting off, types inferred)
     parse      parcel_hpc.accounting.parse_sacct
-    aggregate  totals_by_job(table): attempts grouped per job id, GPU/CPU-hours, waits
-    (attempt_table, the full per-attempt table with its text columns, is timed on its own too)
+    aggregate  totals_by_job(table): runs grouped per job id, GPU/CPU-hours, waits
+    (run_table, the full per-run table with its text columns, is timed on its own too)
 
 and prints the ratio (parse + aggregate) / baseline; the target is <= 2.0. Peak memory is
 measured as the peak RSS (VmHWM) of a fresh child process that reads the file and does only
@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from parcel_hpc.accounting import SACCT_FIELDS, attempt_table, parse_sacct, totals_by_job
+from parcel_hpc.accounting import SACCT_FIELDS, parse_sacct, run_table, totals_by_job
 
 _FINAL_STATES = np.array(["COMPLETED"] * 16 + ["FAILED", "FAILED", "TIMEOUT", "OUT_OF_MEMORY", "CANCELLED by 0"])
 _FINAL_EXIT = {"COMPLETED": "0:0", "FAILED": "1:0", "TIMEOUT": "0:0", "OUT_OF_MEMORY": "0:125", "CANCELLED by 0": "0:0"}
@@ -56,7 +56,7 @@ def generate(n_lines: int, seed: int = 0) -> bytes:
     job_id = pc.if_else(pa.array(size > 1), pc.binary_join_element_wise(master_s, pa.array(task).cast(pa.string()), "_"), master_s)
 
     runs = rng.choice([1, 2, 3], size=n_jobs, p=[0.9, 0.07, 0.03])
-    job_of = np.repeat(np.arange(n_jobs), runs)  # one entry per attempt
+    job_of = np.repeat(np.arange(n_jobs), runs)  # one entry per job run
     attempt = np.arange(len(job_of)) - np.repeat(np.cumsum(runs) - runs, runs)
     is_final = attempt == runs[job_of] - 1
     n_att = len(job_of)
@@ -89,19 +89,44 @@ def generate(n_lines: int, seed: int = 0) -> bytes:
     rid = pa.array(raw[job_of]).cast(pa.string())
     empty = pa.array([""] * n_att)
     common = {
-        "ExitCode": pa.array(exit_code), "Submit": None, "Start": ts(start), "End": ts(end, running),
-        "ElapsedRaw": pa.array(elapsed).cast(pa.string()), "NodeList": node, "Account": pa.array(["parcel"] * n_att),
+        "ExitCode": pa.array(exit_code),
+        "Submit": None,
+        "Start": ts(start),
+        "End": ts(end, running),
+        "ElapsedRaw": pa.array(elapsed).cast(pa.string()),
+        "NodeList": node,
+        "Account": pa.array(["parcel"] * n_att),
     }
-    alloc = dict(common, JobID=jid, JobIDRaw=rid, JobName=pc.binary_join_element_wise("trial-", pa.array(job_of % 97).cast(pa.string()), ""),
-                 State=pa.array(state), Submit=ts(submit), AllocTRES=pa.array(alloc_tres_col),
-                 Partition=pa.array(["gpu"] * n_att), QOS=pa.array(["normal"] * n_att), User=pa.array(["alice"] * n_att),
-                 Reason=pa.array(["None"] * n_att))
+    alloc = dict(
+        common,
+        JobID=jid,
+        JobIDRaw=rid,
+        JobName=pc.binary_join_element_wise("trial-", pa.array(job_of % 97).cast(pa.string()), ""),
+        State=pa.array(state),
+        Submit=ts(submit),
+        AllocTRES=pa.array(alloc_tres_col),
+        Partition=pa.array(["gpu"] * n_att),
+        QOS=pa.array(["normal"] * n_att),
+        User=pa.array(["alice"] * n_att),
+        Reason=pa.array(["None"] * n_att),
+    )
     step_state = pa.array(np.where(state == "COMPLETED", "COMPLETED", np.where(running, "RUNNING", "CANCELLED")))
     tables = [pa.table({f: alloc[f] for f in SACCT_FIELDS})]
     for step in ("batch", "extern"):
-        cols = dict(common, ExitCode=common["ExitCode"] if step == "batch" else pa.array(["0:0"] * n_att), JobID=pc.binary_join_element_wise(jid, step, "."), JobIDRaw=pc.binary_join_element_wise(rid, step, "."),
-                    JobName=pa.array([step] * n_att), State=step_state if step == "batch" else pa.array(["COMPLETED"] * n_att),
-                    Submit=ts(start), AllocTRES=pa.array(step_tres_col), Partition=empty, QOS=empty, User=empty, Reason=empty)
+        cols = dict(
+            common,
+            ExitCode=common["ExitCode"] if step == "batch" else pa.array(["0:0"] * n_att),
+            JobID=pc.binary_join_element_wise(jid, step, "."),
+            JobIDRaw=pc.binary_join_element_wise(rid, step, "."),
+            JobName=pa.array([step] * n_att),
+            State=step_state if step == "batch" else pa.array(["COMPLETED"] * n_att),
+            Submit=ts(start),
+            AllocTRES=pa.array(step_tres_col),
+            Partition=empty,
+            QOS=empty,
+            User=empty,
+            Reason=empty,
+        )
         tables.append(pa.table({f: cols[f] for f in SACCT_FIELDS}))
     order = np.arange(3 * n_att).reshape(3, n_att).T.ravel()[:n_lines]
     dump = pa.concat_tables(tables).take(pa.array(order))
@@ -124,7 +149,7 @@ def ours(data: bytes) -> tuple[float, float, float]:
     t1 = time.perf_counter()
     totals_by_job(table)
     t2 = time.perf_counter()
-    attempt_table(table)
+    run_table(table)
     return t1 - t0, t2 - t1, time.perf_counter() - t2
 
 
@@ -165,8 +190,10 @@ def main() -> None:
             f.write(data)
         with open(path, "rb") as f:  # what reconcile --sacct-file does: bytes from the file
             data = f.read()
-        print(f"dump: {args.lines:,} lines, {len(data) / 1e6:.1f} MB, generated in {gen_s:.1f}s; "
-              f"pyarrow {pa.__version__}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}")
+        print(
+            f"dump: {args.lines:,} lines, {len(data) / 1e6:.1f} MB, generated in {gen_s:.1f}s; "
+            f"pyarrow {pa.__version__}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}"
+        )
         base_times, parse_times, agg_times, table_times = [], [], [], []
         for _ in range(args.repeat):
             t = time.perf_counter()
@@ -181,14 +208,12 @@ def main() -> None:
         print(f"baseline pyarrow.csv.read_csv : best {best_base:.3f}s  (all: {', '.join(f'{x:.2f}' for x in base_times)})")
         print(f"parse_sacct                   : best {min(parse_times):.3f}s  (all: {', '.join(f'{x:.2f}' for x in parse_times)})")
         print(f"totals_by_job                 : best {min(agg_times):.3f}s  (all: {', '.join(f'{x:.2f}' for x in agg_times)})")
-        print(f"attempt_table (not in ratio)  : best {min(table_times):.3f}s  (all: {', '.join(f'{x:.2f}' for x in table_times)})")
+        print(f"run_table (not in ratio)      : best {min(table_times):.3f}s  (all: {', '.join(f'{x:.2f}' for x in table_times)})")
         print(f"parse + aggregate             : best {best_ours:.3f}s")
         print(f"ratio (parse + aggregate) / baseline = {best_ours / best_base:.2f}  (target <= 2.0)")
         if not args.no_memory:
-            print(f"peak RSS, child process: baseline {peak_rss_mb('baseline', path):.0f} MB, "
-                  f"parse + aggregate {peak_rss_mb('ours', path):.0f} MB")
-        print(f"load average at the end: {os.getloadavg()[0]:.2f}; max RSS of this process "
-              f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
+            print(f"peak RSS, child process: baseline {peak_rss_mb('baseline', path):.0f} MB, parse + aggregate {peak_rss_mb('ours', path):.0f} MB")
+        print(f"load average at the end: {os.getloadavg()[0]:.2f}; max RSS of this process {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
 
 
 if __name__ == "__main__":

@@ -3,8 +3,7 @@
 Owns the checkpoint files (``ckpt-000041.h5``): written to a temp file, fsynced, renamed, directory
 fsynced; each carries its trial identity and a (tree) sha256 over its canonical contents, and
 ``CheckpointStore.load_latest`` returns only a verified checkpoint of *this* trial, falling back to
-the previous good one past a corrupt or truncated file. ``scan_for_foreign`` finds another trial's
-claim or checkpoint in a directory. Claims themselves live in claims.py.
+the previous good one past a corrupt or truncated file. Claims themselves live in claims.py.
 
 Must not: decide trial states or write the ledger, delete another trial's files.
 """
@@ -16,18 +15,19 @@ import json
 import os
 import re
 import tempfile
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import h5py
 import numpy as np
 
-from .claims import CLAIM_FILE_RE, CheckpointCollision, Claim, ClaimIdentity, TrialIdentity, read_generation
-from .errors import CorruptRecord, UsageError
-from .fsio import FILE_MODE, canonical_json, ensure_dir, fsync_dir
-from .fsio import _unlink_quietly
+from .claims import CheckpointCollision, Claim, ClaimIdentity
+from .contract import TrialIdentity
+from .errors import UsageError
+from .fsio import FILE_MODE, _unlink_quietly, canonical_json, ensure_dir, fsync_dir
 
 CKPT_FORMAT = "parcel_hpc.checkpoint"
 CKPT_FORMAT_VERSION = 1
@@ -73,7 +73,7 @@ class _Unusable(Exception):
 
 _HEADER_SIZE = 2048  # HDF5 user block: a power of two >= 512
 _MAGIC = b"PARCEL_HPC_CHECKPOINT\n"
-_IDENTITY_KEYS = ("trial_id", "config_hash", "contract_digest", "snapshot_digest")
+_IDENTITY_KEYS = TrialIdentity.CLAIM_FIELDS
 _HASH_CHUNK = 8 << 20
 
 
@@ -84,8 +84,7 @@ class CheckpointStore:
     ``problems`` lists the files the last ``load_latest`` skipped, for the caller to log.
     """
 
-    def __init__(self, ckpt_dir: str | os.PathLike, identity: TrialIdentity | ClaimIdentity, *,
-                 keep_last: int = 3, claim: Claim | None = None) -> None:
+    def __init__(self, ckpt_dir: str | os.PathLike, identity: TrialIdentity | ClaimIdentity, *, keep_last: int = 3, claim: Claim | None = None) -> None:
         if not isinstance(keep_last, int) or keep_last < 1:
             raise UsageError(f"keep_last={keep_last!r} must be an int >= 1")
         self.ckpt_dir = Path(ckpt_dir)
@@ -94,8 +93,14 @@ class CheckpointStore:
         self.claim = claim
         self.problems: tuple[CheckpointProblem, ...] = ()
 
-    def save(self, step: int, params: Mapping[str, np.ndarray], optimizer: Mapping[str, np.ndarray],
-             rng_state: Mapping[str, Any], extra: Mapping[str, Any] | None = None) -> Path:
+    def save(
+        self,
+        step: int,
+        params: Mapping[str, np.ndarray],
+        optimizer: Mapping[str, np.ndarray],
+        rng_state: Mapping[str, Any],
+        extra: Mapping[str, Any] | None = None,
+    ) -> Path:
         """Write ``ckpt-<step>.h5`` durably; older files are removed only after it is on disk."""
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise UsageError(f"step={step!r} must be an int >= 0")
@@ -217,8 +222,9 @@ def _read_verified(path: Path, pool: ThreadPoolExecutor) -> Checkpoint:
         raise _Unusable("content checksum mismatch: datasets or metadata differ from what was saved")
     if any(meta[k] != header[k] for k in (*_IDENTITY_KEYS, "step")):
         raise _Unusable("header and HDF5 attributes disagree on identity or step")
-    return Checkpoint(meta["step"], arrays["params"], arrays["optimizer"], meta["rng_state"], meta["extra"], path,
-                      {k: v for k, v in header.items() if k != "header_sha256"})
+    return Checkpoint(
+        meta["step"], arrays["params"], arrays["optimizer"], meta["rng_state"], meta["extra"], path, {k: v for k, v in header.items() if k != "header_sha256"}
+    )
 
 
 def _encode_header(header: dict[str, Any]) -> bytes:
@@ -232,7 +238,7 @@ def _encode_header(header: dict[str, Any]) -> bytes:
 def _decode_header(block: bytes) -> dict[str, Any]:
     if len(block) < _HEADER_SIZE or not block.startswith(_MAGIC):
         raise _Unusable("no parcel_hpc checkpoint header (not written by CheckpointStore, or truncated)")
-    line, sep, padding = block[len(_MAGIC):].partition(b"\n")
+    line, sep, padding = block[len(_MAGIC) :].partition(b"\n")
     if not sep or padding.strip(b"\0"):
         raise _Unusable("checkpoint header damaged (no end of line, or bytes in its padding)")
     try:
@@ -252,7 +258,7 @@ def _header_identity(path: Path) -> TrialIdentity | None:
     try:
         with open(path, "rb") as fh:
             header = _decode_header(fh.read(_HEADER_SIZE))
-        return TrialIdentity(*(header[k] for k in _IDENTITY_KEYS))
+        return TrialIdentity.from_claim_json(header)
     except (OSError, KeyError, UsageError, _Unusable):
         return None
 
@@ -263,8 +269,7 @@ def _hash_pool() -> ThreadPoolExecutor:
 
 
 def _chunk_digests(view: memoryview, pool: ThreadPoolExecutor) -> list[Future]:
-    return [pool.submit(lambda i=i: hashlib.sha256(view[i:i + _HASH_CHUNK]).digest())
-            for i in range(0, len(view), _HASH_CHUNK)]
+    return [pool.submit(lambda i=i: hashlib.sha256(view[i : i + _HASH_CHUNK]).digest()) for i in range(0, len(view), _HASH_CHUNK)]
 
 
 def _tree_digest(chunk_digests: list[Future]) -> bytes:
@@ -289,8 +294,14 @@ def _hash_body(fh: Any, pool: ThreadPoolExecutor) -> tuple[str, int]:
 
 
 def _meta(trial: TrialIdentity, step: int, rng_state: Mapping[str, Any], extra: Mapping[str, Any] | None) -> dict:
-    meta = {"format": CKPT_FORMAT, "format_version": CKPT_FORMAT_VERSION, **trial.to_json(), "step": step,
-            "rng_state": dict(rng_state), "extra": None if extra is None else dict(extra)}
+    meta = {
+        "format": CKPT_FORMAT,
+        "format_version": CKPT_FORMAT_VERSION,
+        **trial.claim_json(),
+        "step": step,
+        "rng_state": dict(rng_state),
+        "extra": None if extra is None else dict(extra),
+    }
     try:
         text = canonical_json(meta)
     except (TypeError, ValueError) as exc:
@@ -300,8 +311,11 @@ def _meta(trial: TrialIdentity, step: int, rng_state: Mapping[str, Any], extra: 
 
 def _array_digests(arrays: Mapping[str, Mapping[str, np.ndarray]], pool: ThreadPoolExecutor) -> dict:
     """Start hashing every array's bytes; ``_combine_checksum`` collects the results."""
-    return {(section, name): _chunk_digests(memoryview(arr.reshape(-1)).cast("B") if arr.size else memoryview(b""), pool)
-            for section in _SECTIONS for name, arr in arrays[section].items()}
+    return {
+        (section, name): _chunk_digests(memoryview(arr.reshape(-1)).cast("B") if arr.size else memoryview(b""), pool)
+        for section in _SECTIONS
+        for name, arr in arrays[section].items()
+    }
 
 
 def _combine_checksum(meta: Mapping[str, Any], arrays: Mapping[str, Mapping[str, np.ndarray]], digests: dict) -> str:
@@ -356,8 +370,7 @@ def _plain(value: Any) -> Any:
 
 def _foreign_ckpt_reason(path: Path, theirs: TrialIdentity, ours: TrialIdentity) -> str:
     field = theirs.mismatch(ours)
-    return f"{path.name} belongs to trial {theirs.trial_id} ({field} {getattr(theirs, field)}), we are trial " \
-           f"{ours.trial_id} ({field} {getattr(ours, field)})"
+    return f"{path.name} belongs to trial {theirs.trial_id} ({field} {getattr(theirs, field)}), we are trial {ours.trial_id} ({field} {getattr(ours, field)})"
 
 
 def _ckpt_name(step: int) -> str:
@@ -376,41 +389,3 @@ def _remove_stale_temps(ckpt_dir: Path) -> None:
 
 
 # ---------------------------------------------------------------------------- collision helpers
-
-
-def scan_for_foreign(ckpt_dir: str | os.PathLike, identity: TrialIdentity | ClaimIdentity) -> list[str]:
-    """Reasons why ``ckpt_dir`` holds another trial's claim or checkpoint; [] when it is clean.
-
-    Every claim generation is checked, not only the current one: a directory that ever belonged to
-    another trial is not this trial's.
-    """
-    ours = identity.trial if isinstance(identity, ClaimIdentity) else identity
-    ckpt_dir = Path(ckpt_dir)
-    try:
-        names = sorted(os.listdir(ckpt_dir))
-    except FileNotFoundError:
-        return []
-    reasons: list[str] = []
-    for name in names:
-        if m := CLAIM_FILE_RE.fullmatch(name):
-            try:
-                record = read_generation(ckpt_dir, int(m.group(1)))
-            except CorruptRecord as exc:
-                reasons.append(f"{name} is not a readable claim ({exc})")
-                continue
-            if field := record.trial.mismatch(ours):
-                reasons.append(f"{name} was written by trial {record.trial.trial_id} ({field} "
-                               f"{getattr(record.trial, field)}), we are trial {ours.trial_id}")
-    for _, path in step_files(ckpt_dir):  # an intact header naming another trial; damage is not foreignness
-        if (theirs := _header_identity(path)) and theirs.mismatch(ours):
-            reasons.append(_foreign_ckpt_reason(path, theirs, ours))
-    return reasons
-
-
-
-def _fsync_path(path: str | os.PathLike) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

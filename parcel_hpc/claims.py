@@ -5,8 +5,7 @@ Owns the claim on a checkpoint directory: a chain of create-exclusive generation
 taking over or re-entering means creating the next generation, which exactly one process can do
 (``fsio.create_exclusive``: link-based, atomic on NFS). No flock, no SQLite. ``decide_claim`` is the
 pure decision; ``claim_directory`` is the side-effecting edge. Also the directory moves the
-lifecycle needs after a collision: ``quarantine_move`` (moves, never deletes) and
-``fresh_directory``.
+lifecycle needs after a collision: ``quarantine_move`` (moves, never deletes).
 
 Must not: read or write checkpoint files (checkpoints.py), decide trial states or write the ledger,
 delete another trial's files, or read the clock, host or pid deep inside a decision.
@@ -32,24 +31,24 @@ before every save that the claim still names this attempt and raises ``Checkpoin
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
+from .contract import TrialIdentity, check_trial_id
 from .errors import CorruptRecord, ParcelError, UsageError
-import json
-
 from .fsio import DIR_MODE, FILE_MODE, atomic_write_json, create_exclusive, ensure_dir, fsync_dir, read_json
 
 CLAIM_FORMAT = "parcel_hpc.claim/1"
 CLAIM_FILE_RE = re.compile(r"claim-(\d{6,})\.json")
-_SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 class CheckpointCollision(ParcelError):
@@ -76,33 +75,6 @@ class CheckpointCollision(ParcelError):
 
 
 @dataclass(frozen=True)
-class TrialIdentity:
-    trial_id: str  # e.g. "t0007"; safe as a path component
-    config_hash: str  # "sha256:..." of the canonical effective config
-    contract_digest: str  # "sha256:..." of the frozen search contract
-    snapshot_digest: str  # digest of the data snapshot the trial trains on
-
-    def __post_init__(self) -> None:
-        _check_safe_id(self.trial_id, "trial_id")
-        for name in ("config_hash", "contract_digest"):
-            value = getattr(self, name)
-            if not (isinstance(value, str) and value.startswith("sha256:") and len(value) > 7):
-                raise UsageError(f"{name}={value!r} is not a digest; pass 'sha256:<hex>' from parcel_hpc.contract")
-        if not (isinstance(self.snapshot_digest, str) and self.snapshot_digest):
-            raise UsageError("snapshot_digest is empty; pass the digest of the data snapshot")
-
-    def mismatch(self, other: TrialIdentity) -> str | None:
-        """The first identity field that differs, or None when both name the same trial."""
-        for name in ("trial_id", "config_hash", "contract_digest", "snapshot_digest"):
-            if getattr(self, name) != getattr(other, name):
-                return name
-        return None
-
-    def to_json(self) -> dict[str, str]:
-        return {k: getattr(self, k) for k in ("trial_id", "config_hash", "contract_digest", "snapshot_digest")}
-
-
-@dataclass(frozen=True)
 class ClaimIdentity:
     trial: TrialIdentity
     job_id: str  # SLURM job id (array form "123_4" allowed); "" when run locally
@@ -113,6 +85,11 @@ class ClaimIdentity:
     def __post_init__(self) -> None:
         if not isinstance(self.trial, TrialIdentity):
             raise UsageError("ClaimIdentity.trial must be a TrialIdentity")
+        missing = [name for name in TrialIdentity.CLAIM_FIELDS if not getattr(self.trial, name)]
+        if missing:
+            raise UsageError(f"a claim needs the trial's {', '.join(missing)}; build the identity from the frozen contract")
+        # A claim is about the claim fields alone (what its file stores): compare equal on exactly those.
+        object.__setattr__(self, "trial", TrialIdentity.from_claim_json(self.trial.claim_json()))
         if not isinstance(self.attempt, int) or isinstance(self.attempt, bool) or self.attempt < 1:
             raise UsageError(f"attempt={self.attempt!r} must be an int >= 1 (SLURM_RESTART_COUNT + 1 or the resubmission count)")
         if not isinstance(self.pid, int) or self.pid < 1:
@@ -157,18 +134,25 @@ class ClaimRecord:
         return ClaimIdentity(self.trial, self.job_id, self.attempt, self.host, self.pid)
 
     def to_json(self) -> dict[str, Any]:
-        return {**self.trial.to_json(), "format": CLAIM_FORMAT, "job_id": self.job_id, "attempt": self.attempt,
-                "host": self.host, "pid": self.pid, "time": self.time, "state": self.state.value,
-                "generation": self.generation}
+        return {
+            **self.trial.claim_json(),
+            "format": CLAIM_FORMAT,
+            "job_id": self.job_id,
+            "attempt": self.attempt,
+            "host": self.host,
+            "pid": self.pid,
+            "time": self.time,
+            "state": self.state.value,
+            "generation": self.generation,
+        }
 
     @classmethod
     def from_json(cls, obj: Any, where: str) -> ClaimRecord:
         try:
             if obj["format"] != CLAIM_FORMAT:
                 raise ValueError(f"format {obj['format']!r}")
-            trial = TrialIdentity(obj["trial_id"], obj["config_hash"], obj["contract_digest"], obj["snapshot_digest"])
-            return cls(trial, obj["job_id"], obj["attempt"], obj["host"], obj["pid"], obj["time"],
-                       ClaimState(obj["state"]), obj["generation"])
+            trial = TrialIdentity.from_claim_json(obj)
+            return cls(trial, obj["job_id"], obj["attempt"], obj["host"], obj["pid"], obj["time"], ClaimState(obj["state"]), obj["generation"])
         except (KeyError, TypeError, ValueError, UsageError) as exc:
             raise CorruptRecord(f"{where} is not a valid claim ({exc}); move the directory aside with quarantine_move") from None
 
@@ -265,27 +249,31 @@ class Claim:
     def verify(self) -> None:
         """Raise CheckpointCollision unless the claim still names this attempt (the fence)."""
         current = read_claim(self.ckpt_dir)
-        if current is None or not self.record.holder.same_holder(current) or current.trial != self.record.trial \
-                or current.state is not ClaimState.HELD:
+        if current is None or not self.record.holder.same_holder(current) or current.trial != self.record.trial or current.state is not ClaimState.HELD:
             theirs = current.holder if current else None
-            what = f"attempt {current.attempt} (job {current.job_id or '-'}, {current.host} pid {current.pid}, "\
-                   f"{current.state.value})" if current else "nobody (claim files removed)"
-            raise CheckpointCollision(self.ckpt_dir, self.record.holder, theirs,
-                                      f"the claim moved from this attempt to {what}; this process must stop")
+            what = (
+                f"attempt {current.attempt} (job {current.job_id or '-'}, {current.host} pid {current.pid}, {current.state.value})"
+                if current
+                else "nobody (claim files removed)"
+            )
+            raise CheckpointCollision(self.ckpt_dir, self.record.holder, theirs, f"the claim moved from this attempt to {what}; this process must stop")
 
     def release(self, *, clock: Callable[[], float] = time.time) -> bool:
         """Mark an orderly exit so the next attempt re-enters; False if someone already took over."""
         current = read_claim(self.ckpt_dir)
         if current is None or not self.record.holder.same_holder(current) or current.state is ClaimState.RELEASED:
             return False
-        nxt = ClaimRecord(current.trial, current.job_id, current.attempt, current.host, current.pid,
-                          _iso(clock()), ClaimState.RELEASED, current.generation + 1)
+        nxt = ClaimRecord(current.trial, current.job_id, current.attempt, current.host, current.pid, _iso(clock()), ClaimState.RELEASED, current.generation + 1)
         return _create_generation(self.ckpt_dir, nxt)
 
 
-def claim_directory(ckpt_dir: str | os.PathLike, identity: ClaimIdentity, *,
-                    is_alive: Callable[[ClaimRecord], bool | None] = holder_alive_locally,
-                    clock: Callable[[], float] = time.time) -> Claim:
+def claim_directory(
+    ckpt_dir: str | os.PathLike,
+    identity: ClaimIdentity,
+    *,
+    is_alive: Callable[[ClaimRecord], bool | None] = holder_alive_locally,
+    clock: Callable[[], float] = time.time,
+) -> Claim:
     """Claim ``ckpt_dir`` for ``identity`` before anything is written there; raise on a conflict.
 
     Each transition creates the next claim generation exclusively; a process that loses that race
@@ -301,8 +289,7 @@ def claim_directory(ckpt_dir: str | os.PathLike, identity: ClaimIdentity, *,
         if current is not None and identity.same_holder(current) and current.state is ClaimState.HELD:
             return Claim(ckpt_dir, outcome, current, current)  # idempotent: already ours
         gen = 0 if current is None else current.generation + 1
-        mine = ClaimRecord(identity.trial, identity.job_id, identity.attempt, identity.host, identity.pid,
-                           _iso(clock()), ClaimState.HELD, gen)
+        mine = ClaimRecord(identity.trial, identity.job_id, identity.attempt, identity.host, identity.pid, _iso(clock()), ClaimState.HELD, gen)
         if _create_generation(ckpt_dir, mine):
             return Claim(ckpt_dir, outcome, mine, current)
         current = read_generation(ckpt_dir, gen)  # the winner's record, read by name (fresh on NFS)
@@ -311,8 +298,13 @@ def claim_directory(ckpt_dir: str | os.PathLike, identity: ClaimIdentity, *,
 
 def _liveness_matters(existing: ClaimRecord | None, ours: ClaimIdentity) -> bool:
     """Only a held claim of this very trial by another process needs the (possibly remote) probe."""
-    return (existing is not None and existing.state is ClaimState.HELD and not existing.trial.mismatch(ours.trial)
-            and existing.attempt <= ours.attempt and not ours.same_holder(existing))
+    return (
+        existing is not None
+        and existing.state is ClaimState.HELD
+        and not existing.trial.mismatch(ours.trial)
+        and existing.attempt <= ours.attempt
+        and not ours.same_holder(existing)
+    )
 
 
 def read_claim(ckpt_dir: str | os.PathLike) -> ClaimRecord | None:
@@ -351,14 +343,13 @@ def _claim_name(gen: int) -> str:
 # ---------------------------------------------------------------------------- directory moves
 
 
-def quarantine_move(path: str | os.PathLike, quarantine_root: str | os.PathLike, trial_id: str, reason: str, *,
-                    clock: Callable[[], float] = time.time) -> Path:
+def quarantine_move(path: str | os.PathLike, quarantine_root: str | os.PathLike, trial_id: str, reason: str, *, clock: Callable[[], float] = time.time) -> Path:
     """Move ``path`` (file or directory) into ``quarantine_root/<trial_id>-<UTC stamp>-<uuid>/`` and return that folder.
 
     The moved item keeps its name inside the folder, next to ``reason.json``. One ``os.rename``:
     it never copies and never deletes, so it refuses to cross filesystems.
     """
-    _check_safe_id(trial_id, "trial_id")
+    check_trial_id(trial_id)
     src = Path(path)
     if not src.exists():
         raise UsageError(f"nothing to quarantine at {src}; check the path")
@@ -366,40 +357,18 @@ def quarantine_move(path: str | os.PathLike, quarantine_root: str | os.PathLike,
     dest = Path(quarantine_root) / f"{trial_id}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(now))}-{uuid.uuid4().hex[:8]}"
     ensure_dir(dest.parent)
     os.mkdir(dest, DIR_MODE)  # unique name: EEXIST would be a uuid collision, and must not be ignored
-    atomic_write_json(dest / "reason.json", {"trial_id": trial_id, "reason": reason, "moved_from": str(src.resolve()),
-                                              "item": src.name, "time": _iso(now), "host": socket.gethostname()})
+    atomic_write_json(
+        dest / "reason.json",
+        {"trial_id": trial_id, "reason": reason, "moved_from": str(src.resolve()), "item": src.name, "time": _iso(now), "host": socket.gethostname()},
+    )
     try:
         os.rename(src, dest / src.name)
     except OSError as exc:
-        raise UsageError(f"cannot move {src} into {dest} ({exc.strerror}); put the quarantine root on the same "
-                         "filesystem as the checkpoints") from None
+        raise UsageError(f"cannot move {src} into {dest} ({exc.strerror}); put the quarantine root on the same filesystem as the checkpoints") from None
     fsync_dir(dest)
     fsync_dir(src.parent)
     return dest
 
 
-def fresh_directory(root: str | os.PathLike, trial_id: str, attempt: int) -> Path:
-    """A new, empty, never-before-used directory ``root/<trial_id>-a<attempt>-<uuid>`` for a clean rerun."""
-    _check_safe_id(trial_id, "trial_id")
-    if not isinstance(attempt, int) or attempt < 1:
-        raise UsageError(f"attempt={attempt!r} must be an int >= 1")
-    root = ensure_dir(root)
-    while True:
-        path = root / f"{trial_id}-a{attempt:03d}-{uuid.uuid4().hex[:12]}"
-        try:
-            os.mkdir(path, DIR_MODE)  # exclusive: an existing directory is never handed out
-        except FileExistsError:
-            continue
-        fsync_dir(root)
-        return path
-
-
-
-
 def _iso(epoch: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(epoch)) + f".{int(epoch % 1 * 1000):03d}Z"
-
-
-def _check_safe_id(value: Any, name: str) -> None:
-    if not (isinstance(value, str) and _SAFE_ID.fullmatch(value)):
-        raise UsageError(f"{name}={value!r} must be letters, digits, '.', '_' or '-' (it names files and folders)")

@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
+from . import fsio
 from .cli_errors import exit_on_error
+from .ledger import SearchDir
+
+# Each subcommand's module is imported when that command runs, not here: they pull in h5py,
+# pyarrow, matplotlib and submitit, and `parcel-hpc status` should not pay for all of them.
 
 
 class _Parser(argparse.ArgumentParser):
@@ -27,6 +33,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("search_dir", type=Path)
     s.add_argument("--json", action="store_true", help="print one JSON object")
 
+    s = sub.add_parser("sync", help="record how trials whose jobs vanished ended (for a search whose launcher has gone)")
+    s.add_argument("search_dir", type=Path)
+
     s = sub.add_parser("resubmit", help="rerun trials whose jobs ended without a result for infrastructure reasons")
     s.add_argument("search_dir", type=Path)
     s.add_argument("--dry-run", action="store_true", help="list what would be done; change nothing")
@@ -39,23 +48,38 @@ def _parser() -> argparse.ArgumentParser:
     out.add_argument("--json", action="store_true", help="print one JSON object")
     out.add_argument("--csv", action="store_true", help="print one CSV row per attempt")
     s.add_argument("--html", type=Path, metavar="FILE", help="also write a self-contained HTML report with plots")
+
+    s = sub.add_parser("schedule-reconcile", help="submit a Slurm job that runs `reconcile --json` on a schedule (for admins)")
+    s.add_argument("search_dir", type=Path)
+    s.add_argument("--output-dir", type=Path, required=True, metavar="DIR", help="where the script and each run's JSON report and stderr go")
+    s.add_argument(
+        "--every-min", type=int, default=60, metavar="N", help="minutes between runs; 0: one run, cron submits the written script (default %(default)s)"
+    )
+    s.add_argument("--partition", default="", metavar="P", help="Slurm partition (default: the cluster's default)")
+    s.add_argument("--account", default="", metavar="A", help="Slurm account (default: yours)")
+    s.add_argument("--qos", default="", metavar="Q", help="Slurm QOS (default: the account's)")
+    s.add_argument("--time-limit-min", type=int, default=15, metavar="M", help="time limit of each run in minutes (default %(default)s)")
+    s.add_argument("--mem", default="1G", metavar="MEM", help="memory of each run, like 1G (default %(default)s)")
+    s.add_argument("--dry-run", action="store_true", help="print the rendered script; write and submit nothing")
     return p
 
 
 def main(argv: list[str] | None = None) -> None:
-    from .fsio import no_world_writes
-
-    no_world_writes()
+    fsio.no_world_writes()
     args = _parser().parse_args(argv)
     with exit_on_error():
         if args.command == "make-snapshot":
             _make_snapshot(args)
         elif args.command == "status":
             _status(args)
+        elif args.command == "sync":
+            _sync(args)
         elif args.command == "resubmit":
             _resubmit(args)
         elif args.command == "reconcile":
             _reconcile(args)
+        elif args.command == "schedule-reconcile":
+            _schedule_reconcile(args)
 
 
 def _make_snapshot(args) -> None:
@@ -68,7 +92,6 @@ def _make_snapshot(args) -> None:
 
 def _status(args) -> None:
     from . import status
-    from .ledger.store import SearchDir
 
     data = status.collect(SearchDir(args.search_dir))
     if args.json:
@@ -77,20 +100,24 @@ def _status(args) -> None:
         status.render(data)
 
 
+def _sync(args) -> None:
+    from . import resolution
+
+    found = resolution.sync(SearchDir(args.search_dir))
+    for res in found:
+        print(f"{res.trial_id}: attempt {res.attempt} {res.ending.how.value} ({res.ending.cause.value})")
+    print(f"recorded {len(found)} resolutions")
+
+
 def _resubmit(args) -> None:
     from . import resubmit
-    from .ledger.store import SearchDir
     from .sweep.display import make_console
 
     resubmit.run(SearchDir(args.search_dir), dry_run=args.dry_run, wait=args.wait, console=make_console())
 
 
 def _reconcile(args) -> None:
-    import json
-
-    from . import fsio
     from .accounting import run as accounting
-    from .ledger.store import SearchDir
     from .sweep.display import make_console
 
     results = [accounting.reconcile_search(SearchDir(d), args.sacct_file) for d in args.search_dirs]
@@ -103,6 +130,22 @@ def _reconcile(args) -> None:
     if args.html:
         fsio.atomic_write_text(args.html, accounting.to_html(results))
         print(f"wrote {args.html}", file=sys.stderr)
+
+
+def _schedule_reconcile(args) -> None:
+    from . import scheduled_reconcile
+
+    scheduled_reconcile.run(
+        args.search_dir,
+        args.output_dir,
+        dry_run=args.dry_run,
+        every_min=args.every_min,
+        partition=args.partition,
+        account=args.account,
+        qos=args.qos,
+        time_limit_min=args.time_limit_min,
+        mem=args.mem,
+    )
 
 
 if __name__ == "__main__":

@@ -7,15 +7,16 @@ composition, before anything is frozen. Units are in the field comments.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
 
 
 @dataclass
 class SnapshotConf:
     path: str = "data/parcels.h5"  # HDF5 snapshot (schema in README)
-    digest: Optional[str] = None  # sha256:...; null pins the file's content digest at first launch
+    digest: str | None = None  # sha256:...; null pins the file's content digest at first launch
 
 
 @dataclass
@@ -40,14 +41,14 @@ class MetricConf:
 @dataclass
 class SpaceConf:
     revision: str = "space-r4"
-    params: Dict[str, Any] = field(default_factory=dict)  # name -> {type, low/high or values}
+    params: dict[str, Any] = field(default_factory=dict)  # name -> {type, low/high or values}
 
 
 @dataclass
 class ImageConf:
     kind: str = "computed"  # computed | archive | given
-    path: Optional[str] = None  # archive: the image file
-    digest: Optional[str] = None  # given: sha256:... container digest
+    path: str | None = None  # archive: the image file
+    digest: str | None = None  # given: sha256:... container digest
 
 
 @dataclass
@@ -56,20 +57,22 @@ class ResourcesConf:
     cpus: int = 1  # CPUs per trial
     mem_gb: float = 1.0  # memory per trial, GiB
     time_limit_min: int = 10  # wall-clock limit per attempt, minutes
-    partition: Optional[str] = None  # SLURM partition (dispatch only, not pinned)
-    account: Optional[str] = None  # SLURM account (dispatch only)
-    qos: Optional[str] = None  # SLURM QOS (dispatch only)
+    partition: str | None = None  # SLURM partition (dispatch only, not pinned)
+    account: str | None = None  # SLURM account (dispatch only)
+    qos: str | None = None  # SLURM QOS (dispatch only)
 
 
 @dataclass
 class BudgetConf:
-    max_trials: int = 82  # trials in the whole search
-    gpu_hours_cap: float = 200.0  # accelerator-hours, worst case, all attempts
-    cost_cap: float = 500.0  # money, worst case
-    rate_per_gpu_hour: float = 2.0  # money per GPU-hour
-    rate_per_cpu_hour: float = 0.05  # money per CPU-hour
-    max_retries: int = 2  # retries per trial after timeouts, node failures, lost jobs, system cancels
-    max_preemptions: int = 10  # requeues per trial after preemption (not the trial's fault; counted apart)
+    """The values live in the ``budget`` group's options (conf/budget/default.yaml), and only there."""
+
+    max_trials: int = MISSING  # trials in the whole search
+    gpu_hours_cap: float = MISSING  # accelerator-hours, worst case, all attempts
+    cost_cap: float = MISSING  # money, worst case
+    rate_per_gpu_hour: float = MISSING  # money per GPU-hour
+    rate_per_cpu_hour: float = MISSING  # money per CPU-hour
+    max_retries: int = MISSING  # retries per trial after timeouts, node failures, lost jobs, system cancels
+    max_preemptions: int = MISSING  # requeues per trial after preemption (not the trial's fault; counted apart)
 
 
 @dataclass
@@ -84,7 +87,7 @@ class CheckpointConf:
 class PrunerConf:
     kind: str = "asha"  # asha | none
     revision: str = "asha-r1"
-    milestones: List[int] = field(default_factory=lambda: [10, 20, 41, 82])  # steps
+    milestones: list[int] = field(default_factory=lambda: [10, 20, 41, 82])  # steps
     reduction_factor: int = 3
     min_peers: int = 4  # peers at a milestone before anyone is pruned
 
@@ -122,8 +125,36 @@ class ParcelConf:
     train: TrainConf = field(default_factory=TrainConf)
 
 
+@dataclass
+class SubmititLocalConf:
+    """``hydra/launcher=submitit_local``: trials as child processes of the launch (the embedded default).
+    The names follow hydra-submitit-launcher so its users feel at home."""
+
+    kind: str = "local"
+    submitit_folder: str = "${search.root}/${search.revision}/submitit/local"
+    parallelism: int = 2  # trials at once (processes)
+    signal_delay_s: int = 30  # seconds before the time limit that the worker is told to checkpoint
+
+
+@dataclass
+class SubmititSlurmConf:
+    """``hydra/launcher=submitit_slurm``: trials as SLURM array jobs."""
+
+    kind: str = "slurm"
+    submitit_folder: str = "${search.root}/${search.revision}/submitit/slurm"
+    job_name: str = "parcel-${search.revision}"  # sacct/squeue find the search's jobs by this name
+    array_parallelism: int = 16  # array tasks running at once (sbatch --array=...%N)
+    signal_delay_s: int = 60  # seconds before the time limit that SIGUSR2 arrives
+    setup: list[str] = field(default_factory=list)  # shell lines run before the worker (module load, ...)
+    additional_parameters: dict[str, Any] = field(default_factory=dict)  # extra sbatch options
+
+
 def register() -> None:
-    ConfigStore.instance().store(name="parcel_schema", node=ParcelConf)
+    store = ConfigStore.instance()
+    store.store(name="parcel_schema", node=ParcelConf)
+    # A plain config group that the parcel sweeper reads (no Launcher plugin behind it).
+    store.store(group="hydra/launcher", name="submitit_local", node=SubmititLocalConf, provider="parcel_hpc")
+    store.store(group="hydra/launcher", name="submitit_slurm", node=SubmititSlurmConf, provider="parcel_hpc")
 
 
 register()

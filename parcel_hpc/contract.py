@@ -10,12 +10,15 @@ Must not: read Hydra objects (callers pass plain dicts), open data files, or dis
 from __future__ import annotations
 
 import hashlib
+import json
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from . import fsio
-from .errors import CorruptRecord, GovernanceRefusal
+from .errors import CorruptRecord, GovernanceRefusal, UsageError
 
 CONTRACT_FILE = "contract.json"
 CONTRACT_FORMAT = "parcel-contract/1"
@@ -62,7 +65,9 @@ class Contract:
         object.__setattr__(self, "fields", _plain(self.fields))
         computed = digest_of(self.fields)
         if self.digest and self.digest != computed:
-            raise CorruptRecord(f"contract digest {self.digest} does not match its fields ({computed}); the contract file was edited: restore it or start a new search revision")
+            raise CorruptRecord(
+                f"contract digest {self.digest} does not match its fields ({computed}); the contract file was edited: restore it or start a new search revision"
+            )
         object.__setattr__(self, "digest", computed)
 
     def __getitem__(self, key: str) -> Any:
@@ -72,7 +77,7 @@ class Contract:
         return {"format": CONTRACT_FORMAT, "digest": self.digest, "contract": dict(self.fields)}
 
     @classmethod
-    def from_json(cls, obj: Mapping[str, Any]) -> "Contract":
+    def from_json(cls, obj: Mapping[str, Any]) -> Contract:
         if obj.get("format") != CONTRACT_FORMAT:
             raise CorruptRecord(f"contract format {obj.get('format')!r} is not {CONTRACT_FORMAT!r}; this search was made by another parcel_hpc version")
         return cls(fields=obj["contract"], digest=obj["digest"])
@@ -113,8 +118,6 @@ def freeze_contract(search_dir: Path, contract: Contract) -> tuple[Contract, boo
 def load_contract(search_dir: Path) -> Contract:
     path = Path(search_dir) / CONTRACT_FILE
     if not path.exists():
-        from .errors import UsageError
-
         raise UsageError(f"{search_dir} has no {CONTRACT_FILE}; it is not a search directory (point at <search.root>/<search.revision>)")
     return Contract.from_json(fsio.read_json(path))
 
@@ -125,31 +128,67 @@ ADMIT = "admit"
 ADMISSION_FIELDS = ("snapshot_digest", "split_digest", "metric_revision", "search_revision", "image_digest")
 
 
+_TRIAL_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
+
+
+def check_trial_id(trial_id: object) -> str:
+    """A trial id names files and folders (and, dot-free, never looks like a marker's suffix)."""
+    if not isinstance(trial_id, str) or not _TRIAL_ID.fullmatch(trial_id):
+        raise UsageError(f"trial id {trial_id!r} is not usable as a file name; use letters, digits, '_' and '-' (at most 128)")
+    return trial_id
+
+
 @dataclass(frozen=True)
 class TrialIdentity:
-    """What a trial claims to be run against; compared with the frozen contract before it runs."""
+    """Who a trial is and what it says it runs against.
+
+    Admission compares the pinned fields with the frozen contract; claims and checkpoints compare
+    ``CLAIM_FIELDS`` with the holder's. Empty fields may exist (admission answers ``reject:identity``);
+    a field that is set must be well-formed.
+    """
 
     trial_id: str
-    image_digest: str
+    config_hash: str  # "sha256:..." of the canonical effective config
+    contract_digest: str  # "sha256:..." of the frozen search contract
     snapshot_digest: str
-    split_digest: str
-    metric_revision: str
-    search_revision: str
-    config_hash: str = ""
-    contract_digest: str = ""
+    split_digest: str = ""
+    metric_revision: str = ""
+    search_revision: str = ""
+    image_digest: str = ""
+
+    CLAIM_FIELDS = ("trial_id", "config_hash", "contract_digest", "snapshot_digest")
+
+    def __post_init__(self) -> None:
+        if self.trial_id:
+            check_trial_id(self.trial_id)
+        for name in ("config_hash", "contract_digest"):
+            value = getattr(self, name)
+            if value and not (isinstance(value, str) and value.startswith("sha256:") and len(value) > 7):
+                raise UsageError(f"{name}={value!r} is not a digest; pass 'sha256:<hex>' from parcel_hpc.contract")
 
     @classmethod
-    def for_contract(cls, trial_id: str, contract: Contract, config_hash: str = "") -> "TrialIdentity":
+    def for_contract(cls, trial_id: str, contract: Contract, config_hash: str = "") -> TrialIdentity:
         return cls(
             trial_id=trial_id,
-            image_digest=contract["image_digest"],
+            config_hash=config_hash,
+            contract_digest=contract.digest,
             snapshot_digest=contract["snapshot_digest"],
             split_digest=contract["split_digest"],
             metric_revision=contract["metric_revision"],
             search_revision=contract["search_revision"],
-            config_hash=config_hash,
-            contract_digest=contract.digest,
+            image_digest=contract["image_digest"],
         )
+
+    def mismatch(self, other: TrialIdentity) -> str | None:
+        """The first claim field that differs, or None when both name the same trial."""
+        return next((name for name in self.CLAIM_FIELDS if getattr(self, name) != getattr(other, name)), None)
+
+    def claim_json(self) -> dict[str, str]:
+        return {name: getattr(self, name) for name in self.CLAIM_FIELDS}
+
+    @classmethod
+    def from_claim_json(cls, obj: Mapping[str, Any]) -> TrialIdentity:
+        return cls(*(obj[name] for name in cls.CLAIM_FIELDS))
 
 
 def admit(identity: TrialIdentity, contract: Contract) -> str:
@@ -190,8 +229,6 @@ def config_hash(effective: Mapping[str, Any]) -> str:
 
 def _plain(value: Any) -> Any:
     """JSON round-trip: tuples become lists and key order stops mattering for comparison."""
-    import json
-
     return json.loads(fsio.canonical_json(value)) if value is not None else None
 
 

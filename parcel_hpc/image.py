@@ -15,8 +15,8 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from .errors import UsageError
 

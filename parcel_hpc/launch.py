@@ -10,7 +10,12 @@ import os
 import sys
 
 import hydra
+from hydra.errors import HydraException, OverrideParseException
 from omegaconf import DictConfig
+from omegaconf.errors import OmegaConfBaseException
+
+from .cli_errors import one_line
+from .fsio import no_world_writes
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
@@ -21,10 +26,6 @@ def _task(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    from .cli_errors import one_line
-
-    from .fsio import no_world_writes
-
     no_world_writes()
     os.environ["HYDRA_FULL_ERROR"] = "1"  # let Hydra's errors reach us instead of its multi-line report
     try:
@@ -32,13 +33,8 @@ def main() -> None:
     except SystemExit:
         raise
     except Exception as exc:  # Hydra and OmegaConf errors: composition, overrides, missing values
-        from hydra.errors import HydraException
-        from omegaconf.errors import OmegaConfBaseException
-
         if not isinstance(exc, (HydraException, OmegaConfBaseException)):
             raise
-        from hydra.errors import OverrideParseException
-
         lines = [l for l in str(exc).splitlines() if l.strip() and not l.strip().startswith(("full_key", "object_type", "reference_type", "See https"))]
         text = one_line(chr(10).join(lines))
         if isinstance(exc, OverrideParseException):

@@ -9,12 +9,34 @@ worker records it so). A quarantined trial is rerun cleanly, a bounded number of
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from .ledger.records import TrialRecord
-from .ledger.states import AttemptEnd, TrialState
+from .ledger import AttemptEnd, Cause, TrialRecord, TrialState
 
 MAX_QUARANTINE_RERUNS = 2
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How often infrastructure may interrupt one trial; read from the frozen contract's budget
+    (the ``budget`` config group holds the defaults, nothing else does)."""
+
+    max_retries: int  # timeouts, node failures, lost jobs, system cancels
+    max_preemptions: int  # preemptions: the cluster's choice, not the trial's, so counted apart
+
+    @classmethod
+    def from_budget(cls, budget: Mapping[str, Any]) -> RetryPolicy:
+        return cls(int(budget["max_retries"]), int(budget["max_preemptions"]))
+
+    def exceeded(self, preempted: int, other: int) -> str:
+        """Which limit these counts break, in words; "" while within both."""
+        if other > self.max_retries:
+            return f"{other} infrastructure interruptions > budget.max_retries={self.max_retries}"
+        if preempted > self.max_preemptions:
+            return f"{preempted} preemptions > budget.max_preemptions={self.max_preemptions}"
+        return ""
 
 
 class Action(enum.Enum):
@@ -35,13 +57,12 @@ class Next:
 def interruption_counts(record: TrialRecord) -> tuple[int, int]:
     """(preemptions, other infrastructure interruptions) over the trial's attempts."""
     # A superseded attempt was replaced by a live one; it is not an interruption of the trial.
-    causes = [a.cause for a in record.attempts if a.how is not None and a.how.is_infrastructure() and a.cause != "superseded"]
-    preempted = sum(1 for c in causes if c == "preempted")
+    causes = [c for c in (a.interruption() for a in record.attempts) if c is not None]
+    preempted = sum(1 for c in causes if c is Cause.PREEMPTED)
     return preempted, len(causes) - preempted
 
 
-def next_action(record: TrialRecord, *, dispatches: int, job_alive: bool, max_retries: int, max_preemptions: int = 10,
-                dispatch_in_flight: bool = False) -> Next:
+def next_action(record: TrialRecord, *, dispatches: int, job_alive: bool, policy: RetryPolicy, dispatch_in_flight: bool = False) -> Next:
     """``dispatch_in_flight``: another launcher claimed the latest dispatch moments ago and has not
     recorded its job yet; waiting for it is what keeps two launchers from dispatching one trial twice."""
     state = record.state
@@ -54,7 +75,7 @@ def next_action(record: TrialRecord, *, dispatches: int, job_alive: bool, max_re
     if dispatches == 0:
         return Next(Action.DISPATCH)
     never_started = dispatches - sum(1 for a in record.attempts if a.started is not None)
-    if never_started > max_retries + 1:
+    if never_started > policy.max_retries + 1:
         # Jobs that die before the worker runs add no attempt: bound them on their own.
         return Next(Action.GIVE_UP, f"{never_started} dispatches whose job ended before the worker started")
     if state is TrialState.QUARANTINED:
@@ -62,14 +83,12 @@ def next_action(record: TrialRecord, *, dispatches: int, job_alive: bool, max_re
         if times > MAX_QUARANTINE_RERUNS:
             return Next(Action.GIVE_UP, f"quarantined {times} times")
         return Next(Action.RETRY, "clean rerun after quarantine")
-    if record.failures and record.reason.startswith("retry:"):
-        return Next(Action.RETRY, f"checking whether {record.failures[-1]} reproduces")
-    preempted, other = interruption_counts(record)
-    if other > max_retries:
-        return Next(Action.GIVE_UP, f"{other} infrastructure interruptions > budget.max_retries={max_retries}")
-    if preempted > max_preemptions:
-        return Next(Action.GIVE_UP, f"{preempted} preemptions > budget.max_preemptions={max_preemptions}")
-    if record.interrupted or record.reason.startswith("interrupted"):
+    if record.awaiting_failure_check():
+        return Next(Action.RETRY, f"checking whether {record.cause.value} reproduces")
+    limit = policy.exceeded(*interruption_counts(record))
+    if limit:
+        return Next(Action.GIVE_UP, limit)
+    if record.interrupted or record.awaiting_retry_after_interruption():
         return Next(Action.RETRY, record.reason or "interrupted")
     # Dispatched, no live job, no attempt recorded: the job died before the worker started.
     return Next(Action.RETRY, "the job ended before the worker started")

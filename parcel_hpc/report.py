@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+import time
+from collections.abc import Iterable
 
 from .ledger.records import TrialRecord
 from .ledger.states import TrialState
@@ -23,8 +24,6 @@ def best_completed(records: Iterable[TrialRecord]) -> TrialRecord | None:
 
 def compute_used(records: Iterable[TrialRecord], now: float | None = None) -> dict[str, float]:
     """Ledger view of compute: every attempt's start-to-end time times its request (running ones to now)."""
-    import time
-
     now = time.time() if now is None else now
     gpu_h = cpu_h = 0.0
     attempts = 0

@@ -10,36 +10,22 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
 
-from .accounting import Attempt as SacctAttempt
-from .accounting import JobState
-from .ledger.records import TrialRecord
-from .ledger.states import AttemptEnd, FailureClass
-from .lifecycle import Action, next_action
+from rich.console import Console
+from rich.table import Table
 
-_CAUSE = {
-    JobState.NODE_FAIL: "node_fail",
-    JobState.BOOT_FAIL: "node_fail",
-    JobState.PREEMPTED: "preempted",
-    JobState.TIMEOUT: "timeout",
-    JobState.DEADLINE: "timeout",
-    JobState.CANCELLED: "cancelled",
-    JobState.REVOKED: "cancelled",
-}
-
-
-@dataclass(frozen=True)
-class Resolution:
-    """An attempt the ledger thinks is running, with how the scheduler says it ended."""
-
-    trial_id: str
-    attempt: int
-    job_id: str
-    how: AttemptEnd
-    cause: str
-    final: bool = False
+from . import resolution
+from .accounting import JobRun, JobState
+from .budget import launch_decision
+from .dispatch import Dispatcher, LauncherSettings, Submitted, make_dispatcher
+from .errors import SchedulerUnavailable, UsageError
+from .ledger import Event, SearchDir, TrialSpec, fold, preview
+from .lifecycle import Action, RetryPolicy, next_action
+from .resolution import Resolution, SchedulerFacts
+from .sweep.search import Follower
+from .worker import TrialTask, WorkerPlan
 
 
 @dataclass(frozen=True)
@@ -57,15 +43,24 @@ class ResubmitPlan:
     untouched: tuple[tuple[str, str], ...] = ()  # (trial, why) for the report
 
 
-def decide(records: Iterable[TrialRecord], alive_jobs: Iterable[str], sacct: Sequence[SacctAttempt], *,
-           dispatches: Mapping[str, int], max_retries: int, max_preemptions: int,
-           in_flight: Iterable[str] = ()) -> ResubmitPlan:
-    """``in_flight``: trials whose latest dispatch another launcher claimed and has not submitted yet."""
+def decide(
+    histories: Iterable[tuple[TrialSpec, Sequence[Event]]],
+    facts: SchedulerFacts,
+    *,
+    dispatches: Mapping[str, int],
+    policy: RetryPolicy,
+    in_flight: Iterable[str] = (),
+    now: float = 0.0,
+) -> ResubmitPlan:
+    """What to resolve, resubmit and give up on (pure). Each trial's record is folded from its events
+    plus the resolution this plan would write, so the decision reads exactly what the ledger will say.
+
+    ``in_flight``: trials whose latest dispatch another launcher claimed and has not submitted yet.
+    """
     in_flight = set(in_flight)
-    alive = set(alive_jobs)
-    by_job = runs_by_job(sacct)
     resolve, resubmit, give_up, untouched = [], [], [], []
-    for rec in records:
+    for spec, events in histories:
+        rec = fold(spec, events)
         if rec.state.is_finished():
             untouched.append((rec.trial_id, rec.state.value))
             continue
@@ -76,114 +71,67 @@ def decide(records: Iterable[TrialRecord], alive_jobs: Iterable[str], sacct: Seq
         if rec.trial_id in in_flight:
             untouched.append((rec.trial_id, "another launcher is dispatching it right now"))
             continue
-        if job in alive:
+        if not facts.job_gone(rec):
             untouched.append((rec.trial_id, f"job {job} is still queued or running"))
             continue
-        rows = by_job.get(job, [])
-        last = rows[-1] if rows else None
-        if last is not None and last.state.is_active():
-            # sacct still says running but squeue does not know it: the controller lost it.
-            last = None
-        cause = interruption_cause(last.state) if last is not None else "lost"
-        unended = rec.attempts[-1] if rec.attempts and rec.attempts[-1].how is None else None
-        folded = rec
-        if unended is not None:
-            if last is not None and last.state is JobState.OUT_OF_MEMORY:
-                prior = sum(1 for f in rec.failures if f == FailureClass.OUT_OF_MEMORY.value)
-                r = Resolution(rec.trial_id, unended.number, job, AttemptEnd.FAILED, FailureClass.OUT_OF_MEMORY.value, final=prior >= 1)
-            else:
-                r = Resolution(rec.trial_id, unended.number, job, AttemptEnd.LOST if cause == "lost" else AttemptEnd.INTERRUPTED, cause)
-            resolve.append(r)
-            folded = _with_resolution(rec, r)
-        nxt = next_action(folded, dispatches=dispatches.get(rec.trial_id, 0), job_alive=False,
-                          max_retries=max_retries, max_preemptions=max_preemptions)
+        for res in resolution.resolve([rec], facts):
+            resolve.append(res)
+            rec = fold(spec, [*events, preview(res.attempt, res.ending, now)])
+        nxt = next_action(rec, dispatches=dispatches.get(rec.trial_id, 0), job_alive=False, policy=policy)
         if nxt.action in (Action.RETRY, Action.DISPATCH):
-            resubmit.append(Resubmission(rec.trial_id, f"{cause} ({last.state.text if last else 'gone from the queue'}); {nxt.reason}".strip("; "),
-                                         _failed_nodes(rec, by_job)))
+            why = _why(rec.cause.value if rec.cause is not None else "lost", facts.runs.get(job, ()), nxt.reason)
+            resubmit.append(Resubmission(rec.trial_id, why, _failed_nodes(rec.jobs, facts.runs)))
         elif nxt.action is Action.GIVE_UP:
             give_up.append((rec.trial_id, nxt.reason))
         else:
-            untouched.append((rec.trial_id, nxt.reason or folded.state.value))
+            untouched.append((rec.trial_id, nxt.reason or rec.state.value))
     return ResubmitPlan(tuple(resolve), tuple(resubmit), tuple(give_up), tuple(untouched))
 
 
-def runs_by_job(sacct: Iterable[SacctAttempt]) -> dict[str, list[SacctAttempt]]:
-    """Each job id's runs in the order SLURM ran them (a requeued job has several)."""
-    by_job: dict[str, list[SacctAttempt]] = {}
-    for a in sacct:
-        by_job.setdefault(a.job_id, []).append(a)
-    for rows in by_job.values():
-        rows.sort(key=lambda a: a.attempt)
-    return by_job
+def _why(cause: str, runs: Sequence[JobRun], action: str) -> str:
+    seen = runs[-1].state.text if runs else "gone from the queue"
+    return f"{cause} ({seen}); {action}".strip("; ")
 
 
-def interruption_cause(state: JobState) -> str:
-    """The ledger's cause word for how the scheduler says a run ended without a result."""
-    return _CAUSE.get(state, "lost")
-
-
-def _failed_nodes(rec: TrialRecord, by_job: Mapping[str, list[SacctAttempt]]) -> tuple[str, ...]:
+def _failed_nodes(jobs: Sequence[str], runs: Mapping[str, Sequence[JobRun]]) -> tuple[str, ...]:
     nodes: set[str] = set()
-    for job in rec.jobs:
-        for a in by_job.get(job, []):
-            if a.state is JobState.NODE_FAIL and a.node_list and a.node_list != "None assigned":
-                nodes.add(a.node_list)
+    for job in jobs:
+        for run in runs.get(job, ()):
+            if run.state is JobState.NODE_FAIL and run.node_list and run.node_list != "None assigned":
+                nodes.add(run.node_list)
     return tuple(sorted(nodes))
-
-
-def _with_resolution(rec: TrialRecord, r: Resolution) -> TrialRecord:
-    """The record as it will read once the resolution is journaled (keeps ``decide`` pure)."""
-    from dataclasses import replace
-
-    from .ledger.states import TrialState
-
-    attempts = rec.attempts[:-1] + (replace(rec.attempts[-1], how=r.how, cause=r.cause),)
-    if r.how is AttemptEnd.FAILED:
-        state = TrialState.FAILED if r.final else TrialState.QUEUED
-        return replace(rec, attempts=attempts, state=state, failures=rec.failures + (r.cause,),
-                       reason=r.cause if r.final else f"retry: {r.cause} once")
-    return replace(rec, attempts=attempts, state=TrialState.QUEUED, interrupted=rec.interrupted + 1, reason=f"interrupted: {r.cause}")
 
 
 # --- the edge: ask the scheduler, journal, dispatch ------------------------------------------------
 
-def run(search, *, dry_run: bool, wait: bool, console) -> ResubmitPlan:
-    from . import slurm
-    from .accounting import attempts, build_sacct_argv, parse_sacct, run_sacct
-    from .budget._search import launch_decision
-    from .errors import UsageError
-    from .sweep.dispatch import _local_pid_alive, make_dispatcher
 
+def run(search: SearchDir, *, dry_run: bool, wait: bool, console: Console) -> ResubmitPlan:
     contract = search.contract()
-    settings = next((l["launcher"] for l in reversed(search.launches()) if l.get("launcher")), None)
-    if settings is None:
+    recorded = next((l["launcher"] for l in reversed(search.launches()) if l.get("launcher")), None)
+    if recorded is None:
         raise UsageError(f"{search.path} has no dispatched launch to resubmit from; launch the search first")
-    budget = contract["budget"]
-    dispatcher = make_dispatcher(settings["kind"], settings["params"], search, settings["resources"], settings["budget"])
-    records = list(search.records())
-    open_jobs = [r.jobs[-1] for r in records if not r.state.is_finished() and r.jobs]
-    if settings["kind"] == "slurm":
-        dispatcher.check()
-        alive = set()
-        for name in search.slurm_job_names():
-            alive |= set(slurm.queued_jobs(name))
-        sacct_rows = attempts(parse_sacct(run_sacct(build_sacct_argv(open_jobs)), source="sacct")) if open_jobs else []
-    else:
-        alive = {j for j in open_jobs if _local_pid_alive(j)}
-        sacct_rows = []
+    settings = LauncherSettings.from_json(recorded)
+    dispatcher = make_dispatcher(settings, search)
+    dispatcher.check()
+    records, facts = resolution.observe(search, list(search.records()), every_gone_job=True)
+    if facts.slurm_error:
+        raise SchedulerUnavailable(facts.slurm_error)
     launch_id = "resubmit-" + time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
-    plan = decide(records, alive, sacct_rows, dispatches={r.trial_id: search.dispatch_count(r.trial_id) for r in records},
-                  max_retries=int(budget["max_retries"]), max_preemptions=int(budget.get("max_preemptions", 10)),
-                  in_flight=[r.trial_id for r in records if search.dispatch_in_flight(r.trial_id, launch_id, r)])
+    histories = [(r.spec, search.events(r.trial_id)) for r in records]
+    plan = decide(
+        histories,
+        facts,
+        dispatches={r.trial_id: search.dispatch_count(r.trial_id) for r in records},
+        policy=RetryPolicy.from_budget(contract["budget"]),
+        now=time.time(),
+        in_flight=[r.trial_id for r in records if search.dispatch_in_flight(r.trial_id, launch_id, r)],
+    )
     console.print(render(plan, dry_run))
     if dry_run:
         return plan
-    for r in plan.resolve:
-        search.journal(r.trial_id, "resubmit").append(
-            "resolved" if r.how is not AttemptEnd.FAILED else "ended", attempt=r.attempt, how=r.how.value, cause=r.cause,
-            final=r.final, job_id=r.job_id, message="resolved from the scheduler's accounting by parcel-hpc resubmit")
+    resolution.record(search, plan.resolve, "resubmit")
     for tid, reason in plan.give_up:
-        search.journal(tid, "resubmit").append("gave_up", state="failed", cause="retries_exhausted", reason=reason)
+        search.writer(tid, "resubmit").gave_up(reason)
     if not plan.resubmit:
         return plan
     decision = launch_decision(contract, len(plan.resubmit), len(search.trial_ids()) - len(plan.resubmit), search.path)
@@ -191,35 +139,28 @@ def run(search, *, dry_run: bool, wait: bool, console) -> ResubmitPlan:
     resubmitted = _dispatch(search, dispatcher, plan, launch_id)
     console.print(f"resubmitted {len(resubmitted)} trials: " + ", ".join(f"{s.trial_id}->{s.job_id}" for s in resubmitted))
     if wait or not dispatcher.can_detach:
-        from .sweep.search import Follower
-
-        plans = {s.trial_id: search.plan(s.trial_id) for s in resubmitted}
+        plans = {s.trial_id: WorkerPlan.load(search, s.trial_id) for s in resubmitted}
         Follower(search, dispatcher, plans, launch_id, contract, console, 0.5).follow()
     return plan
 
 
-def _dispatch(search, dispatcher, plan: ResubmitPlan, launch_id: str) -> list:
-    from .worker.task import TrialTask
-
+def _dispatch(search: SearchDir, dispatcher: Dispatcher, plan: ResubmitPlan, launch_id: str) -> list[Submitted]:
     groups: dict[tuple[str, ...], list[str]] = {}
     for item in plan.resubmit:
         if search.claim_dispatch(item.trial_id, launch_id) is not None:
             groups.setdefault(item.exclude_nodes, []).append(item.trial_id)
     out = []
     for exclude, tids in groups.items():
-        submitted = dispatcher.submit([TrialTask(search.plan(t)) for t in tids], exclude_nodes=",".join(exclude))
-        for s in submitted:
-            search.journal(s.trial_id, "resubmit").append("submitted", job_id=s.job_id, executor=dispatcher.name,
-                                                          launch_id=launch_id, exclude_nodes=list(exclude))
-        if hasattr(dispatcher, "release"):
-            dispatcher.release(submitted)
-        out.extend(submitted)
+
+        def record(submitted: Sequence[Submitted], exclude: tuple[str, ...] = exclude) -> None:
+            for s in submitted:
+                search.writer(s.trial_id, "resubmit").submitted(s.job_id, dispatcher.name, launch_id, exclude)
+
+        out.extend(dispatcher.submit([TrialTask(WorkerPlan.load(search, t)) for t in tids], record, exclude_nodes=exclude))
     return out
 
 
-def render(plan: ResubmitPlan, dry_run: bool):
-    from rich.table import Table
-
+def render(plan: ResubmitPlan, dry_run: bool) -> Table:
     table = Table(title="resubmit" + (" (dry run: nothing changed)" if dry_run else ""))
     for col in ("trial", "action", "why", "exclude nodes"):
         table.add_column(col)
@@ -228,7 +169,7 @@ def render(plan: ResubmitPlan, dry_run: bool):
     for tid, why in plan.give_up:
         table.add_row(tid, "give up", why, "")
     for r in plan.resolve:
-        table.add_row(r.trial_id, "resolve", f"attempt {r.attempt} of job {r.job_id}: {r.how.value} ({r.cause})", "")
+        table.add_row(r.trial_id, "resolve", f"attempt {r.attempt} of job {r.ending.job_id}: {r.ending.how.value} ({r.ending.cause.value})", "")
     if not (plan.resubmit or plan.give_up or plan.resolve):
         table.add_row("-", "nothing", f"{len(plan.untouched)} trials need nothing", "")
     return table

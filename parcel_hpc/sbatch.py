@@ -11,14 +11,19 @@ Template syntax (a ``string.Template`` that only knows braced lower-case names):
 - In an ``#SBATCH`` line a value goes in as it is: it was validated to a charset that sbatch's
   directive parser cannot misread (no whitespace, quotes, backslash or ``#``). In any other line it
   goes through ``shlex.quote``, so don't put a placeholder inside shell quotes.
-- A line with an optional field that is empty (no account, no qos, gpus=0, ...) is dropped whole.
-  Such a line must hold no other field, so dropping it cannot lose anything else.
+- A line with an optional field that is empty (no partition, account, qos or error file) is dropped
+  whole. Such a line must hold no other field, so dropping it cannot lose anything else.
 - A name that is not a field, or a field the template needs that was not set, raises UsageError.
   So does an optional value that was set but that the template never uses. Otherwise it would be
-  dropped silently, e.g. requeue=True for the final evaluation, which is ``--no-requeue`` by design.
+  dropped silently, e.g. an account given for a template that has no ``--account`` line.
 
 Every rendered line comes from exactly one template line, and no value can hold a line break. So
 rendering can never add an ``#SBATCH`` directive or a command.
+
+Adding a template: write ``sbatch_templates/<name>.sbatch`` from the fields below. A value it needs
+that no field has becomes a new ``SbatchValues`` field (default None or empty, validated in
+``__post_init__``) plus an entry in ``_FIELDS``. The command that submits the job renders it, like
+``scheduled_reconcile.py`` does; tests/test_sbatch.py then asks for golden values for the new template.
 """
 
 from __future__ import annotations
@@ -46,25 +51,20 @@ __all__ = [
     "render",
     "submit",
     "submit_argv",
-    "template_header_count",
     "write_script",
 ]
 
 # The templates sit next to the package in the source tree, where an admin reviews them.
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "sbatch_templates"
 # Not executable: sbatch reads the file, it never execs it. A script that cannot be started with
-# ./final_eval.sbatch cannot spend the one-time final evaluation on a login node by accident.
+# ./name.sbatch cannot run its job on a login node by accident.
 SCRIPT_MODE = 0o644
 
-MAX_NAME = 64  # characters in a job, partition, account, qos or wckey name
+MAX_NAME = 64  # characters in a job, partition, account or qos name
 MAX_PATH = 1024  # characters in a path (Linux allows 4096; ours are short)
 MAX_TIME_MIN = 366 * 24 * 60  # a year and a day: anything longer is a typo
-MAX_GPUS = 64  # per node
 MAX_CPUS = 1024  # per task
-MAX_SIGNAL_S = 65535  # Slurm keeps --signal's @time in 16 bits
 MAX_EVERY_MIN = 31 * 24 * 60  # reconcile at least monthly
-MAX_ENV = 32  # extra environment variables
-MAX_ENV_VALUE = 4096  # characters in one of their values
 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _NAME_FIX = f"use 1-{MAX_NAME} characters from A-Z a-z 0-9 . _ - starting with a letter or digit"
@@ -73,10 +73,6 @@ _LOG_PATH_RE = re.compile(r"/[A-Za-z0-9._/+,@=%-]*")  # %j, %x, %A, %a: sbatch's
 _PATH_FIX = "give an absolute, normalised path of letters, digits and . _ / + , @ = - (a symlink with such a name works)"
 _DIGEST_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9:._-]*")
 _MEM_RE = re.compile(r"[1-9][0-9]{0,6}[KMGT]?")
-_SIGNAL_RE = re.compile(r"(?:(?:B|R|BR|RB):)?(?:SIG)?(?P<sig>USR1|USR2|TERM|INT|HUP|QUIT|ALRM|CONT|[1-9][0-9]?)(?:@(?P<s>[0-9]{1,5}))?")
-_ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
-# Names that change how bash or the loader runs code before our command does anything.
-_ENV_DENY = frozenset({"BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS", "PS4", "IFS", "LD_PRELOAD", "LD_AUDIT", "LD_LIBRARY_PATH"})
 # What a rendered #SBATCH value may be made of; the validators above only ever produce this.
 _HEADER_SAFE_RE = re.compile(r"[A-Za-z0-9._/+,@=%:-]+")
 
@@ -137,43 +133,6 @@ def _check_int(field: str, value: object, lo: int, hi: int) -> int:
     return value
 
 
-def _check_signal(value: object) -> str:
-    text = _check_text("signal", value, MAX_NAME)
-    if text == "":
-        return text
-    m = _SIGNAL_RE.fullmatch(text)
-    if not m or (m["sig"].isdigit() and int(m["sig"]) > 64) or (m["s"] and int(m["s"]) > MAX_SIGNAL_S):
-        raise _bad("signal", value, "is not a Slurm --signal spec", f"use [B:|R:]SIGNAL[@SECONDS] like 'B:USR2@120', seconds <= {MAX_SIGNAL_S}")
-    return text
-
-
-def _check_env(value: object) -> tuple[tuple[str, str], ...]:
-    if isinstance(value, Mapping):
-        pairs = list(value.items())
-    elif isinstance(value, (list, tuple)):
-        pairs = [tuple(p) if isinstance(p, list) else p for p in value]
-    else:
-        raise _bad("extra_env", value, f"is a {type(value).__name__}", "pass a mapping of name to value")
-    if len(pairs) > MAX_ENV:
-        raise _bad("extra_env", f"{len(pairs)} variables", "is too many", f"keep it to {MAX_ENV}")
-    seen: dict[str, str] = {}
-    for pair in pairs:
-        if not (isinstance(pair, tuple) and len(pair) == 2):
-            raise _bad("extra_env", pair, "is not a (name, value) pair", "pass a mapping of name to value")
-        name, val = pair
-        name = _check_text("extra_env name", name, MAX_NAME)
-        if not _ENV_NAME_RE.fullmatch(name):
-            raise _bad("extra_env name", name, "is not a shell variable name", "use A-Z a-z 0-9 _ not starting with a digit")
-        if name.startswith("SLURM_"):
-            raise _bad("extra_env name", name, "is Slurm's to set", "export it in the shell that runs sbatch; the job inherits it")
-        if name in _ENV_DENY or name.startswith("BASH_FUNC_"):
-            raise _bad("extra_env name", name, "changes how the shell or loader runs code", "set it in a reviewed module file instead")
-        if name in seen:
-            raise _bad("extra_env name", name, "is given twice", "give each variable once")
-        seen[name] = _check_text(f"extra_env[{name}]", val, MAX_ENV_VALUE)
-    return tuple(sorted(seen.items()))
-
-
 def format_time_limit(minutes: int) -> str:
     """Minutes as Slurm's ``[D-]HH:MM:SS`` (``90`` -> ``01:30:00``, ``1500`` -> ``1-01:00:00``)."""
     minutes = _check_int("time_limit_min", minutes, 1, MAX_TIME_MIN)
@@ -188,7 +147,6 @@ class SbatchValues:
     """Everything a template can ask for. Optional fields default to empty, which drops their line."""
 
     job_name: str  # --job-name; also what scancel --name finds
-    partition: str  # --partition (a Slurm partition, not the data split)
     time_limit_min: int  # --time, in minutes
     output: str  # --output, absolute; %j-style patterns allowed
     python: str  # absolute path of the interpreter that has parcel_hpc (the search's venv)
@@ -197,21 +155,16 @@ class SbatchValues:
     contract_digest: str  # the frozen contract's digest, recorded in --comment
     mem: str = "4G"  # --mem per node: digits and an optional K/M/G/T (Slurm's default unit is M)
     cpus_per_task: int = 1  # --cpus-per-task
-    gpus: int = 0  # --gres=gpu:N per node; 0 drops the line
+    partition: str = ""  # --partition (a Slurm partition, not the data split); empty: the cluster's default
     account: str = ""  # --account; empty drops the line (the user's default account)
     qos: str = ""  # --qos; empty drops the line
-    wckey: str = ""  # --wckey; empty drops the line
     error: str = ""  # --error, absolute; empty drops the line and stderr joins --output
-    signal: str = ""  # --signal, e.g. "B:USR2@120" for a checkpointable job; empty drops the line
-    requeue: bool = False  # --requeue / --no-requeue, for templates that leave it open
-    extra_env: tuple[tuple[str, str], ...] = ()  # exported in the body; a Mapping is accepted
     reconcile_every_min: int | None = None  # reconcile.sbatch: minutes between runs; 0 = cron drives it
 
     def __post_init__(self) -> None:
         fix = object.__setattr__
-        for name in ("job_name", "partition"):
-            _check_name(name, getattr(self, name))
-        for name in ("account", "qos", "wckey"):
+        _check_name("job_name", self.job_name)
+        for name in ("partition", "account", "qos"):
             _check_name(name, getattr(self, name), optional=True)
         _check_name("search_revision", self.search_revision)
         digest = _check_text("contract_digest", self.contract_digest, 128)
@@ -226,11 +179,6 @@ class SbatchValues:
         if not _MEM_RE.fullmatch(mem):
             raise _bad("mem", mem, "is not a Slurm memory size", "use digits and an optional unit K, M, G or T, like '4G'")
         _check_int("cpus_per_task", self.cpus_per_task, 1, MAX_CPUS)
-        _check_int("gpus", self.gpus, 0, MAX_GPUS)
-        _check_signal(self.signal)
-        if type(self.requeue) is not bool:
-            raise _bad("requeue", self.requeue, "is not a bool", "pass True or False")
-        fix(self, "extra_env", _check_env(self.extra_env))
         if self.reconcile_every_min is not None:
             _check_int("reconcile_every_min", self.reconcile_every_min, 0, MAX_EVERY_MIN)
 
@@ -243,7 +191,6 @@ class _Field:
     text: Callable[[SbatchValues], str | None]  # None: not set; "": empty
     source: str  # the SbatchValues field it comes from
     optional: bool = False  # empty drops its line
-    fragment: bool = False  # already shell syntax, quoted piecewise: body lines only, never quoted again
 
 
 def _plain(name: str, optional: bool = False) -> _Field:
@@ -251,13 +198,10 @@ def _plain(name: str, optional: bool = False) -> _Field:
 
 
 _FIELDS: dict[str, _Field] = {
-    **{n: _plain(n) for n in ("job_name", "partition", "mem", "output", "python", "search_dir", "search_revision", "contract_digest")},
-    **{n: _plain(n, optional=True) for n in ("account", "qos", "wckey", "error", "signal")},
+    **{n: _plain(n) for n in ("job_name", "mem", "output", "python", "search_dir", "search_revision", "contract_digest")},
+    **{n: _plain(n, optional=True) for n in ("partition", "account", "qos", "error")},
     "cpus_per_task": _Field(lambda v: str(v.cpus_per_task), "cpus_per_task"),
-    "gpus": _Field(lambda v: str(v.gpus) if v.gpus else "", "gpus", optional=True),
     "time_limit": _Field(lambda v: format_time_limit(v.time_limit_min), "time_limit_min"),
-    "requeue_option": _Field(lambda v: "--requeue" if v.requeue else "--no-requeue", "requeue"),
-    "extra_env": _Field(lambda v: " ".join(f"{k}={shlex.quote(x)}" for k, x in v.extra_env), "extra_env", True, True),
     "reconcile_every_min": _Field(lambda v: None if v.reconcile_every_min is None else str(v.reconcile_every_min), "reconcile_every_min"),
 }
 
@@ -300,7 +244,7 @@ class _Parsed:
 def _template_path(template_name: str, templates_dir: Path | None) -> Path:
     stem = template_name.removesuffix(".sbatch")
     if not re.fullmatch(r"[a-z][a-z0-9_]{0,63}", stem):
-        raise UsageError(f"template name {_show(template_name)} is not a template; use a file name from sbatch_templates/ like 'winner_rerun'")
+        raise UsageError(f"template name {_show(template_name)} is not a template; use a file name from sbatch_templates/ like 'reconcile'")
     path = (templates_dir or TEMPLATES_DIR) / f"{stem}.sbatch"
     if not path.is_file():
         known = sorted(p.stem for p in (templates_dir or TEMPLATES_DIR).glob("*.sbatch"))
@@ -334,15 +278,8 @@ def _parse(path: Path) -> _Parsed:
                 raise UsageError(f"{where} line {no} uses ${{{n}}}, which is not a field; use one of {sorted(_FIELDS)}")
             if _FIELDS[n].optional and len(set(names)) > 1:
                 raise UsageError(f"{where} line {no} mixes optional ${{{n}}} with other fields; put it on a line of its own")
-            if _FIELDS[n].fragment and header:
-                raise UsageError(f"{where} line {no}: ${{{n}}} is shell code and cannot go in an #SBATCH line")
         lines.append(_Line(raw, header, names))
     return _Parsed(path.name, tuple(lines))
-
-
-def template_header_count(template_name: str, *, templates_dir: Path | None = None) -> int:
-    """How many #SBATCH lines the template has: no rendering of it can have more."""
-    return _parse(_template_path(template_name, templates_dir)).header_count
 
 
 def _unused_values(parsed: _Parsed, values: SbatchValues) -> None:
@@ -377,7 +314,7 @@ def render(template_name: str, values: SbatchValues, *, templates_dir: Path | No
                     raise ParcelError(f"bug: {field.source} rendered {_show(text)} into an #SBATCH line")
                 filled[n] = text
             else:
-                filled[n] = text if field.fragment else shlex.quote(text)
+                filled[n] = shlex.quote(text)
         else:
             out.append(_Template(line.text).substitute(filled))
     script = "\n".join(out) + "\n"
@@ -405,10 +342,9 @@ def write_script(path: str | os.PathLike, text: str) -> Path:
 # ---------------------------------------------------------------- sbatch
 
 
-def submit_argv(script_path: str | os.PathLike, *, parsable: bool = True) -> list[str]:
-    """``sbatch [--parsable] SCRIPT``; options stay in the reviewed script, not on the command line."""
-    path = _check_path("script path", script_path)
-    return ["sbatch", "--parsable", path] if parsable else ["sbatch", path]
+def submit_argv(script_path: str | os.PathLike) -> list[str]:
+    """``sbatch --parsable SCRIPT``; options stay in the reviewed script, not on the command line."""
+    return ["sbatch", "--parsable", _check_path("script path", script_path)]
 
 
 _JOB_ID_RE = re.compile(r"(?:Submitted batch job )?(?P<id>[0-9]+)(?:;[A-Za-z0-9._-]+| on cluster [A-Za-z0-9._-]+)?")

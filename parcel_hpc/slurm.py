@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Iterable, Mapping
 
 from .errors import SchedulerUnavailable
 
@@ -32,7 +32,9 @@ def check_reachable(env: Mapping[str, str] | None = None, timeout: float = 15.0)
         raise SchedulerUnavailable("sbatch is not on PATH: this machine has no SLURM client; install slurm-client, or use hydra/launcher=submitit_local")
     conf = env.get("SLURM_CONF") or "/etc/slurm/slurm.conf"
     if not os.path.exists(conf):
-        raise SchedulerUnavailable(f"SLURM is not configured here ({'SLURM_CONF=' + env['SLURM_CONF'] if env.get('SLURM_CONF') else 'no SLURM_CONF and no /etc/slurm/slurm.conf'}); source the cluster's env file (scripts/dev-cluster-up.sh prints it) or use hydra/launcher=submitit_local")
+        raise SchedulerUnavailable(
+            f"SLURM is not configured here ({'SLURM_CONF=' + env['SLURM_CONF'] if env.get('SLURM_CONF') else 'no SLURM_CONF and no /etc/slurm/slurm.conf'}); source the cluster's env file (scripts/dev-cluster-up.sh prints it) or use hydra/launcher=submitit_local"
+        )
     try:
         proc = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, env=env, timeout=timeout)
         reply = (proc.stdout or proc.stderr).strip()
@@ -74,6 +76,16 @@ def release(job_ids: Iterable[str], env: Mapping[str, str] | None = None) -> Non
         _run(release_argv(ids), dict(os.environ if env is None else env), 30.0)
 
 
+def cancel_argv(job_ids: Iterable[str]) -> list[str]:
+    return ["scancel", *job_ids]
+
+
+def cancel(job_ids: Iterable[str], env: Mapping[str, str] | None = None) -> None:
+    ids = list(job_ids)
+    if ids:
+        _run(cancel_argv(ids), dict(os.environ if env is None else env), 30.0)
+
+
 def _run(argv: list[str], env: dict, timeout: float) -> str:
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout)
@@ -83,5 +95,7 @@ def _run(argv: list[str], env: dict, timeout: float) -> str:
         raise SchedulerUnavailable(f"{argv[0]} did not answer within {timeout:.0f}s; slurmctld may be down: check `scontrol ping`") from None
     if proc.returncode != 0:
         first = (proc.stderr or proc.stdout).strip().splitlines()
-        raise SchedulerUnavailable(f"{' '.join(argv[:2])} failed: {first[0] if first else 'exit ' + str(proc.returncode)}; check `scontrol ping` and SLURM_CONF")
+        raise SchedulerUnavailable(
+            f"{' '.join(argv[:2])} failed: {first[0] if first else 'exit ' + str(proc.returncode)}; check `scontrol ping` and SLURM_CONF"
+        )
     return proc.stdout

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -229,17 +230,60 @@ def test_re_reserve_of_the_same_attempt_returns_the_existing_reservation(tmp_pat
     assert len(os.listdir(ledger.path)) == 3  # open, reserve, settle
 
 
-def test_caps_are_recorded_once_and_changed_only_on_purpose(tmp_path):
+def test_caps_are_recorded_once_and_frozen(tmp_path):
     with pytest.raises(UsageError, match="no budget journal"):
         BudgetLedger(tmp_path)
     BudgetLedger(tmp_path, caps(gpu=1.0))
-    with pytest.raises(UsageError, match="amend_caps"):
+    with pytest.raises(UsageError, match="frozen with the search's contract; a changed budget needs a new search.revision"):
         BudgetLedger(tmp_path, caps(gpu=2.0))
     worker = BudgetLedger(tmp_path)
     assert worker.reserve("t1", 0, 0.6).ok and not worker.reserve("t2", 0, 0.6).ok
-    BudgetLedger(tmp_path).amend_caps(caps(gpu=2.0))
-    assert worker.reserve("t2", 0, 0.6).ok  # the worker follows the journal's caps
-    assert BudgetLedger(tmp_path, caps(gpu=2.0)).verify().reserved_gpu_hours == 1.2
+
+
+def test_a_caps_entry_in_an_older_journal_still_reads(tmp_path):
+    ledger = BudgetLedger(tmp_path, caps(gpu=1.0))
+    ledger.reserve("t1", 0, 0.6)
+    last = ledger.path / "00000001.json"
+    old = json.loads(last.read_text())  # an entry as amend_caps used to write it: totals unchanged
+    entry = {
+        "v": 1,
+        "seq": 2,
+        "kind": "caps",
+        "prev": "sha256:" + hashlib.sha256(last.read_bytes()).hexdigest(),
+        "totals": old["totals"],
+        "caps": caps(gpu=2.0).to_json(),
+        "at": 0.0,
+        "writer": "old",
+    }
+    (ledger.path / "00000002.json").write_bytes((json.dumps(entry) + "\n").encode())
+    assert BudgetLedger(tmp_path).caps == caps(gpu=2.0)
+    assert BudgetLedger(tmp_path).reserve("t2", 0, 0.6).ok  # the journal's latest caps bind
+    assert BudgetLedger.read_totals(tmp_path).reserved_gpu_hours == 1.2
+
+
+def tree_listing(root: Path) -> list[tuple[str, int, int]]:
+    """Every path under ``root`` (root included) with its size and mtime in ns."""
+    paths = [root, *sorted(root.rglob("*"))]
+    return [(str(p.relative_to(root)), p.lstat().st_size, p.lstat().st_mtime_ns) for p in paths]
+
+
+def test_read_totals_writes_nothing(tmp_path):
+    assert BudgetLedger.read_totals(tmp_path) is None  # no journal: nothing spent, nothing created
+    assert list(tmp_path.iterdir()) == []
+    ledger = BudgetLedger(tmp_path, caps(gpu=10.0))
+    ledger.settle(ledger.reserve("t1", 0, 2.0, 1.0), 0.5, 0.25)
+    ledger.reserve("t2", 0, 1.0)
+    expected = ledger.totals()
+    before = tree_listing(tmp_path)
+    assert BudgetLedger.read_totals(tmp_path) == expected
+    assert tree_listing(tmp_path) == before
+
+    empty = tmp_path / "empty"
+    (empty / "budget" / "journal").mkdir(parents=True)  # a journal whose opener died before entry 0
+    before = tree_listing(empty)
+    with pytest.raises(UsageError, match="has no caps yet"):
+        BudgetLedger.read_totals(empty)
+    assert tree_listing(empty) == before
 
 
 def test_a_damaged_entry_is_named(tmp_path):
@@ -310,7 +354,11 @@ def test_property_reserved_plus_used_never_exceeds_the_cap(ops, gpu_cap, cost_ca
                 elif r.ok:
                     held[key] = (uh(g), uh(cpu_h))
                 else:
-                    assert before.committed_gpu_hours + g > gpu_cap - 1e-6 or before.committed_cost(c.rates) + c.rates.cost(g, cpu_h) > cost_cap * (1 - 1e-9) or before.trials >= max_trials
+                    assert (
+                        before.committed_gpu_hours + g > gpu_cap - 1e-6
+                        or before.committed_cost(c.rates) + c.rates.cost(g, cpu_h) > cost_cap * (1 - 1e-9)
+                        or before.trials >= max_trials
+                    )
             elif held:
                 key = sorted(held)[op[1] % len(held)]
                 g, cpu = held.pop(key)

@@ -15,7 +15,7 @@ import h5py
 import numpy as np
 import pytest
 
-from parcel_hpc.checkpoints import CheckpointStore, scan_for_foreign, step_files
+from parcel_hpc.checkpoints import CheckpointStore, step_files
 from parcel_hpc.claims import (
     CheckpointCollision,
     ClaimIdentity,
@@ -26,7 +26,6 @@ from parcel_hpc.claims import (
     claim_directory,
     decide_claim,
     describe_conflict,
-    fresh_directory,
     quarantine_move,
     read_claim,
 )
@@ -76,7 +75,7 @@ def test_decide_claim_table(existing, ours, alive, expected):
 
 def test_table_covers_every_outcome_and_conflicts_describe_themselves():
     assert {t[-1] for t in TABLE} == set(ClaimOutcome)
-    for _, existing, ours, alive, outcome in TABLE:
+    for _, existing, ours, _alive, outcome in TABLE:
         if outcome.is_conflict():
             assert not outcome.resumes()
             assert describe_conflict(outcome, existing, ours)
@@ -135,7 +134,7 @@ def test_a_taken_over_attempt_is_fenced_at_its_next_save(tmp_path):
 
 # ---------------------------------------------------------------------------- real processes
 
-WORKER = r'''
+WORKER = r"""
 import json, os, signal, sys
 import numpy as np
 from parcel_hpc.checkpoints import *
@@ -179,7 +178,7 @@ elif mode == "train":  # resume, then save a big checkpoint per step until last_
         say(saved=step)
     claim.release()
     say(done=step, acc=acc)
-'''
+"""
 
 
 @pytest.fixture
@@ -188,8 +187,8 @@ def worker(tmp_path):
     path.write_text(WORKER)
 
     def start(*args) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, str(path), *map(str, args)], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, text=True, bufsize=1)
+        return subprocess.Popen([sys.executable, str(path), *map(str, args)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+
     return start
 
 
@@ -290,9 +289,15 @@ def test_sigkill_mid_write_always_leaves_a_loadable_checkpoint(tmp_path, worker)
 def sample(step: int) -> dict:
     rng = np.random.default_rng(step)
     return {
-        "params": {"conv1/weight": rng.random((8, 3, 3, 3)).astype(np.float32), "conv1/bias": rng.random(8),
-                   "head.bias": np.arange(5, dtype=">i4"), "scale": np.array(2.5), "empty": np.zeros((0, 4)),
-                   "mask": rng.random(10) > 0.5, "z": np.array([1 + 2j])},
+        "params": {
+            "conv1/weight": rng.random((8, 3, 3, 3)).astype(np.float32),
+            "conv1/bias": rng.random(8),
+            "head.bias": np.arange(5, dtype=">i4"),
+            "scale": np.array(2.5),
+            "empty": np.zeros((0, 4)),
+            "mask": rng.random(10) > 0.5,
+            "z": np.array([1 + 2j]),
+        },
         "optimizer": {"m/conv1/weight": np.full((8, 3, 3, 3), step, np.float64)},
         "rng_state": rng.bit_generator.state,
         "extra": {"loss": 0.25 * step, "epoch": step},
@@ -422,15 +427,6 @@ def test_save_clears_temp_files_of_a_killed_writer(tmp_path):
 # ---------------------------------------------------------------------------- collision helpers
 
 
-def test_scan_for_foreign(tmp_path):
-    claim_directory(tmp_path, ident())
-    save(CheckpointStore(tmp_path, T7), 1)
-    assert scan_for_foreign(tmp_path, T7) == []
-    assert scan_for_foreign(tmp_path / "missing", T7) == []
-    reasons = scan_for_foreign(tmp_path, T8)
-    assert len(reasons) == 2 and "claim-000000.json" in reasons[0] and "ckpt-000001.h5" in reasons[1]
-
-
 def test_quarantine_move_moves_and_never_deletes(tmp_path):
     src = tmp_path / "ckpts" / "t0007"
     claim_directory(src, ident())
@@ -447,14 +443,6 @@ def test_quarantine_move_moves_and_never_deletes(tmp_path):
     assert again != dest and (dest / "t0007").is_dir()
     with pytest.raises(UsageError):
         quarantine_move(tmp_path / "nothing", tmp_path / "quarantine", "t0007", "x")
-
-
-def test_fresh_directory_is_new_and_unique(tmp_path):
-    a = fresh_directory(tmp_path / "root", "t0007", 2)
-    b = fresh_directory(tmp_path / "root", "t0007", 2)
-    assert a != b and a.is_dir() and b.is_dir() and not any(a.iterdir())
-    assert a.name.startswith("t0007-a002-")
-    assert claim_directory(a, ident(attempt=2)).outcome is O.CLAIMED
 
 
 # ---------------------------------------------------------------------------- permissions
@@ -477,7 +465,6 @@ def test_nothing_created_is_world_writable_under_umask_0(tmp_path, umask_zero):
         save(CheckpointStore(ckpt_dir, T7, keep_last=1, claim=claim), step)
     claim.release()
     quarantine_move(ckpt_dir, root / "q" / "x", "t0007", "test")
-    fresh_directory(root / "fresh" / "y", "t0007", 1)
     created = [root.parent, *root.parent.rglob("*")]
     assert len(created) > 10
     for p in created:

@@ -6,7 +6,15 @@ import os
 import pytest
 
 from parcel_hpc.contract import (
-    ADMIT, Contract, TrialIdentity, WorkerObservation, admit, check_worker, first_difference, freeze_contract, load_contract,
+    ADMIT,
+    Contract,
+    TrialIdentity,
+    WorkerObservation,
+    admit,
+    check_worker,
+    first_difference,
+    freeze_contract,
+    load_contract,
 )
 from parcel_hpc.errors import CorruptRecord, GovernanceRefusal
 

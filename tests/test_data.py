@@ -53,6 +53,7 @@ def _copy(src: str, dst_dir: Path) -> Path:
 
 # --- determinism and the content digest ---------------------------------------------------------
 
+
 def test_same_seed_same_digest_in_different_directories(tmp_path):
     a = make_snapshot(tmp_path / "a", seed=0, n_shipments=5)
     b = make_snapshot(tmp_path / "elsewhere" / "b", seed=0, n_shipments=5)
@@ -106,6 +107,7 @@ def test_make_snapshot_is_idempotent_and_refuses_to_replace_a_different_snapshot
 
 
 # --- the generated content ----------------------------------------------------------------------
+
 
 def test_generated_snapshot_is_valid_and_shaped_as_documented(art, columns):
     meta = validate_snapshot(art["snapshot_path"])
@@ -175,9 +177,11 @@ def test_slices_differ_in_difficulty(columns):
 
 # --- validation of a user's snapshot ------------------------------------------------------------
 
+
 def _delete(name):
     def mutate(f):
         del f[name]
+
     return mutate
 
 
@@ -188,18 +192,21 @@ def _replace(name, data):
         ds = f.create_dataset(name, data=new)
         for key, value in attrs.items():
             ds.attrs[key] = value
+
     return mutate
 
 
 def _set_first(name, value):
     def mutate(f):
         f[name][0] = value
+
     return mutate
 
 
 def _del_attr(obj_name, attr):
     def mutate(f):
         del (f[obj_name] if obj_name else f).attrs[attr]
+
     return mutate
 
 
@@ -264,6 +271,7 @@ def test_validate_snapshot_refuses_missing_and_non_hdf5_files(tmp_path):
 
 # --- splits -------------------------------------------------------------------------------------
 
+
 def _shipments(columns, rows) -> set[str]:
     return {s.decode() for s in columns["shipment_id"][np.asarray(rows, dtype=np.int64)]}
 
@@ -302,8 +310,7 @@ def test_group_split_property_over_seeds_and_fractions(art, columns, seed, val, 
     assert abs(info.counts[1] - val * 72) <= 1 and abs(info.counts[2] - fin * 72) <= 1
 
 
-@given(ids=st.lists(st.text("ABC-0123", min_size=1, max_size=6), min_size=3, max_size=60),
-       seed=st.integers(0, 2**63 - 1))
+@given(ids=st.lists(st.text("ABC-0123", min_size=1, max_size=6), min_size=3, max_size=60), seed=st.integers(0, 2**63 - 1))
 def test_assign_groups_is_a_deterministic_partition(ids, seed):
     distinct = set(ids)
     if len(distinct) < 3:
@@ -339,6 +346,7 @@ def test_read_split_recomputes_its_digest(art, tmp_path):
 
 
 # --- partitions ---------------------------------------------------------------------------------
+
 
 def test_load_partition_never_returns_final_shipments(art):
     split = read_split(art["split_path"])

@@ -7,14 +7,15 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-from parcel_hpc.ledger.store import SearchDir
-from parcel_hpc.testing import launch, parcel_hpc
-from parcel_hpc.testing.runs import _env
+from parcel_hpc.ledger import SearchDir
+from parcel_hpc.testing import faults, launch, parcel_hpc
+from parcel_hpc.testing.runs import subprocess_env
+from parcel_hpc.worker.training import STEP_HOOK_ENV
 
 
 def run(tmp_path, data_dir, rev, *overrides, **kw):
+    kw.setdefault("env", {STEP_HOOK_ENV: faults.HOOK})  # +space.params.fault=... injects faults through the step hook
     return launch([f"search.root={tmp_path / 'runs'}", f"search.revision={rev}", *overrides], cwd=tmp_path, data_dir=data_dir, **kw)
 
 
@@ -39,8 +40,9 @@ def wait_for(predicate, timeout, what):
 
 
 def test_two_trials_on_one_prefix_are_quarantined_and_rerun_clean(tmp_path, data_dir):
-    res = run(tmp_path, data_dir, "shared", "search.n_trials=2", "pruner=none", "checkpoint.prefix=shared",
-              "train.step_seconds=0.03", "hydra.launcher.parallelism=2")
+    res = run(
+        tmp_path, data_dir, "shared", "search.n_trials=2", "pruner=none", "checkpoint.prefix=shared", "train.step_seconds=0.03", "hydra.launcher.parallelism=2"
+    )
     assert res.returncode == 0, res.stderr
     records = list(sd(tmp_path, "shared").records())
     assert [r.state.value for r in records] == ["completed", "completed"]
@@ -56,13 +58,24 @@ def test_two_trials_on_one_prefix_are_quarantined_and_rerun_clean(tmp_path, data
 
 
 def test_killed_worker_resumes_from_its_last_good_checkpoint(tmp_path, data_dir):
-    argv = [sys.executable, "-m", "parcel_hpc.launch", "-m", f"search.root={tmp_path / 'runs'}", "search.revision=killed",
-            "search.n_trials=1", "pruner=none", "train.step_seconds=0.08", "checkpoint.keep_last=3"]
-    launcher = subprocess.Popen(argv, cwd=tmp_path, env={**_env(data_dir, None)}, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, start_new_session=True)
+    argv = [
+        sys.executable,
+        "-m",
+        "parcel_hpc.launch",
+        "-m",
+        f"search.root={tmp_path / 'runs'}",
+        "search.revision=killed",
+        "search.n_trials=1",
+        "pruner=none",
+        "train.step_seconds=0.08",
+        "checkpoint.keep_last=3",
+    ]
+    launcher = subprocess.Popen(
+        argv, cwd=tmp_path, env={**subprocess_env(data_dir, None)}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     ckpt_dir = tmp_path / "runs" / "killed" / "checkpoints" / "t0000"
     wait_for(lambda: len(list(ckpt_dir.glob("ckpt-*.h5"))) >= 3, 60, "three checkpoints")
-    started = [e for e in sd(tmp_path, "killed").events("t0000") if e["kind"] == "started"][-1]
+    started = [e.to_json() for e in sd(tmp_path, "killed").events("t0000") if e.kind.value == "started"][-1]
     # Kill everything at once, launcher and worker: nobody is left to say how the attempt ended.
     os.killpg(launcher.pid, signal.SIGKILL)
     os.kill(started["pid"], signal.SIGKILL)
@@ -80,7 +93,7 @@ def test_killed_worker_resumes_from_its_last_good_checkpoint(tmp_path, data_dir)
     rec = sd(tmp_path, "killed").record("t0000")
     assert rec.state.value == "completed", (rec.state, rec.reason)
     assert rec.attempts[0].how.value == "lost" and rec.attempts[1].resumed_from == int(previous.stem.split("-")[1])
-    skipped = [e for e in sd(tmp_path, "killed").events("t0000") if e["kind"] == "checkpoint_skipped"]
+    skipped = [e.to_json() for e in sd(tmp_path, "killed").events("t0000") if e.kind.value == "checkpoint_skipped"]
     assert skipped and skipped[0]["path"].endswith(newest.name)
     assert rec.metric == reference(tmp_path, data_dir)[0]
 
@@ -105,10 +118,21 @@ def test_divergence_is_its_own_failure_class(tmp_path, data_dir):
 
 
 def test_duplicates_are_dispatched_once_even_by_two_concurrent_launchers(tmp_path, data_dir):
-    argv = [sys.executable, "-m", "parcel_hpc.launch", "-m", f"search.root={tmp_path / 'runs'}", "search.revision=dedup",
-            "space=tiny_r1", "search.n_trials=12", "pruner=none", "train.step_seconds=0.01"]
-    procs = [subprocess.Popen(argv, cwd=tmp_path, env=_env(data_dir, None), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(2)]
+    argv = [
+        sys.executable,
+        "-m",
+        "parcel_hpc.launch",
+        "-m",
+        f"search.root={tmp_path / 'runs'}",
+        "search.revision=dedup",
+        "space=tiny_r1",
+        "search.n_trials=12",
+        "pruner=none",
+        "train.step_seconds=0.01",
+    ]
+    procs = [
+        subprocess.Popen(argv, cwd=tmp_path, env=subprocess_env(data_dir, None), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)
+    ]
     outs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [o[1][-500:] for o in outs]
     search = sd(tmp_path, "dedup")
@@ -128,9 +152,17 @@ def test_duplicates_are_dispatched_once_even_by_two_concurrent_launchers(tmp_pat
 
 
 def test_nothing_in_the_search_is_world_writable_even_under_umask_0(tmp_path, data_dir):
-    argv = [sys.executable, "-m", "parcel_hpc.launch", "-m", f"search.root={tmp_path / 'runs'}", "search.revision=umask",
-            "search.n_trials=2", f"checkpoint.dir={tmp_path / 'shared-ckpt'}"]
-    proc = subprocess.run(argv, cwd=tmp_path, env=_env(data_dir, None), capture_output=True, text=True, preexec_fn=lambda: os.umask(0))
+    argv = [
+        sys.executable,
+        "-m",
+        "parcel_hpc.launch",
+        "-m",
+        f"search.root={tmp_path / 'runs'}",
+        "search.revision=umask",
+        "search.n_trials=2",
+        f"checkpoint.dir={tmp_path / 'shared-ckpt'}",
+    ]
+    proc = subprocess.run(argv, cwd=tmp_path, env=subprocess_env(data_dir, None), capture_output=True, text=True, preexec_fn=lambda: os.umask(0))
     assert proc.returncode == 0, proc.stderr
     made = list((tmp_path / "runs").rglob("*")) + list((tmp_path / "shared-ckpt").rglob("*")) + [tmp_path / "shared-ckpt"]
     assert len(made) > 50

@@ -3,8 +3,6 @@ processes, real h5py files. Every case runs the entry point a user runs."""
 
 import json
 import os
-import pickle
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -14,6 +12,7 @@ from parcel_hpc.data import make_snapshot
 from parcel_hpc.ledger.store import SearchDir
 from parcel_hpc.sweep.proposal import plan_for, propose
 from parcel_hpc.testing import launch, parcel_hpc, run_trial_directly
+from parcel_hpc.worker import WorkerPlan
 
 REV = "search.revision=test-r1"
 
@@ -57,12 +56,15 @@ def test_search_runs_records_and_continues_without_redispatch(tmp_path, data_dir
     assert all(t["attempts"] == 1 for t in st["trials"])  # no finished trial ran twice
 
 
-@pytest.mark.parametrize("override,outcome", [
-    ("split=random_r7", "reject:split_digest"),
-    ("metric.miss_cost=7.0", "reject:metric"),
-    ("space.params.lr.high=0.5", "reject:space"),
-    ("resources.gpus=2", "reject:resources"),
-])
+@pytest.mark.parametrize(
+    "override,outcome",
+    [
+        ("split=random_r7", "reject:split_digest"),
+        ("metric.miss_cost=7.0", "reject:metric"),
+        ("space.params.lr.high=0.5", "reject:space"),
+        ("resources.gpus=2", "reject:resources"),
+    ],
+)
 def test_changed_contract_is_refused_before_dispatch(tmp_path, data_dir, override, outcome):
     assert run(tmp_path, data_dir, "search.n_trials=0").returncode == 0
     contract_before = (search_dir(tmp_path) / "contract.json").read_bytes()
@@ -93,15 +95,18 @@ def test_pinned_snapshot_digest_must_match(tmp_path, data_dir):
     assert res.returncode == 3 and res.stdout.splitlines()[0] == "reject:snapshot_digest"
 
 
-@pytest.mark.parametrize("override,needle", [
-    ("split=nope", "split"),
-    ("foo=1", "foo"),
-    ("search.n_trials=abc", "n_trials"),
-    ("search.n_trials=[1,", "search.n_trials"),
-    ("snapshot.path=/nonexistent/parcels.h5", "make-snapshot"),
-    ("search.root=/proc/forbidden", "not writable"),
-    ("search.n_trials=1,2", "sweep override"),
-])
+@pytest.mark.parametrize(
+    "override,needle",
+    [
+        ("split=nope", "split"),
+        ("foo=1", "foo"),
+        ("search.n_trials=abc", "n_trials"),
+        ("search.n_trials=[1,", "search.n_trials"),
+        ("snapshot.path=/nonexistent/parcels.h5", "make-snapshot"),
+        ("search.root=/proc/forbidden", "not writable"),
+        ("search.n_trials=1,2", "sweep override"),
+    ],
+)
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, data_dir, override, needle):
     res = run(tmp_path, data_dir, override)
     assert res.returncode == 2, (res.stdout, res.stderr)
@@ -127,8 +132,12 @@ def _plan(tmp_path, data_dir, *overrides):
     assert res.returncode == 0, res.stderr
     sd = SearchDir(search_dir(tmp_path))
     sd.write_spec(propose({"train": {"seed": 1234}}, sd.contract(), 0, 1)[0])
-    cfg = {"snapshot": {"path": str(data_dir / "parcels.h5")}, "split": {"path": str(data_dir / "split-group_r8.json")},
-           "image": {"kind": "computed"}, "checkpoint": {"dir": str(sd.path / "checkpoints"), "every_steps": 10, "keep_last": 2}}
+    cfg = {
+        "snapshot": {"path": str(data_dir / "parcels.h5")},
+        "split": {"path": str(data_dir / "split-group_r8.json")},
+        "image": {"kind": "computed"},
+        "checkpoint": {"dir": str(sd.path / "checkpoints"), "every_steps": 10, "keep_last": 2},
+    }
     return sd, cfg
 
 
@@ -158,8 +167,7 @@ def test_worker_refuses_a_newer_image_archive(tmp_path, data_dir):
 def test_same_seed_and_params_give_the_same_metric(tmp_path, data_dir):
     metrics = []
     for rev in ("same-a", "same-b"):
-        res = launch([f"search.root={tmp_path / 'runs'}", f"search.revision={rev}", "search.n_trials=1", "pruner=none"],
-                     cwd=tmp_path, data_dir=data_dir)
+        res = launch([f"search.root={tmp_path / 'runs'}", f"search.revision={rev}", "search.n_trials=1", "pruner=none"], cwd=tmp_path, data_dir=data_dir)
         assert res.returncode == 0, res.stderr
         metrics.append(status(search_dir(tmp_path, rev))["trials"][0]["metric"])
     assert metrics[0] is not None and metrics[0] == metrics[1]
@@ -184,19 +192,18 @@ def test_an_attempt_that_died_after_its_final_checkpoint_resumes_and_scores(tmp_
     for journal in (sd.trial_dir("t0000")).glob("journal-a1-*.jsonl"):
         journal.write_text("".join(l + "\n" for l in journal.read_text().splitlines() if '"kind":"ended"' not in l))
     assert sd.record("t0000").state.value == "running"
-    again = run_trial_directly(sd.plan("t0000"))
+    again = run_trial_directly(WorkerPlan.load(sd, "t0000"))
     assert again.returncode == 0, again.stderr
     rec = sd.record("t0000")
     assert rec.state.value == "completed" and rec.metric == metric
     assert rec.attempts[-1].resumed_from == 82 and rec.attempts[0].how.value == "lost"
     # and a finished trial that is dispatched once more does not train again
-    assert run_trial_directly(sd.plan("t0000")).returncode == 0
+    assert run_trial_directly(WorkerPlan.load(sd, "t0000")).returncode == 0
     assert len(sd.record("t0000").attempts) == 2
 
 
 def test_a_full_budget_ends_trials_budget_exhausted_not_as_an_error(tmp_path, data_dir):
-    from parcel_hpc.budget import BudgetLedger
-    from parcel_hpc.budget._search import search_caps
+    from parcel_hpc.budget import BudgetLedger, search_caps
 
     sd, cfg = _plan(tmp_path, data_dir, "budget.gpu_hours_cap=3", "resources.time_limit_min=60")
     plan = plan_for(sd.spec("t0000"), cfg, sd.contract(), sd.path)

@@ -105,8 +105,14 @@ def test_nop_pruner_never_prunes():
 
 @pytest.mark.parametrize(
     "kwargs",
-    [dict(milestones=()), dict(milestones=(20, 10)), dict(milestones=(0, 10)), dict(milestones=(10, 10)),
-     dict(milestones=MS, reduction_factor=1), dict(milestones=MS, min_peers=0)],
+    [
+        dict(milestones=()),
+        dict(milestones=(20, 10)),
+        dict(milestones=(0, 10)),
+        dict(milestones=(10, 10)),
+        dict(milestones=MS, reduction_factor=1),
+        dict(milestones=MS, min_peers=0),
+    ],
 )
 def test_bad_configuration_is_a_usage_error(kwargs):
     with pytest.raises(UsageError):
@@ -122,8 +128,7 @@ def test_non_finite_values_are_refused(value):
 
 
 def test_decision_is_validated_at_birth():
-    base = dict(trial_id="x", milestone=10, value=2.0, peers=(("a", 1.0),), keep=1, reduction_factor=3,
-                min_peers=1, pruner="asha", time=NOW)
+    base = dict(trial_id="x", milestone=10, value=2.0, peers=(("a", 1.0),), keep=1, reduction_factor=3, min_peers=1, pruner="asha", time=NOW)
     with pytest.raises(ParcelError):
         PruneDecision(action=PruneAction.PRUNE, threshold=2.0, **base)  # a tie cannot prune
     with pytest.raises(ParcelError):
@@ -350,8 +355,9 @@ def test_concurrent_processes_report_and_decide_exactly_once(tmp_path):
     first_values.update(mine)
     go = tmp_path / "go"
     procs = {
-        t: subprocess.Popen([sys.executable, "-c", CHILD, str(root), t, f"d{i % n_dup}", repr(v), str(go)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        t: subprocess.Popen(
+            [sys.executable, "-c", CHILD, str(root), t, f"d{i % n_dup}", repr(v), str(go)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         for i, (t, v) in enumerate(mine.items())
     }
     time.sleep(0.3)  # let interpreters start so that they pile up on the go file

@@ -1,4 +1,4 @@
-"""Reconciling the ledger with recorded sacct output: every attempt to the second, flags, waste."""
+"""Reconciling the ledger with recorded sacct output: every job run to the second, flags, waste."""
 
 import json
 from importlib import resources
@@ -6,15 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from parcel_hpc.accounting import attempts, parse_sacct
-from parcel_hpc.accounting.reconcile import Caps, reconcile
+from parcel_hpc import fsio
+from parcel_hpc.accounting import job_runs, parse_sacct
+from parcel_hpc.accounting.reconcile import reconcile
+from parcel_hpc.budget import BudgetCaps, Rates
 from parcel_hpc.contract import Contract, freeze_contract
-from parcel_hpc.ledger.records import TrialSpec, fold
-from parcel_hpc.ledger.store import SearchDir
+from parcel_hpc.ledger import Event, SearchDir, TrialSpec, fold
 from parcel_hpc.testing import parcel_hpc
 
 SAMPLES = Path(resources.files("parcel_hpc.testing") / "samples")
-CAPS = Caps(max_trials=82, gpu_hours_cap=1.0, cost_cap=10.0, rate_per_gpu_hour=2.0, rate_per_cpu_hour=0.5)
+CAPS = BudgetCaps(max_trials=82, gpu_hours_cap=1.0, cost_cap=10.0, rates=Rates(per_gpu_hour=2.0, per_cpu_hour=0.5))
 
 
 def sample(*names) -> bytes:
@@ -26,30 +27,35 @@ def spec(tid):
 
 
 def ev(kind, t, **kw):
-    return {"kind": kind, "t": t, "writer": "w", "seq": t, **kw}
+    defaults = {"executor": "slurm", "launch_id": "l1"} if kind == "submitted" else {}
+    return Event.from_json({"kind": kind, "t": t, "writer": "w", "seq": t, **defaults, **kw})
 
 
-PREEMPTED_THEN_DONE = [ev("submitted", 1, job_id="12"), ev("started", 2, attempt=1, job_id="12"),
-                       ev("ended", 3, attempt=1, how="interrupted", cause="preempted", step=20),
-                       ev("started", 4, attempt=2, job_id="12"), ev("ended", 5, attempt=2, how="completed", metric=0.3, step=82)]
+PREEMPTED_THEN_DONE = [
+    ev("submitted", 1, job_id="12"),
+    ev("started", 2, attempt=1, job_id="12"),
+    ev("ended", 3, attempt=1, how="interrupted", cause="preempted", step=20),
+    ev("started", 4, attempt=2, job_id="12"),
+    ev("ended", 5, attempt=2, how="completed", metric=0.3, step=82),
+]
 STILL_RUNNING = [ev("submitted", 1, job_id="24"), ev("started", 2, attempt=1, job_id="24")]
 
 
 def test_requeued_job_reconciles_to_the_second_with_waste_by_cause():
-    runs = attempts(parse_sacct(sample("requeue_duplicates.txt")))
+    runs = job_runs(parse_sacct(sample("requeue_duplicates.txt")))
     rec = reconcile("s1", "miss-cost-r3", "test", [fold(spec("t0001"), PREEMPTED_THEN_DONE)], runs, [], CAPS)
     assert [(a.run, a.state, a.elapsed_s, a.ledger_attempt) for a in rec.attempts] == [(0, "REQUEUED", 4, 1), (1, "COMPLETED", 20, 2)]
     assert rec.flags == ()
     assert rec.attempts[0].gpu_hours == pytest.approx(2 * 4 / 3600) and rec.attempts[1].gpu_hours == pytest.approx(2 * 20 / 3600)
     assert rec.waste_hours["preemption"] == pytest.approx(2 * 4 / 3600)
     assert rec.trials[0].wall_s == 24 and rec.trials[0].effective
-    assert rec.trials[0].queue_wait_s == (1, 69)  # Submit -> Start of every attempt (Submit resets on requeue)
+    assert rec.trials[0].queue_wait_s == (1, 69)  # Submit -> Start of every run (Submit resets on requeue)
     assert rec.figures["cost"] == pytest.approx(2.0 * 2 * 24 / 3600 + 0.5 * 24 / 3600)
     assert rec.spend["gpu_hours"]["left"] == pytest.approx(1.0 - 2 * 24 / 3600)
 
 
 def test_flags_running_but_ended_mismatch_and_orphans():
-    runs = attempts(parse_sacct(sample("node_fail.txt")))
+    runs = job_runs(parse_sacct(sample("node_fail.txt")))
     mine = [a for a in runs if a.job_id == "24"]
     orphans = [a for a in runs if a.job_id == "48"]
     rec = reconcile("s1", "m", "test", [fold(spec("t0002"), STILL_RUNNING)], mine, orphans, CAPS)
@@ -61,25 +67,29 @@ def test_flags_running_but_ended_mismatch_and_orphans():
 
 
 def test_state_mismatch_is_flagged():
-    events = [ev("submitted", 1, job_id="12"), ev("started", 2, attempt=1, job_id="12"),
-              ev("ended", 3, attempt=1, how="completed", metric=0.2, step=82)]
-    runs = attempts(parse_sacct(sample("requeue_duplicates.txt")))
+    events = [ev("submitted", 1, job_id="12"), ev("started", 2, attempt=1, job_id="12"), ev("ended", 3, attempt=1, how="completed", metric=0.2, step=82)]
+    runs = job_runs(parse_sacct(sample("requeue_duplicates.txt")))
     rec = reconcile("s1", "m", "test", [fold(spec("t0003"), events)], runs, [], CAPS)
     assert "state_mismatch" in {f.kind for f in rec.flags} and "attempt_mismatch" in {f.kind for f in rec.flags}
 
 
 def _search(tmp_path) -> SearchDir:
-    fields = {"snapshot_digest": "sha256:" + "a" * 64, "split_digest": "sha256:" + "b" * 64, "split_method": "group",
-              "metric_revision": "miss-cost-r3", "search_revision": "s1", "image_digest": "sha256:" + "i" * 64,
-              "budget": {"max_trials": 82, "gpu_hours_cap": 1.0, "cost_cap": 10.0, "rate_per_gpu_hour": 2.0, "rate_per_cpu_hour": 0.5},
-              "pruner": {"milestones": [10, 20, 41, 82]}}
+    fields = {
+        "snapshot_digest": "sha256:" + "a" * 64,
+        "split_digest": "sha256:" + "b" * 64,
+        "split_method": "group",
+        "metric_revision": "miss-cost-r3",
+        "search_revision": "s1",
+        "image_digest": "sha256:" + "i" * 64,
+        "budget": {"max_trials": 82, "gpu_hours_cap": 1.0, "cost_cap": 10.0, "rate_per_gpu_hour": 2.0, "rate_per_cpu_hour": 0.5},
+        "pruner": {"milestones": [10, 20, 41, 82]},
+    }
     sd = SearchDir(tmp_path / "s1")
     freeze_contract(sd.path, Contract(fields))
     for tid, events in (("t0001", PREEMPTED_THEN_DONE),):
         sd.write_spec(spec(tid))
-        j = sd.journal(tid, "test")
-        for e in events:
-            j.append(e["kind"], **{k: v for k, v in e.items() if k not in ("kind", "t", "writer", "seq")})
+        for e in events:  # a journal as a worker and a launch would have left it
+            fsio.append_jsonl(sd.trial_dir(tid) / "journal-w.jsonl", e.to_json())
     sd.write_launch("l1", {"launcher": {"kind": "slurm", "params": {"job_name": "parcel-s1"}}})
     return sd
 
@@ -124,7 +134,7 @@ def test_unreachable_sacct_is_an_error_not_a_partial_report(tmp_path):
 
 def test_step_rows_of_a_failed_node_have_no_exit_code_but_allocations_must():
     # Recorded on the dev cluster: a node set DOWN leaves the job's steps with an empty ExitCode.
-    runs = attempts(parse_sacct(sample("node_fail_steps_without_exit_code.txt")))
+    runs = job_runs(parse_sacct(sample("node_fail_steps_without_exit_code.txt")))
     assert [(a.job_id, a.state.text, a.elapsed_s) for a in runs] == [("46", "NODE_FAIL", 5)]
     broken = sample("node_fail_steps_without_exit_code.txt").replace(b"|NODE_FAIL|0:0|", b"|NODE_FAIL||", 1)
     from parcel_hpc.errors import AccountingError

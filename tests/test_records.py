@@ -2,21 +2,33 @@
 
 import pytest
 
-from parcel_hpc.ledger.journal import Journal, read_events
-from parcel_hpc.ledger.records import TrialSpec, fold
-from parcel_hpc.ledger.states import TrialState
-from parcel_hpc.lifecycle import Action, next_action
+from parcel_hpc.errors import CorruptRecord
+from parcel_hpc.ledger import Ended, Event, Executor, TrialSpec, TrialState, TrialWriter, fold, read_events
+from parcel_hpc.ledger.events import Cause
+from parcel_hpc.ledger.states import AttemptEnd
+from parcel_hpc.lifecycle import Action, RetryPolicy, next_action
 
 SPEC = TrialSpec("t0001", 1, {"lr": 0.1}, 1234, "sha256:" + "1" * 64, "sha256:" + "2" * 64, "sha256:" + "3" * 64, {"gpus": 1, "cpus": 1})
 
 
+POLICY = RetryPolicy(max_retries=2, max_preemptions=10)
+# What the events below leave out (they say only what each test is about).
+DEFAULTS = {"submitted": {"executor": "slurm", "launch_id": "l1"}, "admission": {"launch_id": "l1"}}
+
+
 def ev(kind, t, **kw):
-    return {"kind": kind, "t": t, "writer": "w", "seq": t, **kw}
+    if kind in ("ended", "resolved") and kw.get("how") == "interrupted":
+        kw.setdefault("cause", "timeout")
+    return Event.from_json({"kind": kind, "t": t, "writer": "w", "seq": t, **DEFAULTS.get(kind, {}), **kw})
 
 
 def test_lifecycle_of_a_completed_trial():
-    events = [ev("submitted", 1, job_id="11"), ev("started", 2, attempt=1, job_id="11"),
-              ev("milestone", 3, attempt=1, step=10, value=0.5), ev("ended", 4, attempt=1, how="completed", metric=0.4, step=82)]
+    events = [
+        ev("submitted", 1, job_id="11"),
+        ev("started", 2, attempt=1, job_id="11"),
+        ev("milestone", 3, attempt=1, step=10, value=0.5),
+        ev("ended", 4, attempt=1, how="completed", metric=0.4, step=82),
+    ]
     assert fold(SPEC, events[:1]).state is TrialState.QUEUED
     assert fold(SPEC, events[:2]).state is TrialState.RUNNING
     rec = fold(SPEC, events)
@@ -24,16 +36,19 @@ def test_lifecycle_of_a_completed_trial():
 
 
 def test_only_a_completed_trial_carries_a_metric():
-    rec = fold(SPEC, [ev("started", 1, attempt=1), ev("milestone", 2, attempt=1, step=10, value=0.6),
-                      ev("ended", 3, attempt=1, how="pruned", step=10)])
+    rec = fold(SPEC, [ev("started", 1, attempt=1), ev("milestone", 2, attempt=1, step=10, value=0.6), ev("ended", 3, attempt=1, how="pruned", step=10)])
     assert rec.state is TrialState.PRUNED and rec.metric is None and rec.last_value == 0.6
     with pytest.raises(ValueError):
         type(rec)(spec=SPEC, state=TrialState.COMPLETED)
 
 
 def test_interruption_then_resume():
-    events = [ev("started", 1, attempt=1), ev("ended", 2, attempt=1, how="interrupted", cause="preempted", step=30),
-              ev("started", 3, attempt=2), ev("resumed", 4, attempt=2, step=30)]
+    events = [
+        ev("started", 1, attempt=1),
+        ev("ended", 2, attempt=1, how="interrupted", cause="preempted", step=30),
+        ev("started", 3, attempt=2),
+        ev("resumed", 4, attempt=2, step=30),
+    ]
     rec = fold(SPEC, events[:2])
     assert rec.state is TrialState.QUEUED and rec.interrupted == 1
     rec = fold(SPEC, events)
@@ -69,58 +84,87 @@ def test_rejection_and_budget_exhaustion_are_final():
 
 
 def test_journals_merge_in_time_order_and_survive_a_torn_tail(tmp_path):
-    a = Journal(tmp_path, "launch", clock=iter([1.0, 4.0]).__next__)
-    b = Journal(tmp_path, "a1", clock=iter([2.0, 3.0]).__next__)
-    a.append("submitted", job_id="7")
-    b.append("started", attempt=1)
-    b.append("milestone", attempt=1, step=10, value=0.5)
-    a.append("note")
+    a = TrialWriter(tmp_path, "launch", clock=iter([1.0, 4.0]).__next__)
+    b = TrialWriter(tmp_path, "a1", clock=iter([2.0, 3.0]).__next__)
+    a.submitted("7", Executor.LOCAL, "l1")
+    b.started(1, ev("started", 0).data)
+    b.milestone(1, 10, 0.5, True)
+    a.gave_up("a limit")
     with open(b.path, "ab") as f:
         f.write(b'{"kind":"ended","t":5')  # the writer was killed mid-append
-    assert [e["kind"] for e in read_events(tmp_path)] == ["submitted", "started", "milestone", "note"]
+    assert [e.kind.value for e in read_events(tmp_path)] == ["submitted", "started", "milestone", "gave_up"]
 
 
-@pytest.mark.parametrize("events,dispatches,alive,expected", [
-    ([], 0, False, Action.DISPATCH),
-    ([ev("submitted", 1, job_id="1")], 1, True, Action.WAIT),
-    ([ev("started", 1, attempt=1)], 1, False, Action.RESOLVE_LOST),
-    ([ev("started", 1, attempt=1), ev("ended", 2, attempt=1, how="interrupted", cause="node_fail")], 1, False, Action.RETRY),
-    ([ev("started", 1, attempt=1), ev("ended", 2, attempt=1, how="failed", cause="exception")], 1, False, Action.RETRY),
-    ([ev("started", 1, attempt=1), ev("ended", 2, attempt=1, how="completed", metric=0.2)], 1, False, Action.NONE),
-    ([ev("started", 1, attempt=1), ev("quarantined", 2, attempts_upto=1, reason="x")], 1, False, Action.RETRY),
-    ([ev("started", i, attempt=i) if i % 2 else ev("ended", i, attempt=i - 1, how="interrupted") for i in range(1, 9)], 4, False, Action.GIVE_UP),
-    ([ev("submitted", 1, job_id="1")], 5, False, Action.GIVE_UP),
-])
+def test_events_are_validated_at_birth():
+    with pytest.raises(ValueError):
+        Ended(AttemptEnd.COMPLETED)  # a completed attempt without its metric
+    with pytest.raises(ValueError):
+        Ended(AttemptEnd.FAILED)  # a failure without its class
+    with pytest.raises(ValueError):
+        Ended(AttemptEnd.INTERRUPTED, cause=Cause.EXCEPTION)  # an interruption names an infrastructure cause
+    with pytest.raises(CorruptRecord):
+        Event.from_json({"kind": "ended", "t": 1, "writer": "w", "seq": 1, "how": "completed", "metric": 0.1, "cause": "gremlins"})
+
+
+@pytest.mark.parametrize(
+    "events,dispatches,alive,expected",
+    [
+        ([], 0, False, Action.DISPATCH),
+        ([ev("submitted", 1, job_id="1")], 1, True, Action.WAIT),
+        ([ev("started", 1, attempt=1)], 1, False, Action.RESOLVE_LOST),
+        ([ev("started", 1, attempt=1), ev("ended", 2, attempt=1, how="interrupted", cause="node_fail")], 1, False, Action.RETRY),
+        ([ev("started", 1, attempt=1), ev("ended", 2, attempt=1, how="failed", cause="exception")], 1, False, Action.RETRY),
+        ([ev("started", 1, attempt=1), ev("ended", 2, attempt=1, how="completed", metric=0.2)], 1, False, Action.NONE),
+        ([ev("started", 1, attempt=1), ev("quarantined", 2, attempts_upto=1, reason="x")], 1, False, Action.RETRY),
+        ([ev("started", i, attempt=i) if i % 2 else ev("ended", i, attempt=i - 1, how="interrupted") for i in range(1, 9)], 4, False, Action.GIVE_UP),
+        ([ev("submitted", 1, job_id="1")], 5, False, Action.GIVE_UP),
+    ],
+)
 def test_next_action(events, dispatches, alive, expected):
-    assert next_action(fold(SPEC, events), dispatches=dispatches, job_alive=alive, max_retries=2).action is expected
+    assert next_action(fold(SPEC, events), dispatches=dispatches, job_alive=alive, policy=POLICY).action is expected
 
 
 def test_a_stale_attempt_ending_late_does_not_change_the_state():
-    events = [ev("started", 1, attempt=1), ev("resolved", 2, attempt=1, how="interrupted", cause="node_fail"),
-              ev("started", 3, attempt=2), ev("ended", 4, attempt=1, how="lost", cause="superseded")]
+    events = [
+        ev("started", 1, attempt=1),
+        ev("resolved", 2, attempt=1, how="interrupted", cause="node_fail"),
+        ev("started", 3, attempt=2),
+        ev("ended", 4, attempt=1, how="lost", cause="superseded"),
+    ]
     rec = fold(SPEC, events)
     assert rec.state is TrialState.RUNNING  # attempt 2 runs; attempt 1's late word changes nothing
     assert rec.attempts[0].how.value == "interrupted"  # the first word on how it ended stands
 
 
 def test_a_late_give_up_never_overrides_a_result():
-    events = [ev("started", 1, attempt=1), ev("ended", 2, attempt=1, how="completed", metric=0.2, step=82),
-              ev("gave_up", 3, state="failed", cause="retries_exhausted", reason="late signal")]
+    events = [
+        ev("started", 1, attempt=1),
+        ev("ended", 2, attempt=1, how="completed", metric=0.2, step=82),
+        ev("gave_up", 3, state="failed", cause="retries_exhausted", reason="late signal"),
+    ]
     rec = fold(SPEC, events)
     assert rec.state is TrialState.COMPLETED and rec.metric == 0.2
 
 
 def test_an_older_attempts_result_still_counts_after_a_newer_one_started():
-    events = [ev("started", 1, attempt=1), ev("resolved", 2, attempt=1, how="lost", cause="lost"),
-              ev("started", 3, attempt=2), ev("ended", 4, attempt=1, how="completed", metric=0.25, step=82)]
+    events = [
+        ev("started", 1, attempt=1),
+        ev("resolved", 2, attempt=1, how="lost", cause="lost"),
+        ev("started", 3, attempt=2),
+        ev("ended", 4, attempt=1, how="completed", metric=0.25, step=82),
+    ]
     rec = fold(SPEC, events)
     assert rec.state is TrialState.COMPLETED and rec.metric == 0.25
 
 
 def test_quarantine_withdraws_failures_made_in_the_shared_directory():
-    events = [ev("started", 1, attempt=1), ev("ended", 2, attempt=1, how="failed", cause="exception", final=False),
-              ev("started", 3, attempt=2), ev("ended", 4, attempt=2, how="failed", cause="exception", final=True),
-              ev("quarantined", 5, attempts_upto=2, reason="shared prefix")]
+    events = [
+        ev("started", 1, attempt=1),
+        ev("ended", 2, attempt=1, how="failed", cause="exception", final=False),
+        ev("started", 3, attempt=2),
+        ev("ended", 4, attempt=2, how="failed", cause="exception", final=True),
+        ev("quarantined", 5, attempts_upto=2, reason="shared prefix"),
+    ]
     rec = fold(SPEC, events)
     assert rec.state is TrialState.QUARANTINED and rec.failures == () and not rec.state.is_result()
 
@@ -128,5 +172,5 @@ def test_quarantine_withdraws_failures_made_in_the_shared_directory():
 def test_jobs_that_never_start_are_not_retried_forever():
     events = [ev("started", 1, attempt=1), ev("ended", 2, attempt=1, how="interrupted", cause="timeout")]
     rec = fold(SPEC, events)
-    assert next_action(rec, dispatches=3, job_alive=False, max_retries=2).action is Action.RETRY
-    assert next_action(rec, dispatches=5, job_alive=False, max_retries=2).action is Action.GIVE_UP
+    assert next_action(rec, dispatches=3, job_alive=False, policy=POLICY).action is Action.RETRY
+    assert next_action(rec, dispatches=5, job_alive=False, policy=POLICY).action is Action.GIVE_UP

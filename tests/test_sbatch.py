@@ -1,5 +1,6 @@
 """Tests for parcel_hpc.sbatch: rendering the reviewable templates, refusing smuggled values,
-writing scripts, and the sbatch argv/parser.
+writing scripts, and the sbatch argv/parser; and for `parcel-hpc schedule-reconcile`, which renders
+and submits sbatch_templates/reconcile.sbatch.
 
 Golden files: each template is rendered with fixed values and compared byte for byte with
 tests/golden/<name>.sbatch. After a deliberate template change, rewrite them with
@@ -8,7 +9,8 @@ and review the diff (it is exactly what an admin will see change).
 
 The rendered scripts are also run for real: `bash -n` for syntax, and whole scripts with a fake
 interpreter (and fake squeue/sbatch for the reconcile chain) to check what actually gets executed.
-The slurm-marked tests at the end submit to the dev cluster named by SLURM_CONF.
+The slurm-marked test at the end submits to the dev cluster named by SLURM_CONF; the command's run on
+the cluster is in tests/slurm/test_schedule_reconcile.py.
 """
 
 from __future__ import annotations
@@ -19,13 +21,14 @@ import os
 import re
 import stat
 import subprocess
-import time
+import sys
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from parcel_hpc.contract import Contract, freeze_contract
 from parcel_hpc.errors import ParcelError, SchedulerUnavailable, UsageError
 from parcel_hpc.sbatch import (
     MAX_TIME_MIN,
@@ -37,17 +40,17 @@ from parcel_hpc.sbatch import (
     render,
     submit,
     submit_argv,
-    template_header_count,
     write_script,
 )
+from parcel_hpc.testing import parcel_hpc
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
-TEMPLATES = ("winner_rerun", "final_eval", "reconcile")
-OPTIONAL = {"account", "qos", "wckey", "error", "signal", "gpus", "extra_env"}  # fields whose line is dropped when empty
+# Every template in sbatch_templates/: a new one needs golden values below and an existing command.
+TEMPLATES = tuple(sorted(p.stem for p in TEMPLATES_DIR.glob("*.sbatch")))
+OPTIONAL = {"partition", "account", "qos", "error"}  # fields whose line is dropped when empty
 
 SEARCH = "/shared/parcel/searches/damage-v3"
 BASE = dict(
-    partition="gpu-low",
     python="/opt/parcel/venv/bin/python",
     search_dir=SEARCH,
     search_revision="r7",
@@ -55,23 +58,21 @@ BASE = dict(
 )
 GOLDEN_VALUES = {
     # Every optional field set: the fullest script.
-    "winner_rerun": SbatchValues(
-        job_name="parcel-winner-rerun", time_limit_min=240, mem="16G", cpus_per_task=8, gpus=1,
-        output=f"{SEARCH}/logs/winner-%j.out", error=f"{SEARCH}/logs/winner-%j.err",
-        account="vision", qos="normal", wckey="parcel", signal="B:USR2@120", requeue=True,
-        extra_env={"OMP_NUM_THREADS": "8", "HYDRA_FULL_ERROR": "1"}, **BASE,
-    ),
-    # qos, wckey, error, signal and extra_env empty: their lines are gone.
-    "final_eval": SbatchValues(
-        job_name="parcel-final-eval", time_limit_min=1500, mem="32G", cpus_per_task=4, gpus=1,
-        output=f"{SEARCH}/logs/final-eval-%j.out", account="vision", **BASE,
-    ),
     "reconcile": SbatchValues(
-        job_name="parcel-reconcile", time_limit_min=15, mem="1G",
-        output=f"{SEARCH}/accounting/reconcile-%j.json", error=f"{SEARCH}/accounting/reconcile-%j.err",
-        reconcile_every_min=60, **BASE,
+        job_name="parcel-reconcile-r7",
+        partition="gpu-low",
+        account="vision",
+        qos="normal",
+        time_limit_min=15,
+        mem="1G",
+        output=f"{SEARCH}/accounting/reconcile-%j.json",
+        error=f"{SEARCH}/accounting/reconcile-%j.err",
+        reconcile_every_min=60,
+        **BASE,
     ),
 }
+# What each template needs beyond values(), for tests that render every template.
+NEEDS = {"reconcile": dict(reconcile_every_min=5)}
 
 
 def values(**overrides) -> SbatchValues:
@@ -90,6 +91,10 @@ def template_lines(name: str) -> list[str]:
     return (TEMPLATES_DIR / f"{name}.sbatch").read_text().splitlines()
 
 
+def header_count(name: str) -> int:
+    return sum(line.startswith("#SBATCH") for line in template_lines(name))
+
+
 def assert_same_structure(name: str, script: str) -> None:
     """Every rendered line is one template line with its placeholders filled in, in template order;
     only lines holding an optional field are missing. So no value added a line or a directive."""
@@ -99,7 +104,7 @@ def assert_same_structure(name: str, script: str) -> None:
     rendered = rendered[:-1]
     tpl = template_lines(name)
     assert len(rendered) <= len(tpl)
-    assert sum(line.startswith("#SBATCH") for line in rendered) <= template_header_count(name)
+    assert sum(line.startswith("#SBATCH") for line in rendered) <= header_count(name)
     pos = 0
     for line in rendered:
         while True:
@@ -131,29 +136,45 @@ def test_golden(name: str) -> None:
 
 @pytest.mark.parametrize("name", TEMPLATES)
 def test_template_files_parse_and_have_directives(name: str) -> None:
-    assert template_header_count(name) >= 10
+    assert header_count(name) >= 10
     assert render(f"{name}.sbatch", GOLDEN_VALUES[name]) == render(name, GOLDEN_VALUES[name])
 
 
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_template_runs_an_existing_command(name: str) -> None:
+    """A template may only name a parcel-hpc subcommand that exists (and has golden values)."""
+    assert name in GOLDEN_VALUES and name in NEEDS
+    commands = re.findall(r"-m parcel_hpc ([a-z][a-z-]*)", (TEMPLATES_DIR / f"{name}.sbatch").read_text())
+    assert commands, f"{name}.sbatch runs no parcel_hpc command"
+    for command in commands:
+        res = parcel_hpc([command, "--help"], timeout=60)
+        assert res.returncode == 0, f"{name}.sbatch runs `python -m parcel_hpc {command}`: {res.stderr}"
+
+
 def test_optional_lines_are_dropped_and_kept() -> None:
-    full = render("winner_rerun", GOLDEN_VALUES["winner_rerun"])
-    for opt in ("--account=vision", "--qos=normal", "--wckey=parcel", "--gres=gpu:1", "--signal=B:USR2@120",
-                f"--error={SEARCH}/logs/winner-%j.err", "export HYDRA_FULL_ERROR=1 OMP_NUM_THREADS=8"):
+    full = render("reconcile", GOLDEN_VALUES["reconcile"])
+    for opt in ("--partition=gpu-low", "--account=vision", "--qos=normal", f"--error={SEARCH}/accounting/reconcile-%j.err"):
         assert opt in full
-    bare = render("winner_rerun", values())
-    for gone in ("#SBATCH --account", "#SBATCH --qos", "#SBATCH --wckey", "#SBATCH --gres", "#SBATCH --signal",
-                 "#SBATCH --error", "\nexport "):
+    bare = render("reconcile", values(reconcile_every_min=60))
+    for gone in ("#SBATCH --partition", "#SBATCH --account", "#SBATCH --qos", "#SBATCH --error"):
         assert gone in full and gone not in bare
-    assert "#SBATCH --no-requeue" in bare and "#SBATCH --requeue" in full
-    assert full.count("\n") - bare.count("\n") == 7
-    assert_same_structure("winner_rerun", bare)
+    assert full.count("\n") - bare.count("\n") == 4
+    assert_same_structure("reconcile", bare)
     bash_n(bare)
 
 
 @pytest.mark.parametrize(
     ("minutes", "text"),
-    [(1, "00:01:00"), (59, "00:59:00"), (60, "01:00:00"), (90, "01:30:00"), (1439, "23:59:00"),
-     (1440, "1-00:00:00"), (1500, "1-01:00:00"), (MAX_TIME_MIN, "366-00:00:00")],
+    [
+        (1, "00:01:00"),
+        (59, "00:59:00"),
+        (60, "01:00:00"),
+        (90, "01:30:00"),
+        (1439, "23:59:00"),
+        (1440, "1-00:00:00"),
+        (1500, "1-01:00:00"),
+        (MAX_TIME_MIN, "366-00:00:00"),
+    ],
 )
 def test_format_time_limit(minutes: int, text: str) -> None:
     assert format_time_limit(minutes) == text
@@ -177,11 +198,11 @@ INJECTIONS = [
     ("job_name", "x#SBATCH"),
     ("partition", "low --account=root"),
     ("partition", "low\t--account=root"),
-    ("partition", ""),
+    ("partition", "low\n"),
     ("account", "root\0"),
     ("account", "a'b"),
     ("qos", "high\n"),
-    ("wckey", "k#x"),
+    ("qos", "k#x"),
     ("output", "/tmp/out\n#SBATCH --uid=0"),
     ("output", "relative/out.log"),
     ("output", "/tmp/a b.log"),
@@ -204,26 +225,12 @@ INJECTIONS = [
     ("mem", "4G --uid=0"),
     ("mem", "0"),
     ("mem", "4GB"),
-    ("signal", "B:USR2@120\n#SBATCH --uid=0"),
-    ("signal", "KILL"),
-    ("signal", "B:USR2@99999"),
-    ("signal", "B:99"),
     ("cpus_per_task", 0),
     ("cpus_per_task", True),
     ("cpus_per_task", "8"),
-    ("gpus", -1),
-    ("gpus", 65),
     ("time_limit_min", 0),
-    ("requeue", "yes"),
     ("reconcile_every_min", -1),
-    ("extra_env", {"A\nB": "x"}),
-    ("extra_env", {"LD_PRELOAD": "/tmp/x.so"}),
-    ("extra_env", {"SLURM_CONF": "/etc/slurm/slurm.conf"}),
-    ("extra_env", {"BASH_FUNC_x%%": "() { id; }"}),
-    ("extra_env", {"X": "a\nb"}),
-    ("extra_env", {"X": "#SBATCH --uid=0"}),
-    ("extra_env", {"1X": "a"}),
-    ("extra_env", "X=1"),
+    ("reconcile_every_min", "60"),
 ]
 
 
@@ -248,17 +255,13 @@ def test_long_value_is_truncated_in_message() -> None:
 def test_paths_accept_pathlike_and_sbatch_patterns() -> None:
     v = values(search_dir=Path("/srv/s1"), output="/srv/logs/%x-%A_%a.out")
     assert v.search_dir == "/srv/s1" and isinstance(v.search_dir, str)
-    assert "#SBATCH --output=/srv/logs/%x-%A_%a.out\n" in render("final_eval", v)
+    assert "#SBATCH --output=/srv/logs/%x-%A_%a.out\n" in render("reconcile", dataclasses.replace(v, reconcile_every_min=0))
 
 
-def test_values_are_frozen_and_env_normalised() -> None:
-    v = values(extra_env=[("B", "2"), ("A", "1")])
-    assert v.extra_env == (("A", "1"), ("B", "2"))
-    assert v == values(extra_env={"A": "1", "B": "2"})
+def test_values_are_frozen() -> None:
+    v = values()
     with pytest.raises(dataclasses.FrozenInstanceError):
         v.job_name = "other"  # type: ignore[misc]
-    with pytest.raises(UsageError, match="twice"):
-        values(extra_env=[("A", "1"), ("A", "2")])
 
 
 # ---------------------------------------------------------------- template rules
@@ -275,7 +278,6 @@ def write_template(tmp_path: Path, name: str, body: str) -> Path:
         ("#SBATCH --job-name=${nope}\n", r"\$\{nope\}, which is not a field"),
         ("#SBATCH --account=${account} --qos=${qos}\n", "mixes optional"),
         ("#SBATCH --job-name=${job_name}\necho hi\n#SBATCH --uid=0\n", "after the first command"),
-        ("#SBATCH ${extra_env}\n", "cannot go in an #SBATCH line"),
         ("#SBATCH --x=1\necho '#SBATCH --uid=0'\n", "at the start of the line"),
         ("#SBATCH --x=1\necho no-newline", "end with a newline"),
     ],
@@ -292,18 +294,15 @@ def test_missing_field_raises() -> None:
         render("reconcile", values())
 
 
-@pytest.mark.parametrize(
-    ("name", "field", "value"),
-    [("final_eval", "requeue", True), ("final_eval", "signal", "B:USR2@60"), ("reconcile", "gpus", 1),
-     ("winner_rerun", "reconcile_every_min", 60)],
-)
-def test_value_the_template_ignores_raises(name: str, field: str, value: object) -> None:
-    v = values(reconcile_every_min=0) if name == "reconcile" else values()
+@pytest.mark.parametrize(("field", "value"), [("account", "vision"), ("partition", "low"), ("reconcile_every_min", 60)])
+def test_value_the_template_ignores_raises(tmp_path: Path, field: str, value: object) -> None:
+    d = write_template(tmp_path, "t", "#SBATCH --job-name=${job_name}\n#SBATCH --qos=${qos}\necho ${search_dir}\n")
+    assert render("t", values(qos="normal"), templates_dir=d)
     with pytest.raises(UsageError, match=f"does not use {field}"):
-        render(name, dataclasses.replace(v, **{field: value}))
+        render("t", values(**{field: value}), templates_dir=d)
 
 
-@pytest.mark.parametrize("name", ["../etc/passwd", "winner_rerun/../x", "nope", "", "Winner"])
+@pytest.mark.parametrize("name", ["../etc/passwd", "reconcile/../x", "nope", "", "Reconcile", "winner_rerun", "final_eval"])
 def test_unknown_template_name_raises(name: str) -> None:
     with pytest.raises(UsageError, match="template"):
         render(name, values())
@@ -316,26 +315,54 @@ def test_shell_dollars_in_templates_are_left_alone(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------- properties
 
-STRING_FIELDS = ("job_name", "partition", "account", "qos", "wckey", "output", "error", "python",
-                 "search_dir", "search_revision", "contract_digest", "mem", "signal")
-NASTY = ["a", "Z9", "/", "/tmp", ".", "-", "_", "%j", "\n", "\r", "\0", "\t", " ", "#SBATCH", "#", " --uid=0",
-         "$(", ")", "`", ";", "'", '"', "\\", "\u2028", "\x85", "\u00a0", "..", "B:USR2@1", "4G", ":"]
+STRING_FIELDS = ("job_name", "partition", "account", "qos", "output", "error", "python", "search_dir", "search_revision", "contract_digest", "mem")
+NASTY = [
+    "a",
+    "Z9",
+    "/",
+    "/tmp",
+    ".",
+    "-",
+    "_",
+    "%j",
+    "\n",
+    "\r",
+    "\0",
+    "\t",
+    " ",
+    "#SBATCH",
+    "#",
+    " --uid=0",
+    "$(",
+    ")",
+    "`",
+    ";",
+    "'",
+    '"',
+    "\\",
+    "\u2028",
+    "\x85",
+    "\u00a0",
+    "..",
+    "B:USR2@1",
+    "4G",
+    ":",
+]
 nasty_text = st.lists(st.sampled_from(NASTY), max_size=8).map("".join)
 safe_text = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._-]{0,20}", fullmatch=True)
 # Mostly hostile, partly valid (bare or as /path), so both the refusal and the rendering side are exercised.
-any_value = st.one_of(st.text(max_size=80), nasty_text, nasty_text.map(lambda s: "/" + s),
-                      safe_text, safe_text.map(lambda s: "/srv/" + s), st.tuples(safe_text, nasty_text).map("".join))
+any_value = st.one_of(
+    st.text(max_size=80),
+    nasty_text,
+    nasty_text.map(lambda s: "/" + s),
+    safe_text,
+    safe_text.map(lambda s: "/srv/" + s),
+    st.tuples(safe_text, nasty_text).map("".join),
+)
 
 
 def render_all(v: SbatchValues) -> dict[str, str]:
-    out = {}
-    for name in TEMPLATES:
-        kw = {}
-        if name != "winner_rerun":
-            kw = dict(requeue=False, signal="") if name == "final_eval" else dict(requeue=False, signal="", gpus=0)
-        r = dataclasses.replace(v, reconcile_every_min=5 if name == "reconcile" else None, **kw)
-        out[name] = render(name, r)
-    return out
+    return {name: render(name, dataclasses.replace(v, **NEEDS[name])) for name in TEMPLATES}
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -351,8 +378,10 @@ def test_no_value_adds_a_line_or_directive(field: str, value: str) -> None:
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(field=st.sampled_from(("job_name", "partition", "account", "search_dir", "output")),
-       value=st.from_regex(r"/?[A-Za-z0-9][A-Za-z0-9._/+,@=%-]{0,30}", fullmatch=True))
+@given(
+    field=st.sampled_from(("job_name", "partition", "account", "search_dir", "output")),
+    value=st.from_regex(r"/?[A-Za-z0-9][A-Za-z0-9._/+,@=%-]{0,30}", fullmatch=True),
+)
 def test_accepted_values_render_valid_bash(field: str, value: str) -> None:
     try:
         v = values(**{field: value})
@@ -366,12 +395,7 @@ def test_accepted_values_render_valid_bash(field: str, value: str) -> None:
 def fake_interpreter(tmp_path: Path) -> Path:
     """Stands in for python: records argv and one variable, prints a JSON line on stdout."""
     fake = tmp_path / "fakepy"
-    fake.write_text(
-        "#!/bin/bash\n"
-        'printf "%s\\0" "$@" > "$PROBE_DIR/argv"\n'
-        'printf "%s" "${PROBE-unset}" > "$PROBE_DIR/probe"\n'
-        "echo '{\"reconciled\": true}'\n"
-    )
+    fake.write_text('#!/bin/bash\nprintf "%s\\0" "$@" > "$PROBE_DIR/argv"\nprintf "%s" "${PROBE-unset}" > "$PROBE_DIR/probe"\necho \'{"reconciled": true}\'\n')
     fake.chmod(0o755)
     return fake
 
@@ -388,34 +412,12 @@ def recorded_argv(tmp_path: Path) -> list[str]:
     return (tmp_path / "argv").read_bytes().decode().split("\0")[:-1]
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-@given(value=st.one_of(st.text(max_size=40), nasty_text))
-def test_extra_env_value_reaches_the_job_verbatim(tmp_path: Path, value: str) -> None:
-    try:
-        v = values(extra_env={"PROBE": value}, python=str(fake_interpreter(tmp_path)))
-    except UsageError as exc:
-        assert "extra_env" in str(exc)
-        return
-    marker = tmp_path / "pwned"
-    proc = run_script(tmp_path, render("final_eval", v))
-    assert proc.returncode == 0, proc.stderr
-    assert (tmp_path / "probe").read_bytes().decode() == value
-    assert not marker.exists()
-
-
-@pytest.mark.parametrize("name", TEMPLATES)
-def test_script_runs_the_named_command_with_exact_argv(tmp_path: Path, name: str) -> None:
+def test_reconcile_runs_the_command_with_exact_argv(tmp_path: Path) -> None:
     search = tmp_path / "search"
-    payload = f"$(touch {tmp_path}/pwned)`touch {tmp_path}/pwned2`'\"\\"
-    v = values(python=str(fake_interpreter(tmp_path)), search_dir=str(search), extra_env={"PROBE": payload},
-               reconcile_every_min=0 if name == "reconcile" else None)
-    proc = run_script(tmp_path, render(name, v))
+    v = values(python=str(fake_interpreter(tmp_path)), search_dir=str(search), reconcile_every_min=0)
+    proc = run_script(tmp_path, render("reconcile", v))
     assert proc.returncode == 0, proc.stderr
-    cmd = {"winner_rerun": ["rerun-winner", str(search)], "final_eval": ["final-eval", str(search)],
-           "reconcile": ["reconcile", str(search), "--json"]}[name]
-    assert recorded_argv(tmp_path) == ["-m", "parcel_hpc", *cmd]
-    assert (tmp_path / "probe").read_text() == payload
-    assert not (tmp_path / "pwned").exists() and not (tmp_path / "pwned2").exists()
+    assert recorded_argv(tmp_path) == ["-m", "parcel_hpc", "reconcile", str(search), "--json"]
 
 
 def fake_slurm_bin(tmp_path: Path, *, pending: str = "", sbatch_rc: int = 0) -> Path:
@@ -424,7 +426,7 @@ def fake_slurm_bin(tmp_path: Path, *, pending: str = "", sbatch_rc: int = 0) -> 
     bin_dir.mkdir()
     (bin_dir / "squeue").write_text(f"#!/bin/bash\nprintf '%s\\n' \"$*\" > \"$PROBE_DIR/squeue\"\necho -n '{pending}'\n")
     (bin_dir / "sbatch").write_text(
-        f"#!/bin/bash\nprintf '%s\\0' \"$@\" > \"$PROBE_DIR/sbatch\"\n"
+        '#!/bin/bash\nprintf \'%s\\0\' "$@" > "$PROBE_DIR/sbatch"\n'
         + ("echo 4242\n" if sbatch_rc == 0 else f"echo 'sbatch: error: Unable to contact slurm controller' >&2\nexit {sbatch_rc}\n")
     )
     for f in bin_dir.iterdir():
@@ -470,15 +472,23 @@ def test_reconcile_every_zero_never_calls_slurm(tmp_path: Path) -> None:
 
 
 def test_write_script_mode_and_bytes(tmp_path: Path) -> None:
-    script = render("final_eval", GOLDEN_VALUES["final_eval"])
-    path = write_script(tmp_path / "final_eval.sbatch", script)
+    script = render("reconcile", GOLDEN_VALUES["reconcile"])
+    path = write_script(tmp_path / "reconcile.sbatch", script)
     assert path.read_bytes() == script.encode()
     assert stat.S_IMODE(path.stat().st_mode) == SCRIPT_MODE == 0o644
-    assert [p.name for p in tmp_path.iterdir()] == ["final_eval.sbatch"]  # no temp file left
+    assert [p.name for p in tmp_path.iterdir()] == ["reconcile.sbatch"]  # no temp file left
 
 
-@pytest.mark.parametrize(("path", "text"), [("rel.sbatch", "#!/bin/bash\n"), ("/tmp/x y.sbatch", "#!/bin/bash\n"),
-                                            (None, "echo no shebang\n"), (None, "#!/bin/bash\nno newline"), (None, "#!/bin/bash\n\0\n")])
+@pytest.mark.parametrize(
+    ("path", "text"),
+    [
+        ("rel.sbatch", "#!/bin/bash\n"),
+        ("/tmp/x y.sbatch", "#!/bin/bash\n"),
+        (None, "echo no shebang\n"),
+        (None, "#!/bin/bash\nno newline"),
+        (None, "#!/bin/bash\n\0\n"),
+    ],
+)
 def test_write_script_refuses(tmp_path: Path, path: str | None, text: str) -> None:
     with pytest.raises(UsageError):
         write_script(path or tmp_path / "s.sbatch", text)
@@ -488,8 +498,8 @@ def test_write_script_refuses(tmp_path: Path, path: str | None, text: str) -> No
 
 
 def test_submit_argv() -> None:
-    assert submit_argv("/srv/s/final_eval.sbatch") == ["sbatch", "--parsable", "/srv/s/final_eval.sbatch"]
-    assert submit_argv(Path("/srv/s/x.sbatch"), parsable=False) == ["sbatch", "/srv/s/x.sbatch"]
+    assert submit_argv("/srv/s/reconcile.sbatch") == ["sbatch", "--parsable", "/srv/s/reconcile.sbatch"]
+    assert submit_argv(Path("/srv/s/x.sbatch")) == ["sbatch", "--parsable", "/srv/s/x.sbatch"]
     for bad in ("x.sbatch", "/srv/a b.sbatch", "/srv/x\n.sbatch", "--uid=0"):
         with pytest.raises(UsageError, match="script path"):
             submit_argv(bad)
@@ -497,9 +507,13 @@ def test_submit_argv() -> None:
 
 @pytest.mark.parametrize(
     ("text", "job_id"),
-    [("23\n", "23"), ("23;parcel\n", "23"), ("Submitted batch job 18\n", "18"),
-     ("Submitted batch job 18 on cluster parcel\n", "18"),
-     ("sbatch: warning: can't honor --ntasks-per-node set to 4\n1234\n", "1234")],
+    [
+        ("23\n", "23"),
+        ("23;parcel\n", "23"),
+        ("Submitted batch job 18\n", "18"),
+        ("Submitted batch job 18 on cluster parcel\n", "18"),
+        ("sbatch: warning: can't honor --ntasks-per-node set to 4\n1234\n", "1234"),
+    ],
 )
 def test_parse_sbatch_output(text: str, job_id: str) -> None:
     assert parse_sbatch_output(text) == job_id
@@ -514,8 +528,7 @@ UNAVAILABLE = [
     "sbatch: fatal: Could not establish a configuration source\n",
 ]
 REFUSED = [
-    "sbatch: error: invalid partition specified: nosuch\n"
-    "sbatch: error: Batch job submission failed: Invalid partition name specified\n",
+    "sbatch: error: invalid partition specified: nosuch\nsbatch: error: Batch job submission failed: Invalid partition name specified\n",
     "sbatch: error: Batch job submission failed: Invalid account or account/partition combination specified\n",
     "",
     "Submitted\n",
@@ -538,7 +551,7 @@ def test_parse_sbatch_refused(text: str) -> None:
 
 
 def test_submit_runs_sbatch_from_path(tmp_path: Path) -> None:
-    script = write_script(tmp_path / "s.sbatch", render("final_eval", values()))
+    script = write_script(tmp_path / "s.sbatch", render("reconcile", values(reconcile_every_min=0)))
     bin_dir = fake_slurm_bin(tmp_path)
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "PROBE_DIR": str(tmp_path)}
     assert submit(script, env=env) == "4242"
@@ -546,7 +559,7 @@ def test_submit_runs_sbatch_from_path(tmp_path: Path) -> None:
 
 
 def test_submit_failures(tmp_path: Path) -> None:
-    script = write_script(tmp_path / "s.sbatch", render("final_eval", values()))
+    script = write_script(tmp_path / "s.sbatch", render("reconcile", values(reconcile_every_min=0)))
     bin_dir = fake_slurm_bin(tmp_path, sbatch_rc=1)
     with pytest.raises(SchedulerUnavailable):
         submit(script, env={"PATH": f"{bin_dir}:/usr/bin:/bin", "PROBE_DIR": str(tmp_path)})
@@ -556,22 +569,158 @@ def test_submit_failures(tmp_path: Path) -> None:
 
 def test_render_refuses_non_values() -> None:
     with pytest.raises(UsageError, match="SbatchValues"):
-        render("final_eval", {"job_name": "x"})  # type: ignore[arg-type]
+        render("reconcile", {"job_name": "x"})  # type: ignore[arg-type]
     assert issubclass(UsageError, ParcelError)
+
+
+# ---------------------------------------------------------------- parcel-hpc schedule-reconcile
+
+
+def make_search(tmp_path: Path, revision: str = "rev-a1") -> tuple[Path, Contract]:
+    """A search directory that holds only its frozen contract: all schedule-reconcile reads."""
+    fields = {
+        "snapshot_digest": "sha256:aa",
+        "split_digest": "sha256:bb",
+        "metric_revision": "miss-cost-r3",
+        "search_revision": revision,
+        "image_digest": "sha256:cc",
+    }
+    contract, _ = freeze_contract(tmp_path / "runs" / revision, Contract(fields))
+    return tmp_path / "runs" / revision, contract
+
+
+def schedule(*args: str, env: dict[str, str] | None = None):
+    return parcel_hpc(["schedule-reconcile", *args], env=env, timeout=60)
+
+
+def tree(path: Path) -> list[str]:
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
+
+
+def test_schedule_reconcile_dry_run_prints_the_script_and_writes_nothing(tmp_path: Path) -> None:
+    search, contract = make_search(tmp_path)
+    before = tree(tmp_path)
+    res = schedule(
+        str(search),
+        "--output-dir",
+        str(tmp_path / "acct"),
+        "--every-min",
+        "30",
+        "--partition",
+        "low",
+        "--account",
+        "vision",
+        "--time-limit-min",
+        "20",
+        "--mem",
+        "2G",
+        "--dry-run",
+    )
+    assert res.returncode == 0, res.stderr
+    name = "parcel-reconcile-rev-a1"
+    expected = SbatchValues(
+        job_name=name,
+        partition="low",
+        account="vision",
+        time_limit_min=20,
+        mem="2G",
+        output=f"{tmp_path}/acct/{name}-%j.json",
+        error=f"{tmp_path}/acct/{name}-%j.err",
+        python=sys.executable,
+        search_dir=str(search),
+        search_revision="rev-a1",
+        contract_digest=contract.digest,
+        reconcile_every_min=30,
+    )
+    assert res.stdout == render("reconcile", expected)
+    assert f"--comment=parcel-hpc:revision=rev-a1:contract={contract.digest}\n" in res.stdout
+    assert_same_structure("reconcile", res.stdout)
+    bash_n(res.stdout)
+    assert tree(tmp_path) == before  # no output dir, nothing in the search
+
+
+def test_schedule_reconcile_defaults(tmp_path: Path) -> None:
+    search, _ = make_search(tmp_path)
+    res = schedule(str(search), "--output-dir", str(tmp_path / "acct"), "--dry-run")
+    assert res.returncode == 0, res.stderr
+    for line in ("#SBATCH --time=00:15:00", "#SBATCH --mem=1G", "EVERY_MIN=60"):
+        assert line in res.stdout.splitlines()
+    for gone in ("--partition", "--account", "--qos"):  # the cluster's and the user's defaults
+        assert gone not in res.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (["--partition", "low --account=root"], "partition="),
+        (["--partition", "low\n#SBATCH --uid=0"], "partition="),
+        (["--account", "a\nb"], "account="),
+        (["--qos", "high;id"], "qos="),
+        (["--every-min", "-1"], "reconcile_every_min=-1 is out of range"),
+        (["--time-limit-min", "0"], "time_limit_min=0"),
+        (["--mem", "4GB"], "mem="),
+        (["--output-dir", "/tmp/a b"], "output="),
+        (["--every-min", "soon"], "invalid int value"),
+    ],
+)
+def test_schedule_reconcile_bad_input(tmp_path: Path, args: list[str], match: str) -> None:
+    search, _ = make_search(tmp_path)
+    before = tree(tmp_path)
+    res = schedule(str(search), "--output-dir", str(tmp_path / "acct"), *args)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert res.stdout == "" and len(res.stderr.splitlines()) == 1
+    assert res.stderr.startswith("error: ") and "; " in res.stderr and match in res.stderr
+    assert tree(tmp_path) == before
+
+
+def test_schedule_reconcile_refuses_a_missing_search(tmp_path: Path) -> None:
+    res = schedule(str(tmp_path / "nope"), "--output-dir", str(tmp_path / "acct"))
+    assert res.returncode == 2 and res.stdout == ""
+    assert res.stderr.startswith("error: ") and "contract.json" in res.stderr and len(res.stderr.splitlines()) == 1
+    assert not (tmp_path / "acct").exists()
+
+
+def test_schedule_reconcile_writes_and_submits(tmp_path: Path) -> None:
+    search, _ = make_search(tmp_path)
+    out = tmp_path / "acct"
+    env = {"PATH": f"{fake_slurm_bin(tmp_path)}:{os.environ['PATH']}", "PROBE_DIR": str(tmp_path)}
+    dry = schedule(str(search), "--output-dir", str(out), "--every-min", "0", "--dry-run")
+    res = schedule(str(search), "--output-dir", str(out), "--every-min", "0", env=env)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == "4242\n"  # the job id alone: scripts can capture it
+    script = out / "parcel-reconcile-rev-a1.sbatch"
+    assert script.read_text() == dry.stdout
+    assert stat.S_IMODE(script.stat().st_mode) == SCRIPT_MODE
+    assert tree(out) == [script.name]
+    assert (tmp_path / "sbatch").read_bytes().decode().split("\0")[:-1] == ["--parsable", str(script)]
+    assert "scancel --name=parcel-reconcile-rev-a1" in res.stderr
+
+
+def test_schedule_reconcile_without_slurm_is_one_line(tmp_path: Path) -> None:
+    search, _ = make_search(tmp_path)
+    env = {"PATH": f"{fake_slurm_bin(tmp_path, sbatch_rc=1)}:{os.environ['PATH']}", "PROBE_DIR": str(tmp_path)}
+    res = schedule(str(search), "--output-dir", str(tmp_path / "acct"), env=env)
+    assert res.returncode == 2 and res.stdout == ""
+    assert res.stderr.startswith("error: sbatch could not reach Slurm") and len(res.stderr.splitlines()) == 1
 
 
 # ---------------------------------------------------------------- the real cluster
 
-needs_slurm = pytest.mark.skipif(
-    not os.environ.get("SLURM_CONF"), reason="SLURM_CONF is not set: start scripts/dev-cluster-up.sh and source its env.sh"
-)
-CLUSTER_WAIT_S = 60  # a job starts about 1 s after sbatch on the dev cluster
+needs_slurm = pytest.mark.skipif(not os.environ.get("SLURM_CONF"), reason="SLURM_CONF is not set: start scripts/dev-cluster-up.sh and source its env.sh")
 
 
 def cluster_values(tmp_path: Path, name: str, python: Path, **kw) -> SbatchValues:
-    base = dict(job_name=f"sbatch-test-{name}", partition="low", time_limit_min=2, mem="100M",
-                output=f"{tmp_path}/{name}-%j.out", python=str(python), search_dir=str(tmp_path),
-                search_revision="r1", contract_digest="sha256:abc")
+    base = dict(
+        job_name=f"sbatch-test-{name}",
+        partition="low",
+        time_limit_min=2,
+        mem="100M",
+        output=f"{tmp_path}/{name}-%j.out",
+        python=str(python),
+        search_dir=str(tmp_path),
+        search_revision="r1",
+        contract_digest="sha256:abc",
+    )
     base.update(kw)
     return SbatchValues(**base)
 
@@ -580,44 +729,8 @@ def cluster_values(tmp_path: Path, name: str, python: Path, **kw) -> SbatchValue
 @needs_slurm
 @pytest.mark.parametrize("name", TEMPLATES)
 def test_sbatch_accepts_rendered_headers(tmp_path: Path, name: str) -> None:
-    kw = {"winner_rerun": dict(gpus=1, signal="B:USR2@30", requeue=True, account="parcel", wckey="parcel"),
-          "final_eval": dict(gpus=1, account="parcel"), "reconcile": dict(reconcile_every_min=60, account="parcel")}[name]
+    kw = {**NEEDS[name], "account": "parcel"}
     script = write_script(tmp_path / f"{name}.sbatch", render(name, cluster_values(tmp_path, name, fake_interpreter(tmp_path), **kw)))
     proc = subprocess.run(["sbatch", "--test-only", str(script)], capture_output=True, text=True, timeout=30, check=False)
     assert proc.returncode == 0, proc.stderr
     assert "to start at" in proc.stderr and "partition low" in proc.stderr
-
-
-def wait_for(path: Path, text: str) -> str:
-    deadline = time.monotonic() + CLUSTER_WAIT_S
-    while time.monotonic() < deadline:
-        got = path.read_text() if path.exists() else ""
-        if text in got:
-            return got
-        time.sleep(0.2)
-    raise AssertionError(f"{text!r} not in {path} after {CLUSTER_WAIT_S} s: {got!r}")
-
-
-@pytest.mark.slurm
-@needs_slurm
-def test_batch_signal_reaches_the_interpreter(tmp_path: Path) -> None:
-    """winner_rerun execs the interpreter, so a B: signal (here sent at once with scancel -b) lands in
-    the process that checkpoints; under a bash parent USR2 would kill bash instead."""
-    fake = tmp_path / "trapper"
-    fake.write_text(
-        "#!/bin/bash\n"
-        "trap 'echo \"got USR2 pid=$$\"; exit 0' USR2\n"
-        "echo \"started pid=$$ job=$SLURM_JOB_ID argv=$*\"\n"
-        "while true; do sleep 0.2; done\n"
-    )
-    fake.chmod(0o755)
-    v = cluster_values(tmp_path, "usr2", fake, gpus=1, signal="B:USR2@30", requeue=True)
-    job_id = submit(write_script(tmp_path / "winner_rerun.sbatch", render("winner_rerun", v)))
-    out = tmp_path / f"usr2-{job_id}.out"
-    try:
-        started = wait_for(out, "started")
-        assert f"job={job_id} argv=-m parcel_hpc rerun-winner {tmp_path}" in started
-        subprocess.run(["scancel", "--batch", "--signal=USR2", job_id], check=True, timeout=30)
-        wait_for(out, "got USR2")
-    finally:
-        subprocess.run(["scancel", job_id], check=False, timeout=30)

@@ -9,8 +9,7 @@ from parcel_hpc.testing import launch
 
 
 def slurm_launch(tmp_path, data_dir, env):
-    return launch(["hydra/launcher=submitit_slurm", f"search.root={tmp_path / 'runs'}", "search.n_trials=2"],
-                  cwd=tmp_path, data_dir=data_dir, env=env)
+    return launch(["hydra/launcher=submitit_slurm", f"search.root={tmp_path / 'runs'}", "search.n_trials=2"], cwd=tmp_path, data_dir=data_dir, env=env)
 
 
 def assert_refused_cleanly(res, tmp_path, needle):
@@ -24,8 +23,9 @@ def assert_refused_cleanly(res, tmp_path, needle):
 def test_no_slurm_conf(tmp_path, data_dir):
     if os.path.exists("/etc/slurm/slurm.conf"):
         pytest.skip("this machine has a system-wide /etc/slurm/slurm.conf")
-    res = launch(["hydra/launcher=submitit_slurm", f"search.root={tmp_path / 'runs'}", "search.n_trials=2"],
-                 cwd=tmp_path, data_dir=data_dir, env={"SLURM_CONF": ""})
+    res = launch(
+        ["hydra/launcher=submitit_slurm", f"search.root={tmp_path / 'runs'}", "search.n_trials=2"], cwd=tmp_path, data_dir=data_dir, env={"SLURM_CONF": ""}
+    )
     assert_refused_cleanly(res, tmp_path, "SLURM is not configured")
 
 
@@ -33,8 +33,10 @@ def test_no_slurm_conf(tmp_path, data_dir):
 def test_slurmctld_down(tmp_path, data_dir):
     # A config whose controller port nobody listens on: what a client sees when slurmctld is down.
     conf = tmp_path / "slurm.conf"
-    conf.write_text("ClusterName=ghost\nSlurmctldHost=localhost(127.0.0.1)\nSlurmctldPort=1\nAuthType=auth/none\n"
-                    "NodeName=g1 CPUs=1 State=UNKNOWN\nPartitionName=p Nodes=g1 Default=YES\n")
+    conf.write_text(
+        "ClusterName=ghost\nSlurmctldHost=localhost(127.0.0.1)\nSlurmctldPort=1\nAuthType=auth/none\n"
+        "NodeName=g1 CPUs=1 State=UNKNOWN\nPartitionName=p Nodes=g1 Default=YES\n"
+    )
     res = slurm_launch(tmp_path, data_dir, {"SLURM_CONF": str(conf)})
     assert_refused_cleanly(res, tmp_path, "slurmctld")
 

@@ -1,5 +1,6 @@
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from parcel_hpc.errors import UsageError
 from parcel_hpc.sweep.space import sample

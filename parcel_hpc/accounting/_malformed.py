@@ -47,10 +47,7 @@ def raise_malformed(body: memoryview, source: str, first_line: int, row: int | N
     problem = line_problem(_line_at(body, row))
     if problem is None:  # the fast path saw something this check does not: still name the line
         problem = f"could not be parsed ({_first_line_of(detail)})"
-    raise AccountingError(
-        f"{source}:{first_line + row}: {problem}; sacct text must come from "
-        f"sacct --parsable2 --noheader --format={SACCT_FORMAT}"
-    )
+    raise AccountingError(f"{source}:{first_line + row}: {problem}; sacct text must come from sacct --parsable2 --noheader --format={SACCT_FORMAT}")
 
 
 def locate_read_error(body: memoryview) -> int | None:
@@ -67,12 +64,8 @@ def locate_read_error(body: memoryview) -> int | None:
             pa.py_buffer(body),
             # Serial reading is what makes pyarrow report each invalid row's line number.
             read_options=pacsv.ReadOptions(column_names=list(SACCT_FIELDS), use_threads=False, block_size=4 << 20),
-            parse_options=pacsv.ParseOptions(
-                delimiter="|", quote_char=False, ignore_empty_lines=False, invalid_row_handler=on_invalid_row
-            ),
-            convert_options=pacsv.ConvertOptions(
-                column_types={f: pa.string() for f in SACCT_FIELDS}, strings_can_be_null=False
-            ),
+            parse_options=pacsv.ParseOptions(delimiter="|", quote_char=False, ignore_empty_lines=False, invalid_row_handler=on_invalid_row),
+            convert_options=pacsv.ConvertOptions(column_types={f: pa.string() for f in SACCT_FIELDS}, strings_can_be_null=False),
         )
         suspect = _suspect_rows(text)
     except (pa.ArrowException, ValueError):
@@ -91,8 +84,10 @@ def _suspect_rows(text: pa.Table) -> pa.ChunkedArray:
         return pc.invert(pc.match_substring_regex(text.column(name), pattern))
 
     bad = pc.or_(fails("JobID", _JOB_ID_TEXT), fails("JobIDRaw", _RAW_ID_TEXT))
-    bad = pc.or_(bad, pc.and_(fails("ExitCode", EXIT_CODE.pattern),
-                              pc.invert(pc.and_(pc.equal(text.column("ExitCode"), ""), pc.match_substring(text.column("JobID"), ".")))))
+    bad = pc.or_(
+        bad,
+        pc.and_(fails("ExitCode", EXIT_CODE.pattern), pc.invert(pc.and_(pc.equal(text.column("ExitCode"), ""), pc.match_substring(text.column("JobID"), ".")))),
+    )
     elapsed = text.column("ElapsedRaw")
     bad = pc.or_(bad, pc.invert(pc.ascii_is_decimal(elapsed)))
     bad = pc.or_(bad, pc.greater(pc.utf8_length(elapsed), MAX_DIGITS))

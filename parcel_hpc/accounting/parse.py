@@ -1,7 +1,7 @@
 """Parse sacct's ``--parsable2`` text into columns, without a Python object per line.
 
 Owns: ``parse_sacct`` and ``SacctTable``, the columnar view every accounting computation
-reads. Must not: run sacct, group attempts or price anything (``attempt.py`` does that), or
+reads. Must not: run sacct, group job runs or price anything (``runs.py`` does that), or
 skip a line it cannot read — a malformed line raises AccountingError naming the source and
 its 1-based line number.
 
@@ -63,25 +63,25 @@ _BLOCK_BYTES = 4 << 20
 
 SCHEMA = pa.schema(
     [
-        ("line", pa.int64()),            # 1-based line in the source text
-        ("job_id", pa.string()),         # as submitted, without the step: 12, 29_3, 12+0, 29_[4-9]
-        ("base_job_id", pa.int64()),     # 29 for 29_3
-        ("array_task", pa.int64()),      # 3 for 29_3; null for plain jobs and pending array ranges
-        ("step", pa.string()),           # batch, extern, 0 ...; null on an allocation row
-        ("is_allocation", pa.bool_()),   # the job's own row (one per attempt with --duplicates)
-        ("raw_job_id", pa.int64()),      # JobIDRaw without the step
+        ("line", pa.int64()),  # 1-based line in the source text
+        ("job_id", pa.string()),  # as submitted, without the step: 12, 29_3, 12+0, 29_[4-9]
+        ("base_job_id", pa.int64()),  # 29 for 29_3
+        ("array_task", pa.int64()),  # 3 for 29_3; null for plain jobs and pending array ranges
+        ("step", pa.string()),  # batch, extern, 0 ...; null on an allocation row
+        ("is_allocation", pa.bool_()),  # the job's own row (one per run with --duplicates)
+        ("raw_job_id", pa.int64()),  # JobIDRaw without the step
         ("job_name", _TEXT),
-        ("state", pa.int8()),            # JobState.code
-        ("state_text", _TEXT),           # as printed, e.g. "CANCELLED by 0"
-        ("exit_status", pa.int16()),     # ExitCode before the colon
-        ("exit_signal", pa.int16()),     # ExitCode after the colon
-        ("submit", pa.int64()),          # epoch seconds, null when Unknown
+        ("state", pa.int8()),  # JobState.code
+        ("state_text", _TEXT),  # as printed, e.g. "CANCELLED by 0"
+        ("exit_status", pa.int16()),  # ExitCode before the colon
+        ("exit_signal", pa.int16()),  # ExitCode after the colon
+        ("submit", pa.int64()),  # epoch seconds, null when Unknown
         ("start", pa.int64()),
         ("end", pa.int64()),
         ("elapsed_s", pa.int64()),
-        ("gpus", pa.int64()),            # gres/gpu=N in AllocTRES, 0 when absent
-        ("cpus", pa.int64()),            # cpu=N in AllocTRES, 0 when absent
-        ("billing", pa.int64()),         # billing=N in AllocTRES, 0 when absent
+        ("gpus", pa.int64()),  # gres/gpu=N in AllocTRES, 0 when absent
+        ("cpus", pa.int64()),  # cpu=N in AllocTRES, 0 when absent
+        ("billing", pa.int64()),  # billing=N in AllocTRES, 0 when absent
         ("alloc_tres", _TEXT),
         ("node_list", _TEXT),
         ("partition", _TEXT),
@@ -115,7 +115,7 @@ class SacctTable:
         return self.table.column(name)
 
     def allocations(self, columns: list[str] | None = None) -> pa.Table:
-        """The allocation rows only (one per attempt), in source order; all columns by default."""
+        """The allocation rows only (one per job run), in source order; all columns by default."""
         table = self.table if columns is None else self.table.select(columns)
         return table.filter(self.table.column("is_allocation"))
 
@@ -148,7 +148,7 @@ def parse_sacct(data: bytes, *, source: str = "<sacct>", tz: str = "UTC") -> Sac
         )
     except (pa.ArrowException, ValueError) as exc:
         raise_malformed(body, source, first_line, None, str(exc))
-        raise AssertionError("unreachable")  # pragma: no cover
+        raise AssertionError("unreachable") from exc  # pragma: no cover
     return SacctTable(_derive(raw, body, source, first_line, tz), source)
 
 
@@ -163,10 +163,7 @@ def _derive(raw: pa.Table, body: memoryview, source: str, first_line: int, tz: s
         derived = [_derive_rows(raw, 0, tz, problems)]
     else:
         with ThreadPoolExecutor(max_workers=parts, thread_name_prefix="parse_sacct") as pool:
-            futures = [
-                pool.submit(_derive_rows, raw.slice(lo, hi - lo), lo, tz, problems)
-                for lo, hi in zip(bounds[:-1], bounds[1:])
-            ]
+            futures = [pool.submit(_derive_rows, raw.slice(lo, hi - lo), lo, tz, problems) for lo, hi in zip(bounds[:-1], bounds[1:])]
             derived = [f.result() for f in futures]
     if problems:
         row, what = min(problems)
@@ -189,9 +186,7 @@ def _derive_rows(raw: pa.Table, row0: int, tz: str, problems: list[tuple[int, st
     (state,) = _per_distinct(raw.column("State"), (_state_codes, pa.int8()))
     if state.null_count:
         _flag(found, pc.is_null(state), "unknown State")
-    exit_status, exit_signal = _per_distinct(
-        raw.column("ExitCode"), (lambda v: _exit_part(v, 0), pa.int16()), (lambda v: _exit_part(v, 1), pa.int16())
-    )
+    exit_status, exit_signal = _per_distinct(raw.column("ExitCode"), (lambda v: _exit_part(v, 0), pa.int16()), (lambda v: _exit_part(v, 1), pa.int16()))
     if exit_status.null_count:
         # A step cancelled with its node (NODE_FAIL) has an empty ExitCode (seen on 22.05); an
         # allocation row never does.
@@ -202,9 +197,7 @@ def _derive_rows(raw: pa.Table, row0: int, tz: str, problems: list[tuple[int, st
         _flag(found, pc.is_null(elapsed), "ElapsedRaw is missing")
     _flag(found, pc.less(elapsed, 0), "ElapsedRaw is negative")
     tres = raw.column("AllocTRES")
-    gpus, cpus, billing = _per_distinct(
-        tres, *[(lambda v, key=key: _tres_count(v, key), pa.int64()) for key in ("gres/gpu", "cpu", "billing")]
-    )
+    gpus, cpus, billing = _per_distinct(tres, *[(lambda v, key=key: _tres_count(v, key), pa.int64()) for key in ("gres/gpu", "cpu", "billing")])
     problems.extend((row0 + row, what) for row, what in found)  # list.extend is atomic under the GIL
     if found:
         return {}
@@ -344,9 +337,7 @@ def _split_once(text: pa.ChunkedArray, separator: str) -> tuple[pa.ChunkedArray,
     return pa.chunked_array(heads, type=pa.string()), pa.chunked_array(tails, type=pa.string())
 
 
-def _per_distinct(
-    column: pa.ChunkedArray, *maps: tuple[Callable[[pa.Array], pa.Array], pa.DataType]
-) -> list[pa.Array]:
+def _per_distinct(column: pa.ChunkedArray, *maps: tuple[Callable[[pa.Array], pa.Array], pa.DataType]) -> list[pa.Array]:
     """Interpret each distinct value of a low-cardinality text column once, then gather per row.
 
     dictionary_encode of a chunked array gives every chunk the same (full) dictionary.
@@ -403,8 +394,7 @@ def _split_header(view: memoryview, source: str) -> tuple[memoryview, int]:
     header = bytes(view[:end]).rstrip(b"\r").decode("utf-8", "replace")
     if header != "|".join(SACCT_FIELDS):
         raise AccountingError(
-            f"{source}:1: header names the fields {header!r}, not parcel_hpc's; "
-            f"export with sacct --parsable2 --noheader --duplicates --format={SACCT_FORMAT}"
+            f"{source}:1: header names the fields {header!r}, not parcel_hpc's; export with sacct --parsable2 --noheader --duplicates --format={SACCT_FORMAT}"
         )
     return view[end + 1 :], 2
 

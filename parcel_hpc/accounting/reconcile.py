@@ -1,23 +1,25 @@
 """Reconcile a search's ledger with the scheduler's accounting (pure).
 
-Input: the trial records (what the ledger believes), the scheduler's attempts (sacct rows, or the
+Input: the trial records (what the ledger believes), the scheduler's job runs (sacct rows, or the
 local executor's own records), the jobs listed under the search's name or account (for orphans),
-and the caps. Output: a ``Reconciliation`` with one line per attempt and per trial, the flags an
+and the caps. Output: a ``Reconciliation`` with one line per job run and per trial, the flags an
 admin must look at, hours wasted by cause, and the campaign figures. No I/O here; ``run.py`` asks
 sacct and writes reports.
 
-Usage is the scheduler's: GPU-hours = AllocTRES gres/gpu x ElapsedRaw, per attempt, to the second.
+Usage is the scheduler's: GPU-hours = AllocTRES gres/gpu x ElapsedRaw, per job run, to the second.
 """
 
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 
+from ..budget import BudgetCaps
 from ..ledger.records import TrialRecord
 from ..ledger.states import AttemptEnd, TrialState
-from .attempt import Attempt as SacctAttempt
+from ..report import counts_by_state
+from .runs import JobRun
 from .states import JobState
 
 SECONDS_PER_HOUR = 3600.0
@@ -55,7 +57,7 @@ class TrialLine:
     cpu_hours: float
     wall_s: int
     cost: float
-    queue_wait_s: tuple[int, ...]  # every attempt that started
+    queue_wait_s: tuple[int, ...]  # every run that started
     effective: bool  # a usable, correctly attributed result
 
 
@@ -65,23 +67,6 @@ class Flag:
     trial_id: str
     job_id: str
     detail: str
-
-
-@dataclass(frozen=True)
-class Caps:
-    max_trials: int
-    gpu_hours_cap: float
-    cost_cap: float
-    rate_per_gpu_hour: float
-    rate_per_cpu_hour: float
-
-    @classmethod
-    def from_budget(cls, budget: Mapping) -> "Caps":
-        return cls(int(budget["max_trials"]), float(budget["gpu_hours_cap"]), float(budget["cost_cap"]),
-                   float(budget["rate_per_gpu_hour"]), float(budget.get("rate_per_cpu_hour") or 0.0))
-
-    def cost(self, gpu_hours: float, cpu_hours: float) -> float:
-        return gpu_hours * self.rate_per_gpu_hour + cpu_hours * self.rate_per_cpu_hour
 
 
 @dataclass(frozen=True)
@@ -98,23 +83,35 @@ class Reconciliation:
     counts: Mapping[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict:
-        from dataclasses import asdict
-
         return {
-            "campaign": self.campaign, "objective": self.objective, "source": self.source,
-            "counts": dict(self.counts), "figures": dict(self.figures), "spend": {k: dict(v) for k, v in self.spend.items()},
-            "waste_hours": dict(self.waste_hours), "flags": [asdict(f) for f in self.flags],
-            "trials": [asdict(t) for t in self.trials], "attempts": [asdict(a) for a in self.attempts],
+            "campaign": self.campaign,
+            "objective": self.objective,
+            "source": self.source,
+            "counts": dict(self.counts),
+            "figures": dict(self.figures),
+            "spend": {k: dict(v) for k, v in self.spend.items()},
+            "waste_hours": dict(self.waste_hours),
+            "flags": [asdict(f) for f in self.flags],
+            "trials": [asdict(t) for t in self.trials],
+            "attempts": [asdict(a) for a in self.attempts],
         }
 
 
-def reconcile(campaign: str, objective: str, source: str, records: Sequence[TrialRecord], runs: Sequence[SacctAttempt],
-              listed: Sequence[SacctAttempt], caps: Caps, ledger_used_gpu_hours: float | None = None) -> Reconciliation:
-    """``runs``: the scheduler's attempts of every job the ledger recorded; ``listed``: every job
+def reconcile(
+    campaign: str,
+    objective: str,
+    source: str,
+    records: Sequence[TrialRecord],
+    runs: Sequence[JobRun],
+    listed: Sequence[JobRun],
+    caps: BudgetCaps,
+    ledger_used_gpu_hours: float | None = None,
+) -> Reconciliation:
+    """``runs``: the scheduler's runs of every job the ledger recorded; ``listed``: every job
     the scheduler holds under the search's name or account (orphans are those the ledger lacks)."""
     by_trial = {r.trial_id: r for r in records}
     job_owner = {job: r.trial_id for r in records for job in r.jobs}
-    runs_by_job: dict[str, list[SacctAttempt]] = {}
+    runs_by_job: dict[str, list[JobRun]] = {}
     for a in runs:
         runs_by_job.setdefault(a.job_id, []).append(a)
     flags: list[Flag] = []
@@ -146,7 +143,9 @@ def reconcile(campaign: str, objective: str, source: str, records: Sequence[Tria
         if a.job_id not in known and a.job_id not in runs_by_job:
             if a.job_id not in orphans:
                 orphans.add(a.job_id)
-                flags.append(Flag("orphan", "", a.job_id, f"job {a.job_id} ({a.state.text}, {a.node_list}) runs under the search's name but the ledger does not know it"))
+                flags.append(
+                    Flag("orphan", "", a.job_id, f"job {a.job_id} ({a.state.text}, {a.node_list}) runs under the search's name but the ledger does not know it")
+                )
             lines.append(_line("", a, None, "", "", caps))
     for r in records:
         for job in r.jobs:
@@ -160,13 +159,11 @@ def reconcile(campaign: str, objective: str, source: str, records: Sequence[Tria
     for l in lines:
         if l.waste:
             waste[l.waste] += l.gpu_hours if l.gpus else l.cpu_hours
-    counts = {s.value: 0 for s in TrialState}
-    for r in records:
-        counts[r.state.value] += 1
+    counts = counts_by_state(records)
     figures = _figures(lines, trials, total_gpu, total_cpu, caps)
     spend = {
         "gpu_hours": {"used": total_gpu, "cap": caps.gpu_hours_cap, "left": caps.gpu_hours_cap - total_gpu},
-        "cost": {"used": caps.cost(total_gpu, total_cpu), "cap": caps.cost_cap, "left": caps.cost_cap - caps.cost(total_gpu, total_cpu)},
+        "cost": {"used": caps.rates.cost(total_gpu, total_cpu), "cap": caps.cost_cap, "left": caps.cost_cap - caps.rates.cost(total_gpu, total_cpu)},
         "trials": {"used": float(len(records)), "cap": float(caps.max_trials), "left": float(caps.max_trials - len(records))},
     }
     if ledger_used_gpu_hours is not None:
@@ -174,14 +171,31 @@ def reconcile(campaign: str, objective: str, source: str, records: Sequence[Tria
     return Reconciliation(campaign, objective, source, tuple(lines), trials, tuple(flags), waste, figures, spend, counts)
 
 
-def _line(tid: str, a: SacctAttempt, led, how: str, waste: str, caps: Caps) -> AttemptLine:
-    return AttemptLine(tid, a.job_id, a.attempt, a.state.text, a.node_list, a.submit, a.start, a.end, a.elapsed_s, a.gpus, a.cpus,
-                       a.gpu_hours, a.cpu_hours, caps.cost(a.gpu_hours, a.cpu_hours), a.queue_wait_s,
-                       led.number if led is not None else None, how, waste)
+def _line(tid: str, a: JobRun, led, how: str, waste: str, caps: BudgetCaps) -> AttemptLine:
+    return AttemptLine(
+        tid,
+        a.job_id,
+        a.attempt,
+        a.state.text,
+        a.node_list,
+        a.submit,
+        a.start,
+        a.end,
+        a.elapsed_s,
+        a.gpus,
+        a.cpus,
+        a.gpu_hours,
+        a.cpu_hours,
+        caps.rates.cost(a.gpu_hours, a.cpu_hours),
+        a.queue_wait_s,
+        led.number if led is not None else None,
+        how,
+        waste,
+    )
 
 
-def _waste(rec: TrialRecord | None, led, a: SacctAttempt) -> str:
-    """Why this attempt's hours bought no result (empty: they did)."""
+def _waste(rec: TrialRecord | None, led, a: JobRun) -> str:
+    """Why this run's hours bought no result (empty: they did)."""
     if rec is None:
         return ""
     if led is not None and (led.how is AttemptEnd.QUARANTINED or led.number <= rec.tainted_upto):
@@ -216,19 +230,27 @@ def _state_mismatch(how: AttemptEnd, state: JobState) -> str:
 
 def _trial_line(r: TrialRecord, lines: list[AttemptLine]) -> TrialLine:
     effective = r.state.is_result() and not (r.state is TrialState.COMPLETED and r.metric is None)
-    return TrialLine(r.trial_id, r.state.value, len(lines), sum(l.gpu_hours for l in lines), sum(l.cpu_hours for l in lines),
-                     sum(l.elapsed_s for l in lines), sum(l.cost for l in lines),
-                     tuple(l.queue_wait_s for l in lines if l.queue_wait_s is not None), effective)
+    return TrialLine(
+        r.trial_id,
+        r.state.value,
+        len(lines),
+        sum(l.gpu_hours for l in lines),
+        sum(l.cpu_hours for l in lines),
+        sum(l.elapsed_s for l in lines),
+        sum(l.cost for l in lines),
+        tuple(l.queue_wait_s for l in lines if l.queue_wait_s is not None),
+        effective,
+    )
 
 
-def _figures(lines: Sequence[AttemptLine], trials: Sequence[TrialLine], gpu_h: float, cpu_h: float, caps: Caps) -> dict:
+def _figures(lines: Sequence[AttemptLine], trials: Sequence[TrialLine], gpu_h: float, cpu_h: float, caps: BudgetCaps) -> dict:
     waits = [l.queue_wait_s for l in lines if l.queue_wait_s is not None and l.trial_id]
     submits = [l.submit for l in lines if l.submit is not None and l.trial_id]
     ends = [l.end for l in lines if l.end is not None and l.trial_id]
     wall_h = (max(ends) - min(submits)) / SECONDS_PER_HOUR if submits and ends and max(ends) > min(submits) else None
     finished = sum(1 for t in trials if t.state in ("completed", "pruned", "failed", "rejected", "budget_exhausted"))
     effective = sum(1 for t in trials if t.effective)
-    cost = caps.cost(gpu_h, cpu_h)
+    cost = caps.rates.cost(gpu_h, cpu_h)
     return {
         "gpu_hours": gpu_h,
         "cpu_hours": cpu_h,
@@ -244,8 +266,8 @@ def _figures(lines: Sequence[AttemptLine], trials: Sequence[TrialLine], gpu_h: f
     }
 
 
-def local_runs(records: Iterable[TrialRecord]) -> list[SacctAttempt]:
-    """The local executor's own record of each attempt, in sacct's shape (no scheduler to ask)."""
+def local_runs(records: Iterable[TrialRecord]) -> list[JobRun]:
+    """The local executor's own record of each attempt, as job runs in sacct's shape (no scheduler to ask)."""
     out = []
     line = 0
     for r in records:
@@ -259,16 +281,38 @@ def local_runs(records: Iterable[TrialRecord]) -> list[SacctAttempt]:
             runs_of_job[a.job_id] = run + 1
             end = a.ended
             state = _LOCAL_STATE.get(a.how, JobState.RUNNING) if a.how is not None else JobState.RUNNING
-            out.append(SacctAttempt(
-                job_id=a.job_id, raw_job_id=int(a.job_id) if a.job_id.isdigit() else 0, base_job_id=int(a.job_id) if a.job_id.isdigit() else 0,
-                array_task=None, attempt=run, state=state, exit_status=0, exit_signal=0, node_list=a.host, partition="local",
-                account="", submit=int(a.started), start=int(a.started), end=int(end) if end is not None else None,
-                elapsed_s=int(round((end if end is not None else a.started) - a.started)), gpus=gpus, cpus=cpus, line=line))
+            out.append(
+                JobRun(
+                    job_id=a.job_id,
+                    raw_job_id=int(a.job_id) if a.job_id.isdigit() else 0,
+                    base_job_id=int(a.job_id) if a.job_id.isdigit() else 0,
+                    array_task=None,
+                    attempt=run,
+                    state=state,
+                    exit_status=0,
+                    exit_signal=0,
+                    node_list=a.host,
+                    partition="local",
+                    account="",
+                    submit=int(a.started),
+                    start=int(a.started),
+                    end=int(end) if end is not None else None,
+                    elapsed_s=int(round((end if end is not None else a.started) - a.started)),
+                    gpus=gpus,
+                    cpus=cpus,
+                    line=line,
+                )
+            )
     return out
 
 
 _LOCAL_STATE = {
-    AttemptEnd.COMPLETED: JobState.COMPLETED, AttemptEnd.PRUNED: JobState.COMPLETED, AttemptEnd.REJECTED: JobState.COMPLETED,
-    AttemptEnd.BUDGET_EXHAUSTED: JobState.COMPLETED, AttemptEnd.FAILED: JobState.FAILED, AttemptEnd.INTERRUPTED: JobState.REQUEUED,
-    AttemptEnd.LOST: JobState.CANCELLED, AttemptEnd.QUARANTINED: JobState.COMPLETED,
+    AttemptEnd.COMPLETED: JobState.COMPLETED,
+    AttemptEnd.PRUNED: JobState.COMPLETED,
+    AttemptEnd.REJECTED: JobState.COMPLETED,
+    AttemptEnd.BUDGET_EXHAUSTED: JobState.COMPLETED,
+    AttemptEnd.FAILED: JobState.FAILED,
+    AttemptEnd.INTERRUPTED: JobState.REQUEUED,
+    AttemptEnd.LOST: JobState.CANCELLED,
+    AttemptEnd.QUARANTINED: JobState.COMPLETED,
 }

@@ -6,24 +6,30 @@ The edge of the accounting package: the only place that runs sacct for a search 
 
 from __future__ import annotations
 
+import base64
+import csv
 import datetime as _dt
+import html
+import io
+from collections.abc import Sequence
+from dataclasses import asdict, fields
 from pathlib import Path
-from typing import Sequence
 
+from rich.table import Table
+
+from ..budget import BudgetLedger, search_caps
 from ..errors import UsageError
-from ..ledger.store import SearchDir
-from .attempt import attempts
+from ..ledger import Executor, SearchDir
 from .parse import parse_sacct
-from .reconcile import Caps, Reconciliation, local_runs, reconcile
+from .reconcile import AttemptLine, Reconciliation, local_runs, reconcile
+from .runs import job_runs
 from .sacct import SACCT_FORMAT, build_sacct_argv, run_sacct
 
 
 def reconcile_search(search: SearchDir, sacct_file: Path | None = None) -> Reconciliation:
     contract = search.contract()
     records = list(search.records())
-    launches = search.launches()
-    kinds = {l.get("launcher", {}).get("kind") for l in launches if l.get("launcher")}
-    caps = Caps.from_budget(contract["budget"])
+    caps = search_caps(contract)
     ledger_used = _ledger_used(search)
     campaign, objective = contract["search_revision"], contract["metric_revision"]
     if sacct_file is not None:
@@ -31,20 +37,20 @@ def reconcile_search(search: SearchDir, sacct_file: Path | None = None) -> Recon
             data = Path(sacct_file).read_bytes()
         except OSError as exc:
             raise UsageError(f"cannot read --sacct-file {sacct_file}: {exc.strerror}; export it with `sacct {SACCT_FORMAT_HINT}`") from None
-        rows = attempts(parse_sacct(data, source=str(sacct_file)))
+        rows = job_runs(parse_sacct(data, source=str(sacct_file)))
         mine = {j for r in records for j in r.jobs}
         # The dump is exported by the search's job name (README): every row the ledger lacks is an orphan.
         listed = [a for a in rows if a.job_id not in mine]
         return reconcile(campaign, objective, f"sacct-file:{sacct_file}", records, [a for a in rows if a.job_id in mine], listed, caps, ledger_used)
-    if "slurm" not in kinds:
+    if not any(r.executor is Executor.SLURM for r in records):
         runs = local_runs(records)
         return reconcile(campaign, objective, "local executor", records, runs, [], caps, ledger_used)
     jobs = sorted({j for r in records for j in r.jobs})
-    runs = attempts(parse_sacct(run_sacct(build_sacct_argv(jobs)), source="sacct")) if jobs else []
+    runs = job_runs(parse_sacct(run_sacct(build_sacct_argv(jobs)), source="sacct")) if jobs else []
     since = _created(search)
     listed = []
     for name in search.slurm_job_names():
-        listed += attempts(parse_sacct(run_sacct(build_sacct_argv([], since=since, name=name)), source="sacct --name"))
+        listed += job_runs(parse_sacct(run_sacct(build_sacct_argv([], since=since, name=name)), source="sacct --name"))
     return reconcile(campaign, objective, "sacct", records, runs, listed, caps, ledger_used)
 
 
@@ -56,18 +62,14 @@ def _created(search: SearchDir) -> int:
 
 
 def _ledger_used(search: SearchDir) -> float | None:
-    if not (search.path / "budget" / "journal").is_dir():
-        return None
-    from ..budget import BudgetLedger
-
-    return BudgetLedger(search.path).totals().used_gpu_hours
+    totals = BudgetLedger.read_totals(search.path)  # a read command: never creates or writes the journal
+    return totals.used_gpu_hours if totals is not None else None
 
 
 # --- renderers ---------------------------------------------------------------------------------
 
-def render_table(results: Sequence[Reconciliation], console) -> None:
-    from rich.table import Table
 
+def render_table(results: Sequence[Reconciliation], console) -> None:
     for rec in results:
         console.print(f"[bold]campaign {rec.campaign}[/] objective {rec.objective}  source: {rec.source}")
         summary = Table(show_header=True)
@@ -83,8 +85,17 @@ def render_table(results: Sequence[Reconciliation], console) -> None:
         for col in ("trial", "state", "attempts", "GPU-h", "CPU-h", "wall s", "cost", "queue wait s", "effective"):
             trials.add_column(col)
         for t in rec.trials:
-            trials.add_row(t.trial_id, t.state, str(t.attempts), f"{t.gpu_hours:.4f}", f"{t.cpu_hours:.4f}", str(t.wall_s),
-                           f"{t.cost:.4f}", ",".join(str(w) for w in t.queue_wait_s), "yes" if t.effective else "no")
+            trials.add_row(
+                t.trial_id,
+                t.state,
+                str(t.attempts),
+                f"{t.gpu_hours:.4f}",
+                f"{t.cpu_hours:.4f}",
+                str(t.wall_s),
+                f"{t.cost:.4f}",
+                ",".join(str(w) for w in t.queue_wait_s),
+                "yes" if t.effective else "no",
+            )
         console.print(trials)
         if rec.flags:
             flags = Table(title=f"{len(rec.flags)} flags")
@@ -98,12 +109,6 @@ def render_table(results: Sequence[Reconciliation], console) -> None:
 
 
 def to_csv(results: Sequence[Reconciliation]) -> str:
-    import csv
-    import io
-    from dataclasses import asdict, fields
-
-    from .reconcile import AttemptLine
-
     out = io.StringIO()
     names = ["campaign"] + [f.name for f in fields(AttemptLine)]
     w = csv.DictWriter(out, fieldnames=names, lineterminator="\n")
@@ -116,37 +121,52 @@ def to_csv(results: Sequence[Reconciliation]) -> str:
 
 def to_html(results: Sequence[Reconciliation]) -> str:
     """A self-contained page: tables and PNG plots inlined as data URIs (opens with no network)."""
-    import html
-
-    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>parcel_hpc accounting</title>",
-             "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;margin:1em 0}"
-             "td,th{border:1px solid #bbb;padding:3px 8px;text-align:right}th{background:#eee}"
-             ".flag{color:#a00}img{max-width:48%;margin:0.5%}</style></head><body>"]
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'><title>parcel_hpc accounting</title>",
+        "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;margin:1em 0}"
+        "td,th{border:1px solid #bbb;padding:3px 8px;text-align:right}th{background:#eee}"
+        ".flag{color:#a00}img{max-width:48%;margin:0.5%}</style></head><body>",
+    ]
     for rec in results:
-        parts.append(f"<h1>campaign {html.escape(rec.campaign)}</h1><p>objective {html.escape(rec.objective)}; source {html.escape(rec.source)}; "
-                     f"generated {_dt.datetime.now(_dt.timezone.utc).isoformat(timespec='seconds')}</p>")
+        parts.append(
+            f"<h1>campaign {html.escape(rec.campaign)}</h1><p>objective {html.escape(rec.objective)}; source {html.escape(rec.source)}; "
+            f"generated {_dt.datetime.now(_dt.UTC).isoformat(timespec='seconds')}</p>"
+        )
         parts.append(_html_table(["ceiling", "used", "cap", "left"], [[k, _fmt(v["used"]), _fmt(v["cap"]), _fmt(v["left"])] for k, v in rec.spend.items()]))
         parts.append(_html_table(["figure", "value"], [[k, _fmt(v)] for k, v in rec.figures.items()]))
         for png in _plots(rec):
             parts.append(f"<img alt='plot' src='data:image/png;base64,{png}'>")
-        parts.append("<h2>flags</h2>" + (_html_table(["kind", "trial", "job", "detail"], [[f.kind, f.trial_id, f.job_id, f.detail] for f in rec.flags])
-                                        if rec.flags else "<p>none: the ledger and the scheduler agree</p>"))
-        parts.append("<h2>trials</h2>" + _html_table(["trial", "state", "attempts", "GPU-h", "CPU-h", "wall s", "cost", "effective"],
-                                                    [[t.trial_id, t.state, t.attempts, _fmt(t.gpu_hours), _fmt(t.cpu_hours), t.wall_s, _fmt(t.cost), t.effective] for t in rec.trials]))
-        parts.append("<h2>attempts</h2>" + _html_table(["trial", "job", "run", "state", "node", "elapsed s", "GPU-h", "queue wait s", "waste"],
-                                                      [[a.trial_id, a.job_id, a.run, a.state, a.node, a.elapsed_s, _fmt(a.gpu_hours), a.queue_wait_s, a.waste] for a in rec.attempts]))
+        parts.append(
+            "<h2>flags</h2>"
+            + (
+                _html_table(["kind", "trial", "job", "detail"], [[f.kind, f.trial_id, f.job_id, f.detail] for f in rec.flags])
+                if rec.flags
+                else "<p>none: the ledger and the scheduler agree</p>"
+            )
+        )
+        parts.append(
+            "<h2>trials</h2>"
+            + _html_table(
+                ["trial", "state", "attempts", "GPU-h", "CPU-h", "wall s", "cost", "effective"],
+                [[t.trial_id, t.state, t.attempts, _fmt(t.gpu_hours), _fmt(t.cpu_hours), t.wall_s, _fmt(t.cost), t.effective] for t in rec.trials],
+            )
+        )
+        parts.append(
+            "<h2>attempts</h2>"
+            + _html_table(
+                ["trial", "job", "run", "state", "node", "elapsed s", "GPU-h", "queue wait s", "waste"],
+                [[a.trial_id, a.job_id, a.run, a.state, a.node, a.elapsed_s, _fmt(a.gpu_hours), a.queue_wait_s, a.waste] for a in rec.attempts],
+            )
+        )
     parts.append("</body></html>")
     return "".join(parts)
 
 
 def _plots(rec: Reconciliation) -> list[str]:
-    import base64
-    import io
-
-    import matplotlib
+    import matplotlib  # local: slow to import, and only the --html report plots
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # after use("Agg"): no display backend on a login node
 
     pngs = []
 
@@ -188,8 +208,6 @@ def _plots(rec: Reconciliation) -> list[str]:
 
 
 def _html_table(head: list[str], rows: list[list]) -> str:
-    import html
-
     th = "".join(f"<th>{html.escape(str(h))}</th>" for h in head)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
     return f"<table><tr>{th}</tr>{body}</table>"

@@ -24,16 +24,16 @@ from parcel_hpc.errors import AccountingError, UsageError
 # Every name was checked against Debian's slurm-client 22.05.8 sacct binary (its --helpformat
 # table). "Restarts" is NOT one: the requeue history comes from --duplicates instead.
 SACCT_FIELDS: tuple[str, ...] = (
-    "JobID",       # as submitted: 12, 12.batch, 29_3, 29_3.extern, 29_[4-9%2]
-    "JobIDRaw",    # SLURM's unique id; the array's last task carries the master id here
+    "JobID",  # as submitted: 12, 12.batch, 29_3, 29_3.extern, 29_[4-9%2]
+    "JobIDRaw",  # SLURM's unique id; the array's last task carries the master id here
     "JobName",
-    "State",       # one word, or "CANCELLED by <uid>"
-    "ExitCode",    # "<status>:<signal>"; statuses above 128 are stored modulo 128 in 22.05
-    "Submit",      # ISO local time (UTC under run_sacct), or Unknown
+    "State",  # one word, or "CANCELLED by <uid>"
+    "ExitCode",  # "<status>:<signal>"; statuses above 128 are stored modulo 128 in 22.05
+    "Submit",  # ISO local time (UTC under run_sacct), or Unknown
     "Start",
     "End",
     "ElapsedRaw",  # seconds
-    "AllocTRES",   # billing=11,cpu=1,gres/gpu=1,mem=100M,node=1 (empty while pending)
+    "AllocTRES",  # billing=11,cpu=1,gres/gpu=1,mem=100M,node=1 (empty while pending)
     "NodeList",
     "Partition",
     "Account",
@@ -77,8 +77,7 @@ def build_sacct_argv(
         raise UsageError("build_sacct_argv needs job ids, or a name/account to list jobs by; got none")
     if not ids and since is None:
         raise UsageError(
-            "listing jobs by name/account needs since= (sacct would otherwise start at today's "
-            "midnight and miss older jobs); pass the search's creation time"
+            "listing jobs by name/account needs since= (sacct would otherwise start at today's midnight and miss older jobs); pass the search's creation time"
         )
     # Steps (.batch/.extern/.0) are kept: the batch step's exit code explains a FAILED job.
     argv = ["sacct", "--parsable2", "--noheader", "--duplicates", f"--format={SACCT_FORMAT}"]
@@ -121,15 +120,13 @@ def run_sacct(
         )
     except FileNotFoundError:
         raise AccountingError(
-            f"{argv[0]!r} not found on PATH; install slurm-client on this host, "
-            "or export the accounting elsewhere and pass it with --sacct-file"
+            f"{argv[0]!r} not found on PATH; install slurm-client on this host, or export the accounting elsewhere and pass it with --sacct-file"
         ) from None
     except PermissionError:
         raise AccountingError(f"{argv[0]!r} is not executable; fix its permissions or PATH") from None
     except subprocess.TimeoutExpired:
         raise AccountingError(
-            f"sacct did not answer within {timeout:g}s (slurmdbd slow or down?); "
-            "retry later or pass an exported dump with --sacct-file"
+            f"sacct did not answer within {timeout:g}s (slurmdbd slow or down?); retry later or pass an exported dump with --sacct-file"
         ) from None
     stderr = proc.stderr.decode("utf-8", "replace")
     if proc.returncode != 0:
@@ -141,8 +138,7 @@ def run_sacct(
     # short answer; an accounting tool must not take that for "no jobs".
     if "error:" in stderr:
         raise AccountingError(
-            f"sacct reported an error and exited 0: {_first_error(stderr)}; the answer may be "
-            "partial, so nothing was read — fix the error above and rerun"
+            f"sacct reported an error and exited 0: {_first_error(stderr)}; the answer may be partial, so nothing was read — fix the error above and rerun"
         )
     return proc.stdout
 
@@ -154,9 +150,7 @@ def _job_id_list(job_ids: Iterable[int | str]) -> list[str]:
     for raw in job_ids:
         text = str(raw).strip() if isinstance(raw, str) else str(raw)
         if isinstance(raw, bool) or not _JOB_ID.match(text):
-            raise UsageError(
-                f"bad SLURM job id {raw!r}; expected 12, 29_3 or 12+0 as sbatch/submitit print them"
-            )
+            raise UsageError(f"bad SLURM job id {raw!r}; expected 12, 29_3 or 12+0 as sbatch/submitit print them")
         seen.setdefault(text, None)
     return list(seen)
 
@@ -171,14 +165,13 @@ def _slurm_time(since: _dt.datetime | int) -> str:
     if isinstance(since, bool):
         raise UsageError(f"since must be an aware datetime or epoch seconds, got {since!r}")
     if isinstance(since, int):
-        moment = _dt.datetime.fromtimestamp(since, _dt.timezone.utc)
+        moment = _dt.datetime.fromtimestamp(since, _dt.UTC)
     elif isinstance(since, _dt.datetime):
         if since.tzinfo is None or since.utcoffset() is None:
             raise UsageError(
-                f"since={since.isoformat()} has no time zone; pass an aware datetime "
-                "(e.g. datetime.now(timezone.utc)) so sacct's window is not off by hours"
+                f"since={since.isoformat()} has no time zone; pass an aware datetime (e.g. datetime.now(timezone.utc)) so sacct's window is not off by hours"
             )
-        moment = since.astimezone(_dt.timezone.utc)
+        moment = since.astimezone(_dt.UTC)
     else:
         raise UsageError(f"since must be an aware datetime or epoch seconds, got {type(since).__name__}")
     return moment.strftime("%Y-%m-%dT%H:%M:%S")

@@ -74,18 +74,18 @@ class JobState(enum.Enum):
         return _BY_CODE[code]
 
     def is_active(self) -> bool:
-        """The attempt holds or waits for resources: it may still run or change state."""
+        """The run holds or waits for resources: it may still run or change state."""
         return self in _ACTIVE
 
     def is_terminal(self) -> bool:
-        """This attempt is over (the job as a whole may run again after a requeue)."""
+        """This run is over (the job as a whole may run again after a requeue)."""
         return self not in _ACTIVE
 
     def is_success(self) -> bool:
         return self is JobState.COMPLETED
 
     def is_infrastructure_interruption(self) -> bool:
-        """The attempt ended for reasons outside the job's own code: preemption, a node, a requeue.
+        """The run ended for reasons outside the job's own code: preemption, a node, a requeue.
 
         REQUEUED counts here: on our clusters it is written when submitit (or an admin) requeues
         the job on a preemption or time-limit signal, never when the training code fails.

@@ -5,7 +5,10 @@ Two halves, one vocabulary (``BudgetCaps``, ``Rates``, ``Spend``, ``CapLine``):
   (``admit`` or ``hold:budget``, with the overshoot and what to change); ``render_commitment``;
 - the reservation journal (``BudgetLedger``): every attempt reserves its worst case before it runs
   and settles what it used after, against caps that concurrent processes on several nodes cannot
-  overshoot, with nothing but create-exclusive files on the shared search directory.
+  overshoot, with nothing but create-exclusive files on the shared search directory;
+  ``BudgetLedger.read_totals`` reads it without writing (read commands);
+- one search's budget from its frozen contract: ``search_caps``, ``launch_decision``,
+  ``reserve_attempt``, ``settle_attempt``.
 
 Must not: dispatch, mark trial states, or measure usage; callers do those with these decisions.
 """
@@ -20,6 +23,7 @@ from ._journal import (
     ReservationKey,
     Settlement,
 )
+from ._search import launch_decision, reserve_attempt, search_caps, settle_attempt
 from ._values import BudgetCaps, CapLine, Rates, Spend
 
 __all__ = [
@@ -39,6 +43,10 @@ __all__ = [
     "Spend",
     "admit_launch",
     "attempt_worst_case",
+    "launch_decision",
     "render_commitment",
+    "reserve_attempt",
+    "search_caps",
+    "settle_attempt",
     "worst_case",
 ]

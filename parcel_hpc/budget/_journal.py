@@ -1,12 +1,13 @@
 """The reservation journal: budget enforced across processes and nodes with no lock and no server.
 
-Owns ``<search_dir>/budget/journal/<seq:08d>.json``. Entry 0 (``open``) records the caps; every
-later entry is a ``reserve``, ``settle``, ``release`` or ``caps`` change and carries the running
-totals after it, plus the digest of the entry before it. A writer reads the tail, decides against
-those totals, and creates entry n+1 with ``fsio.create_exclusive``; losing that race (EEXIST) means
-someone else appended, so it reads the new entry and decides again. The sequence therefore has no
-gaps, and two writers can never both spend the same headroom: a cap is never overshot by
-reservations, however many attempts race.
+Owns ``<search_dir>/budget/journal/<seq:08d>.json``. Entry 0 (``open``) records the caps, frozen
+with the search's contract; every later entry is a ``reserve``, ``settle`` or ``release`` and
+carries the running totals after it, plus the digest of the entry before it. (Older journals may
+also hold ``caps`` entries; readers still apply them, nothing writes them now.) A writer reads the
+tail, decides against those totals, and creates entry n+1 with ``fsio.create_exclusive``; losing
+that race (EEXIST) means someone else appended, so it reads the new entry and decides again. The
+sequence therefore has no gaps, and two writers can never both spend the same headroom: a cap is
+never overshot by reservations, however many attempts race.
 
 A writer killed mid-write leaves only a dot-prefixed temp file (``create_exclusive`` writes then
 links), never a partial entry, so it cannot wedge the journal. Every reader replays the chain once
@@ -27,10 +28,11 @@ import os
 import re
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Callable, ClassVar
+from typing import ClassVar
 
 from .. import fsio
 from ..errors import CorruptRecord, ParcelError, UsageError
@@ -53,7 +55,7 @@ class KeyState(Enum):
 
 class EntryKind(Enum):
     OPEN = "open"
-    CAPS = "caps"
+    CAPS = "caps"  # read only: an older journal's change of caps; no writer makes one any more
     RESERVE = "reserve"
     SETTLE = "settle"
     RELEASE = "release"
@@ -127,7 +129,16 @@ class _Totals:
 
     def spend(self) -> Spend:
         h = lambda uh: uh / UH_PER_HOUR  # noqa: E731
-        return Spend(h(self.reserved_gpu_uh), h(self.reserved_cpu_uh), h(self.used_gpu_uh), h(self.used_cpu_uh), h(self.released_gpu_uh), h(self.released_cpu_uh), self.attempts, self.trials)
+        return Spend(
+            h(self.reserved_gpu_uh),
+            h(self.reserved_cpu_uh),
+            h(self.used_gpu_uh),
+            h(self.used_cpu_uh),
+            h(self.released_gpu_uh),
+            h(self.released_cpu_uh),
+            self.attempts,
+            self.trials,
+        )
 
 
 @dataclass(frozen=True)
@@ -150,12 +161,30 @@ def reserve_lines(caps: BudgetCaps, totals: _Totals, new_trial: bool, gpu: int, 
     g, c = gpu / UH_PER_HOUR, cpu / UH_PER_HOUR
     tail = "the search is budget_exhausted: let running attempts settle, or raise"
     lines = [
-        CapLine("budget.max_trials", "trials", totals.trials, int(new_trial), caps.max_trials,
-                f"{key} would be trial {totals.trials + 1} of budget.max_trials={caps.max_trials}: {tail} budget.max_trials"),
-        CapLine("budget.gpu_hours_cap", "GPU-h", spend.committed_gpu_hours, g, caps.gpu_hours_cap,
-                f"{key} needs {fmt(g)} GPU-h but budget.gpu_hours_cap={fmt(caps.gpu_hours_cap)} leaves {fmt(caps.gpu_hours_cap - spend.committed_gpu_hours)}: {tail} budget.gpu_hours_cap"),
-        CapLine("budget.cost_cap", "money", spend.committed_cost(caps.rates), caps.rates.cost(g, c), caps.cost_cap,
-                f"{key} needs {fmt(caps.rates.cost(g, c))} cost but budget.cost_cap={fmt(caps.cost_cap)} leaves {fmt(caps.cost_cap - spend.committed_cost(caps.rates))}: {tail} budget.cost_cap"),
+        CapLine(
+            "budget.max_trials",
+            "trials",
+            totals.trials,
+            int(new_trial),
+            caps.max_trials,
+            f"{key} would be trial {totals.trials + 1} of budget.max_trials={caps.max_trials}: {tail} budget.max_trials",
+        ),
+        CapLine(
+            "budget.gpu_hours_cap",
+            "GPU-h",
+            spend.committed_gpu_hours,
+            g,
+            caps.gpu_hours_cap,
+            f"{key} needs {fmt(g)} GPU-h but budget.gpu_hours_cap={fmt(caps.gpu_hours_cap)} leaves {fmt(caps.gpu_hours_cap - spend.committed_gpu_hours)}: {tail} budget.gpu_hours_cap",
+        ),
+        CapLine(
+            "budget.cost_cap",
+            "money",
+            spend.committed_cost(caps.rates),
+            caps.rates.cost(g, c),
+            caps.cost_cap,
+            f"{key} needs {fmt(caps.rates.cost(g, c))} cost but budget.cost_cap={fmt(caps.cost_cap)} leaves {fmt(caps.cost_cap - spend.committed_cost(caps.rates))}: {tail} budget.cost_cap",
+        ),
     ]
     return tuple(line for line in lines if not line.ok)
 
@@ -189,15 +218,32 @@ class _Fold:
             if reserve_lines(self.caps, t, key.trial_id not in self.trial_ids, gpu, cpu, key):
                 raise _Invalid(f"reserving {key} overshoots the caps in force")
             new_trial = int(key.trial_id not in self.trial_ids)
-            t = _Totals(t.reserved_gpu_uh + gpu, t.reserved_cpu_uh + cpu, t.used_gpu_uh, t.used_cpu_uh, t.released_gpu_uh, t.released_cpu_uh, t.attempts + 1, t.trials + new_trial)
+            t = _Totals(
+                t.reserved_gpu_uh + gpu,
+                t.reserved_cpu_uh + cpu,
+                t.used_gpu_uh,
+                t.used_cpu_uh,
+                t.released_gpu_uh,
+                t.released_cpu_uh,
+                t.attempts + 1,
+                t.trials + new_trial,
+            )
             return t, _Key(KeyState.HELD, gpu, cpu, seq)
         if prior is None or prior.state is not KeyState.HELD:
             raise _Invalid(f"{kind.value} of {key}, which is {'not reserved' if prior is None else prior.state.value}")
         if kind is EntryKind.RELEASE:
             gpu, cpu = 0, 0  # nothing ran
         rel_g, rel_c = max(0, prior.gpu - gpu), max(0, prior.cpu - cpu)
-        t = _Totals(t.reserved_gpu_uh - prior.gpu, t.reserved_cpu_uh - prior.cpu, t.used_gpu_uh + gpu, t.used_cpu_uh + cpu,
-                    t.released_gpu_uh + rel_g, t.released_cpu_uh + rel_c, t.attempts, t.trials)
+        t = _Totals(
+            t.reserved_gpu_uh - prior.gpu,
+            t.reserved_cpu_uh - prior.cpu,
+            t.used_gpu_uh + gpu,
+            t.used_cpu_uh + cpu,
+            t.released_gpu_uh + rel_g,
+            t.released_cpu_uh + rel_c,
+            t.attempts,
+            t.trials,
+        )
         state = KeyState.SETTLED if kind is EntryKind.SETTLE else KeyState.RELEASED
         return t, _Key(state, prior.gpu, prior.cpu, seq, gpu, cpu)
 
@@ -252,11 +298,13 @@ class BudgetLedger:
     """Reservations against one search's caps, shared by every process that sees ``search_dir``.
 
     ``caps=None`` opens an existing journal with the caps it records (a worker); passing caps opens
-    or creates it and insists they match the journal's (a launch that changed a cap must say so
-    with ``amend_caps``)."""
+    or creates it and insists they match the journal's (the caps are frozen with the search's
+    contract). ``read_totals`` reads an existing journal without writing anything (read commands)."""
 
-    def __init__(self, search_dir: str | os.PathLike, caps: BudgetCaps | None = None, *, clock: Callable[[], float] = time.time, writer: str | None = None) -> None:
-        self.path = Path(search_dir) / "budget" / "journal"
+    def __init__(
+        self, search_dir: str | os.PathLike, caps: BudgetCaps | None = None, *, clock: Callable[[], float] = time.time, writer: str | None = None
+    ) -> None:
+        self.path = _journal_dir(search_dir)
         self._clock = clock
         self._writer = writer or f"{socket.gethostname()}:{os.getpid()}"
         self._fold = _Fold()
@@ -266,13 +314,26 @@ class BudgetLedger:
         self._refresh()
         if self._fold.caps is None:
             if caps is None:
-                raise UsageError(f"the budget journal at {self.path} has no caps yet: open it with the search's BudgetCaps")
+                raise _no_caps_yet(self.path)
             self._commit(lambda f: _Done(None) if f.caps is not None else _Write(f.propose(EntryKind.OPEN, caps=caps), lambda seq: None))
         if caps is not None and caps != self._fold.caps:
             raise UsageError(
                 f"budget caps {caps.to_json()} differ from the {self._fold.caps.to_json()} recorded in {self.path}:"
-                " pass the recorded caps, or record the change with BudgetLedger.amend_caps"
+                " the caps are frozen with the search's contract; a changed budget needs a new search.revision"
             )
+
+    @staticmethod
+    def read_totals(search_dir: str | os.PathLike) -> Spend | None:
+        """The journal's totals, read without creating or writing anything; None when the search has
+        no journal (nothing was ever reserved). Raises like a reader when the journal is damaged."""
+        path = _journal_dir(search_dir)
+        if not path.is_dir():
+            return None
+        fold = _Fold()
+        _replay(fold, path)
+        if fold.caps is None:
+            raise _no_caps_yet(path)
+        return fold.totals.spend()
 
     @property
     def caps(self) -> BudgetCaps:
@@ -289,7 +350,9 @@ class BudgetLedger:
             prior = f.keys.get(key)
             if prior is not None:
                 if prior.state.is_closed():
-                    raise UsageError(f"attempt {key} was already {prior.state.value} at entry {prior.seq} of {self.path}: a rerun must reserve under a new attempt number")
+                    raise UsageError(
+                        f"attempt {key} was already {prior.state.value} at entry {prior.seq} of {self.path}: a rerun must reserve under a new attempt number"
+                    )
                 return _Done(Reservation(key, prior.gpu / UH_PER_HOUR, prior.cpu / UH_PER_HOUR, prior.seq))
             over = reserve_lines(f.caps, f.totals, key.trial_id not in f.trial_ids, gpu, cpu, key)
             if over:
@@ -311,52 +374,25 @@ class BudgetLedger:
         self._refresh()
         return self._fold.totals.spend()
 
-    def outstanding(self) -> tuple[Reservation, ...]:
-        """Reservations still held, e.g. for reconciling attempts whose process died."""
-        self._refresh()
-        return tuple(Reservation(k, r.gpu / UH_PER_HOUR, r.cpu / UH_PER_HOUR, r.seq) for k, r in self._fold.keys.items() if r.state is KeyState.HELD)
-
-    def amend_caps(self, caps: BudgetCaps) -> None:
-        """Record new caps. Lowering a cap below what is committed refuses further reservations; it
-        never cancels one already held."""
-        self._commit(lambda f: _Done(None) if f.caps == caps else _Write(f.propose(EntryKind.CAPS, caps=caps), lambda seq: None))
-
     def verify(self) -> Spend:
         """Replay the journal from scratch, also checking that no entry lies beyond a gap."""
         names = sorted(int(m.group(1)) for m in map(_ENTRY_NAME.match, os.listdir(self.path)) if m)
         if names != list(range(len(names))):
             missing = next(i for i, n in enumerate(names) if i != n)
-            raise CorruptRecord(f"{self._entry_path(missing)} is missing but later entries exist in {self.path}: the journal has a gap; restore the entry from backup")
+            raise CorruptRecord(
+                f"{_entry_path(self.path, missing)} is missing but later entries exist in {self.path}: the journal has a gap; restore the entry from backup"
+            )
         fold = _Fold()
         for seq in names:
-            path = self._entry_path(seq)
-            self._step(fold, path, path.read_bytes())
+            path = _entry_path(self.path, seq)
+            _step(fold, path, path.read_bytes())
         return fold.totals.spend()
 
     # -- the seam: everything below touches the filesystem ---------------------------------------
 
-    def _entry_path(self, seq: int) -> Path:
-        return self.path / f"{seq:08d}.json"
-
     def _refresh(self) -> int:
         """Apply entries appended since the last look; return how many."""
-        n = 0
-        while True:
-            path = self._entry_path(self._fold.seq + 1)
-            try:
-                data = path.read_bytes()
-            except FileNotFoundError:
-                return n
-            self._step(self._fold, path, data)
-            n += 1
-
-    @staticmethod
-    def _step(fold: _Fold, path: Path, data: bytes) -> None:
-        try:
-            entry = _loads(data)
-            fold.step(entry, data)
-        except _Invalid as exc:
-            raise CorruptRecord(f"budget journal entry {path} {exc}; stop dispatching until the journal is repaired") from None
+        return _replay(self._fold, self.path)
 
     def _commit(self, decide: Callable[[_Fold], _Done | _Write]) -> object:
         backoff = 0.0005
@@ -367,9 +403,9 @@ class BudgetLedger:
                 return action.result
             entry = {**action.entry, "at": round(self._clock(), 3), "writer": self._writer}
             data = (fsio.canonical_json(entry) + "\n").encode()
-            path = self._entry_path(entry["seq"])
+            path = _entry_path(self.path, entry["seq"])
             if fsio.create_exclusive(path, data):
-                self._step(self._fold, path, data)
+                _step(self._fold, path, data)
                 return action.result(entry["seq"])
             # Lost the race for this seq. If the winner's entry is not visible yet (an NFS client's
             # lookup cache can lag the server's EEXIST), wait a little before deciding again.
@@ -400,6 +436,39 @@ class BudgetLedger:
             return _Write(f.propose(kind, key, gpu, cpu), lambda seq: settlement(_Key(want, prior.gpu, prior.cpu, seq, gpu, cpu), seq))
 
         return self._commit(decide)
+
+
+def _journal_dir(search_dir: str | os.PathLike) -> Path:
+    return Path(search_dir) / "budget" / "journal"
+
+
+def _entry_path(journal: Path, seq: int) -> Path:
+    return journal / f"{seq:08d}.json"
+
+
+def _replay(fold: _Fold, journal: Path) -> int:
+    """Apply the entries after ``fold.seq`` that exist in ``journal``; return how many. Reads only."""
+    n = 0
+    while True:
+        path = _entry_path(journal, fold.seq + 1)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return n
+        _step(fold, path, data)
+        n += 1
+
+
+def _step(fold: _Fold, path: Path, data: bytes) -> None:
+    try:
+        entry = _loads(data)
+        fold.step(entry, data)
+    except _Invalid as exc:
+        raise CorruptRecord(f"budget journal entry {path} {exc}; stop dispatching until the journal is repaired") from None
+
+
+def _no_caps_yet(journal: Path) -> UsageError:
+    return UsageError(f"the budget journal at {journal} has no caps yet: open it with the search's BudgetCaps")
 
 
 def _uh(name: str, hours: float) -> int:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from ._admission import BudgetDecision, admit_launch, attempt_worst_case, worst_case
 from ._journal import BudgetLedger, Refusal, Reservation
@@ -20,10 +21,8 @@ def launch_decision(contract: Mapping[str, Any], n_dispatch: int, trials_already
     b, r = contract["budget"], contract["resources"]
     caps = search_caps(contract)
     commitment = worst_case(n_dispatch, int(r["gpus"]), int(r["cpus"]), float(r["time_limit_min"]), int(b["max_retries"]), caps.rates)
-    spent = Spend()
-    if search_dir is not None and (Path(search_dir) / "budget" / "journal").is_dir():
-        spent = BudgetLedger(search_dir).totals()
-    return admit_launch(commitment, caps, spent, trials_already)
+    spent = BudgetLedger.read_totals(search_dir) if search_dir is not None else None
+    return admit_launch(commitment, caps, spent if spent is not None else Spend(), trials_already)
 
 
 def reserve_attempt(search_dir: Path, contract: Mapping[str, Any], trial_id: str, attempt: int) -> Reservation | Refusal:

@@ -8,8 +8,9 @@ beyond picking named keys out of a mapping the caller hands over.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from ..errors import ParcelError, UsageError
 
@@ -126,9 +127,6 @@ class Spend:
 
     def committed_cost(self, rates: Rates) -> float:
         return rates.cost(self.committed_gpu_hours, self.committed_cpu_hours)
-
-    def used_cost(self, rates: Rates) -> float:
-        return rates.cost(self.used_gpu_hours, self.used_cpu_hours)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,36 @@
+"""The trial ledger: the search directory, trial specs, the typed events of each trial's history,
+and the records folded from them.
+
+    states.py    TrialState, AttemptEnd (Enums with predicates)
+    events.py    EventKind, Cause, one payload class per kind, the Event envelope and its JSON line
+    journal.py   TrialWriter: the only writer of journal lines; read_events merges a trial's journals
+    records.py   TrialSpec, Attempt, TrialRecord and ``fold``, the one function from events to a record
+    store.py     SearchDir: the layout of a search directory and its create-exclusive claims
+
+Nothing outside this package writes a journal line.
+"""
+
+from .events import Cause, Ended, Event, EventKind, Executor, Started
+from .journal import TrialWriter, preview, read_events
+from .records import Attempt, TrialRecord, TrialSpec, fold
+from .states import AttemptEnd, TrialState
+from .store import SearchDir
+
+__all__ = [
+    "Attempt",
+    "AttemptEnd",
+    "Cause",
+    "Ended",
+    "Event",
+    "EventKind",
+    "Executor",
+    "SearchDir",
+    "Started",
+    "TrialRecord",
+    "TrialSpec",
+    "TrialState",
+    "TrialWriter",
+    "fold",
+    "preview",
+    "read_events",
+]

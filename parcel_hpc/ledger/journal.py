@@ -1,9 +1,12 @@
-"""Per-writer, append-only event journals inside a trial's directory.
+"""The one way a trial's history is written: per-writer, append-only journals of typed events.
 
-Each process that records something about a trial (the launcher that submitted it, each worker
-attempt, an admin command) appends to its own ``journal-<writer>.jsonl``: one writer per file keeps
-appends safe on NFS, where O_APPEND from two clients is not atomic. Readers merge every journal of
-the trial and order events by (time, writer, sequence).
+Each process that records something about a trial (the launch that submitted it, each worker
+attempt, ``resubmit``, ``sync``, a quarantine) appends through its own ``TrialWriter`` to its own
+``journal-<writer>.jsonl``: one writer per file keeps appends safe on NFS, where O_APPEND from two
+clients is not atomic. Readers merge every journal of the trial and order events by
+(time, writer, sequence); a torn last line (a writer killed mid-append) is ignored.
+
+Must not: decide anything. Callers decide (lifecycle, resolution, the worker) and say it here.
 """
 
 from __future__ import annotations
@@ -12,11 +15,29 @@ import os
 import socket
 import time
 import uuid
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable
 
 from .. import fsio
+from .events import (
+    AdmissionRefused,
+    Cause,
+    CheckpointSkipped,
+    Ended,
+    Event,
+    EventKind,
+    Executor,
+    GaveUp,
+    Milestone,
+    Payload,
+    Quarantined,
+    Resumed,
+    Started,
+    Submitted,
+)
+from .states import TrialState
+
+JOURNAL_GLOB = "journal-*.jsonl"
 
 
 def writer_name(role: str) -> str:
@@ -24,29 +45,68 @@ def writer_name(role: str) -> str:
     return f"{role}-{host}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
-@dataclass
-class Journal:
-    """Appends events for one trial from one writer."""
+class TrialWriter:
+    """Appends typed events about one trial from one writer; one method per event kind."""
 
-    trial_dir: Path
-    writer: str
-    clock: Callable[[], float] = time.time
-    _seq: int = field(default=0, init=False)
+    def __init__(self, trial_dir: Path, role: str, clock: Callable[[], float] = time.time, *, writer: str | None = None) -> None:
+        self.trial_dir = Path(trial_dir)
+        self.writer = writer or writer_name(role)
+        self._clock = clock
+        self._seq = 0
 
     @property
     def path(self) -> Path:
         return self.trial_dir / f"journal-{self.writer}.jsonl"
 
-    def append(self, kind: str, **fields: Any) -> dict:
+    def _append(self, kind: EventKind, payload: Payload, attempt: int = 0) -> Event:
         self._seq += 1
-        event = {"kind": kind, "t": round(self.clock(), 6), "writer": self.writer, "seq": self._seq, **fields}
-        fsio.append_jsonl(self.path, event)
+        event = Event(kind, round(self._clock(), 6), self.writer, self._seq, attempt, payload)
+        fsio.ensure_dir(self.trial_dir)
+        fsio.append_jsonl(self.path, event.to_json())
         return event
 
+    # --- the launch side ------------------------------------------------------------------------
+    def submitted(self, job_id: str, executor: Executor, launch_id: str, exclude_nodes: Sequence[str] = ()) -> Event:
+        return self._append(EventKind.SUBMITTED, Submitted(job_id, executor, launch_id, tuple(exclude_nodes)))
 
-def read_events(trial_dir: Path) -> list[dict]:
-    events: list[dict] = []
-    for path in sorted(Path(trial_dir).glob("journal-*.jsonl")):
-        events.extend(fsio.read_jsonl(path))
-    events.sort(key=lambda e: (e.get("t", 0.0), e.get("writer", ""), e.get("seq", 0)))
+    def admission_refused(self, outcome: str, launch_id: str) -> Event:
+        return self._append(EventKind.ADMISSION, AdmissionRefused(outcome, launch_id))
+
+    def gave_up(self, reason: str, attempt: int = 0) -> Event:
+        return self._append(EventKind.GAVE_UP, GaveUp(Cause.RETRIES_EXHAUSTED, reason, TrialState.FAILED), attempt)
+
+    def resolved(self, attempt: int, ending: Ended) -> Event:
+        """How a silent attempt ended, from the scheduler's facts (``resolution.resolve``)."""
+        return self._append(EventKind.RESOLVED, ending, attempt)
+
+    def quarantined(self, reason: str, attempts_upto: int, moved_to: str, with_trials: Sequence[str]) -> Event:
+        return self._append(EventKind.QUARANTINED, Quarantined(reason, attempts_upto, moved_to, tuple(with_trials)))
+
+    # --- the worker side ------------------------------------------------------------------------
+    def started(self, attempt: int, facts: Started) -> Event:
+        return self._append(EventKind.STARTED, facts, attempt)
+
+    def resumed(self, attempt: int, step: int) -> Event:
+        return self._append(EventKind.RESUMED, Resumed(step), attempt)
+
+    def milestone(self, attempt: int, step: int, value: float, is_milestone: bool) -> Event:
+        return self._append(EventKind.MILESTONE, Milestone(step, value, is_milestone), attempt)
+
+    def checkpoint_skipped(self, attempt: int, path: str, reason: str) -> Event:
+        return self._append(EventKind.CHECKPOINT_SKIPPED, CheckpointSkipped(path, reason), attempt)
+
+    def ended(self, attempt: int, ending: Ended) -> Event:
+        return self._append(EventKind.ENDED, ending, attempt)
+
+
+def read_events(trial_dir: Path) -> list[Event]:
+    events: list[Event] = []
+    for path in sorted(Path(trial_dir).glob(JOURNAL_GLOB)):
+        events.extend(Event.from_json(obj, str(path)) for obj in fsio.read_jsonl(path))
+    events.sort(key=lambda e: e.order)
     return events
+
+
+def preview(attempt: int, ending: Ended, t: float) -> Event:
+    """The event ``TrialWriter.resolved`` would write, for folding before (or without) writing it."""
+    return Event(EventKind.RESOLVED, t, "preview", 0, attempt, ending)

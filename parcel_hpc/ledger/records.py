@@ -1,14 +1,17 @@
 """Trial specs and trial records: what was proposed, and the state folded from its journals.
 
-``fold`` is a pure function from a spec and its events to a ``TrialRecord``; every reader (status,
-resubmit, reconcile, selection) sees the same answer from the same files.
+``fold`` is the one function that turns events into a ``TrialRecord`` (pure); every reader (status,
+resubmit, reconcile, selection) sees the same answer from the same files, and a writer that wants to
+know what its event would change folds it first (``journal.preview``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
+from .events import AdmissionRefused, Cause, Ended, Event, EventKind, Executor, GaveUp, Milestone, Quarantined, Resumed, Started, Submitted
 from .states import AttemptEnd, TrialState
 
 
@@ -42,7 +45,7 @@ class TrialSpec:
         }
 
     @classmethod
-    def from_json(cls, obj: Mapping[str, Any]) -> "TrialSpec":
+    def from_json(cls, obj: Mapping[str, Any]) -> TrialSpec:
         return cls(**{k: obj[k] for k in ("trial_id", "index", "params", "seed", "config_hash", "contract_digest", "image_digest", "resources")})
 
 
@@ -57,11 +60,17 @@ class Attempt:
     started: float | None = None
     ended: float | None = None
     how: AttemptEnd | None = None
-    cause: str = ""  # interruption cause or failure class
+    cause: Cause | None = None  # why it ended without a plain result
     step: int = 0
     resumed_from: int = 0
     restart_count: int = 0
     message: str = ""
+
+    def interruption(self) -> Cause | None:
+        """The cause, when this attempt spent an infrastructure retry."""
+        if self.how is not None and self.how.is_infrastructure() and self.cause is not None and self.cause.counts_as_interruption():
+            return self.cause
+        return None
 
 
 @dataclass(frozen=True)
@@ -70,14 +79,16 @@ class TrialRecord:
     state: TrialState
     attempts: tuple[Attempt, ...] = ()
     jobs: tuple[str, ...] = ()  # every scheduler job id submitted for this trial, in order
+    executor: Executor | None = None  # where its latest job was submitted
     metric: float | None = None  # final validation miss-cost; only a completed trial has one
     step: int = 0  # last step reached
     milestone: int | None = None  # last milestone reported
     last_value: float | None = None  # value at that milestone (never a result by itself)
-    reason: str = ""  # why it is in its state: reject:<field>, failure class, prune rule
+    cause: Cause | None = None  # why it is in its state, when a cause says it (queued for a retry, failed, given up)
+    detail: str = ""  # for people: reject:<field>, hold:budget, the prune rule, the quarantine
     interrupted: int = 0
     resumed: int = 0
-    failures: tuple[str, ...] = ()  # failure classes of failed attempts, in order
+    failures: tuple[Cause, ...] = ()  # failure classes of failed attempts, in order
     quarantines: tuple[str, ...] = ()  # reasons, one per quarantine
     invalid_metrics: bool = False  # some metric of this trial came from a quarantined attempt
     tainted_upto: int = 0  # attempts numbered up to this ran in a quarantined directory
@@ -92,6 +103,22 @@ class TrialRecord:
     def trial_id(self) -> str:
         return self.spec.trial_id
 
+    def awaiting_failure_check(self) -> bool:
+        """Queued after a first training failure: the rerun tells whether it reproduces."""
+        return self.state is TrialState.QUEUED and self.cause is not None and self.cause.is_training_failure()
+
+    def awaiting_retry_after_interruption(self) -> bool:
+        return self.state is TrialState.QUEUED and self.cause is not None and self.cause.is_infrastructure()
+
+    @property
+    def reason(self) -> str:
+        """Why it is in its state, in words derived from the typed fields."""
+        if self.awaiting_failure_check():
+            return f"retry: {self.cause.value} once"
+        if self.awaiting_retry_after_interruption():
+            return f"interrupted: {self.cause.value}"
+        return self.detail or (self.cause.value if self.cause is not None else "")
+
     def to_json(self) -> dict:
         return {
             "trial_id": self.trial_id,
@@ -104,7 +131,8 @@ class TrialRecord:
             "interrupted": self.interrupted,
             "resumed": self.resumed,
             "reason": self.reason,
-            "failures": list(self.failures),
+            "cause": self.cause.value if self.cause is not None else None,
+            "failures": [c.value for c in self.failures],
             "quarantines": list(self.quarantines),
             "jobs": list(self.jobs),
             "params": dict(self.spec.params),
@@ -121,98 +149,124 @@ _TERMINAL_ENDS = {
 }
 
 
-def fold(spec: TrialSpec, events: Sequence[Mapping[str, Any]]) -> TrialRecord:
+@dataclass
+class _Fold:
+    """The running state of one fold; ``fold`` is the only code that touches it."""
+
+    spec: TrialSpec
+    state: TrialState = TrialState.QUEUED
+    attempts: dict[int, dict] = field(default_factory=dict)
+    jobs: list[str] = field(default_factory=list)
+    executor: Executor | None = None
+    metric: float | None = None
+    cause: Cause | None = None
+    detail: str = ""
+    milestone: int | None = None
+    last_value: float | None = None
+    failures: list[tuple[int, Cause]] = field(default_factory=list)  # (attempt, failure class)
+    quarantines: list[str] = field(default_factory=list)
+    interrupted: int = 0
+    resumed: int = 0
+    step: int = 0
+    invalid: bool = False
+    tainted_upto: int = 0  # attempts up to this number ran in a quarantined directory: their results never count
+
+    def set(self, state: TrialState, cause: Cause | None = None, detail: str = "") -> None:
+        self.state, self.cause, self.detail = state, cause, detail
+
+    def attempt(self, n: int) -> dict:
+        return self.attempts.setdefault(n, {"number": n})
+
+    def record(self) -> TrialRecord:
+        return TrialRecord(
+            spec=self.spec,
+            state=self.state,
+            attempts=tuple(Attempt(**a) for _, a in sorted(self.attempts.items())),
+            jobs=tuple(self.jobs),
+            executor=self.executor,
+            metric=self.metric,
+            step=self.step,
+            milestone=self.milestone,
+            last_value=self.last_value,
+            cause=self.cause,
+            detail=self.detail,
+            interrupted=self.interrupted,
+            resumed=self.resumed,
+            failures=tuple(c for _, c in self.failures),
+            quarantines=tuple(self.quarantines),
+            invalid_metrics=self.invalid,
+            tainted_upto=self.tainted_upto,
+        )
+
+
+def fold(spec: TrialSpec, events: Sequence[Event]) -> TrialRecord:
     """The trial's record from its ordered events (pure)."""
-    attempts: dict[int, dict] = {}
-    jobs: list[str] = []
-    state = TrialState.QUEUED
-    metric = None
-    reason = ""
-    milestone = last_value = None
-    failures: list[tuple[int, str]] = []  # (attempt, failure class)
-    quarantines: list[str] = []
-    interrupted = resumed = 0
-    step = 0
-    invalid = False
-    tainted_upto = 0  # attempts up to this number ran in a quarantined directory: their results never count
-
+    f = _Fold(spec)
     for ev in events:
-        kind = ev["kind"]
-        n = int(ev.get("attempt", 0) or 0)
-        tainted = 0 < n <= tainted_upto
-        if kind == "submitted":
-            if ev.get("job_id") and ev["job_id"] not in jobs:
-                jobs.append(ev["job_id"])
-            if not state.is_finished():
-                state = TrialState.QUEUED
-        elif kind == "admission" and ev["outcome"] != "admit":
-            state, reason = TrialState.REJECTED, ev["outcome"]
-        elif kind == "started":
-            a = attempts.setdefault(n, {"number": n})
-            a.update(job_id=ev.get("job_id", ""), host=ev.get("host", ""), pid=ev.get("pid", 0), started=ev["t"],
-                     restart_count=ev.get("restart_count", 0))
-            if not state.is_finished():
-                state, reason = TrialState.RUNNING, ""
-        elif kind == "resumed":
-            attempts.setdefault(n, {"number": n})["resumed_from"] = int(ev["step"])
-            resumed += 1
-        elif kind == "milestone" and not tainted:
-            step = max(step, int(ev["step"]))
-            if ev.get("is_milestone", True):
-                milestone, last_value = int(ev["step"]), ev["value"]
-        elif kind == "progress":
-            step = max(step, int(ev["step"]))
-        elif kind in ("ended", "resolved"):
-            a = attempts.setdefault(n, {"number": n})
-            if a.get("how") is not None and not (kind == "ended" and a.get("cause") == "lost"):
-                continue  # the first specific word on how an attempt ended stands; a bare "lost" yields to the worker's
-            superseded = any(k > n and "started" in v for k, v in attempts.items())
-            how = AttemptEnd(ev["how"])
-            a.update(ended=ev["t"], how=how, cause=ev.get("cause", ""), step=ev.get("step", a.get("step", 0)), message=ev.get("message", ""))
-            if "step" in ev:
-                step = max(step, int(ev["step"]))
-            if state.is_finished() or tainted:
-                continue
-            if superseded and how not in (AttemptEnd.COMPLETED, AttemptEnd.PRUNED):
-                continue  # a stale attempt's interruption after a newer one started changes nothing; its result still counts
-            if how in _TERMINAL_ENDS:
-                state = _TERMINAL_ENDS[how]
-                reason = ev.get("reason", ev.get("cause", ""))
-                if how is AttemptEnd.COMPLETED:
-                    metric = float(ev["metric"])
-            elif how is AttemptEnd.FAILED:
-                failures.append((n, ev.get("cause", "exception")))
-                if ev.get("final"):
-                    state, reason = TrialState.FAILED, ev.get("cause", "exception")
-                else:
-                    state, reason = TrialState.QUEUED, f"retry: {ev.get('cause', 'exception')} once"
-            elif how.is_infrastructure():
-                interrupted += 1
-                state, reason = TrialState.QUEUED, f"interrupted: {ev.get('cause', how.value)}"
-            elif how is AttemptEnd.QUARANTINED:
-                state, reason = TrialState.QUARANTINED, ev.get("reason", "")
-        elif kind == "quarantined":
-            quarantines.append(ev.get("reason", ""))
-            tainted_upto = max(tainted_upto, int(ev.get("attempts_upto", 0)))
+        n = ev.attempt
+        tainted = 0 < n <= f.tainted_upto
+        data = ev.data
+        if isinstance(data, Submitted):
+            if data.job_id and data.job_id not in f.jobs:
+                f.jobs.append(data.job_id)
+            f.executor = data.executor
+            if not f.state.is_finished():
+                f.state = TrialState.QUEUED
+        elif isinstance(data, AdmissionRefused):
+            f.set(TrialState.REJECTED, detail=data.outcome)
+        elif isinstance(data, Started):
+            f.attempt(n).update(job_id=data.job_id, host=data.host, pid=data.pid, started=ev.t, restart_count=data.restart_count)
+            if not f.state.is_finished():
+                f.set(TrialState.RUNNING)
+        elif isinstance(data, Resumed):
+            f.attempt(n)["resumed_from"] = data.step
+            f.resumed += 1
+        elif isinstance(data, Milestone):
+            if not tainted:
+                f.step = max(f.step, data.step)
+                if data.is_milestone:
+                    f.milestone, f.last_value = data.step, data.value
+        elif isinstance(data, Ended):
+            _fold_ending(f, ev, data, tainted)
+        elif isinstance(data, Quarantined):
+            f.quarantines.append(data.reason)
+            f.tainted_upto = max(f.tainted_upto, data.attempts_upto)
             # Failures in a shared directory say nothing about the design: they are withdrawn too.
-            failures = [(k, c) for k, c in failures if k > tainted_upto]
-            if state not in (TrialState.REJECTED, TrialState.BUDGET_EXHAUSTED):
+            f.failures = [(k, c) for k, c in f.failures if k > f.tainted_upto]
+            if f.state not in (TrialState.REJECTED, TrialState.BUDGET_EXHAUSTED):
                 # A quarantined result is withdrawn, never scored: the trial is rerun cleanly.
-                state, reason, metric, invalid = TrialState.QUARANTINED, ev.get("reason", ""), None, True
-                milestone = last_value = None
-        elif kind == "gave_up":
-            if state.is_finished():
-                continue  # a late give-up (a signal after the result) never overrides an ending
-            state, reason = TrialState(ev.get("state", "failed")), ev.get("reason", "")
-            if ev.get("cause"):
-                failures.append((n, ev["cause"]))
-        elif kind == "budget_exhausted":
-            if not state.is_finished():
-                state, reason = TrialState.BUDGET_EXHAUSTED, ev.get("reason", "budget exhausted")
+                f.set(TrialState.QUARANTINED, Cause.CHECKPOINT_COLLISION, data.reason)
+                f.metric, f.invalid = None, True
+                f.milestone = f.last_value = None
+        elif isinstance(data, GaveUp):
+            if not f.state.is_finished():  # a late give-up (a signal after the result) never overrides an ending
+                f.set(data.state, data.cause, data.reason)
+    return f.record()
 
-    attempt_records = tuple(Attempt(**a) for _, a in sorted(attempts.items()))
-    return TrialRecord(
-        spec=spec, state=state, attempts=attempt_records, jobs=tuple(jobs), metric=metric, step=step,
-        milestone=milestone, last_value=last_value, reason=reason, interrupted=interrupted, resumed=resumed,
-        failures=tuple(c for _, c in failures), quarantines=tuple(quarantines), invalid_metrics=invalid, tainted_upto=tainted_upto,
-    )
+
+def _fold_ending(f: _Fold, ev: Event, data: Ended, tainted: bool) -> None:
+    n = ev.attempt
+    a = f.attempt(n)
+    if a.get("how") is not None and not (ev.kind is EventKind.ENDED and a.get("cause") is Cause.LOST):
+        return  # the first specific word on how an attempt ended stands; a bare "lost" yields to the worker's
+    superseded = any(k > n and "started" in v for k, v in f.attempts.items())
+    how = data.how
+    a.update(ended=ev.t, how=how, cause=data.cause, step=data.step if data.step is not None else a.get("step", 0), message=data.message)
+    if data.step is not None:
+        f.step = max(f.step, data.step)
+    if f.state.is_finished() or tainted:
+        return
+    if superseded and how not in (AttemptEnd.COMPLETED, AttemptEnd.PRUNED):
+        return  # a stale attempt's interruption after a newer one started changes nothing; its result still counts
+    if how in _TERMINAL_ENDS:
+        f.set(_TERMINAL_ENDS[how], data.cause, data.reason or data.outcome)
+        if how is AttemptEnd.COMPLETED:
+            f.metric = data.metric
+    elif how is AttemptEnd.FAILED:
+        f.failures.append((n, data.cause))
+        f.set(TrialState.FAILED if data.final else TrialState.QUEUED, data.cause)
+    elif how.is_infrastructure():
+        f.interrupted += 1
+        f.set(TrialState.QUEUED, data.cause)
+    elif how is AttemptEnd.QUARANTINED:
+        f.set(TrialState.QUARANTINED, data.cause, data.reason)

@@ -41,11 +41,3 @@ class AttemptEnd(str, enum.Enum):
 
     def is_infrastructure(self) -> bool:
         return self in (AttemptEnd.INTERRUPTED, AttemptEnd.LOST)
-
-
-class FailureClass(str, enum.Enum):
-    """Why training failed; two failures of one class on one configuration make it reproducible."""
-
-    DIVERGED = "diverged"  # loss or metric became NaN/inf
-    EXCEPTION = "exception"
-    OUT_OF_MEMORY = "out_of_memory"

@@ -14,13 +14,17 @@ Owns paths and the create-exclusive claims that make two launchers agree; no dec
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any
 
 from .. import fsio
 from ..contract import Contract, load_contract
-from .journal import Journal, read_events, writer_name
+from ..errors import CorruptRecord
+from .events import Event, Executor
+from .journal import TrialWriter, read_events
 from .records import TrialRecord, TrialSpec, fold
 
 
@@ -85,8 +89,6 @@ class SearchDir:
 
     def dispatch_in_flight(self, trial_id: str, launch_id: str, record: TrialRecord, grace_s: float = 300.0) -> bool:
         """Another launcher claimed this trial's latest dispatch recently and has not submitted it yet."""
-        import time
-
         n = self.dispatch_count(trial_id)
         if n == 0 or len(record.jobs) >= n:
             return False
@@ -100,8 +102,6 @@ class SearchDir:
         try:
             return TrialSpec.from_json(fsio.read_json(path))
         except (KeyError, ValueError, TypeError) as exc:
-            from ..errors import CorruptRecord
-
             raise CorruptRecord(f"{path} is not a trial spec ({exc}); restore it or move the trial aside") from None
 
     def trial_ids(self) -> list[str]:
@@ -109,17 +109,22 @@ class SearchDir:
             return []
         return sorted(p.parent.name for p in self.trials_dir.glob("*/spec.json"))
 
-    def events(self, trial_id: str) -> list[dict]:
+    def events(self, trial_id: str) -> list[Event]:
         return read_events(self.trial_dir(trial_id))
 
     def record(self, trial_id: str) -> TrialRecord:
-        try:
-            return fold(self.spec(trial_id), self.events(trial_id))
-        except (KeyError, ValueError, TypeError) as exc:
-            from ..errors import CorruptRecord
+        return self.fold(self.spec(trial_id), self.events(trial_id))
 
-            raise CorruptRecord(f"the records of trial {trial_id} in {self.trial_dir(trial_id)} do not fold ({type(exc).__name__}: {exc}); "
-                                "move the damaged journal-*.jsonl or spec.json aside and rerun") from None
+    def fold(self, spec: TrialSpec, events: list[Event]) -> TrialRecord:
+        """``fold``, with a damaged history reported as one line naming the trial."""
+        trial_id = spec.trial_id
+        try:
+            return fold(spec, events)
+        except (KeyError, ValueError, TypeError) as exc:
+            raise CorruptRecord(
+                f"the records of trial {trial_id} in {self.trial_dir(trial_id)} do not fold ({type(exc).__name__}: {exc}); "
+                "move the damaged journal-*.jsonl or spec.json aside and rerun"
+            ) from None
 
     def claim_attempt(self, trial_id: str, first: int) -> int:
         """The next attempt number, claimed exclusively (two workers never share one, even when a
@@ -133,17 +138,16 @@ class SearchDir:
         for tid in self.trial_ids():
             yield self.record(tid)
 
-    def journal(self, trial_id: str, role: str) -> Journal:
-        return Journal(fsio.ensure_dir(self.trial_dir(trial_id)), writer_name(role))
+    def writer(self, trial_id: str, role: str) -> TrialWriter:
+        """The one way to add to a trial's history (a new journal file for this process and role)."""
+        return TrialWriter(self.trial_dir(trial_id), role)
 
-    def write_plan(self, plan) -> bool:
+    def write_plan(self, trial_id: str, plan: dict[str, Any]) -> bool:
         """Record the worker plan once; False if the trial already has one (it is kept)."""
-        return fsio.create_exclusive_json(self.trial_dir(plan.trial_id) / "plan.json", plan.to_json())
+        return fsio.create_exclusive_json(self.trial_dir(trial_id) / "plan.json", plan)
 
-    def plan(self, trial_id: str):
-        from ..worker.plan import WorkerPlan
-
-        return WorkerPlan.from_json(fsio.read_json(self.trial_dir(trial_id) / "plan.json"))
+    def plan_json(self, trial_id: str) -> dict[str, Any]:
+        return fsio.read_json(self.trial_dir(trial_id) / "plan.json")
 
     def launches(self) -> list[dict]:
         """Every launch record, oldest first."""
@@ -153,7 +157,7 @@ class SearchDir:
 
     def slurm_job_names(self) -> list[str]:
         """The SLURM job names this search's launches used (squeue and sacct find its jobs by them)."""
-        return sorted({str(l["launcher"]["params"]["job_name"]) for l in self.launches() if l.get("launcher", {}).get("kind") == "slurm"})
+        return sorted({str(l["launcher"]["params"]["job_name"]) for l in self.launches() if l.get("launcher", {}).get("kind") == Executor.SLURM.value})
 
     # --- quarantine marks ----------------------------------------------------------------------
     def mark_quarantined(self, trial_id: str, attempts_upto: int, reason: str) -> bool:

@@ -13,15 +13,13 @@ calls ``report`` then ``decide`` at each milestone, and the ledger calls ``inval
 The rule (ties included) is in ``_rule``; the concurrency guarantees are in ``_store``.
 """
 
+from ..errors import UsageError
 from ._rule import AsyncSuccessiveHalving, NopPruner, PruneAction, PruneDecision, Pruner
 from ._store import Invalidation, MilestoneReport, MilestoneStore, RecordedDecision
 
 
-
 def make_pruner(cfg) -> Pruner:
     """The pruner named by the ``pruner`` config group (``kind: asha`` or ``kind: none``)."""
-    from ..errors import UsageError
-
     milestones = tuple(int(m) for m in cfg["milestones"])
     if cfg["kind"] == "asha":
         return AsyncSuccessiveHalving(milestones, reduction_factor=int(cfg["reduction_factor"]), min_peers=int(cfg["min_peers"]))

@@ -24,16 +24,16 @@ from __future__ import annotations
 
 import enum
 import math
-import re
 import time as _time
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
+from ..contract import check_trial_id
 from ..errors import CorruptRecord, ParcelError, UsageError
 
 # Trial ids name files (<trial>.json, <trial>.invalid/): no dots, slashes or leading dashes.
-_TRIAL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
 
 
 class PruneAction(enum.Enum):
@@ -51,12 +51,6 @@ class PruneAction(enum.Enum):
     def consults_peers(self) -> bool:
         """Whether the decision looked at peer values (and so records them)."""
         return self in (PruneAction.CONTINUE, PruneAction.PRUNE, PruneAction.TOO_FEW_PEERS)
-
-
-def check_trial_id(trial_id: object) -> str:
-    if not isinstance(trial_id, str) or not _TRIAL_ID.match(trial_id):
-        raise UsageError(f"trial id {trial_id!r} is not usable as a file name; use letters, digits, '_' and '-' (at most 128)")
-    return trial_id
 
 
 def check_step(step: object, what: str = "step") -> int:
@@ -148,7 +142,7 @@ class PruneDecision:
         }
 
     @classmethod
-    def from_json(cls, obj: Any, where: str = "<decision>") -> "PruneDecision":
+    def from_json(cls, obj: Any, where: str = "<decision>") -> PruneDecision:
         try:
             return cls(
                 trial_id=obj["trial_id"],
@@ -177,9 +171,7 @@ class Pruner(ABC):
     milestones: tuple[int, ...]
 
     @abstractmethod
-    def decide(
-        self, trial_id: str, milestone: int, value: float, peers: Mapping[str, float], *, now: float | None = None
-    ) -> PruneDecision:
+    def decide(self, trial_id: str, milestone: int, value: float, peers: Mapping[str, float], *, now: float | None = None) -> PruneDecision:
         """Decide for ``trial_id`` reporting ``value`` at step ``milestone`` given same-milestone ``peers``.
 
         ``now`` stamps the decision (seconds since the epoch); None reads the wall clock here, at the edge.
@@ -203,15 +195,14 @@ class AsyncSuccessiveHalving(Pruner):
     def __repr__(self) -> str:
         return f"AsyncSuccessiveHalving(milestones={self.milestones}, reduction_factor={self.reduction_factor}, min_peers={self.min_peers})"
 
-    def decide(
-        self, trial_id: str, milestone: int, value: float, peers: Mapping[str, float], *, now: float | None = None
-    ) -> PruneDecision:
+    def decide(self, trial_id: str, milestone: int, value: float, peers: Mapping[str, float], *, now: float | None = None) -> PruneDecision:
         check_trial_id(trial_id)
         check_step(milestone, "milestone")
         value = check_value(value)
         now = _time.time() if now is None else now
-        common = dict(trial_id=trial_id, milestone=milestone, value=value, reduction_factor=self.reduction_factor,
-                      min_peers=self.min_peers, pruner=self.name, time=now)
+        common = dict(
+            trial_id=trial_id, milestone=milestone, value=value, reduction_factor=self.reduction_factor, min_peers=self.min_peers, pruner=self.name, time=now
+        )
         if milestone not in self.milestones:
             return PruneDecision(action=PruneAction.NOT_A_MILESTONE, peers=(), threshold=None, keep=None, **common)
         if milestone == self.milestones[-1]:
@@ -237,9 +228,7 @@ class NopPruner(Pruner):
     def __repr__(self) -> str:
         return f"NopPruner(milestones={self.milestones})"
 
-    def decide(
-        self, trial_id: str, milestone: int, value: float, peers: Mapping[str, float], *, now: float | None = None
-    ) -> PruneDecision:
+    def decide(self, trial_id: str, milestone: int, value: float, peers: Mapping[str, float], *, now: float | None = None) -> PruneDecision:
         check_trial_id(trial_id)
         check_step(milestone, "milestone")
         if milestone not in self.milestones:
@@ -248,6 +237,16 @@ class NopPruner(Pruner):
             action = PruneAction.FINAL
         else:
             action = PruneAction.CONTINUE
-        return PruneDecision(trial_id=trial_id, milestone=milestone, value=check_value(value), action=action, peers=(),
-                             threshold=None, keep=None, reduction_factor=None, min_peers=None, pruner=self.name,
-                             time=_time.time() if now is None else now)
+        return PruneDecision(
+            trial_id=trial_id,
+            milestone=milestone,
+            value=check_value(value),
+            action=action,
+            peers=(),
+            threshold=None,
+            keep=None,
+            reduction_factor=None,
+            min_peers=None,
+            pruner=self.name,
+            time=_time.time() if now is None else now,
+        )

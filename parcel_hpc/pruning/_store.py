@@ -36,13 +36,15 @@ from __future__ import annotations
 
 import os
 import time as _time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from .. import fsio
+from ..contract import check_trial_id
 from ..errors import CorruptRecord, UsageError
-from ._rule import PruneDecision, Pruner, check_milestones, check_step, check_trial_id, check_value
+from ._rule import PruneDecision, Pruner, check_milestones, check_step, check_value
 
 
 @dataclass(frozen=True)
@@ -64,11 +66,10 @@ class MilestoneReport:
             raise UsageError(f"report at step {self.step} cannot count at milestone {self.milestone}")
 
     def to_json(self) -> dict[str, Any]:
-        return {"trial_id": self.trial_id, "milestone": self.milestone, "value": self.value, "step": self.step,
-                "attempt": self.attempt, "time": self.time}
+        return {"trial_id": self.trial_id, "milestone": self.milestone, "value": self.value, "step": self.step, "attempt": self.attempt, "time": self.time}
 
     @classmethod
-    def from_json(cls, obj: Any, where: str) -> "MilestoneReport":
+    def from_json(cls, obj: Any, where: str) -> MilestoneReport:
         try:
             return cls(**{k: obj[k] for k in ("trial_id", "milestone", "value", "step", "attempt", "time")})
         except (KeyError, TypeError, UsageError) as exc:
@@ -86,11 +87,10 @@ class Invalidation:
     time: float  # seconds since the epoch when the invalidation was recorded
 
     def to_json(self) -> dict[str, Any]:
-        return {"trial_id": self.trial_id, "milestone": self.milestone, "invalid_peer": self.invalid_peer,
-                "reason": self.reason, "time": self.time}
+        return {"trial_id": self.trial_id, "milestone": self.milestone, "invalid_peer": self.invalid_peer, "reason": self.reason, "time": self.time}
 
     @classmethod
-    def from_json(cls, obj: Any, where: str) -> "Invalidation":
+    def from_json(cls, obj: Any, where: str) -> Invalidation:
         try:
             return cls(**{k: obj[k] for k in ("trial_id", "milestone", "invalid_peer", "reason", "time")})
         except (KeyError, TypeError) as exc:
@@ -110,12 +110,12 @@ class RecordedDecision:
 class MilestoneStore:
     """Reports and decisions of one search, shared by every trial process through ``search_dir``."""
 
-    def __init__(self, search_dir: str | os.PathLike, milestones: Iterable[int],
-                 clock: Callable[[], float] = _time.time) -> None:
+    def __init__(self, search_dir: str | os.PathLike, milestones: Iterable[int], clock: Callable[[], float] = _time.time, *, readonly: bool = False) -> None:
+        """``readonly``: for readers (``status``), which must not write a byte, even the milestone grid."""
         self.root = Path(search_dir)
         self.milestones = check_milestones(tuple(milestones))
         self._clock = clock
-        self._check_frozen_milestones()
+        self._check_frozen_milestones(readonly)
 
     # -- reports --------------------------------------------------------------------------------
 
@@ -143,8 +143,9 @@ class MilestoneStore:
     def peers(self, milestone: int, exclude: Iterable[str] = ()) -> dict[str, float]:
         """Every trial's first value at ``milestone`` visible now, minus ``exclude`` and quarantined trials."""
         if milestone not in self.milestones:
-            raise UsageError(f"{milestone!r} is not a milestone of this search ({', '.join(map(str, self.milestones))}); "
-                             "values off a milestone are never peers")
+            raise UsageError(
+                f"{milestone!r} is not a milestone of this search ({', '.join(map(str, self.milestones))}); values off a milestone are never peers"
+            )
         skip = set(exclude) | self._excluded()
         d = self.root / "milestones" / str(milestone)
         out: dict[str, float] = {}
@@ -164,8 +165,10 @@ class MilestoneStore:
         ``invalidate_uses_of`` are excluded as well. Requires ``report()`` first.
         """
         if tuple(pruner.milestones) != self.milestones:
-            raise UsageError(f"{pruner!r} has milestones {tuple(pruner.milestones)} but this search dir uses "
-                             f"{self.milestones}; build the pruner from the search's frozen config")
+            raise UsageError(
+                f"{pruner!r} has milestones {tuple(pruner.milestones)} but this search dir uses "
+                f"{self.milestones}; build the pruner from the search's frozen config"
+            )
         path = self._decision_path(check_trial_id(trial_id), check_step(milestone, "milestone"))
         recorded = self._read_decision(path, trial_id, milestone)
         if recorded is None:
@@ -218,13 +221,18 @@ class MilestoneStore:
 
     # -- internals ------------------------------------------------------------------------------
 
-    def _check_frozen_milestones(self) -> None:
-        path = fsio.ensure_dir(self.root / "milestones") / "milestones.json"
-        fsio.create_exclusive_json(path, {"milestones": list(self.milestones)})
+    def _check_frozen_milestones(self, readonly: bool) -> None:
+        path = self.root / "milestones" / "milestones.json"
+        if readonly and not path.exists():
+            return
+        if not readonly:
+            fsio.ensure_dir(path.parent)
+            fsio.create_exclusive_json(path, {"milestones": list(self.milestones)})
         frozen = fsio.read_json(path).get("milestones")
         if frozen != list(self.milestones):
-            raise UsageError(f"{self.root} was started with milestones {frozen}, not {list(self.milestones)}; "
-                             "use the search's frozen config or a new search directory")
+            raise UsageError(
+                f"{self.root} was started with milestones {frozen}, not {list(self.milestones)}; use the search's frozen config or a new search directory"
+            )
 
     def _report_path(self, trial_id: str, step: int, create_dir: bool = False) -> Path:
         base = self.root / ("milestones" if step in self.milestones else "off_milestone") / str(step)

@@ -2,21 +2,22 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
 from collections import Counter
 from pathlib import Path
 
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+from rich.progress import Progress as RichProgress
 from rich.table import Table
 
-from ..ledger.states import TrialState
-from ..ledger.store import SearchDir
-from ..report import compute_used, counts_by_state, best_completed
+from ..budget import render_commitment
+from ..ledger import SearchDir, TrialState
+from ..report import best_completed, compute_used, counts_by_state
 
 
 def make_console() -> Console:
-    import shutil
-
     # Piped output (CI logs, tests) gets a wide fixed width instead of rich's 80-column default.
     return Console(highlight=False, width=None if sys.stdout.isatty() else max(160, shutil.get_terminal_size().columns))
 
@@ -27,8 +28,6 @@ def contract_line(contract, path: Path, created: bool, dry_run: bool = False) ->
 
 
 def commitment_text(decision) -> str:
-    from ..budget import render_commitment
-
     return render_commitment(decision)
 
 
@@ -38,7 +37,14 @@ def dry_run_table(specs, contract) -> Table:
         table.add_column(col)
     res = contract["resources"]
     for spec in specs:
-        table.add_row(spec.trial_id, ", ".join(f"{k}={v}" for k, v in spec.params.items()), str(res["gpus"]), str(res["cpus"]), str(res["mem_gb"]), str(res["time_limit_min"]))
+        table.add_row(
+            spec.trial_id,
+            ", ".join(f"{k}={v}" for k, v in spec.params.items()),
+            str(res["gpus"]),
+            str(res["cpus"]),
+            str(res["mem_gb"]),
+            str(res["time_limit_min"]),
+        )
     return table
 
 
@@ -48,13 +54,17 @@ def worst_case_line(decision) -> str:
 
 
 def nothing_to_do(report) -> str:
-    return (f"nothing to dispatch: {report.proposed} proposed, {len(report.finished_before)} already finished, "
-            f"{len(report.duplicates)} duplicates, {len(report.rejected)} rejected")
+    return (
+        f"nothing to dispatch: {report.proposed} proposed, {len(report.finished_before)} already finished, "
+        f"{len(report.duplicates)} duplicates, {len(report.rejected)} rejected"
+    )
 
 
 def detached_text(search: SearchDir, report) -> str:
-    return (f"dispatched {len(report.dispatched)} trials ({', '.join(sorted(set(j.split('_')[0] for j in report.jobs.values())))}); "
-            f"not waiting: follow with `parcel-hpc status {search.path}`")
+    return (
+        f"dispatched {len(report.dispatched)} trials ({', '.join(sorted(set(j.split('_')[0] for j in report.jobs.values())))}); "
+        f"not waiting: follow with `parcel-hpc status {search.path}`"
+    )
 
 
 class Progress:
@@ -65,11 +75,17 @@ class Progress:
         self._last = ""
         self._progress = None
 
-    def __enter__(self) -> "Progress":
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn
-
-        self._progress = RichProgress(TextColumn("trials"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
-                                      TimeElapsedColumn(), console=self.console, transient=False, disable=not self.console.is_terminal)
+    def __enter__(self) -> Progress:
+        self._progress = RichProgress(
+            TextColumn("trials"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.description}"),
+            TimeElapsedColumn(),
+            console=self.console,
+            transient=False,
+            disable=not self.console.is_terminal,
+        )
         self._progress.__enter__()
         self._task = self._progress.add_task("", total=len(self.trial_ids))
         return self
@@ -96,7 +112,10 @@ def summary(search: SearchDir, wall_s: float) -> Table:
     table.add_row("trials", str(len(records)))
     table.add_row("by state", "  ".join(f"{s.value}={counts[s.value]}" for s in TrialState))
     best = best_completed(records)
-    table.add_row("best validation", f"{best.trial_id} miss-cost={best.metric:.4f} ({', '.join(f'{k}={v}' for k, v in best.spec.params.items())})" if best else "none completed")
+    table.add_row(
+        "best validation",
+        f"{best.trial_id} miss-cost={best.metric:.4f} ({', '.join(f'{k}={v}' for k, v in best.spec.params.items())})" if best else "none completed",
+    )
     used = compute_used(records)
     table.add_row("wall time", f"{wall_s:.1f} s")
     table.add_row("compute used", f"{used['gpu_hours']:.4f} GPU-h, {used['cpu_hours']:.4f} CPU-h over {used['attempts']} attempts")

@@ -6,8 +6,10 @@ names the file and the fix.
 
 from __future__ import annotations
 
+import tempfile
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from .. import data
 from ..contract import Contract, config_hash
@@ -30,8 +32,6 @@ def search_path(cfg: Mapping[str, Any]) -> Path:
 
 def ensure_writable(search_dir: Path) -> None:
     """Create the search directory, or say in one line why it cannot be."""
-    import tempfile
-
     try:
         search_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
         with tempfile.TemporaryFile(dir=search_dir):
@@ -54,7 +54,9 @@ def build_contract(cfg: Mapping[str, Any]) -> Contract:
         raise UsageError(f"split file {split_path} does not exist; create it with `parcel-hpc make-snapshot {split_path.parent}` or set split.path")
     split = data.read_split(split_path)
     if split.revision != split_cfg["revision"]:
-        raise UsageError(f"split file {split_path} holds revision {split.revision!r}, config says {split_cfg['revision']!r}; point split.path at the right file")
+        raise UsageError(
+            f"split file {split_path} holds revision {split.revision!r}, config says {split_cfg['revision']!r}; point split.path at the right file"
+        )
     fields = {
         "search_revision": cfg["search"]["revision"],
         "search_seed": int(cfg["search"]["seed"]),
@@ -78,13 +80,18 @@ def build_contract(cfg: Mapping[str, Any]) -> Contract:
     try:
         return Contract(fields)
     except ValueError:  # canonical JSON refuses NaN and infinity
-        raise UsageError("the composed config holds a non-finite number (nan or inf); quote text values, e.g. values:['nan'], or give a finite number") from None
+        raise UsageError(
+            "the composed config holds a non-finite number (nan or inf); quote text values, e.g. values:['nan'], or give a finite number"
+        ) from None
 
 
 def check_policy(contract: Contract) -> None:
     """Governance that holds for every search, checked when a contract is first frozen."""
     if contract["split_method"] != "group":
-        raise GovernanceRefusal("reject:split_method", f"split {contract['split_revision']} is a {contract['split_method']} split; trials must be split by shipment (split=group_r8)")
+        raise GovernanceRefusal(
+            "reject:split_method",
+            f"split {contract['split_revision']} is a {contract['split_method']} split; trials must be split by shipment (split=group_r8)",
+        )
     if contract["split_snapshot_digest"] != contract["snapshot_digest"]:
         raise GovernanceRefusal("reject:split_digest", "the split was made from another snapshot; regenerate the split for this snapshot")
 
@@ -96,10 +103,18 @@ def propose(cfg: Mapping[str, Any], contract: Contract, start: int, stop: int) -
     for index in range(start, stop):
         params = sample(space, int(contract["search_seed"]), index)
         effective = {"params": params, "seed": seed, "contract_digest": contract.digest}
-        specs.append(TrialSpec(
-            trial_id=f"t{index:04d}", index=index, params=params, seed=seed, config_hash=config_hash(effective),
-            contract_digest=contract.digest, image_digest=contract["image_digest"], resources=contract["resources"],
-        ))
+        specs.append(
+            TrialSpec(
+                trial_id=f"t{index:04d}",
+                index=index,
+                params=params,
+                seed=seed,
+                config_hash=config_hash(effective),
+                contract_digest=contract.digest,
+                image_digest=contract["image_digest"],
+                resources=contract["resources"],
+            )
+        )
     return specs
 
 
@@ -125,7 +140,7 @@ def plan_for(spec: TrialSpec, cfg: Mapping[str, Any], contract: Contract, search
         every_steps=int(ck["every_steps"]),
         keep_last=int(ck["keep_last"]),
         max_retries=int(contract["budget"]["max_retries"]),
-        max_preemptions=int(contract["budget"].get("max_preemptions", 10)),
+        max_preemptions=int(contract["budget"]["max_preemptions"]),
         step_seconds=float(contract["train"].get("step_seconds", 0.0)),
         gpus=int(contract["resources"]["gpus"]),
         cpus=int(contract["resources"]["cpus"]),

@@ -7,19 +7,24 @@ the whole launch; a refusal happens before the first sbatch, never after.
 
 from __future__ import annotations
 
+import sys
 import time
 import uuid
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
-from ..budget._search import launch_decision
-from ..contract import TrialIdentity, admit, freeze_contract
+from rich.console import Console
+
+from .. import resolution
+from ..budget import BudgetDecision, launch_decision
+from ..contract import Contract, TrialIdentity, admit, first_difference, freeze_contract, load_contract
+from ..dispatch import Dispatcher, Submitted
 from ..errors import GovernanceRefusal, UsageError
-from ..ledger.states import TrialState
-from ..ledger.store import SearchDir
-from ..lifecycle import Action, next_action
-from ..worker.task import TrialTask
+from ..ledger import SearchDir, TrialRecord, TrialSpec, TrialWriter
+from ..lifecycle import Action, Next, RetryPolicy, next_action
+from ..worker import TrialTask, WorkerPlan
 from . import display
 from .proposal import build_contract, check_policy, ensure_writable, plan_for, propose, search_path
 
@@ -39,16 +44,24 @@ class LaunchReport:
     launcher: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
-        return {"launcher": self.launcher,
-            "launch_id": self.launch_id, "contract_digest": self.contract_digest, "proposed": self.proposed,
-            "duplicates": self.duplicates, "finished_before": self.finished_before, "rejected": self.rejected,
-            "dispatched": self.dispatched, "jobs": self.jobs, "dry_run": self.dry_run,
+        return {
+            "launcher": self.launcher,
+            "launch_id": self.launch_id,
+            "contract_digest": self.contract_digest,
+            "proposed": self.proposed,
+            "duplicates": self.duplicates,
+            "finished_before": self.finished_before,
+            "rejected": self.rejected,
+            "dispatched": self.dispatched,
+            "jobs": self.jobs,
+            "dry_run": self.dry_run,
         }
 
 
 class SearchLaunch:
-    def __init__(self, cfg: Mapping[str, Any], dispatcher_factory: Callable[[SearchDir], Any], console=None,
-                 poll_s: float = 0.5) -> None:
+    def __init__(
+        self, cfg: Mapping[str, Any], dispatcher_factory: Callable[[SearchDir], Dispatcher], console: Console | None = None, poll_s: float = 0.5
+    ) -> None:
         self.cfg = cfg
         self.dispatcher_factory = dispatcher_factory
         self.console = console or display.make_console()
@@ -67,13 +80,17 @@ class SearchLaunch:
         if fresh:
             check_policy(contract)
         dispatcher = self.dispatcher_factory(search)
-        if hasattr(dispatcher, "check"):
-            dispatcher.check()  # an unreachable scheduler is refused before anything is written
+        dispatcher.check()  # an unreachable scheduler is refused before anything is written
         if not cfg["search"]["wait"] and not dispatcher.can_detach:
-            raise UsageError("search.wait=false needs a scheduler: the local executor runs trials as children of this process; use hydra/launcher=submitit_slurm")
+            raise UsageError(
+                "search.wait=false needs a scheduler: the local executor runs trials as children of this process; use hydra/launcher=submitit_slurm"
+            )
         max_trials = int(contract["budget"]["max_trials"])
         if n_trials > max_trials:
-            raise GovernanceRefusal("hold:budget", f"search.n_trials={n_trials} exceeds budget.max_trials={max_trials}; lower search.n_trials to {max_trials} or start a new search revision with a larger budget")
+            raise GovernanceRefusal(
+                "hold:budget",
+                f"search.n_trials={n_trials} exceeds budget.max_trials={max_trials}; lower search.n_trials to {max_trials} or start a new search revision with a larger budget",
+            )
         if fresh and n_trials:
             # Hold before freezing: a held first launch must leave the caps free to change.
             self._require_budget(launch_decision(contract, n_trials, 0, None))
@@ -106,14 +123,13 @@ class SearchLaunch:
             self.console.print(display.worst_case_line(decision))
             self.console.print(dispatcher.describe(len(specs)), soft_wrap=True, markup=False, highlight=False)
             return report
-        report.launcher = getattr(dispatcher, "settings", {})
+        report.launcher = dispatcher.settings.to_json()
         search.write_launch(launch_id, report.to_json())
-        plans = {tid: plan_for(search.spec(tid), cfg, frozen, path) for tid in to_dispatch}
-        for tid, plan in plans.items():
+        for tid in to_dispatch:
             # The first plan stands for the trial's life (its checkpoint directory must not move under
             # a retry); resubmit rebuilds tasks from it without the launch's config.
-            search.write_plan(plan)
-        plans = {tid: search.plan(tid) for tid in plans}
+            search.write_plan(tid, plan_for(search.spec(tid), cfg, frozen, path).to_json())
+        plans = {tid: WorkerPlan.load(search, tid) for tid in to_dispatch}
         follower = Follower(search, dispatcher, plans, launch_id, frozen, self.console, self.poll_s)
         follower.dispatch_initial(report)
         search.write_launch(launch_id, report.to_json())
@@ -125,10 +141,8 @@ class SearchLaunch:
         return report
 
     @staticmethod
-    def _dry_freeze(path: Path, contract, fresh: bool):
+    def _dry_freeze(path: Path, contract: Contract, fresh: bool) -> tuple[Contract, bool]:
         """A dry run checks against the frozen contract (or would freeze this one) without writing."""
-        from ..contract import first_difference, load_contract
-
         if fresh:
             return contract, True
         frozen = load_contract(path)
@@ -138,15 +152,13 @@ class SearchLaunch:
         return frozen, False
 
     @staticmethod
-    def _require_budget(decision) -> None:
+    def _require_budget(decision: BudgetDecision) -> None:
         """A hold prints its outcome first (stdout), the commitment table on stderr, and exits 3."""
         if not decision.ok:
-            import sys
-
             print(display.commitment_text(decision), file=sys.stderr)
             decision.require()
 
-    def _admit_proposals(self, search: SearchDir, contract, n_trials: int, report: LaunchReport) -> list:
+    def _admit_proposals(self, search: SearchDir, contract: Contract, n_trials: int, report: LaunchReport) -> list[TrialSpec]:
         """Dedup and admit every proposal; the specs that need a dispatch now. A dry run writes nothing."""
         out = []
         owners: dict[str, str] = {}
@@ -168,7 +180,7 @@ class SearchLaunch:
             outcome = admit(TrialIdentity.for_contract(spec.trial_id, contract, spec.config_hash), contract)
             if outcome != "admit":
                 if not report.dry_run:
-                    search.journal(spec.trial_id, "launch").append("admission", outcome=outcome, launch_id=report.launch_id)
+                    search.writer(spec.trial_id, "launch").admission_refused(outcome, report.launch_id)
                 report.rejected[spec.trial_id] = outcome
                 continue
             out.append(spec)
@@ -178,64 +190,73 @@ class SearchLaunch:
 class Follower:
     """Dispatches, retries and follows the trials of one launch until none needs anything."""
 
-    def __init__(self, search: SearchDir, dispatcher, plans: Mapping[str, Any], launch_id: str, contract, console, poll_s: float) -> None:
+    def __init__(
+        self, search: SearchDir, dispatcher: Dispatcher, plans: Mapping[str, WorkerPlan], launch_id: str, contract: Contract, console: Console, poll_s: float
+    ) -> None:
         self.search = search
         self.dispatcher = dispatcher
         self.plans = dict(plans)
         self.launch_id = launch_id
-        self.contract = contract
         self.console = console
         self.poll_s = poll_s
-        self.max_retries = int(contract["budget"]["max_retries"])
-        self.max_preemptions = int(contract["budget"].get("max_preemptions", 10))
-        self.journals = {tid: search.journal(tid, "launch") for tid in plans}
+        self.policy = RetryPolicy.from_budget(contract["budget"])
+        self.writers: dict[str, TrialWriter] = {}
         self.waiting: list[str] = []  # admitted, dispatch claimed, not yet submitted (local capacity)
 
+    def writer(self, trial_id: str) -> TrialWriter:
+        """One journal per trial for this launch, opened when it first has something to say."""
+        if trial_id not in self.writers:
+            self.writers[trial_id] = self.search.writer(trial_id, "launch")
+        return self.writers[trial_id]
+
     def dispatch_initial(self, report: LaunchReport) -> None:
-        claimed = []
         self.dispatcher.refresh()  # an earlier detached launch's jobs may still be queued or running
         for tid in self.plans:
             record = self.search.record(tid)
-            nxt = self._next(record, self._alive(record))
+            nxt = self._next(record)
             if nxt.action is Action.RESOLVE_LOST:
-                self._resolve_lost(record)
+                self._resolve_vanished(record)
                 record = self.search.record(tid)
-                nxt = self._next(record, False)
-            if nxt.action in (Action.DISPATCH, Action.RETRY):
-                if self.search.claim_dispatch(tid, self.launch_id) is not None:
-                    claimed.append(tid)
-            elif nxt.action is Action.GIVE_UP:
-                self.journals[tid].append("gave_up", state=TrialState.FAILED.value, cause="retries_exhausted", reason=nxt.reason)
-        self.waiting = claimed
+                nxt = self._next(record)
+            self._act(tid, nxt)
+        report.dispatched = list(self.waiting)
         self._submit_waiting()
-        report.dispatched = claimed
-        report.jobs = {tid: self.search.record(tid).jobs[-1] for tid in claimed if self.search.record(tid).jobs}
+        report.jobs = {tid: rec.jobs[-1] for tid in report.dispatched if (rec := self.search.record(tid)).jobs}
 
-    def _next(self, record, alive: bool):
+    def _next(self, record: TrialRecord) -> Next:
         tid = record.trial_id
-        return next_action(record, dispatches=self.search.dispatch_count(tid), job_alive=alive,
-                           max_retries=self.max_retries, max_preemptions=self.max_preemptions,
-                           dispatch_in_flight=self.search.dispatch_in_flight(tid, self.launch_id, record))
+        alive = bool(record.jobs) and self.dispatcher.alive(tid, record.jobs[-1])
+        return next_action(
+            record,
+            dispatches=self.search.dispatch_count(tid),
+            job_alive=alive,
+            policy=self.policy,
+            dispatch_in_flight=self.search.dispatch_in_flight(tid, self.launch_id, record),
+        )
+
+    def _act(self, tid: str, nxt: Next) -> None:
+        if nxt.action is Action.RESOLVE_LOST:
+            self._resolve_vanished(self.search.record(tid))
+        elif nxt.action in (Action.RETRY, Action.DISPATCH):
+            if self.search.claim_dispatch(tid, self.launch_id) is not None:
+                self.waiting.append(tid)
+        elif nxt.action is Action.GIVE_UP:
+            self.writer(tid).gave_up(nxt.reason)
 
     def _submit_waiting(self) -> None:
         room = self.dispatcher.capacity()
         batch, self.waiting = self.waiting[:room], self.waiting[room:]
-        if not batch:
-            return
-        submitted = self.dispatcher.submit([TrialTask(self.plans[tid]) for tid in batch])
+        if batch:
+            self.dispatcher.submit([TrialTask(self.plans[tid]) for tid in batch], self._record_submitted)
+
+    def _record_submitted(self, submitted: Sequence[Submitted]) -> None:
         for s in submitted:
-            self.journals[s.trial_id].append("submitted", job_id=s.job_id, executor=self.dispatcher.name, launch_id=self.launch_id)
-        if hasattr(self.dispatcher, "release"):
-            self.dispatcher.release(submitted)
+            self.writer(s.trial_id).submitted(s.job_id, self.dispatcher.name, self.launch_id)
 
-    def _alive(self, record) -> bool:
-        return bool(record.jobs) and self.dispatcher.alive(record.trial_id, record.jobs[-1])
-
-    def _resolve_lost(self, record) -> None:
-        last = record.attempts[-1].number if record.attempts else 0
-        self.journals.setdefault(record.trial_id, self.search.journal(record.trial_id, "launch")).append(
-            "resolved", attempt=last, how="lost", cause="lost", job_id=record.jobs[-1] if record.jobs else "",
-            message="no live job for a trial the ledger said was running")
+    def _resolve_vanished(self, record: TrialRecord) -> None:
+        """Its job is gone but the ledger says running: record how the scheduler says it ended."""
+        records, facts = resolution.observe(self.search, [record])
+        resolution.record(self.search, resolution.resolve(records, facts), "launch")
 
     def follow(self) -> None:
         with display.Progress(self.console, list(self.plans)) as progress:
@@ -249,17 +270,10 @@ class Follower:
                     if tid in self.waiting:
                         active += 1
                         continue
-                    nxt = self._next(record, self._alive(record))
-                    if nxt.action is Action.NONE:
-                        continue
-                    active += 1
-                    if nxt.action is Action.RESOLVE_LOST:
-                        self._resolve_lost(record)
-                    elif nxt.action in (Action.RETRY, Action.DISPATCH):
-                        if self.search.claim_dispatch(tid, self.launch_id) is not None:
-                            self.waiting.append(tid)
-                    elif nxt.action is Action.GIVE_UP:
-                        self.journals[tid].append("gave_up", state=TrialState.FAILED.value, cause="retries_exhausted", reason=nxt.reason)
+                    nxt = self._next(record)
+                    if nxt.action is not Action.NONE:
+                        active += 1
+                        self._act(tid, nxt)
                 self._submit_waiting()
                 progress.update(states)  # the states read this round: one fold per trial per poll
                 if active == 0:

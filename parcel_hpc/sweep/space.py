@@ -9,7 +9,8 @@ exactly and a duplicate is a real duplicate.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 

@@ -1,5 +1,7 @@
-"""Helpers that tests (ours and users') import: run the real launch and CLI as subprocesses."""
+"""Helpers that tests (ours and users') import: run the real launch and CLI as subprocesses, and a
+task any dispatcher can run."""
 
-from .runs import LaunchResult, launch, parcel_hpc, run_trial_directly
+from .runs import LaunchResult, launch, parcel_hpc, run_trial_directly, subprocess_env
+from .tasks import SleepTask
 
-__all__ = ["LaunchResult", "launch", "parcel_hpc", "run_trial_directly"]
+__all__ = ["LaunchResult", "SleepTask", "launch", "parcel_hpc", "run_trial_directly", "subprocess_env"]

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import subprocess
 import sys
+import tempfile
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
 
 
 @dataclass(frozen=True)
@@ -21,7 +23,7 @@ class LaunchResult:
         return json.loads(self.stdout)
 
 
-def _env(data_dir: Path | None, extra: Mapping[str, str] | None) -> dict:
+def subprocess_env(data_dir: Path | None, extra: Mapping[str, str] | None) -> dict:
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -32,27 +34,24 @@ def _env(data_dir: Path | None, extra: Mapping[str, str] | None) -> dict:
     return env
 
 
-def launch(overrides: Sequence[str], *, cwd: Path, data_dir: Path | None = None, env: Mapping[str, str] | None = None,
-           timeout: float = 600, multirun: bool = True) -> LaunchResult:
+def launch(
+    overrides: Sequence[str], *, cwd: Path, data_dir: Path | None = None, env: Mapping[str, str] | None = None, timeout: float = 600, multirun: bool = True
+) -> LaunchResult:
     argv = [sys.executable, "-m", "parcel_hpc.launch"] + (["-m"] if multirun else []) + list(overrides)
-    proc = subprocess.run(argv, cwd=cwd, env=_env(data_dir, env), capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(argv, cwd=cwd, env=subprocess_env(data_dir, env), capture_output=True, text=True, timeout=timeout)
     return LaunchResult(proc.returncode, proc.stdout, proc.stderr)
 
 
 def parcel_hpc(args: Sequence[str], *, cwd: Path | None = None, env: Mapping[str, str] | None = None, timeout: float = 300) -> LaunchResult:
-    proc = subprocess.run([sys.executable, "-m", "parcel_hpc", *args], cwd=cwd, env=_env(None, env), capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run([sys.executable, "-m", "parcel_hpc", *args], cwd=cwd, env=subprocess_env(None, env), capture_output=True, text=True, timeout=timeout)
     return LaunchResult(proc.returncode, proc.stdout, proc.stderr)
 
 
 def run_trial_directly(plan, *, env: Mapping[str, str] | None = None, timeout: float = 300) -> LaunchResult:
     """Run one worker attempt in a fresh interpreter, outside any executor (for worker-check tests)."""
-    import pickle
-    import tempfile
-
     with tempfile.NamedTemporaryFile(suffix=".pkl", delete=False) as f:
         pickle.dump(plan, f)
-    code = ("import pickle,sys; from parcel_hpc.worker.task import TrialTask; "
-            f"plan=pickle.load(open({f.name!r},'rb')); print(TrialTask(plan)())")
-    proc = subprocess.run([sys.executable, "-c", code], env=_env(None, env), capture_output=True, text=True, timeout=timeout)
+    code = f"import pickle,sys; from parcel_hpc.worker.task import TrialTask; plan=pickle.load(open({f.name!r},'rb')); print(TrialTask(plan)())"
+    proc = subprocess.run([sys.executable, "-c", code], env=subprocess_env(None, env), capture_output=True, text=True, timeout=timeout)
     os.unlink(f.name)
     return LaunchResult(proc.returncode, proc.stdout, proc.stderr)

@@ -39,11 +39,17 @@ def image_stats(images: np.ndarray, k: int) -> np.ndarray:
     block_mean = np.sort(blocks.mean(axis=(2, 4)).reshape(n, -1), axis=1)
     block_std = np.sort(blocks.std(axis=(2, 4)).reshape(n, -1), axis=1)
     step = max(1, block_mean.shape[1] // 16)
-    return np.concatenate([
-        np.quantile(z.reshape(n, -1), _QUANTILES, axis=1).T,
-        np.quantile(grad.reshape(n, -1), _QUANTILES, axis=1).T,
-        block_mean[:, ::step], block_std[:, ::step], mu.reshape(n, 1), sd.reshape(n, 1),
-    ], axis=1)
+    return np.concatenate(
+        [
+            np.quantile(z.reshape(n, -1), _QUANTILES, axis=1).T,
+            np.quantile(grad.reshape(n, -1), _QUANTILES, axis=1).T,
+            block_mean[:, ::step],
+            block_std[:, ::step],
+            mu.reshape(n, 1),
+            sd.reshape(n, 1),
+        ],
+        axis=1,
+    )
 
 
 @dataclass(frozen=True)
@@ -52,7 +58,7 @@ class Standardizer:
     std: np.ndarray
 
     @classmethod
-    def fit(cls, x: np.ndarray) -> "Standardizer":
+    def fit(cls, x: np.ndarray) -> Standardizer:
         # Fitted on the train partition only: validation statistics must not leak into training.
         return cls(x.mean(axis=0), x.std(axis=0) + 1e-6)
 

@@ -5,47 +5,53 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-from dataclasses import dataclass
-from typing import Mapping
+from collections.abc import Mapping
+
+from ..ledger import Cause, Executor, Started
 
 
-@dataclass(frozen=True)
-class JobFacts:
-    executor: str  # slurm | local
-    job_id: str  # as submitted: "123" or "123_4" for an array task
-    raw_job_id: str  # SLURM_JOB_ID (differs from job_id for array tasks)
-    node: str
-    host: str
-    pid: int
-    restart_count: int
-    cuda_visible_devices: str
+def facts_from_env(env: Mapping[str, str] | None = None) -> Started:
+    """The facts an attempt's ``started`` event records (the only place that reads them)."""
+    env = os.environ if env is None else env
+    host = socket.gethostname()
+    if env.get("SLURM_JOB_ID"):
+        array_job, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
+        job_id = f"{array_job}_{task}" if array_job and task else env["SLURM_JOB_ID"]
+        return Started(
+            Executor.SLURM,
+            job_id,
+            env["SLURM_JOB_ID"],
+            env.get("SLURMD_NODENAME", host),
+            host,
+            os.getpid(),
+            int(env.get("SLURM_RESTART_COUNT", "0") or 0),
+            env.get("CUDA_VISIBLE_DEVICES", ""),
+        )
+    return Started(
+        Executor.LOCAL,
+        env.get("SUBMITIT_LOCAL_JOB_ID", ""),
+        env.get("SUBMITIT_LOCAL_JOB_ID", ""),
+        host,
+        host,
+        os.getpid(),
+        0,
+        env.get("CUDA_VISIBLE_DEVICES", ""),
+    )
 
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "JobFacts":
-        env = os.environ if env is None else env
-        host = socket.gethostname()
-        if env.get("SLURM_JOB_ID"):
-            array_job, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
-            job_id = f"{array_job}_{task}" if array_job and task else env["SLURM_JOB_ID"]
-            return cls("slurm", job_id, env["SLURM_JOB_ID"], env.get("SLURMD_NODENAME", host), host, os.getpid(),
-                       int(env.get("SLURM_RESTART_COUNT", "0") or 0), env.get("CUDA_VISIBLE_DEVICES", ""))
-        return cls("local", env.get("SUBMITIT_LOCAL_JOB_ID", ""), env.get("SUBMITIT_LOCAL_JOB_ID", ""), host, host,
-                   os.getpid(), 0, env.get("CUDA_VISIBLE_DEVICES", ""))
 
-
-def signal_cause(facts: JobFacts) -> str:
+def signal_cause(facts: Started) -> Cause:
     """Preemption or time limit? submitit counts every early signal as a timeout; ask the scheduler.
 
     On SLURM a preemption sets PreemptTime on the job (observed on 22.05); a time-limit warning leaves
     it None. Locally the only sender is the controller's timeout (or a test's interrupt).
     """
-    if facts.executor != "slurm":
-        return "timeout"
+    if facts.executor is not Executor.SLURM:
+        return Cause.TIMEOUT
     try:
         out = subprocess.run(["scontrol", "show", "job", facts.raw_job_id], capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.TimeoutExpired):
-        return "timeout"
+        return Cause.TIMEOUT
     for token in out.split():
         if token.startswith("PreemptTime="):
-            return "timeout" if token.split("=", 1)[1] in ("None", "") else "preempted"
-    return "timeout"
+            return Cause.TIMEOUT if token.split("=", 1)[1] in ("None", "") else Cause.PREEMPTED
+    return Cause.TIMEOUT

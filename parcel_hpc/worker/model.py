@@ -8,8 +8,8 @@ through its threshold, so costs are counted once.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 import numpy as np
 
@@ -29,7 +29,7 @@ class Hyper:
     pos_weight: float
 
     @classmethod
-    def from_params(cls, params: Mapping, pos_weight: float) -> "Hyper":
+    def from_params(cls, params: Mapping, pos_weight: float) -> Hyper:
         return cls(float(params["lr"]), int(params.get("hidden", 0)), float(params.get("l2", 0.0)), int(params.get("batch_size", 64)), pos_weight)
 
 

@@ -5,8 +5,13 @@ The worker trusts nothing in it blindly: digests are recomputed from the files i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Mapping
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ..ledger import SearchDir
+from ..lifecycle import RetryPolicy
 
 
 @dataclass(frozen=True)
@@ -26,29 +31,33 @@ class WorkerPlan:
     preprocessing: Mapping[str, Any]
     pruner: Mapping[str, Any]
     checkpoint_root: str
+    max_retries: int
+    max_preemptions: int
     checkpoint_prefix: str = "{trial_id}"
     every_steps: int = 10
     keep_last: int = 2
-    max_retries: int = 2
-    max_preemptions: int = 10
     step_seconds: float = 0.0
     gpus: int = 0
     cpus: int = 1
     time_limit_min: int = 10
 
     def to_json(self) -> dict:
-        from dataclasses import asdict
-
         return asdict(self)
 
     @classmethod
-    def from_json(cls, obj: Mapping[str, Any]) -> "WorkerPlan":
+    def from_json(cls, obj: Mapping[str, Any]) -> WorkerPlan:
         return cls(**obj)
+
+    @classmethod
+    def load(cls, search: SearchDir, trial_id: str) -> WorkerPlan:
+        return cls.from_json(search.plan_json(trial_id))
+
+    @property
+    def policy(self) -> RetryPolicy:
+        return RetryPolicy(self.max_retries, self.max_preemptions)
 
     def checkpoint_dir(self) -> str:
         """The directory this trial claims. A prefix template that does not include {trial_id} can
         put two trials on one directory; the claim catches that, it is not prevented here."""
-        import os
-
         prefix = self.checkpoint_prefix.format(trial_id=self.trial_id, **dict(self.params))
         return os.path.join(self.checkpoint_root, prefix)

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import os
 
-from .. import claims
-from .. import fsio
+from .. import claims, fsio
 from ..errors import UsageError
-from ..ledger.store import SearchDir
+from ..ledger import SearchDir
 from ..pruning import MilestoneStore
 
 
-def quarantine_collision(search: SearchDir, trial_id: str, attempt: int, exc: "claims.CheckpointCollision") -> list[str]:
+def quarantine_collision(search: SearchDir, trial_id: str, attempt: int, exc: claims.CheckpointCollision) -> list[str]:
     other = _other_trial(exc, trial_id)
     reason = f"checkpoint prefix {exc.ckpt_dir} shared by {trial_id}" + (f" and {other}" if other else "")
     involved = [trial_id] + ([other] if other and other != trial_id else [])
@@ -36,14 +35,13 @@ def quarantine_collision(search: SearchDir, trial_id: str, attempt: int, exc: "c
     milestones = MilestoneStore(search.path, _milestones(search))
     for tid in involved:
         upto = uptos[tid]
-        journal = search.journal(tid, "quarantine")
-        journal.append("quarantined", reason=reason, attempts_upto=upto, moved_to=moved, with_trials=[t for t in involved if t != tid])
+        search.writer(tid, "quarantine").quarantined(reason, upto, moved, [t for t in involved if t != tid])
         _move_reports(search, tid, upto)
         milestones.invalidate_uses_of(tid, reason)
     return involved
 
 
-def _other_trial(exc: "claims.CheckpointCollision", ours: str) -> str | None:
+def _other_trial(exc: claims.CheckpointCollision, ours: str) -> str | None:
     theirs = getattr(exc, "theirs", None)
     trial = getattr(theirs, "trial", None)
     tid = getattr(trial, "trial_id", None) or getattr(theirs, "trial_id", None)

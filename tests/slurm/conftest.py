@@ -4,11 +4,8 @@ Without a reachable cluster they skip, except under scripts/test.sh (PARCEL_REQU
 where a missing cluster is a failure: CI must never pass by skipping them.
 """
 
-import json
 import os
 import subprocess
-import time
-from pathlib import Path
 
 import pytest
 

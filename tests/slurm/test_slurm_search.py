@@ -5,7 +5,6 @@ Every scenario drives the real entry points (the launch, parcel-hpc status/resub
 real scheduler (sbatch of a competing job, scontrol on nodes, scancel)."""
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -20,8 +19,7 @@ SLURM = "hydra/launcher=submitit_slurm"
 
 
 def slurm_launch(tmp_path, data_dir, rev, *overrides, timeout=600):
-    return launch([SLURM, f"search.root={tmp_path / 'runs'}", f"search.revision={rev}", *overrides],
-                  cwd=tmp_path, data_dir=data_dir, timeout=timeout)
+    return launch([SLURM, f"search.root={tmp_path / 'runs'}", f"search.revision={rev}", *overrides], cwd=tmp_path, data_dir=data_dir, timeout=timeout)
 
 
 def record(tmp_path, rev, tid="t0000"):
@@ -29,25 +27,26 @@ def record(tmp_path, rev, tid="t0000"):
 
 
 def events(tmp_path, rev, tid="t0000"):
-    return SearchDir(tmp_path / "runs" / rev).events(tid)
+    return [e.to_json() for e in SearchDir(tmp_path / "runs" / rev).events(tid)]
 
 
 def reference_metric(tmp_path, data_dir, rev):
     """The same trial, uninterrupted, on the local executor."""
-    res = launch([f"search.root={tmp_path / 'runs'}", f"search.revision={rev}-ref", "search.n_trials=1", "pruner=none"],
-                 cwd=tmp_path, data_dir=data_dir)
+    res = launch([f"search.root={tmp_path / 'runs'}", f"search.revision={rev}-ref", "search.n_trials=1", "pruner=none"], cwd=tmp_path, data_dir=data_dir)
     assert res.returncode == 0, res.stderr
     return record(tmp_path, f"{rev}-ref").metric
 
 
 def running_at(tmp_path, rev, min_step):
     """The trial's job id and node once it has saved a checkpoint at or past ``min_step``."""
+
     def check():
         ck = sorted((tmp_path / "runs" / rev / "checkpoints" / "t0000").glob("ckpt-*.h5"))
         evs = [e for e in events(tmp_path, rev) if e["kind"] == "started"]
         if ck and int(ck[-1].stem.split("-")[1]) >= min_step and evs:
             return evs[-1]["job_id"], evs[-1]["node"]
         return None
+
     return wait_for(check, 120, f"a checkpoint at step >= {min_step}")
 
 
@@ -66,7 +65,7 @@ def test_82_trial_array_search_with_gpu_limits(tmp_path, data_dir, cluster_guard
     sd = SearchDir(tmp_path / "runs" / "arr82")
     array_ids = set()
     for tid in sd.trial_ids():
-        evs = sd.events(tid)
+        evs = [e.to_json() for e in sd.events(tid)]
         submitted = [e for e in evs if e["kind"] == "submitted"]
         started = [e for e in evs if e["kind"] == "started"]
         assert submitted and started
@@ -77,16 +76,20 @@ def test_82_trial_array_search_with_gpu_limits(tmp_path, data_dir, cluster_guard
     assert len(array_ids) == 1  # one array job
     array = array_ids.pop()
     # slurmdbd writes a finished job's full record (AllocTRES included) a moment after it ends
-    rows = wait_for(lambda: (lambda r: r if r.count("gres/gpu=1") == 82 else None)(
-        sh("sacct", "-j", array, "--parsable2", "--noheader", "-X", "--format=JobID,State,AllocTRES")), 60, "sacct's final rows")
+    rows = wait_for(
+        lambda: (lambda r: r if r.count("gres/gpu=1") == 82 else None)(
+            sh("sacct", "-j", array, "--parsable2", "--noheader", "-X", "--format=JobID,State,AllocTRES")
+        ),
+        60,
+        "sacct's final rows",
+    )
     assert rows.count("COMPLETED") == 82
 
 
 def test_preempted_trial_resumes_to_the_uninterrupted_metric(tmp_path, data_dir, cluster_guard):
     _, names = cluster_guard
     names += ["parcel-preempt", "preemptor"]
-    res = slurm_launch(tmp_path, data_dir, "preempt", "search.n_trials=1", "pruner=none", "search.wait=false",
-                       "resources.gpus=4", "train.step_seconds=0.35")
+    res = slurm_launch(tmp_path, data_dir, "preempt", "search.n_trials=1", "pruner=none", "search.wait=false", "resources.gpus=4", "train.step_seconds=0.35")
     assert res.returncode == 0, res.stderr
     job, node = running_at(tmp_path, "preempt", 10)
     # A high-priority job wanting the same node's GPUs preempts the trial.
@@ -97,11 +100,13 @@ def test_preempted_trial_resumes_to_the_uninterrupted_metric(tmp_path, data_dir,
     assert first.how.value == "interrupted" and first.cause == "preempted"  # not counted as a timeout
     assert last.resumed_from >= 10 and last.restart_count >= 1 and last.job_id == job
     assert rec.metric == reference_metric(tmp_path, data_dir, "preempt")
+
     # sacct --duplicates shows the requeued run and the final one; both match the ledger's attempts
     def reconciled():
         res = parcel_hpc(["reconcile", str(tmp_path / "runs" / "preempt"), "--json"])
         out = json.loads(res.stdout)["campaigns"][0] if res.returncode == 0 else None
         return out if out and not out["flags"] and all(a["ledger_attempt"] for a in out["attempts"]) else None
+
     out = wait_for(reconciled, 60, "a reconciliation without flags")
     runs = [(a["state"], a["ledger_attempt"], a["ledger_how"]) for a in out["attempts"]]
     assert runs[0][0] == "REQUEUED" and runs[0][1:] == (1, "interrupted") and runs[-1] == ("COMPLETED", len(rec.attempts), "completed")
@@ -111,9 +116,18 @@ def test_preempted_trial_resumes_to_the_uninterrupted_metric(tmp_path, data_dir,
 def test_time_limit_with_checkpoint_resumes(tmp_path, data_dir, cluster_guard):
     _, names = cluster_guard
     names.append("parcel-tlimit")
-    res = slurm_launch(tmp_path, data_dir, "tlimit", "search.n_trials=1", "pruner=none", "search.wait=false",
-                       "resources.time_limit_min=1", "hydra.launcher.signal_delay_s=30", "train.step_seconds=0.5",
-                       "budget.max_retries=3")
+    res = slurm_launch(
+        tmp_path,
+        data_dir,
+        "tlimit",
+        "search.n_trials=1",
+        "pruner=none",
+        "search.wait=false",
+        "resources.time_limit_min=1",
+        "hydra.launcher.signal_delay_s=30",
+        "train.step_seconds=0.5",
+        "budget.max_retries=3",
+    )
     assert res.returncode == 0, res.stderr
     rec = wait_finished(tmp_path, "tlimit", 300)
     assert rec.state.value == "completed", (rec.state, rec.reason)
@@ -125,8 +139,17 @@ def test_time_limit_with_checkpoint_resumes(tmp_path, data_dir, cluster_guard):
 def test_node_down_then_resubmit_excludes_the_node(tmp_path, data_dir, cluster_guard):
     touched, names = cluster_guard
     names.append("parcel-drain")
-    res = slurm_launch(tmp_path, data_dir, "drain", "search.n_trials=1", "pruner=none", "search.wait=false",
-                       "resources.gpus=1", "train.step_seconds=0.35", "+hydra.launcher.additional_parameters.no_requeue=true")
+    res = slurm_launch(
+        tmp_path,
+        data_dir,
+        "drain",
+        "search.n_trials=1",
+        "pruner=none",
+        "search.wait=false",
+        "resources.gpus=1",
+        "train.step_seconds=0.35",
+        "+hydra.launcher.additional_parameters.no_requeue=true",
+    )
     assert res.returncode == 0, res.stderr
     job, node = running_at(tmp_path, "drain", 10)
     touched.append(node)
@@ -154,15 +177,29 @@ def test_node_down_then_resubmit_excludes_the_node(tmp_path, data_dir, cluster_g
 def test_job_killed_for_good_is_not_retried_forever(tmp_path, data_dir, cluster_guard):
     _, names = cluster_guard
     names.append("parcel-killed")
-    res = slurm_launch(tmp_path, data_dir, "killed", "search.n_trials=1", "pruner=none", "search.wait=false",
-                       "train.step_seconds=0.5", "budget.max_retries=1", "+hydra.launcher.additional_parameters.no_requeue=true")
+    res = slurm_launch(
+        tmp_path,
+        data_dir,
+        "killed",
+        "search.n_trials=1",
+        "pruner=none",
+        "search.wait=false",
+        "train.step_seconds=0.5",
+        "budget.max_retries=1",
+        "+hydra.launcher.additional_parameters.no_requeue=true",
+    )
     assert res.returncode == 0, res.stderr
     search = str(tmp_path / "runs" / "killed")
     for round_ in range(2):
-        job, _ = wait_for(lambda: (lambda e: e and (e[-1]["job_id"], e[-1]["node"]))(
-            [e for e in events(tmp_path, "killed") if e["kind"] == "started" and e["attempt"] == round_ + 1]), 120, "the attempt to start")
+        job, _ = wait_for(
+            lambda n=round_ + 1: (lambda e: e and (e[-1]["job_id"], e[-1]["node"]))(
+                [e for e in events(tmp_path, "killed") if e["kind"] == "started" and e["attempt"] == n]
+            ),
+            120,
+            "the attempt to start",
+        )
         sh("scancel", job)
-        wait_for(lambda: job not in sh("squeue", "-h", "-r", "-o", "%i"), 60, "the job to leave the queue")
+        wait_for(lambda job=job: job not in sh("squeue", "-h", "-r", "-o", "%i"), 60, "the job to leave the queue")
         res = parcel_hpc(["resubmit", search])
         assert res.returncode == 0, res.stderr
     rec = record(tmp_path, "killed")
@@ -187,16 +224,29 @@ def test_ctrl_c_stops_waiting_but_not_the_trials(tmp_path, data_dir, cluster_gua
     import subprocess
     import sys
 
-    from parcel_hpc.testing.runs import _env
+    from parcel_hpc.testing.runs import subprocess_env
 
     _, names = cluster_guard
     names.append("parcel-ctrlc")
-    argv = [sys.executable, "-m", "parcel_hpc.launch", "-m", SLURM, f"search.root={tmp_path / 'runs'}", "search.revision=ctrlc",
-            "search.n_trials=3", "pruner=none", "train.step_seconds=0.1"]
-    proc = subprocess.Popen(argv, cwd=tmp_path, env=_env(data_dir, None), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    argv = [
+        sys.executable,
+        "-m",
+        "parcel_hpc.launch",
+        "-m",
+        SLURM,
+        f"search.root={tmp_path / 'runs'}",
+        "search.revision=ctrlc",
+        "search.n_trials=3",
+        "pruner=none",
+        "train.step_seconds=0.1",
+    ]
+    proc = subprocess.Popen(argv, cwd=tmp_path, env=subprocess_env(data_dir, None), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     search = SearchDir(tmp_path / "runs" / "ctrlc")
-    wait_for(lambda: search.path.exists() and len(search.trial_ids()) == 3 and all(search.record(t).jobs for t in search.trial_ids()),
-             60, "the trials to be submitted")
+    wait_for(
+        lambda: search.path.exists() and len(search.trial_ids()) == 3 and all(search.record(t).jobs for t in search.trial_ids()),
+        60,
+        "the trials to be submitted",
+    )
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "keep running" in err

@@ -1,15 +1,15 @@
-"""Attempts: one per allocation row of ``sacct --duplicates``, numbered within their job.
+"""Job runs: one per allocation row of ``sacct --duplicates``, numbered within their job.
 
-Owns: the ``Attempt`` record, the columnar ``attempt_table`` it is built from, and
+Owns: the ``JobRun`` record, the columnar ``run_table`` it is built from, and
 ``totals_by_job``, the per-job sums reconciliation reads. A requeued job (REQUEUED,
-PREEMPTED or NODE_FAIL rows, then its final row) yields several attempts of one job id;
+PREEMPTED or NODE_FAIL rows, then its final row) yields several runs of one job id;
 array tasks are jobs of their own ("29_3"), keyed by the id as submitted, not by JobIDRaw
 (the array's last task carries the master's raw id). Must not: read sacct, price hours,
 or know trials — mapping job ids to trials is the reconciler's job.
 
-Attempt order within a job: Start, falling back to Submit when the attempt never started
+Run order within a job: Start, falling back to Submit when the run never started
 (a PENDING row after a requeue), then source line. Everything stays columnar until
-``attempts`` materializes records, so a 1,000,000-line dump aggregates without a Python
+``job_runs`` materializes records, so a 1,000,000-line dump aggregates without a Python
 object per row.
 """
 
@@ -29,55 +29,75 @@ from parcel_hpc.errors import AccountingError
 _SECONDS_PER_HOUR = 3600.0
 _JOB_ID = re.compile(r"^\d+(?:_(?:\d+|\[[^\]]*\]))?(?:\+\d+)?$")
 
-# Columns of attempt_table, in this order, sorted by (job, attempt).
-ATTEMPT_COLUMNS = (
-    "job_id", "base_job_id", "array_task", "raw_job_id", "attempt", "is_last", "state",
-    "state_text", "exit_status", "exit_signal", "job_name", "node_list", "partition",
-    "account", "submit", "start", "end", "elapsed_s", "gpus", "cpus", "billing",
-    "gpu_hours", "cpu_hours", "queue_wait_s", "line",
+# Columns of run_table, in this order, sorted by (job, attempt).
+RUN_COLUMNS = (
+    "job_id",
+    "base_job_id",
+    "array_task",
+    "raw_job_id",
+    "attempt",
+    "is_last",
+    "state",
+    "state_text",
+    "exit_status",
+    "exit_signal",
+    "job_name",
+    "node_list",
+    "partition",
+    "account",
+    "submit",
+    "start",
+    "end",
+    "elapsed_s",
+    "gpus",
+    "cpus",
+    "billing",
+    "gpu_hours",
+    "cpu_hours",
+    "queue_wait_s",
+    "line",
 )
 
-_ALLOCATION_COLUMNS = [c for c in ATTEMPT_COLUMNS if c not in ("attempt", "is_last", "gpu_hours", "cpu_hours", "queue_wait_s")]
-_TOTALS_COLUMNS = ["job_id", "base_job_id", "array_task", "state", "exit_status", "submit", "start", "end",
-                   "elapsed_s", "gpus", "cpus", "line"]
+_ALLOCATION_COLUMNS = [c for c in RUN_COLUMNS if c not in ("attempt", "is_last", "gpu_hours", "cpu_hours", "queue_wait_s")]
+_TOTALS_COLUMNS = ["job_id", "base_job_id", "array_task", "state", "exit_status", "submit", "start", "end", "elapsed_s", "gpus", "cpus", "line"]
 
-__all__ = ["ATTEMPT_COLUMNS", "Attempt", "attempt_table", "attempts", "totals_by_job"]
+__all__ = ["RUN_COLUMNS", "JobRun", "job_runs", "run_table", "totals_by_job"]
 
 
 @dataclasses.dataclass(frozen=True)
-class Attempt:
+class JobRun:
     """One run (or one wait) of one job id, as SLURM accounted it."""
 
-    job_id: str              # as submitted: "12", "29_3"
-    raw_job_id: int          # JobIDRaw
-    base_job_id: int         # 29 for "29_3"
-    array_task: int | None   # 3 for "29_3"
-    attempt: int             # 0 for the first run of this job id, 1 after the first requeue ...
+    job_id: str  # as submitted: "12", "29_3"
+    raw_job_id: int  # JobIDRaw
+    base_job_id: int  # 29 for "29_3"
+    array_task: int | None  # 3 for "29_3"
+    attempt: int  # 0 for the first run of this job id, 1 after the first requeue ...
     state: JobState
-    exit_status: int         # ExitCode before the colon (modulo 128 above 128 on 22.05)
-    exit_signal: int         # ExitCode after the colon
-    node_list: str           # "n1", "n[1-3]", "None assigned"
+    exit_status: int  # ExitCode before the colon (modulo 128 above 128 on 22.05)
+    exit_signal: int  # ExitCode after the colon
+    node_list: str  # "n1", "n[1-3]", "None assigned"
     partition: str
     account: str
-    submit: int | None       # epoch seconds
-    start: int | None        # epoch seconds; None: never started
-    end: int | None          # epoch seconds; None: not ended yet
-    elapsed_s: int           # seconds, SLURM's ElapsedRaw
-    gpus: int                # gres/gpu in AllocTRES
-    cpus: int                # cpu in AllocTRES
-    line: int                # 1-based line of the allocation row in the sacct text
+    submit: int | None  # epoch seconds
+    start: int | None  # epoch seconds; None: never started
+    end: int | None  # epoch seconds; None: not ended yet
+    elapsed_s: int  # seconds, SLURM's ElapsedRaw
+    gpus: int  # gres/gpu in AllocTRES
+    cpus: int  # cpu in AllocTRES
+    line: int  # 1-based line of the allocation row in the sacct text
 
     def __post_init__(self) -> None:
         if not _JOB_ID.match(self.job_id):
-            raise ValueError(f"Attempt.job_id {self.job_id!r} is not a SLURM job id without a step")
+            raise ValueError(f"JobRun.job_id {self.job_id!r} is not a SLURM job id without a step")
         if not isinstance(self.state, JobState):
-            raise TypeError(f"Attempt.state must be a JobState, got {self.state!r}")
+            raise TypeError(f"JobRun.state must be a JobState, got {self.state!r}")
         for name in ("raw_job_id", "base_job_id", "attempt", "elapsed_s", "gpus", "cpus", "exit_status", "exit_signal"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"Attempt.{name} must be a non-negative int, got {value!r}")
+                raise ValueError(f"JobRun.{name} must be a non-negative int, got {value!r}")
         if self.line < 1:
-            raise ValueError(f"Attempt.line must be >= 1, got {self.line}")
+            raise ValueError(f"JobRun.line must be >= 1, got {self.line}")
         _check_times(self.submit, self.start, self.end, where=f"job {self.job_id}")
 
     @property
@@ -90,14 +110,14 @@ class Attempt:
 
     @property
     def queue_wait_s(self) -> int | None:
-        """Submit to Start of this attempt (SLURM resets Submit on a requeue); None if it never started."""
+        """Submit to Start of this run (SLURM resets Submit on a requeue); None if it never started."""
         if self.start is None or self.submit is None:
             return None
         return self.start - self.submit
 
 
-def attempt_table(sacct: SacctTable) -> pa.Table:
-    """The allocation rows as attempts (``ATTEMPT_COLUMNS``), grouped by job id, attempt order.
+def run_table(sacct: SacctTable) -> pa.Table:
+    """The allocation rows as runs (``RUN_COLUMNS``), grouped by job id, in run order.
 
     Raises AccountingError naming the line when an allocation row's times are impossible
     (Start before Submit, End before Start): billing an impossible run would be a guess.
@@ -113,11 +133,11 @@ def attempt_table(sacct: SacctTable) -> pa.Table:
         cpu_hours=pc.multiply(pc.cast(t.column("cpus"), pa.float64()), hours),
         queue_wait_s=pc.subtract(t.column("start"), t.column("submit")),
     )
-    return pa.table([columns[name] for name in ATTEMPT_COLUMNS], names=list(ATTEMPT_COLUMNS))
+    return pa.table([columns[name] for name in RUN_COLUMNS], names=list(RUN_COLUMNS))
 
 
 def _ordered_allocations(sacct: SacctTable, columns: list[str]) -> tuple[pa.Table, np.ndarray, np.ndarray]:
-    """Allocation rows (these columns) in attempt order, their attempt index and is-last flag."""
+    """Allocation rows (these columns) in run order, their run index within the job and is-last flag."""
     alloc = sacct.allocations(columns)
     n = alloc.num_rows
     submit = _np(alloc, "submit")
@@ -143,11 +163,11 @@ def _ordered_allocations(sacct: SacctTable, columns: list[str]) -> tuple[pa.Tabl
     return t, np.arange(n) - group_start, is_last
 
 
-def attempts(sacct: SacctTable) -> list[Attempt]:
-    """Every attempt as a validated record, grouped by job id in attempt order."""
-    cols = attempt_table(sacct).to_pydict()
+def job_runs(sacct: SacctTable) -> list[JobRun]:
+    """Every run as a validated record, grouped by job id in run order."""
+    cols = run_table(sacct).to_pydict()
     return [
-        Attempt(
+        JobRun(
             job_id=cols["job_id"][i],
             raw_job_id=cols["raw_job_id"][i],
             base_job_id=cols["base_job_id"][i],
@@ -172,22 +192,22 @@ def attempts(sacct: SacctTable) -> list[Attempt]:
 
 
 def totals_by_job(source: SacctTable | pa.Table) -> pa.Table:
-    """Per job id sums over its attempts (stays columnar).
+    """Per job id sums over its runs (stays columnar).
 
     ``source`` is a SacctTable (the fast path: only the columns the sums need are gathered) or
-    ``attempt_table``'s output. Columns: job_id, base_job_id, array_task, attempts,
-    final_state (JobState code of the last attempt), final_exit_status, gpu_hours, cpu_hours,
-    elapsed_s, queue_wait_s (summed over attempts that started), first_submit, last_end
-    (None while the last attempt runs).
+    ``run_table``'s output. Columns: job_id, base_job_id, array_task, attempts (the number of
+    runs), final_state (JobState code of the last run), final_exit_status, gpu_hours, cpu_hours,
+    elapsed_s, queue_wait_s (summed over runs that started), first_submit, last_end
+    (None while the last run is still going).
     """
     if isinstance(source, SacctTable):
         table, attempt, is_last = _ordered_allocations(source, _TOTALS_COLUMNS)
-    elif isinstance(source, pa.Table) and tuple(source.column_names) == ATTEMPT_COLUMNS:
+    elif isinstance(source, pa.Table) and tuple(source.column_names) == RUN_COLUMNS:
         table = source
         attempt = table.column("attempt").to_numpy()
         is_last = table.column("is_last").to_numpy(zero_copy_only=False)
     else:
-        raise TypeError("totals_by_job needs a SacctTable or attempt_table(...)'s output")
+        raise TypeError("totals_by_job needs a SacctTable or run_table(...)'s output")
     n = table.num_rows
     starts = np.flatnonzero(attempt == 0)
     lasts = np.flatnonzero(is_last)

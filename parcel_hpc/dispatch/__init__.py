@@ -1,0 +1,38 @@
+"""Dispatchers: hand worker tasks to a scheduler through submitit, on the local executor or as
+SLURM array jobs. Decides nothing about which trials to run (``sweep`` does).
+
+    base.py    Dispatcher (the interface), Submitted, LauncherSettings
+    local.py   LocalDispatcher: submitit's LocalExecutor (the embedded default)
+    slurm.py   SlurmDispatcher: held sbatch arrays, released once the ledger has their ids
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from ..errors import UsageError
+from ..ledger import Executor, SearchDir
+from .base import Dispatcher, LauncherSettings, Submitted
+from .local import LocalDispatcher, local_job_alive
+from .slurm import SlurmDispatcher
+
+
+def executor_kind(kind: str) -> Executor:
+    """The launcher group's ``kind`` as an Executor, or one line saying which launchers exist."""
+    try:
+        return Executor(kind)
+    except ValueError:
+        raise UsageError(f"launcher kind {kind!r} is unknown; use hydra/launcher=submitit_local or submitit_slurm") from None
+
+
+def make_dispatcher(settings: LauncherSettings, search: SearchDir, env: Mapping[str, str] | None = None) -> Dispatcher:
+    """The dispatcher for a launch's settings (also as recorded in a launch, for resubmit)."""
+    # submitit's own timeout countdown must never end a trial before parcel_hpc's retry policy does.
+    max_num_timeout = int(settings.budget["max_retries"]) + int(settings.budget["max_preemptions"]) + 1
+    if settings.kind is Executor.LOCAL:
+        return LocalDispatcher(settings, search.submitit_dir / "local", max_num_timeout=max_num_timeout)
+    return SlurmDispatcher(settings, search.submitit_dir / "slurm", max_num_timeout=max_num_timeout, env=os.environ if env is None else env)
+
+
+__all__ = ["Dispatcher", "LauncherSettings", "LocalDispatcher", "SlurmDispatcher", "Submitted", "executor_kind", "local_job_alive", "make_dispatcher"]

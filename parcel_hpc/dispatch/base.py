@@ -1,0 +1,80 @@
+"""The dispatcher interface: how governed trials reach a scheduler, and what it says back.
+
+Modelled on submitit's Executor roles: the search (``sweep``) decides which trials run; a
+dispatcher only hands tasks to its scheduler, tells which of its jobs are alive, cancels them and
+describes what it would submit. Implementations: ``local.LocalDispatcher`` (submitit's
+LocalExecutor, the embedded default) and ``slurm.SlurmDispatcher`` (sbatch arrays).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from ..ledger import Executor
+from ..worker import TrialTask
+
+
+@dataclass(frozen=True)
+class Submitted:
+    trial_id: str
+    job_id: str
+
+
+@dataclass(frozen=True)
+class LauncherSettings:
+    """What a launch dispatched with, recorded in its launch record so ``resubmit`` can do the same."""
+
+    kind: Executor
+    params: Mapping[str, Any]  # the hydra/launcher group's values
+    resources: Mapping[str, Any]
+    budget: Mapping[str, Any]
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind.value, "params": dict(self.params), "resources": dict(self.resources), "budget": dict(self.budget)}
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> LauncherSettings:
+        return cls(Executor(obj["kind"]), obj["params"], obj["resources"], obj["budget"])
+
+
+# Called with what was submitted before any of it may start, so the ledger knows every job id first.
+Record = Callable[[Sequence[Submitted]], None]
+
+
+class Dispatcher(ABC):
+    name: ClassVar[Executor]  # recorded in each ``submitted`` event
+    can_detach: ClassVar[bool]  # whether trials outlive the launching process
+
+    def __init__(self, settings: LauncherSettings) -> None:
+        self.settings = settings
+
+    @abstractmethod
+    def check(self) -> None:
+        """Raise SchedulerUnavailable (one line, exit 2) when the scheduler cannot be reached."""
+
+    @abstractmethod
+    def capacity(self) -> int:
+        """How many more tasks may be submitted now."""
+
+    @abstractmethod
+    def submit(self, tasks: Sequence[TrialTask], record: Record, exclude_nodes: Sequence[str] = ()) -> list[Submitted]:
+        """Submit ``tasks``; ``record`` is called with their job ids before any of them can start."""
+
+    @abstractmethod
+    def refresh(self) -> None:
+        """Ask the scheduler once for the state of this search's jobs (``alive`` reads the answer)."""
+
+    @abstractmethod
+    def alive(self, trial_id: str, job_id: str) -> bool:
+        """Whether the scheduler still holds this job (pending, running, requeued)."""
+
+    @abstractmethod
+    def cancel(self, job_ids: Sequence[str]) -> None:
+        """Ask the scheduler to end these jobs."""
+
+    @abstractmethod
+    def describe(self, n: int) -> str:
+        """What submitting ``n`` tasks would do (the dry run prints it)."""

@@ -1,0 +1,90 @@
+"""The embedded default: submitit's LocalExecutor, trials as child processes of the launch.
+
+At most ``parallelism`` trials run at once (a laptop has few cores), so the launch must wait: a
+local search cannot detach. A job id is the pid of submitit's child process on this host.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import submitit
+
+from ..errors import UsageError
+from ..ledger import Executor
+from ..worker import TrialTask
+from .base import Dispatcher, LauncherSettings, Record, Submitted
+
+
+class LocalDispatcher(Dispatcher):
+    name = Executor.LOCAL
+    can_detach = False
+
+    def __init__(self, settings: LauncherSettings, folder: Path, *, max_num_timeout: int) -> None:
+        super().__init__(settings)
+        self.parallelism = int(settings.params["parallelism"])
+        if self.parallelism < 1:
+            raise UsageError(f"hydra.launcher.parallelism={self.parallelism} must be >= 1")
+        self.folder = Path(folder)
+        self._max_num_timeout = max_num_timeout
+        self._executor: submitit.LocalExecutor | None = None
+        self.jobs: dict[str, Any] = {}  # trial_id -> submitit Job of this launch
+
+    @property
+    def executor(self) -> submitit.LocalExecutor:
+        """Built on first use: LocalExecutor creates its folder, and nothing is written before the search is validated."""
+        if self._executor is None:
+            self._executor = submitit.LocalExecutor(folder=str(self.folder), max_num_timeout=self._max_num_timeout)
+            self._executor.update_parameters(
+                timeout_min=int(self.settings.resources["time_limit_min"]), signal_delay_s=int(self.settings.params["signal_delay_s"])
+            )
+        return self._executor
+
+    def check(self) -> None:
+        pass  # this machine is the scheduler
+
+    def capacity(self) -> int:
+        return self.parallelism - sum(1 for j in self.jobs.values() if not j.done())
+
+    def submit(self, tasks: Sequence[TrialTask], record: Record, exclude_nodes: Sequence[str] = ()) -> list[Submitted]:
+        out = []
+        for task in tasks:
+            job = self.executor.submit(task)
+            self.jobs[task.plan.trial_id] = job
+            out.append(Submitted(task.plan.trial_id, str(job.job_id)))
+        record(out)
+        return out
+
+    def refresh(self) -> None:
+        pass  # submitit's Job objects and /proc answer directly
+
+    def alive(self, trial_id: str, job_id: str) -> bool:
+        job = self.jobs.get(trial_id)
+        if job is not None and str(job.job_id) == job_id:
+            return not job.done()
+        return local_job_alive(job_id)  # a job of an earlier launch on this machine
+
+    def cancel(self, job_ids: Sequence[str]) -> None:
+        for job_id in job_ids:
+            if local_job_alive(job_id):
+                os.kill(int(job_id), signal.SIGTERM)
+
+    def describe(self, n: int) -> str:
+        return f"submitit LocalExecutor: {n} trials as child processes, {self.parallelism} at a time, folder {self.folder}"
+
+
+def local_job_alive(job_id: str) -> bool:
+    """Whether the process with this pid lives on this host (and is no zombie)."""
+    try:
+        pid = int(job_id)
+    except ValueError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError, ProcessLookupError):
+        return False

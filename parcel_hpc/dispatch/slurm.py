@@ -1,0 +1,117 @@
+"""SLURM arrays through submitit: one ``sbatch --array`` per submission batch.
+
+Each array is submitted held, its job ids recorded in the ledger, then released, so accounting can
+find jobs that never ran. GPU/CPU/memory/time limits, the USR2 warning and requeue come from the
+launcher settings and the frozen resources.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import submitit
+from submitit.slurm import slurm as submitit_slurm
+
+from .. import slurm
+from ..errors import SchedulerUnavailable
+from ..ledger import Executor
+from ..worker import TrialTask
+from .base import Dispatcher, LauncherSettings, Record, Submitted
+
+
+class SlurmDispatcher(Dispatcher):
+    name = Executor.SLURM
+    can_detach = True
+
+    def __init__(self, settings: LauncherSettings, folder: Path, *, max_num_timeout: int, env: Mapping[str, str]) -> None:
+        super().__init__(settings)
+        self.env = dict(env)
+        self.job_name = str(settings.params["job_name"])
+        self.folder = Path(folder)
+        self._max_num_timeout = max_num_timeout
+        self._executor: submitit.SlurmExecutor | None = None
+        self._params = sbatch_parameters(settings)
+        self._queued: dict[str, slurm.QueuedJob] = {}
+
+    @property
+    def executor(self) -> submitit.SlurmExecutor:
+        """Built after ``check``: submitit's SlurmExecutor raises a bare RuntimeError without srun."""
+        if self._executor is None:
+            self._executor = submitit.SlurmExecutor(folder=str(self.folder / "%j"), max_num_timeout=self._max_num_timeout)
+            self._executor.update_parameters(**self._params)
+        return self._executor
+
+    def check(self) -> None:
+        slurm.check_reachable(self.env)
+
+    def capacity(self) -> int:
+        return 1 << 30  # SLURM queues; the array's %parallelism throttles
+
+    def submit(self, tasks: Sequence[TrialTask], record: Record, exclude_nodes: Sequence[str] = ()) -> list[Submitted]:
+        if not tasks:
+            return []
+        extra = self.executor.parameters.setdefault("additional_parameters", {})
+        if exclude_nodes:
+            extra["exclude"] = ",".join(exclude_nodes)
+        try:
+            jobs = self.executor.submit_array(list(tasks))
+        except Exception as exc:  # submitit wraps sbatch's failure text in a generic error
+            first = str(exc).strip().splitlines()
+            raise SchedulerUnavailable(f"sbatch refused the array: {first[-1] if first else exc}; check the partition, account and `sinfo`") from None
+        finally:
+            extra.pop("exclude", None)
+        submitted = [Submitted(t.plan.trial_id, str(j.job_id)) for t, j in zip(tasks, jobs)]
+        record(submitted)  # held until here: the ledger knows every job id before any can start
+        slurm.release(sorted({s.job_id.split("_")[0] for s in submitted}), self.env)
+        return submitted
+
+    def refresh(self) -> None:
+        self._queued = slurm.queued_jobs(self.job_name, self.env)
+
+    def alive(self, trial_id: str, job_id: str) -> bool:
+        return job_id in self._queued
+
+    def cancel(self, job_ids: Sequence[str]) -> None:
+        slurm.cancel(job_ids, self.env)
+
+    def describe(self, n: int) -> str:
+        params = dict(self.executor.parameters)
+        params["map_count"] = n
+        python = shlex.quote(self.executor.python) if " " in self.executor.python else self.executor.python
+        command = " ".join([python, "-u -m submitit.core._submit", shlex.quote(str(self.executor.folder))])
+        return submitit_batch_script(command, self.executor.folder, params)
+
+
+def submitit_batch_script(command: str, folder: Path, params: Mapping[str, Any]) -> str:
+    """The batch script submitit would write. submitit has no public API for it: this is the one
+    use of a private function (``tests/test_dispatch.py`` fails loudly if submitit changes it)."""
+    return submitit_slurm._make_sbatch_string(command=command, folder=folder, **params)
+
+
+def sbatch_parameters(settings: LauncherSettings) -> dict[str, Any]:
+    """submitit's SlurmExecutor parameters from the launcher settings and the pinned resources."""
+    params, resources = settings.params, settings.resources
+    extra = {k: v for k, v in dict(params.get("additional_parameters") or {}).items() if v is not None}
+    for key in ("account", "qos"):
+        if resources.get(key):
+            extra[key] = resources[key]
+    extra["hold"] = True  # released once the ledger has the job ids
+    out = dict(
+        job_name=str(params["job_name"]),
+        time=int(resources["time_limit_min"]),
+        cpus_per_task=int(resources["cpus"]),
+        mem=f"{int(float(resources['mem_gb']) * 1024)}M",
+        array_parallelism=int(params["array_parallelism"]),
+        signal_delay_s=int(params["signal_delay_s"]),
+        setup=list(params.get("setup") or []),
+        additional_parameters=extra,
+        wckey=str(params["job_name"]),
+    )
+    if int(resources["gpus"]) > 0:
+        out["gres"] = f"gpu:{int(resources['gpus'])}"
+    if resources.get("partition"):
+        out["partition"] = resources["partition"]
+    return out

@@ -1,0 +1,242 @@
+"""The typed events of a trial's history: what kinds exist, why attempts end, and the line format.
+
+Owns ``EventKind``, ``Cause``, one frozen payload class per kind (validated at birth: an ``ended``
+event saying ``completed`` without a finite metric cannot exist), the ``Event`` envelope, and the
+conversion to and from one JSON line. Must not write files (``journal.py`` does) or decide a
+trial's state (``records.fold`` does).
+
+A journal line is flat: ``{"kind", "t", "writer", "seq", "attempt", **payload}``.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from ..errors import CorruptRecord
+from .states import AttemptEnd, TrialState
+
+
+class EventKind(str, enum.Enum):
+    SUBMITTED = "submitted"  # a launcher handed the trial to the scheduler
+    ADMISSION = "admission"  # a launch refused the trial against the frozen contract
+    STARTED = "started"  # a worker attempt began, with the scheduler's facts
+    RESUMED = "resumed"  # ... from a checkpoint at this step
+    MILESTONE = "milestone"  # a validation value (a milestone, or the final step)
+    CHECKPOINT_SKIPPED = "checkpoint_skipped"  # a corrupt checkpoint was passed over on resume
+    ENDED = "ended"  # the attempt itself said how it ended
+    RESOLVED = "resolved"  # an owner of the search said how a silent attempt ended, from scheduler facts
+    QUARANTINED = "quarantined"  # the trial shared a checkpoint directory: its attempts so far are tainted
+    GAVE_UP = "gave_up"  # a retry limit ended the trial
+
+
+class Executor(str, enum.Enum):
+    """Where a trial's jobs run: submitit's local executor or SLURM."""
+
+    LOCAL = "local"
+    SLURM = "slurm"
+
+
+class Cause(str, enum.Enum):
+    """Why an attempt ended without a plain result, or why a trial was given up."""
+
+    # Infrastructure: the scheduler or the machine ended it; retried from the trial's checkpoint.
+    PREEMPTED = "preempted"
+    TIMEOUT = "timeout"
+    NODE_FAIL = "node_fail"
+    CANCELLED = "cancelled"  # a system or hand scancel (an admin cancellation is a later, separate cause)
+    LOST = "lost"  # the job vanished without saying how
+    REQUEUED_BY_SCHEDULER = "requeued_by_scheduler"  # SLURM requeued it before the worker could say so
+    PREVIOUS_ATTEMPT_ALIVE = "previous_attempt_alive"  # an older attempt still held the directory
+    SUPERSEDED = "superseded"  # a newer attempt of the same trial took over: not an interruption
+    # Training failures: retried once; the same class twice is a reproducible result about the design.
+    EXCEPTION = "exception"
+    DIVERGED = "diverged"
+    OUT_OF_MEMORY = "out_of_memory"
+    # Governance.
+    CHECKPOINT_COLLISION = "checkpoint_collision"  # quarantine: two trials on one checkpoint prefix
+    RETRIES_EXHAUSTED = "retries_exhausted"
+
+    def is_training_failure(self) -> bool:
+        return self in (Cause.EXCEPTION, Cause.DIVERGED, Cause.OUT_OF_MEMORY)
+
+    def is_infrastructure(self) -> bool:
+        return self in _INFRASTRUCTURE
+
+    def counts_as_interruption(self) -> bool:
+        """Spends a retry: an infrastructure ending that was not a newer attempt taking over."""
+        return self.is_infrastructure() and self is not Cause.SUPERSEDED
+
+
+_INFRASTRUCTURE = frozenset(
+    {Cause.PREEMPTED, Cause.TIMEOUT, Cause.NODE_FAIL, Cause.CANCELLED, Cause.LOST, Cause.REQUEUED_BY_SCHEDULER, Cause.PREVIOUS_ATTEMPT_ALIVE, Cause.SUPERSEDED}
+)
+
+
+# --- payloads, one per kind ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Submitted:
+    job_id: str
+    executor: Executor
+    launch_id: str
+    exclude_nodes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class AdmissionRefused:
+    outcome: str  # reject:<field>
+    launch_id: str
+
+    def __post_init__(self) -> None:
+        if not self.outcome.startswith("reject:"):
+            raise ValueError(f"an admission event records a refusal, not {self.outcome!r}")
+
+
+@dataclass(frozen=True)
+class Started:
+    """The scheduler's facts about where an attempt runs, read once from its environment."""
+
+    executor: Executor = Executor.LOCAL
+    job_id: str = ""  # as submitted: "123" or "123_4" for an array task
+    raw_job_id: str = ""  # SLURM_JOB_ID (differs from job_id for array tasks)
+    node: str = ""
+    host: str = ""
+    pid: int = 0
+    restart_count: int = 0  # SLURM_RESTART_COUNT
+    cuda_visible_devices: str = ""
+
+
+@dataclass(frozen=True)
+class Resumed:
+    step: int
+
+
+@dataclass(frozen=True)
+class Milestone:
+    step: int
+    value: float
+    is_milestone: bool = True  # False: the final step off the milestone grid (never a peer)
+
+
+@dataclass(frozen=True)
+class CheckpointSkipped:
+    path: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Ended:
+    """How an attempt ended: said by the attempt (``ended``) or resolved for it (``resolved``)."""
+
+    how: AttemptEnd
+    cause: Cause | None = None
+    step: int | None = None
+    metric: float | None = None  # completed: the final validation value
+    value: float | None = None  # pruned: the value at the milestone
+    milestone: int | None = None  # pruned: where
+    final: bool = False  # failed: the same class failed before, so this failure is the result
+    outcome: str = ""  # rejected: reject:<field>; budget_exhausted: hold:budget
+    reason: str = ""  # for people: the prune rule, the quarantine, the budget overshoot
+    message: str = ""  # the error text of a failure, or who resolved it
+    job_id: str = ""
+
+    def __post_init__(self) -> None:
+        how, cause = self.how, self.cause
+        if how is AttemptEnd.COMPLETED and (self.metric is None or not math.isfinite(self.metric)):
+            raise ValueError(f"a completed attempt carries a finite metric, not {self.metric!r}")
+        if how is not AttemptEnd.COMPLETED and self.metric is not None:
+            raise ValueError(f"only a completed attempt carries a metric ({how.value} has {self.metric!r})")
+        if how is AttemptEnd.FAILED and (cause is None or not cause.is_training_failure()):
+            raise ValueError(f"a failed attempt names its failure class, not {cause!r}")
+        if how.is_infrastructure() and (cause is None or not cause.is_infrastructure()):
+            raise ValueError(f"an {how.value} attempt names an infrastructure cause, not {cause!r}")
+        if how is AttemptEnd.REJECTED and not self.outcome.startswith("reject:"):
+            raise ValueError(f"a rejected attempt names its outcome reject:<field>, not {self.outcome!r}")
+        if how is AttemptEnd.QUARANTINED and cause is not Cause.CHECKPOINT_COLLISION:
+            raise ValueError(f"a quarantined attempt's cause is checkpoint_collision, not {cause!r}")
+
+
+@dataclass(frozen=True)
+class Quarantined:
+    reason: str
+    attempts_upto: int  # attempts numbered up to this ran in the shared directory
+    moved_to: str = ""
+    with_trials: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class GaveUp:
+    cause: Cause
+    reason: str  # which limit, with the numbers
+    state: TrialState = TrialState.FAILED
+
+
+Payload = Submitted | AdmissionRefused | Started | Resumed | Milestone | CheckpointSkipped | Ended | Quarantined | GaveUp
+
+PAYLOADS: Mapping[EventKind, type] = {
+    EventKind.SUBMITTED: Submitted,
+    EventKind.ADMISSION: AdmissionRefused,
+    EventKind.STARTED: Started,
+    EventKind.RESUMED: Resumed,
+    EventKind.MILESTONE: Milestone,
+    EventKind.CHECKPOINT_SKIPPED: CheckpointSkipped,
+    EventKind.ENDED: Ended,
+    EventKind.RESOLVED: Ended,
+    EventKind.QUARANTINED: Quarantined,
+    EventKind.GAVE_UP: GaveUp,
+}
+_ENUM_FIELDS = {"how": AttemptEnd, "cause": Cause, "state": TrialState, "executor": Executor}
+_TUPLE_FIELDS = ("exclude_nodes", "with_trials")
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: EventKind
+    t: float  # seconds since the epoch, by the writer's clock
+    writer: str  # one writer per journal file
+    seq: int  # order within the writer
+    attempt: int  # the attempt it is about; 0 for events about the trial
+    data: Payload
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.data, PAYLOADS[self.kind]):
+            raise ValueError(f"a {self.kind.value} event carries {PAYLOADS[self.kind].__name__}, not {type(self.data).__name__}")
+
+    @property
+    def order(self) -> tuple[float, str, int]:
+        return (self.t, self.writer, self.seq)
+
+    def to_json(self) -> dict:
+        payload = {k: v for k, v in asdict(self.data).items() if v is not None and v != "" and v != ()}
+        for k, v in payload.items():
+            if isinstance(v, enum.Enum):
+                payload[k] = v.value
+            elif isinstance(v, tuple):
+                payload[k] = list(v)
+        return {"kind": self.kind.value, "t": self.t, "writer": self.writer, "seq": self.seq, "attempt": self.attempt, **payload}
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any], where: str = "journal") -> Event:
+        try:
+            kind = EventKind(obj["kind"])
+            payload_cls = PAYLOADS[kind]
+            values = {}
+            for f in fields(payload_cls):
+                if f.name not in obj:
+                    continue
+                v = obj[f.name]
+                if f.name in _ENUM_FIELDS:
+                    v = _ENUM_FIELDS[f.name](v)
+                elif f.name in _TUPLE_FIELDS:
+                    v = tuple(v)
+                values[f.name] = v
+            return cls(kind, float(obj["t"]), str(obj["writer"]), int(obj["seq"]), int(obj.get("attempt", 0) or 0), payload_cls(**values))
+        except (KeyError, ValueError, TypeError) as exc:
+            raise CorruptRecord(
+                f"{where}: an event does not parse ({type(exc).__name__}: {exc}): {dict(obj)!r:.200}; move the damaged journal-*.jsonl aside and rerun"
+            ) from None

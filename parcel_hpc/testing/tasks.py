@@ -1,0 +1,25 @@
+"""A task any dispatcher can run that only sleeps: for dispatcher conformance tests.
+
+It has what a dispatcher reads of a ``TrialTask`` (``plan.trial_id``) and is importable by the
+worker process that submitit starts, so it pickles by reference like the real task.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SleepPlan:
+    trial_id: str
+
+
+class SleepTask:
+    def __init__(self, trial_id: str, seconds: float) -> None:
+        self.plan = SleepPlan(trial_id)
+        self.seconds = seconds
+
+    def __call__(self) -> str:
+        time.sleep(self.seconds)
+        return self.plan.trial_id

@@ -1,0 +1,109 @@
+"""One conformance suite for the dispatcher interface, run against every implementation: the local
+executor always, SLURM on the real dev cluster (``slurm``-marked)."""
+
+import os
+import subprocess
+import time
+import uuid
+
+import pytest
+from submitit.slurm import slurm as submitit_slurm
+
+from parcel_hpc.dispatch import Dispatcher, LauncherSettings, LocalDispatcher, SlurmDispatcher, executor_kind, make_dispatcher
+from parcel_hpc.dispatch.slurm import sbatch_parameters, submitit_batch_script
+from parcel_hpc.errors import UsageError
+from parcel_hpc.ledger import Executor, SearchDir
+from parcel_hpc.testing import SleepTask
+
+BUDGET = {"max_retries": 2, "max_preemptions": 10}
+RESOURCES = {"gpus": 0, "cpus": 1, "mem_gb": 0.1, "time_limit_min": 2, "partition": None, "account": None, "qos": None}
+
+
+def local(tmp_path) -> Dispatcher:
+    settings = LauncherSettings(Executor.LOCAL, {"parallelism": 2, "signal_delay_s": 5}, RESOURCES, BUDGET)
+    return make_dispatcher(settings, SearchDir(tmp_path / "search"))
+
+
+def slurm(tmp_path) -> Dispatcher:
+    name = f"parcel-conformance-{uuid.uuid4().hex[:6]}"
+    settings = LauncherSettings(Executor.SLURM, {"job_name": name, "array_parallelism": 4, "signal_delay_s": 5}, RESOURCES, BUDGET)
+    return make_dispatcher(settings, SearchDir(tmp_path / "search"))
+
+
+def wait_until(predicate, timeout: float, what: str) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def conformance(dispatcher: Dispatcher, while_recording=lambda submitted: None) -> None:
+    """submit records every job id before returning; alive, cancel and describe answer for them."""
+    dispatcher.check()
+    assert dispatcher.capacity() >= 2
+    assert "2" in dispatcher.describe(2)
+    recorded = []
+
+    def record(submitted):
+        while_recording(submitted)
+        recorded.extend(submitted)
+
+    submitted = dispatcher.submit([SleepTask("t0000", 60), SleepTask("t0001", 60)], record)
+    assert [s.trial_id for s in submitted] == ["t0000", "t0001"] and recorded == submitted
+    assert len({s.job_id for s in submitted}) == 2
+    dispatcher.refresh()
+    assert all(dispatcher.alive(s.trial_id, s.job_id) for s in submitted)
+    dispatcher.cancel([s.job_id for s in submitted])
+
+    def all_gone():
+        dispatcher.refresh()
+        return not any(dispatcher.alive(s.trial_id, s.job_id) for s in submitted)
+
+    wait_until(all_gone, 60, "the cancelled jobs to end")
+
+
+def test_local_dispatcher_conforms(tmp_path):
+    d = local(tmp_path)
+    assert isinstance(d, LocalDispatcher) and not d.can_detach
+    conformance(d)
+
+
+@pytest.mark.slurm
+def test_slurm_dispatcher_conforms(tmp_path):
+    d = slurm(tmp_path)
+    assert isinstance(d, SlurmDispatcher) and d.can_detach
+
+    def held(submitted):  # nothing may start before the ledger has the ids
+        out = subprocess.run(["squeue", "-h", "-r", f"--name={d.job_name}", "-o", "%i %r"], capture_output=True, text=True, check=True).stdout
+        rows = dict(line.split() for line in out.splitlines())
+        assert {s.job_id for s in submitted} <= set(rows), rows
+        assert all(reason.startswith("JobHeld") for reason in rows.values()), rows
+
+    try:
+        conformance(d, held)
+    finally:
+        subprocess.run(["scancel", f"--name={d.job_name}"], check=False)
+
+
+def test_submitit_private_batch_script_api_still_exists(tmp_path):
+    """The dry run prints submitit's own batch script through its one private function: if submitit
+    renames it or changes what it takes, this fails here rather than in a user's dry run."""
+    assert callable(getattr(submitit_slurm, "_make_sbatch_string", None)), "submitit dropped _make_sbatch_string: update dispatch/slurm.py"
+    settings = LauncherSettings(Executor.SLURM, {"job_name": "parcel-x", "array_parallelism": 3, "signal_delay_s": 60}, {**RESOURCES, "gpus": 1}, BUDGET)
+    params = {**sbatch_parameters(settings), "map_count": 5}
+    script = submitit_batch_script("python -u -m submitit.core._submit /f", tmp_path, params)
+    for line in ("#SBATCH --array=0-4%3", "#SBATCH --job-name=parcel-x", "#SBATCH --gres=gpu:1", "#SBATCH --hold", "#SBATCH --signal=USR2@60"):
+        assert line in script, (line, script)
+
+
+def test_an_unknown_launcher_kind_is_bad_input(tmp_path):
+    with pytest.raises(UsageError, match="submitit_local or submitit_slurm"):
+        executor_kind("kubernetes")
+
+
+def test_local_jobs_of_another_launch_are_seen_through_the_process_table(tmp_path):
+    d = local(tmp_path)
+    assert d.alive("t9", str(os.getpid()))  # not this launch's job, but its process lives here
+    assert not d.alive("t9", "not-a-pid")
