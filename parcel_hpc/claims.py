@@ -59,7 +59,7 @@ class CheckpointCollision(ParcelError):
 
     exit_code = 2
 
-    def __init__(self, ckpt_dir: str | os.PathLike, ours: Any, theirs: Any, reason: str) -> None:
+    def __init__(self, ckpt_dir: str | os.PathLike, ours: Any, theirs: ClaimIdentity | TrialIdentity | None, reason: str) -> None:
         self.ckpt_dir = Path(ckpt_dir)
         self.ours = ours
         self.theirs = theirs
@@ -69,6 +69,16 @@ class CheckpointCollision(ParcelError):
             "directory (check overrides of the checkpoint prefix), then quarantine the outputs and rerun "
             "the trial in a fresh directory"
         )
+
+    @property
+    def their_trial(self) -> TrialIdentity | None:
+        """The trial that holds the directory (a claim's holder or a checkpoint's header), if known."""
+        return self.theirs.trial if isinstance(self.theirs, ClaimIdentity) else self.theirs
+
+    @property
+    def their_attempt(self) -> int | None:
+        """The holder's attempt number, when the holder is a claim."""
+        return self.theirs.attempt if isinstance(self.theirs, ClaimIdentity) else None
 
 
 # ---------------------------------------------------------------------------- identities and records

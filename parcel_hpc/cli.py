@@ -9,6 +9,7 @@ from pathlib import Path
 
 from . import fsio
 from .cli_errors import exit_on_error
+from .console import make_console
 from .ledger import SearchDir
 
 # Each subcommand's module is imported when that command runs, not here: they pull in h5py,
@@ -111,14 +112,12 @@ def _sync(args) -> None:
 
 def _resubmit(args) -> None:
     from . import resubmit
-    from .sweep.display import make_console
 
     resubmit.run(SearchDir(args.search_dir), dry_run=args.dry_run, wait=args.wait, console=make_console())
 
 
 def _reconcile(args) -> None:
     from .accounting import run as accounting
-    from .sweep.display import make_console
 
     results = [accounting.reconcile_search(SearchDir(d), args.sacct_file) for d in args.search_dirs]
     if args.json:

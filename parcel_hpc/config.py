@@ -131,7 +131,6 @@ class SubmititLocalConf:
     The names follow hydra-submitit-launcher so its users feel at home."""
 
     kind: str = "local"
-    submitit_folder: str = "${search.root}/${search.revision}/submitit/local"
     parallelism: int = 2  # trials at once (processes)
     signal_delay_s: int = 30  # seconds before the time limit that the worker is told to checkpoint
 
@@ -141,7 +140,6 @@ class SubmititSlurmConf:
     """``hydra/launcher=submitit_slurm``: trials as SLURM array jobs."""
 
     kind: str = "slurm"
-    submitit_folder: str = "${search.root}/${search.revision}/submitit/slurm"
     job_name: str = "parcel-${search.revision}"  # sacct/squeue find the search's jobs by this name
     array_parallelism: int = 16  # array tasks running at once (sbatch --array=...%N)
     signal_delay_s: int = 60  # seconds before the time limit that SIGUSR2 arrives

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .ledger import AttemptEnd, Cause, TrialRecord, TrialState
+from .ledger import Attempt, AttemptEnd, Cause, Ended, Executor, Started, TrialRecord, TrialState
 
 MAX_QUARANTINE_RERUNS = 2
 
@@ -92,3 +92,14 @@ def next_action(record: TrialRecord, *, dispatches: int, job_alive: bool, policy
         return Next(Action.RETRY, record.reason or "interrupted")
     # Dispatched, no live job, no attempt recorded: the job died before the worker started.
     return Next(Action.RETRY, "the job ended before the worker started")
+
+
+def previous_attempt_ending(last: Attempt, facts: Started) -> Ended:
+    """A new attempt found the previous one without an ending: SLURM requeued it, or it was lost."""
+    requeued = facts.executor is Executor.SLURM and facts.restart_count > last.restart_count
+    return Ended(
+        AttemptEnd.LOST,
+        Cause.REQUEUED_BY_SCHEDULER if requeued else Cause.LOST,
+        job_id=last.job_id,
+        message="the attempt ended without recording how; its job was requeued or resubmitted",
+    )

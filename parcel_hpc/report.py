@@ -10,9 +10,14 @@ from .ledger.states import TrialState
 
 
 def counts_by_state(records: Iterable[TrialRecord]) -> dict[str, int]:
+    return count_states(r.state for r in records)
+
+
+def count_states(states: Iterable[TrialState]) -> dict[str, int]:
+    """Every state's count, in the states' order, zeros included."""
     counts = {s.value: 0 for s in TrialState}
-    for r in records:
-        counts[r.state.value] += 1
+    for state in states:
+        counts[state.value] += 1
     return counts
 
 

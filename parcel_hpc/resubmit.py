@@ -21,7 +21,7 @@ from .accounting import JobRun, JobState
 from .budget import launch_decision
 from .dispatch import Dispatcher, LauncherSettings, Submitted, make_dispatcher
 from .errors import SchedulerUnavailable, UsageError
-from .ledger import Event, SearchDir, TrialSpec, fold, preview
+from .ledger import Event, SearchDir, TrialSpec, TrialWriter, fold, preview
 from .lifecycle import Action, RetryPolicy, next_action
 from .resolution import Resolution, SchedulerFacts
 from .sweep.search import Follower
@@ -49,8 +49,8 @@ def decide(
     *,
     dispatches: Mapping[str, int],
     policy: RetryPolicy,
+    now: float,
     in_flight: Iterable[str] = (),
-    now: float = 0.0,
 ) -> ResubmitPlan:
     """What to resolve, resubmit and give up on (pure). Each trial's record is folded from its events
     plus the resolution this plan would write, so the decision reads exactly what the ledger will say.
@@ -74,7 +74,7 @@ def decide(
         if not facts.job_gone(rec):
             untouched.append((rec.trial_id, f"job {job} is still queued or running"))
             continue
-        for res in resolution.resolve([rec], facts):
+        for res in resolution.resolve([rec], facts, resolution.RESUBMIT):
             resolve.append(res)
             rec = fold(spec, [*events, preview(res.attempt, res.ending, now)])
         nxt = next_action(rec, dispatches=dispatches.get(rec.trial_id, 0), job_alive=False, policy=policy)
@@ -113,7 +113,7 @@ def run(search: SearchDir, *, dry_run: bool, wait: bool, console: Console) -> Re
     settings = LauncherSettings.from_json(recorded)
     dispatcher = make_dispatcher(settings, search)
     dispatcher.check()
-    records, facts = resolution.observe(search, list(search.records()), every_gone_job=True)
+    records, facts = resolution.observe(search, list(search.records()), resolution.RESUBMIT, every_gone_job=True)
     if facts.slurm_error:
         raise SchedulerUnavailable(facts.slurm_error)
     launch_id = "resubmit-" + time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
@@ -129,9 +129,14 @@ def run(search: SearchDir, *, dry_run: bool, wait: bool, console: Console) -> Re
     console.print(render(plan, dry_run))
     if dry_run:
         return plan
-    resolution.record(search, plan.resolve, "resubmit")
+    writers: dict[str, TrialWriter] = {}
+
+    def writer(trial_id: str) -> TrialWriter:
+        return writers.setdefault(trial_id, search.writer(trial_id, "resubmit"))
+
+    resolution.record(plan.resolve, writer)
     for tid, reason in plan.give_up:
-        search.writer(tid, "resubmit").gave_up(reason)
+        writer(tid).gave_up(reason)
     if not plan.resubmit:
         return plan
     decision = launch_decision(contract, len(plan.resubmit), len(search.trial_ids()) - len(plan.resubmit), search.path)

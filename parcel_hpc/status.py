@@ -15,10 +15,10 @@ from rich.console import Console
 from rich.table import Table
 
 from . import resolution
+from .console import make_console
 from .ledger import SearchDir, TrialRecord, preview
 from .pruning import MilestoneStore
 from .report import compute_used, counts_by_state
-from .sweep.display import make_console
 
 UNRECORDED = "resolved from the scheduler in this view; not yet recorded (`parcel-hpc sync` records it)"
 
@@ -26,8 +26,8 @@ UNRECORDED = "resolved from the scheduler in this view; not yet recorded (`parce
 def collect(search: SearchDir) -> dict[str, Any]:
     """Everything ``status`` shows. Reads only: a search the caller cannot write to gives the same answer."""
     contract = search.contract()
-    records, facts = resolution.observe(search, list(search.records()))
-    resolved = {res.trial_id: res for res in resolution.resolve(records, facts)}
+    records, facts = resolution.observe(search, list(search.records()), resolution.DEFINITE)
+    resolved = {res.trial_id: res for res in resolution.resolve(records, facts, resolution.DEFINITE)}
     records = [_with(search, r, resolved[r.trial_id]) if r.trial_id in resolved else r for r in records]
     decisions = _prune_decisions(search, contract)
     trials = []

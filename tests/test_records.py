@@ -174,3 +174,17 @@ def test_jobs_that_never_start_are_not_retried_forever():
     rec = fold(SPEC, events)
     assert next_action(rec, dispatches=3, job_alive=False, policy=POLICY).action is Action.RETRY
     assert next_action(rec, dispatches=5, job_alive=False, policy=POLICY).action is Action.GIVE_UP
+
+
+def test_journals_written_before_the_typed_ledger_still_fold(tmp_path):
+    """Lines exactly as the string-typed writers wrote them (a worker rejection said its outcome in
+    ``cause``); an existing search keeps loading after the upgrade."""
+    lines = [
+        '{"executor":"local","job_id":"9","kind":"submitted","launch_id":"l1","seq":1,"t":1.0,"writer":"launch-h-1-a"}',
+        '{"attempt":1,"cuda_visible_devices":"","executor":"local","host":"h","job_id":"9","kind":"started","node":"h","pid":9,'
+        '"raw_job_id":"9","restart_count":0,"seq":1,"t":2.0,"writer":"a1-h-9-b"}',
+        '{"attempt":1,"cause":"reject:image_digest","how":"rejected","kind":"ended","reason":"reject:image_digest","seq":2,"t":3.0,"writer":"a1-h-9-b"}',
+    ]
+    (tmp_path / "journal-old.jsonl").write_text("\n".join(lines) + "\n")
+    rec = fold(SPEC, read_events(tmp_path))
+    assert rec.state is TrialState.REJECTED and rec.reason == "reject:image_digest"

@@ -10,7 +10,7 @@ Reconciling against the ledger and the budget is built on top of this package, n
 """
 
 from parcel_hpc.accounting.parse import SCHEMA, SacctTable, parse_sacct
-from parcel_hpc.accounting.runs import RUN_COLUMNS, JobRun, job_runs, run_table, totals_by_job
+from parcel_hpc.accounting.runs import RUN_COLUMNS, JobRun, job_runs, run_table, runs_by_job, totals_by_job
 from parcel_hpc.accounting.sacct import (
     DEFAULT_TIMEOUT_S,
     SACCT_FIELDS,
@@ -34,5 +34,6 @@ __all__ = [
     "parse_sacct",
     "run_sacct",
     "run_table",
+    "runs_by_job",
     "totals_by_job",
 ]

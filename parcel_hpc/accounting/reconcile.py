@@ -16,10 +16,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 from ..budget import BudgetCaps
-from ..ledger.records import TrialRecord
-from ..ledger.states import AttemptEnd, TrialState
+from ..ledger import AttemptEnd, Cause, TrialRecord, TrialState
 from ..report import counts_by_state
-from .runs import JobRun
+from .runs import JobRun, runs_by_job
 from .states import JobState
 
 SECONDS_PER_HOUR = 3600.0
@@ -111,16 +110,13 @@ def reconcile(
     the scheduler holds under the search's name or account (orphans are those the ledger lacks)."""
     by_trial = {r.trial_id: r for r in records}
     job_owner = {job: r.trial_id for r in records for job in r.jobs}
-    runs_by_job: dict[str, list[JobRun]] = {}
-    for a in runs:
-        runs_by_job.setdefault(a.job_id, []).append(a)
+    by_job = runs_by_job(runs)
     flags: list[Flag] = []
     lines: list[AttemptLine] = []
 
-    for job, job_runs in runs_by_job.items():
+    for job, job_runs in by_job.items():
         tid = job_owner.get(job, "")
         rec = by_trial.get(tid)
-        job_runs.sort(key=lambda a: a.attempt)
         started_runs = [a for a in job_runs if a.start is not None]
         ledger_attempts = [a for a in rec.attempts if a.job_id == job and a.started is not None] if rec else []
         if rec is not None and len(started_runs) != len(ledger_attempts):
@@ -140,7 +136,7 @@ def reconcile(
     known = set(job_owner)
     orphans: set[str] = set()
     for a in listed:
-        if a.job_id not in known and a.job_id not in runs_by_job:
+        if a.job_id not in known and a.job_id not in by_job:
             if a.job_id not in orphans:
                 orphans.add(a.job_id)
                 flags.append(
@@ -149,7 +145,7 @@ def reconcile(
             lines.append(_line("", a, None, "", "", caps))
     for r in records:
         for job in r.jobs:
-            if job not in runs_by_job and not r.state.is_finished():
+            if job not in by_job and not r.state.is_finished():
                 flags.append(Flag("unknown_to_scheduler", r.trial_id, job, "the ledger recorded this job but the scheduler has no accounting for it"))
 
     trials = tuple(_trial_line(r, [l for l in lines if l.trial_id == r.trial_id]) for r in records)
@@ -200,14 +196,14 @@ def _waste(rec: TrialRecord | None, led, a: JobRun) -> str:
         return ""
     if led is not None and (led.how is AttemptEnd.QUARANTINED or led.number <= rec.tainted_upto):
         return "quarantine"
-    cause = (led.cause if led is not None else "") or ""
-    if a.state is JobState.NODE_FAIL or cause == "node_fail":
+    cause = led.cause if led is not None else None
+    if a.state is JobState.NODE_FAIL or cause is Cause.NODE_FAIL:
         return "node_failure"
-    if a.state is JobState.PREEMPTED or cause == "preempted":
+    if a.state is JobState.PREEMPTED or cause is Cause.PREEMPTED:
         return "preemption"
-    if cause == "timeout" or a.state is JobState.TIMEOUT:
+    if cause is Cause.TIMEOUT or a.state is JobState.TIMEOUT:
         return "timeout"
-    if cause == "cancelled" or a.state.is_cancelled():
+    if cause is Cause.CANCELLED or a.state.is_cancelled():
         return "cancelled"
     if led is not None and led.how is AttemptEnd.LOST:
         return "lost"

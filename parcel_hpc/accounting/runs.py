@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Iterable
 
 import numpy as np
 import pyarrow as pa
@@ -61,7 +62,7 @@ RUN_COLUMNS = (
 _ALLOCATION_COLUMNS = [c for c in RUN_COLUMNS if c not in ("attempt", "is_last", "gpu_hours", "cpu_hours", "queue_wait_s")]
 _TOTALS_COLUMNS = ["job_id", "base_job_id", "array_task", "state", "exit_status", "submit", "start", "end", "elapsed_s", "gpus", "cpus", "line"]
 
-__all__ = ["RUN_COLUMNS", "JobRun", "job_runs", "run_table", "totals_by_job"]
+__all__ = ["RUN_COLUMNS", "JobRun", "job_runs", "run_table", "runs_by_job", "totals_by_job"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -294,3 +295,13 @@ def _check_times(submit: int | None, start: int | None, end: int | None, *, wher
         raise ValueError(f"{where}: Start ({start}) is before Submit ({submit})")
     if end is not None and start is not None and end < start:
         raise ValueError(f"{where}: End ({end}) is before Start ({start})")
+
+
+def runs_by_job(runs: Iterable[JobRun]) -> dict[str, list[JobRun]]:
+    """Each job id's runs in the order SLURM ran them (a requeued job has several)."""
+    by_job: dict[str, list[JobRun]] = {}
+    for run in runs:
+        by_job.setdefault(run.job_id, []).append(run)
+    for rows in by_job.values():
+        rows.sort(key=lambda r: r.attempt)
+    return by_job

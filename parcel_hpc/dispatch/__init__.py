@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from ..errors import UsageError
 from ..ledger import Executor, SearchDir
 from .base import Dispatcher, LauncherSettings, Submitted
-from .local import LocalDispatcher, local_job_alive
+from .local import LocalDispatcher
 from .slurm import SlurmDispatcher
 
 
@@ -35,4 +35,4 @@ def make_dispatcher(settings: LauncherSettings, search: SearchDir, env: Mapping[
     return SlurmDispatcher(settings, search.submitit_dir / "slurm", max_num_timeout=max_num_timeout, env=os.environ if env is None else env)
 
 
-__all__ = ["Dispatcher", "LauncherSettings", "LocalDispatcher", "SlurmDispatcher", "Submitted", "executor_kind", "local_job_alive", "make_dispatcher"]
+__all__ = ["Dispatcher", "LauncherSettings", "LocalDispatcher", "SlurmDispatcher", "Submitted", "executor_kind", "make_dispatcher"]

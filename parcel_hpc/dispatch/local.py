@@ -16,6 +16,7 @@ import submitit
 
 from ..errors import UsageError
 from ..ledger import Executor
+from ..processes import pid_alive
 from ..worker import TrialTask
 from .base import Dispatcher, LauncherSettings, Record, Submitted
 
@@ -66,25 +67,12 @@ class LocalDispatcher(Dispatcher):
         job = self.jobs.get(trial_id)
         if job is not None and str(job.job_id) == job_id:
             return not job.done()
-        return local_job_alive(job_id)  # a job of an earlier launch on this machine
+        return pid_alive(job_id)  # a job of an earlier launch on this machine
 
     def cancel(self, job_ids: Sequence[str]) -> None:
         for job_id in job_ids:
-            if local_job_alive(job_id):
+            if pid_alive(job_id):
                 os.kill(int(job_id), signal.SIGTERM)
 
     def describe(self, n: int) -> str:
         return f"submitit LocalExecutor: {n} trials as child processes, {self.parallelism} at a time, folder {self.folder}"
-
-
-def local_job_alive(job_id: str) -> bool:
-    """Whether the process with this pid lives on this host (and is no zombie)."""
-    try:
-        pid = int(job_id)
-    except ValueError:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, IndexError, ProcessLookupError):
-        return False

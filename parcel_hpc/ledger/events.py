@@ -224,6 +224,9 @@ class Event:
     def from_json(cls, obj: Mapping[str, Any], where: str = "journal") -> Event:
         try:
             kind = EventKind(obj["kind"])
+            if obj.get("how") == AttemptEnd.REJECTED.value and str(obj.get("cause", "")).startswith("reject:"):
+                # Journals written before the typed ledger said the outcome in ``cause``.
+                obj = {**{k: v for k, v in obj.items() if k != "cause"}, "outcome": obj["cause"]}
             payload_cls = PAYLOADS[kind]
             values = {}
             for f in fields(payload_cls):

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
-import sys
-from collections import Counter
 from pathlib import Path
 
 from rich.console import Console
@@ -14,12 +11,7 @@ from rich.table import Table
 
 from ..budget import render_commitment
 from ..ledger import SearchDir, TrialState
-from ..report import best_completed, compute_used, counts_by_state
-
-
-def make_console() -> Console:
-    # Piped output (CI logs, tests) gets a wide fixed width instead of rich's 80-column default.
-    return Console(highlight=False, width=None if sys.stdout.isatty() else max(160, shutil.get_terminal_size().columns))
+from ..report import best_completed, compute_used, count_states, counts_by_state
 
 
 def contract_line(contract, path: Path, created: bool, dry_run: bool = False) -> str:
@@ -91,9 +83,9 @@ class Progress:
         return self
 
     def update(self, states: list[TrialState]) -> None:
-        counts = Counter(states)
-        done = sum(n for s, n in counts.items() if s.is_finished())
-        text = " ".join(f"{s.value}={counts[s]}" for s in TrialState if counts.get(s))
+        counts = count_states(states)
+        done = sum(n for s, n in counts.items() if TrialState(s).is_finished())
+        text = " ".join(f"{s}={n}" for s, n in counts.items() if n)
         self._progress.update(self._task, completed=done, description=text)
         if not self.console.is_terminal and text != self._last:
             self.console.print(f"[progress] {done}/{len(self.trial_ids)} finished: {text}")

@@ -19,6 +19,7 @@ from rich.console import Console
 
 from .. import resolution
 from ..budget import BudgetDecision, launch_decision
+from ..console import make_console
 from ..contract import Contract, TrialIdentity, admit, first_difference, freeze_contract, load_contract
 from ..dispatch import Dispatcher, Submitted
 from ..errors import GovernanceRefusal, UsageError
@@ -64,7 +65,7 @@ class SearchLaunch:
     ) -> None:
         self.cfg = cfg
         self.dispatcher_factory = dispatcher_factory
-        self.console = console or display.make_console()
+        self.console = console or make_console()
         self.poll_s = poll_s
 
     def run(self) -> LaunchReport:
@@ -255,8 +256,8 @@ class Follower:
 
     def _resolve_vanished(self, record: TrialRecord) -> None:
         """Its job is gone but the ledger says running: record how the scheduler says it ended."""
-        records, facts = resolution.observe(self.search, [record])
-        resolution.record(self.search, resolution.resolve(records, facts), "launch")
+        records, facts = resolution.observe(self.search, [record], resolution.FOLLOWER, seen_ending=record.jobs[-1:])
+        resolution.record(resolution.resolve(records, facts, resolution.FOLLOWER), self.writer)
 
     def follow(self) -> None:
         with display.Progress(self.console, list(self.plans)) as progress:

@@ -23,8 +23,8 @@ from ..budget import reserve_attempt, settle_attempt
 from ..contract import Contract, TrialIdentity, WorkerObservation, admit, check_worker
 from ..data import load_partition, read_split, snapshot_digest
 from ..image import image_digest
-from ..ledger import AttemptEnd, Cause, Ended, Executor, SearchDir, Started, TrialState
-from ..lifecycle import interruption_counts
+from ..ledger import AttemptEnd, Cause, Ended, SearchDir, Started, TrialState
+from ..lifecycle import interruption_counts, previous_attempt_ending
 from ..pruning import MilestoneStore, make_pruner
 from . import quarantine
 from .features import featurize
@@ -36,7 +36,7 @@ PREVIOUS_ATTEMPT_WAIT_S = 90.0  # SLURM's KillWait plus slurmd's cleanup, with m
 
 
 def _same_trial(exc: claims.CheckpointCollision, plan: WorkerPlan) -> bool:
-    trial = getattr(exc.theirs, "trial", None)
+    trial = exc.their_trial
     return trial is not None and trial.trial_id == plan.trial_id and trial.config_hash == plan.config_hash
 
 
@@ -113,10 +113,9 @@ class AttemptRun:
 
     def _admit(self, contract: Contract) -> None:
         plan = self.plan
-        # What the plan says it runs against, compared with what the contract pins.
-        identity = replace(
-            TrialIdentity.for_contract(plan.trial_id, contract, plan.config_hash), image_digest=plan.image_digest, contract_digest=plan.contract_digest
-        )
+        # What the plan says it runs against, compared with what the contract pins (the plan's
+        # contract digest is compared as text below: a damaged one is a rejection, not a crash).
+        identity = replace(TrialIdentity.for_contract(plan.trial_id, contract, plan.config_hash), image_digest=plan.image_digest)
         outcome = admit(identity, contract)
         if outcome == "admit" and plan.contract_digest != contract.digest:
             outcome = "reject:contract_digest"
@@ -133,16 +132,7 @@ class AttemptRun:
         last = self.prior.attempts[-1] if self.prior.attempts else None
         if last is None or last.how is not None:
             return
-        requeued = self.facts.executor is Executor.SLURM and self.facts.restart_count > last.restart_count
-        self.ledger.resolved(
-            last.number,
-            Ended(
-                AttemptEnd.LOST,
-                Cause.REQUEUED_BY_SCHEDULER if requeued else Cause.LOST,
-                job_id=last.job_id,
-                message="the attempt ended without recording how; its job was requeued or resubmitted",
-            ),
-        )
+        self.ledger.resolved(last.number, previous_attempt_ending(last, self.facts))
         self.prior = self.search.record(self.plan.trial_id)
 
     def _claim(self, ckpt_dir: str, identity: TrialIdentity) -> claims.Claim:
@@ -153,7 +143,7 @@ class AttemptRun:
             try:
                 return claims.claim_directory(ckpt_dir, claims.ClaimIdentity.here(identity, job_id=self.facts.job_id, attempt=self.attempt))
             except claims.CheckpointCollision as exc:
-                theirs = getattr(exc.theirs, "attempt", None)
+                theirs = exc.their_attempt
                 if not _same_trial(exc, self.plan) or theirs is None:
                     raise
                 if theirs > self.attempt:

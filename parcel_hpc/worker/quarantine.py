@@ -42,10 +42,8 @@ def quarantine_collision(search: SearchDir, trial_id: str, attempt: int, exc: cl
 
 
 def _other_trial(exc: claims.CheckpointCollision, ours: str) -> str | None:
-    theirs = getattr(exc, "theirs", None)
-    trial = getattr(theirs, "trial", None)
-    tid = getattr(trial, "trial_id", None) or getattr(theirs, "trial_id", None)
-    return tid if tid and tid != ours else None
+    trial = exc.their_trial
+    return trial.trial_id if trial is not None and trial.trial_id != ours else None
 
 
 def _latest_attempt(search: SearchDir, trial_id: str) -> int:
