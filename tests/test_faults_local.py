@@ -19,6 +19,11 @@ def run(tmp_path, data_dir, rev, *overrides, **kw):
     return launch([f"search.root={tmp_path / 'runs'}", f"search.revision={rev}", *overrides], cwd=tmp_path, data_dir=data_dir, **kw)
 
 
+def launch_argv(tmp_path, rev, *overrides) -> list[str]:
+    """The launch command line, for tests that start it themselves (to kill it, race it, set its umask)."""
+    return [sys.executable, "-m", "parcel_hpc.launch", "-m", f"search.root={tmp_path / 'runs'}", f"search.revision={rev}", *overrides]
+
+
 def sd(tmp_path, rev) -> SearchDir:
     return SearchDir(tmp_path / "runs" / rev)
 
@@ -58,18 +63,7 @@ def test_two_trials_on_one_prefix_are_quarantined_and_rerun_clean(tmp_path, data
 
 
 def test_killed_worker_resumes_from_its_last_good_checkpoint(tmp_path, data_dir):
-    argv = [
-        sys.executable,
-        "-m",
-        "parcel_hpc.launch",
-        "-m",
-        f"search.root={tmp_path / 'runs'}",
-        "search.revision=killed",
-        "search.n_trials=1",
-        "pruner=none",
-        "train.step_seconds=0.08",
-        "checkpoint.keep_last=3",
-    ]
+    argv = launch_argv(tmp_path, "killed", "search.n_trials=1", "pruner=none", "train.step_seconds=0.08", "checkpoint.keep_last=3")
     launcher = subprocess.Popen(
         argv, cwd=tmp_path, env={**subprocess_env(data_dir, None)}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
@@ -118,18 +112,7 @@ def test_divergence_is_its_own_failure_class(tmp_path, data_dir):
 
 
 def test_duplicates_are_dispatched_once_even_by_two_concurrent_launchers(tmp_path, data_dir):
-    argv = [
-        sys.executable,
-        "-m",
-        "parcel_hpc.launch",
-        "-m",
-        f"search.root={tmp_path / 'runs'}",
-        "search.revision=dedup",
-        "space=tiny_r1",
-        "search.n_trials=12",
-        "pruner=none",
-        "train.step_seconds=0.01",
-    ]
+    argv = launch_argv(tmp_path, "dedup", "space=tiny_r1", "search.n_trials=12", "pruner=none", "train.step_seconds=0.01")
     procs = [
         subprocess.Popen(argv, cwd=tmp_path, env=subprocess_env(data_dir, None), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)
     ]
@@ -152,16 +135,7 @@ def test_duplicates_are_dispatched_once_even_by_two_concurrent_launchers(tmp_pat
 
 
 def test_nothing_in_the_search_is_world_writable_even_under_umask_0(tmp_path, data_dir):
-    argv = [
-        sys.executable,
-        "-m",
-        "parcel_hpc.launch",
-        "-m",
-        f"search.root={tmp_path / 'runs'}",
-        "search.revision=umask",
-        "search.n_trials=2",
-        f"checkpoint.dir={tmp_path / 'shared-ckpt'}",
-    ]
+    argv = launch_argv(tmp_path, "umask", "search.n_trials=2", f"checkpoint.dir={tmp_path / 'shared-ckpt'}")
     proc = subprocess.run(argv, cwd=tmp_path, env=subprocess_env(data_dir, None), capture_output=True, text=True, preexec_fn=lambda: os.umask(0))
     assert proc.returncode == 0, proc.stderr
     made = list((tmp_path / "runs").rglob("*")) + list((tmp_path / "shared-ckpt").rglob("*")) + [tmp_path / "shared-ckpt"]
