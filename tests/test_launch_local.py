@@ -105,6 +105,8 @@ def test_pinned_snapshot_digest_must_match(tmp_path, data_dir):
         ("snapshot.path=/nonexistent/parcels.h5", "make-snapshot"),
         ("search.root=/proc/forbidden", "not writable"),
         ("search.n_trials=1,2", "sweep override"),
+        ("hydra/launcher=basic", "submitit_local or submitit_slurm"),
+        ("hydra.launcher.submitit_folder=/x", "submitit_folder"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, data_dir, override, needle):

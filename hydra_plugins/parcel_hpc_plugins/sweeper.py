@@ -41,5 +41,5 @@ class ParcelSweeper(Sweeper):
         launcher = OmegaConf.to_container(self.config.hydra.launcher, resolve=True, throw_on_missing=True)
         job_cfg = OmegaConf.masked_copy(self.config, [k for k in self.config if k != "hydra"])
         cfg = OmegaConf.to_container(job_cfg, resolve=True, throw_on_missing=True)
-        settings = LauncherSettings(executor_kind(launcher.pop("kind")), launcher, cfg["resources"], cfg["budget"])
+        settings = LauncherSettings(executor_kind(launcher.pop("kind", None)), launcher, cfg["resources"], cfg["budget"])
         return SearchLaunch(cfg, lambda search: make_dispatcher(settings, search)).run()

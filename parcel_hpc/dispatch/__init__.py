@@ -18,12 +18,13 @@ from .local import LocalDispatcher
 from .slurm import SlurmDispatcher
 
 
-def executor_kind(kind: str) -> Executor:
-    """The launcher group's ``kind`` as an Executor, or one line saying which launchers exist."""
+def executor_kind(kind: str | None) -> Executor:
+    """The launcher group's ``kind`` as an Executor, or one line saying which launchers exist
+    (Hydra's own ``hydra/launcher=basic`` has no kind: it runs task functions, not governed trials)."""
     try:
         return Executor(kind)
     except ValueError:
-        raise UsageError(f"launcher kind {kind!r} is unknown; use hydra/launcher=submitit_local or submitit_slurm") from None
+        raise UsageError(f"launcher kind {kind!r} is not a parcel_hpc launcher; use hydra/launcher=submitit_local or submitit_slurm") from None
 
 
 def make_dispatcher(settings: LauncherSettings, search: SearchDir, env: Mapping[str, str] | None = None) -> Dispatcher:
