@@ -3,6 +3,9 @@
 Every trial appears, failed and pruned ones included. When the trials' jobs live on SLURM and the
 controller answers, running and queued trials show the scheduler's own word (pending, running,
 requeued); when it does not answer, the table says so instead of guessing.
+
+Must not write a byte under the search (admins read other people's searches): a trial whose job is
+definitely gone is shown resolved, folded in memory and marked not yet recorded (``resolution``).
 """
 
 from __future__ import annotations
