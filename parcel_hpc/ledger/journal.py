@@ -53,6 +53,7 @@ class TrialWriter:
         self.writer = writer or writer_name(role)
         self._clock = clock
         self._seq = 0
+        self._dir_ready = False
 
     @property
     def path(self) -> Path:
@@ -61,7 +62,9 @@ class TrialWriter:
     def _append(self, kind: EventKind, payload: Payload, attempt: int = 0) -> Event:
         self._seq += 1
         event = Event(kind, round(self._clock(), 6), self.writer, self._seq, attempt, payload)
-        fsio.ensure_dir(self.trial_dir)
+        if not self._dir_ready:  # once per writer, on its first event: a writer that says nothing creates nothing
+            fsio.ensure_dir(self.trial_dir)
+            self._dir_ready = True
         fsio.append_jsonl(self.path, event.to_json())
         return event
 
