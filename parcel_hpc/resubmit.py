@@ -21,7 +21,7 @@ from .accounting import JobRun, JobState
 from .budget import launch_decision
 from .dispatch import Dispatcher, LauncherSettings, Submitted, make_dispatcher
 from .errors import SchedulerUnavailable, UsageError
-from .ledger import Event, SearchDir, TrialSpec, TrialWriter, fold, preview
+from .ledger import Event, SearchDir, TrialRecord, TrialWriter, fold, preview
 from .lifecycle import Action, RetryPolicy, next_action
 from .resolution import Resolution, SchedulerFacts
 from .sweep.search import Follower
@@ -44,7 +44,8 @@ class ResubmitPlan:
 
 
 def decide(
-    histories: Iterable[tuple[TrialSpec, Sequence[Event]]],
+    records: Iterable[TrialRecord],
+    events: Mapping[str, Sequence[Event]],
     facts: SchedulerFacts,
     *,
     dispatches: Mapping[str, int],
@@ -52,15 +53,15 @@ def decide(
     now: float,
     in_flight: Iterable[str] = (),
 ) -> ResubmitPlan:
-    """What to resolve, resubmit and give up on (pure). Each trial's record is folded from its events
-    plus the resolution this plan would write, so the decision reads exactly what the ledger will say.
+    """What to resolve, resubmit and give up on (pure). A trial this plan resolves is decided on its
+    events folded with the resolution it would write (``events`` holds the histories of the trials
+    whose last attempt needs one), so the decision reads exactly what the ledger will say.
 
     ``in_flight``: trials whose latest dispatch another launcher claimed and has not submitted yet.
     """
     in_flight = set(in_flight)
     resolve, resubmit, give_up, untouched = [], [], [], []
-    for spec, events in histories:
-        rec = fold(spec, events)
+    for rec in records:
         if rec.state.is_finished():
             untouched.append((rec.trial_id, rec.state.value))
             continue
@@ -76,7 +77,7 @@ def decide(
             continue
         for res in resolution.resolve([rec], facts, resolution.RESUBMIT):
             resolve.append(res)
-            rec = fold(spec, [*events, preview(res.attempt, res.ending, now)])
+            rec = fold(rec.spec, [*events[rec.trial_id], preview(res.attempt, res.ending, now)])
         nxt = next_action(rec, dispatches=dispatches.get(rec.trial_id, 0), job_alive=False, policy=policy)
         if nxt.action in (Action.RETRY, Action.DISPATCH):
             why = _why(rec.cause.value if rec.cause is not None else "lost", facts.runs.get(job, ()), nxt.reason)
@@ -117,9 +118,11 @@ def run(search: SearchDir, *, dry_run: bool, wait: bool, console: Console) -> Re
     if facts.slurm_error:
         raise SchedulerUnavailable(facts.slurm_error)
     launch_id = "resubmit-" + time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
-    histories = [(r.spec, search.events(r.trial_id)) for r in records]
+    # Only the trials a resolution may touch are read again: their previews fold over their events.
+    events = {r.trial_id: search.events(r.trial_id) for r in records if resolution.needs_resolution(r)}
     plan = decide(
-        histories,
+        records,
+        events,
         facts,
         dispatches={r.trial_id: search.dispatch_count(r.trial_id) for r in records},
         policy=RetryPolicy.from_budget(contract["budget"]),

@@ -188,3 +188,54 @@ def test_journals_written_before_the_typed_ledger_still_fold(tmp_path):
     (tmp_path / "journal-old.jsonl").write_text("\n".join(lines) + "\n")
     rec = fold(SPEC, read_events(tmp_path))
     assert rec.state is TrialState.REJECTED and rec.reason == "reject:image_digest"
+
+
+def _slurm_run(job_id, state, node="n2", attempt=0):
+    from parcel_hpc.accounting import JobRun, JobState
+
+    base, task = job_id.split("_")
+    return JobRun(
+        job_id=job_id,
+        raw_job_id=int(base) + int(task),
+        base_job_id=int(base),
+        array_task=int(task),
+        attempt=attempt,
+        state=JobState[state],
+        exit_status=0,
+        exit_signal=0,
+        node_list=node,
+        partition="low",
+        account="",
+        submit=1,
+        start=2,
+        end=3,
+        elapsed_s=1,
+        gpus=1,
+        cpus=1,
+        line=1,
+    )
+
+
+def test_resubmit_decides_on_the_record_as_its_resolution_will_leave_it():
+    from parcel_hpc.resolution import SchedulerFacts
+    from parcel_hpc.resubmit import decide
+
+    running = [ev("submitted", 1, job_id="7_0"), ev("started", 2, attempt=1, job_id="7_0", executor="slurm")]
+    node_failed = fold(SPEC, running)
+    done = fold(
+        TrialSpec("t0002", 2, {}, 1, SPEC.config_hash.replace("1", "4"), SPEC.contract_digest, SPEC.image_digest, {}),
+        [
+            ev("submitted", 1, job_id="7_1"),
+            ev("started", 2, attempt=1, job_id="7_1", executor="slurm"),
+            ev("ended", 3, attempt=1, how="completed", metric=0.3, step=82),
+        ],
+    )
+    facts = SchedulerFacts("h", queued={}, runs={"7_0": [_slurm_run("7_0", "NODE_FAIL")]})
+    plan = decide([node_failed, done], {"t0001": running}, facts, dispatches={"t0001": 1}, policy=POLICY, now=9.0)
+    assert [(r.trial_id, r.ending.how.value, r.ending.cause.value) for r in plan.resolve] == [("t0001", "interrupted", "node_fail")]
+    assert [(r.trial_id, r.exclude_nodes) for r in plan.resubmit] == [("t0001", ("n2",))]
+    assert "node_fail (NODE_FAIL)" in plan.resubmit[0].reason
+    assert plan.untouched == (("t0002", "completed"),)
+    # Still queued: nothing is resolved or resubmitted.
+    alive = SchedulerFacts("h", queued={"7_0": object()})
+    assert decide([node_failed], {"t0001": running}, alive, dispatches={"t0001": 1}, policy=POLICY, now=9.0).resubmit == ()
