@@ -30,6 +30,14 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("out_dir", type=Path)
     s.add_argument("--seed", type=int, default=0)
 
+    s = sub.add_parser("check-trainer", help="check a trainer against the interface a search relies on (resume, determinism, serving parity)")
+    s.add_argument("target", metavar="PACKAGE.MODULE:NAME")
+    s.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="a trial parameter (repeat); VALUE is JSON or text")
+    s.add_argument("--data", type=Path, default=Path("data"), metavar="DIR", help="snapshot and split directory (default %(default)s)")
+    s.add_argument("--seed", type=int, default=1234)
+    s.add_argument("--steps", type=int, default=12, metavar="N", help="steps before and after the checkpoint (default %(default)s)")
+    s.add_argument("--preprocessing", default="stats-r1", metavar="REVISION", help="feature revision (default %(default)s)")
+
     s = sub.add_parser("status", help="counts by state and a per-trial table")
     s.add_argument("search_dir", type=Path)
     s.add_argument("--json", action="store_true", help="print one JSON object")
@@ -71,6 +79,8 @@ def main(argv: list[str] | None = None) -> None:
     with exit_on_error():
         if args.command == "make-snapshot":
             _make_snapshot(args)
+        elif args.command == "check-trainer":
+            _check_trainer(args)
         elif args.command == "status":
             _status(args)
         elif args.command == "sync":
@@ -89,6 +99,27 @@ def _make_snapshot(args) -> None:
     out = make_default_artifacts(args.out_dir, seed=args.seed)
     for key, value in out.items():
         print(f"{key}: {value}")
+
+
+def _check_trainer(args) -> None:
+    from .errors import UsageError
+    from .trainer import conformance
+
+    params = {}
+    for item in args.param:
+        name, sep, text = item.partition("=")
+        if not sep or not name:
+            raise UsageError(f"--param {item!r} is not NAME=VALUE; e.g. --param lr=0.01")
+        try:
+            params[name] = json.loads(text)
+        except ValueError:
+            params[name] = text
+    if args.steps < 1:
+        raise UsageError(f"--steps {args.steps} must be >= 1")
+    ok = conformance.run(
+        args.target, args.data, params, seed=args.seed, steps=args.steps, preprocessing={"revision": args.preprocessing, "pool": 4}, console=make_console()
+    )
+    raise SystemExit(0 if ok else 1)
 
 
 def _status(args) -> None:

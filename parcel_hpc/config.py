@@ -52,6 +52,13 @@ class ImageConf:
 
 
 @dataclass
+class TrainerConf:
+    """The model a search trains: the ``trainer`` group's options (conf/trainer/), or your own class."""
+
+    target: str = MISSING  # PACKAGE.MODULE:NAME of a parcel_hpc.trainer.Trainer, importable by launch and workers
+
+
+@dataclass
 class ResourcesConf:
     gpus: int = 1  # GPUs per trial
     cpus: int = 1  # CPUs per trial
@@ -117,6 +124,7 @@ class ParcelConf:
     metric: MetricConf = field(default_factory=MetricConf)
     space: SpaceConf = field(default_factory=SpaceConf)
     image: ImageConf = field(default_factory=ImageConf)
+    trainer: TrainerConf = field(default_factory=TrainerConf)
     resources: ResourcesConf = field(default_factory=ResourcesConf)
     budget: BudgetConf = field(default_factory=BudgetConf)
     checkpoint: CheckpointConf = field(default_factory=CheckpointConf)

@@ -31,6 +31,7 @@ PINNED_ORDER = (
     "metric_revision",
     "search_revision",
     "image_digest",
+    "trainer",
     "split_method",
     "space",
     "preprocessing",
@@ -209,6 +210,7 @@ class WorkerObservation:
     split_digest: str
     split_method: str
     image_digest: str
+    trainer: Mapping[str, Any]  # trainer_identity() of the code this worker imported
 
 
 def check_worker(observed: WorkerObservation, contract: Contract) -> str:
@@ -219,6 +221,8 @@ def check_worker(observed: WorkerObservation, contract: Contract) -> str:
         return "reject:split_digest"
     if observed.image_digest != contract["image_digest"]:
         return "reject:image_digest"
+    if _plain(observed.trainer) != _plain(contract.fields.get("trainer")):
+        return "reject:trainer"
     return ADMIT
 
 

@@ -25,6 +25,7 @@ FIELDS = {
     "metric_revision": "miss-cost-r3",
     "search_revision": "parcel-search-r1",
     "image_digest": "sha256:" + "c" * 64,
+    "trainer": {"target": "parcel_hpc.trainer.numpy_mlp:NumpyMLP", "unit": "step", "source_digest": "sha256:" + "e" * 64},
     "space": {"revision": "space-r4", "params": {"lr": {"type": "loguniform", "low": 0.001, "high": 0.3}}},
     "resources": {"gpus": 1, "cpus": 1},
 }
@@ -76,11 +77,14 @@ def test_admission_rejects_another_image():
 
 def test_worker_check_compares_what_it_opened():
     c = Contract(FIELDS)
-    ok = WorkerObservation(FIELDS["snapshot_digest"], FIELDS["split_digest"], "group", FIELDS["image_digest"])
+    ok = WorkerObservation(FIELDS["snapshot_digest"], FIELDS["split_digest"], "group", FIELDS["image_digest"], FIELDS["trainer"])
     assert check_worker(ok, c) == ADMIT
-    assert check_worker(WorkerObservation("sha256:new", ok.split_digest, "group", ok.image_digest), c) == "reject:snapshot_digest"
-    assert check_worker(WorkerObservation(ok.snapshot_digest, "sha256:rnd", "random", ok.image_digest), c) == "reject:split_digest"
-    assert check_worker(WorkerObservation(ok.snapshot_digest, ok.split_digest, "group", "sha256:newer"), c) == "reject:image_digest"
+    assert check_worker(WorkerObservation("sha256:new", ok.split_digest, "group", ok.image_digest, ok.trainer), c) == "reject:snapshot_digest"
+    assert check_worker(WorkerObservation(ok.snapshot_digest, "sha256:rnd", "random", ok.image_digest, ok.trainer), c) == "reject:split_digest"
+    assert check_worker(WorkerObservation(ok.snapshot_digest, ok.split_digest, "group", "sha256:newer", ok.trainer), c) == "reject:image_digest"
+    edited = {**FIELDS["trainer"], "source_digest": "sha256:" + "f" * 64}
+    assert check_worker(WorkerObservation(ok.snapshot_digest, ok.split_digest, "group", ok.image_digest, edited), c) == "reject:trainer"
+    assert check_worker(WorkerObservation(ok.snapshot_digest, ok.split_digest, "group", ok.image_digest, {}), c) == "reject:trainer"
 
 
 def test_first_difference_follows_pinned_order_then_names():

@@ -6,11 +6,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 from parcel_hpc.ledger import SearchDir
 from parcel_hpc.testing import faults, launch, parcel_hpc
-from parcel_hpc.testing.runs import subprocess_env
+from parcel_hpc.testing.runs import subprocess_env, wait_for
 from parcel_hpc.worker.training import STEP_HOOK_ENV
 
 
@@ -32,16 +31,6 @@ def reference(tmp_path, data_dir, n=1) -> list[float]:
     res = run(tmp_path, data_dir, "reference", f"search.n_trials={n}", "pruner=none")
     assert res.returncode == 0, res.stderr
     return [r.metric for r in sd(tmp_path, "reference").records()]
-
-
-def wait_for(predicate, timeout, what):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_two_trials_on_one_prefix_are_quarantined_and_rerun_clean(tmp_path, data_dir):

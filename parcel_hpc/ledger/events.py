@@ -56,12 +56,14 @@ class Cause(str, enum.Enum):
     EXCEPTION = "exception"
     DIVERGED = "diverged"
     OUT_OF_MEMORY = "out_of_memory"
+    UNSAVABLE_STATE = "unsavable_state"  # the trainer's state is not arrays and JSON scalars
+    INVALID_PREDICTIONS = "invalid_predictions"  # the trainer's predictions are not one probability per example
     # Governance.
     CHECKPOINT_COLLISION = "checkpoint_collision"  # quarantine: two trials on one checkpoint prefix
     RETRIES_EXHAUSTED = "retries_exhausted"
 
     def is_training_failure(self) -> bool:
-        return self in (Cause.EXCEPTION, Cause.DIVERGED, Cause.OUT_OF_MEMORY)
+        return self in (Cause.EXCEPTION, Cause.DIVERGED, Cause.OUT_OF_MEMORY, Cause.UNSAVABLE_STATE, Cause.INVALID_PREDICTIONS)
 
     def is_infrastructure(self) -> bool:
         return self in _INFRASTRUCTURE
@@ -121,6 +123,7 @@ class Milestone:
     step: int
     value: float
     is_milestone: bool = True  # False: the final step off the milestone grid (never a peer)
+    train: Mapping[str, float] | None = None  # the trainer's metrics of this step (loss, ...)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from .. import fsio
@@ -92,8 +92,8 @@ class TrialWriter:
     def resumed(self, attempt: int, step: int) -> Event:
         return self._append(EventKind.RESUMED, Resumed(step), attempt)
 
-    def milestone(self, attempt: int, step: int, value: float, is_milestone: bool) -> Event:
-        return self._append(EventKind.MILESTONE, Milestone(step, value, is_milestone), attempt)
+    def milestone(self, attempt: int, step: int, value: float, is_milestone: bool, train: Mapping[str, float] | None = None) -> Event:
+        return self._append(EventKind.MILESTONE, Milestone(step, value, is_milestone, dict(train) if train else None), attempt)
 
     def checkpoint_skipped(self, attempt: int, path: str, reason: str) -> Event:
         return self._append(EventKind.CHECKPOINT_SKIPPED, CheckpointSkipped(path, reason), attempt)

@@ -16,7 +16,8 @@ from ..report import best_completed, compute_used, count_states, counts_by_state
 
 def contract_line(contract, path: Path, created: bool, dry_run: bool = False) -> str:
     verb = ("would freeze" if dry_run else "froze") if created else "matched frozen"
-    return f"[bold]{verb}[/] contract {contract.digest[:19]}… in {path}"
+    trainer = contract.fields.get("trainer") or {}
+    return f"[bold]{verb}[/] contract {contract.digest[:19]}… in {path} (trainer {trainer.get('target', '?')}, source {str(trainer.get('source_digest', ''))[:15]}…)"
 
 
 def commitment_text(decision) -> str:

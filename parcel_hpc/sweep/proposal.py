@@ -16,6 +16,7 @@ from ..contract import Contract, config_hash
 from ..errors import GovernanceRefusal, UsageError
 from ..image import image_digest
 from ..ledger.records import TrialSpec
+from ..trainer import trainer_identity
 from ..worker.plan import WorkerPlan
 from .space import sample
 
@@ -72,6 +73,7 @@ def build_contract(cfg: Mapping[str, Any]) -> Contract:
         "preprocessing": dict(cfg["preprocessing"]),
         "image_digest": image_digest(cfg["image"]),
         "image_kind": cfg["image"]["kind"],
+        "trainer": trainer_identity(cfg["trainer"]["target"]),
         "train": dict(cfg["train"]),
         "resources": {k: cfg["resources"][k] for k in PINNED_RESOURCES},
         "budget": dict(cfg["budget"]),

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..worker.model import Diverged
+from ..trainer import Diverged
 
 HOOK = "parcel_hpc.testing.faults:inject"
 FAULT_STEP = 5

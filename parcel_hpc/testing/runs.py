@@ -8,9 +8,11 @@ import pickle
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -55,3 +57,14 @@ def run_trial_directly(plan, *, env: Mapping[str, str] | None = None, timeout: f
     proc = subprocess.run([sys.executable, "-c", code], env=subprocess_env(None, env), capture_output=True, text=True, timeout=timeout)
     os.unlink(f.name)
     return LaunchResult(proc.returncode, proc.stdout, proc.stderr)
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, every: float = 0.2) -> Any:
+    """Poll ``predicate`` until it returns something truthy (returned); fail after ``timeout`` seconds."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")

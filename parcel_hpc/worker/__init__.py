@@ -2,10 +2,11 @@
 
 task.py      TrialTask, what submitit pickles and runs (one call is one attempt)
 attempt.py   AttemptRun: one attempt, every transition journaled
-training.py  the training loop (steps, checkpoint cadence, validation)
+training.py  the training loop around a trainer (steps, checkpoint cadence, validation)
+signals.py   the scheduler's signal, held until the trainer is between steps
+guard.py     the fence between trainer code and the final partition's files
 plan.py      WorkerPlan, what the worker is told
 jobenv.py    the scheduler's facts from the environment; preemption or time limit
-model.py, features.py   the built-in numpy model and its features
 quarantine.py           two trials on one checkpoint prefix
 """
 

@@ -3,12 +3,13 @@
 Order matters and is the point of this module:
 1. admission against the frozen contract, then the worker's own check of what it actually opened;
 2. the checkpoint-directory claim (a collision quarantines both trials before any training);
-3. resume from the last good checkpoint, or start;
+3. build the researcher's trainer on the loader's arrays; resume it from the last good checkpoint;
 4. train (``training.py``); report at milestones only; the stop rule compares same-milestone peers;
-5. end: completed with its metric, pruned, failed with a class, interrupted, or quarantined.
+5. end: completed with its metric, pruned, failed with a class, interrupted, quarantined, or
+   rejected (also when the trainer asks for the final partition).
 
-The attempt is the only holder of its training state: the loop hands each new state back through a
-callback, and ``interrupt`` (the scheduler's signal) checkpoints that state.
+The trainer's state is taken only between steps: the scheduler's signal is held until the next step
+boundary (``signals.py``), where ``interrupt`` checkpoints it.
 """
 
 from __future__ import annotations
@@ -21,16 +22,28 @@ from .. import checkpoints as ckpt
 from .. import claims
 from ..budget import reserve_attempt, settle_attempt
 from ..contract import Contract, TrialIdentity, WorkerObservation, admit, check_worker
-from ..data import load_partition, read_split, snapshot_digest
+from ..data import read_split, snapshot_digest
+from ..errors import UsageError
 from ..image import image_digest
 from ..ledger import AttemptEnd, Cause, Ended, SearchDir, Started, TrialState
 from ..lifecycle import interruption_counts, previous_attempt_ending
 from ..pruning import MilestoneStore, make_pruner
-from . import quarantine
-from .features import featurize
-from .model import Diverged, TrainState, init_state
+from ..trainer import (
+    FINAL_PARTITION_OUTCOME,
+    Diverged,
+    InvalidPredictions,
+    Trainer,
+    TrainerState,
+    TrainingData,
+    UnsavableState,
+    load_training_data,
+    make_trainer,
+    trainer_identity,
+)
+from . import guard, quarantine
 from .plan import WorkerPlan
-from .training import LoopCallbacks, hyper_of, step_hooks, train
+from .signals import StepBoundarySignals
+from .training import LoopCallbacks, step_hooks, train
 
 PREVIOUS_ATTEMPT_WAIT_S = 90.0  # SLURM's KillWait plus slurmd's cleanup, with margin
 
@@ -56,7 +69,10 @@ class AttemptRun:
         self.store: ckpt.CheckpointStore | None = None
         self.milestones = MilestoneStore(self.search.path, plan.pruner["milestones"])
         self.pruner = make_pruner(plan.pruner)
-        self.current: TrainState | None = None  # the newest whole training state
+        self.trainer: Trainer | None = None  # set once built; its state is whole between steps
+        self.step = 0  # steps the trainer has done
+        self.data: TrainingData | None = None
+        self.protected_opens: list[str] = []  # protected files the trainer tried to open
         self.ended = False
         self.reserved = False
         self.started_at = 0.0
@@ -80,14 +96,20 @@ class AttemptRun:
             ckpt_dir = self._checkpoint_dir()
             claim = self._claim(ckpt_dir, identity)
             self.store = ckpt.CheckpointStore(ckpt_dir, identity, keep_last=plan.keep_last, claim=claim)
-            data = self._load_data()
-            state = self._resume_or_start(data["x_train"].shape[1])
-            if state.step:
-                self.ledger.resumed(self.attempt, state.step)
-            state, value = train(plan, state, data, LoopCallbacks(self._hold, self._save, self._validated), step_hooks())
-            self._end(Ended(AttemptEnd.COMPLETED, metric=value, step=state.step))
+            data = self.data = load_training_data(plan.snapshot_path, read_split(plan.split_path), plan.preprocessing)
+            trainer = make_trainer(contract["trainer"])
+            with guard.protected_files(plan.split_path, plan.snapshot_path) as self.protected_opens, StepBoundarySignals() as held:
+                trainer.build(plan.params, plan.seed, data)
+                self.step = self._resume(trainer)
+                self.trainer = trainer
+                self._stop_if_final_requested()
+                if self.step:
+                    self.ledger.resumed(self.attempt, self.step)
+                step, value = train(plan, trainer, data, self.step, LoopCallbacks(self._stepped, self._save, self._validated, held.deliver), step_hooks())
+            self._stop_if_final_requested()
+            self._end(Ended(AttemptEnd.COMPLETED, metric=value, step=step))
             claim.release()
-            return {"trial_id": plan.trial_id, "state": TrialState.COMPLETED.value, "metric": value, "step": state.step}
+            return {"trial_id": plan.trial_id, "state": TrialState.COMPLETED.value, "metric": value, "step": step}
         except claims.CheckpointCollision as exc:
             if _same_trial(exc, plan):
                 # A newer attempt of this same trial took the directory over (we were presumed dead,
@@ -101,14 +123,12 @@ class AttemptRun:
             return {"trial_id": plan.trial_id, "state": TrialState.QUARANTINED.value, "reason": str(exc)}
         except StopAttempt as exc:
             return {"trial_id": plan.trial_id, "state": str(exc)}
-        except Diverged as exc:
-            self._fail(Cause.DIVERGED, exc)
-            raise
-        except MemoryError as exc:
-            self._fail(Cause.OUT_OF_MEMORY, exc)
-            raise
         except Exception as exc:
-            self._fail(Cause.EXCEPTION, exc)
+            if self._final_requests():
+                # Refused or fenced and not caught (or caught, then failing): the request is the result.
+                self._reject_final()
+                return {"trial_id": plan.trial_id, "state": TrialState.REJECTED.value, "outcome": FINAL_PARTITION_OUTCOME}
+            self._fail(_failure_class(exc), exc)
             raise
 
     def _admit(self, contract: Contract) -> None:
@@ -119,12 +139,20 @@ class AttemptRun:
         outcome = admit(identity, contract)
         if outcome == "admit" and plan.contract_digest != contract.digest:
             outcome = "reject:contract_digest"
+        reason = outcome
         if outcome == "admit":
             split = read_split(plan.split_path)
-            observed = WorkerObservation(snapshot_digest(plan.snapshot_path), split.digest, split.method.value, image_digest(plan.image))
-            outcome = check_worker(observed, contract)
+            problem = ""
+            try:
+                trainer = trainer_identity(contract["trainer"]["target"])
+            except UsageError as exc:  # the trainer does not import here: another environment than the launch's
+                trainer, problem = {}, str(exc)
+            observed = WorkerObservation(snapshot_digest(plan.snapshot_path), split.digest, split.method.value, image_digest(plan.image), trainer)
+            outcome = reason = check_worker(observed, contract)
+            if problem and outcome == "reject:trainer":
+                reason = f"{outcome}: {problem}"
         if outcome != "admit":
-            self._end(Ended(AttemptEnd.REJECTED, outcome=outcome, reason=outcome))
+            self._end(Ended(AttemptEnd.REJECTED, outcome=outcome, reason=reason))
             raise StopAttempt(TrialState.REJECTED.value)
 
     def _resolve_unended_attempt(self) -> None:
@@ -169,36 +197,36 @@ class AttemptRun:
             return str(self.search.path / "checkpoints-clean" / f"{self.plan.trial_id}-q{self.prior.tainted_upto}")
         return self.plan.checkpoint_dir()
 
-    def _load_data(self) -> dict:
-        plan = self.plan
-        split = read_split(plan.split_path)
-        train_part = load_partition(plan.snapshot_path, split, "train")
-        val = load_partition(plan.snapshot_path, split, "validation")
-        x_train, (x_val,) = featurize(train_part.images, [val.images], plan.preprocessing["revision"], int(plan.preprocessing["pool"]))
-        return {"x_train": x_train, "y_train": train_part.labels, "x_val": x_val, "y_val": val.labels}
-
-    def _resume_or_start(self, n_features: int) -> TrainState:
+    def _resume(self, trainer: Trainer) -> int:
+        """Give the built trainer its last good checkpoint; the step it resumes at (0: a fresh start)."""
         latest = self.store.load_latest()
         for problem in self.store.problems:
             self.ledger.checkpoint_skipped(self.attempt, str(problem.path), problem.reason)
         if latest is None:
-            state = init_state(n_features, hyper_of(self.plan), self.plan.seed)
-        else:
-            state = TrainState(latest.step, dict(latest.params), dict(latest.optimizer), latest.rng_state)
-        self._hold(state)
-        return state
+            return 0
+        trainer.load_state(TrainerState(latest.params, latest.extra or {}))
+        return latest.step
 
     # --- the loop's callbacks -----------------------------------------------------------------
-    def _hold(self, state: TrainState) -> None:
-        self.current = state
+    def _stepped(self, step: int) -> None:
+        self.step = step
+        self._stop_if_final_requested()
 
-    def _save(self, state: TrainState) -> None:
-        self.store.save(state.step, state.params, state.opt, state.rng_state)
+    def _save(self, step: int) -> None:
+        state = self.trainer.state()
+        if not isinstance(state, TrainerState):
+            raise UnsavableState(f"state() returned a {type(state).__name__}; return parcel_hpc.trainer.TrainerState(arrays, scalars)")
+        state = state.checked()
+        try:
+            # Arrays go to the checkpoint's params section, scalars (JSON) to its extra.
+            self.store.save(step, state.arrays, {}, {}, extra=state.scalars)
+        except UsageError as exc:  # a name or value the checkpoint format refuses
+            raise UnsavableState(str(exc)) from None
 
-    def _validated(self, step: int, value: float, final: bool) -> None:
+    def _validated(self, step: int, value: float, final: bool, train_metrics: dict[str, float]) -> None:
         self._stop_if_quarantined()
         is_milestone = self.milestones.report(self.plan.trial_id, step, value, self.attempt)
-        self.ledger.milestone(self.attempt, step, value, is_milestone)
+        self.ledger.milestone(self.attempt, step, value, is_milestone, train_metrics)
         if final or not is_milestone:
             return
         decision = self.milestones.decide(self.pruner, self.plan.trial_id, step)
@@ -214,6 +242,22 @@ class AttemptRun:
             )
             raise StopAttempt(TrialState.PRUNED.value)
 
+    def _final_requests(self) -> list[str]:
+        asked = list(self.data.asked_for_final) if self.data is not None else []
+        return asked + [f"opened {path}" for path in self.protected_opens]
+
+    def _stop_if_final_requested(self) -> None:
+        """A trainer that asked for the final partition is rejected, even if it caught the refusal."""
+        if self._final_requests():
+            self._reject_final()
+            raise StopAttempt(TrialState.REJECTED.value)
+
+    def _reject_final(self) -> None:
+        asked = ", ".join(self._final_requests())
+        self._end(
+            Ended(AttemptEnd.REJECTED, outcome=FINAL_PARTITION_OUTCOME, step=self.step, reason=f"{FINAL_PARTITION_OUTCOME}: the trainer asked for {asked}")
+        )
+
     def _stop_if_quarantined(self) -> None:
         if self.search.is_quarantined_attempt(self.plan.trial_id, self.attempt):
             self._end(Ended(AttemptEnd.QUARANTINED, Cause.CHECKPOINT_COLLISION, reason="quarantined while running"))
@@ -228,21 +272,21 @@ class AttemptRun:
                 settle_attempt(self.search.path, self.contract, self.plan.trial_id, self.attempt, self.started_at)
 
     def _fail(self, cause: Cause, exc: BaseException) -> None:
-        step = self.current.step if self.current is not None else 0
         # A configuration that fails twice with the same class is a result about the design.
-        self._end(Ended(AttemptEnd.FAILED, cause, final=cause in self.prior.failures, step=step, message=f"{type(exc).__name__}: {exc}"[:500]))
+        self._end(Ended(AttemptEnd.FAILED, cause, final=cause in self.prior.failures, step=self.step, message=f"{type(exc).__name__}: {exc}"[:500]))
 
     def interrupt(self, cause: Cause) -> bool:
         """On the scheduler's signal: checkpoint, record, and say whether to requeue."""
         if self.ended:
             return False  # the attempt already ended (a result, a rejection): nothing to requeue
-        state = self.current
-        if state is not None and self.store is not None and state.step > 0:
+        if self.trainer is not None and self.store is not None and self.step > 0:
             try:
-                self._save(state)
+                self._save(self.step)  # between steps: the signal was held until the trainer's state was whole
             except claims.CheckpointCollision:
                 return False
-        self._end(Ended(AttemptEnd.INTERRUPTED, cause, step=state.step if state is not None else 0))
+            except UnsavableState:
+                pass  # resumes from the last cadence checkpoint instead
+        self._end(Ended(AttemptEnd.INTERRUPTED, cause, step=self.step))
         preempted, other = interruption_counts(self.prior)
         preempted, other = (preempted + 1, other) if cause is Cause.PREEMPTED else (preempted, other + 1)
         limit = self.plan.policy.exceeded(preempted, other)
@@ -250,3 +294,16 @@ class AttemptRun:
             self.ledger.gave_up(limit, self.attempt)
             return False
         return True
+
+
+def _failure_class(exc: BaseException) -> Cause:
+    """The failure class of an exception out of the trainer or the loop."""
+    if isinstance(exc, Diverged):
+        return Cause.DIVERGED
+    if isinstance(exc, MemoryError):
+        return Cause.OUT_OF_MEMORY
+    if isinstance(exc, UnsavableState):
+        return Cause.UNSAVABLE_STATE
+    if isinstance(exc, InvalidPredictions):
+        return Cause.INVALID_PREDICTIONS
+    return Cause.EXCEPTION

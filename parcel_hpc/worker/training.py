@@ -1,9 +1,11 @@
 """The training loop of one attempt: steps, checkpoint cadence, validation at milestones.
 
-Owns the order of things inside the loop. The attempt (``attempt.py``) owns everything around it:
-admission, the claim, the ledger, pruning decisions and how the attempt ends; the loop reaches
-those only through the callbacks it is given. Must not write the ledger or read the environment
-beyond loading the step hook named by ``PARCEL_HPC_STEP_HOOK`` (tests inject faults with it).
+Owns the order of things inside the loop around a researcher's trainer. The attempt (``attempt.py``)
+owns everything around it: admission, the claim, the ledger, pruning decisions and how the attempt
+ends; the loop reaches those only through the callbacks it is given. The toolkit, not the trainer,
+scores each milestone: it asks for per-example probabilities and applies the pinned metric.
+Must not: write the ledger, or read the environment beyond loading the step hook named by
+``PARCEL_HPC_STEP_HOOK`` (tests inject faults with it).
 """
 
 from __future__ import annotations
@@ -16,10 +18,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from ..metric import MissCost
-from .model import Diverged, Hyper, TrainState, predict_proba, train_step
+from ..trainer import Trainer, TrainingData
+from ..trainer.base import checked_probabilities, finite_metrics
 from .plan import WorkerPlan
 
 STEP_HOOK_ENV = "PARCEL_HPC_STEP_HOOK"  # "package.module:function", called as f(params, step) after each step
@@ -37,45 +38,40 @@ def step_hooks(env: Mapping[str, str] | None = None) -> tuple[StepHook, ...]:
 
 @dataclass(frozen=True)
 class LoopCallbacks:
-    on_state: Callable[[TrainState], None]  # the newest whole state (a signal handler checkpoints it)
-    save: Callable[[TrainState], None]  # write a checkpoint of this state
-    validated: Callable[[int, float, bool], None]  # (step, value, final): report; may stop the attempt
+    stepped: Callable[[int], None]  # the trainer finished this step: its state is whole
+    save: Callable[[int], None]  # write a checkpoint of the trainer's state at this step
+    validated: Callable[[int, float, bool, Mapping[str, float]], None]  # (step, value, final, train metrics): may stop the attempt
+    boundary: Callable[[], None]  # between steps: the scheduler's held signal is delivered here
 
 
-def hyper_of(plan: WorkerPlan) -> Hyper:
-    # Unweighted loss keeps probabilities calibrated; the metric's threshold applies the costs.
-    return Hyper.from_params(plan.params, pos_weight=1.0)
-
-
-def train(
-    plan: WorkerPlan, state: TrainState, data: Mapping[str, np.ndarray], calls: LoopCallbacks, hooks: Sequence[StepHook] = ()
-) -> tuple[TrainState, float]:
-    """Train from ``state`` to ``plan.steps``; the final state and its validation value."""
-    hyper = hyper_of(plan)
+def train(plan: WorkerPlan, trainer: Trainer, data: TrainingData, step: int, calls: LoopCallbacks, hooks: Sequence[StepHook] = ()) -> tuple[int, float]:
+    """Step ``trainer`` from ``step`` to ``plan.steps``; the final step and its validation value."""
     metric = MissCost(plan.metric["revision"], float(plan.metric["miss_cost"]), float(plan.metric["review_cost"]))
     milestones = {int(m) for m in plan.pruner["milestones"]}
 
-    def validate(s: TrainState) -> float:
-        value = metric(predict_proba(s.params, data["x_val"]), data["y_val"])
-        if not math.isfinite(value):
-            raise Diverged(f"validation metric is {value} at step {s.step}")
-        return value
+    def validate(at: int) -> float:
+        scores = checked_probabilities(trainer.predict("validation"), len(data.validation), "validation", at)
+        return metric(scores, data.validation.labels)
 
     value = math.nan
-    while state.step < plan.steps:
+    metrics: dict[str, float] = {}
+    calls.boundary()  # a signal held while the trainer was built or restored
+    while step < plan.steps:
         step_started = time.monotonic()
-        state = train_step(state, data["x_train"], data["y_train"], hyper)
+        metrics = finite_metrics(trainer.step(), step + 1)
+        step += 1
         for hook in hooks:
-            hook(plan.params, state.step)
-        calls.on_state(state)  # one reference swap: a signal handler always sees a whole state
+            hook(plan.params, step)
+        calls.stepped(step)
         if plan.step_seconds > 0:
             time.sleep(max(0.0, plan.step_seconds - (time.monotonic() - step_started)))
-        if state.step % plan.every_steps == 0 or state.step == plan.steps:
-            calls.save(state)
-        if state.step in milestones or state.step == plan.steps:
-            value = validate(state)
-            calls.validated(state.step, value, state.step == plan.steps)
+        if step % plan.every_steps == 0 or step == plan.steps:
+            calls.save(step)
+        if step in milestones or step == plan.steps:
+            value = validate(step)
+            calls.validated(step, value, step == plan.steps, metrics)
+        calls.boundary()
     if not math.isfinite(value):  # resumed from the final checkpoint: score the state it holds
-        value = validate(state)
-        calls.validated(state.step, value, True)
-    return state, value
+        value = validate(step)
+        calls.validated(step, value, True, metrics)
+    return step, value

@@ -1,7 +1,11 @@
 """Small helpers for tests that drive the dev SLURM cluster."""
 
+import functools
 import subprocess
-import time
+
+from parcel_hpc.testing import runs
+
+wait_for = functools.partial(runs.wait_for, every=1.0)  # the cluster's own pace: squeue once a second
 
 
 def sh(*argv: str, check: bool = True, timeout: float = 60) -> str:
@@ -9,13 +13,3 @@ def sh(*argv: str, check: bool = True, timeout: float = 60) -> str:
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(argv)} exited {proc.returncode}: {proc.stderr.strip()}")
     return proc.stdout
-
-
-def wait_for(predicate, timeout: float, what: str, every: float = 1.0):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")

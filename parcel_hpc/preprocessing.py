@@ -1,5 +1,9 @@
 """Preprocessing by pinned revision; every statistic is fitted on the train partition only.
 
+Owns the feature revisions and the fitted ``Preprocessor``: the loader fits it on the train
+partition and hands trainers its features; a trainer's serving path keeps its statistics
+(``arrays``) and applies it to raw images. Must not: read files or know about trials.
+
 - ``pool4-r2``: average-pool the image (``pool`` pixels a side) and standardise: position-bound
   pixel features, weak for damage that can appear anywhere on a parcel.
 - ``stats-r1``: position-invariant statistics of the per-image normalised intensities, their
@@ -9,11 +13,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import UsageError
+from .errors import UsageError
 
 SUPPORTED_REVISIONS = ("pool4-r2", "stats-r1")
 _QUANTILES = np.linspace(0.02, 0.98, 12)
@@ -52,27 +57,41 @@ def image_stats(images: np.ndarray, k: int) -> np.ndarray:
     )
 
 
+def _extractor(revision: str) -> Callable[[np.ndarray, int], np.ndarray]:
+    if revision == "pool4-r2":
+        return pool
+    if revision == "stats-r1":
+        return image_stats
+    raise UsageError(f"preprocessing.revision={revision!r} is unknown to this worker; use one of {', '.join(SUPPORTED_REVISIONS)}")
+
+
 @dataclass(frozen=True)
-class Standardizer:
+class Preprocessor:
+    """A feature revision with its standardisation statistics, fitted on the train partition only."""
+
+    revision: str
+    pool: int
     mean: np.ndarray
     std: np.ndarray
 
     @classmethod
-    def fit(cls, x: np.ndarray) -> Standardizer:
-        # Fitted on the train partition only: validation statistics must not leak into training.
-        return cls(x.mean(axis=0), x.std(axis=0) + 1e-6)
+    def fit_transform(cls, revision: str, k: int, train_images: np.ndarray) -> tuple[Preprocessor, np.ndarray]:
+        """Fit on the train images (validation statistics must not leak into training); their features."""
+        raw = _extractor(revision)(train_images.astype(np.float64), k)
+        fitted = cls(revision, k, raw.mean(axis=0), raw.std(axis=0) + 1e-6)
+        return fitted, fitted._standardize(raw)
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        return (x - self.mean) / self.std
+    def __call__(self, images: np.ndarray) -> np.ndarray:
+        """Features of raw images (n, H, W): the same function for training, validation and serving."""
+        return self._standardize(_extractor(self.revision)(np.asarray(images).astype(np.float64), self.pool))
 
+    def _standardize(self, raw: np.ndarray) -> np.ndarray:
+        return (raw - self.mean) / self.std
 
-def featurize(train_images: np.ndarray, other: list[np.ndarray], revision: str, k: int) -> tuple[np.ndarray, list[np.ndarray]]:
-    if revision == "pool4-r2":
-        extract = pool
-    elif revision == "stats-r1":
-        extract = image_stats
-    else:
-        raise UsageError(f"preprocessing.revision={revision!r} is unknown to this worker; use one of {', '.join(SUPPORTED_REVISIONS)}")
-    x_train = extract(train_images.astype(np.float64), k)
-    scale = Standardizer.fit(x_train)
-    return scale(x_train), [scale(extract(o.astype(np.float64), k)) for o in other]
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The fitted statistics, for a trainer's state (a served model carries its preprocessing)."""
+        return {"mean": self.mean, "std": self.std}
+
+    @classmethod
+    def from_arrays(cls, spec: Mapping[str, object], arrays: Mapping[str, np.ndarray]) -> Preprocessor:
+        return cls(str(spec["revision"]), int(spec["pool"]), np.asarray(arrays["mean"]), np.asarray(arrays["std"]))

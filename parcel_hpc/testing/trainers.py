@@ -1,0 +1,80 @@
+"""Trainers that break the interface on purpose, for tests of what the worker does with them.
+
+Each is the built-in ``NumpyMLP`` with one fault; choose one with
+``trainer.target=parcel_hpc.testing.trainers:<Name>``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ..trainer import FinalPartitionRefused, TrainerState, TrainingData
+from ..trainer.numpy_mlp import NumpyMLP
+
+FAULT_STEP = 5
+PROTECTED_PATH_ENV = "PARCEL_TEST_PROTECTED_PATH"  # the file OpensProtectedFile tries to read
+
+
+class AsksForFinal(NumpyMLP):
+    """Asks for the final partition, swallows the refusal and trains on: still rejected."""
+
+    def build(self, params: Mapping[str, Any], seed: int, data: TrainingData) -> None:
+        super().build(params, seed, data)
+        try:
+            data.partition("final")
+        except FinalPartitionRefused:
+            pass
+
+
+class OpensProtectedFile(NumpyMLP):
+    """Knows where the final record lies and tries to read it at step 5."""
+
+    def step(self) -> Mapping[str, float]:
+        metrics = super().step()
+        if self.steps_done == FAULT_STEP:
+            try:
+                with open(os.environ[PROTECTED_PATH_ENV], "rb") as f:
+                    f.read(1)
+            except PermissionError:
+                pass
+        return metrics
+
+
+class Raises(NumpyMLP):
+    def step(self) -> Mapping[str, float]:
+        metrics = super().step()
+        if self.steps_done == FAULT_STEP:
+            raise RuntimeError("the trainer's own bug at step 5")
+        return metrics
+
+
+class NanLoss(NumpyMLP):
+    def step(self) -> Mapping[str, float]:
+        metrics = super().step()
+        return {"loss": math.nan} if self.steps_done == FAULT_STEP else metrics
+
+
+class UnsavableStateTrainer(NumpyMLP):
+    def state(self) -> TrainerState:
+        state = super().state()
+        return TrainerState({**state.arrays, "vocabulary": np.array(["crushed", "torn"], dtype=object)}, state.scalars)
+
+
+class WrongShapePredictions(NumpyMLP):
+    def predict(self, split: str) -> np.ndarray:
+        return np.append(super().predict(split), 0.5)
+
+
+class Incomplete(NumpyMLP):
+    """Forgets the serving path."""
+
+    serve = None  # type: ignore[assignment]
+
+
+def not_a_trainer() -> None:
+    """A function where a class is expected."""

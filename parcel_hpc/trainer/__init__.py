@@ -1,0 +1,27 @@
+"""Bring your own model: the trainer interface the governance wraps (docs/bring-your-own-model.md).
+
+A researcher subclasses ``Trainer`` (build, step, state/load_state, predict, serve) and chooses it
+with ``trainer.target=PACKAGE.MODULE:NAME``; the worker runs it inside everything parcel_hpc
+guarantees. ``NumpyMLP`` (``trainer=numpy_mlp``) is the built-in reference implementation.
+"""
+
+from .base import Diverged, InvalidPredictions, Trainer, TrainerState, UnsavableState
+from .data import FINAL_PARTITION_OUTCOME, Examples, FinalPartitionRefused, TrainingData, load_training_data
+from .target import BUILTIN, make_trainer, trainer_class, trainer_identity
+
+__all__ = [
+    "BUILTIN",
+    "FINAL_PARTITION_OUTCOME",
+    "Diverged",
+    "Examples",
+    "FinalPartitionRefused",
+    "InvalidPredictions",
+    "Trainer",
+    "TrainerState",
+    "TrainingData",
+    "UnsavableState",
+    "load_training_data",
+    "make_trainer",
+    "trainer_class",
+    "trainer_identity",
+]

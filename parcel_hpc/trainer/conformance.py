@@ -1,0 +1,138 @@
+"""The trainer conformance check: what a search will rely on, tried in seconds before a search.
+
+``check_trainer`` builds a trainer on real data and checks, in order: finite step metrics;
+one probability per example; a state that a checkpoint holds (through the real h5py checkpoint
+format); a resume that continues exactly (the preempted-trial guarantee); two builds with the same
+seed that agree; serving parity (raw images through ``serve`` against ``predict``); and no request
+for the final partition. ``parcel-hpc check-trainer`` prints the findings; the tests run it
+against every trainer this project ships.
+
+Must not: write anything outside its own temporary directory.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from ..checkpoints import CheckpointStore
+from ..contract import TrialIdentity
+from ..data import GROUP_REVISION, SNAPSHOT_FILENAME, read_split
+from ..errors import UsageError
+from .base import Trainer, TrainerState, checked_probabilities, finite_metrics
+from .data import TrainingData, load_training_data
+from .target import trainer_class
+
+PARITY_TOLERANCE = 1e-9  # serve() against predict(): the same model, the same features, up to float noise
+
+
+@dataclass(frozen=True)
+class Finding:
+    check: str
+    ok: bool
+    detail: str
+
+
+def check_trainer(cls: type[Trainer], data: TrainingData, params: Mapping[str, Any], *, seed: int = 0, steps: int = 12) -> list[Finding]:
+    """Every check, in order; stops at the first that fails (later ones would only repeat it)."""
+    findings: list[Finding] = []
+
+    def found(check: str, ok: bool, detail: str) -> bool:
+        findings.append(Finding(check, ok, detail))
+        return ok
+
+    try:
+        first = _built(cls, params, seed, data)
+        metrics = {}
+        for step in range(1, steps + 1):
+            metrics = finite_metrics(first.step(), step)
+        if not found("step", True, f"{steps} {cls.unit}s, last metrics {metrics}"):
+            return findings
+        scores = checked_probabilities(first.predict("validation"), len(data.validation), "validation", steps)
+        checked_probabilities(first.predict("train"), len(data.train), "train", steps)
+        found("predict", True, f"{len(scores)} validation probabilities in [{scores.min():.3f}, {scores.max():.3f}]")
+
+        restored = _built(cls, params, seed, data)
+        restored.load_state(_through_checkpoint(first.state()))
+        found("state", True, "saved and read back through an h5py checkpoint")
+        for _ in range(steps):
+            first.step()
+            restored.step()
+        same = np.array_equal(first.predict("validation"), restored.predict("validation"))
+        if not found(
+            "resume",
+            same,
+            "resumed trainer predicts exactly as the uninterrupted one"
+            if same
+            else "a resumed trainer drifts from the uninterrupted one: put everything that decides the next step (optimizer moments, RNG state, counters) in state()",
+        ):
+            return findings
+
+        again = _built(cls, params, seed, data)
+        for _ in range(2 * steps):
+            again.step()
+        same = np.array_equal(first.predict("validation"), again.predict("validation"))
+        if not found(
+            "determinism",
+            same,
+            "two builds with one seed agree" if same else "two builds with the same params and seed differ: seed every generator from build's seed",
+        ):
+            return findings
+
+        served = checked_probabilities(first.serve(data.validation.images), len(data.validation), "serve", 2 * steps)
+        gap = float(np.max(np.abs(served - first.predict("validation"))))
+        if not found("serving parity", gap <= PARITY_TOLERANCE, f"serve(raw images) vs predict: max difference {gap:.3g} (tolerance {PARITY_TOLERANCE:g})"):
+            return findings
+    except Exception as exc:  # the trainer's own error is the finding
+        found("error", False, f"{type(exc).__name__}: {exc}")
+        return findings
+    found(
+        "final partition",
+        not data.asked_for_final,
+        "never asked for" if not data.asked_for_final else f"asked for {', '.join(sorted(set(data.asked_for_final)))}",
+    )
+    return findings
+
+
+def _built(cls: type[Trainer], params: Mapping[str, Any], seed: int, data: TrainingData) -> Trainer:
+    trainer = cls()
+    trainer.build(params, seed, data)
+    return trainer
+
+
+def _through_checkpoint(state: TrainerState) -> TrainerState:
+    """The state as a resumed worker sees it: written and read back by the checkpoint store."""
+    if not isinstance(state, TrainerState):
+        raise TypeError(f"state() returned a {type(state).__name__}; return parcel_hpc.trainer.TrainerState(arrays, scalars)")
+    state = state.checked()
+    digest = "sha256:" + "0" * 64
+    with tempfile.TemporaryDirectory(prefix="parcel-check-") as d:
+        store = CheckpointStore(d, TrialIdentity("check", digest, digest, digest), keep_last=1)
+        store.save(1, state.arrays, {}, {}, extra=state.scalars)
+        ckpt = store.load_latest()
+    return TrainerState(ckpt.params, ckpt.extra or {})
+
+
+def run(target: str, data_dir: Path, params: Mapping[str, Any], *, seed: int, steps: int, preprocessing: Mapping[str, Any], console: Console) -> bool:
+    """``parcel-hpc check-trainer``: load the snapshot and split in ``data_dir``, check, print; all passed?"""
+    cls = trainer_class(target)
+    snapshot, split = data_dir / SNAPSHOT_FILENAME, data_dir / f"split-{GROUP_REVISION}.json"
+    for path in (snapshot, split):
+        if not path.is_file():
+            raise UsageError(f"{path} does not exist; create the data with `parcel-hpc make-snapshot {data_dir}` or pass --data DIR")
+    data = load_training_data(snapshot, read_split(split), preprocessing)
+    findings = check_trainer(cls, data, params, seed=seed, steps=steps)
+    table = Table(title=f"{target} on {data_dir}", title_justify="left")
+    for column in ("check", "", "detail"):
+        table.add_column(column)
+    for f in findings:
+        table.add_row(f.check, "[green]ok[/]" if f.ok else "[red]FAILED[/]", f.detail)
+    console.print(table)
+    return all(f.ok for f in findings)

@@ -1,0 +1,89 @@
+"""The toolkit's loader: what data a trainer gets, as arrays, and the one door it does not get.
+
+Owns ``TrainingData``: the train and validation partitions of the pinned split, each with its raw
+images, the pinned preprocessing's features (fitted on train only), labels and slice columns
+(damage type, camera class, shipment). A trainer never receives a path. Asking for the final
+partition raises ``FinalPartitionRefused`` and is remembered even when the trainer catches it:
+the worker then records the trial ``rejected``.
+
+Must not: open the final partition, or let a trainer reach the snapshot's files through it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..data import Partition, Split, load_partition
+from ..errors import GovernanceRefusal
+from ..preprocessing import Preprocessor
+
+FINAL_PARTITION_OUTCOME = "reject:final_partition"
+SPLITS = ("train", "validation")
+
+
+class FinalPartitionRefused(GovernanceRefusal):
+    """A trainer asked for the protected final partition."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(FINAL_PARTITION_OUTCOME, detail)
+
+
+@dataclass(frozen=True)
+class Examples:
+    """One partition as read-only arrays, one entry per frame."""
+
+    images: np.ndarray  # float32 (n, H, W) in 0..1: the raw frames (for trainers that learn their own features)
+    features: np.ndarray  # float64 (n, d): the pinned preprocessing, fitted on the train partition
+    labels: np.ndarray  # bool (n,): needs_review
+    damage_type: np.ndarray  # str (n,): slice column
+    camera_class: np.ndarray  # str (n,): slice column
+    shipment_id: np.ndarray  # str (n,): the group of the split (no shipment is in two partitions)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    @classmethod
+    def of(cls, part: Partition, features: np.ndarray) -> Examples:
+        features = np.asarray(features)
+        features.flags.writeable = False
+        return cls(part.images, features, part.labels, part.damage_type, part.camera_class, part.shipment_id)
+
+
+@dataclass(frozen=True)
+class TrainingData:
+    """What a trainer is built with: two partitions and the fitted preprocessing, never a path."""
+
+    train: Examples
+    validation: Examples
+    preprocessing: Preprocessor  # apply it to raw images in a serving path; keep its ``arrays()`` in the state
+    split_revision: str
+    _asked_for_final: list[str] = field(default_factory=list, repr=False, compare=False)
+
+    def partition(self, name: str) -> Examples:
+        """``"train"`` or ``"validation"``; the final partition is refused (and the trial rejected)."""
+        if name in SPLITS:
+            return getattr(self, name)
+        if str(name).lower().startswith("final") or str(name).lower() in ("test", "holdout"):
+            self._asked_for_final.append(str(name))
+            raise FinalPartitionRefused(
+                f"a trainer asked for the {name!r} partition of split {self.split_revision}; only the one-time final evaluation reads it"
+            )
+        raise KeyError(f"partition {name!r} is unknown; use 'train' or 'validation'")
+
+    @property
+    def asked_for_final(self) -> tuple[str, ...]:
+        """Every request for the final partition so far, caught by the trainer or not."""
+        return tuple(self._asked_for_final)
+
+
+def load_training_data(snapshot_path: str | os.PathLike, split: Split, preprocessing: Mapping[str, Any]) -> TrainingData:
+    """Read train and validation of ``split`` and fit the pinned preprocessing on train only."""
+    train = load_partition(snapshot_path, split, "train")
+    validation = load_partition(snapshot_path, split, "validation", verify_digest=False)  # the same file, just verified
+    fitted, x_train = Preprocessor.fit_transform(str(preprocessing["revision"]), int(preprocessing["pool"]), train.images)
+    return TrainingData(Examples.of(train, x_train), Examples.of(validation, fitted(validation.images)), fitted, split.revision)
