@@ -81,9 +81,12 @@ class TrainingData:
         return tuple(self._asked_for_final)
 
 
-def load_training_data(snapshot_path: str | os.PathLike, split: Split, preprocessing: Mapping[str, Any]) -> TrainingData:
-    """Read train and validation of ``split`` and fit the pinned preprocessing on train only."""
-    train = load_partition(snapshot_path, split, "train")
+def load_training_data(snapshot_path: str | os.PathLike, split: Split, preprocessing: Mapping[str, Any], *, verify_digest: bool = True) -> TrainingData:
+    """Read train and validation of ``split`` and fit the pinned preprocessing on train only.
+
+    ``verify_digest=False`` only where the caller has just hashed this very file (the worker's admission).
+    """
+    train = load_partition(snapshot_path, split, "train", verify_digest=verify_digest)
     validation = load_partition(snapshot_path, split, "validation", verify_digest=False)  # the same file, just verified
     fitted, x_train = Preprocessor.fit_transform(str(preprocessing["revision"]), int(preprocessing["pool"]), train.images)
     return TrainingData(Examples.of(train, x_train), Examples.of(validation, fitted(validation.images)), fitted, split.revision)

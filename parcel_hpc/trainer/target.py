@@ -60,8 +60,7 @@ def make_trainer(identity: Mapping[str, Any]) -> Trainer:
 def _source_digest(module: Any) -> str:
     """sha256 over the relative path and bytes of every .py file of the module's package (or the module)."""
     path = Path(inspect.getfile(module)).resolve()
-    is_package = path.name == "__init__.py"
-    files = sorted(path.parent.rglob("*.py")) if is_package or module.__package__ else [path]
+    files = sorted(path.parent.rglob("*.py")) if module.__package__ else [path]  # a top-level module: itself alone
     root = path.parent
     h = hashlib.sha256()
     for file in files:

@@ -22,7 +22,7 @@ from .. import checkpoints as ckpt
 from .. import claims
 from ..budget import reserve_attempt, settle_attempt
 from ..contract import Contract, TrialIdentity, WorkerObservation, admit, check_worker
-from ..data import read_split, snapshot_digest
+from ..data import Split, read_split, snapshot_digest
 from ..errors import UsageError
 from ..image import image_digest
 from ..ledger import AttemptEnd, Cause, Ended, SearchDir, Started, TrialState
@@ -77,6 +77,7 @@ class AttemptRun:
         self.reserved = False
         self.started_at = 0.0
         self.contract: Contract | None = None
+        self.split: Split | None = None  # read once, by admission
 
     # --- the attempt --------------------------------------------------------------------------
     def execute(self) -> dict:
@@ -96,7 +97,8 @@ class AttemptRun:
             ckpt_dir = self._checkpoint_dir()
             claim = self._claim(ckpt_dir, identity)
             self.store = ckpt.CheckpointStore(ckpt_dir, identity, keep_last=plan.keep_last, claim=claim)
-            data = self.data = load_training_data(plan.snapshot_path, read_split(plan.split_path), plan.preprocessing)
+            # Admission hashed the snapshot and read the split a moment ago: neither is done twice.
+            data = self.data = load_training_data(plan.snapshot_path, self.split, plan.preprocessing, verify_digest=False)
             trainer = make_trainer(contract["trainer"])
             with guard.protected_files(plan.split_path, plan.snapshot_path) as self.protected_opens, StepBoundarySignals() as held:
                 trainer.build(plan.params, plan.seed, data)
@@ -141,7 +143,7 @@ class AttemptRun:
             outcome = "reject:contract_digest"
         reason = outcome
         if outcome == "admit":
-            split = read_split(plan.split_path)
+            split = self.split = read_split(plan.split_path)
             problem = ""
             try:
                 trainer = trainer_identity(contract["trainer"]["target"])
