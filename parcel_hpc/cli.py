@@ -70,6 +70,29 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--time-limit-min", type=int, default=15, metavar="M", help="time limit of each run in minutes (default %(default)s)")
     s.add_argument("--mem", default="1G", metavar="MEM", help="memory of each run, like 1G (default %(default)s)")
     s.add_argument("--dry-run", action="store_true", help="print the rendered script; write and submit nothing")
+    s = sub.add_parser("select", help="freeze the completed list, rerun the winner, retrain the baseline and gate on slices")
+    s.add_argument("search_dir", type=Path)
+    s.add_argument("--now", action="store_true", help="select before the budget cap (needs --reason; recorded as early)")
+    s.add_argument("--trial", metavar="TRIAL_ID", help="a new selection of this trial instead of the best (needs --reason; before the final evaluation only)")
+    s.add_argument("--reason", default="", metavar="TEXT", help="why select now, or why another trial")
+
+    s = sub.add_parser("decide", help="record a documented quality decision that lifts hold:slice-quality for the selected trial")
+    s.add_argument("search_dir", type=Path)
+    s.add_argument("--accept", action="store_true", required=True, help="accept the selected trial despite its failed slice gate")
+    s.add_argument("--by", required=True, metavar="NAME", help="who decides")
+    s.add_argument("--reason", required=True, metavar="TEXT", help="why, in one line (link a document for more)")
+
+    s = sub.add_parser("evaluate-final", help="evaluate the selected artifact and the baseline once on the protected final partition")
+    s.add_argument("search_dir", type=Path)
+
+    s = sub.add_parser("release", help="write the release packet (JSON, Markdown, HTML) and register the artifact when every check passed")
+    s.add_argument("search_dir", type=Path)
+    s.add_argument("--registry", type=Path, metavar="DIR", help="registry root (default: <search.root>/registry)")
+
+    s = sub.add_parser("selection-job", help="(run by select and evaluate-final as a scheduler job) the model work of a selection")
+    s.add_argument("search_dir", type=Path)
+    s.add_argument("role", choices=["rerun", "final"])
+    s.add_argument("--selection", type=int, required=True, metavar="N")
     return p
 
 
@@ -91,6 +114,16 @@ def main(argv: list[str] | None = None) -> None:
             _reconcile(args)
         elif args.command == "schedule-reconcile":
             _schedule_reconcile(args)
+        elif args.command == "select":
+            _select(args)
+        elif args.command == "decide":
+            _decide(args)
+        elif args.command == "evaluate-final":
+            _evaluate_final(args)
+        elif args.command == "release":
+            _release(args)
+        elif args.command == "selection-job":
+            _selection_job(args)
 
 
 def _make_snapshot(args) -> None:
@@ -176,6 +209,47 @@ def _schedule_reconcile(args) -> None:
         time_limit_min=args.time_limit_min,
         mem=args.mem,
     )
+
+
+def _exit_on_hold(verdict) -> None:
+    if verdict.outcome.is_hold:
+        raise SystemExit(3)  # the outcome was printed first, with its evidence
+
+
+def _select(args) -> None:
+    from .selection import commands
+
+    a = commands.select(args.search_dir, now=args.now, trial=args.trial, reason=args.reason, console=make_console(stderr=True), out=make_console())
+    _exit_on_hold(a.verdict)
+
+
+def _decide(args) -> None:
+    from .selection import commands
+
+    a = commands.decide(args.search_dir, by=args.by, reason=args.reason, out=make_console())
+    _exit_on_hold(a.verdict)
+
+
+def _evaluate_final(args) -> None:
+    from .selection import commands
+
+    commands.evaluate_final(args.search_dir, console=make_console(stderr=True), out=make_console())
+
+
+def _release(args) -> None:
+    from .release import publish
+
+    packet = publish(args.search_dir, args.registry, out=make_console())
+    if not packet["registry_path"]:
+        raise SystemExit(3)  # held: the outcome was printed first, with the checks
+
+
+def _selection_job(args) -> None:
+    from .ledger import JobRole
+    from .selection import jobs
+
+    result = jobs.run(args.search_dir, JobRole(args.role), args.selection)
+    print(f"{args.role} result {result['digest']}")
 
 
 if __name__ == "__main__":

@@ -100,6 +100,38 @@ class PrunerConf:
 
 
 @dataclass
+class BaselineConf:
+    name: str = MISSING  # the approved model this search's winner is compared with
+    params: dict[str, Any] = field(default_factory=dict)  # its trainer parameters (trained like a trial)
+
+
+@dataclass
+class SlicesConf:
+    columns: list[str] = field(default_factory=lambda: ["damage_type", "camera_class", "shipment_bucket"])
+    shipment_buckets: int = 4  # shipments hashed into this many groups
+    min_examples: int = 15  # smaller slices are reported, not gated
+
+
+@dataclass
+class GateConf:
+    max_recall_drop: float = 0.05  # per gated slice, against the baseline
+    max_miss_cost_rise: float = 0.25  # per gated slice, against the baseline (cost per frame)
+    min_recall: dict[str, float] = field(default_factory=dict)  # slice value -> recall the winner must reach
+
+
+@dataclass
+class SelectionConf:
+    """How the winner is selected, rerun, gated and released (conf/selection/)."""
+
+    revision: str = MISSING
+    rerun_tolerance: float = 0.02  # |rerun - selected| validation miss-cost
+    parity_tolerance: float = 1.0e-6  # max |serve(raw) - predict| per validation image
+    baseline: BaselineConf = field(default_factory=BaselineConf)
+    slices: SlicesConf = field(default_factory=SlicesConf)
+    gate: GateConf = field(default_factory=GateConf)
+
+
+@dataclass
 class SearchConf:
     revision: str = "parcel-search-r1"  # the search lives at <root>/<revision>
     root: str = "runs"  # shared directory
@@ -129,6 +161,7 @@ class ParcelConf:
     budget: BudgetConf = field(default_factory=BudgetConf)
     checkpoint: CheckpointConf = field(default_factory=CheckpointConf)
     pruner: PrunerConf = field(default_factory=PrunerConf)
+    selection: SelectionConf = field(default_factory=SelectionConf)
     search: SearchConf = field(default_factory=SearchConf)
     train: TrainConf = field(default_factory=TrainConf)
 

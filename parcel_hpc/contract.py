@@ -40,6 +40,7 @@ PINNED_ORDER = (
     "resources",
     "budget",
     "pruner",
+    "selection",
 )
 
 

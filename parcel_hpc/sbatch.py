@@ -72,6 +72,7 @@ _PATH_RE = re.compile(r"/[A-Za-z0-9._/+,@=-]*")
 _LOG_PATH_RE = re.compile(r"/[A-Za-z0-9._/+,@=%-]*")  # %j, %x, %A, %a: sbatch's file name patterns
 _PATH_FIX = "give an absolute, normalised path of letters, digits and . _ / + , @ = - (a symlink with such a name works)"
 _DIGEST_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9:._-]*")
+_GRES_RE = re.compile(r"gpu(:[a-z0-9_]{1,32})?:[1-9][0-9]{0,2}")
 _MEM_RE = re.compile(r"[1-9][0-9]{0,6}[KMGT]?")
 # What a rendered #SBATCH value may be made of; the validators above only ever produce this.
 _HEADER_SAFE_RE = re.compile(r"[A-Za-z0-9._/+,@=%:-]+")
@@ -160,6 +161,8 @@ class SbatchValues:
     qos: str = ""  # --qos; empty drops the line
     error: str = ""  # --error, absolute; empty drops the line and stderr joins --output
     reconcile_every_min: int | None = None  # reconcile.sbatch: minutes between runs; 0 = cron drives it
+    gres: str = ""  # --gres, like gpu:1; empty drops the line
+    selection: int | None = None  # winner_rerun / final_eval: the selection number the job works on
 
     def __post_init__(self) -> None:
         fix = object.__setattr__
@@ -181,6 +184,10 @@ class SbatchValues:
         _check_int("cpus_per_task", self.cpus_per_task, 1, MAX_CPUS)
         if self.reconcile_every_min is not None:
             _check_int("reconcile_every_min", self.reconcile_every_min, 0, MAX_EVERY_MIN)
+        if self.gres and not _GRES_RE.fullmatch(_check_text("gres", self.gres, 64)):
+            raise _bad("gres", self.gres, "is not a GPU request", "use gpu:N or gpu:TYPE:N, like 'gpu:1' or 'gpu:a100:2'")
+        if self.selection is not None:
+            _check_int("selection", self.selection, 1, 100_000)
 
 
 # ---------------------------------------------------------------- placeholders
@@ -199,10 +206,11 @@ def _plain(name: str, optional: bool = False) -> _Field:
 
 _FIELDS: dict[str, _Field] = {
     **{n: _plain(n) for n in ("job_name", "mem", "output", "python", "search_dir", "search_revision", "contract_digest")},
-    **{n: _plain(n, optional=True) for n in ("partition", "account", "qos", "error")},
+    **{n: _plain(n, optional=True) for n in ("partition", "account", "qos", "error", "gres")},
     "cpus_per_task": _Field(lambda v: str(v.cpus_per_task), "cpus_per_task"),
     "time_limit": _Field(lambda v: format_time_limit(v.time_limit_min), "time_limit_min"),
     "reconcile_every_min": _Field(lambda v: None if v.reconcile_every_min is None else str(v.reconcile_every_min), "reconcile_every_min"),
+    "selection": _Field(lambda v: None if v.selection is None else str(v.selection), "selection"),
 }
 
 

@@ -20,4 +20,11 @@ fi
 stop_cluster() { [ "$started_cluster" = 1 ] && bash "$ROOT/scripts/dev-cluster-down.sh" "$BASE" >/dev/null 2>&1 || true; }
 trap stop_cluster EXIT
 export PARCEL_REQUIRE_SLURM=1  # slurm-marked tests fail, not skip, when the cluster is missing
+# Headless Chromium loads the HTML pages the tests write (the release packet): Debian's package, once.
+if ! command -v chromium >/dev/null 2>&1; then
+  echo "[setup] installing chromium (the tests render HTML pages in it)" >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null 2>&1 \
+    || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
+fi
+export PARCEL_REQUIRE_CHROMIUM=1  # the HTML checks fail, not skip, without it
 python -m pytest "$@"

@@ -47,7 +47,7 @@ from parcel_hpc.testing import parcel_hpc
 GOLDEN_DIR = Path(__file__).parent / "golden"
 # Every template in sbatch_templates/: a new one needs golden values below and an existing command.
 TEMPLATES = tuple(sorted(p.stem for p in TEMPLATES_DIR.glob("*.sbatch")))
-OPTIONAL = {"partition", "account", "qos", "error"}  # fields whose line is dropped when empty
+OPTIONAL = {"partition", "account", "qos", "error", "gres"}  # fields whose line is dropped when empty
 
 SEARCH = "/shared/parcel/searches/damage-v3"
 BASE = dict(
@@ -70,9 +70,25 @@ GOLDEN_VALUES = {
         reconcile_every_min=60,
         **BASE,
     ),
+    **{
+        name: SbatchValues(
+            job_name=f"parcel-r7-{role}",
+            partition="gpu-low",
+            account="vision",
+            qos="normal",
+            time_limit_min=30,
+            mem="4096M",
+            cpus_per_task=2,
+            gres="gpu:1",
+            output=f"{SEARCH}/selection/1/logs/{role}-%j.out",
+            selection=1,
+            **BASE,
+        )
+        for name, role in (("winner_rerun", "rerun"), ("final_eval", "final"))
+    },
 }
 # What each template needs beyond values(), for tests that render every template.
-NEEDS = {"reconcile": dict(reconcile_every_min=5)}
+NEEDS = {"reconcile": dict(reconcile_every_min=5), "winner_rerun": dict(selection=1), "final_eval": dict(selection=1)}
 
 
 def values(**overrides) -> SbatchValues:
@@ -302,7 +318,7 @@ def test_value_the_template_ignores_raises(tmp_path: Path, field: str, value: ob
         render("t", values(**{field: value}), templates_dir=d)
 
 
-@pytest.mark.parametrize("name", ["../etc/passwd", "reconcile/../x", "nope", "", "Reconcile", "winner_rerun", "final_eval"])
+@pytest.mark.parametrize("name", ["../etc/passwd", "reconcile/../x", "nope", "", "Reconcile", "winner-rerun", "final_eval.sh"])
 def test_unknown_template_name_raises(name: str) -> None:
     with pytest.raises(UsageError, match="template"):
         render(name, values())

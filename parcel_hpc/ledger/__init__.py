@@ -4,19 +4,22 @@ and the records folded from them.
     states.py    TrialState, AttemptEnd (Enums with predicates)
     events.py    EventKind, Cause, one payload class per kind, the Event envelope and its JSON line
     journal.py   TrialWriter: the only writer of journal lines; read_events merges a trial's journals
+    selection.py the selection's own journal: Outcome, JobRole, its events, SelectionWriter, fold_selection
     records.py   TrialSpec, Attempt, TrialRecord and ``fold``, the one function from events to a record
     store.py     SearchDir: the layout of a search directory and its create-exclusive claims
 
 Nothing outside this package writes a journal line.
 """
 
-from .events import Cause, Ended, Event, EventKind, Executor, Started
+from .events import Admitted, Cause, Ended, Event, EventKind, Executor, Started
 from .journal import TrialWriter, preview, read_events
 from .records import Attempt, TrialRecord, TrialSpec, fold
+from .selection import JobRole, Outcome
 from .states import AttemptEnd, TrialState
 from .store import SearchDir
 
 __all__ = [
+    "Admitted",
     "Attempt",
     "AttemptEnd",
     "Cause",
@@ -24,6 +27,8 @@ __all__ = [
     "Event",
     "EventKind",
     "Executor",
+    "JobRole",
+    "Outcome",
     "SearchDir",
     "Started",
     "TrialRecord",

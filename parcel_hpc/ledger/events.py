@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -24,6 +24,7 @@ class EventKind(str, enum.Enum):
     SUBMITTED = "submitted"  # a launcher handed the trial to the scheduler
     ADMISSION = "admission"  # a launch refused the trial against the frozen contract
     STARTED = "started"  # a worker attempt began, with the scheduler's facts
+    ADMITTED = "admitted"  # ... and passed its own check: the digests of what it actually opened
     RESUMED = "resumed"  # ... from a checkpoint at this step
     MILESTONE = "milestone"  # a validation value (a milestone, or the final step)
     CHECKPOINT_SKIPPED = "checkpoint_skipped"  # a corrupt checkpoint was passed over on resume
@@ -114,6 +115,16 @@ class Started:
 
 
 @dataclass(frozen=True)
+class Admitted:
+    """Digests the worker computed itself from the files and code it opened (the lineage's "on what data")."""
+
+    snapshot_digest: str
+    split_digest: str
+    image_digest: str
+    trainer_digest: str
+
+
+@dataclass(frozen=True)
 class Resumed:
     step: int
 
@@ -179,12 +190,13 @@ class GaveUp:
     state: TrialState = TrialState.FAILED
 
 
-Payload = Submitted | AdmissionRefused | Started | Resumed | Milestone | CheckpointSkipped | Ended | Quarantined | GaveUp
+Payload = Submitted | AdmissionRefused | Started | Admitted | Resumed | Milestone | CheckpointSkipped | Ended | Quarantined | GaveUp
 
 PAYLOADS: Mapping[EventKind, type] = {
     EventKind.SUBMITTED: Submitted,
     EventKind.ADMISSION: AdmissionRefused,
     EventKind.STARTED: Started,
+    EventKind.ADMITTED: Admitted,
     EventKind.RESUMED: Resumed,
     EventKind.MILESTONE: Milestone,
     EventKind.CHECKPOINT_SKIPPED: CheckpointSkipped,
@@ -195,6 +207,32 @@ PAYLOADS: Mapping[EventKind, type] = {
 }
 _ENUM_FIELDS = {"how": AttemptEnd, "cause": Cause, "state": TrialState, "executor": Executor}
 _TUPLE_FIELDS = ("exclude_nodes", "with_trials")
+
+
+def encode_payload(data: Any, *, drop_empty: bool) -> dict:
+    """A payload dataclass as flat JSON values: Enums by value, tuples as lists; ``drop_empty``
+    leaves out None, "" and () (their defaults) to keep journal lines short."""
+    out = {}
+    for k, v in asdict(data).items():
+        if drop_empty and (v is None or v == "" or v == ()):
+            continue
+        out[k] = v.value if isinstance(v, enum.Enum) else list(v) if isinstance(v, tuple) else v
+    return out
+
+
+def decode_payload(payload_cls: type, obj: Mapping[str, Any], enums: Mapping[str, type], tuples: Sequence[str]) -> Any:
+    """The inverse of ``encode_payload``: absent fields take their defaults."""
+    values = {}
+    for f in fields(payload_cls):
+        if f.name not in obj:
+            continue
+        v = obj[f.name]
+        if f.name in enums:
+            v = enums[f.name](v)
+        elif f.name in tuples:
+            v = tuple(v)
+        values[f.name] = v
+    return payload_cls(**values)
 
 
 @dataclass(frozen=True)
@@ -215,12 +253,7 @@ class Event:
         return (self.t, self.writer, self.seq)
 
     def to_json(self) -> dict:
-        payload = {k: v for k, v in asdict(self.data).items() if v is not None and v != "" and v != ()}
-        for k, v in payload.items():
-            if isinstance(v, enum.Enum):
-                payload[k] = v.value
-            elif isinstance(v, tuple):
-                payload[k] = list(v)
+        payload = encode_payload(self.data, drop_empty=True)
         return {"kind": self.kind.value, "t": self.t, "writer": self.writer, "seq": self.seq, "attempt": self.attempt, **payload}
 
     @classmethod
@@ -230,18 +263,8 @@ class Event:
             if obj.get("how") == AttemptEnd.REJECTED.value and str(obj.get("cause", "")).startswith("reject:"):
                 # Journals written before the typed ledger said the outcome in ``cause``.
                 obj = {**{k: v for k, v in obj.items() if k != "cause"}, "outcome": obj["cause"]}
-            payload_cls = PAYLOADS[kind]
-            values = {}
-            for f in fields(payload_cls):
-                if f.name not in obj:
-                    continue
-                v = obj[f.name]
-                if f.name in _ENUM_FIELDS:
-                    v = _ENUM_FIELDS[f.name](v)
-                elif f.name in _TUPLE_FIELDS:
-                    v = tuple(v)
-                values[f.name] = v
-            return cls(kind, float(obj["t"]), str(obj["writer"]), int(obj["seq"]), int(obj.get("attempt", 0) or 0), payload_cls(**values))
+            payload = decode_payload(PAYLOADS[kind], obj, _ENUM_FIELDS, _TUPLE_FIELDS)
+            return cls(kind, float(obj["t"]), str(obj["writer"]), int(obj["seq"]), int(obj.get("attempt", 0) or 0), payload)
         except (KeyError, ValueError, TypeError) as exc:
             raise CorruptRecord(
                 f"{where}: an event does not parse ({type(exc).__name__}: {exc}): {dict(obj)!r:.200}; move the damaged journal-*.jsonl aside and rerun"

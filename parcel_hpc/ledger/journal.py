@@ -21,6 +21,7 @@ from pathlib import Path
 from .. import fsio
 from .events import (
     AdmissionRefused,
+    Admitted,
     Cause,
     CheckpointSkipped,
     Ended,
@@ -88,6 +89,9 @@ class TrialWriter:
     # --- the worker side ------------------------------------------------------------------------
     def started(self, attempt: int, facts: Started) -> Event:
         return self._append(EventKind.STARTED, facts, attempt)
+
+    def admitted(self, attempt: int, observed: Admitted) -> Event:
+        return self._append(EventKind.ADMITTED, observed, attempt)
 
     def resumed(self, attempt: int, step: int) -> Event:
         return self._append(EventKind.RESUMED, Resumed(step), attempt)

@@ -16,6 +16,7 @@ from ..contract import Contract, config_hash
 from ..errors import GovernanceRefusal, UsageError
 from ..image import image_digest
 from ..ledger.records import TrialSpec
+from ..selection.policy import SelectionPolicy
 from ..trainer import trainer_identity
 from ..worker.plan import WorkerPlan
 from .space import sample
@@ -58,6 +59,8 @@ def build_contract(cfg: Mapping[str, Any]) -> Contract:
         raise UsageError(
             f"split file {split_path} holds revision {split.revision!r}, config says {split_cfg['revision']!r}; point split.path at the right file"
         )
+    # A gate that cannot be applied is bad input now, not after 82 trials at `parcel-hpc select`.
+    SelectionPolicy.from_mapping(cfg["selection"])
     fields = {
         "search_revision": cfg["search"]["revision"],
         "search_seed": int(cfg["search"]["seed"]),
@@ -78,6 +81,7 @@ def build_contract(cfg: Mapping[str, Any]) -> Contract:
         "resources": {k: cfg["resources"][k] for k in PINNED_RESOURCES},
         "budget": dict(cfg["budget"]),
         "pruner": dict(cfg["pruner"]),
+        "selection": dict(cfg["selection"]),
     }
     try:
         return Contract(fields)

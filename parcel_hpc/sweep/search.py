@@ -21,10 +21,12 @@ from .. import resolution
 from ..budget import BudgetDecision, launch_decision
 from ..console import make_console
 from ..contract import Contract, TrialIdentity, admit, first_difference, freeze_contract, load_contract
+from ..data import read_split
 from ..dispatch import Dispatcher, Submitted
 from ..errors import GovernanceRefusal, UsageError
 from ..ledger import SearchDir, TrialRecord, TrialSpec, TrialWriter
 from ..lifecycle import Action, Next, RetryPolicy, next_action
+from ..selection.store import write_final_plan
 from ..worker import TrialTask, WorkerPlan
 from . import display
 from .proposal import build_contract, check_policy, ensure_writable, plan_for, propose, search_path
@@ -101,6 +103,10 @@ class SearchLaunch:
         else:
             ensure_writable(path)
             frozen, created = freeze_contract(path, contract)
+            if created or not search.trial_ids():
+                # The revision's final evaluation plan is fixed when its contract froze (or by the next
+                # launch, when that one died before proposing anything); never added to a search later.
+                write_final_plan(path, frozen, cfg["split"]["path"], read_split(cfg["split"]["path"]).final_digest)
         launch_id = time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
         report = LaunchReport(path, launch_id, frozen.digest, dry_run=dry_run)
 

@@ -45,6 +45,19 @@ class OpensProtectedFile(NumpyMLP):
         return metrics
 
 
+class OpensProtectedFileWhenServing(NumpyMLP):
+    """Trains like the built-in model, and tries to read the final record from its serving path,
+    which only the selection jobs call."""
+
+    def serve(self, images: np.ndarray) -> np.ndarray:
+        try:
+            with open(os.environ[PROTECTED_PATH_ENV], "rb") as f:
+                f.read(1)
+        except PermissionError:
+            pass
+        return super().serve(images)
+
+
 class Raises(NumpyMLP):
     def step(self) -> Mapping[str, float]:
         metrics = super().step()
@@ -68,6 +81,13 @@ class UnsavableStateTrainer(NumpyMLP):
 class WrongShapePredictions(NumpyMLP):
     def predict(self, split: str) -> np.ndarray:
         return np.append(super().predict(split), 0.5)
+
+
+class SkewedServing(NumpyMLP):
+    """Training/serving skew: the serving path scales raw frames differently than training did."""
+
+    def serve(self, images: np.ndarray) -> np.ndarray:
+        return super().serve(np.asarray(images) * 0.9)
 
 
 class Incomplete(NumpyMLP):

@@ -21,11 +21,10 @@ from pathlib import Path
 from .. import checkpoints as ckpt
 from .. import claims
 from ..budget import reserve_attempt, settle_attempt
-from ..contract import Contract, TrialIdentity, WorkerObservation, admit, check_worker
-from ..data import Split, read_split, snapshot_digest
+from ..contract import Contract, TrialIdentity, admit, check_worker
+from ..data import Split, read_split
 from ..errors import UsageError
-from ..image import image_digest
-from ..ledger import AttemptEnd, Cause, Ended, SearchDir, Started, TrialState
+from ..ledger import Admitted, AttemptEnd, Cause, Ended, SearchDir, Started, TrialState
 from ..lifecycle import interruption_counts, previous_attempt_ending
 from ..pruning import MilestoneStore, make_pruner
 from ..trainer import (
@@ -38,9 +37,9 @@ from ..trainer import (
     UnsavableState,
     load_training_data,
     make_trainer,
-    trainer_identity,
 )
 from . import guard, quarantine
+from .observation import observe
 from .plan import WorkerPlan
 from .signals import StepBoundarySignals
 from .training import LoopCallbacks, step_hooks, train
@@ -144,15 +143,14 @@ class AttemptRun:
         reason = outcome
         if outcome == "admit":
             split = self.split = read_split(plan.split_path)
-            problem = ""
-            try:
-                trainer = trainer_identity(contract["trainer"]["target"])
-            except UsageError as exc:  # the trainer does not import here: another environment than the launch's
-                trainer, problem = {}, str(exc)
-            observed = WorkerObservation(snapshot_digest(plan.snapshot_path), split.digest, split.method.value, image_digest(plan.image), trainer)
+            observed, problem = observe(plan.snapshot_path, split, plan.image, contract["trainer"]["target"])
             outcome = reason = check_worker(observed, contract)
             if problem and outcome == "reject:trainer":
                 reason = f"{outcome}: {problem}"
+            if outcome == "admit":
+                self.ledger.admitted(
+                    self.attempt, Admitted(observed.snapshot_digest, observed.split_digest, observed.image_digest, observed.trainer["source_digest"])
+                )
         if outcome != "admit":
             self._end(Ended(AttemptEnd.REJECTED, outcome=outcome, reason=reason))
             raise StopAttempt(TrialState.REJECTED.value)

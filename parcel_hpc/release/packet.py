@@ -1,0 +1,281 @@
+"""The release packet: everything a reviewer needs to accept a search's result, as one JSON value.
+
+Built from records only (the ledger, the selection's results and the records of its jobs, the
+budget journal, sacct when the search ran on SLURM); it runs no model. ``checks`` is the registry
+gate: the artifact is registered only when every check passed or, for the slice gate, a
+documented decision accepted it (``outcome_of``).
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .. import fsio
+from ..budget import BudgetLedger, search_caps
+from ..errors import SchedulerUnavailable, UsageError
+from ..ledger import JobRole, Outcome, TrialRecord, TrialSpec, fold, read_events
+from ..report import compute_used, counts_by_state
+from ..selection.candidates import TrialFacts
+from ..selection.commands import Assessment, assess
+from ..selection.policy import SelectionPolicy
+from ..selection.slices import SliceRow, overall
+from ..selection.store import SelectionStore
+
+REGISTERED = "release:registered"
+
+
+class Check(str, enum.Enum):
+    """A check's verdict; ``decided``: a failed slice gate that a documented decision accepted."""
+
+    PASSED = "passed"
+    DECIDED = "decided"
+    FAILED = "failed"
+    MISSING = "missing"  # not run yet
+
+
+# Each check, in the order a hold is reported, with the hold it causes.
+HOLDS = (
+    ("data", Outcome.HOLD_INVALID_WINNER.value),
+    ("reproducible", Outcome.HOLD_INVALID_WINNER.value),
+    ("slices", Outcome.HOLD_SLICE_QUALITY.value),
+    ("performance", "hold:performance"),
+    ("parity", "hold:serving-parity"),
+    ("final", "hold:final-not-evaluated"),
+)
+
+
+def build(store: SelectionStore, facts: Sequence[TrialFacts], *, sacct: bool = True) -> dict[str, Any]:
+    """``facts``: ``selection.commands.trial_facts`` of the search, read once by the caller."""
+    search = store.search
+    contract = search.contract()
+    policy = SelectionPolicy.of(contract)
+    record = store.record()
+    n = store.current()
+    if n is None:
+        raise UsageError(f"{search.path} has no selection; run `parcel-hpc select` first")
+    a = assess(store, record, n)
+    by_id = {f.record.trial_id: f for f in facts}
+    records = [f.record for f in facts]
+    winner_facts = by_id.get(a.frozen["trial_id"])
+    result = a.result or {}
+    final = store.result(n, JobRole.FINAL)
+    jobs = [r for r in (result, final) if r]
+    recorded = {name: _recorded(Path(path)) for name, path in result.get("records", {}).items()}
+    checks = _checks(a, result, final)
+    packet = {
+        "format": "parcel-release/1",
+        "search": {"revision": contract["search_revision"], "path": str(search.path), "contract_digest": contract.digest},
+        "built_at": time.time(),
+        "counts": counts_by_state(records),
+        "compute": _compute(search, contract, records, jobs, sacct),
+        "selection": {
+            "number": a.n,
+            "trial_id": a.frozen["trial_id"],
+            "metric": a.frozen["metric"],
+            "early": a.frozen["early"],
+            "reason": a.frozen["reason"],
+            "frozen_at": a.frozen["frozen_at"],
+            "by": a.frozen["by"],
+            "completed": len(a.entries),
+            "candidates": sum(e.lineage_ok for e in a.entries),
+            "list_digest": a.frozen["list_digest"],
+            "disposition": a.verdict.outcome.value,
+            "reasons": list(a.verdict.reasons),
+            "decisions": [{"by": d.by, "reason": d.reason, "trial_id": d.trial_id, "lifted": d.lifted.value} for d in a.decisions],
+        },
+        "lineage": _lineage(contract, winner_facts, a, result, final, store.final_plan(), policy),
+        "rerun": None
+        if a.rerun is None
+        else {
+            "selected_metric": a.rerun.selected_metric,
+            "rerun_metric": a.rerun.rerun_metric,
+            "artifact_metric": a.rerun.artifact_metric,
+            "tolerance": a.rerun.tolerance,
+            "within": a.rerun.within,
+        },
+        "recorded": {name: _record_summary(r) for name, r in recorded.items()},
+        "slices": None
+        if a.gate is None
+        else {
+            "partition": "validation",
+            "winner": result["slices"]["winner"],
+            "baseline": result["slices"]["baseline"],
+            "gate": [f.to_json() for f in a.gate.findings],
+            "passed": a.gate.passed,
+        },
+        "artifact": result.get("artifact"),
+        "parity": result.get("parity"),
+        "serving": result.get("serving"),
+        "final": final,
+        "final_attempts": [
+            {"t": t, "allowed": f.allowed, "retry": f.retry, "outcome": f.outcome, "by": f.by, "host": f.host} for t, f in record.final_attempts
+        ],
+        "checks": {k: v.value for k, v in checks.items()},
+    }
+    packet["outcome"] = outcome_of(packet)
+    return packet
+
+
+def _checks(a: Assessment, result: Mapping[str, Any], final: Mapping[str, Any] | None) -> dict[str, Check]:
+    data = Check.PASSED if any(e.trial_id == a.frozen["trial_id"] and e.lineage_ok for e in a.entries) else Check.FAILED
+    if not result:
+        return {"data": data, **dict.fromkeys(("reproducible", "performance", "parity", "slices", "final"), Check.MISSING)}
+    winner_all, baseline_all = overall(slice_rows(result, "winner")), overall(slice_rows(result, "baseline"))
+    return {
+        "data": data,
+        "reproducible": Check.PASSED if a.rerun is not None and a.rerun.within else Check.FAILED,
+        "performance": Check.PASSED if winner_all.miss_cost <= baseline_all.miss_cost else Check.FAILED,
+        "parity": Check.PASSED if result["parity"]["passed"] else Check.FAILED,
+        "slices": Check.PASSED if a.gate is not None and a.gate.passed else Check.DECIDED if a.decisions else Check.FAILED,
+        "final": _final_check(a, result, final),
+    }
+
+
+def _final_check(a: Assessment, result: Mapping[str, Any], final: Mapping[str, Any] | None) -> Check:
+    """Passed only for a final result about this selection, its trial and the artifact its rerun checked."""
+    if final is None:
+        return Check.MISSING
+    same = final["selection"] == a.n and final["trial_id"] == a.frozen["trial_id"] and final["winner"]["artifact_sha256"] == result["artifact"]["sha256"]
+    return Check.PASSED if same else Check.FAILED
+
+
+def slice_rows(result: Mapping[str, Any], which: str) -> list[SliceRow]:
+    return [SliceRow.from_json(r) for r in result["slices"][which]]
+
+
+def outcome_of(packet: Mapping[str, Any]) -> str:
+    """``release:registered``, or the first hold that keeps the artifact out of the registry."""
+    checks = {k: Check(v) for k, v in packet["checks"].items()}
+    for name, outcome in HOLDS:
+        if checks[name] not in (Check.PASSED, Check.DECIDED):
+            return outcome
+    return REGISTERED
+
+
+def _recorded(directory: Path) -> TrialRecord:
+    """A selection job's training (the rerun, the baseline), recorded like a trial."""
+    return fold(TrialSpec.from_json(fsio.read_json(directory / "spec.json")), read_events(directory))
+
+
+def _record_summary(r: TrialRecord) -> dict[str, Any]:
+    return {
+        "state": r.state.value,
+        "metric": r.metric,
+        "step": r.step,
+        "params": dict(r.spec.params),
+        "config_hash": r.spec.config_hash,
+        "attempts": [{"number": x.number, "how": x.how.value if x.how else None, "job_id": x.job_id, "host": x.host} for x in r.attempts],
+    }
+
+
+def _compute(search, contract, records, jobs: Sequence[Mapping[str, Any]], sacct: bool) -> dict[str, Any]:
+    caps = search_caps(contract)
+    totals = BudgetLedger.read_totals(search.path)
+    ledger = compute_used(records)
+    selection_jobs = {"gpu_hours": 0.0, "cpu_hours": 0.0, "jobs": len(jobs)}
+    for job in jobs:  # the rerun and final jobs: their own wall time times the resources they held
+        hours = max(0.0, job["job"]["ended_at"] - job["job"]["started_at"]) / 3600.0
+        selection_jobs["gpu_hours"] += int(job["job"]["resources"]["gpus"]) * hours
+        selection_jobs["cpu_hours"] += int(job["job"]["resources"]["cpus"]) * hours
+    selection_jobs["cost"] = caps.rates.cost(selection_jobs["gpu_hours"], selection_jobs["cpu_hours"])
+    out: dict[str, Any] = {
+        "ledger": {"gpu_hours": ledger["gpu_hours"], "cpu_hours": ledger["cpu_hours"], "attempts": ledger["attempts"]},
+        "selection_jobs": selection_jobs,
+        "total": {
+            "gpu_hours": ledger["gpu_hours"] + selection_jobs["gpu_hours"],
+            "cpu_hours": ledger["cpu_hours"] + selection_jobs["cpu_hours"],
+            "cost": caps.rates.cost(ledger["gpu_hours"] + selection_jobs["gpu_hours"], ledger["cpu_hours"] + selection_jobs["cpu_hours"]),
+        },
+        "budget": None
+        if totals is None
+        else {
+            "used_gpu_hours": totals.used_gpu_hours,
+            "used_cpu_hours": totals.used_cpu_hours,
+            "cost": caps.rates.cost(totals.used_gpu_hours, totals.used_cpu_hours),
+            "gpu_hours_cap": caps.gpu_hours_cap,
+            "cost_cap": caps.cost_cap,
+        },
+        "sacct": None,
+        "sacct_note": "",
+    }
+    if sacct and search.slurm_job_names():
+        from ..accounting import run as accounting  # pyarrow: only a search that ran on SLURM needs it
+
+        try:
+            rec = accounting.reconcile_search(search, None)
+            out["sacct"] = {"spend": rec.to_json()["spend"], "flags": len(rec.flags)}
+        except SchedulerUnavailable as exc:
+            out["sacct_note"] = f"sacct unavailable: {exc}"
+    else:
+        out["sacct_note"] = "The search ran on the local executor: no scheduler accounting."
+    return out
+
+
+def _lineage(contract, winner_facts: TrialFacts | None, a: Assessment, result, final, plan, policy: SelectionPolicy) -> dict[str, Any]:
+    """The five questions about the selected trial."""
+    if winner_facts is None:
+        return {}
+    r, seen = winner_facts.record, winner_facts.admitted
+    software = (result or {}).get("software") or {}
+    return {
+        "what_ran": {
+            "trial_id": r.trial_id,
+            "params": dict(r.spec.params),
+            "seed": r.spec.seed,
+            "config_hash": r.spec.config_hash,
+            "contract_digest": contract.digest,
+            "trainer": dict(contract["trainer"]),
+            "image_digest": seen.image_digest if seen else None,
+            "code_version": software.get("code_version"),
+            "dependencies": {"environment_digest": software.get("environment_digest"), "key": software.get("key_versions") or {}},
+            "seen_by": "the worker's own image digest (admitted event); code and dependencies as the rerun job saw them",
+        },
+        "on_what_data": {
+            "snapshot_digest": seen.snapshot_digest if seen else None,
+            "split_digest": seen.split_digest if seen else None,
+            "split_revision": contract["split_revision"],
+            "preprocessing": dict(contract["preprocessing"]),
+            "read_by": "the worker's own digests of the files it opened (admitted event)",
+            "selection_job_read": (result or {}).get("observed"),
+            "final_partition_digest": plan["final_digest"],
+        },
+        "how_it_ended": {
+            "state": r.state.value,
+            "metric": r.metric,
+            "step": r.step,
+            "attempts": [
+                {"number": x.number, "how": x.how.value if x.how else None, "cause": x.cause.value if x.cause else None, "job_id": x.job_id, "host": x.host}
+                for x in r.attempts
+            ],
+            "jobs": list(r.jobs),
+        },
+        "what_it_cost": _trial_cost(r, contract),
+        "what_was_concluded": {
+            "scorer": contract["metric_revision"],
+            "metric": dict(contract["metric"]),
+            "selection_revision": policy.revision,
+            "baseline": {
+                "name": policy.baseline_name,
+                "params": dict(policy.baseline_params),
+                "validation_metric": (result or {}).get("baseline", {}).get("metric"),
+            },
+            "disposition": a.verdict.outcome.value,
+            "decided_by": [d.by for d in a.decisions],
+            "final_metric": final["winner"]["metric"] if final else None,
+            "final_baseline_metric": final["baseline"]["metric"] if final else None,
+        },
+    }
+
+
+def _trial_cost(r: TrialRecord, contract) -> dict[str, Any]:
+    used = compute_used([r])
+    return {
+        "gpu_hours": used["gpu_hours"],
+        "cpu_hours": used["cpu_hours"],
+        "cost": search_caps(contract).rates.cost(used["gpu_hours"], used["cpu_hours"]),
+        "attempts": used["attempts"],
+    }

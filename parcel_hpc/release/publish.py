@@ -1,0 +1,71 @@
+"""``parcel-hpc release``: write the packet beside the search, and register the selected artifact
+only when the data, reproducibility, performance, parity, slice and final checks passed or were
+decided. A registry entry is written whole (files first, ``registered.json`` last, exclusively)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from .. import fsio
+from ..contract import digest_of, sha256_of
+from ..errors import CorruptRecord
+from ..ledger import SearchDir
+from ..ledger.selection import Released
+from ..selection.commands import trial_facts
+from ..selection.store import SelectionStore
+from . import render
+from .packet import REGISTERED, build
+
+
+def publish(search_dir: str | os.PathLike, registry: str | os.PathLike | None, *, out: Console, sacct: bool = True) -> dict[str, Any]:
+    store = SelectionStore(SearchDir(search_dir))
+    facts = trial_facts(store.search, store.search.contract())
+    packet = build(store, facts, sacct=sacct)
+    outcome = packet["outcome"]
+    registry_root = Path(os.path.abspath(registry)) if registry else store.search.path.parent / "registry"
+    entry = registry_root / packet["search"]["revision"] / packet["selection"]["trial_id"]
+    packet["registry_path"] = str(entry) if outcome == REGISTERED else ""
+    text_json = fsio.canonical_json(packet)
+    files = {
+        "packet.json": text_json + "\n",
+        "packet.md": render.to_markdown(packet),
+        "packet.html": render.to_html(packet, {"curves": {f.record.trial_id: list(f.curve) for f in facts if f.curve}}),
+    }
+    fsio.ensure_dir(store.release_dir)
+    for name, text in files.items():
+        fsio.atomic_write_text(store.release_dir / name, text)
+    if outcome == REGISTERED:
+        _register(packet, files, entry)
+    store.writer("release").released(
+        Released(packet["selection"]["number"], outcome == REGISTERED, outcome, sha256_of(text_json.encode()), packet["registry_path"])
+    )
+    out.print(outcome, markup=False)
+    out.print(f"  packet: {store.release_dir / 'packet.html'} (.json, .md)", markup=False)
+    for name, verdict in packet["checks"].items():
+        out.print(f"  {name}: {verdict}", markup=False)
+    if outcome == REGISTERED:
+        out.print(f"  registered: {entry}", markup=False)
+    else:
+        out.print("  the artifact stays out of the registry until every check passed or was decided", markup=False)
+    return packet
+
+
+def _register(packet: dict[str, Any], files: dict[str, str], entry: Path) -> None:
+    marker = entry / "registered.json"
+    if marker.exists():
+        return  # registered by an earlier release of this selection: a registry entry is never rewritten
+    # Exactly the bytes the rerun checked and the final evaluation scored, or nothing.
+    checked = packet["final"]["winner"]["artifact_sha256"]
+    source = Path(packet["artifact"]["path"])
+    data = source.read_bytes() if source.exists() else b""
+    if sha256_of(data) != checked:
+        raise CorruptRecord(f"the selected artifact {source} is missing or is not the one that was checked ({checked}); restore it before releasing")
+    fsio.ensure_dir(entry)
+    fsio.atomic_write_bytes(entry / "artifact.h5", data)
+    for name, text in files.items():
+        fsio.atomic_write_text(entry / name, text)
+    fsio.create_exclusive_json(marker, {"artifact_sha256": checked, "packet_digest": digest_of(packet), "trial_id": packet["selection"]["trial_id"]})

@@ -1,0 +1,12 @@
+"""Select once, then evaluate: freeze the completed list, rerun the winner, gate on slices against
+an approved baseline, record quality decisions, evaluate the protected final partition once.
+
+    policy.py       SelectionPolicy: the pinned ``selection`` group, typed and checked
+    candidates.py   (pure) clean lineage, the frozen completed list and its digest
+    slices.py       (pure) slice reports and the slice gate
+    disposition.py  (pure) hold:budget / hold:invalid-winner / hold:slice-quality / evaluate:final-holdout
+    store.py        where selections, job results, the final claim and the plan live
+    jobs.py         the model work, run as scheduler jobs (``parcel-hpc selection-job``)
+    submit.py       run a job on the search's own launcher (local process or sbatch template)
+    commands.py     select, decide, evaluate-final
+"""

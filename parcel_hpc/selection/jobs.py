@@ -1,0 +1,355 @@
+"""The model work of a selection, run as scheduler jobs (``parcel-hpc selection-job``), never on a login node.
+
+``rerun``: check what this job opened against the contract, load the selected trial's final
+checkpoint (the selected artifact) and rescore it, check its serving path against its training
+path on raw validation images, measure what serving it costs, rerun its configuration from the
+pinned snapshot, retrain the approved baseline the same way, and report both per slice. The rerun
+and the baseline are recorded like trials (a spec and a typed journal each).
+
+``final``: the one evaluation on the protected final partition. It reads the final file through
+``load_final_partition``, the one door, only under the revision's claim and plan, scores the
+artifacts the rerun checked through their serving paths, and seals the result.
+
+Trainer code runs behind the worker's fence (``worker.guard``) in both. Each job run works in a
+directory of its own and writes its result once, last, so a requeued or duplicated job never
+mixes files with another and one that finds the result written does nothing.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import statistics
+import subprocess
+import time
+import tracemalloc
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .. import checkpoints as ckpt
+from .. import fsio
+from ..contract import Contract, TrialIdentity, check_worker, config_hash
+from ..data import load_final_partition, read_split
+from ..errors import GovernanceRefusal, UsageError
+from ..image import environment_digest, file_digest
+from ..ledger import Admitted, AttemptEnd, Cause, Ended, JobRole, SearchDir, TrialSpec, TrialWriter
+from ..ledger.events import encode_payload
+from ..metric import MissCost
+from ..trainer import Trainer, TrainerState, TrainingData, load_training_data, make_trainer
+from ..trainer.base import checked_probabilities
+from ..worker import WorkerPlan, guard
+from ..worker.jobenv import facts_from_env
+from ..worker.observation import observe
+from ..worker.training import LoopCallbacks, train
+from .policy import SelectionPolicy
+from .slices import shipment_buckets, slice_report
+from .store import SelectionStore
+
+SERVING_BATCH = 64  # images per serve() call when measuring latency and memory
+KEY_DISTRIBUTIONS = ("parcel-hpc", "numpy", "h5py", "submitit", "hydra-core", "omegaconf")
+FINAL_PARTITION = "reject:final_partition"
+
+
+def run(search_dir: str | os.PathLike, role: JobRole, selection: int) -> dict[str, Any]:
+    store = SelectionStore(SearchDir(Path(search_dir)))
+    existing = store.result(selection, role)
+    if existing is not None:
+        return existing  # a requeued job whose first run finished: nothing to do twice
+    started = time.time()
+    ctx = _Context(store, selection)
+    result = _rerun(ctx) if role is JobRole.RERUN else _final(ctx)
+    # What the job itself used, for the packet's compute (it runs with the search's resources).
+    result["job"] = {
+        "started_at": started,
+        "ended_at": time.time(),
+        "facts": encode_payload(facts_from_env(), drop_empty=False),
+        "resources": {k: ctx.contract["resources"][k] for k in ("cpus", "gpus")},
+    }
+    store.write_result(selection, role, result)
+    return store.result(selection, role)
+
+
+# --- shared ----------------------------------------------------------------------------------
+
+
+class _Context:
+    """The frozen facts every job starts from, with what this job itself observed checked first."""
+
+    def __init__(self, store: SelectionStore, n: int) -> None:
+        self.store, self.n = store, n
+        self.contract: Contract = store.search.contract()
+        self.policy = SelectionPolicy.of(self.contract)
+        self.frozen = store.selection(n)
+        self.trial_id = str(self.frozen["trial_id"])
+        if not self.trial_id:
+            raise UsageError(f"selection {n} names no trial (no completed trial to select); nothing to rerun")
+        self.plan = WorkerPlan.load(store.search, self.trial_id)
+        self.split = read_split(self.plan.split_path)
+        observed, problem = observe(self.plan.snapshot_path, self.split, self.plan.image, self.contract["trainer"]["target"])
+        outcome = check_worker(observed, self.contract)
+        if outcome != "admit":
+            raise GovernanceRefusal(outcome, f"this selection job opened other data or code than the contract pins {problem}".strip())
+        self.admitted = Admitted(observed.snapshot_digest, observed.split_digest, observed.image_digest, observed.trainer["source_digest"])
+        self.data: TrainingData = load_training_data(self.plan.snapshot_path, self.split, self.plan.preprocessing, verify_digest=False)
+        m = self.contract["metric"]
+        self.metric = MissCost(m["revision"], float(m["miss_cost"]), float(m["review_cost"]))
+        baseline_hash = config_hash({"params": dict(self.policy.baseline_params), "seed": self.plan.seed, "contract_digest": self.contract.digest})
+        self.baseline_identity = TrialIdentity(f"baseline-{self.policy.baseline_name}", baseline_hash, self.contract.digest, self.contract["snapshot_digest"])
+        self.winner_identity = TrialIdentity(self.trial_id, self.plan.config_hash, self.contract.digest, self.contract["snapshot_digest"])
+
+    @contextmanager
+    def fenced(self) -> Iterator[None]:
+        """Trainer code runs here: an open of the final partition or the snapshot, or asking for the
+        final partition, stops the job (the worker's rule for trials)."""
+        with guard.protected_files(self.plan.split_path, self.plan.snapshot_path) as tripped:
+            try:
+                yield
+            finally:
+                asked = [*tripped, *self.data.asked_for_final]
+                if asked:
+                    raise GovernanceRefusal(FINAL_PARTITION, f"trainer code asked for protected data during a selection job ({asked[0]}); the job stops")
+
+    def trainer(self, params: Mapping[str, Any]) -> Trainer:
+        trainer = make_trainer(self.contract["trainer"])
+        with self.fenced():
+            trainer.build(dict(params), self.plan.seed, self.data)
+        return trainer
+
+    def columns(self, part) -> dict[str, np.ndarray]:
+        available = {
+            "damage_type": part.damage_type,
+            "camera_class": part.camera_class,
+            "shipment_bucket": shipment_buckets(part.shipment_id, self.policy.shipment_buckets),
+        }
+        return {c: available[c] for c in self.policy.columns}
+
+    def scores(self, trainer: Trainer, split: str, n: int, step: int) -> np.ndarray:
+        with self.fenced():
+            return checked_probabilities(trainer.predict(split), n, split, step)
+
+    def served(self, trainer: Trainer, images: np.ndarray, step: int, split: str) -> np.ndarray:
+        with self.fenced():
+            return checked_probabilities(trainer.serve(images), len(images), f"serving ({split})", step)
+
+
+def _restored(ctx: _Context, params: Mapping[str, Any], directory: Path, identity: TrialIdentity) -> tuple[Trainer, ckpt.Checkpoint]:
+    found = ckpt.CheckpointStore(directory, identity, keep_last=1).load_latest()
+    if found is None:
+        raise UsageError(f"no intact checkpoint in {directory}; the artifact is missing")
+    trainer = ctx.trainer(params)
+    with ctx.fenced():
+        trainer.load_state(TrainerState(found.params, found.extra or {}))
+    return trainer, found
+
+
+def _save_artifact(ctx: _Context, directory: Path, identity: TrialIdentity, step: int, trainer: Trainer) -> dict[str, Any]:
+    with ctx.fenced():
+        state = trainer.state().checked()
+    path = ckpt.CheckpointStore(directory, identity, keep_last=1).save(step, state.arrays, {}, {}, extra=state.scalars)
+    return {"path": str(path), "sha256": file_digest(path), "step": step, "bytes": path.stat().st_size}
+
+
+def _trained(ctx: _Context, records_dir: Path, name: str, params: Mapping[str, Any], identity: TrialIdentity) -> tuple[Trainer, float, TrialSpec]:
+    """Train ``params`` exactly like a trial (same loop, steps, seed and milestones; no pruning),
+    recorded like one: a spec and a journal with its start, the digests it read, its milestones
+    and its ending, under ``records_dir/name``."""
+    spec = TrialSpec(
+        name, -1, dict(params), ctx.plan.seed, identity.config_hash, ctx.contract.digest, ctx.admitted.image_digest, dict(ctx.contract["resources"])
+    )
+    directory = fsio.ensure_dir(records_dir / name)
+    fsio.create_exclusive_json(directory / "spec.json", spec.to_json())
+    journal = TrialWriter(directory, "selection-job")
+    journal.started(1, facts_from_env())
+    journal.admitted(1, ctx.admitted)
+    plan = replace(ctx.plan, params=dict(params))
+    trainer = ctx.trainer(params)
+    step = 0
+
+    def stepped(at: int) -> None:
+        nonlocal step
+        step = at
+
+    def validated(at: int, value: float, final: bool, metrics: Mapping[str, float]) -> None:
+        journal.milestone(1, at, value, at in plan.pruner["milestones"], metrics)
+
+    calls = LoopCallbacks(stepped, lambda at: None, validated, lambda: None)
+    try:
+        with ctx.fenced():
+            _, value = train(plan, trainer, ctx.data, 0, calls)
+    except GovernanceRefusal as exc:
+        journal.ended(1, Ended(AttemptEnd.REJECTED, step=step, outcome=exc.outcome, reason=str(exc)[:500]))
+        raise
+    except Exception as exc:
+        journal.ended(1, Ended(AttemptEnd.FAILED, Cause.EXCEPTION, step=step, message=f"{type(exc).__name__}: {exc}"[:500]))
+        raise
+    journal.ended(1, Ended(AttemptEnd.COMPLETED, step=plan.steps, metric=float(value)))
+    return trainer, float(value), spec
+
+
+def _parity(trainer: Trainer, images: np.ndarray, scores: np.ndarray, tolerance: float) -> dict[str, Any]:
+    served = checked_probabilities(trainer.serve(images), len(scores), "serving", 0)
+    diff = float(np.max(np.abs(served - scores))) if len(scores) else 0.0
+    return {"max_abs_difference": diff, "tolerance": tolerance, "passed": diff <= tolerance, "examples": int(len(scores))}
+
+
+def _serving_estimate(trainer: Trainer, images: np.ndarray) -> dict[str, Any]:
+    """Per image, on this job's CPU: median latency over repeated batches and peak traced memory."""
+    batch = images[:SERVING_BATCH]
+    trainer.serve(batch[:1])  # warm caches and lazy initialisation
+    times = []
+    for _ in range(7):
+        t0 = time.perf_counter()
+        trainer.serve(batch)
+        times.append(time.perf_counter() - t0)
+    tracemalloc.start()
+    try:
+        trainer.serve(batch)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return {
+        "latency_ms_per_image": 1000.0 * statistics.median(times) / len(batch),
+        "peak_memory_bytes_per_image": peak / len(batch),
+        "batch": int(len(batch)),
+        "cpu": platform.machine(),
+        "threads": os.environ.get("OMP_NUM_THREADS", ""),
+        "host": platform.node(),
+    }
+
+
+def _software() -> dict[str, Any]:
+    """What this job ran with, as seen where it ran: the code version and the dependency digests."""
+    versions = {}
+    for name in KEY_DISTRIBUTIONS:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    return {"code_version": _code_version(), "environment_digest": environment_digest(), "key_versions": versions}
+
+
+def _code_version() -> str:
+    """The parcel_hpc checkout's commit, marked when its files differ from it; the package version
+    when it is no checkout (the environment digest covers its source byte for byte either way)."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        if head.returncode == 0:
+            dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=10)
+            return head.stdout.strip() + (" with local changes" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return "parcel-hpc " + importlib.metadata.version("parcel-hpc")
+
+
+# --- rerun ---------------------------------------------------------------------------------------
+
+
+def _rerun(ctx: _Context) -> dict[str, Any]:
+    run_dir = ctx.store.new_run_dir(ctx.n, JobRole.RERUN)
+    val = ctx.data.validation
+    columns = ctx.columns(val)
+    # The selected artifact: the trial's own final checkpoint, rescored exactly as the search scored it.
+    winner, found = _restored(ctx, ctx.plan.params, Path(ctx.plan.checkpoint_dir()), ctx.winner_identity)
+    if found.step != ctx.plan.steps:
+        raise UsageError(f"the newest checkpoint of {ctx.trial_id} is at step {found.step}, not its final step {ctx.plan.steps}")
+    winner_scores = ctx.scores(winner, "validation", len(val), found.step)
+    artifact = _save_artifact(ctx, run_dir / "winner", ctx.winner_identity, found.step, winner) | {"from": str(found.path)}
+    with ctx.fenced():
+        parity = _parity(winner, val.images, winner_scores, ctx.policy.parity_tolerance)
+        serving = _serving_estimate(winner, val.images) | {"artifact_bytes": artifact["bytes"]}
+    # The rerun: the same configuration from the pinned snapshot, as a new run.
+    records = run_dir / "records"
+    _, rerun_metric, _ = _trained(ctx, records, "rerun", ctx.plan.params, ctx.winner_identity)
+    # The approved baseline, trained the same way.
+    baseline, baseline_metric, baseline_spec = _trained(ctx, records, "baseline", ctx.policy.baseline_params, ctx.baseline_identity)
+    baseline_scores = ctx.scores(baseline, "validation", len(val), ctx.plan.steps)
+    with ctx.fenced():
+        baseline_parity = _parity(baseline, val.images, baseline_scores, ctx.policy.parity_tolerance)
+    return {
+        "role": JobRole.RERUN.value,
+        "selection": ctx.n,
+        "trial_id": ctx.trial_id,
+        "run_dir": str(run_dir),
+        "observed": {k: getattr(ctx.admitted, k) for k in ("snapshot_digest", "split_digest", "image_digest", "trainer_digest")},
+        "software": _software(),
+        "selected_metric": float(ctx.frozen["metric"]),
+        "artifact_metric": ctx.metric(winner_scores, val.labels),
+        "rerun_metric": rerun_metric,
+        "rerun_tolerance": ctx.policy.rerun_tolerance,
+        "records": {"rerun": str(records / "rerun"), "baseline": str(records / "baseline")},
+        "artifact": artifact,
+        "baseline": {
+            "name": ctx.policy.baseline_name,
+            "params": dict(ctx.policy.baseline_params),
+            "config_hash": baseline_spec.config_hash,
+            "metric": baseline_metric,
+            "artifact": _save_artifact(ctx, run_dir / "baseline", ctx.baseline_identity, ctx.plan.steps, baseline),
+            "parity": baseline_parity,
+        },
+        "parity": parity,
+        "serving": serving,
+        "slices": {
+            "partition": "validation",
+            "winner": [r.to_json() for r in slice_report(winner_scores, val.labels, columns, ctx.metric)],
+            "baseline": [r.to_json() for r in slice_report(baseline_scores, val.labels, columns, ctx.metric)],
+        },
+    }
+
+
+# --- final -----------------------------------------------------------------------------------------
+
+
+def _final(ctx: _Context) -> dict[str, Any]:
+    store, n = ctx.store, ctx.n
+    claim = store.final_claim()
+    if claim is None or int(claim["selection"]) != n:
+        raise GovernanceRefusal(
+            "reject:final-holdout-unclaimed", f"no final evaluation claim for selection {n}; run `parcel-hpc evaluate-final`, which claims it"
+        )
+    plan = store.final_plan()
+    pinned = {
+        "contract_digest": ctx.contract.digest,
+        "final_digest": ctx.split.final_digest,
+        "metric": dict(ctx.contract["metric"]),
+        "baseline": dict(ctx.contract["selection"]["baseline"]),
+        "selection_revision": ctx.policy.revision,
+    }
+    for key, value in pinned.items():
+        if plan.get(key) != value:
+            raise GovernanceRefusal(f"reject:final_plan_{key}", f"the final evaluation plan pins {key}={plan.get(key)!r}, this evaluation has {value!r}")
+    rerun = store.result(n, JobRole.RERUN)
+    if rerun is None:
+        raise UsageError(f"selection {n} has no rerun result; run `parcel-hpc select` first")
+    # The one door to the protected partition (it verifies the file against the split it was sealed with).
+    final = load_final_partition(ctx.plan.snapshot_path, plan["final_path"], split=ctx.split)
+    columns = ctx.columns(final)
+    scored = {}
+    for which, identity, params, artifact in (
+        ("winner", ctx.winner_identity, ctx.plan.params, rerun["artifact"]),
+        ("baseline", ctx.baseline_identity, ctx.policy.baseline_params, rerun["baseline"]["artifact"]),
+    ):
+        trainer, found = _restored(ctx, params, Path(artifact["path"]).parent, identity)
+        if str(found.path) != artifact["path"] or file_digest(found.path) != artifact["sha256"]:
+            raise GovernanceRefusal("reject:artifact", f"the {which} artifact {found.path} is not the one the selection checked ({artifact['path']})")
+        scores = ctx.served(trainer, final.images, found.step, "final")
+        rows = slice_report(scores, final.labels, columns, ctx.metric)
+        scored[which] = {"metric": ctx.metric(scores, final.labels), "slices": [r.to_json() for r in rows], "artifact_sha256": artifact["sha256"]}
+    return {
+        "role": JobRole.FINAL.value,
+        "selection": n,
+        "trial_id": ctx.trial_id,
+        "search_revision": plan["search_revision"],
+        "final_digest": plan["final_digest"],
+        "final_examples": int(len(final.labels)),
+        "scored_through": "serve(raw final images)",
+        "winner": scored["winner"],
+        "baseline": scored["baseline"],
+        "evaluated_at": time.time(),
+    }

@@ -1,0 +1,54 @@
+"""The registry gate and the serving-parity check, on values and on a real trainer."""
+
+import numpy as np
+import pytest
+
+from parcel_hpc.data import read_split
+from parcel_hpc.release import outcome_of
+from parcel_hpc.selection.jobs import _parity
+from parcel_hpc.testing.trainers import SkewedServing
+from parcel_hpc.trainer import load_training_data
+from parcel_hpc.trainer.numpy_mlp import NumpyMLP
+
+CHECKS = ("data", "reproducible", "performance", "parity", "slices", "final")
+
+
+@pytest.mark.parametrize(
+    "failing, outcome",
+    [
+        ("data", "hold:invalid-winner"),
+        ("reproducible", "hold:invalid-winner"),
+        ("slices", "hold:slice-quality"),
+        ("performance", "hold:performance"),
+        ("parity", "hold:serving-parity"),
+        ("final", "hold:final-not-evaluated"),
+    ],
+)
+def test_any_check_that_did_not_pass_keeps_the_artifact_out(failing, outcome):
+    checks = dict.fromkeys(CHECKS, "passed")
+    checks[failing] = "failed" if failing != "final" else "missing"
+    assert outcome_of({"checks": checks}) == outcome
+
+
+def test_a_decided_slice_gate_is_registrable():
+    checks = dict.fromkeys(CHECKS, "passed") | {"slices": "decided"}
+    assert outcome_of({"checks": checks}) == "release:registered"
+
+
+@pytest.fixture(scope="module")
+def data(artifacts):
+    return load_training_data(artifacts["snapshot_path"], read_split(artifacts["split_path"]), {"revision": "stats-r1", "pool": 4})
+
+
+@pytest.mark.parametrize("cls, passes", [(NumpyMLP, True), (SkewedServing, False)])
+def test_serving_parity_catches_a_serving_path_that_skews(data, cls, passes):
+    trainer = cls()
+    trainer.build({"lr": 0.01, "hidden": 16, "l2": 1e-4, "batch_size": 64}, 1234, data)
+    for _ in range(5):
+        trainer.step()
+    scores = trainer.predict("validation")
+    parity = _parity(trainer, data.validation.images, scores, 1e-6)
+    assert parity["passed"] is passes
+    assert parity["examples"] == len(scores)
+    if not passes:
+        assert parity["max_abs_difference"] > 1e-6 and np.isfinite(parity["max_abs_difference"])

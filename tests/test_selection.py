@@ -1,0 +1,272 @@
+"""Selection's pure decisions and records: the disposition with the project card's semantics, the
+slice gate, clean lineage, the policy's checks, the selection journal, and the batch templates."""
+
+import re
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from parcel_hpc import sbatch
+from parcel_hpc.contract import Contract
+from parcel_hpc.errors import CorruptRecord, UsageError
+from parcel_hpc.ledger import Admitted, Executor, JobRole, Outcome, SearchDir, TrialRecord, TrialSpec, TrialState
+from parcel_hpc.ledger.selection import Decided, Frozen, SelectionWriter, fold_selection, read_selection_events
+from parcel_hpc.metric import MissCost
+from parcel_hpc.selection.candidates import Entry, TrialFacts, best_candidate, completed_list, lineage_problems, list_digest
+from parcel_hpc.selection.commands import checked_text
+from parcel_hpc.selection.disposition import RerunCheck, disposition
+from parcel_hpc.selection.policy import GatePolicy, SelectionPolicy
+from parcel_hpc.selection.slices import shipment_buckets, slice_gate, slice_report
+from parcel_hpc.selection.store import SelectionStore
+
+GATE = GatePolicy(max_recall_drop=0.05, max_miss_cost_rise=0.25, min_recall={"crushed_corner": 0.75}, min_examples=5)
+OK_RERUN = RerunCheck(0.50, 0.50, 0.02, 0.50)
+
+
+def entries(*rows):
+    return tuple(Entry(tid, "sha256:" + "0" * 64, metric, ok, () if ok else ("quarantined",)) for tid, metric, ok in rows)
+
+
+# --- the disposition ------------------------------------------------------------------------------
+
+
+def test_the_project_cards_examples():
+    """parcel-47 improves the objective but fails its slice gate; parcel-82 passes everything."""
+    listed = entries(("parcel-47", 0.40, True), ("parcel-82", 0.45, True))
+    assert disposition(2, 82, listed, "parcel-47", OK_RERUN, False, False).outcome is Outcome.HOLD_SLICE_QUALITY
+    assert disposition(2, 82, listed, "parcel-82", OK_RERUN, True, False).outcome is Outcome.EVALUATE_FINAL
+
+
+@pytest.mark.parametrize("n_trials, budget", [(2, 0), (2, -1), (83, 82)])
+def test_budget_comes_first(n_trials, budget):
+    listed = entries(("t1", 0.4, True))
+    verdict = disposition(n_trials, budget, listed, "t1", OK_RERUN, True, False)
+    assert verdict.outcome is Outcome.HOLD_BUDGET
+    assert str(n_trials) in verdict.reasons[0]
+
+
+def test_a_selection_without_a_trial_is_an_invalid_winner():
+    v = disposition(3, 82, (), "", None, None, False)
+    assert v.outcome is Outcome.HOLD_INVALID_WINNER and v.reasons == ("no completed trial to select",)
+
+
+def test_a_winner_without_clean_lineage_or_outside_tolerance_is_invalid():
+    listed = entries(("t1", 0.40, False), ("t2", 0.45, True))
+    v = disposition(2, 82, listed, "t1", OK_RERUN, True, False)
+    assert v.outcome is Outcome.HOLD_INVALID_WINNER and "quarantined" in v.reasons[0]
+    assert disposition(2, 82, listed, "t9", OK_RERUN, True, False).outcome is Outcome.HOLD_INVALID_WINNER
+    far = RerunCheck(0.45, 0.52, 0.02, 0.45)
+    v = disposition(2, 82, listed, "t2", far, True, False)
+    assert v.outcome is Outcome.HOLD_INVALID_WINNER
+    assert "0.4500" in v.reasons[0] and "0.5200" in v.reasons[0]  # both numbers
+    assert disposition(2, 82, listed, "t2", RerunCheck(0.45, None, 0.02), True, False).outcome is Outcome.HOLD_INVALID_WINNER
+    # The selected artifact must rescore to the number it was selected by.
+    assert not RerunCheck(0.45, 0.45, 0.02, artifact_metric=0.47).within
+
+
+def test_only_a_decision_lifts_the_slice_hold():
+    listed = entries(("t1", 0.40, True))
+    assert disposition(1, 82, listed, "t1", OK_RERUN, False, True).outcome is Outcome.EVALUATE_FINAL
+    assert disposition(1, 82, listed, "t1", OK_RERUN, None, True).outcome is Outcome.HOLD_SLICE_QUALITY  # no report: nothing to decide on
+    # A decision cannot lift an invalid winner.
+    assert disposition(1, 82, listed, "t1", RerunCheck(0.4, 0.6, 0.02), False, True).outcome is Outcome.HOLD_INVALID_WINNER
+
+
+# --- slices and the gate ----------------------------------------------------------------------------
+
+
+def _report(scores, labels, damage):
+    return slice_report(np.asarray(scores), np.asarray(labels, bool), {"damage_type": np.asarray(damage)}, MissCost("miss-cost-r3", 5.0, 1.0))
+
+
+def test_a_global_win_that_loses_on_crushed_corner_fails_the_gate():
+    damage = ["crushed_corner"] * 10 + ["torn"] * 10
+    labels = [True] * 20
+    baseline = _report([0.9] * 9 + [0.0] + [0.0] * 5 + [0.9] * 5, labels, damage)  # crushed 9/10, torn 5/10
+    winner = _report([0.9] * 6 + [0.0] * 4 + [0.9] * 10, labels, damage)  # crushed 6/10, torn 10/10
+    assert winner[0].miss_cost < baseline[0].miss_cost  # better overall
+    result = slice_gate(winner, baseline, GATE)
+    failed = {(f.value, f.check) for f in result.failures}
+    assert ("crushed_corner", "recall_drop") in failed and ("crushed_corner", "min_recall") in failed
+    assert not any(v == "torn" for v, _ in failed)
+    assert not result.passed
+
+
+@pytest.mark.parametrize("named", ["crushed-corner", "puncture"])
+def test_a_value_threshold_on_a_slice_that_is_absent_or_has_no_positive_fails(named):
+    damage = ["crushed_corner"] * 10 + ["puncture"] * 10
+    labels = [True] * 10 + [False] * 10  # puncture: no positive, so no recall to check
+    rows = _report([0.9] * 20, labels, damage)
+    result = slice_gate(rows, rows, replace(GATE, min_recall={named: 0.5}))
+    assert not result.passed
+    (finding,) = result.failures
+    assert finding.value == named and finding.check == "min_recall" and finding.winner is None
+
+
+def test_small_slices_are_reported_not_gated():
+    damage = ["crushed_corner"] * 3 + ["torn"] * 10
+    labels = [True] * 13
+    baseline = _report([0.9] * 13, labels, damage)
+    winner = _report([0.0] * 3 + [0.9] * 10, labels, damage)
+    gate = replace(GATE, min_recall={})
+    assert slice_gate(winner, baseline, gate).passed  # 3 frames < min_examples
+    assert [r.value for r in winner] == ["all", "crushed_corner", "torn"]
+
+
+def test_shipment_buckets_are_stable_names():
+    ids = np.array(["SHP-0001", "SHP-0002", "SHP-0001"])
+    b = shipment_buckets(ids, 4)
+    assert b[0] == b[2] and all(re.fullmatch(r"b[0-3]", x) for x in b)
+    assert list(shipment_buckets(ids, 4)) == list(b)
+
+
+# --- lineage ------------------------------------------------------------------------------------------
+
+
+CONTRACT = Contract(
+    {
+        "snapshot_digest": "sha256:snap",
+        "split_digest": "sha256:split",
+        "metric_revision": "miss-cost-r3",
+        "search_revision": "r1",
+        "image_digest": "sha256:img",
+        "trainer": {"target": "x:Y", "unit": "step", "source_digest": "sha256:code"},
+    }
+)
+SEEN = Admitted("sha256:snap", "sha256:split", "sha256:img", "sha256:code")
+
+
+def record(tid, state=TrialState.COMPLETED, metric=0.5, **kw):
+    spec = TrialSpec(tid, 0, {"lr": 0.1}, 1, "sha256:" + tid.encode().hex().ljust(64, "0"), "sha256:c", "sha256:img", {})
+    return TrialRecord(spec, state, metric=metric if state is TrialState.COMPLETED else None, **kw)
+
+
+def test_clean_lineage_and_each_way_it_breaks():
+    assert lineage_problems(TrialFacts(record("t1"), SEEN), CONTRACT) == ()
+    assert "state pruned" in lineage_problems(TrialFacts(record("t1", TrialState.PRUNED), SEEN), CONTRACT)[0]
+    assert "admitted" in lineage_problems(TrialFacts(record("t1"), None), CONTRACT)[0]
+    other = lineage_problems(TrialFacts(record("t1"), replace(SEEN, split_digest="sha256:other")), CONTRACT)
+    assert "split sha256:other" in other[0]
+    assert "quarantined" in lineage_problems(TrialFacts(record("t1", quarantines=("shared prefix",)), SEEN), CONTRACT)[0]
+    assert "invalidated peer" in lineage_problems(TrialFacts(record("t1"), SEEN, ("milestone 20 used t9",)), CONTRACT)[0]
+
+
+def test_the_completed_list_is_ordered_and_its_digest_covers_it():
+    facts = [TrialFacts(record("t2", metric=0.4), None), TrialFacts(record("t1", metric=0.45), SEEN), TrialFacts(record("t3", TrialState.FAILED), SEEN)]
+    listed = completed_list(facts, CONTRACT)
+    assert [e.trial_id for e in listed] == ["t2", "t1"]
+    assert best_candidate(listed).trial_id == "t1"  # t2 is better but its lineage is not clean
+    assert list_digest(listed) != list_digest(listed[:1])
+
+
+# --- the policy and the inputs --------------------------------------------------------------------------
+
+
+POLICY = {
+    "revision": "gate-r1",
+    "rerun_tolerance": 0.02,
+    "parity_tolerance": 1e-6,
+    "baseline": {"name": "approved", "params": {"lr": 0.01}},
+    "slices": {"columns": ["damage_type"], "shipment_buckets": 4, "min_examples": 15},
+    "gate": {"max_recall_drop": 0.05, "max_miss_cost_rise": 0.25, "min_recall": {"crushed_corner": 0.75}},
+}
+
+
+@pytest.mark.parametrize(
+    "change, needle",
+    [
+        ({"rerun_tolerance": -1}, "rerun_tolerance"),
+        ({"gate": {**POLICY["gate"], "min_recall": {"crushed_corner": 1.5}}}, "min_recall.crushed_corner"),
+        ({"slices": {**POLICY["slices"], "columns": ["colour"]}}, "columns"),
+        ({"baseline": {"name": "approved", "params": {"lr": None}}}, "baseline.params.lr"),
+        ({"baseline": {"name": " ", "params": {"lr": 0.01}}}, "baseline.name"),
+    ],
+)
+def test_a_malformed_policy_is_one_line_naming_the_field(change, needle):
+    with pytest.raises(UsageError) as exc:
+        SelectionPolicy.from_mapping({**POLICY, **change})
+    assert needle in str(exc.value) and "\n" not in str(exc.value)
+
+
+@pytest.mark.parametrize("text", ["two\nlines", "bell\x07", "x" * 501])
+def test_decision_text_is_one_printable_line(text):
+    with pytest.raises(UsageError):
+        checked_text("--reason", text, required=True)
+    with pytest.raises(UsageError):
+        checked_text("--by", "  ", required=True)
+
+
+# --- the selection journal ----------------------------------------------------------------------------
+
+
+def test_selection_events_round_trip_and_fold(tmp_path):
+    w = SelectionWriter(tmp_path, "test")
+    w.frozen(Frozen(1, "t1", 0.5, "sha256:l", 3, 2, False, "", "me"))
+    w.job_submitted(1, JobRole.RERUN, "123", Executor.LOCAL, "node1")
+    w.job_ended(1, JobRole.RERUN, "123", True, "sha256:r")
+    w.disposed(1, Outcome.HOLD_SLICE_QUALITY, ["gate failed"])
+    w.decided(Decided(1, "t1", Outcome.HOLD_SLICE_QUALITY, "Dana", "accepted"))
+    # A torn last line (a writer killed mid-append) is ignored.
+    with open(next(tmp_path.glob("journal-*.jsonl")), "a") as f:
+        f.write('{"kind": "decided", "t"')
+    events = read_selection_events(tmp_path)
+    rec = fold_selection(events)
+    assert rec.selections[1].trial_id == "t1" and rec.selections[1].metric == 0.5
+    assert rec.job_ended(1, JobRole.RERUN).ok and rec.job_ids(1, JobRole.RERUN) == ["123"]
+    assert [e.data.outcome for e in events if e.kind.value == "disposed"] == [Outcome.HOLD_SLICE_QUALITY]
+    assert rec.decisions[1][0].by == "Dana"
+
+
+def test_a_selection_file_is_the_fact_and_a_final_claim_fixes_the_current_selection(tmp_path):
+    store = SelectionStore(SearchDir(tmp_path))
+    assert store.current() is None and store.frozen_numbers() == []
+    assert store.freeze(1, {"selection": 1}) and store.freeze(2, {"selection": 2})
+    assert not store.freeze(2, {"selection": 2, "other": True})  # exclusive
+    assert store.frozen_numbers() == [1, 2] and store.current() == 2  # no journal event needed
+    assert store.claim_final({"selection": 1})
+    assert store.current() == 1  # selection 2 froze after the claim of 1 was taken: it is void
+
+
+def test_a_decision_lifts_only_the_slice_hold_and_names_who_and_why():
+    with pytest.raises(ValueError):
+        Decided(1, "t1", Outcome.HOLD_INVALID_WINNER, "Dana", "because")
+    with pytest.raises(ValueError):
+        Decided(1, "t1", Outcome.HOLD_SLICE_QUALITY, "", "because")
+
+
+def test_a_damaged_selection_event_is_a_corrupt_record(tmp_path):
+    (tmp_path / "journal-x.jsonl").write_text('{"kind": "disposed", "t": 1, "writer": "x", "seq": 1, "selection": 1, "outcome": "hold:maybe"}\n')
+    with pytest.raises(CorruptRecord):
+        read_selection_events(tmp_path)
+
+
+# --- the batch templates --------------------------------------------------------------------------------
+
+
+def _values(**kw):
+    base = dict(
+        job_name="parcel-r1-rerun",
+        time_limit_min=10,
+        output="/tmp/logs/rerun-%j.out",
+        python="/usr/bin/python3",
+        search_dir="/tmp/runs/r1",
+        search_revision="r1",
+        contract_digest="sha256:abc",
+        selection=1,
+    )
+    return sbatch.SbatchValues(**{**base, **kw})
+
+
+@pytest.mark.parametrize("template, role", [("winner_rerun", "rerun"), ("final_eval", "final")])
+def test_selection_templates_render_and_run_their_command(template, role):
+    script = sbatch.render(template, _values(gres="gpu:1", partition="low"))
+    assert "#SBATCH --gres=gpu:1" in script and "#SBATCH --partition=low" in script
+    assert f"-m parcel_hpc selection-job /tmp/runs/r1 {role} --selection 1" in script
+    cpu_only = sbatch.render(template, _values())
+    assert "--gres" not in cpu_only and "--partition" not in cpu_only
+
+
+def test_a_gres_that_is_not_a_gpu_request_is_refused():
+    with pytest.raises(UsageError, match="gres"):
+        _values(gres="gpu:1\n#SBATCH --uid=0")
