@@ -112,6 +112,7 @@ def test_the_whole_story(story):
     assert packet["parity"]["passed"] and packet["serving"]["latency_ms_per_image"] > 0 and packet["serving"]["artifact_bytes"] > 0
     assert packet["final"]["winner"]["metric"] >= 0 and packet["final"]["final_examples"] > 0
     assert [a["allowed"] for a in packet["final_attempts"]] == [False, True, False]  # every attempt is logged
+    assert [o["job_id"] for o in packet["final_opened"]] == [str(opens[0]["pid"])]  # and the one read, by the job that made it
     entry = Path(packet["registry_path"])
     assert (entry / "artifact.h5").stat().st_size == packet["serving"]["artifact_bytes"]
     assert (entry / "registered.json").exists() and (entry / "packet.html").exists()

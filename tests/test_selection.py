@@ -213,7 +213,7 @@ def test_selection_events_round_trip_and_fold(tmp_path):
     events = read_selection_events(tmp_path)
     rec = fold_selection(events)
     assert rec.selections[1].trial_id == "t1" and rec.selections[1].metric == 0.5
-    assert rec.job_ended(1, JobRole.RERUN).ok and rec.job_ids(1, JobRole.RERUN) == ["123"]
+    assert rec.job_ended(1, JobRole.RERUN).ok and rec.last_job(1, JobRole.RERUN).ok
     assert [e.data.outcome for e in events if e.kind.value == "disposed"] == [Outcome.HOLD_SLICE_QUALITY]
     assert rec.decisions[1][0].by == "Dana"
 

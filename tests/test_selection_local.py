@@ -4,16 +4,19 @@ claim is not run twice while its first run may still be alive, and the registry 
 final result only about this selection's checked artifact."""
 
 import os
+import socket
 import subprocess
 import sys
 
 import pytest
 
-from parcel_hpc.ledger import JobRole, Outcome, SearchDir
+from parcel_hpc.errors import GovernanceRefusal
+from parcel_hpc.ledger import Executor, JobRole, Outcome, SearchDir
 from parcel_hpc.ledger.selection import SelectionWriter
 from parcel_hpc.release.packet import Check, _final_check
 from parcel_hpc.selection.commands import Assessment, _why_not_again
 from parcel_hpc.selection.disposition import Verdict
+from parcel_hpc.selection.jobs import _wait_for_own_submission
 from parcel_hpc.selection.store import SelectionStore
 from parcel_hpc.testing import launch, parcel_hpc
 from parcel_hpc.testing.trainers import PROTECTED_PATH_ENV
@@ -54,8 +57,6 @@ def test_trainer_code_in_the_rerun_job_is_fenced_off_the_final_partition(tmp_pat
 
 
 def _claimed_store(tmp_path, pid: int, host: str | None = None):
-    import socket
-
     store = SelectionStore(SearchDir(tmp_path))
     store.claim_final({"selection": 1, "trial_id": "t1", "claimed_at": 0.0, "by": "me", "host": host or socket.gethostname(), "pid": pid})
     return store, SelectionWriter(store.dir, "test")
@@ -105,3 +106,14 @@ def _assessment(n=1, trial="t1"):
 )
 def test_the_final_check_passes_only_for_this_selections_checked_artifact(final, check):
     assert _final_check(_assessment(), {"artifact": {"sha256": "sha256:a"}}, final) is check
+
+
+def test_a_final_job_that_evaluate_final_did_not_submit_never_opens_the_partition(tmp_path):
+    """Run by hand, or an orphan whose submitter died before recording it: refused, nothing read."""
+    store, writer = _claimed_store(tmp_path, 1)
+    writer.job_submitted(1, JobRole.FINAL, "999999", Executor.LOCAL, socket.gethostname())  # another job
+    with pytest.raises(GovernanceRefusal) as refused:
+        _wait_for_own_submission(store, 1, str(os.getpid()), wait_s=0.3)
+    assert refused.value.outcome == "reject:final-holdout-unclaimed"
+    writer.job_submitted(1, JobRole.FINAL, str(os.getpid()), Executor.LOCAL, socket.gethostname())
+    _wait_for_own_submission(store, 1, str(os.getpid()), wait_s=0.3)  # the newest submission is this one

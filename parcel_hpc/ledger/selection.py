@@ -48,6 +48,7 @@ class SelectionEventKind(str, enum.Enum):
     DISPOSED = "disposed"  # the disposition computed from the selection's facts
     DECIDED = "decided"  # a documented quality decision about the selected trial
     FINAL_ATTEMPT = "final_attempt"  # someone asked for the final evaluation, allowed or refused
+    FINAL_OPENED = "final_opened"  # a final job is about to read the protected partition (each run, requeues too)
     FINAL_SEALED = "final_sealed"  # the final result is written, once
     RELEASED = "released"  # a release packet was published (registered or held)
 
@@ -118,6 +119,15 @@ class FinalAttempt:
 
 
 @dataclass(frozen=True)
+class FinalOpened:
+    selection: int
+    job_id: str
+    host: str
+    pid: int
+    restart_count: int = 0  # SLURM_RESTART_COUNT: a requeued job opens it again, and says so
+
+
+@dataclass(frozen=True)
 class FinalSealed:
     selection: int
     trial_id: str
@@ -133,7 +143,7 @@ class Released:
     registry_path: str = ""
 
 
-SelectionPayload = Frozen | JobSubmitted | JobEnded | Disposed | Decided | FinalAttempt | FinalSealed | Released
+SelectionPayload = Frozen | JobSubmitted | JobEnded | Disposed | Decided | FinalAttempt | FinalOpened | FinalSealed | Released
 
 PAYLOADS: Mapping[SelectionEventKind, type] = {
     SelectionEventKind.FROZEN: Frozen,
@@ -142,6 +152,7 @@ PAYLOADS: Mapping[SelectionEventKind, type] = {
     SelectionEventKind.DISPOSED: Disposed,
     SelectionEventKind.DECIDED: Decided,
     SelectionEventKind.FINAL_ATTEMPT: FinalAttempt,
+    SelectionEventKind.FINAL_OPENED: FinalOpened,
     SelectionEventKind.FINAL_SEALED: FinalSealed,
     SelectionEventKind.RELEASED: Released,
 }
@@ -216,6 +227,9 @@ class SelectionWriter:
     def final_attempt(self, payload: FinalAttempt) -> SelectionEvent:
         return self._append(SelectionEventKind.FINAL_ATTEMPT, payload)
 
+    def final_opened(self, payload: FinalOpened) -> SelectionEvent:
+        return self._append(SelectionEventKind.FINAL_OPENED, payload)
+
     def final_sealed(self, selection: int, trial_id: str, result_digest: str) -> SelectionEvent:
         return self._append(SelectionEventKind.FINAL_SEALED, FinalSealed(selection, trial_id, result_digest))
 
@@ -242,6 +256,7 @@ class SelectionRecord:
     jobs: Mapping[tuple[int, JobRole], tuple[JobSubmitted | JobEnded, ...]] = field(default_factory=dict)
     decisions: Mapping[int, tuple[Decided, ...]] = field(default_factory=dict)
     final_attempts: tuple[tuple[float, FinalAttempt], ...] = ()  # (time, attempt), every one
+    final_opened: tuple[tuple[float, FinalOpened], ...] = ()  # (time, opening), every read of the final partition
     sealed: FinalSealed | None = None
 
     def job_ended(self, selection: int, role: JobRole) -> JobEnded | None:
@@ -252,15 +267,13 @@ class SelectionRecord:
         events = self.jobs.get((selection, role), ())
         return events[-1] if events else None
 
-    def job_ids(self, selection: int, role: JobRole) -> list[str]:
-        return [e.job_id for e in self.jobs.get((selection, role), ()) if isinstance(e, JobSubmitted)]
-
 
 def fold_selection(events: Sequence[SelectionEvent]) -> SelectionRecord:
     selections: dict[int, Frozen] = {}
     jobs: dict[tuple[int, JobRole], list] = {}
     decisions: dict[int, list[Decided]] = {}
     attempts: list[tuple[float, FinalAttempt]] = []
+    opened: list[tuple[float, FinalOpened]] = []
     sealed: FinalSealed | None = None
     for ev in events:
         d = ev.data
@@ -272,6 +285,10 @@ def fold_selection(events: Sequence[SelectionEvent]) -> SelectionRecord:
             decisions.setdefault(d.selection, []).append(d)
         elif isinstance(d, FinalAttempt):
             attempts.append((ev.t, d))
+        elif isinstance(d, FinalOpened):
+            opened.append((ev.t, d))
         elif isinstance(d, FinalSealed):
             sealed = sealed or d  # sealed once: the result file is exclusive
-    return SelectionRecord(selections, {k: tuple(v) for k, v in jobs.items()}, {k: tuple(v) for k, v in decisions.items()}, tuple(attempts), sealed)
+    return SelectionRecord(
+        selections, {k: tuple(v) for k, v in jobs.items()}, {k: tuple(v) for k, v in decisions.items()}, tuple(attempts), tuple(opened), sealed
+    )

@@ -19,7 +19,7 @@ from ..budget import BudgetLedger, search_caps
 from ..errors import SchedulerUnavailable, UsageError
 from ..ledger import JobRole, Outcome, TrialRecord, TrialSpec, fold, read_events
 from ..report import compute_used, counts_by_state
-from ..selection.candidates import TrialFacts
+from ..selection.candidates import TrialFacts, lineage_problems
 from ..selection.commands import Assessment, assess
 from ..selection.policy import SelectionPolicy
 from ..selection.slices import SliceRow, overall
@@ -65,7 +65,9 @@ def build(store: SelectionStore, facts: Sequence[TrialFacts], *, sacct: bool = T
     final = store.result(n, JobRole.FINAL)
     jobs = [r for r in (result, final) if r]
     recorded = {name: _recorded(Path(path)) for name, path in result.get("records", {}).items()}
-    checks = _checks(a, result, final)
+    # Lineage now, not as frozen: a trial quarantined after an early selection no longer passes.
+    lineage_clean = winner_facts is not None and not lineage_problems(winner_facts, contract)
+    checks = _checks(a, lineage_clean, result, final)
     packet = {
         "format": "parcel-release/1",
         "search": {"revision": contract["search_revision"], "path": str(search.path), "contract_digest": contract.digest},
@@ -114,14 +116,16 @@ def build(store: SelectionStore, facts: Sequence[TrialFacts], *, sacct: bool = T
         "final_attempts": [
             {"t": t, "allowed": f.allowed, "retry": f.retry, "outcome": f.outcome, "by": f.by, "host": f.host} for t, f in record.final_attempts
         ],
+        "final_opened": [{"t": t, "job_id": o.job_id, "host": o.host, "restart_count": o.restart_count} for t, o in record.final_opened],
         "checks": {k: v.value for k, v in checks.items()},
     }
     packet["outcome"] = outcome_of(packet)
     return packet
 
 
-def _checks(a: Assessment, result: Mapping[str, Any], final: Mapping[str, Any] | None) -> dict[str, Check]:
-    data = Check.PASSED if any(e.trial_id == a.frozen["trial_id"] and e.lineage_ok for e in a.entries) else Check.FAILED
+def _checks(a: Assessment, lineage_clean: bool, result: Mapping[str, Any], final: Mapping[str, Any] | None) -> dict[str, Check]:
+    frozen_clean = any(e.trial_id == a.frozen["trial_id"] and e.lineage_ok for e in a.entries)
+    data = Check.PASSED if frozen_clean and lineage_clean else Check.FAILED
     if not result:
         return {"data": data, **dict.fromkeys(("reproducible", "performance", "parity", "slices", "final"), Check.MISSING)}
     winner_all, baseline_all = overall(slice_rows(result, "winner")), overall(slice_rows(result, "baseline"))

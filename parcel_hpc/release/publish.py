@@ -35,11 +35,13 @@ def publish(search_dir: str | os.PathLike, registry: str | os.PathLike | None, *
         "packet.md": render.to_markdown(packet),
         "packet.html": render.to_html(packet, {"curves": {f.record.trial_id: list(f.curve) for f in facts if f.curve}}),
     }
+    # The artifact is checked before anything is written: a packet never says registered in vain.
+    artifact = _checked_artifact(packet) if outcome == REGISTERED else b""
     fsio.ensure_dir(store.release_dir)
     for name, text in files.items():
         fsio.atomic_write_text(store.release_dir / name, text)
     if outcome == REGISTERED:
-        _register(packet, files, entry)
+        _register(packet, artifact, files, entry)
     store.writer("release").released(
         Released(packet["selection"]["number"], outcome == REGISTERED, outcome, sha256_of(text_json.encode()), packet["registry_path"])
     )
@@ -54,18 +56,24 @@ def publish(search_dir: str | os.PathLike, registry: str | os.PathLike | None, *
     return packet
 
 
-def _register(packet: dict[str, Any], files: dict[str, str], entry: Path) -> None:
-    marker = entry / "registered.json"
-    if marker.exists():
-        return  # registered by an earlier release of this selection: a registry entry is never rewritten
-    # Exactly the bytes the rerun checked and the final evaluation scored, or nothing.
+def _checked_artifact(packet: dict[str, Any]) -> bytes:
+    """Exactly the bytes the rerun checked and the final evaluation scored."""
     checked = packet["final"]["winner"]["artifact_sha256"]
     source = Path(packet["artifact"]["path"])
     data = source.read_bytes() if source.exists() else b""
     if sha256_of(data) != checked:
         raise CorruptRecord(f"the selected artifact {source} is missing or is not the one that was checked ({checked}); restore it before releasing")
+    return data
+
+
+def _register(packet: dict[str, Any], artifact: bytes, files: dict[str, str], entry: Path) -> None:
+    marker = entry / "registered.json"
+    if marker.exists():
+        return  # registered by an earlier release of this selection: a registry entry is never rewritten
     fsio.ensure_dir(entry)
-    fsio.atomic_write_bytes(entry / "artifact.h5", data)
+    fsio.atomic_write_bytes(entry / "artifact.h5", artifact)
     for name, text in files.items():
         fsio.atomic_write_text(entry / name, text)
-    fsio.create_exclusive_json(marker, {"artifact_sha256": checked, "packet_digest": digest_of(packet), "trial_id": packet["selection"]["trial_id"]})
+    fsio.create_exclusive_json(
+        marker, {"artifact_sha256": sha256_of(artifact), "packet_digest": digest_of(packet), "trial_id": packet["selection"]["trial_id"]}
+    )

@@ -124,7 +124,7 @@ def select(search_dir, *, now: bool, trial: str | None, reason: str, console: Co
             )
         n = _freeze(store, contract, writer, current, now=now, trial=trial, reason=reason, console=console)
         claimed = store.current()
-        if claimed != n:  # the final evaluation claimed the previous selection while this one froze
+        if store.final_claim() is not None and claimed != n:  # the final evaluation claimed the previous selection while this one froze
             raise GovernanceRefusal(
                 FINAL_USED,
                 f"the final evaluation of selection {claimed} was claimed while selection {n} froze: selection {n} is void, selection {claimed} stands",
@@ -172,7 +172,7 @@ def _freeze(
         "contract_digest": contract.digest,
         "frozen_at": time.time(),
         "by": _who(),
-        "early": bool(now),
+        "early": not at_cap,  # before the budget cap: with --now, or a --trial reselection
         "reason": reason,
         "replaces": current,
         "n_trials": len(facts),

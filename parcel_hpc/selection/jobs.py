@@ -40,6 +40,7 @@ from ..errors import GovernanceRefusal, UsageError
 from ..image import environment_digest, file_digest
 from ..ledger import Admitted, AttemptEnd, Cause, Ended, JobRole, SearchDir, TrialSpec, TrialWriter
 from ..ledger.events import encode_payload
+from ..ledger.selection import FinalOpened, JobSubmitted
 from ..metric import MissCost
 from ..trainer import Trainer, TrainerState, TrainingData, load_training_data, make_trainer
 from ..trainer.base import checked_probabilities
@@ -306,6 +307,22 @@ def _rerun(ctx: _Context) -> dict[str, Any]:
 # --- final -----------------------------------------------------------------------------------------
 
 
+def _wait_for_own_submission(store: SelectionStore, n: int, own: str, wait_s: float = 60.0) -> None:
+    """Return once the newest final job recorded for selection ``n`` is this one; the submitter
+    records it just after the scheduler (or the process start) gave it an id, so wait a moment."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        last = store.record().last_job(n, JobRole.FINAL)
+        if isinstance(last, JobSubmitted) and last.job_id == own:
+            return
+        if time.monotonic() > deadline:
+            raise GovernanceRefusal(
+                "reject:final-holdout-unclaimed",
+                f"this job ({own}) is not the final evaluation `parcel-hpc evaluate-final` submitted for selection {n}; it does not open the final partition",
+            )
+        time.sleep(0.2)
+
+
 def _final(ctx: _Context) -> dict[str, Any]:
     store, n = ctx.store, ctx.n
     claim = store.final_claim()
@@ -327,6 +344,12 @@ def _final(ctx: _Context) -> dict[str, Any]:
     rerun = store.result(n, JobRole.RERUN)
     if rerun is None:
         raise UsageError(f"selection {n} has no rerun result; run `parcel-hpc select` first")
+    # Only the job evaluate-final submitted last reads it (not one run by hand, nor an orphan whose
+    # submitter died), and each read is logged, a requeued run's too.
+    facts = facts_from_env()
+    own = facts.raw_job_id or str(os.getpid())
+    _wait_for_own_submission(store, n, own)
+    store.writer("final-job").final_opened(FinalOpened(n, own, facts.host, facts.pid, facts.restart_count))
     # The one door to the protected partition (it verifies the file against the split it was sealed with).
     final = load_final_partition(ctx.plan.snapshot_path, plan["final_path"], split=ctx.split)
     columns = ctx.columns(final)

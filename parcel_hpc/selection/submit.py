@@ -49,6 +49,12 @@ def job_name(settings: LauncherSettings, role: JobRole) -> str:
     return f"{settings.params['job_name']}-{role.value}"[:64]
 
 
+def job_time_limit_min(trial_limit_min: int, role: JobRole) -> int:
+    """The rerun trains two full models (the rerun and the baseline) and measures serving: twice a
+    trial's limit and ten minutes more; the final job only scores, within one trial's limit."""
+    return 2 * trial_limit_min + 10 if role is JobRole.RERUN else trial_limit_min
+
+
 def render_script(store: SelectionStore, settings: LauncherSettings, role: JobRole, n: int, python: str = sys.executable) -> tuple[Path, str]:
     """The batch script for this job and where it goes (nothing written yet)."""
     contract = store.search.contract()
@@ -59,7 +65,7 @@ def render_script(store: SelectionStore, settings: LauncherSettings, role: JobRo
         partition=str(res.get("partition") or ""),
         account=str(res.get("account") or ""),
         qos=str(res.get("qos") or ""),
-        time_limit_min=int(res["time_limit_min"]),
+        time_limit_min=job_time_limit_min(int(res["time_limit_min"]), role),
         mem=f"{max(1, int(float(res['mem_gb']) * 1024))}M",
         cpus_per_task=int(res["cpus"]),
         gres=f"gpu:{int(res['gpus'])}" if int(res.get("gpus") or 0) > 0 else "",

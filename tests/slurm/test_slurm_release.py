@@ -7,12 +7,17 @@ import json
 import pytest
 
 from parcel_hpc.ledger import Executor, JobRole, SearchDir
+from parcel_hpc.ledger.selection import JobSubmitted
 from parcel_hpc.selection.store import SelectionStore
 from parcel_hpc.testing import launch, parcel_hpc
 
 from .cluster import sh, wait_for
 
 pytestmark = pytest.mark.slurm
+
+
+def submitted_jobs(record, role):
+    return [e for e in record.jobs[(1, role)] if isinstance(e, JobSubmitted)]
 
 
 def accounted(name: str) -> list[str]:
@@ -40,9 +45,9 @@ def test_select_decide_evaluate_release_as_slurm_jobs(tmp_path, data_dir, cluste
     assert "damage_type=crushed_corner" in sel.stdout
     store = SelectionStore(SearchDir(path))
     record = store.record()
-    (rerun_job,) = record.job_ids(1, JobRole.RERUN)
-    submitted = [e for e in record.jobs[(1, JobRole.RERUN)] if hasattr(e, "executor")]
-    assert submitted[0].executor is Executor.SLURM
+    (submitted,) = submitted_jobs(record, JobRole.RERUN)
+    assert submitted.executor is Executor.SLURM
+    rerun_job = submitted.job_id
     script = (store.log_dir(1) / "winner_rerun.sbatch").read_text()
     assert "#SBATCH --gres=gpu:1" in script and "#SBATCH --job-name=parcel-rel-rerun" in script
     assert f"selection-job {path} rerun --selection 1" in script
@@ -54,7 +59,10 @@ def test_select_decide_evaluate_release_as_slurm_jobs(tmp_path, data_dir, cluste
     assert ok.returncode == 0 and ok.stdout.splitlines()[0] == "evaluate:final-holdout", ok.stdout + ok.stderr
     final = cli("evaluate-final")
     assert final.returncode == 0, final.stdout + final.stderr
-    (final_job,) = store.record().job_ids(1, JobRole.FINAL)
+    (final_submitted,) = submitted_jobs(store.record(), JobRole.FINAL)
+    final_job = final_submitted.job_id
+    # The final job itself logged its one read of the final partition, under its own job id.
+    assert [(o.job_id, o.restart_count) for _, o in store.record().final_opened] == [(final_job, 0)]
     wait_for(lambda: f"{final_job}|COMPLETED" in accounted("parcel-rel-final"), 60, "sacct to record the final job")
     second = cli("evaluate-final")
     assert second.returncode == 3 and second.stdout.splitlines()[0] == "reject:final-holdout-used"
