@@ -201,11 +201,14 @@ class SelectionWriter:
         self.writer = writer_name(role)
         self._clock = clock
         self._seq = 0
+        self._dir_ready = False
 
     def _append(self, kind: SelectionEventKind, payload: SelectionPayload) -> SelectionEvent:
         self._seq += 1
         event = SelectionEvent(kind, round(self._clock(), 6), self.writer, self._seq, payload)
-        fsio.ensure_dir(self.dir)
+        if not self._dir_ready:  # once per writer, on its first event, as TrialWriter does
+            fsio.ensure_dir(self.dir)
+            self._dir_ready = True
         fsio.append_jsonl(self.dir / f"journal-{self.writer}.jsonl", event.to_json())
         return event
 

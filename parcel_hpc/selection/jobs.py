@@ -224,15 +224,18 @@ def _serving_estimate(trainer: Trainer, images: np.ndarray) -> dict[str, Any]:
     }
 
 
-def _software() -> dict[str, Any]:
-    """What this job ran with, as seen where it ran: the code version and the dependency digests."""
+def _software(ctx: _Context) -> dict[str, Any]:
+    """What this job ran with, as seen where it ran: the code version and the dependency digests.
+    With ``image=computed`` the job's own admission digest is the environment digest already."""
+    computed = ctx.plan.image.get("kind", "computed") == "computed"
     versions = {}
     for name in KEY_DISTRIBUTIONS:
         try:
             versions[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             versions[name] = None
-    return {"code_version": _code_version(), "environment_digest": environment_digest(), "key_versions": versions}
+    environment = ctx.admitted.image_digest if computed else environment_digest()
+    return {"code_version": _code_version(), "environment_digest": environment, "key_versions": versions}
 
 
 def _code_version() -> str:
@@ -279,7 +282,7 @@ def _rerun(ctx: _Context) -> dict[str, Any]:
         "trial_id": ctx.trial_id,
         "run_dir": str(run_dir),
         "observed": {k: getattr(ctx.admitted, k) for k in ("snapshot_digest", "split_digest", "image_digest", "trainer_digest")},
-        "software": _software(),
+        "software": _software(ctx),
         "selected_metric": float(ctx.frozen["metric"]),
         "artifact_metric": ctx.metric(winner_scores, val.labels),
         "rerun_metric": rerun_metric,
