@@ -39,8 +39,9 @@ def wait_until(predicate, timeout: float, what: str) -> None:
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
-def conformance(dispatcher: Dispatcher, while_recording=lambda submitted: None) -> None:
-    """submit records every job id before returning; alive, cancel and describe answer for them."""
+def conformance(dispatcher: Dispatcher, tmp_path, while_recording=lambda submitted: None) -> None:
+    """submit records every job id before returning; alive, cancel and describe answer for them;
+    cancel ends jobs that are already running their task (a job still starting dies of any signal)."""
     dispatcher.check()
     assert dispatcher.capacity() >= 2
     assert "2" in dispatcher.describe(2)
@@ -50,24 +51,27 @@ def conformance(dispatcher: Dispatcher, while_recording=lambda submitted: None) 
         while_recording(submitted)
         recorded.extend(submitted)
 
-    submitted = dispatcher.submit([SleepTask("t0000", 60), SleepTask("t0001", 60)], record)
+    started = [tmp_path / "t0000.started", tmp_path / "t0001.started"]
+    tasks = [SleepTask("t0000", 120, started[0]), SleepTask("t0001", 120, started[1])]
+    submitted = dispatcher.submit(tasks, record)
     assert [s.trial_id for s in submitted] == ["t0000", "t0001"] and recorded == submitted
     assert len({s.job_id for s in submitted}) == 2
     dispatcher.refresh()
     assert all(dispatcher.alive(s.trial_id, s.job_id) for s in submitted)
+    wait_until(lambda: all(p.exists() for p in started), 60, "both jobs to run their task")
     dispatcher.cancel([s.job_id for s in submitted])
 
     def all_gone():
         dispatcher.refresh()
         return not any(dispatcher.alive(s.trial_id, s.job_id) for s in submitted)
 
-    wait_until(all_gone, 60, "the cancelled jobs to end")
+    wait_until(all_gone, 30, "the cancelled jobs to end")
 
 
 def test_local_dispatcher_conforms(tmp_path):
     d = local(tmp_path)
     assert isinstance(d, LocalDispatcher) and not d.can_detach
-    conformance(d)
+    conformance(d, tmp_path)
 
 
 @pytest.mark.slurm
@@ -82,7 +86,7 @@ def test_slurm_dispatcher_conforms(tmp_path):
         assert all(reason.startswith("JobHeld") for reason in rows.values()), rows
 
     try:
-        conformance(d, held)
+        conformance(d, tmp_path, held)
     finally:
         subprocess.run(["scancel", f"--name={d.job_name}"], check=False)
 

@@ -70,9 +70,11 @@ class LocalDispatcher(Dispatcher):
         return pid_alive(job_id)  # a job of an earlier launch on this machine
 
     def cancel(self, job_ids: Sequence[str]) -> None:
+        # SIGINT, as submitit's own LocalJob.cancel: its controller forwards SIGTERM to the task,
+        # whose job environment ignores it once installed, so SIGTERM cancels only a job still starting.
         for job_id in job_ids:
             if pid_alive(job_id):
-                os.kill(int(job_id), signal.SIGTERM)
+                os.kill(int(job_id), signal.SIGINT)
 
     def describe(self, n: int) -> str:
         return f"submitit LocalExecutor: {n} trials as child processes, {self.parallelism} at a time, folder {self.folder}"

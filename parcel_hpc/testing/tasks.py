@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -16,10 +17,13 @@ class SleepPlan:
 
 
 class SleepTask:
-    def __init__(self, trial_id: str, seconds: float) -> None:
+    def __init__(self, trial_id: str, seconds: float, started: Path | None = None) -> None:
         self.plan = SleepPlan(trial_id)
         self.seconds = seconds
+        self.started = started  # touched once the job runs, so a test can act on a running job
 
     def __call__(self) -> str:
+        if self.started is not None:
+            self.started.touch()
         time.sleep(self.seconds)
         return self.plan.trial_id
