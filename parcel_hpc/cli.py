@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 from . import fsio
 from .cli_errors import exit_on_error
 from .console import make_console
+from .errors import EXIT_PENDING, UsageError
 from .ledger import SearchDir
 
 # Each subcommand's module is imported when that command runs, not here: they pull in h5py,
@@ -50,6 +52,12 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--dry-run", action="store_true", help="list what would be done; change nothing")
     s.add_argument("--wait", action="store_true", help="follow the resubmitted trials until they end")
 
+    s = sub.add_parser("cancel", help="stop the search (or --trial ones) for good: never retried or resubmitted; budget holds settled")
+    s.add_argument("search_dir", type=Path)
+    s.add_argument("--trial", action="append", default=[], metavar="TRIAL_ID", help="cancel only this trial (repeat); default: the whole search")
+    s.add_argument("--reason", default="", metavar="TEXT", help="why, in one line (recorded with your user name)")
+    s.add_argument("--wait", type=float, default=60.0, metavar="SECONDS", help="how long to wait for the jobs to end (default %(default)s)")
+
     s = sub.add_parser("reconcile", help="reconcile sacct accounting with the ledger and the budget (for admins)")
     s.add_argument("search_dirs", type=Path, nargs="+", metavar="SEARCH_DIR")
     s.add_argument("--sacct-file", type=Path, help="an exported `sacct --parsable2 --noheader --duplicates` dump instead of calling sacct")
@@ -57,6 +65,13 @@ def _parser() -> argparse.ArgumentParser:
     out.add_argument("--json", action="store_true", help="print one JSON object")
     out.add_argument("--csv", action="store_true", help="print one CSV row per attempt")
     s.add_argument("--html", type=Path, metavar="FILE", help="also write a self-contained HTML report with plots")
+    s.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help=f"wait up to this long for the scheduler to file every job in full; exit {EXIT_PENDING} if some are still pending",
+    )
 
     s = sub.add_parser("schedule-reconcile", help="submit a Slurm job that runs `reconcile --json` on a schedule (for admins)")
     s.add_argument("search_dir", type=Path)
@@ -110,6 +125,8 @@ def main(argv: list[str] | None = None) -> None:
             _sync(args)
         elif args.command == "resubmit":
             _resubmit(args)
+        elif args.command == "cancel":
+            _cancel(args)
         elif args.command == "reconcile":
             _reconcile(args)
         elif args.command == "schedule-reconcile":
@@ -180,10 +197,29 @@ def _resubmit(args) -> None:
     resubmit.run(SearchDir(args.search_dir), dry_run=args.dry_run, wait=args.wait, console=make_console())
 
 
+def _cancel(args) -> None:
+    from . import cancel
+
+    if args.wait < 0:
+        raise UsageError(f"--wait {args.wait:g} is negative; give seconds to wait for the jobs to end")
+    report = cancel.run(SearchDir(args.search_dir), args.trial, args.reason, make_console(), wait_s=args.wait)
+    if report.still_alive:
+        print(f"pending: {len(report.still_alive)} jobs are still ending; rerun the same cancel to settle their budget", file=sys.stderr)
+        raise SystemExit(EXIT_PENDING)
+
+
 def _reconcile(args) -> None:
     from .accounting import run as accounting
 
-    results = [accounting.reconcile_search(SearchDir(d), args.sacct_file) for d in args.search_dirs]
+    if args.wait < 0:
+        raise UsageError(f"--wait {args.wait:g} is negative; give seconds to wait, or 0 not to wait")
+    deadline = time.monotonic() + args.wait
+    while True:
+        results = [accounting.reconcile_search(SearchDir(d), args.sacct_file) for d in args.search_dirs]
+        left = deadline - time.monotonic()
+        if all(r.complete for r in results) or left <= 0 or args.sacct_file is not None:
+            break
+        time.sleep(min(5.0, left))
     if args.json:
         print(json.dumps({"campaigns": [r.to_json() for r in results]}, indent=2))
     elif args.csv:
@@ -193,6 +229,9 @@ def _reconcile(args) -> None:
     if args.html:
         fsio.atomic_write_text(args.html, accounting.to_html(results))
         print(f"wrote {args.html}", file=sys.stderr)
+    if not all(r.complete for r in results):
+        print(f"pending: {sum(len(r.pending) for r in results)} jobs are not yet accounted in full; rerun, or pass --wait SECONDS", file=sys.stderr)
+        raise SystemExit(EXIT_PENDING)
 
 
 def _schedule_reconcile(args) -> None:

@@ -62,8 +62,8 @@ class TrainerConf:
 class ResourcesConf:
     gpus: int = 1  # GPUs per trial
     cpus: int = 1  # CPUs per trial
-    mem_gb: float = 1.0  # memory per trial, GiB
-    time_limit_min: int = 10  # wall-clock limit per attempt, minutes
+    mem_gb: Any = 1.0  # memory per trial: GiB, or SLURM's size with a unit (4G, 512M)
+    time_limit_min: Any = 10  # wall-clock limit per attempt: minutes, or SLURM's time (2:00:00, 1-00:00:00)
     partition: str | None = None  # SLURM partition (dispatch only, not pinned)
     account: str | None = None  # SLURM account (dispatch only)
     qos: str | None = None  # SLURM QOS (dispatch only)
@@ -181,7 +181,7 @@ class SubmititSlurmConf:
     """``hydra/launcher=submitit_slurm``: trials as SLURM array jobs."""
 
     kind: str = "slurm"
-    job_name: str = "parcel-${search.revision}"  # sacct/squeue find the search's jobs by this name
+    job_name: str = "parcel-${search.revision}"  # jobs are named <job_name>-<search id>: only this search's
     array_parallelism: int = 16  # array tasks running at once (sbatch --array=...%N)
     signal_delay_s: int = 60  # seconds before the time limit that SIGUSR2 arrives
     setup: list[str] = field(default_factory=list)  # shell lines run before the worker (module load, ...)

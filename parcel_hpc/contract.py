@@ -127,7 +127,8 @@ def load_contract(search_dir: Path) -> Contract:
 # --- trial identity and admission -------------------------------------------------------------
 
 ADMIT = "admit"
-ADMISSION_FIELDS = ("snapshot_digest", "split_digest", "metric_revision", "search_revision", "image_digest")
+# The trial-lineage tutorial's order: the pinned fields first, then identity, then the image.
+ADMISSION_PINNED = ("snapshot_digest", "split_digest", "metric_revision", "search_revision")
 
 
 _TRIAL_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
@@ -194,12 +195,16 @@ class TrialIdentity:
 
 
 def admit(identity: TrialIdentity, contract: Contract) -> str:
-    """``admit``, ``reject:identity`` or ``reject:<first differing field>`` (pure)."""
-    if not identity.trial_id or not identity.image_digest:
-        return "reject:identity"
-    for name in ADMISSION_FIELDS:
+    """``admit`` or the first refusal, in the trial-lineage tutorial's order (pure): a pinned field
+    that differs (``ADMISSION_PINNED`` order) gives ``reject:<field>``; only then a missing trial_id
+    or image_digest gives ``reject:identity``; then an image other than the contract's."""
+    for name in ADMISSION_PINNED:
         if getattr(identity, name) != contract[name]:
             return f"reject:{name}"
+    if not identity.trial_id or not identity.image_digest:
+        return "reject:identity"
+    if identity.image_digest != contract["image_digest"]:
+        return "reject:image_digest"
     return ADMIT
 
 

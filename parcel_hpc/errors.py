@@ -9,10 +9,15 @@
     └── GovernanceRefusal            exit 3: the search refused to go on; carries the outcome string
                                      (``reject:<field>``, ``hold:budget``)
 
+Not errors: ``EXIT_PENDING`` (4), ``reconcile``'s answer when the scheduler has not filed every job
+in full yet (its report is printed; rerun it, or pass ``--wait SECONDS``).
+
 Messages are one line: the CLI prints ``error: <message>`` (or the outcome string) and exits.
 """
 
 from __future__ import annotations
+
+EXIT_PENDING = 4
 
 
 class ParcelError(Exception):
@@ -25,6 +30,10 @@ class UsageError(ParcelError):
 
 class SchedulerUnavailable(UsageError):
     pass
+
+
+class ReleaseFailed(SchedulerUnavailable):
+    """The jobs were submitted and recorded, but could not be released from their hold."""
 
 
 class AccountingError(UsageError):

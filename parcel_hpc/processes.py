@@ -14,3 +14,12 @@ def pid_alive(pid_text: str) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except (FileNotFoundError, IndexError, ProcessLookupError):
         return False
+
+
+def runs_submitit(pid_text: str) -> bool:
+    """Whether this pid is a submitit job process (a recycled pid is someone else's: never signal it)."""
+    try:
+        with open(f"/proc/{int(pid_text)}/cmdline", "rb") as f:
+            return b"submitit" in f.read()
+    except (ValueError, FileNotFoundError, ProcessLookupError, PermissionError):
+        return False

@@ -20,7 +20,7 @@ from . import resolution
 from .accounting import JobRun, JobState
 from .budget import launch_decision
 from .dispatch import Dispatcher, LauncherSettings, Submitted, make_dispatcher
-from .errors import SchedulerUnavailable, UsageError
+from .errors import GovernanceRefusal, SchedulerUnavailable, UsageError
 from .ledger import Event, SearchDir, TrialRecord, TrialWriter, fold, preview
 from .lifecycle import Action, RetryPolicy, next_action
 from .resolution import Resolution, SchedulerFacts
@@ -108,6 +108,9 @@ def _failed_nodes(jobs: Sequence[str], runs: Mapping[str, Sequence[JobRun]]) -> 
 
 def run(search: SearchDir, *, dry_run: bool, wait: bool, console: Console) -> ResubmitPlan:
     contract = search.contract()
+    cancelled = search.cancellation()
+    if cancelled is not None:
+        raise GovernanceRefusal("reject:cancelled", f"{search.path} was cancelled by {cancelled.get('by')}: nothing of it is resubmitted")
     recorded = next((l["launcher"] for l in reversed(search.launches()) if l.get("launcher")), None)
     if recorded is None:
         raise UsageError(f"{search.path} has no dispatched launch to resubmit from; launch the search first")

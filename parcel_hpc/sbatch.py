@@ -39,6 +39,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import validation as check
 from .errors import ParcelError, SchedulerUnavailable, UsageError
 from .fsio import atomic_write_text
 
@@ -60,83 +61,19 @@ TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "sbatch_templates"
 # ./name.sbatch cannot run its job on a login node by accident.
 SCRIPT_MODE = 0o644
 
-MAX_NAME = 64  # characters in a job, partition, account or qos name
-MAX_PATH = 1024  # characters in a path (Linux allows 4096; ours are short)
-MAX_TIME_MIN = 366 * 24 * 60  # a year and a day: anything longer is a typo
 MAX_CPUS = 1024  # per task
 MAX_EVERY_MIN = 31 * 24 * 60  # reconcile at least monthly
 
-_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-_NAME_FIX = f"use 1-{MAX_NAME} characters from A-Z a-z 0-9 . _ - starting with a letter or digit"
-_PATH_RE = re.compile(r"/[A-Za-z0-9._/+,@=-]*")
-_LOG_PATH_RE = re.compile(r"/[A-Za-z0-9._/+,@=%-]*")  # %j, %x, %A, %a: sbatch's file name patterns
-_PATH_FIX = "give an absolute, normalised path of letters, digits and . _ / + , @ = - (a symlink with such a name works)"
+MAX_RENDERED_JOB_NAME = 128  # a revision-derived name plus the search id: sacct and squeue filter on all of it
+_SEARCH_ID_RE = re.compile(r"[0-9a-f]{32}|none")
 _DIGEST_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9:._-]*")
 _GRES_RE = re.compile(r"gpu(:[a-z0-9_]{1,32})?:[1-9][0-9]{0,2}")
 _MEM_RE = re.compile(r"[1-9][0-9]{0,6}[KMGT]?")
-# What a rendered #SBATCH value may be made of; the validators above only ever produce this.
-_HEADER_SAFE_RE = re.compile(r"[A-Za-z0-9._/+,@=%:-]+")
-
-
-def _show(value: object) -> str:
-    r = repr(value)
-    return r if len(r) <= 60 else r[:56] + "...'"
-
-
-def _bad(field: str, value: object, problem: str, fix: str) -> UsageError:
-    return UsageError(f"sbatch value {field}={_show(value)} {problem}; {fix}")
-
-
-def _check_text(field: str, value: object, max_len: int) -> str:
-    """The checks every string gets: type, no line break or control char, no #SBATCH, length."""
-    if not isinstance(value, str):
-        raise _bad(field, value, f"is a {type(value).__name__}, not a string", "pass a str")
-    for ch in value:
-        if unicodedata.category(ch)[0] == "C" or unicodedata.category(ch) in ("Zl", "Zp") or (ch.isspace() and ch != " "):
-            raise _bad(field, value, f"contains the control or line-break character {ch!r}", "remove it")
-    if "#SBATCH" in value.upper():
-        raise _bad(field, value, "contains '#SBATCH'", "remove it: a value can never carry a directive")
-    if len(value) > max_len:
-        raise _bad(field, value, f"is {len(value)} characters long", f"keep it to {max_len}")
-    return value
-
-
-def _check_name(field: str, value: object, *, optional: bool = False) -> str:
-    text = _check_text(field, value, MAX_NAME)
-    if optional and text == "":
-        return text
-    if not _NAME_RE.fullmatch(text):
-        raise _bad(field, value, "is not a safe name", _NAME_FIX)
-    return text
-
-
-def _check_path(field: str, value: object, *, log: bool = False, optional: bool = False) -> str:
-    if isinstance(value, os.PathLike):
-        value = os.fspath(value)
-    text = _check_text(field, value, MAX_PATH)
-    if optional and text == "":
-        return text
-    if not text.startswith("/"):
-        raise _bad(field, value, "is not an absolute path", _PATH_FIX)
-    if not (_LOG_PATH_RE if log else _PATH_RE).fullmatch(text):
-        allowed = "; sbatch's %j-style patterns are allowed" if log else ""
-        raise _bad(field, value, "holds whitespace or a shell character", _PATH_FIX + allowed)
-    if os.path.normpath(text) != text or text.startswith("//"):
-        raise _bad(field, value, "is not normalised (//, /./, /../ or a trailing /)", f"use {_show(os.path.normpath(text))}")
-    return text
-
-
-def _check_int(field: str, value: object, lo: int, hi: int) -> int:
-    if type(value) is not int:  # bool is an int subclass and True would render as "True"
-        raise _bad(field, value, f"is a {type(value).__name__}, not an int", f"pass a whole number in {lo}..{hi}")
-    if not lo <= value <= hi:
-        raise _bad(field, value, "is out of range", f"pass a whole number in {lo}..{hi}")
-    return value
 
 
 def format_time_limit(minutes: int) -> str:
     """Minutes as Slurm's ``[D-]HH:MM:SS`` (``90`` -> ``01:30:00``, ``1500`` -> ``1-01:00:00``)."""
-    minutes = _check_int("time_limit_min", minutes, 1, MAX_TIME_MIN)
+    minutes = check.whole("time_limit_min", minutes, 1, check.MAX_TIME_MIN)
     days, rest = divmod(minutes, 24 * 60)
     hours, mins = divmod(rest, 60)
     hms = f"{hours:02d}:{mins:02d}:00"
@@ -154,6 +91,7 @@ class SbatchValues:
     search_dir: str  # absolute path of the search directory
     search_revision: str  # the search's revision, recorded in --comment
     contract_digest: str  # the frozen contract's digest, recorded in --comment
+    search_id: str  # the search's id (identity.py), recorded in --comment; "none" for a search frozen before ids
     mem: str = "4G"  # --mem per node: digits and an optional K/M/G/T (Slurm's default unit is M)
     cpus_per_task: int = 1  # --cpus-per-task
     partition: str = ""  # --partition (a Slurm partition, not the data split); empty: the cluster's default
@@ -166,28 +104,30 @@ class SbatchValues:
 
     def __post_init__(self) -> None:
         fix = object.__setattr__
-        _check_name("job_name", self.job_name)
+        check.name("job_name", self.job_name, max_len=MAX_RENDERED_JOB_NAME)
+        if not _SEARCH_ID_RE.fullmatch(check.text("search_id", self.search_id, 32)):
+            raise check.bad("search_id", self.search_id, "is not a search id", "pass SearchDir.identity().search_id, or 'none' for a search without one")
         for name in ("partition", "account", "qos"):
-            _check_name(name, getattr(self, name), optional=True)
-        _check_name("search_revision", self.search_revision)
-        digest = _check_text("contract_digest", self.contract_digest, 128)
+            check.name(name, getattr(self, name), optional=True)
+        check.name("search_revision", self.search_revision)
+        digest = check.text("contract_digest", self.contract_digest, 128)
         if not _DIGEST_RE.fullmatch(digest):
-            raise _bad("contract_digest", digest, "is not a digest", "pass the contract's digest, e.g. 'sha256:0a1b...'")
-        fix(self, "output", _check_path("output", self.output, log=True))
-        fix(self, "error", _check_path("error", self.error, log=True, optional=True))
-        fix(self, "python", _check_path("python", self.python))
-        fix(self, "search_dir", _check_path("search_dir", self.search_dir))
+            raise check.bad("contract_digest", digest, "is not a digest", "pass the contract's digest, e.g. 'sha256:0a1b...'")
+        fix(self, "output", check.abs_path("output", self.output, patterns=True))
+        fix(self, "error", check.abs_path("error", self.error, patterns=True) if self.error else "")
+        fix(self, "python", check.abs_path("python", self.python))
+        fix(self, "search_dir", check.abs_path("search_dir", self.search_dir))
         format_time_limit(self.time_limit_min)
-        mem = _check_text("mem", self.mem, 16)
+        mem = check.text("mem", self.mem, 16)
         if not _MEM_RE.fullmatch(mem):
-            raise _bad("mem", mem, "is not a Slurm memory size", "use digits and an optional unit K, M, G or T, like '4G'")
-        _check_int("cpus_per_task", self.cpus_per_task, 1, MAX_CPUS)
+            raise check.bad("mem", mem, "is not a Slurm memory size", "use digits and an optional unit K, M, G or T, like '4G'")
+        check.whole("cpus_per_task", self.cpus_per_task, 1, MAX_CPUS)
         if self.reconcile_every_min is not None:
-            _check_int("reconcile_every_min", self.reconcile_every_min, 0, MAX_EVERY_MIN)
-        if self.gres and not _GRES_RE.fullmatch(_check_text("gres", self.gres, 64)):
-            raise _bad("gres", self.gres, "is not a GPU request", "use gpu:N or gpu:TYPE:N, like 'gpu:1' or 'gpu:a100:2'")
+            check.whole("reconcile_every_min", self.reconcile_every_min, 0, MAX_EVERY_MIN)
+        if self.gres and not _GRES_RE.fullmatch(check.text("gres", self.gres, 64)):
+            raise check.bad("gres", self.gres, "is not a GPU request", "use gpu:N or gpu:TYPE:N, like 'gpu:1' or 'gpu:a100:2'")
         if self.selection is not None:
-            _check_int("selection", self.selection, 1, 100_000)
+            check.whole("selection", self.selection, 1, 100_000)
 
 
 # ---------------------------------------------------------------- placeholders
@@ -205,7 +145,7 @@ def _plain(name: str, optional: bool = False) -> _Field:
 
 
 _FIELDS: dict[str, _Field] = {
-    **{n: _plain(n) for n in ("job_name", "mem", "output", "python", "search_dir", "search_revision", "contract_digest")},
+    **{n: _plain(n) for n in ("job_name", "mem", "output", "python", "search_dir", "search_revision", "contract_digest", "search_id")},
     **{n: _plain(n, optional=True) for n in ("partition", "account", "qos", "error", "gres")},
     "cpus_per_task": _Field(lambda v: str(v.cpus_per_task), "cpus_per_task"),
     "time_limit": _Field(lambda v: format_time_limit(v.time_limit_min), "time_limit_min"),
@@ -252,7 +192,7 @@ class _Parsed:
 def _template_path(template_name: str, templates_dir: Path | None) -> Path:
     stem = template_name.removesuffix(".sbatch")
     if not re.fullmatch(r"[a-z][a-z0-9_]{0,63}", stem):
-        raise UsageError(f"template name {_show(template_name)} is not a template; use a file name from sbatch_templates/ like 'reconcile'")
+        raise UsageError(f"template name {check.show(template_name)} is not a template; use a file name from sbatch_templates/ like 'reconcile'")
     path = (templates_dir or TEMPLATES_DIR) / f"{stem}.sbatch"
     if not path.is_file():
         known = sorted(p.stem for p in (templates_dir or TEMPLATES_DIR).glob("*.sbatch"))
@@ -296,7 +236,7 @@ def _unused_values(parsed: _Parsed, values: SbatchValues) -> None:
             continue
         if getattr(values, f.name) != f.default:
             raise UsageError(
-                f"{parsed.name} does not use {f.name}, so {f.name}={_show(getattr(values, f.name))} would be ignored; "
+                f"{parsed.name} does not use {f.name}, so {f.name}={check.show(getattr(values, f.name))} would be ignored; "
                 f"leave it at {f.default!r} for this template"
             )
 
@@ -318,8 +258,8 @@ def render(template_name: str, values: SbatchValues, *, templates_dir: Path | No
             if text == "" and field.optional:
                 break  # the whole line goes: an empty --account= would be an error, not a default
             if line.header:
-                if not _HEADER_SAFE_RE.fullmatch(text):
-                    raise ParcelError(f"bug: {field.source} rendered {_show(text)} into an #SBATCH line")
+                if not check.HEADER_SAFE_RE.fullmatch(text):
+                    raise ParcelError(f"bug: {field.source} rendered {check.show(text)} into an #SBATCH line")
                 filled[n] = text
             else:
                 filled[n] = shlex.quote(text)
@@ -340,7 +280,7 @@ def _check_rendered(parsed: _Parsed, script: str) -> None:
 
 def write_script(path: str | os.PathLike, text: str) -> Path:
     """Write a rendered script atomically, mode 0o644 (see SCRIPT_MODE for why not executable)."""
-    path = Path(_check_path("script path", path))
+    path = Path(check.abs_path("script path", path))
     if not text.startswith("#!") or not text.endswith("\n") or "\0" in text or "\r" in text:
         raise UsageError(f"refusing to write {path}: the text is not a rendered script; pass the output of render()")
     atomic_write_text(path, text, mode=SCRIPT_MODE)
@@ -352,7 +292,7 @@ def write_script(path: str | os.PathLike, text: str) -> Path:
 
 def submit_argv(script_path: str | os.PathLike) -> list[str]:
     """``sbatch --parsable SCRIPT``; options stay in the reviewed script, not on the command line."""
-    return ["sbatch", "--parsable", _check_path("script path", script_path)]
+    return ["sbatch", "--parsable", check.abs_path("script path", script_path)]
 
 
 _JOB_ID_RE = re.compile(r"(?:Submitted batch job )?(?P<id>[0-9]+)(?:;[A-Za-z0-9._-]+| on cluster [A-Za-z0-9._-]+)?")

@@ -21,6 +21,8 @@ from pathlib import Path
 
 from . import fsio, sbatch
 from .contract import load_contract
+from .identity import SearchIdentity, scheduler_name
+from .ledger import SearchDir
 
 TEMPLATE = "reconcile"
 
@@ -34,10 +36,11 @@ class Prepared:
     script: str
 
 
-def job_name(search_revision: str) -> str:
-    # Not the search's own job name (parcel-<revision>): reconcile lists that name's jobs, and its
-    # own runs must not show up there as orphans.
-    return f"parcel-reconcile-{search_revision}"
+def job_name(search_revision: str, identity: SearchIdentity | None) -> str:
+    # Not the search's trial job name: reconcile lists that name's jobs, and its own runs must not
+    # show up there as orphans. The search id keeps two searches of one revision from sharing (and
+    # `scancel --name` from ending) each other's schedule.
+    return scheduler_name(f"parcel-reconcile-{search_revision}", identity)
 
 
 def prepare(
@@ -57,7 +60,8 @@ def prepare(
     search = Path(os.path.abspath(search_dir))
     out = Path(os.path.abspath(output_dir))
     contract = load_contract(search)
-    name = job_name(contract["search_revision"])
+    identity = SearchDir(search).identity()  # read only: an admin may schedule a search it cannot write
+    name = job_name(contract["search_revision"], identity)
     values = sbatch.SbatchValues(
         job_name=name,
         partition=partition,
@@ -71,6 +75,7 @@ def prepare(
         search_dir=str(search),
         search_revision=contract["search_revision"],
         contract_digest=contract.digest,
+        search_id=identity.search_id if identity is not None else "none",
         reconcile_every_min=every_min,
     )
     return Prepared(values, out / f"{name}.sbatch", sbatch.render(TEMPLATE, values))

@@ -27,4 +27,6 @@ if ! command -v chromium >/dev/null 2>&1; then
     || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
 fi
 export PARCEL_REQUIRE_CHROMIUM=1  # the HTML checks fail, not skip, without it
-python -m pytest "$@"
+# Two workers: the cluster tests mostly wait on the scheduler, so they run on one worker (their
+# xdist_group, tests/conftest.py) while the CPU-bound local tests take the other.
+python -m pytest -n "${PARCEL_TEST_WORKERS:-2}" --dist loadgroup "$@"

@@ -21,3 +21,13 @@ def data_dir(artifacts, tmp_path) -> Path:
     dest = tmp_path / "data"
     shutil.copytree(artifacts["dir"], dest)
     return dest
+
+
+@pytest.hookimpl(wrapper=True)  # around every other impl: pytest-xdist turns the groups into node ids in its own
+def pytest_collection_modifyitems(config, items):
+    # One worker at a time drives the dev cluster (tests set nodes down, preempt, restart daemons);
+    # the other tests spread over the remaining workers (scripts/test.sh: pytest-xdist --dist loadgroup).
+    for item in items:
+        if "slurm" in item.keywords:
+            item.add_marker(pytest.mark.xdist_group("cluster"))
+    return (yield)

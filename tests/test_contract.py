@@ -70,6 +70,23 @@ def test_admission_rejects_missing_identity(missing):
     assert admit(identity(c, **{missing: ""}), c) == "reject:identity"
 
 
+@pytest.mark.parametrize("field", ["snapshot_digest", "split_digest", "metric_revision", "search_revision"])
+@pytest.mark.parametrize("missing", ["trial_id", "image_digest"])
+def test_a_differing_pinned_field_is_named_before_a_missing_identity(field, missing):
+    """The trial-lineage tutorial's order: pinned fields first, identity only after them."""
+    c = Contract(FIELDS)
+    assert admit(identity(c, **{field: "other", missing: ""}), c) == f"reject:{field}"
+
+
+def test_the_tutorials_random_split_trial_is_rejected_by_split_digest():
+    c = Contract(FIELDS)
+    trial = identity(c, trial_id="parcel-trial-82")
+    assert admit(trial, c) == ADMIT
+    assert admit(identity(c, trial_id="parcel-trial-82", split_digest="random-r7"), c) == "reject:split_digest"
+    # A missing image with every pinned field equal is an identity problem, not an image mismatch.
+    assert admit(identity(c, image_digest=""), c) == "reject:identity"
+
+
 def test_admission_rejects_another_image():
     c = Contract(FIELDS)
     assert admit(identity(c, image_digest="sha256:" + "d" * 64), c) == "reject:image_digest"

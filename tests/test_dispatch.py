@@ -12,6 +12,7 @@ from submitit.slurm import slurm as submitit_slurm
 from parcel_hpc.dispatch import Dispatcher, LauncherSettings, LocalDispatcher, SlurmDispatcher, executor_kind, make_dispatcher
 from parcel_hpc.dispatch.slurm import sbatch_parameters, submitit_batch_script
 from parcel_hpc.errors import UsageError
+from parcel_hpc.identity import SearchIdentity
 from parcel_hpc.ledger import Executor, SearchDir
 from parcel_hpc.testing import SleepTask
 
@@ -96,10 +97,22 @@ def test_submitit_private_batch_script_api_still_exists(tmp_path):
     renames it or changes what it takes, this fails here rather than in a user's dry run."""
     assert callable(getattr(submitit_slurm, "_make_sbatch_string", None)), "submitit dropped _make_sbatch_string: update dispatch/slurm.py"
     settings = LauncherSettings(Executor.SLURM, {"job_name": "parcel-x", "array_parallelism": 3, "signal_delay_s": 60}, {**RESOURCES, "gpus": 1}, BUDGET)
-    params = {**sbatch_parameters(settings), "map_count": 5}
+    identity = SearchIdentity("0123456789abcdef" * 2, "sha256:" + "c" * 64)
+    params = {**sbatch_parameters(settings, identity, "rev-a"), "map_count": 5}
     script = submitit_batch_script("python -u -m submitit.core._submit /f", tmp_path, params)
-    for line in ("#SBATCH --array=0-4%3", "#SBATCH --job-name=parcel-x", "#SBATCH --gres=gpu:1", "#SBATCH --hold", "#SBATCH --signal=USR2@60"):
+    expected = (
+        "#SBATCH --array=0-4%3",
+        "#SBATCH --job-name=parcel-x-0123456789ab",
+        "#SBATCH --wckey=parcel-x-0123456789ab",
+        f"#SBATCH --comment=parcel-hpc:search={identity.search_id}:revision=rev-a:contract=sha256:{'c' * 64}",
+        "#SBATCH --gres=gpu:1",
+        "#SBATCH --hold",
+        "#SBATCH --signal=USR2@60",
+    )
+    for line in expected:
         assert line in script, (line, script)
+    # A search frozen before search ids existed keeps its bare job name.
+    assert "#SBATCH --job-name=parcel-x\n" in submitit_batch_script("python", tmp_path, {**sbatch_parameters(settings), "map_count": 1})
 
 
 def test_an_unknown_launcher_kind_is_bad_input(tmp_path):
@@ -108,6 +121,12 @@ def test_an_unknown_launcher_kind_is_bad_input(tmp_path):
 
 
 def test_local_jobs_of_another_launch_are_seen_through_the_process_table(tmp_path):
-    d = local(tmp_path)
-    assert d.alive("t9", str(os.getpid()))  # not this launch's job, but its process lives here
-    assert not d.alive("t9", "not-a-pid")
+    launched = local(tmp_path)
+    (job,) = launched.submit([SleepTask("t0000", 120, tmp_path / "started")], lambda submitted: None)
+    wait_until(lambda: (tmp_path / "started").exists(), 60, "the job to run")
+    other = local(tmp_path)  # another launch, or `parcel-hpc cancel`: it knows the job only by its pid
+    assert other.alive("t0000", job.job_id)
+    assert not other.alive("t9", str(os.getpid()))  # a live pid that is no submitit job (a recycled pid)
+    assert not other.alive("t9", "not-a-pid")
+    other.cancel([job.job_id, str(os.getpid())])  # signals the job only, never the pid that is not one
+    wait_until(lambda: not other.alive("t0000", job.job_id), 30, "the job to end")

@@ -6,8 +6,9 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
-from parcel_hpc.ledger import SearchDir
+from parcel_hpc.ledger import SearchDir, read_events
 from parcel_hpc.testing import faults, launch, parcel_hpc
 from parcel_hpc.testing.runs import subprocess_env, wait_for
 from parcel_hpc.worker.training import STEP_HOOK_ENV
@@ -131,3 +132,73 @@ def test_nothing_in_the_search_is_world_writable_even_under_umask_0(tmp_path, da
     assert len(made) > 50
     writable = [str(p) for p in made if os.stat(p).st_mode & 0o002]
     assert writable == []
+
+
+def test_full_disk_on_the_checkpoint_root(tmp_path, data_dir):
+    """The checkpoint filesystem is full: every attempt is an infrastructure interruption
+    (no_space), retried within the budget and then given up, never a failure of the design;
+    nothing half-written is left behind."""
+    root = tmp_path / "small"
+    root.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8k", "tmpfs", str(root)], check=True)  # a claim fits, a checkpoint does not
+    try:
+        res = run(tmp_path, data_dir, "full", "search.n_trials=1", "pruner=none", f"checkpoint.dir={root}")
+        leftovers = [p.name for p in root.rglob("*") if p.name.endswith(".tmp")]
+    finally:
+        subprocess.run(["umount", str(root)], check=True)
+    assert res.returncode == 0, res.stderr
+    rec = sd(tmp_path, "full").record("t0000")
+    assert rec.state.value == "failed" and rec.cause.value == "retries_exhausted", (rec.state, rec.reason)
+    assert rec.failures == () and rec.metric is None  # no failure class: the design was never judged
+    assert [(a.how.value, a.cause.value) for a in rec.attempts] == [("interrupted", "no_space")] * 3
+    assert "No space left on device" in rec.attempts[0].message
+    assert leftovers == []
+
+
+def test_sigkill_during_a_journal_append(tmp_path):
+    """A writer killed at any moment of its appends leaves a journal every reader folds: each
+    whole line is an event, nothing after the kill, nothing invented."""
+    code = (
+        "import sys; from pathlib import Path; from parcel_hpc.ledger import TrialWriter\n"
+        "w = TrialWriter(Path(sys.argv[1]), 'a1')\n"
+        "print('ready', flush=True)\n"
+        "for i in range(1, 100000): w.milestone(1, i, 1.0 / i, False)\n"
+    )
+    for delay in (0.05, 0.2, 0.4):
+        d = tmp_path / f"after-{delay}"
+        p = subprocess.Popen([sys.executable, "-c", code, str(d)], stdout=subprocess.PIPE, text=True)
+        assert p.stdout.readline().strip() == "ready"
+        wait_for(lambda d=d: list(d.glob("journal-*.jsonl")), 10, "the journal")
+        time.sleep(delay)
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        (journal,) = d.glob("journal-*.jsonl")
+        data = journal.read_bytes()
+        whole = data.count(b"\n")
+        steps = [e.data.step for e in read_events(d)]
+        assert steps == list(range(1, whole + 1)), (delay, whole, steps[-3:])
+
+
+def test_torn_last_line_in_every_append_only_record(tmp_path, data_dir):
+    """Every trial journal of a finished search loses half of its last line (a writer cut off on a
+    shared filesystem): readers still fold each trial to exactly one state, a trial whose ending was
+    torn is not scored, and the next launch finishes it to the metric it had."""
+    res = run(tmp_path, data_dir, "torn", "search.n_trials=3", "pruner=none")
+    assert res.returncode == 0, res.stderr
+    search = sd(tmp_path, "torn")
+    metrics = {r.trial_id: r.metric for r in search.records()}
+    journals = sorted(search.trials_dir.glob("*/journal-*.jsonl"))
+    assert len(journals) >= 6
+    for journal in journals:
+        data = journal.read_bytes()
+        last = data.rstrip(b"\n").rsplit(b"\n", 1)[-1]
+        journal.write_bytes(data[: len(data) - 1 - len(last) // 2])  # half of the last line, no newline
+    st = parcel_hpc(["status", str(search.path), "--json"])
+    assert st.returncode == 0, st.stderr
+    shown = {t["trial_id"]: t for t in json.loads(st.stdout)["trials"]}
+    assert all(t["state"] != "completed" and t["metric"] is None for t in shown.values())  # each lost its ending
+    again = run(tmp_path, data_dir, "torn", "search.n_trials=3", "pruner=none")
+    assert again.returncode == 0, again.stderr
+    records = list(search.records())
+    assert {r.state.value for r in records} == {"completed"}
+    assert {r.trial_id: r.metric for r in records} == metrics  # resumed from their final checkpoints

@@ -66,6 +66,38 @@ def test_flags_running_but_ended_mismatch_and_orphans():
     assert rec.waste_hours["node_failure"] == pytest.approx(4 * 2 / 3600)
 
 
+def test_a_run_the_worker_has_not_reported_yet_is_pending_then_a_mismatch():
+    """Run 1 of job 24 started in sacct; the ledger has heard only of attempt 1: lag for five
+    minutes (pending, no flag), a mismatch after that."""
+    runs = job_runs(parse_sacct(sample("node_fail.txt")))
+    mine = [a for a in runs if a.job_id == "24"]
+    started = max(a.start for a in mine)
+    fresh = reconcile("s1", "m", "test", [fold(spec("t0002"), STILL_RUNNING)], mine, [], CAPS, now=started + 10)
+    assert "attempt_mismatch" not in {f.kind for f in fresh.flags} and not fresh.complete
+    assert [(p.job_id, p.detail) for p in fresh.pending] == [("24", "not yet told: run 1 started moments ago and its worker has not said so yet")]
+    late = reconcile("s1", "m", "test", [fold(spec("t0002"), STILL_RUNNING)], mine, [], CAPS, now=started + 3600)
+    assert "attempt_mismatch" in {f.kind for f in late.flags}
+    assert [p.detail for p in late.pending] == ["the scheduler still has job 24 RUNNING: its hours are not final"]  # still pending: it runs
+    assert late.to_json()["complete"] is False
+
+
+def test_a_job_sacct_has_not_filed_is_pending_within_the_grace_then_unknown():
+    done = [ev("submitted", 1, job_id="99"), ev("started", 100, attempt=1, job_id="99"), ev("ended", 200, attempt=1, how="completed", metric=0.3, step=82)]
+    record = fold(spec("t0004"), done)
+    fresh = reconcile("s1", "m", "test", [record], [], [], CAPS, now=260)
+    assert [(p.job_id, p.detail) for p in fresh.pending] == [("99", "the scheduler has filed no record of this job yet")] and fresh.flags == ()
+    late = reconcile("s1", "m", "test", [record], [], [], CAPS, now=200 + 3600)
+    assert late.complete and [f.kind for f in late.flags] == ["unknown_to_scheduler"]
+    dump = reconcile("s1", "m", "test", [record], [], [], CAPS)  # an exported dump: no clock to judge lag by
+    assert dump.complete and [f.kind for f in dump.flags] == ["unknown_to_scheduler"]
+
+
+def test_a_finished_filed_search_is_complete():
+    runs = job_runs(parse_sacct(sample("requeue_duplicates.txt")))
+    rec = reconcile("s1", "m", "test", [fold(spec("t0001"), PREEMPTED_THEN_DONE)], runs, [], CAPS, now=2e9)
+    assert rec.complete and rec.pending == () and rec.to_json()["pending"] == []
+
+
 def test_state_mismatch_is_flagged():
     events = [ev("submitted", 1, job_id="12"), ev("started", 2, attempt=1, job_id="12"), ev("ended", 3, attempt=1, how="completed", metric=0.2, step=82)]
     runs = job_runs(parse_sacct(sample("requeue_duplicates.txt")))

@@ -31,7 +31,6 @@ from hypothesis import strategies as st
 from parcel_hpc.contract import Contract, freeze_contract
 from parcel_hpc.errors import ParcelError, SchedulerUnavailable, UsageError
 from parcel_hpc.sbatch import (
-    MAX_TIME_MIN,
     SCRIPT_MODE,
     TEMPLATES_DIR,
     SbatchValues,
@@ -43,6 +42,7 @@ from parcel_hpc.sbatch import (
     write_script,
 )
 from parcel_hpc.testing import parcel_hpc
+from parcel_hpc.validation import MAX_TIME_MIN
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
 # Every template in sbatch_templates/: a new one needs golden values below and an existing command.
@@ -55,11 +55,12 @@ BASE = dict(
     search_dir=SEARCH,
     search_revision="r7",
     contract_digest="sha256:5f0c9e1d2b3a4c5d",
+    search_id="5f0c9e1d2b3a4c5d6e7f8091a2b3c4d5",
 )
 GOLDEN_VALUES = {
     # Every optional field set: the fullest script.
     "reconcile": SbatchValues(
-        job_name="parcel-reconcile-r7",
+        job_name="parcel-reconcile-r7-5f0c9e1d2b3a",
         partition="gpu-low",
         account="vision",
         qos="normal",
@@ -72,7 +73,7 @@ GOLDEN_VALUES = {
     ),
     **{
         name: SbatchValues(
-            job_name=f"parcel-r7-{role}",
+            job_name=f"parcel-r7-{role}-5f0c9e1d2b3a",
             partition="gpu-low",
             account="vision",
             qos="normal",
@@ -208,7 +209,7 @@ def test_format_time_limit_refuses(minutes: object) -> None:
 INJECTIONS = [
     ("job_name", "x\n#SBATCH --uid=0"),
     ("job_name", "x\r#SBATCH --uid=0"),
-    ("job_name", "a" * 65),
+    ("job_name", "a" * 129),
     ("job_name", "-x"),
     ("job_name", "x\u2028#SBATCH --uid=0"),
     ("job_name", "x#SBATCH"),
@@ -646,10 +647,11 @@ def test_schedule_reconcile_dry_run_prints_the_script_and_writes_nothing(tmp_pat
         search_dir=str(search),
         search_revision="rev-a1",
         contract_digest=contract.digest,
+        search_id="none",
         reconcile_every_min=30,
     )
     assert res.stdout == render("reconcile", expected)
-    assert f"--comment=parcel-hpc:revision=rev-a1:contract={contract.digest}\n" in res.stdout
+    assert f"--comment=parcel-hpc:search=none:revision=rev-a1:contract={contract.digest}\n" in res.stdout
     assert_same_structure("reconcile", res.stdout)
     bash_n(res.stdout)
     assert tree(tmp_path) == before  # no output dir, nothing in the search
@@ -736,6 +738,7 @@ def cluster_values(tmp_path: Path, name: str, python: Path, **kw) -> SbatchValue
         search_dir=str(tmp_path),
         search_revision="r1",
         contract_digest="sha256:abc",
+        search_id="none",
     )
     base.update(kw)
     return SbatchValues(**base)

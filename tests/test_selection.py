@@ -253,6 +253,7 @@ def _values(**kw):
         search_dir="/tmp/runs/r1",
         search_revision="r1",
         contract_digest="sha256:abc",
+        search_id="none",
         selection=1,
     )
     return sbatch.SbatchValues(**{**base, **kw})

@@ -15,6 +15,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.plugins.sweeper import Sweeper
 from omegaconf import DictConfig, OmegaConf
 
+from parcel_hpc import validation
 from parcel_hpc.cli_errors import exit_on_error
 from parcel_hpc.dispatch import LauncherSettings, executor_kind, make_dispatcher
 from parcel_hpc.errors import UsageError
@@ -41,5 +42,6 @@ class ParcelSweeper(Sweeper):
         launcher = OmegaConf.to_container(self.config.hydra.launcher, resolve=True, throw_on_missing=True)
         job_cfg = OmegaConf.masked_copy(self.config, [k for k in self.config if k != "hydra"])
         cfg = OmegaConf.to_container(job_cfg, resolve=True, throw_on_missing=True)
+        cfg, launcher = validation.checked(cfg, launcher)  # before anything is written or frozen
         settings = LauncherSettings(executor_kind(launcher.pop("kind", None)), launcher, cfg["resources"], cfg["budget"])
         return SearchLaunch(cfg, lambda search: make_dispatcher(settings, search)).run()

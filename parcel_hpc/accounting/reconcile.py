@@ -22,7 +22,10 @@ from .runs import JobRun, runs_by_job
 from .states import JobState
 
 SECONDS_PER_HOUR = 3600.0
-WASTE_CAUSES = ("preemption", "node_failure", "timeout", "cancelled", "lost", "quarantine", "reproducible_failure", "pruned")
+# slurmdbd files a job's last record a moment after the job ends (seconds, a minute when busy).
+# Within this long of the ledger's last word on a job, a missing or short record is lag, not a fault.
+ACCOUNTING_GRACE_S = 300.0
+WASTE_CAUSES = ("preemption", "node_failure", "timeout", "cancelled", "no_space", "lost", "quarantine", "reproducible_failure", "pruned")
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,15 @@ class Flag:
 
 
 @dataclass(frozen=True)
+class Pending:
+    """A job the scheduler has not filed in full yet: its hours may still change."""
+
+    trial_id: str
+    job_id: str
+    detail: str
+
+
+@dataclass(frozen=True)
 class Reconciliation:
     campaign: str
     objective: str
@@ -80,10 +92,18 @@ class Reconciliation:
     figures: Mapping[str, float | int | None]
     spend: Mapping[str, Mapping[str, float]]  # per ceiling: used, cap, left
     counts: Mapping[str, int] = field(default_factory=dict)
+    pending: tuple[Pending, ...] = ()
+
+    @property
+    def complete(self) -> bool:
+        """Every job of the search is filed in full: the figures are final."""
+        return not self.pending
 
     def to_json(self) -> dict:
         return {
             "campaign": self.campaign,
+            "complete": self.complete,
+            "pending": [asdict(p) for p in self.pending],
             "objective": self.objective,
             "source": self.source,
             "counts": dict(self.counts),
@@ -105,21 +125,29 @@ def reconcile(
     listed: Sequence[JobRun],
     caps: BudgetCaps,
     ledger_used_gpu_hours: float | None = None,
+    now: float | None = None,
 ) -> Reconciliation:
     """``runs``: the scheduler's runs of every job the ledger recorded; ``listed``: every job
-    the scheduler holds under the search's name or account (orphans are those the ledger lacks)."""
+    the scheduler holds under the search's name or account (orphans are those the ledger lacks).
+
+    A job the scheduler has not filed in full (still active, or its record missing or short within
+    ``ACCOUNTING_GRACE_S`` of the ledger's last word on it, by ``now``) is pending, never a flag."""
     by_trial = {r.trial_id: r for r in records}
     job_owner = {job: r.trial_id for r in records for job in r.jobs}
     by_job = runs_by_job(runs)
     flags: list[Flag] = []
     lines: list[AttemptLine] = []
+    pending: list[Pending] = []
 
     for job, job_runs in by_job.items():
         tid = job_owner.get(job, "")
         rec = by_trial.get(tid)
         started_runs = [a for a in job_runs if a.start is not None]
         ledger_attempts = [a for a in rec.attempts if a.job_id == job and a.started is not None] if rec else []
-        if rec is not None and len(started_runs) != len(ledger_attempts):
+        lag = _filing_lag(job, job_runs, started_runs, ledger_attempts, now) if rec is not None else ""
+        if lag:
+            pending.append(Pending(tid, job, lag))
+        if rec is not None and len(started_runs) != len(ledger_attempts) and not lag.startswith(_COUNT_LAG):
             flags.append(Flag("attempt_mismatch", tid, job, f"sacct shows {len(started_runs)} runs that started, the ledger {len(ledger_attempts)} attempts"))
         matched = dict(zip((a.attempt for a in started_runs), ledger_attempts))
         for a in job_runs:
@@ -145,7 +173,14 @@ def reconcile(
             lines.append(_line("", a, None, "", "", caps))
     for r in records:
         for job in r.jobs:
-            if job not in by_job and not r.state.is_finished():
+            if job in by_job:
+                continue
+            last = _last_word(r, job)
+            if last is None and r.state.is_finished():
+                continue  # never ran (cancelled while pending: sacct may file it as an unexpanded 123_[4-9])
+            if now is not None and (last is None or now - last < ACCOUNTING_GRACE_S):
+                pending.append(Pending(r.trial_id, job, "the scheduler has filed no record of this job yet"))
+            else:
                 flags.append(Flag("unknown_to_scheduler", r.trial_id, job, "the ledger recorded this job but the scheduler has no accounting for it"))
 
     trials = tuple(_trial_line(r, [l for l in lines if l.trial_id == r.trial_id]) for r in records)
@@ -164,7 +199,32 @@ def reconcile(
     }
     if ledger_used_gpu_hours is not None:
         spend["gpu_hours"]["ledger_used"] = ledger_used_gpu_hours
-    return Reconciliation(campaign, objective, source, tuple(lines), trials, tuple(flags), waste, figures, spend, counts)
+    return Reconciliation(campaign, objective, source, tuple(lines), trials, tuple(flags), waste, figures, spend, counts, tuple(pending))
+
+
+def _last_word(record: TrialRecord, job: str) -> float | None:
+    """When the ledger last heard of ``job`` running or ending (None: it never started)."""
+    times = [t for a in record.attempts if a.job_id == job for t in (a.started, a.ended) if t is not None]
+    return max(times) if times else None
+
+
+_COUNT_LAG = "not yet told: "  # a pending detail that explains a difference in run counts
+
+
+def _filing_lag(job: str, job_runs: Sequence[JobRun], started_runs: Sequence[JobRun], ledger_attempts: Sequence, now: float | None) -> str:
+    """Why ``job``'s accounting is not final yet, or "" when it is (pure). A difference in run counts
+    is lag only while it is fresh: sacct has not filed a run the ledger saw start, or the ledger has
+    not heard from a run sacct saw start, within ``ACCOUNTING_GRACE_S`` by ``now``."""
+    if now is not None and len(started_runs) < len(ledger_attempts):
+        if now - max(a.started for a in ledger_attempts) < ACCOUNTING_GRACE_S:
+            return f"{_COUNT_LAG}sacct has filed {len(started_runs)} of the {len(ledger_attempts)} runs the ledger saw start"
+    if now is not None and len(started_runs) > len(ledger_attempts):
+        if now - max(a.start for a in started_runs) < ACCOUNTING_GRACE_S:
+            return f"{_COUNT_LAG}run {len(started_runs) - 1} started moments ago and its worker has not said so yet"
+    active = [a for a in job_runs if a.state.is_active()]
+    if active:
+        return f"the scheduler still has job {job} {active[-1].state.text}: its hours are not final"
+    return ""
 
 
 def _line(tid: str, a: JobRun, led, how: str, waste: str, caps: BudgetCaps) -> AttemptLine:
@@ -205,6 +265,8 @@ def _waste(rec: TrialRecord | None, led, a: JobRun) -> str:
         return "timeout"
     if cause is Cause.CANCELLED or a.state.is_cancelled():
         return "cancelled"
+    if cause is Cause.NO_SPACE:
+        return "no_space"
     if led is not None and led.how is AttemptEnd.LOST:
         return "lost"
     if rec.state is TrialState.FAILED:
@@ -244,7 +306,7 @@ def _figures(lines: Sequence[AttemptLine], trials: Sequence[TrialLine], gpu_h: f
     submits = [l.submit for l in lines if l.submit is not None and l.trial_id]
     ends = [l.end for l in lines if l.end is not None and l.trial_id]
     wall_h = (max(ends) - min(submits)) / SECONDS_PER_HOUR if submits and ends and max(ends) > min(submits) else None
-    finished = sum(1 for t in trials if t.state in ("completed", "pruned", "failed", "rejected", "budget_exhausted"))
+    finished = sum(1 for t in trials if TrialState(t.state).is_finished() and t.state != TrialState.CANCELLED)
     effective = sum(1 for t in trials if t.effective)
     cost = caps.rates.cost(gpu_h, cpu_h)
     return {

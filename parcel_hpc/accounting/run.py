@@ -11,6 +11,7 @@ import csv
 import datetime as _dt
 import html
 import io
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, fields
 from pathlib import Path
@@ -51,7 +52,7 @@ def reconcile_search(search: SearchDir, sacct_file: Path | None = None) -> Recon
     listed = []
     for name in search.slurm_job_names():
         listed += job_runs(parse_sacct(run_sacct(build_sacct_argv([], since=since, name=name)), source="sacct --name"))
-    return reconcile(campaign, objective, "sacct", records, runs, listed, caps, ledger_used)
+    return reconcile(campaign, objective, "sacct", records, runs, listed, caps, ledger_used, now=time.time())
 
 
 SACCT_FORMAT_HINT = f"--parsable2 --noheader --duplicates --format={SACCT_FORMAT}"
@@ -81,6 +82,13 @@ def render_table(results: Sequence[Reconciliation], console) -> None:
         figs = rec.figures
         console.print("  ".join(f"{k}={_fmt(v)}" for k, v in figs.items()))
         console.print("wasted hours by cause: " + "  ".join(f"{k}={v:.4f}" for k, v in rec.waste_hours.items()))
+        if rec.pending:
+            waiting = Table(title=f"{len(rec.pending)} jobs not yet accounted in full: figures may still change (rerun, or pass --wait SECONDS)")
+            for col in ("trial", "job", "why"):
+                waiting.add_column(col)
+            for p in rec.pending:
+                waiting.add_row(p.trial_id, p.job_id, p.detail)
+            console.print(waiting)
         trials = Table(title="per trial")
         for col in ("trial", "state", "attempts", "GPU-h", "CPU-h", "wall s", "cost", "queue wait s", "effective"):
             trials.add_column(col)
@@ -136,6 +144,11 @@ def to_html(results: Sequence[Reconciliation]) -> str:
         parts.append(_html_table(["figure", "value"], [[k, _fmt(v)] for k, v in rec.figures.items()]))
         for png in _plots(rec):
             parts.append(f"<img alt='plot' src='data:image/png;base64,{png}'>")
+        if rec.pending:
+            parts.append(
+                f"<h2>{len(rec.pending)} jobs not yet accounted in full</h2><p>figures may still change</p>"
+                + _html_table(["trial", "job", "why"], [[p.trial_id, p.job_id, p.detail] for p in rec.pending])
+            )
         parts.append(
             "<h2>flags</h2>"
             + (

@@ -23,7 +23,7 @@ from ._journal import (
     ReservationKey,
     Settlement,
 )
-from ._search import launch_decision, reserve_attempt, search_caps, settle_attempt
+from ._search import held_attempts, launch_decision, reserve_attempt, search_caps, settle_attempt
 from ._values import BudgetCaps, CapLine, Rates, Spend
 
 __all__ = [
@@ -38,6 +38,7 @@ __all__ = [
     "Rates",
     "Refusal",
     "Reservation",
+    "held_attempts",
     "ReservationKey",
     "Settlement",
     "Spend",

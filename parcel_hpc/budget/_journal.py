@@ -370,6 +370,12 @@ class BudgetLedger:
         """Give back the whole hold of an attempt that never started."""
         return self._close(EntryKind.RELEASE, reservation, 0, 0)
 
+    def held(self, trial_id: str) -> list[int]:
+        """The attempts of ``trial_id`` whose reservation is still held (running, or killed before
+        they could settle), oldest first."""
+        self._refresh()
+        return sorted(k.attempt for k, v in self._fold.keys.items() if k.trial_id == trial_id and v.state is KeyState.HELD)
+
     def totals(self) -> Spend:
         self._refresh()
         return self._fold.totals.spend()

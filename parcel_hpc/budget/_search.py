@@ -31,6 +31,10 @@ def reserve_attempt(search_dir: Path, contract: Mapping[str, Any], trial_id: str
     return BudgetLedger(search_dir, search_caps(contract)).reserve(trial_id, attempt, gpu_h, cpu_h)
 
 
+def held_attempts(search_dir: Path, contract: Mapping[str, Any], trial_id: str) -> list[int]:
+    return BudgetLedger(search_dir, search_caps(contract)).held(trial_id)
+
+
 def settle_attempt(search_dir: Path, contract: Mapping[str, Any], trial_id: str, attempt: int, started: float, ended: float | None = None) -> None:
     """Settle an attempt with the hours it held its resources (start to end, the scheduler's unit of charge)."""
     r = contract["resources"]

@@ -33,7 +33,7 @@ def make_dispatcher(settings: LauncherSettings, search: SearchDir, env: Mapping[
     max_num_timeout = int(settings.budget["max_retries"]) + int(settings.budget["max_preemptions"]) + 1
     if settings.kind is Executor.LOCAL:
         return LocalDispatcher(settings, search.submitit_dir / "local", max_num_timeout=max_num_timeout)
-    return SlurmDispatcher(settings, search.submitit_dir / "slurm", max_num_timeout=max_num_timeout, env=os.environ if env is None else env)
+    return SlurmDispatcher(settings, search, max_num_timeout=max_num_timeout, env=os.environ if env is None else env)
 
 
 __all__ = ["Dispatcher", "LauncherSettings", "LocalDispatcher", "SlurmDispatcher", "Submitted", "executor_kind", "make_dispatcher"]

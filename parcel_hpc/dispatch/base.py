@@ -51,6 +51,15 @@ class Dispatcher(ABC):
     def __init__(self, settings: LauncherSettings) -> None:
         self.settings = settings
 
+    def launch_record(self) -> dict:
+        """What a launch record says this dispatcher submitted with (``resubmit`` reads it back)."""
+        return self.settings.to_json()
+
+    def recover(self, known_jobs: set[str]) -> list[str]:
+        """After a launch died between submitting and releasing: start the held jobs the ledger
+        knows, cancel those it never recorded. Call after ``refresh``; returns what it released."""
+        return []
+
     @abstractmethod
     def check(self) -> None:
         """Raise SchedulerUnavailable (one line, exit 2) when the scheduler cannot be reached."""

@@ -16,7 +16,7 @@ import submitit
 
 from ..errors import UsageError
 from ..ledger import Executor
-from ..processes import pid_alive
+from ..processes import pid_alive, runs_submitit
 from ..worker import TrialTask
 from .base import Dispatcher, LauncherSettings, Record, Submitted
 
@@ -67,13 +67,13 @@ class LocalDispatcher(Dispatcher):
         job = self.jobs.get(trial_id)
         if job is not None and str(job.job_id) == job_id:
             return not job.done()
-        return pid_alive(job_id)  # a job of an earlier launch on this machine
+        return pid_alive(job_id) and runs_submitit(job_id)  # a job of an earlier launch on this machine (not a recycled pid)
 
     def cancel(self, job_ids: Sequence[str]) -> None:
         # SIGINT, as submitit's own LocalJob.cancel: its controller forwards SIGTERM to the task,
         # whose job environment ignores it once installed, so SIGTERM cancels only a job still starting.
         for job_id in job_ids:
-            if pid_alive(job_id):
+            if pid_alive(job_id) and runs_submitit(job_id):
                 os.kill(int(job_id), signal.SIGINT)
 
     def describe(self, n: int) -> str:

@@ -16,8 +16,9 @@ import submitit
 from submitit.slurm import slurm as submitit_slurm
 
 from .. import slurm
-from ..errors import SchedulerUnavailable
-from ..ledger import Executor
+from ..errors import ReleaseFailed, SchedulerUnavailable
+from ..identity import SearchIdentity, scheduler_name
+from ..ledger import Executor, SearchDir
 from ..worker import TrialTask
 from .base import Dispatcher, LauncherSettings, Record, Submitted
 
@@ -26,23 +27,33 @@ class SlurmDispatcher(Dispatcher):
     name = Executor.SLURM
     can_detach = True
 
-    def __init__(self, settings: LauncherSettings, folder: Path, *, max_num_timeout: int, env: Mapping[str, str]) -> None:
+    def __init__(self, settings: LauncherSettings, search: SearchDir, *, max_num_timeout: int, env: Mapping[str, str]) -> None:
         super().__init__(settings)
         self.env = dict(env)
-        self.job_name = str(settings.params["job_name"])
-        self.folder = Path(folder)
+        self.search = search
+        self.folder = search.submitit_dir / "slurm"
         self._max_num_timeout = max_num_timeout
         self._executor: submitit.SlurmExecutor | None = None
-        self._params = sbatch_parameters(settings)
         self._queued: dict[str, slurm.QueuedJob] = {}
+
+    @property
+    def job_name(self) -> str:
+        """The scheduler name of this search's trial jobs: the launcher's job_name and the search id
+        (read when first needed: a launch makes the dispatcher before its contract froze)."""
+        return scheduler_name(str(self.settings.params["job_name"]), self.search.identity())
 
     @property
     def executor(self) -> submitit.SlurmExecutor:
         """Built after ``check``: submitit's SlurmExecutor raises a bare RuntimeError without srun."""
         if self._executor is None:
             self._executor = submitit.SlurmExecutor(folder=str(self.folder / "%j"), max_num_timeout=self._max_num_timeout)
-            self._executor.update_parameters(**self._params)
+            identity = self.search.identity()
+            revision = self.search.contract()["search_revision"] if identity is not None else ""
+            self._executor.update_parameters(**sbatch_parameters(self.settings, identity, revision))
         return self._executor
+
+    def launch_record(self) -> dict:
+        return {**super().launch_record(), "scheduler_job_name": self.job_name}
 
     def check(self) -> None:
         slurm.check_reachable(self.env)
@@ -65,11 +76,26 @@ class SlurmDispatcher(Dispatcher):
             extra.pop("exclude", None)
         submitted = [Submitted(t.plan.trial_id, str(j.job_id)) for t, j in zip(tasks, jobs)]
         record(submitted)  # held until here: the ledger knows every job id before any can start
-        slurm.release(sorted({s.job_id.split("_")[0] for s in submitted}), self.env)
+        try:
+            slurm.release(sorted({s.job_id.split("_")[0] for s in submitted}), self.env)
+        except SchedulerUnavailable as exc:
+            raise ReleaseFailed(f"{exc}; the jobs are submitted and recorded but held: rerun the same launch to release them") from None
         return submitted
 
     def refresh(self) -> None:
-        self._queued = slurm.queued_jobs(self.job_name, self.env)
+        # Every name the search's launches used: a job_name changed between launches hides nothing.
+        queued: dict[str, slurm.QueuedJob] = {}
+        for name in sorted({self.job_name, *self.search.slurm_job_names()}):
+            queued.update(slurm.queued_jobs(name, self.env))
+        self._queued = queued
+
+    def recover(self, known_jobs: set[str]) -> list[str]:
+        # Only jobs the ledger knows: a held array it does not know yet may be another launcher's,
+        # between its sbatch and its records (released by that launcher; reconcile shows it otherwise).
+        held = [j for j, q in self._queued.items() if q.state == "PENDING" and q.reason == "JobHeldUser" and j in known_jobs]
+        release = sorted({j.split("_")[0] for j in held})
+        slurm.release(release, self.env)
+        return release
 
     def alive(self, trial_id: str, job_id: str) -> bool:
         return job_id in self._queued
@@ -82,7 +108,10 @@ class SlurmDispatcher(Dispatcher):
         params["map_count"] = n
         python = shlex.quote(self.executor.python) if " " in self.executor.python else self.executor.python
         command = " ".join([python, "-u -m submitit.core._submit", shlex.quote(str(self.executor.folder))])
-        return submitit_batch_script(command, self.executor.folder, params)
+        script = submitit_batch_script(command, self.executor.folder, params)
+        if self.search.identity() is None:
+            script = f"# job name and comment gain this search's id (-<12 hex digits>) when its contract freezes\n{script}"
+        return script
 
 
 def submitit_batch_script(command: str, folder: Path, params: Mapping[str, Any]) -> str:
@@ -91,16 +120,20 @@ def submitit_batch_script(command: str, folder: Path, params: Mapping[str, Any])
     return submitit_slurm._make_sbatch_string(command=command, folder=folder, **params)
 
 
-def sbatch_parameters(settings: LauncherSettings) -> dict[str, Any]:
-    """submitit's SlurmExecutor parameters from the launcher settings and the pinned resources."""
+def sbatch_parameters(settings: LauncherSettings, identity: SearchIdentity | None = None, search_revision: str = "") -> dict[str, Any]:
+    """submitit's SlurmExecutor parameters from the launcher settings, the pinned resources and the
+    search's identity (its job name, comment and wckey; None only for a search frozen before ids)."""
     params, resources = settings.params, settings.resources
     extra = {k: v for k, v in dict(params.get("additional_parameters") or {}).items() if v is not None}
     for key in ("account", "qos"):
         if resources.get(key):
             extra[key] = resources[key]
     extra["hold"] = True  # released once the ledger has the job ids
+    if identity is not None:
+        extra["comment"] = identity.comment(search_revision)
+    name = scheduler_name(str(params["job_name"]), identity)
     out = dict(
-        job_name=str(params["job_name"]),
+        job_name=name,
         time=int(resources["time_limit_min"]),
         cpus_per_task=int(resources["cpus"]),
         mem=f"{int(float(resources['mem_gb']) * 1024)}M",
@@ -108,7 +141,7 @@ def sbatch_parameters(settings: LauncherSettings) -> dict[str, Any]:
         signal_delay_s=int(params["signal_delay_s"]),
         setup=list(params.get("setup") or []),
         additional_parameters=extra,
-        wckey=str(params["job_name"]),
+        wckey=name,
     )
     if int(resources["gpus"]) > 0:
         out["gres"] = f"gpu:{int(resources['gpus'])}"

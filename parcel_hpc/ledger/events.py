@@ -32,6 +32,7 @@ class EventKind(str, enum.Enum):
     RESOLVED = "resolved"  # an owner of the search said how a silent attempt ended, from scheduler facts
     QUARANTINED = "quarantined"  # the trial shared a checkpoint directory: its attempts so far are tainted
     GAVE_UP = "gave_up"  # a retry limit ended the trial
+    CANCELLED = "cancelled"  # an owner cancelled the trial (recorded before its job is signalled)
 
 
 class Executor(str, enum.Enum):
@@ -48,11 +49,12 @@ class Cause(str, enum.Enum):
     PREEMPTED = "preempted"
     TIMEOUT = "timeout"
     NODE_FAIL = "node_fail"
-    CANCELLED = "cancelled"  # a system or hand scancel (an admin cancellation is a later, separate cause)
+    CANCELLED = "cancelled"  # a system or hand scancel: an interruption, retried like a preemption
     LOST = "lost"  # the job vanished without saying how
     REQUEUED_BY_SCHEDULER = "requeued_by_scheduler"  # SLURM requeued it before the worker could say so
     PREVIOUS_ATTEMPT_ALIVE = "previous_attempt_alive"  # an older attempt still held the directory
     SUPERSEDED = "superseded"  # a newer attempt of the same trial took over: not an interruption
+    NO_SPACE = "no_space"  # the checkpoint or search filesystem is full (ENOSPC, EDQUOT): not the design's fault
     # Training failures: retried once; the same class twice is a reproducible result about the design.
     EXCEPTION = "exception"
     DIVERGED = "diverged"
@@ -62,6 +64,7 @@ class Cause(str, enum.Enum):
     # Governance.
     CHECKPOINT_COLLISION = "checkpoint_collision"  # quarantine: two trials on one checkpoint prefix
     RETRIES_EXHAUSTED = "retries_exhausted"
+    CANCELLED_BY_OWNER = "cancelled_by_owner"  # `parcel-hpc cancel`: never retried or resubmitted
 
     def is_training_failure(self) -> bool:
         return self in (Cause.EXCEPTION, Cause.DIVERGED, Cause.OUT_OF_MEMORY, Cause.UNSAVABLE_STATE, Cause.INVALID_PREDICTIONS)
@@ -75,7 +78,17 @@ class Cause(str, enum.Enum):
 
 
 _INFRASTRUCTURE = frozenset(
-    {Cause.PREEMPTED, Cause.TIMEOUT, Cause.NODE_FAIL, Cause.CANCELLED, Cause.LOST, Cause.REQUEUED_BY_SCHEDULER, Cause.PREVIOUS_ATTEMPT_ALIVE, Cause.SUPERSEDED}
+    {
+        Cause.PREEMPTED,
+        Cause.TIMEOUT,
+        Cause.NODE_FAIL,
+        Cause.CANCELLED,
+        Cause.LOST,
+        Cause.REQUEUED_BY_SCHEDULER,
+        Cause.PREVIOUS_ATTEMPT_ALIVE,
+        Cause.SUPERSEDED,
+        Cause.NO_SPACE,
+    }
 )
 
 
@@ -190,7 +203,14 @@ class GaveUp:
     state: TrialState = TrialState.FAILED
 
 
-Payload = Submitted | AdmissionRefused | Started | Admitted | Resumed | Milestone | CheckpointSkipped | Ended | Quarantined | GaveUp
+@dataclass(frozen=True)
+class Cancelled:
+    by: str  # the user who ran `parcel-hpc cancel`
+    reason: str
+    whole_search: bool = False  # the search was cancelled, not only this trial
+
+
+Payload = Submitted | AdmissionRefused | Started | Admitted | Resumed | Milestone | CheckpointSkipped | Ended | Quarantined | GaveUp | Cancelled
 
 PAYLOADS: Mapping[EventKind, type] = {
     EventKind.SUBMITTED: Submitted,
@@ -204,6 +224,7 @@ PAYLOADS: Mapping[EventKind, type] = {
     EventKind.RESOLVED: Ended,
     EventKind.QUARANTINED: Quarantined,
     EventKind.GAVE_UP: GaveUp,
+    EventKind.CANCELLED: Cancelled,
 }
 _ENUM_FIELDS = {"how": AttemptEnd, "cause": Cause, "state": TrialState, "executor": Executor}
 _TUPLE_FIELDS = ("exclude_nodes", "with_trials")

@@ -22,6 +22,7 @@ from .. import fsio
 from .events import (
     AdmissionRefused,
     Admitted,
+    Cancelled,
     Cause,
     CheckpointSkipped,
     Ended,
@@ -78,6 +79,9 @@ class TrialWriter:
 
     def gave_up(self, reason: str, attempt: int = 0) -> Event:
         return self._append(EventKind.GAVE_UP, GaveUp(Cause.RETRIES_EXHAUSTED, reason, TrialState.FAILED), attempt)
+
+    def cancelled(self, by: str, reason: str, whole_search: bool) -> Event:
+        return self._append(EventKind.CANCELLED, Cancelled(by, reason, whole_search))
 
     def resolved(self, attempt: int, ending: Ended) -> Event:
         """How a silent attempt ended, from the scheduler's facts (``resolution.resolve``)."""

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .events import AdmissionRefused, Cause, Ended, Event, EventKind, Executor, GaveUp, Milestone, Quarantined, Resumed, Started, Submitted
+from .events import AdmissionRefused, Cancelled, Cause, Ended, Event, EventKind, Executor, GaveUp, Milestone, Quarantined, Resumed, Started, Submitted
 from .states import AttemptEnd, TrialState
 
 
@@ -215,6 +215,10 @@ def fold(spec: TrialSpec, events: Sequence[Event]) -> TrialRecord:
         elif isinstance(data, AdmissionRefused):
             f.set(TrialState.REJECTED, detail=data.outcome)
         elif isinstance(data, Started):
+            if data.job_id and data.job_id not in f.jobs:
+                # A job is known from its attempt too: a torn "submitted" line loses no job.
+                f.jobs.append(data.job_id)
+                f.executor = f.executor or data.executor
             f.attempt(n).update(job_id=data.job_id, host=data.host, pid=data.pid, started=ev.t, restart_count=data.restart_count)
             if not f.state.is_finished():
                 f.set(TrialState.RUNNING)
@@ -233,7 +237,7 @@ def fold(spec: TrialSpec, events: Sequence[Event]) -> TrialRecord:
             f.tainted_upto = max(f.tainted_upto, data.attempts_upto)
             # Failures in a shared directory say nothing about the design: they are withdrawn too.
             f.failures = [(k, c) for k, c in f.failures if k > f.tainted_upto]
-            if f.state not in (TrialState.REJECTED, TrialState.BUDGET_EXHAUSTED):
+            if f.state not in (TrialState.REJECTED, TrialState.BUDGET_EXHAUSTED, TrialState.CANCELLED):
                 # A quarantined result is withdrawn, never scored: the trial is rerun cleanly.
                 f.set(TrialState.QUARANTINED, Cause.CHECKPOINT_COLLISION, data.reason)
                 f.metric, f.invalid = None, True
@@ -241,6 +245,9 @@ def fold(spec: TrialSpec, events: Sequence[Event]) -> TrialRecord:
         elif isinstance(data, GaveUp):
             if not f.state.is_finished():  # a late give-up (a signal after the result) never overrides an ending
                 f.set(data.state, data.cause, data.reason)
+        elif isinstance(data, Cancelled):
+            if not f.state.is_finished():  # a trial that ended before the cancel keeps its ending
+                f.set(TrialState.CANCELLED, Cause.CANCELLED_BY_OWNER, f"cancelled by {data.by}: {data.reason}")
     return f.record()
 
 

@@ -14,6 +14,7 @@ class TrialState(str, enum.Enum):
     QUARANTINED = "quarantined"
     REJECTED = "rejected"
     BUDGET_EXHAUSTED = "budget_exhausted"
+    CANCELLED = "cancelled"  # by an owner (`parcel-hpc cancel`): never retried, resubmitted or scored
 
     def is_finished(self) -> bool:
         """Finished trials are never dispatched again (a quarantined one is rerun cleanly)."""
@@ -24,7 +25,7 @@ class TrialState(str, enum.Enum):
         return self in (TrialState.COMPLETED, TrialState.PRUNED, TrialState.FAILED)
 
 
-_FINISHED = frozenset({TrialState.COMPLETED, TrialState.PRUNED, TrialState.FAILED, TrialState.REJECTED, TrialState.BUDGET_EXHAUSTED})
+_FINISHED = frozenset({TrialState.COMPLETED, TrialState.PRUNED, TrialState.FAILED, TrialState.REJECTED, TrialState.BUDGET_EXHAUSTED, TrialState.CANCELLED})
 
 
 class AttemptEnd(str, enum.Enum):

@@ -2,6 +2,8 @@
 
     <search.root>/<search.revision>/
       contract.json                 frozen once (contract.py)
+      identity.json                 the search id its jobs carry on the scheduler (identity.py)
+      cancelled.json                who cancelled the whole search, and why (created once: cancel.py)
       trials/<trial_id>/spec.json   the proposed trial, created exclusively
       trials/<trial_id>/dispatch-<n>.json   the n-th dispatch, claimed exclusively by one launcher
       trials/<trial_id>/journal-*.jsonl     per-writer event journals (journal.py)
@@ -23,9 +25,12 @@ from typing import Any
 from .. import fsio
 from ..contract import Contract, load_contract
 from ..errors import CorruptRecord
+from ..identity import IDENTITY_FILE, SearchIdentity
 from .events import Event, Executor
 from .journal import TrialWriter, read_events
 from .records import TrialRecord, TrialSpec, fold
+
+CANCELLED_FILE = "cancelled.json"
 
 
 @dataclass(frozen=True)
@@ -58,6 +63,37 @@ class SearchDir:
     def contract(self) -> Contract:
         return load_contract(self.path)
 
+    def identity(self) -> SearchIdentity | None:
+        """The search's id on the scheduler; None for a search frozen before ids existed."""
+        path = self.path / IDENTITY_FILE
+        return SearchIdentity.from_json(fsio.read_json(path)) if path.exists() else None
+
+    def ensure_identity(self, contract_digest: str) -> SearchIdentity:
+        """Write the search id once (two launchers racing on a new search agree on the first)."""
+        path = self.path / IDENTITY_FILE
+        fsio.create_exclusive_json(path, SearchIdentity.new(contract_digest).to_json())
+        found = SearchIdentity.from_json(fsio.read_json(path))
+        if found.contract_digest != contract_digest:
+            raise CorruptRecord(
+                f"{self.path / IDENTITY_FILE} was written for contract {found.contract_digest}, not {contract_digest}; "
+                "it was copied from another search: move it aside (a new one is drawn) or restore this search's own"
+            )
+        return found
+
+    def cancellation(self) -> dict | None:
+        """Who cancelled the whole search and why; None while it is not cancelled."""
+        path = self.path / CANCELLED_FILE
+        if not path.exists():
+            return None
+        found = fsio.read_json(path)
+        if not isinstance(found, dict):
+            raise CorruptRecord(f"{path} is not a cancellation record; restore it (the search stays cancelled: a new search.revision starts afresh)")
+        return found
+
+    def mark_cancelled(self, by: str, reason: str, at: float) -> bool:
+        """Cancel the whole search for good; False when it already was (the first cancel stands)."""
+        return fsio.create_exclusive_json(self.path / CANCELLED_FILE, {"by": by, "reason": reason, "at": at})
+
     # --- proposals and claims ---------------------------------------------------------------
     def write_spec(self, spec: TrialSpec) -> bool:
         """Record a proposed trial; False if it was already proposed (by this or another launch)."""
@@ -84,6 +120,12 @@ class SearchDir:
             return n
         return None
 
+    def withdraw_dispatch(self, trial_id: str, n: int, launch_id: str) -> None:
+        """Mark a dispatch claim whose submission failed (nothing reached the scheduler) as withdrawn,
+        so the next launcher dispatches the trial at once instead of waiting for this one. The claim
+        itself stays: dispatches are numbered by count, and a hole would break the numbering."""
+        fsio.create_exclusive_json(self.trial_dir(trial_id) / f"dispatch-{n}.withdrawn", {"launch_id": launch_id})
+
     def dispatch_count(self, trial_id: str) -> int:
         return len(list(self.trial_dir(trial_id).glob("dispatch-*.json")))
 
@@ -93,6 +135,8 @@ class SearchDir:
         if n == 0 or len(record.jobs) >= n:
             return False
         path = self.trial_dir(trial_id) / f"dispatch-{n}.json"
+        if path.with_suffix(".withdrawn").exists():
+            return False
         claim = fsio.read_json(path)
         return claim.get("launch_id") != launch_id and time.time() - path.stat().st_mtime < grace_s
 
@@ -156,8 +200,15 @@ class SearchDir:
         return [fsio.read_json(p) for p in sorted(self.launches_dir.glob("*.json"))]
 
     def slurm_job_names(self) -> list[str]:
-        """The SLURM job names this search's launches used (squeue and sacct find its jobs by them)."""
-        return sorted({str(l["launcher"]["params"]["job_name"]) for l in self.launches() if l.get("launcher", {}).get("kind") == Executor.SLURM.value})
+        """The scheduler names of this search's trial jobs (squeue and sacct find them by these).
+        Each carries the search id; a launch recorded before ids existed used the bare job name."""
+        return sorted(
+            {
+                str(l["launcher"].get("scheduler_job_name") or l["launcher"]["params"]["job_name"])
+                for l in self.launches()
+                if l.get("launcher", {}).get("kind") == Executor.SLURM.value
+            }
+        )
 
     # --- quarantine marks ----------------------------------------------------------------------
     def mark_quarantined(self, trial_id: str, attempts_upto: int, reason: str) -> bool:

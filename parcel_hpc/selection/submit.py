@@ -22,6 +22,7 @@ from rich.console import Console
 from .. import fsio, sbatch, slurm
 from ..dispatch import LauncherSettings
 from ..errors import UsageError
+from ..identity import scheduler_name
 from ..ledger import Executor, JobRole
 from ..ledger.selection import JobSubmitted, SelectionWriter
 from ..processes import pid_alive
@@ -45,8 +46,9 @@ def launcher_of(store: SelectionStore) -> LauncherSettings:
     raise UsageError(f"{store.search.path} records no launch that dispatched trials; there is nothing to select from")
 
 
-def job_name(settings: LauncherSettings, role: JobRole) -> str:
-    return f"{settings.params['job_name']}-{role.value}"[:64]
+def job_name(store: SelectionStore, settings: LauncherSettings, role: JobRole) -> str:
+    """``<job_name>-rerun-<search id>``: never a trial job's name, never another search's."""
+    return scheduler_name(f"{settings.params['job_name']}-{role.value}", store.search.identity())
 
 
 def job_time_limit_min(trial_limit_min: int, role: JobRole) -> int:
@@ -61,7 +63,7 @@ def render_script(store: SelectionStore, settings: LauncherSettings, role: JobRo
     res = settings.resources
     logs = store.log_dir(n)
     values = sbatch.SbatchValues(
-        job_name=job_name(settings, role),
+        job_name=job_name(store, settings, role),
         partition=str(res.get("partition") or ""),
         account=str(res.get("account") or ""),
         qos=str(res.get("qos") or ""),
@@ -74,6 +76,7 @@ def render_script(store: SelectionStore, settings: LauncherSettings, role: JobRo
         search_dir=str(store.search.path),
         search_revision=contract["search_revision"],
         contract_digest=contract.digest,
+        search_id=identity.search_id if (identity := store.search.identity()) is not None else "none",
         selection=n,
     )
     return logs / f"{TEMPLATES[role]}.sbatch", sbatch.render(TEMPLATES[role], values)
@@ -83,7 +86,7 @@ def job_alive(store: SelectionStore, submitted: JobSubmitted) -> bool | None:
     """Whether a submitted selection job still runs; None when this host cannot tell (a local job
     started on another host)."""
     if submitted.executor is Executor.SLURM:
-        return submitted.job_id in slurm.queued_jobs(job_name(launcher_of(store), submitted.role))
+        return submitted.job_id in slurm.queued_jobs(job_name(store, launcher_of(store), submitted.role))
     if submitted.host and submitted.host != socket.gethostname():
         return None
     return pid_alive(submitted.job_id)
@@ -107,7 +110,7 @@ def run_job(store: SelectionStore, role: JobRole, n: int, writer: SelectionWrite
         job_id = sbatch.submit(path)
         writer.job_submitted(n, role, job_id, Executor.SLURM)
         console.print(f"{role.value} job {job_id} submitted to SLURM ({path.name}); waiting for it to leave the queue")
-        name = job_name(settings, role)
+        name = job_name(store, settings, role)
         while job_id in slurm.queued_jobs(name):
             time.sleep(poll_s)
         log = store.log_dir(n) / f"{role.value}-{job_id}.out"

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .. import data
+from .. import data, validation
 from ..contract import Contract, config_hash
 from ..errors import GovernanceRefusal, UsageError
 from ..image import image_digest
@@ -26,9 +26,7 @@ PINNED_RESOURCES = ("gpus", "cpus", "mem_gb", "time_limit_min")
 
 def search_path(cfg: Mapping[str, Any]) -> Path:
     root = Path(cfg["search"]["root"]).expanduser()
-    revision = str(cfg["search"]["revision"])
-    if not revision or "/" in revision or revision.startswith("."):
-        raise UsageError(f"search.revision={revision!r} must be a plain name like parcel-search-r1")
+    revision = validation.name("search.revision", cfg["search"]["revision"])
     return (root / revision).absolute()
 
 

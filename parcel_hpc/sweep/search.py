@@ -23,7 +23,7 @@ from ..console import make_console
 from ..contract import Contract, TrialIdentity, admit, first_difference, freeze_contract, load_contract
 from ..data import read_split
 from ..dispatch import Dispatcher, Submitted
-from ..errors import GovernanceRefusal, UsageError
+from ..errors import GovernanceRefusal, ReleaseFailed, SchedulerUnavailable, UsageError
 from ..ledger import SearchDir, TrialRecord, TrialSpec, TrialWriter
 from ..lifecycle import Action, Next, RetryPolicy, next_action
 from ..selection.store import write_final_plan
@@ -79,6 +79,7 @@ class SearchLaunch:
             raise UsageError(f"search.n_trials={n_trials} must be >= 0")
         contract = build_contract(cfg)  # validates every input file before anything is written
         search = SearchDir(path)
+        _refuse_cancelled(search)
         fresh = not (path / "contract.json").exists()
         if fresh:
             check_policy(contract)
@@ -103,6 +104,10 @@ class SearchLaunch:
         else:
             ensure_writable(path)
             frozen, created = freeze_contract(path, contract)
+            if created or not search.launches():
+                # What names this search's jobs on the scheduler. A search launched before ids
+                # existed keeps its bare job name: renaming it would hide its queued jobs.
+                search.ensure_identity(frozen.digest)
             if created or not search.trial_ids():
                 # The revision's final evaluation plan is fixed when its contract froze (or by the next
                 # launch, when that one died before proposing anything); never added to a search later.
@@ -130,7 +135,7 @@ class SearchLaunch:
             self.console.print(display.worst_case_line(decision))
             self.console.print(dispatcher.describe(len(specs)), soft_wrap=True, markup=False, highlight=False)
             return report
-        report.launcher = dispatcher.settings.to_json()
+        report.launcher = dispatcher.launch_record()
         search.write_launch(launch_id, report.to_json())
         for tid in to_dispatch:
             # The first plan stands for the trial's life (its checkpoint directory must not move under
@@ -194,6 +199,18 @@ class SearchLaunch:
         return out
 
 
+OUTAGE_LIMIT_S = 900.0  # how long a launch waits for a scheduler that stopped answering
+
+
+def _refuse_cancelled(search: SearchDir) -> None:
+    cancelled = search.cancellation()
+    if cancelled is not None:
+        raise GovernanceRefusal(
+            "reject:cancelled",
+            f"{search.path} was cancelled by {cancelled.get('by')} ({cancelled.get('reason')}); a cancelled search stays stopped: start a new search.revision",
+        )
+
+
 class Follower:
     """Dispatches, retries and follows the trials of one launch until none needs anything."""
 
@@ -209,6 +226,8 @@ class Follower:
         self.policy = RetryPolicy.from_budget(contract["budget"])
         self.writers: dict[str, TrialWriter] = {}
         self.waiting: list[str] = []  # admitted, dispatch claimed, not yet submitted (local capacity)
+        self.claims: dict[str, int] = {}  # trial -> the dispatch number this launcher claimed for it
+        self.outage_since: float | None = None  # when the scheduler stopped answering, while it does not
 
     def writer(self, trial_id: str) -> TrialWriter:
         """One journal per trial for this launch, opened when it first has something to say."""
@@ -218,6 +237,9 @@ class Follower:
 
     def dispatch_initial(self, report: LaunchReport) -> None:
         self.dispatcher.refresh()  # an earlier detached launch's jobs may still be queued or running
+        released = self.dispatcher.recover({j for r in self.search.records() for j in r.jobs})
+        if released:
+            self.console.print(f"released {len(released)} held arrays an earlier launch submitted but never released: {', '.join(released)}")
         for tid in self.plans:
             record = self.search.record(tid)
             nxt = self._next(record)
@@ -242,19 +264,43 @@ class Follower:
         )
 
     def _act(self, tid: str, nxt: Next) -> None:
+        if nxt.action in (Action.RETRY, Action.DISPATCH) and (cancelled := self.search.cancellation()) is not None:
+            # The search was cancelled after this launch read its trials: this one too, never dispatched.
+            self.writer(tid).cancelled(str(cancelled.get("by", "")), str(cancelled.get("reason", "")), True)
+            return
         if nxt.action is Action.RESOLVE_LOST:
             self._resolve_vanished(self.search.record(tid))
         elif nxt.action in (Action.RETRY, Action.DISPATCH):
-            if self.search.claim_dispatch(tid, self.launch_id) is not None:
+            n = self.search.claim_dispatch(tid, self.launch_id)
+            if n is not None:
+                self.claims[tid] = n
                 self.waiting.append(tid)
         elif nxt.action is Action.GIVE_UP:
             self.writer(tid).gave_up(nxt.reason)
 
     def _submit_waiting(self) -> None:
+        if self.waiting and self.search.cancellation() is not None:
+            self.waiting = []  # cancelled while they waited for a free slot: never submitted
         room = self.dispatcher.capacity()
         batch, self.waiting = self.waiting[:room], self.waiting[room:]
-        if batch:
+        # A trial cancelled while it waited is finished: its slot goes to the next one.
+        batch = [tid for tid in batch if not self.search.record(tid).state.is_finished()]
+        if not batch:
+            return
+        try:
             self.dispatcher.submit([TrialTask(self.plans[tid]) for tid in batch], self._record_submitted)
+        except SchedulerUnavailable as exc:
+            # Give back the claims of what never reached the scheduler, so a relaunch dispatches those
+            # trials at once; a batch that was submitted and recorded but not released keeps its own.
+            released_failed = isinstance(exc, ReleaseFailed)
+            for tid in ([] if released_failed else batch) + self.waiting:
+                self.search.withdraw_dispatch(tid, self.claims.pop(tid), self.launch_id)
+            self.waiting = []
+            if released_failed:
+                raise
+            raise SchedulerUnavailable(
+                f"{exc}; nothing of this batch was submitted and the search is resumable: fix that, then rerun the same launch to continue it"
+            ) from None
 
     def _record_submitted(self, submitted: Sequence[Submitted]) -> None:
         for s in submitted:
@@ -265,10 +311,33 @@ class Follower:
         records, facts = resolution.observe(self.search, [record], resolution.FOLLOWER, seen_ending=record.jobs[-1:])
         resolution.record(resolution.resolve(records, facts, resolution.FOLLOWER), self.writer)
 
+    def _refresh(self) -> bool:
+        """Ask the scheduler; False while it does not answer (a restarting slurmctld): nothing is
+        decided on a stale answer then, and after ``OUTAGE_LIMIT_S`` the launch stops following."""
+        try:
+            self.dispatcher.refresh()
+        except SchedulerUnavailable as exc:
+            now = time.monotonic()
+            if self.outage_since is None:
+                self.outage_since = now
+                self.console.print(f"[yellow]the scheduler is not answering ({exc}); waiting for it: the trials keep running[/]")
+            if now - self.outage_since > OUTAGE_LIMIT_S:
+                raise SchedulerUnavailable(
+                    f"{exc}; still no answer after {OUTAGE_LIMIT_S:.0f}s: trials already queued keep running, "
+                    "rerun the same launch (or `parcel-hpc resubmit`) once the scheduler is back to continue the search"
+                ) from None
+            return False
+        if self.outage_since is not None:
+            self.console.print(f"the scheduler answers again after {time.monotonic() - self.outage_since:.0f}s")
+            self.outage_since = None
+        return True
+
     def follow(self) -> None:
         with display.Progress(self.console, list(self.plans)) as progress:
             while True:
-                self.dispatcher.refresh()
+                if not self._refresh():
+                    time.sleep(max(self.poll_s, 2.0))
+                    continue
                 active = 0
                 states = []
                 for tid in self.plans:

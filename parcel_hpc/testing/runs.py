@@ -44,6 +44,17 @@ def launch(
     return LaunchResult(proc.returncode, proc.stdout, proc.stderr)
 
 
+def start_launch(overrides: Sequence[str], *, cwd: Path, data_dir: Path | None = None, env: Mapping[str, str] | None = None) -> subprocess.Popen:
+    """A launch running in the background (two launchers at once); ``finish`` waits for its result."""
+    argv = [sys.executable, "-m", "parcel_hpc.launch", "-m", *overrides]
+    return subprocess.Popen(argv, cwd=cwd, env=subprocess_env(data_dir, env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 600) -> LaunchResult:
+    out, err = proc.communicate(timeout=timeout)
+    return LaunchResult(proc.returncode, out, err)
+
+
 def parcel_hpc(args: Sequence[str], *, cwd: Path | None = None, env: Mapping[str, str] | None = None, timeout: float = 300) -> LaunchResult:
     proc = subprocess.run([sys.executable, "-m", "parcel_hpc", *args], cwd=cwd, env=subprocess_env(None, env), capture_output=True, text=True, timeout=timeout)
     return LaunchResult(proc.returncode, proc.stdout, proc.stderr)

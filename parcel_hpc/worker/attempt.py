@@ -14,6 +14,7 @@ boundary (``signals.py``), where ``interrupt`` checkpoints it.
 
 from __future__ import annotations
 
+import errno
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -129,6 +130,11 @@ class AttemptRun:
                 # Refused or fenced and not caught (or caught, then failing): the request is the result.
                 self._reject_final()
                 return {"trial_id": plan.trial_id, "state": TrialState.REJECTED.value, "outcome": FINAL_PARTITION_OUTCOME}
+            if _no_space(exc):
+                # A full filesystem is the cluster's problem, not the configuration's: an interruption,
+                # retried within budget.max_retries, never a failure class of the design.
+                self._end(Ended(AttemptEnd.INTERRUPTED, Cause.NO_SPACE, step=self.step, message=" ".join(str(exc).split())[:500]))
+                return {"trial_id": plan.trial_id, "state": "interrupted", "cause": Cause.NO_SPACE.value}
             self._fail(_failure_class(exc), exc)
             raise
 
@@ -294,6 +300,16 @@ class AttemptRun:
             self.ledger.gave_up(limit, self.attempt)
             return False
         return True
+
+
+def _no_space(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it was raised from) is a full disk or quota."""
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
 
 
 def _failure_class(exc: BaseException) -> Cause:

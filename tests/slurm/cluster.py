@@ -1,7 +1,10 @@
 """Small helpers for tests that drive the dev SLURM cluster."""
 
 import functools
+import os
+import signal
 import subprocess
+from pathlib import Path
 
 from parcel_hpc.testing import runs
 
@@ -13,3 +16,27 @@ def sh(*argv: str, check: bool = True, timeout: float = 60) -> str:
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(argv)} exited {proc.returncode}: {proc.stderr.strip()}")
     return proc.stdout
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def cluster_base() -> Path:
+    """The dev cluster's directory (scripts/dev-cluster-up.sh BASE writes BASE/etc/slurm.conf)."""
+    return Path(os.environ["SLURM_CONF"]).parent.parent
+
+
+def kill_daemon(command_line: str, sig: int = signal.SIGKILL) -> None:
+    """Kill the dev cluster's daemon whose command line starts with ``command_line`` (``slurmctld -D``,
+    ``slurmd -D -N n2``) and wait until it has exited."""
+    pids = [int(p) for p in sh("pgrep", "-f", f"^{command_line}( |$)", check=False).split()]
+    assert pids, f"no process runs {command_line!r}"
+    for pid in pids:
+        os.kill(pid, sig)
+    wait_for(lambda: not sh("pgrep", "-f", f"^{command_line}( |$)", check=False).strip(), 30, f"{command_line} to exit")
+
+
+def restart_daemons() -> None:
+    """Start whatever daemon of the dev cluster is not running (the script's own idempotent start)."""
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "dev-cluster-up.sh"), str(cluster_base())], capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]

@@ -41,11 +41,15 @@ def _fail_without_cluster():
 
 @pytest.fixture
 def cluster_guard():
-    """Whatever a test does to nodes, they are resumed and its stray jobs cancelled afterwards."""
+    """Whatever a test does to nodes, they are resumed and its stray jobs cancelled afterwards.
+    ``names`` holds job-name prefixes: a search's jobs are named <job_name>-<search id>."""
     touched: list[str] = []
     names: list[str] = []
     yield touched, names
     for node in touched:
         sh("scontrol", "update", f"nodename={node}", "state=resume", check=False)
-    for name in names:
-        sh("scancel", f"--name={name}", check=False)
+    if names:
+        queued = [line.split("|", 1) for line in sh("squeue", "-h", "-o", "%A|%j", check=False).splitlines() if "|" in line]
+        stray = sorted({job for job, name in queued if name.startswith(tuple(names))})
+        if stray:
+            sh("scancel", *stray, check=False)

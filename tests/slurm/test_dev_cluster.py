@@ -122,7 +122,10 @@ def gpu_job(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
 
 def test_gpu_job_gets_cuda_visible_devices(gpu_job: tuple[str, str]) -> None:
     _, stdout = gpu_job
-    fields = dict(tok.split("=", 1) for tok in stdout.split())
+    # The job's own line; slurmstepd may add a warning line of its own to the same output file.
+    line = next((l for l in stdout.splitlines() if l.startswith("CVD=")), None)
+    assert line is not None, f"the job printed no CVD= line: {stdout!r}"
+    fields = dict(tok.split("=", 1) for tok in line.split())
     assert fields["PART"] == "low", "the default partition should be low"
     devices = fields["CVD"].split(",")
     assert len(devices) == 1 and devices[0].isdigit() and int(devices[0]) < 4, stdout

@@ -5,6 +5,8 @@ import json
 
 import pytest
 
+from parcel_hpc import scheduled_reconcile
+from parcel_hpc.ledger import SearchDir
 from parcel_hpc.testing import launch, parcel_hpc
 
 from .cluster import sh, wait_for
@@ -23,6 +25,8 @@ def test_scheduled_reconcile_job_writes_the_json_report(tmp_path, data_dir, clus
     res = launch([f"search.root={tmp_path / 'runs'}", f"search.revision={REV}", "search.n_trials=2"], cwd=tmp_path, data_dir=data_dir)
     assert res.returncode == 0, res.stderr
     search = tmp_path / "runs" / REV
+    name = scheduled_reconcile.job_name(REV, SearchDir(search).identity())
+    assert name.startswith(f"parcel-reconcile-{REV}-") and len(name) == len(f"parcel-reconcile-{REV}-") + 12
     out = tmp_path / "acct"
 
     sub = parcel_hpc(["schedule-reconcile", str(search), "--output-dir", str(out), "--every-min", "0", "--time-limit-min", "5", "--mem", "500M"], timeout=60)
@@ -32,11 +36,11 @@ def test_scheduled_reconcile_job_writes_the_json_report(tmp_path, data_dir, clus
 
     # every-min 0: one run and no successor, so the job's end is the end of the schedule
     wait_for(lambda: not sh("squeue", "--noheader", f"--jobs={job_id}", check=False).strip(), JOB_END_S, f"job {job_id} to end")
-    report = out / f"parcel-reconcile-{REV}-{job_id}.json"
-    errors = out / f"parcel-reconcile-{REV}-{job_id}.err"
+    report = out / f"{name}-{job_id}.json"
+    errors = out / f"{name}-{job_id}.err"
     assert report.exists(), errors.read_text() if errors.exists() else f"no {report}"
     text = report.read_text()
     assert text.strip(), errors.read_text() if errors.exists() else "empty report"
     campaigns = json.loads(text)["campaigns"]
     assert [c["campaign"] for c in campaigns] == [REV]
-    assert sh("squeue", "--noheader", f"--name=parcel-reconcile-{REV}").strip() == ""  # no successor queued
+    assert sh("squeue", "--noheader", f"--name={name}").strip() == ""  # no successor queued

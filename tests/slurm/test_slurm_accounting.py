@@ -39,7 +39,9 @@ def test_failed_jobs_and_an_orphan_reconcile_with_sacct(tmp_path, data_dir, clus
     search = SearchDir(tmp_path / "runs" / "acct")
     states = {r.trial_id: r.state.value for r in search.records()}
     assert set(states.values()) == {"completed", "failed"}, states  # the space draws both
-    orphan = sh("sbatch", "--parsable", "-J", "parcel-acct", "-o", "/dev/null", "--mem=50M", "-t", "1", "--wrap", "true").strip()
+    (name,) = search.slurm_job_names()
+    assert name == f"parcel-acct-{search.identity().short}"
+    orphan = sh("sbatch", "--parsable", "-J", name, "-o", "/dev/null", "--mem=50M", "-t", "1", "--wrap", "true").strip()
     wait_for(
         lambda: (
             "COMPLETED" in sh("sacct", "-j", orphan, "-X", "-n", "-o", "State,Partition") and "low" in sh("sacct", "-j", orphan, "-X", "-n", "-o", "Partition")
@@ -49,7 +51,7 @@ def test_failed_jobs_and_an_orphan_reconcile_with_sacct(tmp_path, data_dir, clus
     )
     # sacct writes a job's full record a moment after it ends: wait until every job is final
     wait_for(
-        lambda: all(l.split("|")[1] for l in sh("sacct", "--name=parcel-acct", "-X", "-n", "-P", "-o", "JobID,Partition").splitlines()), 60, "final sacct rows"
+        lambda: all(l.split("|")[1] for l in sh("sacct", f"--name={name}", "-X", "-n", "-P", "-o", "JobID,Partition").splitlines()), 60, "final sacct rows"
     )
     out = reconcile_json(search.path)
     assert [(f["kind"], f["job_id"]) for f in out["flags"]] == [("orphan", orphan)]

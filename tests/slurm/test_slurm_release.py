@@ -26,7 +26,7 @@ def accounted(name: str) -> list[str]:
 
 def test_select_decide_evaluate_release_as_slurm_jobs(tmp_path, data_dir, cluster_guard):
     _, names = cluster_guard
-    names += ["parcel-rel", "parcel-rel-rerun", "parcel-rel-final"]
+    names.append("parcel-rel")  # its trial, rerun and final jobs: parcel-rel-<search id>, parcel-rel-rerun-<id>, ...
     res = launch(
         ["hydra/launcher=submitit_slurm", f"search.root={tmp_path / 'runs'}", "search.revision=rel", "search.n_trials=12", "budget.max_trials=12"]
         + ["pruner=none", "hydra.launcher.array_parallelism=12"],
@@ -35,6 +35,7 @@ def test_select_decide_evaluate_release_as_slurm_jobs(tmp_path, data_dir, cluste
     )
     assert res.returncode == 0, res.stderr
     path = tmp_path / "runs" / "rel"
+    sid = SearchDir(path).identity().short
 
     def cli(*args):
         return parcel_hpc([*args, str(path)] if args[0] != "decide" else [args[0], str(path), *args[1:]], cwd=tmp_path, timeout=600)
@@ -49,11 +50,11 @@ def test_select_decide_evaluate_release_as_slurm_jobs(tmp_path, data_dir, cluste
     assert submitted.executor is Executor.SLURM
     rerun_job = submitted.job_id
     script = (store.log_dir(1) / "winner_rerun.sbatch").read_text()
-    assert "#SBATCH --gres=gpu:1" in script and "#SBATCH --job-name=parcel-rel-rerun" in script
+    assert "#SBATCH --gres=gpu:1" in script and f"#SBATCH --job-name=parcel-rel-rerun-{sid}\n" in script
     assert f"selection-job {path} rerun --selection 1" in script
     # sacct knows the rerun as a job of its own name (by name: a restarted dev cluster reuses job
     # ids), once slurmdbd has caught up.
-    wait_for(lambda: f"{rerun_job}|COMPLETED" in accounted("parcel-rel-rerun"), 60, "sacct to record the rerun job")
+    wait_for(lambda: f"{rerun_job}|COMPLETED" in accounted(f"parcel-rel-rerun-{sid}"), 60, "sacct to record the rerun job")
 
     ok = cli("decide", "--accept", "--by", "Dana Reviewer", "--reason", "crushed_corner loss accepted for the pilot")
     assert ok.returncode == 0 and ok.stdout.splitlines()[0] == "evaluate:final-holdout", ok.stdout + ok.stderr
@@ -63,7 +64,7 @@ def test_select_decide_evaluate_release_as_slurm_jobs(tmp_path, data_dir, cluste
     final_job = final_submitted.job_id
     # The final job itself logged its one read of the final partition, under its own job id.
     assert [(o.job_id, o.restart_count) for _, o in store.record().final_opened] == [(final_job, 0)]
-    wait_for(lambda: f"{final_job}|COMPLETED" in accounted("parcel-rel-final"), 60, "sacct to record the final job")
+    wait_for(lambda: f"{final_job}|COMPLETED" in accounted(f"parcel-rel-final-{sid}"), 60, "sacct to record the final job")
     second = cli("evaluate-final")
     assert second.returncode == 3 and second.stdout.splitlines()[0] == "reject:final-holdout-used"
 
