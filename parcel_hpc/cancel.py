@@ -87,7 +87,7 @@ def run(search: SearchDir, trial_ids: Sequence[str], reason: str, console: Conso
 
 
 def _dispatcher(search: SearchDir) -> Dispatcher | None:
-    recorded = next((l["launcher"] for l in reversed(search.launches()) if l.get("launcher")), None)
+    recorded = search.last_launcher()
     if recorded is None:
         return None  # nothing was ever dispatched
     dispatcher = make_dispatcher(LauncherSettings.from_json(recorded), search)

@@ -111,7 +111,7 @@ def run(search: SearchDir, *, dry_run: bool, wait: bool, console: Console) -> Re
     cancelled = search.cancellation()
     if cancelled is not None:
         raise GovernanceRefusal("reject:cancelled", f"{search.path} was cancelled by {cancelled.get('by')}: nothing of it is resubmitted")
-    recorded = next((l["launcher"] for l in reversed(search.launches()) if l.get("launcher")), None)
+    recorded = search.last_launcher()
     if recorded is None:
         raise UsageError(f"{search.path} has no dispatched launch to resubmit from; launch the search first")
     settings = LauncherSettings.from_json(recorded)

@@ -199,6 +199,11 @@ class SearchDir:
             return []
         return [fsio.read_json(p) for p in sorted(self.launches_dir.glob("*.json"))]
 
+    def last_launcher(self) -> dict | None:
+        """The launcher settings of the latest launch that dispatched anything (resubmit, cancel and
+        the selection jobs reuse them); None when nothing was ever dispatched."""
+        return next((l["launcher"] for l in reversed(self.launches()) if l.get("launcher")), None)
+
     def slurm_job_names(self) -> list[str]:
         """The scheduler names of this search's trial jobs (squeue and sacct find them by these).
         Each carries the search id; a launch recorded before ids existed used the bare job name."""

@@ -40,9 +40,9 @@ class JobOutcome:
 
 def launcher_of(store: SelectionStore) -> LauncherSettings:
     """The launcher of the search's latest launch that dispatched anything."""
-    for launch in reversed(store.search.launches()):
-        if launch.get("launcher"):
-            return LauncherSettings.from_json(launch["launcher"])
+    recorded = store.search.last_launcher()
+    if recorded is not None:
+        return LauncherSettings.from_json(recorded)
     raise UsageError(f"{store.search.path} records no launch that dispatched trials; there is nothing to select from")
 
 
