@@ -1,27 +1,31 @@
-"""Checkpoint write bandwidth as a ratio against a raw fsync'd write of the same bytes, same run.
+"""Checkpoint save and resume against raw file I/O of the same bytes, same run, alternating.
 
-    .venv/bin/python benchmarks/bench_checkpoints.py [--mb 50] [--repeats 7] [--dir PATH]
+    .venv/bin/python benchmarks/bench_checkpoints.py [--repeats 5] [--dir PATH]
 
-The baseline writes every parameter array's bytes with open/write/fsync into a new file in the same
-directory, then fsyncs the directory. A checkpoint save adds the content checksum, the HDF5 layout,
-the body hash for the header, the rename and the directory fsync. Runs alternate (baseline,
-checkpoint, ...) so both see the same disk and page-cache weather; the medians are compared.
-Point --dir at the shared filesystem to measure NFS.
+Save baseline: the parameter bytes written with open/write/fsync into a temp file, renamed, and the
+directory fsynced (what any atomic write costs). Resume baseline: the same file read back whole.
+``CheckpointStore.save`` adds the HDF5 layout, the body digest and the 2 KiB header;
+``load_latest`` adds reading the header, the digest check and the HDF5 metadata. Point --dir at the
+shared filesystem to measure NFS. Targets: both <= 1.25x, at 8 MiB and 256 MiB.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import statistics
+import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
-from parcel_hpc.checkpoints import CheckpointStore, TrialIdentity
-from parcel_hpc.fsio import fsync_dir
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _suite import Figure, alternate, ratio  # noqa: E402
+
+from parcel_hpc.checkpoints import CheckpointStore, TrialIdentity  # noqa: E402
+from parcel_hpc.fsio import fsync_dir  # noqa: E402
+
+TARGET = 1.25
 
 
 def make_params(total_mb: int) -> dict[str, np.ndarray]:
@@ -35,51 +39,52 @@ def make_params(total_mb: int) -> dict[str, np.ndarray]:
     return params
 
 
-def raw_write(path: Path, params: dict[str, np.ndarray]) -> None:
-    with open(path, "wb") as f:
+def raw_save(path: Path, params: dict[str, np.ndarray]) -> None:
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "wb") as f:
         for arr in params.values():
             f.write(memoryview(arr).cast("B"))
         f.flush()
         os.fsync(f.fileno())
+    os.replace(tmp, path)
     fsync_dir(path.parent)
+
+
+def raw_read(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def run(repeats: int = 5, directory: Path | None = None, sizes: tuple[int, ...] = (8, 256)) -> list[Figure]:
+    return [figure for mb in sizes for figure in one_size(mb, repeats, directory)]
+
+
+def one_size(mb: int, repeats: int, directory: Path | None) -> list[Figure]:
+    trial = TrialIdentity("t0001", "sha256:" + "a" * 64, "sha256:" + "b" * 64, "sha256:" + "c" * 64)
+    rng_state = np.random.default_rng(1).bit_generator.state
+    params = make_params(mb)
+    with tempfile.TemporaryDirectory(dir=directory) as tmp:
+        root = Path(tmp)
+        store = CheckpointStore(root / "ckpt", trial, keep_last=1)
+        store.save(0, params, {}, rng_state)  # warm-up: imports, first HDF5 file
+        step = iter(range(1, 10_000))
+        raw = root / "raw.bin"
+        save_ours, save_raw = alternate(lambda: store.save(next(step), params, {}, rng_state), lambda: raw_save(raw, params), repeats)
+        load_ours, load_raw = alternate(store.load_latest, lambda: raw_read(raw), repeats)
+    return [
+        ratio(f"checkpoint save {mb} MiB", "write+fsync+rename", save_ours, save_raw, TARGET),
+        ratio(f"checkpoint resume {mb} MiB", "read", load_ours, load_raw, TARGET, "page cache warm for both"),
+    ]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--mb", type=int, default=50)
-    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--dir", type=Path, default=None)
     args = ap.parse_args()
+    from run import print_table
 
-    params = make_params(args.mb)
-    nbytes = sum(a.nbytes for a in params.values())
-    trial = TrialIdentity("t0001", "sha256:" + "a" * 64, "sha256:" + "b" * 64, "sha256:" + "c" * 64)
-    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
-        root = Path(tmp)
-        store = CheckpointStore(root / "ckpt", trial, keep_last=1)
-        rng_state = np.random.default_rng(1).bit_generator.state
-        store.save(0, params, {}, rng_state)  # warm-up: imports, first HDF5 file
-        raw_times, ckpt_times = [], []
-        for step in range(1, args.repeats + 1):
-            path = root / f"raw-{step}.bin"
-            t0 = time.perf_counter()
-            raw_write(path, params)
-            raw_times.append(time.perf_counter() - t0)
-            path.unlink()
-            t0 = time.perf_counter()
-            store.save(step, params, {}, rng_state)  # keep_last=1: the previous file is removed after
-            ckpt_times.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        assert store.load_latest().step == args.repeats
-        load_s = time.perf_counter() - t0
-
-    raw_s, ckpt_s = statistics.median(raw_times), statistics.median(ckpt_times)
-    mib = nbytes / (1 << 20)
-    print(f"payload            {mib:.1f} MiB in {len(params)} arrays, {args.repeats} runs each, medians")
-    print(f"raw write+fsync    {raw_s * 1000:8.1f} ms  {mib / raw_s:8.1f} MiB/s")
-    print(f"checkpoint save    {ckpt_s * 1000:8.1f} ms  {mib / ckpt_s:8.1f} MiB/s")
-    print(f"verified load      {load_s * 1000:8.1f} ms  (header, body hash, HDF5 read, content checksum)")
-    print(f"ratio save/raw     {ckpt_s / raw_s:8.2f}x")
+    print_table(run(args.repeats, args.dir))
 
 
 if __name__ == "__main__":

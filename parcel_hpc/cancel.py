@@ -34,11 +34,15 @@ class CancelPlan:
     record: tuple[str, ...]  # trials to mark cancelled now
     signal: tuple[tuple[str, str], ...]  # (trial, latest job) of every cancelled trial: ended if still alive
     untouched: tuple[tuple[str, str], ...]  # (trial, why)
+    # (trial, job) where the job is a pack that still runs trials not cancelled: the job goes on, the
+    # cancelled trial is skipped, or stops itself at its next milestone if it is the one running.
+    shared: tuple[tuple[str, str], ...] = ()
 
 
 def plan(records: Iterable[TrialRecord], trial_ids: Sequence[str] = ()) -> CancelPlan:
     """Which trials to mark cancelled and whose jobs to end (pure). Empty ``trial_ids``: all of them.
     A trial cancelled before is signalled again (the earlier cancel may have been interrupted)."""
+    records = list(records)
     wanted = set(trial_ids)
     record, signal, untouched = [], [], []
     for rec in records:
@@ -53,7 +57,11 @@ def plan(records: Iterable[TrialRecord], trial_ids: Sequence[str] = ()) -> Cance
             record.append(rec.trial_id)
         if rec.jobs:
             signal.append((rec.trial_id, rec.jobs[-1]))
-    return CancelPlan(tuple(record), tuple(signal), tuple(untouched))
+    stopping = set(record)
+    kept_open = {rec.jobs[-1] for rec in records if rec.jobs and rec.trial_id not in stopping and not rec.state.is_finished()}
+    shared = tuple((t, j) for t, j in signal if j in kept_open)
+    signal = [(t, j) for t, j in signal if j not in kept_open]
+    return CancelPlan(tuple(record), tuple(signal), tuple(untouched), shared)
 
 
 @dataclass(frozen=True)
@@ -139,7 +147,11 @@ def render(report: CancelReport, whole: bool) -> Table:
         table.add_column(col)
     p = report.plan
     jobs = dict(p.signal)
+    shared = dict(p.shared)
     for tid in p.record:
+        if tid in shared:
+            table.add_row(tid, "cancelled", f"job {shared[tid]} runs other trials too: it goes on, this trial stops at its next milestone or never starts")
+            continue
         job = jobs.get(tid)
         how = (
             "never dispatched"

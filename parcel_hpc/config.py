@@ -174,6 +174,8 @@ class SubmititLocalConf:
     kind: str = "local"
     parallelism: int = 2  # trials at once (processes)
     signal_delay_s: int = 30  # seconds before the time limit that the worker is told to checkpoint
+    pack_size: Any = "auto"  # trials one process runs in turn: auto (README, Packing) or 1, 2, ...
+    pack_minutes: float | None = None  # auto: expected work per process; null: the trials split evenly over the processes
 
 
 @dataclass
@@ -184,6 +186,8 @@ class SubmititSlurmConf:
     job_name: str = "parcel-${search.revision}"  # jobs are named <job_name>-<search id>: only this search's
     array_parallelism: int = 16  # array tasks running at once (sbatch --array=...%N)
     signal_delay_s: int = 60  # seconds before the time limit that SIGUSR2 arrives
+    pack_size: Any = "auto"  # trials one array task runs in turn: auto (README, Packing) or 1, 2, ...
+    pack_minutes: float = 60.0  # auto: about this much expected work per packed task
     setup: list[str] = field(default_factory=list)  # shell lines run before the worker (module load, ...)
     additional_parameters: dict[str, Any] = field(default_factory=dict)  # extra sbatch options
 

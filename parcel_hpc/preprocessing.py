@@ -74,6 +74,10 @@ class Preprocessor:
     mean: np.ndarray
     std: np.ndarray
 
+    def __post_init__(self) -> None:
+        for arr in (self.mean, self.std):  # shared by the trials of a pack: nobody may change them
+            arr.flags.writeable = False
+
     @classmethod
     def fit_transform(cls, revision: str, k: int, train_images: np.ndarray) -> tuple[Preprocessor, np.ndarray]:
         """Fit on the train images (validation statistics must not leak into training); their features."""
@@ -94,4 +98,4 @@ class Preprocessor:
 
     @classmethod
     def from_arrays(cls, spec: Mapping[str, object], arrays: Mapping[str, np.ndarray]) -> Preprocessor:
-        return cls(str(spec["revision"]), int(spec["pool"]), np.asarray(arrays["mean"]), np.asarray(arrays["std"]))
+        return cls(str(spec["revision"]), int(spec["pool"]), np.array(arrays["mean"]), np.array(arrays["std"]))

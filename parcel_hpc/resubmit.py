@@ -19,12 +19,12 @@ from rich.table import Table
 from . import resolution
 from .accounting import JobRun, JobState
 from .budget import launch_decision
-from .dispatch import Dispatcher, LauncherSettings, Submitted, make_dispatcher
+from .dispatch import Dispatcher, LauncherSettings, Submitted, make_dispatcher, packing
 from .errors import GovernanceRefusal, SchedulerUnavailable, UsageError
 from .ledger import Event, SearchDir, TrialRecord, TrialWriter, fold, preview
-from .lifecycle import Action, RetryPolicy, next_action
+from .lifecycle import Action, RetryPolicy, next_action, runs_alone
 from .resolution import Resolution, SchedulerFacts
-from .sweep.search import Follower
+from .sweep.search import Follower, choose_packing
 from .worker import TrialTask, WorkerPlan
 
 
@@ -123,11 +123,12 @@ def run(search: SearchDir, *, dry_run: bool, wait: bool, console: Console) -> Re
     launch_id = "resubmit-" + time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
     # Only the trials a resolution may touch are read again: their previews fold over their events.
     events = {r.trial_id: search.events(r.trial_id) for r in records if resolution.needs_resolution(r)}
+    dispatches = {r.trial_id: search.dispatch_count(r.trial_id) for r in records}
     plan = decide(
         records,
         events,
         facts,
-        dispatches={r.trial_id: search.dispatch_count(r.trial_id) for r in records},
+        dispatches=dispatches,
         policy=RetryPolicy.from_budget(contract["budget"]),
         now=time.time(),
         in_flight=[r.trial_id for r in records if search.dispatch_in_flight(r.trial_id, launch_id, r)],
@@ -147,7 +148,7 @@ def run(search: SearchDir, *, dry_run: bool, wait: bool, console: Console) -> Re
         return plan
     decision = launch_decision(contract, len(plan.resubmit), len(search.trial_ids()) - len(plan.resubmit), search.path)
     decision.require()  # a resubmission that would overshoot a cap is refused (hold:budget, exit 3)
-    resubmitted = _dispatch(search, dispatcher, plan, launch_id)
+    resubmitted = _dispatch(search, dispatcher, plan, launch_id, dispatches)
     console.print(f"resubmitted {len(resubmitted)} trials: " + ", ".join(f"{s.trial_id}->{s.job_id}" for s in resubmitted))
     if wait or not dispatcher.can_detach:
         plans = {s.trial_id: WorkerPlan.load(search, s.trial_id) for s in resubmitted}
@@ -155,10 +156,10 @@ def run(search: SearchDir, *, dry_run: bool, wait: bool, console: Console) -> Re
     return plan
 
 
-def _dispatch(search: SearchDir, dispatcher: Dispatcher, plan: ResubmitPlan, launch_id: str) -> list[Submitted]:
+def _dispatch(search: SearchDir, dispatcher: Dispatcher, plan: ResubmitPlan, launch_id: str, dispatches: Mapping[str, int]) -> list[Submitted]:
     groups: dict[tuple[str, ...], list[str]] = {}
     for item in plan.resubmit:
-        if search.claim_dispatch(item.trial_id, launch_id) is not None:
+        if search.claim_dispatch(item.trial_id, launch_id, dispatches[item.trial_id]) is not None:
             groups.setdefault(item.exclude_nodes, []).append(item.trial_id)
     out = []
     for exclude, tids in groups.items():
@@ -167,7 +168,10 @@ def _dispatch(search: SearchDir, dispatcher: Dispatcher, plan: ResubmitPlan, lau
             for s in submitted:
                 search.writer(s.trial_id, "resubmit").submitted(s.job_id, dispatcher.name, launch_id, exclude)
 
-        out.extend(dispatcher.submit([TrialTask(WorkerPlan.load(search, t)) for t in tids], record, exclude_nodes=exclude))
+        size = choose_packing(dispatcher, search, len(tids)).size
+        alone = {t for t in tids if runs_alone(search.record(t))}
+        tasks = [TrialTask([WorkerPlan.load(search, t) for t in pack]) for pack in packing.groups(tids, size, alone)]
+        out.extend(dispatcher.submit(tasks, record, exclude_nodes=exclude))
     return out
 
 

@@ -12,7 +12,7 @@ import subprocess
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from .errors import SchedulerUnavailable
+from .errors import SchedulerUnavailable, UsageError
 
 SQUEUE_FORMAT = "%i|%T|%r|%N"
 
@@ -43,6 +43,68 @@ def check_reachable(env: Mapping[str, str] | None = None, timeout: float = 15.0)
     if proc is None or proc.returncode != 0 or " is UP" not in reply:
         first = reply.splitlines()[0] if reply else "no reply"
         raise SchedulerUnavailable(f"slurmctld is not answering ({first}); start it (scripts/dev-cluster-up.sh for the dev cluster) or ask your admin")
+
+
+@dataclass(frozen=True)
+class ControllerLimits:
+    """What the controller accepts, read from it (sites change both in slurm.conf)."""
+
+    max_array_size: int  # tasks per array: indices 0..MaxArraySize-1
+    max_job_count: int  # jobs the controller holds at once, every user's together
+
+
+DEFAULT_LIMITS = ControllerLimits(1001, 10000)  # SLURM's defaults, where the configuration omits them
+
+
+def parse_config(text: str) -> ControllerLimits:
+    """``scontrol show config``'s ``Name = value`` lines -> the limits (pure)."""
+    values = {}
+    for line in text.splitlines():
+        name, sep, value = line.partition("=")
+        if sep:
+            values[name.strip()] = value.strip()
+
+    def whole(name: str, default: int) -> int:
+        value = values.get(name, "")
+        return int(value) if value.isdigit() and int(value) > 0 else default
+
+    return ControllerLimits(whole("MaxArraySize", DEFAULT_LIMITS.max_array_size), whole("MaxJobCount", DEFAULT_LIMITS.max_job_count))
+
+
+def controller_limits(env: Mapping[str, str] | None = None) -> ControllerLimits:
+    return parse_config(_run(["scontrol", "show", "config"], dict(os.environ if env is None else env), 30.0))
+
+
+@dataclass(frozen=True)
+class Partition:
+    name: str
+    default: bool
+    max_minutes: float | None  # None: UNLIMITED / INFINITE
+
+
+def parse_partitions(text: str) -> list[Partition]:
+    """``scontrol show partition``'s records -> name, Default and MaxTime (pure)."""
+    from .validation import time_min  # SLURM's time forms, parsed in one place
+
+    out = []
+    for record in text.split("PartitionName=")[1:]:
+        fields = dict(token.split("=", 1) for token in record.split() if "=" in token)
+        name = record.split()[0] if record.split() else ""
+        max_time = fields.get("MaxTime", "UNLIMITED")
+        try:
+            minutes = None if max_time in ("UNLIMITED", "INFINITE", "NONE") else float(time_min("MaxTime", max_time))
+        except UsageError:
+            minutes = None
+        out.append(Partition(name, fields.get("Default") == "YES", minutes))
+    return out
+
+
+def max_job_minutes(partition: str | None, env: Mapping[str, str] | None = None) -> float | None:
+    """The longest --time the partition(s) accept (the default partition without one); None: no limit."""
+    parts = parse_partitions(_run(["scontrol", "show", "partition"], dict(os.environ if env is None else env), 30.0))
+    wanted = [p for p in parts if (p.name in partition.split(",") if partition else p.default)]
+    limits = [p.max_minutes for p in wanted if p.max_minutes is not None]
+    return min(limits) if limits else None
 
 
 def squeue_argv(job_name: str) -> list[str]:

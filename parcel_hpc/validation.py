@@ -17,6 +17,7 @@ import unicodedata
 from collections.abc import Mapping
 from typing import Any
 
+from .dispatch.packing import pack_option
 from .errors import UsageError
 
 MAX_NAME = 64  # characters in a revision, job, partition, account or qos name
@@ -24,6 +25,7 @@ MAX_JOB_NAME = 80  # a search's job name (the default is parcel-<revision>); the
 MAX_PATH = 1024  # characters in a path (Linux allows 4096; ours are short)
 MAX_TIME_MIN = 366 * 24 * 60  # a year and a day: anything longer is a typo
 MAX_MEM_GB = 64 * 1024.0  # 64 TiB per trial: anything larger is a typo
+MAX_PACK_MINUTES = 7 * 24 * 60  # a week of work in one packed job
 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 NAME_FIX = f"use 1-{MAX_NAME} characters from A-Z a-z 0-9 . _ - starting with a letter or digit, without '..'"
@@ -213,6 +215,16 @@ def checked(cfg: Mapping[str, Any], launcher: Mapping[str, Any]) -> tuple[dict[s
     resources["time_limit_min"] = time_min("resources.time_limit_min", resources["time_limit_min"])
     if launcher.get("kind") == "slurm":
         _check_slurm_launcher(launcher)
+    if "pack_size" in launcher:
+        pack_option(launcher["pack_size"])
+        minutes = launcher.get("pack_minutes")
+        if minutes is not None and (isinstance(minutes, bool) or not isinstance(minutes, (int, float)) or not 0 < minutes <= MAX_PACK_MINUTES):
+            raise bad(
+                "hydra.launcher.pack_minutes",
+                minutes,
+                f"is not a number of minutes from 0 to {MAX_PACK_MINUTES}",
+                "give the expected work per packed job, like 60",
+            )
     # Last: the keys a user sets are named above, before a value interpolated from them is.
     _every_text(cfg, "")
     _every_text(launcher, "hydra.launcher.")

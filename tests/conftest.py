@@ -27,7 +27,10 @@ def data_dir(artifacts, tmp_path) -> Path:
 def pytest_collection_modifyitems(config, items):
     # One worker at a time drives the dev cluster (tests set nodes down, preempt, restart daemons);
     # the other tests spread over the remaining workers (scripts/test.sh: pytest-xdist --dist loadgroup).
+    selected_scale = "scale" in (config.getoption("markexpr") or "")
     for item in items:
-        if "slurm" in item.keywords:
+        if "slurm" in item.keywords or "scale" in item.keywords:
             item.add_marker(pytest.mark.xdist_group("cluster"))
+        if "scale" in item.keywords and not selected_scale:
+            item.add_marker(pytest.mark.skip(reason="run apart: bash scripts/test.sh -m scale tests/scale (about 50 minutes on 2 cores)"))
     return (yield)

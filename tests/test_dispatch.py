@@ -44,8 +44,8 @@ def conformance(dispatcher: Dispatcher, tmp_path, while_recording=lambda submitt
     """submit records every job id before returning; alive, cancel and describe answer for them;
     cancel ends jobs that are already running their task (a job still starting dies of any signal)."""
     dispatcher.check()
-    assert dispatcher.capacity() >= 2
-    assert "2" in dispatcher.describe(2)
+    assert dispatcher.capacity() >= 2 and dispatcher.slots() >= 2
+    assert "3" in dispatcher.describe([1, 2])
     recorded = []
 
     def record(submitted):
@@ -53,10 +53,11 @@ def conformance(dispatcher: Dispatcher, tmp_path, while_recording=lambda submitt
         recorded.extend(submitted)
 
     started = [tmp_path / "t0000.started", tmp_path / "t0001.started"]
-    tasks = [SleepTask("t0000", 120, started[0]), SleepTask("t0001", 120, started[1])]
+    # The second task is a pack: two trials, one job (they share its id).
+    tasks = [SleepTask("t0000", 120, started[0]), SleepTask("t0001", 120, started[1], packed_with=("t0002",))]
     submitted = dispatcher.submit(tasks, record)
-    assert [s.trial_id for s in submitted] == ["t0000", "t0001"] and recorded == submitted
-    assert len({s.job_id for s in submitted}) == 2
+    assert [s.trial_id for s in submitted] == ["t0000", "t0001", "t0002"] and recorded == submitted
+    assert len({s.job_id for s in submitted}) == 2 and submitted[1].job_id == submitted[2].job_id
     dispatcher.refresh()
     assert all(dispatcher.alive(s.trial_id, s.job_id) for s in submitted)
     wait_until(lambda: all(p.exists() for p in started), 60, "both jobs to run their task")

@@ -124,6 +124,25 @@ def test_duplicates_are_dispatched_once_even_by_two_concurrent_launchers(tmp_pat
     assert dispatched == sorted(search.trial_ids())  # split between the launchers, none twice
 
 
+def test_two_launchers_that_decided_at_once_cannot_both_claim_a_dispatch(tmp_path):
+    """The race the 500-trial load case found: both saw no dispatch and decided to dispatch; the
+    second must not take dispatch 2 because the first took 1. Many processes race here for real."""
+    search = SearchDir(tmp_path / "search")
+    search.trial_dir("t0000").mkdir(parents=True)
+    code = (
+        "import sys; from pathlib import Path; from parcel_hpc.ledger import SearchDir; "
+        "s = SearchDir(Path(sys.argv[1])); print(s.claim_dispatch('t0000', sys.argv[2], 0))"
+    )
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code, str(search.path), f"launch-{i}"], stdout=subprocess.PIPE, text=True, env=subprocess_env(None, None))
+        for i in range(8)
+    ]
+    won = [p.communicate(timeout=60)[0].strip() for p in procs]
+    assert sorted(won) == ["1"] + ["None"] * 7, won
+    assert search.dispatch_count("t0000") == 1
+    assert search.claim_dispatch("t0000", "later", 1) == 2  # a later decision, on the count it saw, takes the next
+
+
 def test_nothing_in_the_search_is_world_writable_even_under_umask_0(tmp_path, data_dir):
     argv = launch_argv(tmp_path, "umask", "search.n_trials=2", f"checkpoint.dir={tmp_path / 'shared-ckpt'}")
     proc = subprocess.run(argv, cwd=tmp_path, env=subprocess_env(data_dir, None), capture_output=True, text=True, preexec_fn=lambda: os.umask(0))

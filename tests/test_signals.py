@@ -3,6 +3,8 @@
 import os
 import signal
 
+import pytest
+
 from parcel_hpc.worker.signals import StepBoundarySignals
 
 
@@ -32,5 +34,20 @@ def test_leaving_the_context_restores_the_handler_without_delivering():
         with StepBoundarySignals():
             assert signal.getsignal(signal.SIGUSR2) is not handler
         assert signal.getsignal(signal.SIGUSR2) is handler and seen == []
+    finally:
+        signal.signal(signal.SIGUSR2, original)
+
+
+def test_a_signal_still_held_when_the_attempt_leaves_early_reaches_the_previous_handler():
+    """A pruned or failed trial leaves the context between boundaries: the job's warning must not be
+    lost with it (a packed job still has to checkpoint and requeue)."""
+    seen = []
+    original = signal.signal(signal.SIGUSR2, lambda signum, frame: seen.append(signum))
+    try:
+        with pytest.raises(RuntimeError), StepBoundarySignals():
+            os.kill(os.getpid(), signal.SIGUSR2)
+            assert seen == []  # held
+            raise RuntimeError("pruned")
+        assert seen == [signal.SIGUSR2]
     finally:
         signal.signal(signal.SIGUSR2, original)

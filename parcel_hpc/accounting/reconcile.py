@@ -12,11 +12,13 @@ Usage is the scheduler's: GPU-hours = AllocTRES gres/gpu x ElapsedRaw, per job r
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from ..budget import BudgetCaps
-from ..ledger import AttemptEnd, Cause, TrialRecord, TrialState
+from ..ledger import Attempt, AttemptEnd, Cause, TrialRecord, TrialState
+from ..lifecycle import runs_alone
 from ..report import counts_by_state
 from .runs import JobRun, runs_by_job
 from .states import JobState
@@ -133,14 +135,20 @@ def reconcile(
     A job the scheduler has not filed in full (still active, or its record missing or short within
     ``ACCOUNTING_GRACE_S`` of the ledger's last word on it, by ``now``) is pending, never a flag."""
     by_trial = {r.trial_id: r for r in records}
-    job_owner = {job: r.trial_id for r in records for job in r.jobs}
+    owners: dict[str, list[str]] = {}
+    for r in records:
+        for job in dict.fromkeys(r.jobs):
+            owners.setdefault(job, []).append(r.trial_id)
     by_job = runs_by_job(runs)
     flags: list[Flag] = []
     lines: list[AttemptLine] = []
     pending: list[Pending] = []
 
     for job, job_runs in by_job.items():
-        tid = job_owner.get(job, "")
+        if len(owners.get(job, ())) > 1:
+            _packed_job(job, job_runs, [by_trial[t] for t in owners[job]], caps, now, lines, flags, pending)
+            continue
+        tid = owners.get(job, [""])[0]
         rec = by_trial.get(tid)
         started_runs = [a for a in job_runs if a.start is not None]
         ledger_attempts = [a for a in rec.attempts if a.job_id == job and a.started is not None] if rec else []
@@ -161,7 +169,7 @@ def reconcile(
                     flags.append(Flag("state_mismatch", tid, job, problem))
             lines.append(_line(tid, a, led, how, _waste(rec, led, a), caps))
 
-    known = set(job_owner)
+    known = set(owners)
     orphans: set[str] = set()
     for a in listed:
         if a.job_id not in known and a.job_id not in by_job:
@@ -183,7 +191,10 @@ def reconcile(
             else:
                 flags.append(Flag("unknown_to_scheduler", r.trial_id, job, "the ledger recorded this job but the scheduler has no accounting for it"))
 
-    trials = tuple(_trial_line(r, [l for l in lines if l.trial_id == r.trial_id]) for r in records)
+    by_trial_lines: dict[str, list[AttemptLine]] = {}
+    for line in lines:
+        by_trial_lines.setdefault(line.trial_id, []).append(line)
+    trials = tuple(_trial_line(r, by_trial_lines.get(r.trial_id, [])) for r in records)  # grouped once: linear in the lines
     total_gpu = sum(l.gpu_hours for l in lines)
     total_cpu = sum(l.cpu_hours for l in lines)
     waste = {c: 0.0 for c in WASTE_CAUSES}
@@ -200,6 +211,75 @@ def reconcile(
     if ledger_used_gpu_hours is not None:
         spend["gpu_hours"]["ledger_used"] = ledger_used_gpu_hours
     return Reconciliation(campaign, objective, source, tuple(lines), trials, tuple(flags), waste, figures, spend, counts, tuple(pending))
+
+
+PACK_OVERHEAD = "pack start-up and gaps"  # ledger_how of a packed job's hours between its trials
+
+
+def _packed_job(
+    job: str,
+    job_runs: Sequence[JobRun],
+    recs: Sequence[TrialRecord],
+    caps: BudgetCaps,
+    now: float | None,
+    lines: list[AttemptLine],
+    flags: list[Flag],
+    pending: list[Pending],
+) -> None:
+    """One job that ran several trials in turn: each run's hours go to the attempts that ran in it
+    (by the ledger's start and end of each, within the run), the rest (start-up, imports, the gaps
+    between trials) to one line of the job itself, so the lines still add up to sacct's hours."""
+    pack = ",".join(r.trial_id for r in recs)
+    by_run: dict[int, list[tuple[TrialRecord, Attempt]]] = {}
+    for r in recs:
+        for a in r.attempts:
+            if a.job_id == job and a.started is not None:
+                by_run.setdefault(a.restart_count, []).append((r, a))
+    for ran in by_run.values():
+        ran.sort(key=lambda item: item[1].started)
+    started_runs = [a for a in job_runs if a.start is not None]
+    firsts = [ran[0][1] for _, ran in sorted(by_run.items())]
+    lag = _filing_lag(job, job_runs, started_runs, firsts, now)
+    if lag:
+        pending.append(Pending(pack, job, lag))
+    # A requeued run that found every trial of its pack finished starts none, and says nothing: a run
+    # sacct shows and the ledger lacks is a mismatch only when some trial still had work then.
+    unfiled = sorted(set(by_run) - {a.attempt for a in started_runs})
+    unheard = [a.attempt for a in started_runs if a.attempt not in by_run and any(_work_for(r, a.start) for r in recs)]
+    if (unfiled or unheard) and not lag.startswith(_COUNT_LAG):
+        flags.append(
+            Flag("attempt_mismatch", pack, job, f"sacct shows {len(started_runs)} runs that started, the ledger heard from runs {sorted(by_run)} of this pack")
+        )
+    for a in job_runs:
+        ran = by_run.get(a.attempt, []) if a.start is not None else []
+        used = 0
+        for i, (rec, led) in enumerate(ran):
+            last = i == len(ran) - 1
+            run_end = a.end if a.end is not None else a.start + a.elapsed_s  # sacct's elapsed so far, while it runs
+            start = min(max(int(led.started), a.start), run_end)
+            end = max(start, min(int(led.ended) if led.ended is not None else run_end, run_end))
+            ended = a.end is not None or led.ended is not None
+            # Attempts before the last ended while the job went on: the job's state is the last one's.
+            # Only the first waited in the queue; the others waited for their turn in the job.
+            state = a.state if last else JobState.COMPLETED
+            part = replace(a, submit=a.submit if i == 0 else start, start=start, end=end if ended else None, elapsed_s=end - start, state=state)
+            used += part.elapsed_s
+            how = led.how.value if led.how is not None else ""
+            if led.how is None and a.state.is_terminal():
+                flags.append(Flag("running_but_ended", rec.trial_id, job, f"the ledger believes attempt {led.number} runs; the scheduler says {a.state.text}"))
+            # No state_mismatch here: the job's state is the pack's (a pack goes on past a failed trial,
+            # and may be signalled between two trials), each trial's own ending is the worker's word.
+            lines.append(_line(rec.trial_id, part, led, how, _waste(rec, led, part), caps))
+        rest = replace(a, elapsed_s=max(0, a.elapsed_s - used))
+        lines.append(_line("", rest, None, PACK_OVERHEAD, "", caps))
+
+
+def _work_for(record: TrialRecord, t: float) -> bool:
+    """Whether a requeued pack starting at ``t`` had this trial to run: not finished by then, and not
+    left to run alone (``worker.task`` skips those)."""
+    if record.state.is_finished() and all(a.ended is not None and a.ended <= t for a in record.attempts):
+        return False
+    return not (record.attempts and runs_alone(record))
 
 
 def _last_word(record: TrialRecord, job: str) -> float | None:
@@ -325,43 +405,54 @@ def _figures(lines: Sequence[AttemptLine], trials: Sequence[TrialLine], gpu_h: f
 
 
 def local_runs(records: Iterable[TrialRecord]) -> list[JobRun]:
-    """The local executor's own record of each attempt, as job runs in sacct's shape (no scheduler to ask)."""
-    out = []
-    line = 0
+    """The local executor's own record of each attempt, as job runs in sacct's shape (no scheduler to
+    ask). A packed job (one process, several trials in turn) is one run from its first start to its last end."""
+    records = list(records)
+    sharers = Counter(job for r in records for job in dict.fromkeys(r.jobs))  # a pack: one job submitted for several trials, as reconcile reads it
+    out: list[JobRun] = []
+    packs: dict[str, tuple[int, int, list]] = {}
     for r in records:
         gpus, cpus = int(r.spec.resources.get("gpus", 0)), int(r.spec.resources.get("cpus", 1))
         runs_of_job: dict[str, int] = {}
         for a in r.attempts:
             if a.started is None or not a.job_id:
                 continue
-            line += 1
+            if sharers[a.job_id] > 1:
+                packs.setdefault(a.job_id, (gpus, cpus, []))[2].append(a)
+                continue
             run = runs_of_job.get(a.job_id, 0)
             runs_of_job[a.job_id] = run + 1
-            end = a.ended
-            state = _LOCAL_STATE.get(a.how, JobState.RUNNING) if a.how is not None else JobState.RUNNING
-            out.append(
-                JobRun(
-                    job_id=a.job_id,
-                    raw_job_id=int(a.job_id) if a.job_id.isdigit() else 0,
-                    base_job_id=int(a.job_id) if a.job_id.isdigit() else 0,
-                    array_task=None,
-                    attempt=run,
-                    state=state,
-                    exit_status=0,
-                    exit_signal=0,
-                    node_list=a.host,
-                    partition="local",
-                    account="",
-                    submit=int(a.started),
-                    start=int(a.started),
-                    end=int(end) if end is not None else None,
-                    elapsed_s=int(round((end if end is not None else a.started) - a.started)),
-                    gpus=gpus,
-                    cpus=cpus,
-                    line=line,
-                )
-            )
+            out.append(_local_run(a.job_id, run, a, a.started, a.ended, gpus, cpus, len(out) + 1))
+    for job, (gpus, cpus, attempts) in packs.items():
+        attempts.sort(key=lambda a: a.started)
+        ends = [a.ended for a in attempts]
+        end = max(ends) if None not in ends else None
+        out.append(_local_run(job, 0, attempts[-1], attempts[0].started, end, gpus, cpus, len(out) + 1))
     return out
+
+
+def _local_run(job: str, run: int, last: Attempt, start: float, end: float | None, gpus: int, cpus: int, line: int) -> JobRun:
+    state = _LOCAL_STATE.get(last.how, JobState.RUNNING) if last.how is not None and end is not None else JobState.RUNNING
+    return JobRun(
+        job_id=job,
+        raw_job_id=int(job) if job.isdigit() else 0,
+        base_job_id=int(job) if job.isdigit() else 0,
+        array_task=None,
+        attempt=run,
+        state=state,
+        exit_status=0,
+        exit_signal=0,
+        node_list=last.host,
+        partition="local",
+        account="",
+        submit=int(start),
+        start=int(start),
+        end=int(end) if end is not None else None,
+        elapsed_s=int(round((end if end is not None else start) - start)),
+        gpus=gpus,
+        cpus=cpus,
+        line=line,
+    )
 
 
 _LOCAL_STATE = {

@@ -2,6 +2,7 @@
 SLURM array jobs. Decides nothing about which trials to run (``sweep`` does).
 
     base.py    Dispatcher (the interface), Submitted, LauncherSettings
+    packing.py how many trials one job runs in turn, and which share a job (pure)
     local.py   LocalDispatcher: submitit's LocalExecutor (the embedded default)
     slurm.py   SlurmDispatcher: held sbatch arrays, released once the ledger has their ids
 """
@@ -13,6 +14,7 @@ from collections.abc import Mapping
 
 from ..errors import UsageError
 from ..ledger import Executor, SearchDir
+from . import packing
 from .base import Dispatcher, LauncherSettings, Submitted
 from .local import LocalDispatcher
 from .slurm import SlurmDispatcher
@@ -36,4 +38,4 @@ def make_dispatcher(settings: LauncherSettings, search: SearchDir, env: Mapping[
     return SlurmDispatcher(settings, search, max_num_timeout=max_num_timeout, env=os.environ if env is None else env)
 
 
-__all__ = ["Dispatcher", "LauncherSettings", "LocalDispatcher", "SlurmDispatcher", "Submitted", "executor_kind", "make_dispatcher"]
+__all__ = ["Dispatcher", "LauncherSettings", "LocalDispatcher", "SlurmDispatcher", "Submitted", "executor_kind", "make_dispatcher", "packing"]

@@ -20,7 +20,12 @@ from ..worker import TrialTask
 @dataclass(frozen=True)
 class Submitted:
     trial_id: str
-    job_id: str
+    job_id: str  # the trials of one pack share it
+
+
+def submitted_of(tasks: Sequence[TrialTask], job_ids: Sequence[str]) -> list[Submitted]:
+    """Every trial of each task, with its task's job id."""
+    return [Submitted(plan.trial_id, job_id) for task, job_id in zip(tasks, job_ids) for plan in task.plans]
 
 
 @dataclass(frozen=True)
@@ -66,11 +71,21 @@ class Dispatcher(ABC):
 
     @abstractmethod
     def capacity(self) -> int:
-        """How many more tasks may be submitted now."""
+        """How many more jobs (tasks, each one or more trials) may be submitted now."""
+
+    @abstractmethod
+    def slots(self) -> int:
+        """How many of this launch's jobs run at once (what packing must leave busy)."""
+
+    def max_job_minutes(self) -> float | None:
+        """The longest time limit the scheduler accepts for a job here (None: no limit)."""
+        return None
 
     @abstractmethod
     def submit(self, tasks: Sequence[TrialTask], record: Record, exclude_nodes: Sequence[str] = ()) -> list[Submitted]:
-        """Submit ``tasks``; ``record`` is called with their job ids before any of them can start."""
+        """Submit ``tasks``, one job each, its time limit the sum of its trials' (``packing``);
+        ``record`` is called with the job ids of each trial before any of them can start. Several
+        calls of ``record`` are one batch each: what was recorded before a failure is submitted."""
 
     @abstractmethod
     def refresh(self) -> None:
@@ -85,5 +100,5 @@ class Dispatcher(ABC):
         """Ask the scheduler to end these jobs."""
 
     @abstractmethod
-    def describe(self, n: int) -> str:
-        """What submitting ``n`` tasks would do (the dry run prints it)."""
+    def describe(self, pack_lengths: Sequence[int]) -> str:
+        """What submitting jobs of these many trials each would do (the dry run prints it)."""

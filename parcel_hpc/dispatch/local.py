@@ -18,7 +18,8 @@ from ..errors import UsageError
 from ..ledger import Executor
 from ..processes import pid_alive, runs_submitit
 from ..worker import TrialTask
-from .base import Dispatcher, LauncherSettings, Record, Submitted
+from .base import Dispatcher, LauncherSettings, Record, Submitted, submitted_of
+from .packing import job_time_limit_min
 
 
 class LocalDispatcher(Dispatcher):
@@ -49,14 +50,21 @@ class LocalDispatcher(Dispatcher):
         pass  # this machine is the scheduler
 
     def capacity(self) -> int:
-        return self.parallelism - sum(1 for j in self.jobs.values() if not j.done())
+        running = {str(j.job_id) for j in self.jobs.values() if not j.done()}  # a pack's trials share one job
+        return self.parallelism - len(running)
+
+    def slots(self) -> int:
+        return self.parallelism
 
     def submit(self, tasks: Sequence[TrialTask], record: Record, exclude_nodes: Sequence[str] = ()) -> list[Submitted]:
-        out = []
+        job_ids = []
         for task in tasks:
+            self.executor.update_parameters(timeout_min=job_time_limit_min(len(task.plans), int(self.settings.resources["time_limit_min"])))
             job = self.executor.submit(task)
-            self.jobs[task.plan.trial_id] = job
-            out.append(Submitted(task.plan.trial_id, str(job.job_id)))
+            for plan in task.plans:
+                self.jobs[plan.trial_id] = job
+            job_ids.append(str(job.job_id))
+        out = submitted_of(tasks, job_ids)
         record(out)
         return out
 
@@ -76,5 +84,8 @@ class LocalDispatcher(Dispatcher):
             if pid_alive(job_id) and runs_submitit(job_id):
                 os.kill(int(job_id), signal.SIGINT)
 
-    def describe(self, n: int) -> str:
-        return f"submitit LocalExecutor: {n} trials as child processes, {self.parallelism} at a time, folder {self.folder}"
+    def describe(self, pack_lengths: Sequence[int]) -> str:
+        return (
+            f"submitit LocalExecutor: {sum(pack_lengths)} trials in {len(pack_lengths)} child processes (up to {max(pack_lengths, default=0)} each, in turn), "
+            f"{self.parallelism} at a time, folder {self.folder}"
+        )

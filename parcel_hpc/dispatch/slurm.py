@@ -1,8 +1,11 @@
-"""SLURM arrays through submitit: one ``sbatch --array`` per submission batch.
+"""SLURM arrays through submitit: ``sbatch --array`` per submission batch, split where the
+controller would refuse it.
 
 Each array is submitted held, its job ids recorded in the ledger, then released, so accounting can
-find jobs that never ran. GPU/CPU/memory/time limits, the USR2 warning and requeue come from the
-launcher settings and the frozen resources.
+find jobs that never ran. A batch larger than the controller's MaxArraySize becomes several arrays,
+and no more jobs are submitted than its MaxJobCount leaves room for (both read from the controller).
+GPU/CPU/memory/time limits, the USR2 warning and requeue come from the launcher settings and the
+frozen resources; a packed task's time limit is its trials' added up.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from ..errors import ReleaseFailed, SchedulerUnavailable
 from ..identity import SearchIdentity, scheduler_name
 from ..ledger import Executor, SearchDir
 from ..worker import TrialTask
-from .base import Dispatcher, LauncherSettings, Record, Submitted
+from .base import Dispatcher, LauncherSettings, Record, Submitted, submitted_of
+from .packing import job_time_limit_min
 
 
 class SlurmDispatcher(Dispatcher):
@@ -35,6 +39,14 @@ class SlurmDispatcher(Dispatcher):
         self._max_num_timeout = max_num_timeout
         self._executor: submitit.SlurmExecutor | None = None
         self._queued: dict[str, slurm.QueuedJob] = {}
+        self._limits: slurm.ControllerLimits | None = None
+        self._max_job_minutes: tuple[float | None] | None = None
+
+    @property
+    def limits(self) -> slurm.ControllerLimits:
+        if self._limits is None:
+            self._limits = slurm.controller_limits(self.env)
+        return self._limits
 
     @property
     def job_name(self) -> str:
@@ -59,14 +71,37 @@ class SlurmDispatcher(Dispatcher):
         slurm.check_reachable(self.env)
 
     def capacity(self) -> int:
-        return 1 << 30  # SLURM queues; the array's %parallelism throttles
+        # SLURM queues (the array's %parallelism throttles); only the controller's MaxJobCount bounds
+        # what it holds. Other users' jobs count too: sbatch refusing is then a resumable failure.
+        return max(0, self.limits.max_job_count - len(self._queued))
+
+    def slots(self) -> int:
+        return int(self.settings.params["array_parallelism"])
+
+    def max_job_minutes(self) -> float | None:
+        if self._max_job_minutes is None:
+            self._max_job_minutes = (slurm.max_job_minutes(self.settings.resources.get("partition"), self.env),)
+        return self._max_job_minutes[0]
 
     def submit(self, tasks: Sequence[TrialTask], record: Record, exclude_nodes: Sequence[str] = ()) -> list[Submitted]:
-        if not tasks:
-            return []
-        extra = self.executor.parameters.setdefault("additional_parameters", {})
+        out: list[Submitted] = []
+        size = self.limits.max_array_size
+        parallelism = self.slots()
+        for start in range(0, len(tasks), size):
+            chunk = tasks[start : start + size]
+            # Several arrays share the launcher's array_parallelism, in proportion to their tasks.
+            share = max(1, round(parallelism * len(chunk) / len(tasks))) if len(tasks) > size else parallelism
+            out += self._submit_array(chunk, record, exclude_nodes, share)
+        return out
+
+    def _submit_array(self, tasks: Sequence[TrialTask], record: Record, exclude_nodes: Sequence[str], parallelism: int) -> list[Submitted]:
+        params = self.executor.parameters
+        params["array_parallelism"] = parallelism
+        extra = params.setdefault("additional_parameters", {})
         if exclude_nodes:
             extra["exclude"] = ",".join(exclude_nodes)
+        limit = int(self.settings.resources["time_limit_min"])
+        params["time"] = job_time_limit_min(max(len(t.plans) for t in tasks), limit)
         try:
             jobs = self.executor.submit_array(list(tasks))
         except Exception as exc:  # submitit wraps sbatch's failure text in a generic error
@@ -74,7 +109,9 @@ class SlurmDispatcher(Dispatcher):
             raise SchedulerUnavailable(f"sbatch refused the array: {first[-1] if first else exc}; check the partition, account and `sinfo`") from None
         finally:
             extra.pop("exclude", None)
-        submitted = [Submitted(t.plan.trial_id, str(j.job_id)) for t, j in zip(tasks, jobs)]
+            params["time"] = limit
+            params["array_parallelism"] = self.slots()
+        submitted = submitted_of(tasks, [str(j.job_id) for j in jobs])
         record(submitted)  # held until here: the ledger knows every job id before any can start
         try:
             slurm.release(sorted({s.job_id.split("_")[0] for s in submitted}), self.env)
@@ -103,14 +140,20 @@ class SlurmDispatcher(Dispatcher):
     def cancel(self, job_ids: Sequence[str]) -> None:
         slurm.cancel(job_ids, self.env)
 
-    def describe(self, n: int) -> str:
+    def describe(self, pack_lengths: Sequence[int]) -> str:
         params = dict(self.executor.parameters)
-        params["map_count"] = n
+        params["map_count"] = min(len(pack_lengths), self.limits.max_array_size)
+        params["time"] = job_time_limit_min(max(pack_lengths, default=1), int(self.settings.resources["time_limit_min"]))
         python = shlex.quote(self.executor.python) if " " in self.executor.python else self.executor.python
         command = " ".join([python, "-u -m submitit.core._submit", shlex.quote(str(self.executor.folder))])
         script = submitit_batch_script(command, self.executor.folder, params)
         if self.search.identity() is None:
             script = f"# job name and comment gain this search's id (-<12 hex digits>) when its contract freezes\n{script}"
+        if max(pack_lengths, default=1) > 1:
+            script = f"# {sum(pack_lengths)} trials in {len(pack_lengths)} array tasks, up to {max(pack_lengths)} each in turn\n{script}"
+        arrays = -(-len(pack_lengths) // self.limits.max_array_size)
+        if arrays > 1:
+            script = f"# {len(pack_lengths)} tasks: {arrays} arrays of at most MaxArraySize={self.limits.max_array_size}; the first:\n{script}"
         return script
 
 

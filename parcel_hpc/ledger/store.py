@@ -112,11 +112,12 @@ class SearchDir:
         path = self.path / "configs" / config_hash.replace(":", "-")
         return path.read_text().strip() if path.exists() else None
 
-    def claim_dispatch(self, trial_id: str, launch_id: str) -> int | None:
-        """Claim the next dispatch of a trial; None if another launcher holds that dispatch."""
-        d = self.trial_dir(trial_id)
-        n = len(list(d.glob("dispatch-*.json"))) + 1
-        if fsio.create_exclusive_json(d / f"dispatch-{n}.json", {"launch_id": launch_id, "dispatch": n}):
+    def claim_dispatch(self, trial_id: str, launch_id: str, seen: int) -> int | None:
+        """Claim dispatch ``seen + 1`` of a trial, ``seen`` being the dispatch count the caller decided
+        on; None if another launcher claimed it first (then that launcher dispatches, not this one:
+        claiming whatever number comes next would let two launchers that decided at once both go)."""
+        n = seen + 1
+        if fsio.create_exclusive_json(self.trial_dir(trial_id) / f"dispatch-{n}.json", {"launch_id": launch_id, "dispatch": n}):
             return n
         return None
 

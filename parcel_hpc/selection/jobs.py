@@ -45,8 +45,8 @@ from ..metric import MissCost
 from ..trainer import Trainer, TrainerState, TrainingData, load_training_data, make_trainer
 from ..trainer.base import checked_probabilities
 from ..worker import WorkerPlan, guard
+from ..worker.cache import WorkerCache
 from ..worker.jobenv import facts_from_env
-from ..worker.observation import observe
 from ..worker.training import LoopCallbacks, train
 from .policy import SelectionPolicy
 from .slices import shipment_buckets, slice_report
@@ -92,7 +92,7 @@ class _Context:
             raise UsageError(f"selection {n} names no trial (no completed trial to select); nothing to rerun")
         self.plan = WorkerPlan.load(store.search, self.trial_id)
         self.split = read_split(self.plan.split_path)
-        observed, problem = observe(self.plan.snapshot_path, self.split, self.plan.image, self.contract["trainer"]["target"])
+        observed, problem = WorkerCache().observe(self.plan.snapshot_path, self.split, self.plan.image, self.contract["trainer"]["target"])
         outcome = check_worker(observed, self.contract)
         if outcome != "admit":
             raise GovernanceRefusal(outcome, f"this selection job opened other data or code than the contract pins {problem}".strip())

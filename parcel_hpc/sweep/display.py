@@ -46,6 +46,12 @@ def worst_case_line(decision) -> str:
     return f"worst case: {c.gpu_hours:.2f} GPU-hours, {c.cpu_hours:.2f} CPU-hours, cost {c.cost:.2f} ({c.trials} trials x {c.attempts_per_trial} attempts)"
 
 
+def packing_line(packing, n_trials: int) -> str:
+    if packing.size <= 1:
+        return f"packing: none, one job per trial ({packing.basis})"
+    return f"packing: up to {packing.size} trials a job, in turn, {-(-n_trials // packing.size)} jobs for {n_trials} trials ({packing.basis})"
+
+
 def nothing_to_do(report) -> str:
     return (
         f"nothing to dispatch: {report.proposed} proposed, {len(report.finished_before)} already finished, "

@@ -22,10 +22,10 @@ from ..budget import BudgetDecision, launch_decision
 from ..console import make_console
 from ..contract import Contract, TrialIdentity, admit, first_difference, freeze_contract, load_contract
 from ..data import read_split
-from ..dispatch import Dispatcher, Submitted
+from ..dispatch import Dispatcher, Submitted, packing
 from ..errors import GovernanceRefusal, ReleaseFailed, SchedulerUnavailable, UsageError
 from ..ledger import SearchDir, TrialRecord, TrialSpec, TrialWriter
-from ..lifecycle import Action, Next, RetryPolicy, next_action
+from ..lifecycle import Action, Next, RetryPolicy, next_action, runs_alone
 from ..selection.store import write_final_plan
 from ..worker import TrialTask, WorkerPlan
 from . import display
@@ -45,6 +45,7 @@ class LaunchReport:
     jobs: dict[str, str] = field(default_factory=dict)
     dry_run: bool = False
     launcher: dict = field(default_factory=dict)
+    packing: dict = field(default_factory=dict)  # the pack size and why
 
     def to_json(self) -> dict:
         return {
@@ -58,6 +59,7 @@ class LaunchReport:
             "dispatched": self.dispatched,
             "jobs": self.jobs,
             "dry_run": self.dry_run,
+            "packing": self.packing,
         }
 
 
@@ -131,9 +133,12 @@ class SearchLaunch:
         self.console.print(display.contract_line(frozen, path, created, dry_run))
         self.console.print(display.commitment_text(decision))
         if report.dry_run:
+            pack = choose_packing(dispatcher, search, len(specs))
             self.console.print(display.dry_run_table(specs, frozen))
             self.console.print(display.worst_case_line(decision))
-            self.console.print(dispatcher.describe(len(specs)), soft_wrap=True, markup=False, highlight=False)
+            self.console.print(display.packing_line(pack, len(specs)))
+            lengths = [len(g) for g in packing.groups(to_dispatch, pack.size)]
+            self.console.print(dispatcher.describe(lengths), soft_wrap=True, markup=False, highlight=False)
             return report
         report.launcher = dispatcher.launch_record()
         search.write_launch(launch_id, report.to_json())
@@ -202,6 +207,17 @@ class SearchLaunch:
 OUTAGE_LIMIT_S = 900.0  # how long a launch waits for a scheduler that stopped answering
 
 
+def choose_packing(dispatcher: Dispatcher, search: SearchDir, n_trials: int) -> packing.Packing:
+    """How many trials a job of this dispatch runs, from the launcher's options and the search's history."""
+    params, resources = dispatcher.settings.params, dispatcher.settings.resources
+    size = params.get("pack_size", 1)  # a launch recorded before packing existed resubmits as it ran: one a job
+    minutes = params.get("pack_minutes")
+    by_length = minutes is not None and packing.pack_option(size) is None
+    measured = packing.expected_trial_s(search.records()) if by_length else (None, 0)
+    limit = float(resources["time_limit_min"])
+    return packing.decide(size, n_trials, dispatcher.slots(), limit, minutes, measured, dispatcher.max_job_minutes())
+
+
 def _refuse_cancelled(search: SearchDir) -> None:
     cancelled = search.cancellation()
     if cancelled is not None:
@@ -228,6 +244,9 @@ class Follower:
         self.waiting: list[str] = []  # admitted, dispatch claimed, not yet submitted (local capacity)
         self.claims: dict[str, int] = {}  # trial -> the dispatch number this launcher claimed for it
         self.outage_since: float | None = None  # when the scheduler stopped answering, while it does not
+        self.packing = packing.Packing(1, "one a job: retries after the first dispatch")  # dispatch_initial decides
+        self.recorded: set[str] = set()  # trials of the batch being submitted whose job ids are recorded
+        self.seen_dispatches: dict[str, int] = {}  # trial -> its dispatch count when last decided on
 
     def writer(self, trial_id: str) -> TrialWriter:
         """One journal per trial for this launch, opened when it first has something to say."""
@@ -249,15 +268,20 @@ class Follower:
                 nxt = self._next(record)
             self._act(tid, nxt)
         report.dispatched = list(self.waiting)
+        self.packing = choose_packing(self.dispatcher, self.search, len(self.waiting))
+        report.packing = self.packing.to_json()
+        if self.waiting:
+            self.console.print(display.packing_line(self.packing, len(self.waiting)))
         self._submit_waiting()
         report.jobs = {tid: rec.jobs[-1] for tid in report.dispatched if (rec := self.search.record(tid)).jobs}
 
     def _next(self, record: TrialRecord) -> Next:
         tid = record.trial_id
         alive = bool(record.jobs) and self.dispatcher.alive(tid, record.jobs[-1])
+        self.seen_dispatches[tid] = self.search.dispatch_count(tid)  # what a dispatch decided now claims on
         return next_action(
             record,
-            dispatches=self.search.dispatch_count(tid),
+            dispatches=self.seen_dispatches[tid],
             job_alive=alive,
             policy=self.policy,
             dispatch_in_flight=self.search.dispatch_in_flight(tid, self.launch_id, record),
@@ -271,7 +295,7 @@ class Follower:
         if nxt.action is Action.RESOLVE_LOST:
             self._resolve_vanished(self.search.record(tid))
         elif nxt.action in (Action.RETRY, Action.DISPATCH):
-            n = self.search.claim_dispatch(tid, self.launch_id)
+            n = self.search.claim_dispatch(tid, self.launch_id, self.seen_dispatches[tid])
             if n is not None:
                 self.claims[tid] = n
                 self.waiting.append(tid)
@@ -281,30 +305,41 @@ class Follower:
     def _submit_waiting(self) -> None:
         if self.waiting and self.search.cancellation() is not None:
             self.waiting = []  # cancelled while they waited for a free slot: never submitted
-        room = self.dispatcher.capacity()
-        batch, self.waiting = self.waiting[:room], self.waiting[room:]
-        # A trial cancelled while it waited is finished: its slot goes to the next one.
-        batch = [tid for tid in batch if not self.search.record(tid).state.is_finished()]
-        if not batch:
+        if not self.waiting:
             return
+        # A trial cancelled while it waited is finished: its place goes to the next one.
+        records = {tid: self.search.record(tid) for tid in self.waiting}
+        self.waiting = [tid for tid in self.waiting if not records[tid].state.is_finished()]
+        alone = {tid for tid in self.waiting if runs_alone(records[tid])}
+        packs = packing.groups(self.waiting, self.packing.size, alone)
+        batch: list[str] = []
+        self.recorded = set()
         try:
-            self.dispatcher.submit([TrialTask(self.plans[tid]) for tid in batch], self._record_submitted)
+            packs = packs[: self.dispatcher.capacity()]  # may ask the controller: inside, so a failure gives the claims back
+            batch = [tid for pack in packs for tid in pack]
+            self.waiting = [tid for tid in self.waiting if tid not in set(batch)]
+            if not packs:
+                return
+            self.dispatcher.submit([TrialTask([self.plans[tid] for tid in pack]) for pack in packs], self._record_submitted)
         except SchedulerUnavailable as exc:
             # Give back the claims of what never reached the scheduler, so a relaunch dispatches those
-            # trials at once; a batch that was submitted and recorded but not released keeps its own.
-            released_failed = isinstance(exc, ReleaseFailed)
-            for tid in ([] if released_failed else batch) + self.waiting:
+            # trials at once; arrays submitted and recorded (released or not) keep their own.
+            for tid in [t for t in batch if t not in self.recorded] + self.waiting:
                 self.search.withdraw_dispatch(tid, self.claims.pop(tid), self.launch_id)
             self.waiting = []
-            if released_failed:
+            if isinstance(exc, ReleaseFailed):
                 raise
-            raise SchedulerUnavailable(
-                f"{exc}; nothing of this batch was submitted and the search is resumable: fix that, then rerun the same launch to continue it"
-            ) from None
+            submitted = (
+                f"{len(self.recorded)} of the batch's {len(batch)} trials were submitted, the rest not"
+                if self.recorded
+                else "nothing of this batch was submitted"
+            )
+            raise SchedulerUnavailable(f"{exc}; {submitted} and the search is resumable: fix that, then rerun the same launch to continue it") from None
 
     def _record_submitted(self, submitted: Sequence[Submitted]) -> None:
         for s in submitted:
             self.writer(s.trial_id).submitted(s.job_id, self.dispatcher.name, self.launch_id)
+            self.recorded.add(s.trial_id)
 
     def _resolve_vanished(self, record: TrialRecord) -> None:
         """Its job is gone but the ledger says running: record how the scheduler says it ended."""
@@ -335,6 +370,7 @@ class Follower:
     def follow(self) -> None:
         with display.Progress(self.console, list(self.plans)) as progress:
             while True:
+                round_started = time.monotonic()
                 if not self._refresh():
                     time.sleep(max(self.poll_s, 2.0))
                     continue
@@ -354,4 +390,6 @@ class Follower:
                 progress.update(states)  # the states read this round: one fold per trial per poll
                 if active == 0:
                     return
-                time.sleep(self.poll_s)
+                # A round folds every trial: with many trials it is long, so the launch never spends more
+                # than a third of its time reading (the workers it waits for share the machine).
+                time.sleep(max(self.poll_s, 2.0 * (time.monotonic() - round_started)))

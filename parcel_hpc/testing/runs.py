@@ -61,10 +61,12 @@ def parcel_hpc(args: Sequence[str], *, cwd: Path | None = None, env: Mapping[str
 
 
 def run_trial_directly(plan, *, env: Mapping[str, str] | None = None, timeout: float = 300) -> LaunchResult:
-    """Run one worker attempt in a fresh interpreter, outside any executor (for worker-check tests)."""
+    """Run one worker attempt (or, given a list of plans, a packed task) in a fresh interpreter,
+    outside any executor (for worker-check tests)."""
+    plans = list(plan) if isinstance(plan, (list, tuple)) else [plan]
     with tempfile.NamedTemporaryFile(suffix=".pkl", delete=False) as f:
-        pickle.dump(plan, f)
-    code = f"import pickle,sys; from parcel_hpc.worker.task import TrialTask; plan=pickle.load(open({f.name!r},'rb')); print(TrialTask(plan)())"
+        pickle.dump(plans, f)
+    code = f"import pickle,sys; from parcel_hpc.worker.task import TrialTask; plans=pickle.load(open({f.name!r},'rb')); print(TrialTask(plans)())"
     proc = subprocess.run([sys.executable, "-c", code], env=subprocess_env(None, env), capture_output=True, text=True, timeout=timeout)
     os.unlink(f.name)
     return LaunchResult(proc.returncode, proc.stdout, proc.stderr)

@@ -1,6 +1,6 @@
 """A task any dispatcher can run that only sleeps: for dispatcher conformance tests.
 
-It has what a dispatcher reads of a ``TrialTask`` (``plan.trial_id``) and is importable by the
+It has what a dispatcher reads of a ``TrialTask`` (``plans``, each with a ``trial_id``) and is importable by the
 worker process that submitit starts, so it pickles by reference like the real task.
 """
 
@@ -17,8 +17,8 @@ class SleepPlan:
 
 
 class SleepTask:
-    def __init__(self, trial_id: str, seconds: float, started: Path | None = None) -> None:
-        self.plan = SleepPlan(trial_id)
+    def __init__(self, trial_id: str, seconds: float, started: Path | None = None, packed_with: tuple[str, ...] = ()) -> None:
+        self.plans = tuple(SleepPlan(t) for t in (trial_id, *packed_with))  # a pack: several trials, one job
         self.seconds = seconds
         self.started = started  # touched once the job runs, so a test can act on a running job
 
@@ -26,4 +26,4 @@ class SleepTask:
         if self.started is not None:
             self.started.touch()
         time.sleep(self.seconds)
-        return self.plan.trial_id
+        return self.plans[0].trial_id

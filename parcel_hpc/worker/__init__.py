@@ -1,13 +1,14 @@
 """The per-trial task: admit -> claim -> resume or start -> train -> milestones -> end.
 
-task.py      TrialTask, what submitit pickles and runs (one call is one attempt)
+task.py      TrialTask, what submitit pickles and runs: one or more trials in turn (a pack)
 attempt.py   AttemptRun: one attempt, every transition journaled
 training.py  the training loop around a trainer (steps, checkpoint cadence, validation)
 signals.py   the scheduler's signal, held until the trainer is between steps
 guard.py     the fence between trainer code and the final partition's files
 plan.py      WorkerPlan, what the worker is told
 jobenv.py    the scheduler's facts from the environment; preemption or time limit
-quarantine.py           two trials on one checkpoint prefix
+cache.py     what a packed task's process observed once (digests, arrays) and reuses
+quarantine.py two trials on one checkpoint prefix
 """
 
 from .plan import WorkerPlan

@@ -36,11 +36,10 @@ from ..trainer import (
     TrainerState,
     TrainingData,
     UnsavableState,
-    load_training_data,
     make_trainer,
 )
 from . import guard, quarantine
-from .observation import observe
+from .cache import WorkerCache
 from .plan import WorkerPlan
 from .signals import StepBoundarySignals
 from .training import LoopCallbacks, step_hooks, train
@@ -57,16 +56,27 @@ class StopAttempt(Exception):
     """Stop this attempt without a result; the reason is already journaled."""
 
 
+class AttemptTimeLimit(Exception):
+    """A packed attempt reached its own time limit (the job's limit covers the whole pack)."""
+
+
 class AttemptRun:
-    def __init__(self, plan: WorkerPlan, facts: Started) -> None:
+    """``limit_s``: in a packed task, the attempt's own wall-clock limit (the scheduler signals only
+    at the end of the pack's); None where the scheduler's limit is the attempt's."""
+
+    def __init__(self, plan: WorkerPlan, facts: Started, cache: WorkerCache | None = None, limit_s: float | None = None) -> None:
         self.plan = plan
         self.facts = facts
+        self.cache = cache or WorkerCache()
+        self.limit_s = limit_s
+        self.deadline = float("inf")
         self.search = SearchDir(Path(plan.search_dir))
         record = self.search.record(plan.trial_id)
         self.prior = record
         self.attempt = self.search.claim_attempt(plan.trial_id, 1 + max((a.number for a in record.attempts), default=0))
         self.ledger = self.search.writer(plan.trial_id, f"a{self.attempt}")
         self.store: ckpt.CheckpointStore | None = None
+        self.claim: claims.Claim | None = None
         self.milestones = MilestoneStore(self.search.path, plan.pruner["milestones"])
         self.pruner = make_pruner(plan.pruner)
         self.trainer: Trainer | None = None  # set once built; its state is whole between steps
@@ -74,6 +84,7 @@ class AttemptRun:
         self.data: TrainingData | None = None
         self.protected_opens: list[str] = []  # protected files the trainer tried to open
         self.ended = False
+        self.began = False  # its started event is on disk
         self.reserved = False
         self.started_at = 0.0
         self.contract: Contract | None = None
@@ -86,8 +97,11 @@ class AttemptRun:
             # A late requeue or a duplicate dispatch of a finished trial: it never trains twice.
             return {"trial_id": plan.trial_id, "state": self.prior.state.value, "note": "already finished"}
         self.started_at = time.time()
+        if self.limit_s is not None:
+            self.deadline = time.monotonic() + self.limit_s
         self._resolve_unended_attempt()
         self.ledger.started(self.attempt, self.facts)
+        self.began = True
         try:
             contract = self.contract = self.search.contract()
             self._admit(contract)
@@ -95,10 +109,10 @@ class AttemptRun:
             # The claim fields only: claims and checkpoint headers store and compare exactly these.
             identity = TrialIdentity(plan.trial_id, plan.config_hash, contract.digest, contract["snapshot_digest"])
             ckpt_dir = self._checkpoint_dir()
-            claim = self._claim(ckpt_dir, identity)
+            claim = self.claim = self._claim(ckpt_dir, identity)
             self.store = ckpt.CheckpointStore(ckpt_dir, identity, keep_last=plan.keep_last, claim=claim)
             # Admission hashed the snapshot and read the split a moment ago: neither is done twice.
-            data = self.data = load_training_data(plan.snapshot_path, self.split, plan.preprocessing, verify_digest=False)
+            data = self.data = self.cache.training_data(plan.snapshot_path, self.split, plan.preprocessing)
             trainer = make_trainer(contract["trainer"])
             with guard.protected_files(plan.split_path, plan.snapshot_path) as self.protected_opens, StepBoundarySignals() as held:
                 trainer.build(plan.params, plan.seed, data)
@@ -125,6 +139,9 @@ class AttemptRun:
             return {"trial_id": plan.trial_id, "state": TrialState.QUARANTINED.value, "reason": str(exc)}
         except StopAttempt as exc:
             return {"trial_id": plan.trial_id, "state": str(exc)}
+        except AttemptTimeLimit:
+            again = self.interrupt(Cause.TIMEOUT)
+            return {"trial_id": plan.trial_id, "state": "interrupted", "cause": Cause.TIMEOUT.value, "again": again}
         except Exception as exc:
             if self._final_requests():
                 # Refused or fenced and not caught (or caught, then failing): the request is the result.
@@ -149,7 +166,7 @@ class AttemptRun:
         reason = outcome
         if outcome == "admit":
             split = self.split = read_split(plan.split_path)
-            observed, problem = observe(plan.snapshot_path, split, plan.image, contract["trainer"]["target"])
+            observed, problem = self.cache.observe(plan.snapshot_path, split, plan.image, contract["trainer"]["target"])
             outcome = reason = check_worker(observed, contract)
             if problem and outcome == "reject:trainer":
                 reason = f"{outcome}: {problem}"
@@ -217,6 +234,8 @@ class AttemptRun:
     def _stepped(self, step: int) -> None:
         self.step = step
         self._stop_if_final_requested()
+        if time.monotonic() > self.deadline:
+            raise AttemptTimeLimit()  # at a step boundary: ``interrupt`` checkpoints a whole state
 
     def _save(self, step: int) -> None:
         state = self.trainer.state()
@@ -231,6 +250,7 @@ class AttemptRun:
 
     def _validated(self, step: int, value: float, final: bool, train_metrics: dict[str, float]) -> None:
         self._stop_if_quarantined()
+        self._stop_if_cancelled()
         is_milestone = self.milestones.report(self.plan.trial_id, step, value, self.attempt)
         self.ledger.milestone(self.attempt, step, value, is_milestone, train_metrics)
         if final or not is_milestone:
@@ -269,6 +289,18 @@ class AttemptRun:
             self._end(Ended(AttemptEnd.QUARANTINED, Cause.CHECKPOINT_COLLISION, reason="quarantined while running"))
             raise StopAttempt(TrialState.QUARANTINED.value)
 
+    def _stop_if_cancelled(self) -> None:
+        """A trial of a pack is cancelled without its job (which runs other trials): it stops itself."""
+        if self.limit_s is not None and self.search.record(self.plan.trial_id).state is TrialState.CANCELLED:
+            self._end(Ended(AttemptEnd.INTERRUPTED, Cause.CANCELLED_BY_OWNER, step=self.step, reason="cancelled while it ran in a pack"))
+            raise StopAttempt(TrialState.CANCELLED.value)
+
+    def release_claim(self) -> None:
+        """Leave the checkpoint directory in order. A packed task calls it after every attempt: its
+        process lives on, so the next attempt of the same trial must find the claim released."""
+        if self.claim is not None:
+            self.claim.release()
+
     # --- endings ------------------------------------------------------------------------------
     def _end(self, ending: Ended) -> None:
         if not self.ended:
@@ -283,12 +315,13 @@ class AttemptRun:
 
     def interrupt(self, cause: Cause) -> bool:
         """On the scheduler's signal: checkpoint, record, and say whether to requeue."""
-        if self.ended:
-            return False  # the attempt already ended (a result, a rejection): nothing to requeue
+        if self.ended or not self.began:
+            return False  # it already ended (a result, a rejection), or never started: nothing of it to requeue
         if self.trainer is not None and self.store is not None and self.step > 0:
             try:
                 self._save(self.step)  # between steps: the signal was held until the trainer's state was whole
-            except claims.CheckpointCollision:
+            except claims.CheckpointCollision as exc:
+                self._end(Ended(AttemptEnd.LOST, Cause.SUPERSEDED, reason=exc.reason))  # a newer attempt holds the directory
                 return False
             except UnsavableState:
                 pass  # resumes from the last cadence checkpoint instead

@@ -52,7 +52,14 @@ class StepBoundarySignals:
             signal.raise_signal(signum)  # the default action, as if never held
 
     def __exit__(self, *exc: object) -> None:
+        # A signal still held when the attempt leaves early (pruned, failed, stopped at its own limit)
+        # is the job's warning all the same: handed on, so a packed job still checkpoints and requeues.
+        pending = self.pending[:1] if self.previous else []
+        handlers = dict(self.previous)
         self._restore()
+        for signum in pending:
+            if callable(handlers[signum]):
+                handlers[signum](signum, None)
 
     def _restore(self) -> None:
         for signum, handler in self.previous.items():

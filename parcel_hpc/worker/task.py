@@ -1,40 +1,103 @@
-"""The per-trial task that submitit runs: one call is one attempt (``attempt.AttemptRun``).
+"""The task submitit runs: one job, one or more trials in turn (a pack), one attempt each.
+
+Packing pays process start-up, imports and snapshot loading once for several short trials; each
+trial keeps everything governance sees: its own admission, claim, checkpoint directory, ledger
+events, budget reservation, and its own time limit (the job's limit is the pack's sum, so a packed
+attempt stops itself at its own limit, checkpoints, and waits for its turn again at the end of the
+pack). A trial that fails does not stop the pack: its failure is journaled and the next trial runs.
 
 submitit calls ``checkpoint`` on the job's signal (preemption or time limit): the running attempt
-saves its last consistent state and says whether to be requeued under the same trial_id.
+saves its last consistent state, and the job is requeued with the same trials while any of them is
+unfinished; on the requeued run the finished ones are skipped, the interrupted one resumes from its
+checkpoint, and those that had not started start: none is lost or run twice.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import submitit
 
 from ..fsio import no_world_writes
+from ..ledger import SearchDir
+from ..lifecycle import runs_alone
 from .attempt import AttemptRun
+from .cache import WorkerCache
 from .jobenv import facts_from_env, signal_cause
 from .plan import WorkerPlan
 
 
 class TrialTask:
-    def __init__(self, plan: WorkerPlan) -> None:
-        self.plan = plan
+    def __init__(self, plans: Sequence[WorkerPlan]) -> None:
+        if not plans:
+            raise ValueError("a TrialTask needs at least one plan")
+        self.plans = tuple(plans)
         self._run: AttemptRun | None = None
 
+    @property
+    def packed(self) -> bool:
+        return len(self.plans) > 1
+
     def __getstate__(self) -> dict:
-        return {"plan": self.plan}  # runtime state lives in checkpoints, not in submitit's pickle
+        return {"plans": self.plans}  # runtime state lives in checkpoints and the ledger, not in submitit's pickle
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["plan"])
+        self.__init__(state["plans"])
 
-    def __call__(self) -> dict:
+    def __call__(self) -> dict | list[dict]:
         no_world_writes()
-        self._run = AttemptRun(self.plan, facts_from_env())
-        return self._run.execute()
+        facts = facts_from_env()
+        cache = WorkerCache()
+        results = []
+        turn = list(self.plans)
+        while turn:
+            plan = turn.pop(0)
+            try:
+                if self.packed and (why := self._not_here(plan, facts.job_id)):
+                    results.append({"trial_id": plan.trial_id, "state": "skipped", "why": why})
+                    continue
+                # Every attempt stops itself at its own limit: in a pack the job's limit is the sum,
+                # alone the scheduler's own warning comes first (it counts from the job's start).
+                self._run = AttemptRun(plan, facts, cache, limit_s=60.0 * plan.time_limit_min)
+                result = self._run.execute()
+            except Exception as exc:
+                if not self.packed:
+                    raise  # the job's own state says FAILED, as without packing
+                result = {"trial_id": plan.trial_id, "state": "failed", "error": f"{type(exc).__name__}: {exc}"[:500]}
+            finally:
+                if self._run is not None:
+                    self._run.release_claim()
+                self._run = None
+            results.append(result)
+            if result.get("again"):
+                turn.append(plan)  # stopped at its own limit within its retries: resumes after the others
+        return results if self.packed else results[0]
+
+    def _not_here(self, plan: WorkerPlan, job_id: str) -> str:
+        """Why a requeued pack must leave this trial alone ("" to run it): finished, dispatched to
+        another job since, or to be dispatched alone (its last attempt ended without saying how)."""
+        record = SearchDir(plan.search_dir).record(plan.trial_id)
+        if record.state.is_finished():
+            return "finished"
+        if record.jobs and job_id and record.jobs[-1] != job_id:
+            return f"dispatched since as job {record.jobs[-1]}"
+        if record.attempts and runs_alone(record):
+            return "its last attempt ended without saying how: it runs alone"
+        return ""
 
     def checkpoint(self, *_args: Any, **_kwargs: Any) -> submitit.helpers.DelayedSubmission | None:
-        """submitit's hook on SIGUSR2: save, record the interruption, requeue if the policy allows."""
+        """submitit's hook on SIGUSR2: save, record the interruption, requeue while a trial needs it."""
         run = self._run
-        if run is None or run.interrupt(signal_cause(run.facts)):
-            return submitit.helpers.DelayedSubmission(TrialTask(self.plan))
+        if run is None and not self.packed:
+            return submitit.helpers.DelayedSubmission(TrialTask(self.plans))  # signalled before the attempt began
+        again = run is not None and run.interrupt(signal_cause(run.facts))
+        if run is not None:
+            run.release_claim()  # an orderly exit: the requeued job's attempt re-enters the directory
+        if again if not self.packed else self._unfinished():  # read after the running trial recorded its interruption
+            return submitit.helpers.DelayedSubmission(TrialTask(self.plans))
         return None  # submitit then ends the job without requeue
+
+    def _unfinished(self) -> bool:
+        search = SearchDir(self.plans[0].search_dir)
+        return any(not search.record(p.trial_id).state.is_finished() for p in self.plans)

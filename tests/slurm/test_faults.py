@@ -220,3 +220,30 @@ def test_slurmdbd_down_during_reconcile(tmp_path, data_dir, cluster_guard):
     assert sorted((str(p), p.stat().st_mtime_ns) for p in search.path.rglob("*")) == before
     each_in_one_state(search)
     matches_sacct(search)
+
+
+def test_500_short_trials_from_two_concurrent_launchers(tmp_path, data_dir, cluster_guard):
+    """Load: two launchers start the same 500-trial search at once (packed, as by default). Every
+    trial is owned, dispatched and run exactly once; the ledger stays whole and every count is exact."""
+    _, names = cluster_guard
+    names.append("parcel-load")
+    budget = ["budget.max_trials=500", "budget.gpu_hours_cap=100000", "budget.cost_cap=1000000"]
+    common = [SLURM, f"search.root={tmp_path / 'runs'}", "search.revision=load", "search.n_trials=500", "pruner=none", "train.steps=10"]
+    common += ["resources.gpus=1", "hydra.launcher.array_parallelism=12", *budget]
+    procs = [start_launch(common, cwd=tmp_path, data_dir=data_dir) for _ in range(2)]
+    results = [finish(p, timeout=1200) for p in procs]
+    assert [r.returncode for r in results] == [0, 0], [r.stderr[-600:] for r in results]
+    search = SearchDir(tmp_path / "runs" / "load")
+    records = each_in_one_state(search)
+    assert len(records) == 500
+    assert all(len(r.attempts) == 1 and len(r.jobs) == 1 for r in records), [r.trial_id for r in records if len(r.attempts) != 1 or len(r.jobs) != 1]
+    launches = [json.loads(p.read_text()) for p in (search.path / "launches").glob("*.json")]
+    dispatched = [t for launch in launches for t in launch["dispatched"]]
+    assert sorted(dispatched) == sorted(r.trial_id for r in records)  # each trial dispatched by exactly one of the two
+    assert all(launch["packing"]["size"] > 1 for launch in launches if launch["dispatched"])
+    status = parcel_hpc(["status", str(search.path), "--json"])
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["counts"]["completed"] == 500
+    out = matches_sacct(search)
+    tasks = {r.jobs[0] for r in records}
+    assert {a["job_id"] for a in out["attempts"]} == tasks  # no orphan: sacct knows exactly the ledger's jobs

@@ -59,6 +59,8 @@ def test_82_trial_array_search_with_gpu_limits(tmp_path, data_dir, cluster_guard
     names.append("parcel-arr82")
     res = slurm_launch(tmp_path, data_dir, "arr82", "hydra.launcher.array_parallelism=12", "resources.gpus=1")
     assert res.returncode == 0, res.stderr[-2000:]
+    # auto packing on a fresh search: the 10-minute limit is the expected length, 6 trials a task
+    assert "packing: up to 6 trials a job, in turn, 14 jobs for 82 trials" in res.stdout, res.stdout[-3000:]
     st = json.loads(parcel_hpc(["status", str(tmp_path / "runs" / "arr82"), "--json"]).stdout)
     assert sum(st["counts"].values()) == 82
     assert st["counts"]["completed"] + st["counts"]["pruned"] == 82, st["counts"]
@@ -75,15 +77,96 @@ def test_82_trial_array_search_with_gpu_limits(tmp_path, data_dir, cluster_guard
         array_ids.add(submitted[0]["job_id"].split("_")[0])
     assert len(array_ids) == 1  # one array job
     array = array_ids.pop()
+    tasks = {e.data.job_id for tid in sd.trial_ids() for e in sd.events(tid) if e.kind.value == "submitted"}
+    assert len(tasks) == 14
     # slurmdbd writes a finished job's full record (AllocTRES included) a moment after it ends
     rows = wait_for(
-        lambda: (lambda r: r if r.count("gres/gpu=1") == 82 else None)(
+        lambda: (lambda r: r if r.count("gres/gpu=1") == 14 else None)(
             sh("sacct", "-j", array, "--parsable2", "--noheader", "-X", "--format=JobID,State,AllocTRES")
         ),
         60,
         "sacct's final rows",
     )
-    assert rows.count("COMPLETED") == 82
+    assert rows.count("COMPLETED") == 14
+    # Every task's hours go to its trials and its own start-up, to the second of sacct's.
+    out = wait_for(lambda: (lambda r: r if r["complete"] else None)(reconcile_json(tmp_path, "arr82")), 120, "a complete reconciliation")
+    assert out["flags"] == [], out["flags"]
+    assert sum(1 for a in out["attempts"] if a["trial_id"]) == 82 and sum(1 for a in out["attempts"] if not a["trial_id"]) == 14
+    elapsed = {
+        line.split("|")[0]: int(line.split("|")[1]) for line in sh("sacct", "-j", array, "--parsable2", "--noheader", "-X", "--format=JobID,ElapsedRaw").split()
+    }
+    assert sum(a["elapsed_s"] for a in out["attempts"]) == sum(elapsed.values())
+
+
+def reconcile_json(tmp_path, rev):
+    res = parcel_hpc(["reconcile", str(tmp_path / "runs" / rev), "--json"])
+    assert res.returncode in (0, 4), res.stderr
+    return json.loads(res.stdout)["campaigns"][0]
+
+
+def test_a_preempted_pack_requeues_without_losing_or_rerunning_a_trial(tmp_path, data_dir, cluster_guard):
+    """Three trials in one array task; the second is preempted mid-way: the first (finished) is not
+    run again, the second resumes from its checkpoint, the third (not started) runs once."""
+    _, names = cluster_guard
+    names += ["parcel-packpre", "preemptor"]
+    res = slurm_launch(
+        tmp_path,
+        data_dir,
+        "packpre",
+        "search.n_trials=3",
+        "pruner=none",
+        "search.wait=false",
+        "resources.gpus=4",
+        "train.step_seconds=0.15",
+        "hydra.launcher.pack_size=3",
+    )
+    assert res.returncode == 0, res.stderr
+    sd = SearchDir(tmp_path / "runs" / "packpre")
+
+    def second_running():
+        ck = sorted((sd.path / "checkpoints" / "t0001").glob("ckpt-*.h5"))
+        started = [e for e in sd.events("t0001") if e.kind.value == "started"]
+        return started[-1].data.node if ck and int(ck[-1].stem.split("-")[1]) >= 10 and started else None
+
+    node = wait_for(second_running, 180, "the pack's second trial to checkpoint")
+    sh("sbatch", "-p", "high", "-w", node, "--gres=gpu:4", "--mem=100M", "-t", "2", "-J", "preemptor", "-o", "/dev/null", "--wrap", "sleep 3")
+    wait_for(lambda: all(sd.record(t).state.is_finished() for t in sd.trial_ids()), 300, "every trial to finish")
+    first, second, third = (sd.record(t) for t in ("t0000", "t0001", "t0002"))
+    assert [r.state.value for r in (first, second, third)] == ["completed"] * 3
+    assert len(first.attempts) == 1 and len(third.attempts) == 1  # neither lost nor run twice
+    assert [a.how.value for a in second.attempts] == ["interrupted", "completed"] and second.attempts[0].cause.value == "preempted"
+    assert second.attempts[1].resumed_from >= 10 and second.attempts[1].restart_count == 1
+    assert len({a.job_id for r in (first, second, third) for a in r.attempts}) == 1  # one array task throughout
+    assert third.attempts[0].restart_count == 1  # it started only in the requeued run
+    out = wait_for(
+        lambda: (lambda r: r if r["complete"] and not r["flags"] else None)(reconcile_json(tmp_path, "packpre")), 120, "a reconciliation without flags"
+    )
+    assert out["waste_hours"]["preemption"] > 0
+    assert [a["run"] for a in out["attempts"] if not a["trial_id"]] == [0, 1]  # the pack's own line per run
+
+
+def test_a_search_larger_than_max_array_size_is_split_into_arrays(tmp_path, data_dir, cluster_guard):
+    """1,100 trials one a task: above the controller's MaxArraySize (1001 here), so two arrays, every
+    job id recorded before release; cancelled at once (the split is what is tested)."""
+    _, names = cluster_guard
+    names.append("parcel-split")
+    budget = ["budget.max_trials=1100", "budget.gpu_hours_cap=100000", "budget.cost_cap=1000000"]
+    res = slurm_launch(
+        tmp_path, data_dir, "split", "search.n_trials=1100", "search.wait=false", "resources.gpus=0", "hydra.launcher.pack_size=1", *budget, timeout=900
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    sd = SearchDir(tmp_path / "runs" / "split")
+    cancel = parcel_hpc(["cancel", str(sd.path), "--reason", "split test", "--wait", "0"], timeout=600)
+    assert cancel.returncode in (0, 4), cancel.stderr  # 4: jobs still ending (not waited for)
+    jobs = [r.jobs for r in sd.records()]
+    assert len(jobs) == 1100 and all(len(j) == 1 for j in jobs)
+    arrays: dict[str, int] = {}
+    for (job,) in jobs:
+        array, _, task = job.partition("_")
+        arrays[array] = arrays.get(array, 0) + 1
+    assert sorted(arrays.values()) == [99, 1001], arrays
+    launched = json.loads(sorted((sd.path / "launches").glob("*.json"))[-1].read_text())
+    assert len(launched["jobs"]) == 1100
 
 
 def test_preempted_trial_resumes_to_the_uninterrupted_metric(tmp_path, data_dir, cluster_guard):

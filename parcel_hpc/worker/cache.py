@@ -1,0 +1,89 @@
+"""What one worker process observed once and may reuse for the next trial of its pack.
+
+A packed task runs several trials in turn in one process; each is still admitted on what the
+process observes, but hashing the snapshot, the environment and the trainer's code, and loading and
+preprocessing the partitions, happen once. A file's digest and arrays are reused only while the file
+is the one that was read (same device, inode, size, modification and change times); a changed file
+is read again. The environment and the trainer's code are those already imported into this process, which
+cannot change under it, so they are observed once.
+
+Must not: share anything a trainer can change: each trial gets its own ``TrainingData`` (the arrays
+are read-only) with its own record of requests for the final partition.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from ..contract import WorkerObservation
+from ..data import Split, snapshot_digest
+from ..errors import UsageError
+from ..fsio import canonical_json
+from ..image import image_digest
+from ..trainer import TrainingData, load_training_data, trainer_identity
+
+
+def _file_key(path: str) -> tuple:
+    st = os.stat(path)
+    return (os.path.realpath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+class WorkerCache:
+    def __init__(self) -> None:
+        self._snapshots: dict[tuple, str] = {}
+        self._images: dict[str, str] = {}
+        self._trainers: dict[str, dict[str, Any]] = {}
+        self._data: dict[tuple, TrainingData] = {}
+
+    def observe(self, snapshot_path: str, split: Split, image: Mapping[str, Any], trainer_target: str) -> tuple[WorkerObservation, str]:
+        """What this process has in hand: digests it computes itself from the snapshot, split, image
+        and trainer code it opened, never the values it was told; and why the trainer could not be
+        identified here ("" when it could)."""
+        problem = ""
+        try:
+            trainer = self._trainer(trainer_target)
+        except UsageError as exc:  # the trainer does not import here: another environment than the launch's
+            trainer, problem = {}, str(exc)
+        observed = WorkerObservation(self._snapshot(snapshot_path), split.digest, split.method.value, self._image(image), trainer)
+        return observed, problem
+
+    def training_data(self, snapshot_path: str, split: Split, preprocessing: Mapping[str, Any]) -> TrainingData:
+        """The loader's arrays for this trial; admission hashed the file a moment ago (``observe``)."""
+        key = (_file_key(snapshot_path), split.digest, canonical_json(dict(preprocessing)))
+        data = self._data.get(key)
+        if data is None:
+            data = self._data[key] = load_training_data(snapshot_path, split, preprocessing, verify_digest=False)
+        return replace(data, _asked_for_final=[])  # this trial's own record of requests for the final partition
+
+    def _snapshot(self, path: str) -> str:
+        try:
+            key = _file_key(path)
+        except OSError:
+            return snapshot_digest(path)  # says what is wrong with the file, as without a cache
+        if key not in self._snapshots:
+            self._snapshots[key] = snapshot_digest(path)
+        return self._snapshots[key]
+
+    def _image(self, image: Mapping[str, Any]) -> str:
+        kind = image.get("kind", "computed")
+        if kind == "computed":  # this process's own environment: the same for every trial it runs
+            if kind not in self._images:
+                self._images[kind] = image_digest(image)
+            return self._images[kind]
+        if kind == "archive":
+            try:
+                key = repr(_file_key(str(image["path"])))
+            except OSError:
+                return image_digest(image)  # says what is wrong with the archive, as without a cache
+            if key not in self._images:
+                self._images[key] = image_digest(image)
+            return self._images[key]
+        return image_digest(image)  # given: read from the environment, cheap
+
+    def _trainer(self, target: str) -> dict[str, Any]:
+        if target not in self._trainers:
+            self._trainers[target] = trainer_identity(target)
+        return self._trainers[target]
