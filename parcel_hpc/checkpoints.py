@@ -272,7 +272,7 @@ def _block_size(header: Mapping[str, Any], index: list) -> int:
 def _encode_header(header: dict[str, Any], block: int = _HEADER_SIZE) -> bytes:
     body = dict(header, header_sha256="sha256:" + hashlib.sha256(canonical_json(header).encode()).hexdigest())
     raw = _MAGIC + canonical_json(body).encode() + b"\n"
-    if len(raw) > block:
+    if len(raw) > min(block, _MAX_HEADER):
         raise UsageError(f"checkpoint header is {len(raw)} bytes (max {block}); shorten the trial id or digests")
     return raw.ljust(block, b"\0")
 

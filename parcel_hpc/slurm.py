@@ -101,7 +101,7 @@ def parse_partitions(text: str) -> list[Partition]:
 
 def max_job_minutes(partition: str | None, env: Mapping[str, str] | None = None) -> float | None:
     """The longest --time the partition(s) accept (the default partition without one); None: no limit."""
-    parts = parse_partitions(_run(["scontrol", "show", "partition"], dict(os.environ if env is None else env), 30.0))
+    parts = parse_partitions(_run(["scontrol", "--all", "show", "partition"], dict(os.environ if env is None else env), 30.0))  # hidden ones too
     wanted = [p for p in parts if (p.name in partition.split(",") if partition else p.default)]
     limits = [p.max_minutes for p in wanted if p.max_minutes is not None]
     return min(limits) if limits else None

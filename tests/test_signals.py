@@ -38,16 +38,19 @@ def test_leaving_the_context_restores_the_handler_without_delivering():
         signal.signal(signal.SIGUSR2, original)
 
 
-def test_a_signal_still_held_when_the_attempt_leaves_early_reaches_the_previous_handler():
-    """A pruned or failed trial leaves the context between boundaries: the job's warning must not be
-    lost with it (a packed job still has to checkpoint and requeue)."""
+def test_a_signal_that_came_after_the_last_boundary_stays_pending_for_the_task():
+    """Handing it on while the attempt leaves would run the checkpoint handler before the attempt
+    recorded its ending (a finished trial requeued): it stays in ``pending``, and a packed task
+    raises it once the attempt's ending is on disk (``TrialTask.__call__``)."""
     seen = []
-    original = signal.signal(signal.SIGUSR2, lambda signum, frame: seen.append(signum))
+    handler = lambda signum, frame: seen.append(signum)  # noqa: E731
+    original = signal.signal(signal.SIGUSR2, handler)
     try:
-        with pytest.raises(RuntimeError), StepBoundarySignals():
+        held = StepBoundarySignals()
+        with pytest.raises(RuntimeError), held:
             os.kill(os.getpid(), signal.SIGUSR2)
-            assert seen == []  # held
             raise RuntimeError("pruned")
-        assert seen == [signal.SIGUSR2]
+        assert seen == [] and held.pending == [signal.SIGUSR2]
+        assert signal.getsignal(signal.SIGUSR2) is handler
     finally:
         signal.signal(signal.SIGUSR2, original)

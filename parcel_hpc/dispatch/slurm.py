@@ -102,6 +102,9 @@ class SlurmDispatcher(Dispatcher):
             extra["exclude"] = ",".join(exclude_nodes)
         limit = int(self.settings.resources["time_limit_min"])
         params["time"] = job_time_limit_min(max(len(t.plans) for t in tasks), limit)
+        for task in tasks:
+            if params["time"] > job_time_limit_min(len(task.plans), limit):
+                task.own_limits = True  # a shorter task in an array of longer packs: the scheduler warns too late for it
         try:
             jobs = self.executor.submit_array(list(tasks))
         except Exception as exc:  # submitit wraps sbatch's failure text in a generic error

@@ -256,6 +256,7 @@ class Follower:
 
     def dispatch_initial(self, report: LaunchReport) -> None:
         self.dispatcher.refresh()  # an earlier detached launch's jobs may still be queued or running
+        self.dispatcher.max_job_minutes()  # asks the scheduler now, before any dispatch is claimed (packing reads it)
         released = self.dispatcher.recover({j for r in self.search.records() for j in r.jobs})
         if released:
             self.console.print(f"released {len(released)} held arrays an earlier launch submitted but never released: {', '.join(released)}")

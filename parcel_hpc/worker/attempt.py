@@ -61,8 +61,8 @@ class AttemptTimeLimit(Exception):
 
 
 class AttemptRun:
-    """``limit_s``: in a packed task, the attempt's own wall-clock limit (the scheduler signals only
-    at the end of the pack's); None where the scheduler's limit is the attempt's."""
+    """``limit_s``: the attempt's own wall-clock limit where the job's is longer (a packed task: the
+    scheduler signals only at the end of the pack's); None where the scheduler's limit is the attempt's."""
 
     def __init__(self, plan: WorkerPlan, facts: Started, cache: WorkerCache | None = None, limit_s: float | None = None) -> None:
         self.plan = plan
@@ -85,6 +85,7 @@ class AttemptRun:
         self.protected_opens: list[str] = []  # protected files the trainer tried to open
         self.ended = False
         self.began = False  # its started event is on disk
+        self.signals = StepBoundarySignals()  # ``pending`` still holds a signal that arrived after the last step
         self.reserved = False
         self.started_at = 0.0
         self.contract: Contract | None = None
@@ -114,7 +115,7 @@ class AttemptRun:
             # Admission hashed the snapshot and read the split a moment ago: neither is done twice.
             data = self.data = self.cache.training_data(plan.snapshot_path, self.split, plan.preprocessing)
             trainer = make_trainer(contract["trainer"])
-            with guard.protected_files(plan.split_path, plan.snapshot_path) as self.protected_opens, StepBoundarySignals() as held:
+            with guard.protected_files(plan.split_path, plan.snapshot_path) as self.protected_opens, self.signals as held:
                 trainer.build(plan.params, plan.seed, data)
                 self.step = self._resume(trainer)
                 self.trainer = trainer
@@ -127,33 +128,45 @@ class AttemptRun:
             claim.release()
             return {"trial_id": plan.trial_id, "state": TrialState.COMPLETED.value, "metric": value, "step": step}
         except claims.CheckpointCollision as exc:
-            if _same_trial(exc, plan):
-                # A newer attempt of this same trial took the directory over (we were presumed dead,
-                # e.g. our node was set down): stop writing, it is not a collision between trials.
-                self._end(Ended(AttemptEnd.LOST, Cause.SUPERSEDED, reason=exc.reason))
-                return {"trial_id": plan.trial_id, "state": "superseded"}
-            self._end(Ended(AttemptEnd.QUARANTINED, Cause.CHECKPOINT_COLLISION, reason=str(exc)))
-            if not self.search.is_quarantined_attempt(plan.trial_id, self.attempt):
-                # The first to find the collision quarantines both; the other attempt only stops.
-                quarantine.quarantine_collision(self.search, plan.trial_id, self.attempt, exc)
-            return {"trial_id": plan.trial_id, "state": TrialState.QUARANTINED.value, "reason": str(exc)}
+            return self._collided(exc)
         except StopAttempt as exc:
             return {"trial_id": plan.trial_id, "state": str(exc)}
         except AttemptTimeLimit:
-            again = self.interrupt(Cause.TIMEOUT)
+            try:
+                again = self.interrupt(Cause.TIMEOUT)
+            except Exception as exc:  # saving at the limit failed (a full disk, the trainer's state())
+                return self._unexpected(exc)
             return {"trial_id": plan.trial_id, "state": "interrupted", "cause": Cause.TIMEOUT.value, "again": again}
         except Exception as exc:
-            if self._final_requests():
-                # Refused or fenced and not caught (or caught, then failing): the request is the result.
-                self._reject_final()
-                return {"trial_id": plan.trial_id, "state": TrialState.REJECTED.value, "outcome": FINAL_PARTITION_OUTCOME}
-            if _no_space(exc):
-                # A full filesystem is the cluster's problem, not the configuration's: an interruption,
-                # retried within budget.max_retries, never a failure class of the design.
-                self._end(Ended(AttemptEnd.INTERRUPTED, Cause.NO_SPACE, step=self.step, message=" ".join(str(exc).split())[:500]))
-                return {"trial_id": plan.trial_id, "state": "interrupted", "cause": Cause.NO_SPACE.value}
-            self._fail(_failure_class(exc), exc)
-            raise
+            return self._unexpected(exc)
+
+    def _collided(self, exc: claims.CheckpointCollision) -> dict:
+        plan = self.plan
+        if _same_trial(exc, plan):
+            # A newer attempt of this same trial took the directory over (we were presumed dead,
+            # e.g. our node was set down): stop writing, it is not a collision between trials.
+            self._end(Ended(AttemptEnd.LOST, Cause.SUPERSEDED, reason=exc.reason))
+            return {"trial_id": plan.trial_id, "state": "superseded"}
+        self._end(Ended(AttemptEnd.QUARANTINED, Cause.CHECKPOINT_COLLISION, reason=str(exc)))
+        if not self.search.is_quarantined_attempt(plan.trial_id, self.attempt):
+            # The first to find the collision quarantines both; the other attempt only stops.
+            quarantine.quarantine_collision(self.search, plan.trial_id, self.attempt, exc)
+        return {"trial_id": plan.trial_id, "state": TrialState.QUARANTINED.value, "reason": str(exc)}
+
+    def _unexpected(self, exc: Exception) -> dict:
+        """How an exception out of the trainer or the loop ends the attempt; re-raised when it is a failure."""
+        plan = self.plan
+        if self._final_requests():
+            # Refused or fenced and not caught (or caught, then failing): the request is the result.
+            self._reject_final()
+            return {"trial_id": plan.trial_id, "state": TrialState.REJECTED.value, "outcome": FINAL_PARTITION_OUTCOME}
+        if _no_space(exc):
+            # A full filesystem is the cluster's problem, not the configuration's: an interruption,
+            # retried within budget.max_retries, never a failure class of the design.
+            self._end(Ended(AttemptEnd.INTERRUPTED, Cause.NO_SPACE, step=self.step, message=" ".join(str(exc).split())[:500]))
+            return {"trial_id": plan.trial_id, "state": "interrupted", "cause": Cause.NO_SPACE.value}
+        self._fail(_failure_class(exc), exc)
+        raise exc
 
     def _admit(self, contract: Contract) -> None:
         plan = self.plan
@@ -321,7 +334,7 @@ class AttemptRun:
             try:
                 self._save(self.step)  # between steps: the signal was held until the trainer's state was whole
             except claims.CheckpointCollision as exc:
-                self._end(Ended(AttemptEnd.LOST, Cause.SUPERSEDED, reason=exc.reason))  # a newer attempt holds the directory
+                self._collided(exc)  # superseded by a newer attempt, or a collision to quarantine
                 return False
             except UnsavableState:
                 pass  # resumes from the last cadence checkpoint instead

@@ -52,14 +52,9 @@ class StepBoundarySignals:
             signal.raise_signal(signum)  # the default action, as if never held
 
     def __exit__(self, *exc: object) -> None:
-        # A signal still held when the attempt leaves early (pruned, failed, stopped at its own limit)
-        # is the job's warning all the same: handed on, so a packed job still checkpoints and requeues.
-        pending = self.pending[:1] if self.previous else []
-        handlers = dict(self.previous)
+        # A signal still pending here (it came after the last step boundary) stays in ``pending``:
+        # handing it on now would run the checkpoint handler before the attempt recorded its ending.
         self._restore()
-        for signum in pending:
-            if callable(handlers[signum]):
-                handlers[signum](signum, None)
 
     def _restore(self) -> None:
         for signum, handler in self.previous.items():

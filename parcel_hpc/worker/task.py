@@ -14,10 +14,12 @@ checkpoint, and those that had not started start: none is lost or run twice.
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Sequence
 from typing import Any
 
 import submitit
+from submitit.core.utils import UncompletedJobError
 
 from ..fsio import no_world_writes
 from ..ledger import SearchDir
@@ -29,10 +31,13 @@ from .plan import WorkerPlan
 
 
 class TrialTask:
-    def __init__(self, plans: Sequence[WorkerPlan]) -> None:
+    def __init__(self, plans: Sequence[WorkerPlan], own_limits: bool | None = None) -> None:
         if not plans:
             raise ValueError("a TrialTask needs at least one plan")
         self.plans = tuple(plans)
+        # Whether each attempt stops itself at its own limit: where the job's limit is longer than
+        # this task needs (a pack; a single trial in an array of packs). Otherwise the scheduler warns.
+        self.own_limits = len(self.plans) > 1 if own_limits is None else own_limits
         self._run: AttemptRun | None = None
 
     @property
@@ -40,10 +45,10 @@ class TrialTask:
         return len(self.plans) > 1
 
     def __getstate__(self) -> dict:
-        return {"plans": self.plans}  # runtime state lives in checkpoints and the ledger, not in submitit's pickle
+        return {"plans": self.plans, "own_limits": self.own_limits}  # runtime state lives in checkpoints and the ledger
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["plans"])
+        self.__init__(state["plans"], state.get("own_limits"))
 
     def __call__(self) -> dict | list[dict]:
         no_world_writes()
@@ -57,21 +62,26 @@ class TrialTask:
                 if self.packed and (why := self._not_here(plan, facts.job_id)):
                     results.append({"trial_id": plan.trial_id, "state": "skipped", "why": why})
                     continue
-                # Every attempt stops itself at its own limit: in a pack the job's limit is the sum,
-                # alone the scheduler's own warning comes first (it counts from the job's start).
-                self._run = AttemptRun(plan, facts, cache, limit_s=60.0 * plan.time_limit_min)
+                self._run = AttemptRun(plan, facts, cache, limit_s=60.0 * plan.time_limit_min if self.own_limits else None)
                 result = self._run.execute()
+            except UncompletedJobError:
+                raise  # submitit ends the job (it would not requeue): never swallowed as one trial's failure
             except Exception as exc:
                 if not self.packed:
                     raise  # the job's own state says FAILED, as without packing
                 result = {"trial_id": plan.trial_id, "state": "failed", "error": f"{type(exc).__name__}: {exc}"[:500]}
             finally:
+                pending = self._run.signals.pending[:1] if self._run is not None else []
                 if self._run is not None:
                     self._run.release_claim()
                 self._run = None
             results.append(result)
             if result.get("again"):
                 turn.append(plan)  # stopped at its own limit within its retries: resumes after the others
+            if pending and self.packed:
+                # The job's warning came after that trial's last step, its ending now on disk: the
+                # pack checkpoints and requeues for the trials it has left (``checkpoint``).
+                signal.raise_signal(pending[0])
         return results if self.packed else results[0]
 
     def _not_here(self, plan: WorkerPlan, job_id: str) -> str:
