@@ -1,17 +1,16 @@
 """Checkpoint save and resume against raw file I/O of the same bytes, same run, alternating.
 
-    .venv/bin/python benchmarks/bench_checkpoints.py [--repeats 5] [--dir PATH]
+    .venv/bin/python benchmarks/bench_checkpoints.py [--repeats 5] [--directory PATH] [--sizes 8,256]
 
 Save baseline: the parameter bytes written with open/write/fsync into a temp file, renamed, and the
 directory fsynced (what any atomic write costs). Resume baseline: the same file read back whole.
-``CheckpointStore.save`` adds the HDF5 layout, the body digest and the 2 KiB header;
-``load_latest`` adds reading the header, the digest check and the HDF5 metadata. Point --dir at the
+``CheckpointStore.save`` adds the HDF5 layout, the body digest and its header (2 KiB or more);
+``load_latest`` adds reading the header and the digest check. Point --directory at the
 shared filesystem to measure NFS. Targets: both <= 1.25x, at 8 MiB and 256 MiB.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import tempfile
@@ -20,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _suite import Figure, alternate, ratio  # noqa: E402
+from _suite import Figure, alternate, main, ratio  # noqa: E402
 
 from parcel_hpc.checkpoints import CheckpointStore, TrialIdentity  # noqa: E402
 from parcel_hpc.fsio import fsync_dir  # noqa: E402
@@ -77,15 +76,5 @@ def one_size(mb: int, repeats: int, directory: Path | None) -> list[Figure]:
     ]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--dir", type=Path, default=None)
-    args = ap.parse_args()
-    from run import print_table
-
-    print_table(run(args.repeats, args.dir))
-
-
 if __name__ == "__main__":
-    main()
+    main(run, __doc__, directory=Path, sizes=lambda text: tuple(int(s) for s in text.split(",")))

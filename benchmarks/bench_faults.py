@@ -17,19 +17,15 @@ the fault-free rate and >= 2x the restart-from-scratch rate.
 
 from __future__ import annotations
 
-import argparse
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
-from _suite import Figure  # noqa: E402
-from bench_local import env  # noqa: E402
+from _suite import Figure, launch, main  # noqa: E402
 
 from parcel_hpc.ledger import SearchDir  # noqa: E402
 
@@ -37,8 +33,13 @@ from parcel_hpc.ledger import SearchDir  # noqa: E402
 def search(trials: int, step_seconds: float, fault: str) -> tuple[float, int]:
     """(effective trials per hour, interrupted attempts) of one search."""
     with tempfile.TemporaryDirectory() as tmp:
-        argv = [sys.executable, "-m", "parcel_hpc.launch", "-m", f"search.root={tmp}/runs", f"checkpoint.dir={tmp}/ckpt", f"search.n_trials={trials}"]
-        argv += ["pruner=none", "hydra.launcher.pack_size=1", f"train.step_seconds={step_seconds}"]
+        overrides = [
+            f"checkpoint.dir={tmp}/ckpt",
+            f"search.n_trials={trials}",
+            "pruner=none",
+            "hydra.launcher.pack_size=1",
+            f"train.step_seconds={step_seconds}",
+        ]
         extra = {}
         if fault:
             os.makedirs(f"{tmp}/faults")
@@ -49,9 +50,9 @@ def search(trials: int, step_seconds: float, fault: str) -> tuple[float, int]:
                 "PYTHONPATH": str(HERE / "peer_app"),
             }
             if fault == "kill":
-                argv.append("checkpoint.every_steps=1000")
+                overrides.append("checkpoint.every_steps=1000")
         t0 = time.perf_counter()
-        subprocess.run(argv, cwd=ROOT, env={**env(), **extra}, check=True, capture_output=True)
+        launch(tmp, *overrides, extra_env=extra)
         wall = time.perf_counter() - t0
         records = list(SearchDir(Path(tmp) / "runs" / "parcel-search-r1").records())
         effective = sum(1 for r in records if r.state.is_result())
@@ -84,16 +85,5 @@ def run(repeats: int = 1, trials: int = 40, step_seconds: float = 0.02) -> list[
     ]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--trials", type=int, default=40)
-    ap.add_argument("--step-seconds", type=float, default=0.02)
-    args = ap.parse_args()
-    from run import print_table
-
-    print_table(run(args.repeats, args.trials, args.step_seconds))
-
-
 if __name__ == "__main__":
-    main()
+    main(run, __doc__)

@@ -12,7 +12,6 @@ replays the file. Per operation = the time over the events written. Targets: <= 
 
 from __future__ import annotations
 
-import argparse
 import json
 import multiprocessing
 import subprocess
@@ -23,8 +22,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _suite import Figure, ratio  # noqa: E402
-from bench_local import env, peer_python  # noqa: E402
+from _suite import Figure, env, main, peer_python, ratio  # noqa: E402
 
 from parcel_hpc.ledger import Executor, SearchDir, Started, TrialSpec  # noqa: E402
 
@@ -84,15 +82,5 @@ def run(repeats: int = 3, events: int = 300) -> list[Figure]:
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--events", type=int, default=300)
-    args = ap.parse_args()
-    from run import print_table
-
-    print_table(run(args.repeats, args.events))
-
-
 if __name__ == "__main__":
-    main()
+    main(run, __doc__)

@@ -11,17 +11,13 @@ pruned search's winner within 1 % of the unpruned winner's validation miss-cost.
 
 from __future__ import annotations
 
-import argparse
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
-from _suite import Figure  # noqa: E402
-from bench_local import env  # noqa: E402
+from _suite import Figure, launch, main  # noqa: E402
 
 from parcel_hpc.ledger import SearchDir  # noqa: E402
 from parcel_hpc.report import best_completed  # noqa: E402
@@ -29,9 +25,7 @@ from parcel_hpc.report import best_completed  # noqa: E402
 
 def search(root: str, pruner: str, step_seconds: float) -> tuple[float, float]:
     """(GPU-hours, the winner's validation miss-cost) of one 82-trial search."""
-    argv = [sys.executable, "-m", "parcel_hpc.launch", "-m", f"search.root={root}/runs", f"checkpoint.dir={root}/ckpt-{pruner}"]
-    argv += [f"search.revision=bench-{pruner}", f"pruner={pruner}", f"train.step_seconds={step_seconds}"]
-    subprocess.run(argv, cwd=ROOT, env=env(), check=True, capture_output=True)
+    launch(root, f"checkpoint.dir={root}/ckpt-{pruner}", f"search.revision=bench-{pruner}", f"pruner={pruner}", f"train.step_seconds={step_seconds}")
     records = list(SearchDir(Path(root) / "runs" / f"bench-{pruner}").records())
     hours = sum((a.ended - a.started) * int(r.spec.resources["gpus"]) / 3600 for r in records for a in r.attempts if a.started and a.ended)
     return hours, best_completed(records).metric
@@ -52,15 +46,5 @@ def run(repeats: int = 1, step_seconds: float = 0.01) -> list[Figure]:
     ]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--step-seconds", type=float, default=0.01)
-    args = ap.parse_args()
-    from run import print_table
-
-    print_table(run(args.repeats, args.step_seconds))
-
-
 if __name__ == "__main__":
-    main()
+    main(run, __doc__)

@@ -12,7 +12,6 @@ peak RSS <= 3x the file.
 
 from __future__ import annotations
 
-import argparse
 import subprocess
 import sys
 import tempfile
@@ -22,8 +21,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
-from _suite import Figure, ratio  # noqa: E402
-from bench_local import env  # noqa: E402
+from _suite import Figure, env, launch, main, ratio  # noqa: E402
 from bench_sacct import generate  # noqa: E402
 
 PEAK = str(HERE / "peer_app" / "peak.py")
@@ -45,8 +43,7 @@ def run(repeats: int = 3, lines: int = 1_000_000) -> list[Figure]:
         dump = Path(tmp) / "sacct.txt"
         dump.write_bytes(generate(lines))
         file_mb = dump.stat().st_size / 2**20
-        freeze = [sys.executable, "-m", "parcel_hpc.launch", "-m", f"search.root={tmp}/runs", "search.n_trials=0"]
-        subprocess.run(freeze, cwd=ROOT, env=env(), check=True, capture_output=True)
+        launch(tmp, "search.n_trials=0")  # a frozen search with no trials
         search = f"{tmp}/runs/parcel-search-r1"
         ours_argv = [sys.executable, PEAK, "-m", "parcel_hpc", "reconcile", search, "--sacct-file", str(dump), "--json"]
         base_argv = [sys.executable, PEAK, "-c", BASELINE, str(dump)]
@@ -63,15 +60,5 @@ def run(repeats: int = 3, lines: int = 1_000_000) -> list[Figure]:
     ]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--lines", type=int, default=1_000_000)
-    args = ap.parse_args()
-    from run import print_table
-
-    print_table(run(args.repeats, args.lines))
-
-
 if __name__ == "__main__":
-    main()
+    main(run, __doc__)

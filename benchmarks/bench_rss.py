@@ -10,7 +10,6 @@ features, labels and slice columns) plus 150 MB (the interpreter, numpy, h5py, s
 
 from __future__ import annotations
 
-import argparse
 import pickle
 import subprocess
 import sys
@@ -20,8 +19,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
-from _suite import Figure  # noqa: E402
-from bench_local import env  # noqa: E402
+from _suite import Figure, env, launch, main  # noqa: E402
 
 from parcel_hpc.data import read_split  # noqa: E402
 from parcel_hpc.ledger import SearchDir  # noqa: E402
@@ -39,8 +37,7 @@ def partition_mb(snapshot: str, split: str, preprocessing: dict) -> float:
 def run(repeats: int = 3) -> list[Figure]:
     peaks = []
     with tempfile.TemporaryDirectory() as tmp:
-        argv = [sys.executable, "-m", "parcel_hpc.launch", "-m", f"search.root={tmp}/runs", "search.n_trials=0", "pruner=none"]
-        subprocess.run(argv, cwd=ROOT, env=env(), check=True, capture_output=True)
+        launch(tmp, "search.n_trials=0", "pruner=none")
         search = SearchDir(Path(tmp) / "runs" / "parcel-search-r1")
         contract = search.contract()
         snapshot, split = str(ROOT / "data" / "parcels.h5"), str(ROOT / "data" / "split-group_r8.json")
@@ -61,14 +58,5 @@ def run(repeats: int = 3) -> list[Figure]:
     return [Figure("worker peak RSS, default snapshot", "1.5x the training partition + 150 MB", peaks, round(budget, 1), unit=" MB")]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=3)
-    args = ap.parse_args()
-    from run import print_table
-
-    print_table(run(args.repeats))
-
-
 if __name__ == "__main__":
-    main()
+    main(run, __doc__)

@@ -13,20 +13,16 @@ proposals (dedup, finished-before, admit; a dry run, writing nothing), and ``rec
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
-from _suite import Figure  # noqa: E402
-from bench_local import env  # noqa: E402
+from _suite import Figure, launch, main  # noqa: E402
 
 from parcel_hpc import status  # noqa: E402
 from parcel_hpc.accounting.run import reconcile_search  # noqa: E402
@@ -38,8 +34,7 @@ CFG = {"train": {"seed": 1234}}
 
 
 def populate(root: str, n: int) -> SearchDir:
-    argv = [sys.executable, "-m", "parcel_hpc.launch", "-m", f"search.root={root}/runs", "search.n_trials=0", f"budget.max_trials={n}"]
-    subprocess.run(argv, cwd=ROOT, env=env(), check=True, capture_output=True)
+    launch(root, "search.n_trials=0", f"budget.max_trials={n}")
     search = SearchDir(Path(root) / "runs" / "parcel-search-r1")
     contract = search.contract()
     t = time.time() - 3600
@@ -104,15 +99,5 @@ def run(repeats: int = 1, sizes: tuple[int, ...] = (1000, 10000, 100000)) -> lis
     return figures
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--sizes", default="1000,10000,100000")
-    args = ap.parse_args()
-    from run import print_table
-
-    print_table(run(args.repeats, tuple(int(s) for s in args.sizes.split(","))))
-
-
 if __name__ == "__main__":
-    main()
+    main(run, __doc__, sizes=lambda text: tuple(int(s) for s in text.split(",")))

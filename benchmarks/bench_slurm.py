@@ -14,7 +14,6 @@ returns at once, swept over ``+x=range(0,N)``. Targets: <= 0.5x the peer, <= 1.2
 
 from __future__ import annotations
 
-import argparse
 import subprocess
 import sys
 import tempfile
@@ -24,18 +23,23 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
-from _suite import Figure, ratio  # noqa: E402
-from bench_local import env, peer_python  # noqa: E402
+from _suite import Figure, env, launch, main, peer_python, ratio  # noqa: E402
 
 IMPORTS = "import numpy, h5py, submitit, hydra, xxhash, parcel_hpc.worker, parcel_hpc.trainer.numpy_mlp"
 
 
 def ours(n: int, parallelism: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        argv = [sys.executable, "-m", "parcel_hpc.launch", "-m", "hydra/launcher=submitit_slurm", f"search.root={tmp}/runs", f"checkpoint.dir={tmp}/ckpt"]
-        argv += [f"search.n_trials={n}", f"budget.max_trials={max(n, 82)}", "budget.gpu_hours_cap=100000", "budget.cost_cap=1000000"]
-        argv += [f"hydra.launcher.array_parallelism={parallelism}", "resources.gpus=1"]
-        subprocess.run(argv, cwd=ROOT, env=env(), check=True, capture_output=True)
+        budget = [f"budget.max_trials={max(n, 82)}", "budget.gpu_hours_cap=100000", "budget.cost_cap=1000000"]
+        launch(
+            tmp,
+            "hydra/launcher=submitit_slurm",
+            f"checkpoint.dir={tmp}/ckpt",
+            f"search.n_trials={n}",
+            *budget,
+            f"hydra.launcher.array_parallelism={parallelism}",
+            "resources.gpus=1",
+        )
 
 
 def peer(n: int, parallelism: int, python: str) -> None:
@@ -84,16 +88,5 @@ def run(repeats: int = 2, trials: int = 82, parallelism: int = 12) -> list[Figur
     ]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--trials", type=int, default=82)
-    ap.add_argument("--parallelism", type=int, default=12)
-    args = ap.parse_args()
-    from run import print_table
-
-    print_table(run(args.repeats, args.trials, args.parallelism))
-
-
 if __name__ == "__main__":
-    main()
+    main(run, __doc__)

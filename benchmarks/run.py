@@ -18,23 +18,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _suite import Figure  # noqa: E402
+from _suite import Figure, print_table  # noqa: E402
 
 BENCHES = ("checkpoints", "local", "pruning", "rss", "ledger", "reconcile", "scale", "faults", "slurm")
-
-
-def print_table(figures: list[Figure]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title="parcel_hpc benchmarks: ours against a baseline measured in the same run")
-    for col in ("figure", "against", "median", "range", "n", "target", "met"):
-        table.add_column(col)
-    for f in figures:
-        u = f.unit
-        bound = f">= {f.target:g}{u}" if f.at_least else f"<= {f.target:g}{u}"
-        table.add_row(f.name, f.baseline, f"{f.median:.3g}{u}", f"{min(f.values):.3g}-{max(f.values):.3g}", str(len(f.values)), bound, "yes" if f.met else "NO")
-    Console(width=200).print(table)
 
 
 def main() -> None:

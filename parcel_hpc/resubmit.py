@@ -22,7 +22,7 @@ from .budget import launch_decision
 from .dispatch import Dispatcher, LauncherSettings, Submitted, make_dispatcher, packing
 from .errors import GovernanceRefusal, SchedulerUnavailable, UsageError
 from .ledger import Event, SearchDir, TrialRecord, TrialWriter, fold, preview
-from .lifecycle import Action, RetryPolicy, next_action, runs_alone
+from .lifecycle import Action, RetryPolicy, next_action
 from .resolution import Resolution, SchedulerFacts
 from .sweep.search import Follower, choose_packing
 from .worker import TrialTask, WorkerPlan
@@ -169,8 +169,8 @@ def _dispatch(search: SearchDir, dispatcher: Dispatcher, plan: ResubmitPlan, lau
                 search.writer(s.trial_id, "resubmit").submitted(s.job_id, dispatcher.name, launch_id, exclude)
 
         size = choose_packing(dispatcher, search, len(tids)).size
-        alone = {t for t in tids if runs_alone(search.record(t))}
-        tasks = [TrialTask([WorkerPlan.load(search, t) for t in pack]) for pack in packing.groups(tids, size, alone)]
+        records = {t: search.record(t) for t in tids}
+        tasks = [TrialTask([WorkerPlan.load(search, t) for t in pack]) for pack in packing.groups(tids, size, records)]
         out.extend(dispatcher.submit(tasks, record, exclude_nodes=exclude))
     return out
 

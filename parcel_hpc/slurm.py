@@ -72,7 +72,7 @@ def parse_config(text: str) -> ControllerLimits:
 
 
 def controller_limits(env: Mapping[str, str] | None = None) -> ControllerLimits:
-    return parse_config(_run(["scontrol", "show", "config"], dict(os.environ if env is None else env), 30.0))
+    return parse_config(_run(["scontrol", "show", "config"], env, 30.0))
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ def parse_partitions(text: str) -> list[Partition]:
 
 def max_job_minutes(partition: str | None, env: Mapping[str, str] | None = None) -> float | None:
     """The longest --time the partition(s) accept (the default partition without one); None: no limit."""
-    parts = parse_partitions(_run(["scontrol", "--all", "show", "partition"], dict(os.environ if env is None else env), 30.0))  # hidden ones too
+    parts = parse_partitions(_run(["scontrol", "--all", "show", "partition"], env, 30.0))  # hidden ones too
     wanted = [p for p in parts if (p.name in partition.split(",") if partition else p.default)]
     limits = [p.max_minutes for p in wanted if p.max_minutes is not None]
     return min(limits) if limits else None
@@ -125,7 +125,7 @@ def parse_squeue(text: str) -> dict[str, QueuedJob]:
 
 def queued_jobs(job_name: str, env: Mapping[str, str] | None = None) -> dict[str, QueuedJob]:
     """Jobs of this search that the controller still holds (pending, running, requeued)."""
-    return parse_squeue(_run(squeue_argv(job_name), dict(os.environ if env is None else env), 30.0))
+    return parse_squeue(_run(squeue_argv(job_name), env, 30.0))
 
 
 def release_argv(job_ids: Iterable[str]) -> list[str]:
@@ -135,7 +135,7 @@ def release_argv(job_ids: Iterable[str]) -> list[str]:
 def release(job_ids: Iterable[str], env: Mapping[str, str] | None = None) -> None:
     ids = list(job_ids)
     if ids:
-        _run(release_argv(ids), dict(os.environ if env is None else env), 30.0)
+        _run(release_argv(ids), env, 30.0)
 
 
 def cancel_argv(job_ids: Iterable[str]) -> list[str]:
@@ -145,12 +145,12 @@ def cancel_argv(job_ids: Iterable[str]) -> list[str]:
 def cancel(job_ids: Iterable[str], env: Mapping[str, str] | None = None) -> None:
     ids = list(job_ids)
     if ids:
-        _run(cancel_argv(ids), dict(os.environ if env is None else env), 30.0)
+        _run(cancel_argv(ids), env, 30.0)
 
 
-def _run(argv: list[str], env: dict, timeout: float) -> str:
+def _run(argv: list[str], env: Mapping[str, str] | None, timeout: float) -> str:
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout)
+        proc = subprocess.run(argv, capture_output=True, text=True, env=dict(os.environ if env is None else env), timeout=timeout)
     except FileNotFoundError:
         raise SchedulerUnavailable(f"{argv[0]} is not installed; install slurm-client or use hydra/launcher=submitit_local") from None
     except subprocess.TimeoutExpired:

@@ -86,12 +86,12 @@ def test_groups_are_even_and_a_trial_whose_job_died_runs_alone():
     packs = packing.groups(ids, 6)
     assert [len(p) for p in packs] == [5, 5, 4] and sorted(t for p in packs for t in p) == ids
     assert packs[0][:2] == ["t0000", "t0003"] and packs[1][:2] == ["t0001", "t0004"]  # dealt in turn
-    packs = packing.groups(ids, 6, alone={"t0003"})
-    assert packs[-1] == ["t0003"] and sorted(t for p in packs for t in p) == ids
-    assert packing.groups([], 6) == []
     never = fold(spec("t0001"), [])
     interrupted = trial("t0002", "5", 100, 110, how="interrupted", cause="preempted")
     died = trial("t0003", "6", 100, None)
+    packs = packing.groups(ids, 6, {"t0001": never, "t0002": interrupted, "t0003": died})
+    assert packs[-1] == ["t0003"] and sorted(t for p in packs for t in p) == ids
+    assert packing.groups([], 6) == []
     assert not runs_alone(never) and not runs_alone(interrupted) and runs_alone(died)
     assert packing.job_time_limit_min(6, 10) == 60
 

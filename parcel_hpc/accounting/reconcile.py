@@ -161,8 +161,8 @@ def reconcile(
         for a in job_runs:
             led = matched.get(a.attempt)
             how = led.how.value if led is not None and led.how is not None else ""
-            if led is not None and led.how is None and a.state.is_terminal():
-                flags.append(Flag("running_but_ended", tid, job, f"the ledger believes attempt {led.number} runs; the scheduler says {a.state.text}"))
+            if led is not None and (flag := _running_but_ended(tid, led, a)):
+                flags.append(flag)
             if led is not None and led.how is not None:
                 problem = _state_mismatch(led.how, a.state)
                 if problem:
@@ -253,9 +253,9 @@ def _packed_job(
     for a in job_runs:
         ran = by_run.get(a.attempt, []) if a.start is not None else []
         used = 0
+        run_end = a.end if a.end is not None else (a.start or 0) + a.elapsed_s  # sacct's elapsed so far, while it runs
         for i, (rec, led) in enumerate(ran):
             last = i == len(ran) - 1
-            run_end = a.end if a.end is not None else a.start + a.elapsed_s  # sacct's elapsed so far, while it runs
             start = min(max(int(led.started), a.start), run_end)
             end = max(start, min(int(led.ended) if led.ended is not None else run_end, run_end))
             ended = a.end is not None or led.ended is not None
@@ -265,13 +265,20 @@ def _packed_job(
             part = replace(a, submit=a.submit if i == 0 else start, start=start, end=end if ended else None, elapsed_s=end - start, state=state)
             used += part.elapsed_s
             how = led.how.value if led.how is not None else ""
-            if led.how is None and a.state.is_terminal():
-                flags.append(Flag("running_but_ended", rec.trial_id, job, f"the ledger believes attempt {led.number} runs; the scheduler says {a.state.text}"))
+            if flag := _running_but_ended(rec.trial_id, led, a):
+                flags.append(flag)
             # No state_mismatch here: the job's state is the pack's (a pack goes on past a failed trial,
             # and may be signalled between two trials), each trial's own ending is the worker's word.
             lines.append(_line(rec.trial_id, part, led, how, _waste(rec, led, part), caps))
         rest = replace(a, elapsed_s=max(0, a.elapsed_s - used))
         lines.append(_line("", rest, None, PACK_OVERHEAD, "", caps))
+
+
+def _running_but_ended(trial_id: str, led: Attempt, a: JobRun) -> Flag | None:
+    """The ledger still believes this attempt runs, while the scheduler says its run ended."""
+    if led.how is None and a.state.is_terminal():
+        return Flag("running_but_ended", trial_id, a.job_id, f"the ledger believes attempt {led.number} runs; the scheduler says {a.state.text}")
+    return None
 
 
 def _work_for(record: TrialRecord, t: float) -> bool:

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import UsageError
 from ..ledger import AttemptEnd, TrialRecord
+from ..lifecycle import runs_alone
 
 AUTO = "auto"
 MIN_HISTORY = 5
@@ -91,10 +92,12 @@ def decide(
     return Packing(size, f"auto: about {pack_minutes:g} min a job at {where}, {slots} slots")
 
 
-def groups(trial_ids: Sequence[str], size: int, alone: set[str] = frozenset()) -> list[list[str]]:
+def groups(trial_ids: Sequence[str], size: int, records: Mapping[str, TrialRecord] | None = None) -> list[list[str]]:
     """``trial_ids`` in packs of at most ``size``, as even as possible, dealt in turn (pack i gets
     trials i, i+k, i+2k...): the jobs running at any moment run neighbouring trials, so milestones
-    reach the pruner in about the order they would without packing. ``alone`` in packs of one."""
+    reach the pruner in about the order they would without packing. A trial whose record (in
+    ``records``) says it must run alone (``lifecycle.runs_alone``) gets a pack of one."""
+    alone = {t for t in trial_ids if records is not None and t in records and runs_alone(records[t])}
     rest = [t for t in trial_ids if t not in alone]
     n_packs = math.ceil(len(rest) / size) if rest else 0
     return [rest[i::n_packs] for i in range(n_packs)] + [[t] for t in trial_ids if t in alone]

@@ -25,7 +25,7 @@ from ..data import read_split
 from ..dispatch import Dispatcher, Submitted, packing
 from ..errors import GovernanceRefusal, ReleaseFailed, SchedulerUnavailable, UsageError
 from ..ledger import SearchDir, TrialRecord, TrialSpec, TrialWriter
-from ..lifecycle import Action, Next, RetryPolicy, next_action, runs_alone
+from ..lifecycle import Action, Next, RetryPolicy, next_action
 from ..selection.store import write_final_plan
 from ..worker import TrialTask, WorkerPlan
 from . import display
@@ -303,16 +303,16 @@ class Follower:
         elif nxt.action is Action.GIVE_UP:
             self.writer(tid).gave_up(nxt.reason)
 
-    def _submit_waiting(self) -> None:
+    def _submit_waiting(self, read: Mapping[str, TrialRecord] | None = None) -> None:
+        """``read``: records the caller read this round (each waiting trial's is folded only once)."""
         if self.waiting and self.search.cancellation() is not None:
             self.waiting = []  # cancelled while they waited for a free slot: never submitted
         if not self.waiting:
             return
         # A trial cancelled while it waited is finished: its place goes to the next one.
-        records = {tid: self.search.record(tid) for tid in self.waiting}
+        records = {tid: read[tid] if read is not None and tid in read else self.search.record(tid) for tid in self.waiting}
         self.waiting = [tid for tid in self.waiting if not records[tid].state.is_finished()]
-        alone = {tid for tid in self.waiting if runs_alone(records[tid])}
-        packs = packing.groups(self.waiting, self.packing.size, alone)
+        packs = packing.groups(self.waiting, self.packing.size, records)
         batch: list[str] = []
         self.recorded = set()
         try:
@@ -377,17 +377,19 @@ class Follower:
                     continue
                 active = 0
                 states = []
+                waiting_records = {}
                 for tid in self.plans:
                     record = self.search.record(tid)
                     states.append(record.state)
                     if tid in self.waiting:
+                        waiting_records[tid] = record
                         active += 1
                         continue
                     nxt = self._next(record)
                     if nxt.action is not Action.NONE:
                         active += 1
                         self._act(tid, nxt)
-                self._submit_waiting()
+                self._submit_waiting(waiting_records)
                 progress.update(states)  # the states read this round: one fold per trial per poll
                 if active == 0:
                     return

@@ -25,7 +25,7 @@ from ..budget import reserve_attempt, settle_attempt
 from ..contract import Contract, TrialIdentity, admit, check_worker
 from ..data import Split, read_split
 from ..errors import UsageError
-from ..ledger import Admitted, AttemptEnd, Cause, Ended, SearchDir, Started, TrialState
+from ..ledger import Admitted, AttemptEnd, Cause, Ended, SearchDir, Started, TrialRecord, TrialState
 from ..lifecycle import interruption_counts, previous_attempt_ending
 from ..pruning import MilestoneStore, make_pruner
 from ..trainer import (
@@ -64,14 +64,17 @@ class AttemptRun:
     """``limit_s``: the attempt's own wall-clock limit where the job's is longer (a packed task: the
     scheduler signals only at the end of the pack's); None where the scheduler's limit is the attempt's."""
 
-    def __init__(self, plan: WorkerPlan, facts: Started, cache: WorkerCache | None = None, limit_s: float | None = None) -> None:
+    def __init__(
+        self, plan: WorkerPlan, facts: Started, cache: WorkerCache | None = None, limit_s: float | None = None, prior: TrialRecord | None = None
+    ) -> None:
+        """``prior``: the trial's record, when the caller has just read it."""
         self.plan = plan
         self.facts = facts
         self.cache = cache or WorkerCache()
         self.limit_s = limit_s
         self.deadline = float("inf")
         self.search = SearchDir(Path(plan.search_dir))
-        record = self.search.record(plan.trial_id)
+        record = prior if prior is not None else self.search.record(plan.trial_id)
         self.prior = record
         self.attempt = self.search.claim_attempt(plan.trial_id, 1 + max((a.number for a in record.attempts), default=0))
         self.ledger = self.search.writer(plan.trial_id, f"a{self.attempt}")

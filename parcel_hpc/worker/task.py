@@ -22,7 +22,7 @@ import submitit
 from submitit.core.utils import UncompletedJobError
 
 from ..fsio import no_world_writes
-from ..ledger import SearchDir
+from ..ledger import SearchDir, TrialRecord
 from ..lifecycle import runs_alone
 from .attempt import AttemptRun
 from .cache import WorkerCache
@@ -59,10 +59,12 @@ class TrialTask:
         while turn:
             plan = turn.pop(0)
             try:
-                if self.packed and (why := self._not_here(plan, facts.job_id)):
+                record = SearchDir(plan.search_dir).record(plan.trial_id) if self.packed else None
+                if record is not None and (why := _not_here(record, facts.job_id)):
                     results.append({"trial_id": plan.trial_id, "state": "skipped", "why": why})
                     continue
-                self._run = AttemptRun(plan, facts, cache, limit_s=60.0 * plan.time_limit_min if self.own_limits else None)
+                limit_s = 60.0 * plan.time_limit_min if self.own_limits else None
+                self._run = AttemptRun(plan, facts, cache, limit_s=limit_s, prior=record)
                 result = self._run.execute()
             except UncompletedJobError:
                 raise  # submitit ends the job (it would not requeue): never swallowed as one trial's failure
@@ -84,18 +86,6 @@ class TrialTask:
                 signal.raise_signal(pending[0])
         return results if self.packed else results[0]
 
-    def _not_here(self, plan: WorkerPlan, job_id: str) -> str:
-        """Why a requeued pack must leave this trial alone ("" to run it): finished, dispatched to
-        another job since, or to be dispatched alone (its last attempt ended without saying how)."""
-        record = SearchDir(plan.search_dir).record(plan.trial_id)
-        if record.state.is_finished():
-            return "finished"
-        if record.jobs and job_id and record.jobs[-1] != job_id:
-            return f"dispatched since as job {record.jobs[-1]}"
-        if record.attempts and runs_alone(record):
-            return "its last attempt ended without saying how: it runs alone"
-        return ""
-
     def checkpoint(self, *_args: Any, **_kwargs: Any) -> submitit.helpers.DelayedSubmission | None:
         """submitit's hook on SIGUSR2: save, record the interruption, requeue while a trial needs it."""
         run = self._run
@@ -111,3 +101,15 @@ class TrialTask:
     def _unfinished(self) -> bool:
         search = SearchDir(self.plans[0].search_dir)
         return any(not search.record(p.trial_id).state.is_finished() for p in self.plans)
+
+
+def _not_here(record: TrialRecord, job_id: str) -> str:
+    """Why a (requeued) pack must leave this trial alone ("" to run it): finished, dispatched to
+    another job since, or to be dispatched alone (its last attempt ended without saying how)."""
+    if record.state.is_finished():
+        return "finished"
+    if record.jobs and job_id and record.jobs[-1] != job_id:
+        return f"dispatched since as job {record.jobs[-1]}"
+    if record.attempts and runs_alone(record):
+        return "its last attempt ended without saying how: it runs alone"
+    return ""
