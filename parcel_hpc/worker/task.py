@@ -90,12 +90,12 @@ class TrialTask:
         """submitit's hook on SIGUSR2: save, record the interruption, requeue while a trial needs it."""
         run = self._run
         if run is None and not self.packed:
-            return submitit.helpers.DelayedSubmission(TrialTask(self.plans))  # signalled before the attempt began
+            return submitit.helpers.DelayedSubmission(TrialTask(self.plans, self.own_limits))  # signalled before the attempt began
         again = run is not None and run.interrupt(signal_cause(run.facts))
         if run is not None:
             run.release_claim()  # an orderly exit: the requeued job's attempt re-enters the directory
         if again if not self.packed else self._unfinished():  # read after the running trial recorded its interruption
-            return submitit.helpers.DelayedSubmission(TrialTask(self.plans))
+            return submitit.helpers.DelayedSubmission(TrialTask(self.plans, self.own_limits))
         return None  # submitit then ends the job without requeue
 
     def _unfinished(self) -> bool:
