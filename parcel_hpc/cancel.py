@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from . import validation
-from .budget import held_attempts, settle_attempt
+from .budget import SearchBudget
 from .dispatch import Dispatcher, LauncherSettings, make_dispatcher
 from .errors import UsageError
 from .ledger import Executor, SearchDir, TrialRecord, TrialState
@@ -129,14 +129,15 @@ def _ran_here_or_on_slurm(search: SearchDir, trial_id: str) -> bool:
 def _settle(search: SearchDir, contract, trial_ids: Iterable[str]) -> list[tuple[str, int]]:
     """Settle the holds of attempts whose jobs are gone, with the hours the ledger saw them run."""
     settled = []
+    budget = SearchBudget(search.path, contract)
     for tid in sorted(set(trial_ids)):
         record = search.record(tid)
         attempts = {a.number: a for a in record.attempts}
-        for n in held_attempts(search.path, contract, tid):
+        for n in budget.held(tid):
             a = attempts.get(n)
             if a is None or a.started is None:
                 continue  # a hold the ledger has no start for: kept (never settle less than was used)
-            settle_attempt(search.path, contract, tid, n, a.started, a.ended if a.ended is not None else time.time())
+            budget.settle(tid, n, a.started, a.ended if a.ended is not None else time.time())
             settled.append((tid, n))
     return settled
 

@@ -317,6 +317,40 @@ def test_a_replaced_entry_breaks_the_chain_and_a_gap_is_found(tmp_path):
         ledger.verify()
 
 
+
+def test_a_new_reader_starts_from_the_newest_fold_checkpoint(tmp_path, monkeypatch):
+    """A reader replays at most FOLD_EVERY entries, not the whole journal: entries before the newest
+    fold checkpoint are not read again (verify still reads them), and a fold that does not chain to
+    its entry is passed over."""
+    from parcel_hpc.budget import _journal
+
+    monkeypatch.setattr(_journal, "FOLD_EVERY", 4)
+    ledger = BudgetLedger(tmp_path, caps(max_trials=100))
+    for i in range(10):
+        ledger.reserve(f"t{i}", 0, 0.5)
+        ledger.settle((f"t{i}", 0), 0.25)
+    folds = ledger.path.parent / "folds"
+    assert sorted(p.name for p in folds.iterdir()) == ["00000004.json", "00000008.json", "00000012.json", "00000016.json", "00000020.json"]
+    totals = ledger.totals()
+    (ledger.path / "00000002.json").write_text("{damaged after the fact")
+    fresh = BudgetLedger(tmp_path)
+    assert fresh.totals() == totals  # started at the fold of entry 20
+    with pytest.raises(UsageError, match="t3/0 was already settled"):
+        fresh.reserve("t3", 0, 0.5)  # closed keys are in the fold
+    with pytest.raises(CorruptRecord, match="00000002.json is not valid JSON"):
+        ledger.verify()
+    last = ledger.path / "00000020.json"
+    kept = last.read_bytes()
+    last.write_text("{}")  # fold 20 no longer chains: fold 16 is used, and entry 20 is replayed
+    with pytest.raises(CorruptRecord, match="00000020.json is not a version-1"):
+        BudgetLedger(tmp_path).totals()
+    last.write_bytes(kept)
+    for fold in folds.iterdir():
+        fold.write_text("{torn")  # no fold loads: everything is replayed from entry 0
+    with pytest.raises(CorruptRecord, match="00000002.json is not valid JSON"):
+        BudgetLedger(tmp_path).totals()
+
+
 # -- property: any sequence of operations keeps the caps and the books ---------------------------
 
 OPS = st.lists(

@@ -3,7 +3,7 @@ is never retried or resubmitted, its budget hold is settled, and cancelling agai
 
 import json
 
-from parcel_hpc.budget import held_attempts
+from parcel_hpc.budget import SearchBudget
 from parcel_hpc.ledger import Cause, SearchDir, TrialState
 from parcel_hpc.testing import finish, launch, parcel_hpc, start_launch, wait_for
 
@@ -39,7 +39,7 @@ def test_cancel_stops_a_running_search_for_good(tmp_path, data_dir):
     for r in records:
         assert r.cause is Cause.CANCELLED_BY_OWNER and "wrong space" in r.reason and r.metric is None
         assert len(r.attempts) <= 1  # never retried after the signal
-        assert held_attempts(search.path, search.contract(), r.trial_id) == []  # every hold settled
+        assert SearchBudget(search.path, search.contract()).held(r.trial_id) == []  # every hold settled
     assert sum(len(r.attempts) for r in records) == 2  # the four waiting for a slot never started
     assert json.loads(search.path.joinpath("cancelled.json").read_text())["reason"] == "wrong space"
 
@@ -73,4 +73,4 @@ def test_cancel_of_one_trial_leaves_the_others_running(tmp_path, data_dir):
     assert states.pop(target) is TrialState.CANCELLED
     assert set(states.values()) == {TrialState.COMPLETED}, states
     assert not search.path.joinpath("cancelled.json").exists()
-    assert held_attempts(search.path, search.contract(), target) == []
+    assert SearchBudget(search.path, search.contract()).held(target) == []

@@ -8,7 +8,7 @@ Two halves, one vocabulary (``BudgetCaps``, ``Rates``, ``Spend``, ``CapLine``):
   overshoot, with nothing but create-exclusive files on the shared search directory;
   ``BudgetLedger.read_totals`` reads it without writing (read commands);
 - one search's budget from its frozen contract: ``search_caps``, ``launch_decision``,
-  ``reserve_attempt``, ``settle_attempt``.
+  ``SearchBudget`` (reserve, hold, settle an attempt).
 
 Must not: dispatch, mark trial states, or measure usage; callers do those with these decisions.
 """
@@ -23,7 +23,7 @@ from ._journal import (
     ReservationKey,
     Settlement,
 )
-from ._search import held_attempts, launch_decision, reserve_attempt, search_caps, settle_attempt
+from ._search import SearchBudget, launch_decision, search_caps
 from ._values import BudgetCaps, CapLine, Rates, Spend
 
 __all__ = [
@@ -38,7 +38,7 @@ __all__ = [
     "Rates",
     "Refusal",
     "Reservation",
-    "held_attempts",
+    "SearchBudget",
     "ReservationKey",
     "Settlement",
     "Spend",
@@ -46,8 +46,6 @@ __all__ = [
     "attempt_worst_case",
     "launch_decision",
     "render_commitment",
-    "reserve_attempt",
     "search_caps",
-    "settle_attempt",
     "worst_case",
 ]

@@ -14,6 +14,12 @@ links), never a partial entry, so it cannot wedge the journal. Every reader repl
 (incrementally afterwards) and raises ``CorruptRecord`` naming the first entry whose running totals,
 digest or sequence do not follow.
 
+Replaying from entry 0 in every process would make a search of N attempts cost O(N^2) reads, so
+the writer of every ``FOLD_EVERY``-th entry also writes ``budget/folds/<seq:08d>.json``: the replayed
+state after that entry (create-exclusive), which a new reader starts from once it has checked that
+it chains to the entry it names; a ledger kept open (a worker's, across the trials of its pack)
+reads only what was appended since. ``verify`` replays everything, folds aside.
+
 Hours are stored as integer micro-hours so that running totals add exactly on every host.
 
 Must not: decide trial states (the caller marks trials ``budget_exhausted``), measure usage (the
@@ -42,6 +48,7 @@ JOURNAL_VERSION = 1
 UH_PER_HOUR = 1_000_000
 _ENTRY_NAME = re.compile(r"^(\d{8})\.json$")
 _MAX_TRIES = 10_000  # each lost race means another writer made progress; this only stops a livelock
+FOLD_EVERY = 512  # entries between fold checkpoints: a new reader replays at most this many
 
 
 class KeyState(Enum):
@@ -247,6 +254,18 @@ class _Fold:
         state = KeyState.SETTLED if kind is EntryKind.SETTLE else KeyState.RELEASED
         return t, _Key(state, prior.gpu, prior.cpu, seq, gpu, cpu)
 
+    def to_json(self) -> dict:
+        keys = [[k.trial_id, k.attempt, v.state.value, v.gpu, v.cpu, v.seq, v.used_gpu_uh, v.used_cpu_uh] for k, v in self.keys.items()]
+        return {"v": JOURNAL_VERSION, "seq": self.seq, "digest": self.digest, "totals": asdict(self.totals), "caps": self.caps.to_json(), "keys": keys}
+
+    @classmethod
+    def from_json(cls, d: dict) -> _Fold:
+        if d.get("v") != JOURNAL_VERSION:
+            raise ValueError(f"not a version-{JOURNAL_VERSION} fold")
+        keys = {ReservationKey(t, a): _Key(KeyState(st), g, c, seq, ug, uc) for t, a, st, g, c, seq, ug, uc in d["keys"]}
+        fold = cls(d["seq"], d["digest"], _Totals(**d["totals"]), BudgetCaps.from_json(d["caps"]), keys, {k.trial_id for k in keys})
+        return fold
+
     def propose(self, kind: EntryKind, key: ReservationKey | None = None, gpu: int = 0, cpu: int = 0, caps: BudgetCaps | None = None) -> dict:
         totals, _ = self._transition(kind, key, gpu, cpu, caps)
         entry = {"v": JOURNAL_VERSION, "seq": self.seq + 1, "kind": kind.value, "prev": self.digest, "totals": asdict(totals)}
@@ -259,7 +278,7 @@ class _Fold:
     def step(self, entry: dict, data: bytes) -> None:
         try:
             if not isinstance(entry, dict) or entry.get("v") != JOURNAL_VERSION:
-                raise _Invalid(f"not a version-{JOURNAL_VERSION} journal entry")
+                raise _Invalid(f"is not a version-{JOURNAL_VERSION} journal entry")
             if entry.get("seq") != self.seq + 1:
                 raise _Invalid(f"says seq {entry.get('seq')!r} where {self.seq + 1} belongs")
             if entry.get("prev") != self.digest:
@@ -307,10 +326,10 @@ class BudgetLedger:
         self.path = _journal_dir(search_dir)
         self._clock = clock
         self._writer = writer or f"{socket.gethostname()}:{os.getpid()}"
-        self._fold = _Fold()
         if caps is None and not self.path.is_dir():
             raise UsageError(f"no budget journal at {self.path}: open it first with the search's BudgetCaps")
         fsio.ensure_dir(self.path)
+        self._fold = _newest_checkpoint(self.path) or _Fold()
         self._refresh()
         if self._fold.caps is None:
             if caps is None:
@@ -329,7 +348,7 @@ class BudgetLedger:
         path = _journal_dir(search_dir)
         if not path.is_dir():
             return None
-        fold = _Fold()
+        fold = _newest_checkpoint(path) or _Fold()
         _replay(fold, path)
         if fold.caps is None:
             raise _no_caps_yet(path)
@@ -412,6 +431,8 @@ class BudgetLedger:
             path = _entry_path(self.path, entry["seq"])
             if fsio.create_exclusive(path, data):
                 _step(self._fold, path, data)
+                if entry["seq"] > 0 and entry["seq"] % FOLD_EVERY == 0:
+                    _write_fold(self._fold, self.path)
                 return action.result(entry["seq"])
             # Lost the race for this seq. If the winner's entry is not visible yet (an NFS client's
             # lookup cache can lag the server's EEXIST), wait a little before deciding again.
@@ -446,6 +467,42 @@ class BudgetLedger:
 
 def _journal_dir(search_dir: str | os.PathLike) -> Path:
     return Path(search_dir) / "budget" / "journal"
+
+
+def _chains(fold: _Fold, journal: Path) -> bool:
+    """Entry ``fold.seq`` is in the journal with the digest and running totals the fold holds."""
+    try:
+        data = _entry_path(journal, fold.seq).read_bytes()
+        return _digest(data) == fold.digest and json.loads(data).get("totals") == asdict(fold.totals)
+    except (FileNotFoundError, ValueError, AttributeError):
+        return False
+
+
+def _folds_dir(journal: Path) -> Path:
+    return journal.parent / "folds"
+
+
+def _write_fold(fold: _Fold, journal: Path) -> None:
+    folds = fsio.ensure_dir(_folds_dir(journal))
+    fsio.create_exclusive(_entry_path(folds, fold.seq), (fsio.canonical_json(fold.to_json()) + "\n").encode())
+
+
+def _newest_checkpoint(journal: Path) -> _Fold | None:
+    """The newest fold checkpoint whose entry is in the journal with the digest it names. One that
+    does not load or chain is passed over: the entries themselves are the record, so a reader then
+    replays them (and ``verify`` checks them all, folds aside)."""
+    try:
+        names = sorted((int(m.group(1)) for m in map(_ENTRY_NAME.match, os.listdir(_folds_dir(journal))) if m), reverse=True)
+    except FileNotFoundError:
+        return None
+    for seq in names:
+        try:
+            fold = _Fold.from_json(json.loads(_entry_path(_folds_dir(journal), seq).read_bytes()))
+        except (OSError, ValueError, KeyError, TypeError, UsageError):
+            continue
+        if fold.seq == seq and _chains(fold, journal):
+            return fold
+    return None
 
 
 def _entry_path(journal: Path, seq: int) -> Path:

@@ -25,20 +25,24 @@ def launch_decision(contract: Mapping[str, Any], n_dispatch: int, trials_already
     return admit_launch(commitment, caps, spent if spent is not None else Spend(), trials_already)
 
 
-def reserve_attempt(search_dir: Path, contract: Mapping[str, Any], trial_id: str, attempt: int) -> Reservation | Refusal:
-    r = contract["resources"]
-    gpu_h, cpu_h = attempt_worst_case(int(r["gpus"]), int(r["cpus"]), float(r["time_limit_min"]))
-    return BudgetLedger(search_dir, search_caps(contract)).reserve(trial_id, attempt, gpu_h, cpu_h)
+class SearchBudget:
+    """One search's reservation journal, opened with the caps its contract froze. Keep one open to
+    read only what was appended since the last call (a worker does, across the trials of its pack)."""
 
+    def __init__(self, search_dir: Path, contract: Mapping[str, Any]) -> None:
+        r = contract["resources"]
+        self.gpus, self.cpus, self.limit_min = int(r["gpus"]), int(r["cpus"]), float(r["time_limit_min"])
+        self.ledger = BudgetLedger(search_dir, search_caps(contract))
 
-def held_attempts(search_dir: Path, contract: Mapping[str, Any], trial_id: str) -> list[int]:
-    return BudgetLedger(search_dir, search_caps(contract)).held(trial_id)
+    def reserve(self, trial_id: str, attempt: int) -> Reservation | Refusal:
+        """Hold the attempt's worst case (every resource to its time limit)."""
+        return self.ledger.reserve(trial_id, attempt, *attempt_worst_case(self.gpus, self.cpus, self.limit_min))
 
+    def held(self, trial_id: str) -> list[int]:
+        return self.ledger.held(trial_id)
 
-def settle_attempt(search_dir: Path, contract: Mapping[str, Any], trial_id: str, attempt: int, started: float, ended: float | None = None) -> None:
-    """Settle an attempt with the hours it held its resources (start to end, the scheduler's unit of charge)."""
-    r = contract["resources"]
-    hours = max(0.0, ((time.time() if ended is None else ended) - started) / 3600.0)
-    limit_h = float(r["time_limit_min"]) / 60.0
-    hours = min(hours, limit_h)  # never more than was reserved: the scheduler kills at the limit
-    BudgetLedger(search_dir, search_caps(contract)).settle((trial_id, attempt), int(r["gpus"]) * hours, int(r["cpus"]) * hours)
+    def settle(self, trial_id: str, attempt: int, started: float, ended: float | None = None) -> None:
+        """Settle an attempt with the hours it held its resources (start to end, the scheduler's unit of charge)."""
+        hours = max(0.0, ((time.time() if ended is None else ended) - started) / 3600.0)
+        hours = min(hours, self.limit_min / 60.0)  # never more than was reserved: the scheduler kills at the limit
+        self.ledger.settle((trial_id, attempt), self.gpus * hours, self.cpus * hours)

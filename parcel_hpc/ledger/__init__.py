@@ -7,6 +7,7 @@ and the records folded from them.
     selection.py the selection's own journal: Outcome, JobRole, its events, SelectionWriter, fold_selection
     records.py   TrialSpec, Attempt, TrialRecord and ``fold``, the one function from events to a record
     store.py     SearchDir: the layout of a search directory and its create-exclusive claims
+    view.py      RecordView: records folded again only when their journals changed (pollers)
 
 Nothing outside this package writes a journal line.
 """
@@ -17,6 +18,7 @@ from .records import Attempt, TrialRecord, TrialSpec, fold
 from .selection import JobRole, Outcome
 from .states import AttemptEnd, TrialState
 from .store import SearchDir
+from .view import RecordView
 
 __all__ = [
     "Admitted",
@@ -29,6 +31,7 @@ __all__ = [
     "Executor",
     "JobRole",
     "Outcome",
+    "RecordView",
     "SearchDir",
     "Started",
     "TrialRecord",

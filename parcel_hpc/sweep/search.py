@@ -24,7 +24,7 @@ from ..contract import Contract, TrialIdentity, admit, first_difference, freeze_
 from ..data import read_split
 from ..dispatch import Dispatcher, Submitted, packing
 from ..errors import GovernanceRefusal, ReleaseFailed, SchedulerUnavailable, UsageError
-from ..ledger import SearchDir, TrialRecord, TrialSpec, TrialWriter
+from ..ledger import RecordView, SearchDir, TrialRecord, TrialSpec, TrialWriter
 from ..lifecycle import Action, Next, RetryPolicy, next_action
 from ..selection.store import write_final_plan
 from ..worker import TrialTask, WorkerPlan
@@ -247,6 +247,7 @@ class Follower:
         self.packing = packing.Packing(1, "one a job: retries after the first dispatch")  # dispatch_initial decides
         self.recorded: set[str] = set()  # trials of the batch being submitted whose job ids are recorded
         self.seen_dispatches: dict[str, int] = {}  # trial -> its dispatch count when last decided on
+        self.view = RecordView(search)  # each poll folds only the trials whose journals changed
 
     def writer(self, trial_id: str) -> TrialWriter:
         """One journal per trial for this launch, opened when it first has something to say."""
@@ -279,6 +280,10 @@ class Follower:
     def _next(self, record: TrialRecord) -> Next:
         tid = record.trial_id
         alive = bool(record.jobs) and self.dispatcher.alive(tid, record.jobs[-1])
+        if record.state.is_finished() or alive:
+            # Nothing to dispatch whatever the claims say (next_action: NONE or WAIT), so a poll does
+            # not list every trial's dispatch claims.
+            return next_action(record, dispatches=self.seen_dispatches.get(tid, 0), job_alive=alive, policy=self.policy)
         self.seen_dispatches[tid] = self.search.dispatch_count(tid)  # what a dispatch decided now claims on
         return next_action(
             record,
@@ -379,7 +384,7 @@ class Follower:
                 states = []
                 waiting_records = {}
                 for tid in self.plans:
-                    record = self.search.record(tid)
+                    record = self.view.record(tid)
                     states.append(record.state)
                     if tid in self.waiting:
                         waiting_records[tid] = record
@@ -390,9 +395,9 @@ class Follower:
                         active += 1
                         self._act(tid, nxt)
                 self._submit_waiting(waiting_records)
-                progress.update(states)  # the states read this round: one fold per trial per poll
+                progress.update(states)  # the states read this round
                 if active == 0:
                     return
-                # A round folds every trial: with many trials it is long, so the launch never spends more
-                # than a third of its time reading (the workers it waits for share the machine).
+                # A round looks at every trial: with many trials it is long, so the launch never spends
+                # more than a third of its time reading (the workers it waits for share the machine).
                 time.sleep(max(self.poll_s, 2.0 * (time.monotonic() - round_started)))

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from .. import checkpoints as ckpt
 from .. import claims
-from ..budget import reserve_attempt, settle_attempt
+from ..budget import SearchBudget
 from ..contract import Contract, TrialIdentity, admit, check_worker
 from ..data import Split, read_split
 from ..errors import UsageError
@@ -90,6 +90,7 @@ class AttemptRun:
         self.began = False  # its started event is on disk
         self.signals = StepBoundarySignals()  # ``pending`` still holds a signal that arrived after the last step
         self.reserved = False
+        self.budget: SearchBudget | None = None  # the pack's open journal, once this attempt reserves
         self.started_at = 0.0
         self.contract: Contract | None = None
         self.split: Split | None = None  # read once, by admission
@@ -223,7 +224,8 @@ class AttemptRun:
 
     def _reserve(self, contract: Contract) -> None:
         """Hold this attempt's worst case before using anything; a full budget ends the trial normally."""
-        held = reserve_attempt(self.search.path, contract, self.plan.trial_id, self.attempt)
+        self.budget = self.cache.budget(self.search.path, contract)
+        held = self.budget.reserve(self.plan.trial_id, self.attempt)
         if not held.ok:
             self._end(Ended(AttemptEnd.BUDGET_EXHAUSTED, outcome="hold:budget", reason=f"hold:budget: {held.message}"))
             raise StopAttempt(TrialState.BUDGET_EXHAUSTED.value)
@@ -323,7 +325,7 @@ class AttemptRun:
             self.ledger.ended(self.attempt, ending)
             self.ended = True  # only once it is on disk
             if self.reserved:
-                settle_attempt(self.search.path, self.contract, self.plan.trial_id, self.attempt, self.started_at)
+                self.budget.settle(self.plan.trial_id, self.attempt, self.started_at)
 
     def _fail(self, cause: Cause, exc: BaseException) -> None:
         # A configuration that fails twice with the same class is a result about the design.

@@ -5,7 +5,7 @@ process observes, but hashing the snapshot, the environment and the trainer's co
 preprocessing the partitions, happen once. A file's digest and arrays are reused only while the file
 is the one that was read (same device, inode, size, modification and change times); a changed file
 is read again. The environment and the trainer's code are those already imported into this process, which
-cannot change under it, so they are observed once.
+cannot change under it, so they are observed once. The budget journal stays open (it only grows).
 
 Must not: share anything a trainer can change: each trial gets its own ``TrainingData`` (the arrays
 are read-only) with its own record of requests for the final partition.
@@ -18,7 +18,8 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from ..contract import WorkerObservation
+from ..budget import SearchBudget
+from ..contract import Contract, WorkerObservation
 from ..data import Split, snapshot_digest
 from ..errors import UsageError
 from ..fsio import canonical_json
@@ -37,6 +38,15 @@ class WorkerCache:
         self._images: dict[str, str] = {}
         self._trainers: dict[str, dict[str, Any]] = {}
         self._data: dict[tuple, TrainingData] = {}
+        self._budgets: dict[tuple, SearchBudget] = {}
+
+    def budget(self, search_dir: os.PathLike, contract: Contract) -> SearchBudget:
+        """The search's reservation journal, kept open: each trial of a pack reads only the entries
+        appended since the last one's, not the whole journal again."""
+        key = (str(search_dir), contract.digest)
+        if key not in self._budgets:
+            self._budgets[key] = SearchBudget(search_dir, contract)
+        return self._budgets[key]
 
     def observe(self, snapshot_path: str, split: Split, image: Mapping[str, Any], trainer_target: str) -> tuple[WorkerObservation, str]:
         """What this process has in hand: digests it computes itself from the snapshot, split, image

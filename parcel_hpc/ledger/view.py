@@ -1,0 +1,49 @@
+"""Trial records for a poller that looks at every trial again and again (the launch following its
+trials, ``status --watch``): a trial is read and folded again only when its journals changed.
+
+A journal only grows, so the name, size and modification time of each ``journal-*.jsonl`` say
+whether a trial's history changed since the last look; a spec never changes once created. On NFS a
+client may cache a file's attributes for up to ``acregmax`` (60 s by default): a change can then be
+seen that much later, never missed.
+
+Must not: write, or decide anything: it returns exactly what ``SearchDir.record`` would.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .journal import JOURNAL_GLOB
+from .records import TrialRecord, TrialSpec
+from .store import SearchDir
+
+_PREFIX, _SUFFIX = JOURNAL_GLOB.split("*")
+
+
+class RecordView:
+    def __init__(self, search: SearchDir) -> None:
+        self.search = search
+        self._specs: dict[str, TrialSpec] = {}
+        self._folded: dict[str, tuple[tuple, TrialRecord]] = {}
+
+    def record(self, trial_id: str) -> TrialRecord:
+        signature = _journals(self.search.trial_dir(trial_id))
+        seen = self._folded.get(trial_id)
+        if seen is not None and seen[0] == signature:
+            return seen[1]
+        spec = self._specs.get(trial_id)
+        if spec is None:
+            spec = self._specs[trial_id] = self.search.spec(trial_id)
+        record = self.search.fold(spec, self.search.events(trial_id))
+        self._folded[trial_id] = (signature, record)
+        return record
+
+
+def _journals(trial_dir: os.PathLike) -> tuple:
+    found = []
+    with os.scandir(trial_dir) as entries:
+        for e in entries:
+            if e.name.startswith(_PREFIX) and e.name.endswith(_SUFFIX):
+                st = e.stat()
+                found.append((e.name, st.st_size, st.st_mtime_ns))
+    return tuple(sorted(found))
