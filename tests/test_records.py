@@ -1,7 +1,12 @@
 """The trial record folded from journal events, and the next-action decision (both pure)."""
 
-import pytest
+import json
 
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from parcel_hpc import fsio
 from parcel_hpc.errors import CorruptRecord
 from parcel_hpc.ledger import Ended, Event, Executor, TrialSpec, TrialState, TrialWriter, fold, read_events
 from parcel_hpc.ledger.events import Cause
@@ -93,6 +98,29 @@ def test_journals_merge_in_time_order_and_survive_a_torn_tail(tmp_path):
     with open(b.path, "ab") as f:
         f.write(b'{"kind":"ended","t":5')  # the writer was killed mid-append
     assert [e.kind.value for e in read_events(tmp_path)] == ["submitted", "started", "milestone", "gave_up"]
+
+
+
+LINES = st.lists(st.dictionaries(st.sampled_from("abc"), st.one_of(st.integers(), st.text(max_size=5), st.lists(st.integers(), max_size=2))), max_size=6)
+DAMAGE = st.sampled_from([b"", b'{"kind":"ended","t":5', b"{}", b"\n", b" \n", b"{bad}\n", b'{"a":1},{"b":2}\n', b"[1]\n", b"\n\n"])
+
+
+@settings(deadline=None)
+@given(LINES, DAMAGE, st.integers(0, 6))
+def test_the_one_parse_reading_of_a_journal_reads_exactly_what_line_by_line_reading_does(records, damage, where):
+    """The journal reader parses whole files at once; whatever the bytes (a torn tail, a blank or
+    damaged line anywhere, two records on one line), it returns or refuses exactly as a reading line
+    by line does."""
+    lines = [json.dumps(r).encode() + b"\n" for r in records]
+    data = b"".join(lines[:where]) + damage + b"".join(lines[where:])
+
+    def outcome(read):
+        try:
+            return read()
+        except CorruptRecord as exc:
+            return str(exc)
+
+    assert outcome(lambda: fsio.parse_jsonl(data, "j")) == outcome(lambda: list(fsio._parse_lines(data, "j")))
 
 
 def test_events_are_validated_at_birth():

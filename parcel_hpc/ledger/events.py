@@ -11,6 +11,7 @@ A journal line is flat: ``{"kind", "t", "writer", "seq", "attempt", **payload}``
 from __future__ import annotations
 
 import enum
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
@@ -241,18 +242,23 @@ def encode_payload(data: Any, *, drop_empty: bool) -> dict:
     return out
 
 
+@functools.cache
+def _field_names(payload_cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(payload_cls))  # ``fields`` is slow, and a status folds every event
+
+
 def decode_payload(payload_cls: type, obj: Mapping[str, Any], enums: Mapping[str, type], tuples: Sequence[str]) -> Any:
     """The inverse of ``encode_payload``: absent fields take their defaults."""
     values = {}
-    for f in fields(payload_cls):
-        if f.name not in obj:
+    for name in _field_names(payload_cls):
+        if name not in obj:
             continue
-        v = obj[f.name]
-        if f.name in enums:
-            v = enums[f.name](v)
-        elif f.name in tuples:
+        v = obj[name]
+        if name in enums:
+            v = enums[name](v)
+        elif name in tuples:
             v = tuple(v)
-        values[f.name] = v
+        values[name] = v
     return payload_cls(**values)
 
 

@@ -40,6 +40,7 @@ from .events import (
 from .states import TrialState
 
 JOURNAL_GLOB = "journal-*.jsonl"
+_PREFIX, _SUFFIX = JOURNAL_GLOB.split("*")
 
 
 def writer_name(role: str) -> str:
@@ -110,10 +111,19 @@ class TrialWriter:
         return self._append(EventKind.ENDED, ending, attempt)
 
 
+def journals(trial_dir: os.PathLike) -> list[os.DirEntry]:
+    """The trial's journal files, by name (os.scandir: a search's read commands list every trial's)."""
+    try:
+        with os.scandir(trial_dir) as entries:
+            return sorted((e for e in entries if e.name.startswith(_PREFIX) and e.name.endswith(_SUFFIX)), key=lambda e: e.name)
+    except FileNotFoundError:
+        return []
+
+
 def read_events(trial_dir: Path) -> list[Event]:
     events: list[Event] = []
-    for path in sorted(Path(trial_dir).glob(JOURNAL_GLOB)):
-        events.extend(Event.from_json(obj, str(path)) for obj in fsio.read_jsonl(path))
+    for entry in journals(trial_dir):
+        events.extend(Event.from_json(obj, entry.path) for obj in fsio.read_jsonl(entry.path))
     events.sort(key=lambda e: e.order)
     return events
 

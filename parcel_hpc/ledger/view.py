@@ -13,11 +13,9 @@ from __future__ import annotations
 
 import os
 
-from .journal import JOURNAL_GLOB
+from .journal import journals
 from .records import TrialRecord, TrialSpec
 from .store import SearchDir
-
-_PREFIX, _SUFFIX = JOURNAL_GLOB.split("*")
 
 
 class RecordView:
@@ -27,7 +25,7 @@ class RecordView:
         self._folded: dict[str, tuple[tuple, TrialRecord]] = {}
 
     def record(self, trial_id: str) -> TrialRecord:
-        signature = _journals(self.search.trial_dir(trial_id))
+        signature = _signature(self.search.trial_dir(trial_id))
         seen = self._folded.get(trial_id)
         if seen is not None and seen[0] == signature:
             return seen[1]
@@ -39,11 +37,5 @@ class RecordView:
         return record
 
 
-def _journals(trial_dir: os.PathLike) -> tuple:
-    found = []
-    with os.scandir(trial_dir) as entries:
-        for e in entries:
-            if e.name.startswith(_PREFIX) and e.name.endswith(_SUFFIX):
-                st = e.stat()
-                found.append((e.name, st.st_size, st.st_mtime_ns))
-    return tuple(sorted(found))
+def _signature(trial_dir: os.PathLike) -> tuple:
+    return tuple((e.name, (st := e.stat()).st_size, st.st_mtime_ns) for e in journals(trial_dir))
