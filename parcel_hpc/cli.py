@@ -221,7 +221,7 @@ def _reconcile(args) -> None:
             break
         time.sleep(min(5.0, left))
     if args.json:
-        print(json.dumps({"campaigns": [r.to_json() for r in results]}, indent=2))
+        print(json.dumps({"campaigns": [r.to_json() for r in results]}))  # one line: json's C encoder (indent is pure Python)
     elif args.csv:
         print(accounting.to_csv(results), end="")
     else:

@@ -317,7 +317,6 @@ def test_a_replaced_entry_breaks_the_chain_and_a_gap_is_found(tmp_path):
         ledger.verify()
 
 
-
 def test_a_new_reader_starts_from_the_newest_fold_checkpoint(tmp_path, monkeypatch):
     """A reader replays at most FOLD_EVERY entries, not the whole journal: entries before the newest
     fold checkpoint are not read again (verify still reads them), and a fold that does not chain to

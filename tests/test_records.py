@@ -100,7 +100,6 @@ def test_journals_merge_in_time_order_and_survive_a_torn_tail(tmp_path):
     assert [e.kind.value for e in read_events(tmp_path)] == ["submitted", "started", "milestone", "gave_up"]
 
 
-
 LINES = st.lists(st.dictionaries(st.sampled_from("abc"), st.one_of(st.integers(), st.text(max_size=5), st.lists(st.integers(), max_size=2))), max_size=6)
 DAMAGE = st.sampled_from([b"", b'{"kind":"ended","t":5', b"{}", b"\n", b" \n", b"{bad}\n", b'{"a":1},{"b":2}\n', b"[1]\n", b"\n\n"])
 

@@ -13,7 +13,7 @@ import html
 import io
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, fields
+from dataclasses import fields
 from pathlib import Path
 
 from rich.table import Table
@@ -22,7 +22,7 @@ from ..budget import BudgetLedger, search_caps
 from ..errors import UsageError
 from ..ledger import Executor, SearchDir
 from .parse import parse_sacct
-from .reconcile import AttemptLine, Reconciliation, local_runs, reconcile
+from .reconcile import AttemptLine, Reconciliation, local_runs, reconcile, report_row
 from .runs import job_runs
 from .sacct import SACCT_FORMAT, build_sacct_argv, run_sacct
 
@@ -123,7 +123,7 @@ def to_csv(results: Sequence[Reconciliation]) -> str:
     w.writeheader()
     for rec in results:
         for a in rec.attempts:
-            w.writerow({"campaign": rec.campaign, **asdict(a)})
+            w.writerow({"campaign": rec.campaign, **report_row(a)})
     return out.getvalue()
 
 
