@@ -36,7 +36,7 @@ def peer(n: int, python: str) -> None:
         subprocess.run(argv, cwd=tmp, env=env(), check=True, capture_output=True)
 
 
-def run(repeats: int = 3, trials: int = 82) -> list[Figure]:
+def run(repeats: int = 2, trials: int = 82) -> list[Figure]:
     python = peer_python()
     a, b = alternate(lambda: ours(trials), lambda: peer(trials, python), repeats)
     note = "ours: the real model, pruning, checkpoints and ledger; the peer's jobs return at once"

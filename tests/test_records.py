@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from parcel_hpc import fsio
 from parcel_hpc.errors import CorruptRecord
-from parcel_hpc.ledger import Ended, Event, Executor, TrialSpec, TrialState, TrialWriter, fold, read_events
+from parcel_hpc.ledger import Ended, Event, Executor, RecordView, SearchDir, TrialSpec, TrialState, TrialWriter, fold, read_events
 from parcel_hpc.ledger.events import Cause
 from parcel_hpc.ledger.states import AttemptEnd
 from parcel_hpc.lifecycle import Action, RetryPolicy, next_action
@@ -98,6 +98,25 @@ def test_journals_merge_in_time_order_and_survive_a_torn_tail(tmp_path):
     with open(b.path, "ab") as f:
         f.write(b'{"kind":"ended","t":5')  # the writer was killed mid-append
     assert [e.kind.value for e in read_events(tmp_path)] == ["submitted", "started", "milestone", "gave_up"]
+
+
+
+def test_a_record_view_folds_again_only_what_changed(tmp_path):
+    """The launch's follower reads every trial each poll through a RecordView: it returns exactly
+    what SearchDir.record does, folding a trial again only when one of its journals changed."""
+    search = SearchDir(tmp_path)
+    search.write_spec(SPEC)
+    view = RecordView(search)
+    first = view.record("t0001")
+    assert first == search.record("t0001") and first.state is TrialState.QUEUED
+    assert view.record("t0001") is first  # nothing changed: not read again
+    launch = search.writer("t0001", "launch")
+    launch.submitted("7", Executor.LOCAL, "l1")
+    assert view.record("t0001") == search.record("t0001") and view.record("t0001").jobs == ("7",)
+    worker = search.writer("t0001", "a1")  # a new journal
+    worker.started(1, ev("started", 0).data)
+    worker.ended(1, Ended(AttemptEnd.COMPLETED, metric=0.3, step=82))
+    assert view.record("t0001") == search.record("t0001") and view.record("t0001").state is TrialState.COMPLETED
 
 
 LINES = st.lists(st.dictionaries(st.sampled_from("abc"), st.one_of(st.integers(), st.text(max_size=5), st.lists(st.integers(), max_size=2))), max_size=6)

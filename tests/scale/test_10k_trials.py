@@ -1,4 +1,4 @@
-"""Scale, run apart (``-m scale``: about 50 minutes projected on two cores, see the README): a
+"""Scale, run apart (``-m scale``: about 10 minutes on two cores, see the README): a
 10,000-trial packed search on a 50-node dev cluster completes, and ``status`` and ``reconcile``
 are exact. The cluster is the project's own script with NODES=50 beside the 3-node one."""
 
