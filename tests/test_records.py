@@ -100,7 +100,6 @@ def test_journals_merge_in_time_order_and_survive_a_torn_tail(tmp_path):
     assert [e.kind.value for e in read_events(tmp_path)] == ["submitted", "started", "milestone", "gave_up"]
 
 
-
 def test_a_record_view_folds_again_only_what_changed(tmp_path):
     """The launch's follower reads every trial each poll through a RecordView: it returns exactly
     what SearchDir.record does, folding a trial again only when one of its journals changed."""
