@@ -15,7 +15,9 @@ source "$(dirname "$0")/_env.sh"
 cd "$ROOT"
 export PARCEL_DATA_DIR=${PARCEL_DATA_DIR:-$ROOT/data}
 [ -f "$PARCEL_DATA_DIR/parcels.h5" ] || parcel-hpc make-snapshot "$PARCEL_DATA_DIR"
-python -m parcel_hpc.launch -m "$@"
+# One process: asynchronous pruning compares a trial with the peers that reached its milestone
+# first, so with two processes racing the pruned set (and the winner) can change between runs.
+python -m parcel_hpc.launch -m hydra.launcher.parallelism=1 "$@"
 
 SEARCH_ROOT=${PARCEL_SEARCH_ROOT:-runs} REVISION=parcel-search-r1
 for arg in "$@"; do

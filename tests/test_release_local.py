@@ -36,7 +36,8 @@ def story(tmp_path_factory, artifacts):
         "PARCEL_TRACE_OPENS": str(log_dir),
         "PARCEL_TRACE_FILES": str(data / "final-group_r8.json"),  # the protected final partition
     }
-    res = launch([f"search.root={root / 'runs'}"], cwd=root, data_dir=data, env=env, timeout=900)
+    # One process, as the demo: which peers a pruning decision sees is a race between processes.
+    res = launch([f"search.root={root / 'runs'}", "hydra.launcher.parallelism=1"], cwd=root, data_dir=data, env=env, timeout=900)
     assert res.returncode == 0, res.stderr[-2000:]
     search = root / "runs" / "parcel-search-r1"
     assert opens_of_final(log_dir) == [], "the search itself opened the final partition"
