@@ -11,14 +11,14 @@ Usage is the scheduler's: GPU-hours = AllocTRES gres/gpu x ElapsedRaw, per job r
 
 from __future__ import annotations
 
-import functools
 import statistics
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 
 from ..budget import BudgetCaps
 from ..ledger import Attempt, AttemptEnd, Cause, TrialRecord, TrialState
+from ..ledger.events import field_names
 from ..lifecycle import runs_alone
 from ..report import counts_by_state
 from .runs import JobRun, runs_by_job
@@ -31,14 +31,9 @@ ACCOUNTING_GRACE_S = 300.0
 WASTE_CAUSES = ("preemption", "node_failure", "timeout", "cancelled", "no_space", "lost", "quarantine", "reproducible_failure", "pruned")
 
 
-@functools.cache
-def _names(cls: type) -> tuple[str, ...]:
-    return tuple(f.name for f in fields(cls))
-
-
 def report_row(line: object) -> dict:
     """A report line's fields (flat values: ``asdict``'s deep copy costs seconds on a million-line dump)."""
-    return {name: getattr(line, name) for name in _names(type(line))}
+    return {name: getattr(line, name) for name in field_names(type(line))}
 
 
 @dataclass(frozen=True)

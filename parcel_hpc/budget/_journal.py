@@ -263,8 +263,7 @@ class _Fold:
         if d.get("v") != JOURNAL_VERSION:
             raise ValueError(f"not a version-{JOURNAL_VERSION} fold")
         keys = {ReservationKey(t, a): _Key(KeyState(st), g, c, seq, ug, uc) for t, a, st, g, c, seq, ug, uc in d["keys"]}
-        fold = cls(d["seq"], d["digest"], _Totals(**d["totals"]), BudgetCaps.from_json(d["caps"]), keys, {k.trial_id for k in keys})
-        return fold
+        return cls(d["seq"], d["digest"], _Totals(**d["totals"]), BudgetCaps.from_json(d["caps"]), keys, {k.trial_id for k in keys})
 
     def propose(self, kind: EntryKind, key: ReservationKey | None = None, gpu: int = 0, cpu: int = 0, caps: BudgetCaps | None = None) -> dict:
         totals, _ = self._transition(kind, key, gpu, cpu, caps)

@@ -243,14 +243,15 @@ def encode_payload(data: Any, *, drop_empty: bool) -> dict:
 
 
 @functools.cache
-def _field_names(payload_cls: type) -> tuple[str, ...]:
-    return tuple(f.name for f in fields(payload_cls))  # ``fields`` is slow, and a status folds every event
+def field_names(cls: type) -> tuple[str, ...]:
+    """A dataclass's field names, looked up once: ``fields`` is slow, and a status folds every event."""
+    return tuple(f.name for f in fields(cls))
 
 
 def decode_payload(payload_cls: type, obj: Mapping[str, Any], enums: Mapping[str, type], tuples: Sequence[str]) -> Any:
     """The inverse of ``encode_payload``: absent fields take their defaults."""
     values = {}
-    for name in _field_names(payload_cls):
+    for name in field_names(payload_cls):
         if name not in obj:
             continue
         v = obj[name]

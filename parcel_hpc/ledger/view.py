@@ -14,14 +14,13 @@ from __future__ import annotations
 import os
 
 from .journal import journals
-from .records import TrialRecord, TrialSpec
+from .records import TrialRecord
 from .store import SearchDir
 
 
 class RecordView:
     def __init__(self, search: SearchDir) -> None:
         self.search = search
-        self._specs: dict[str, TrialSpec] = {}
         self._folded: dict[str, tuple[tuple, TrialRecord]] = {}
 
     def record(self, trial_id: str) -> TrialRecord:
@@ -29,9 +28,7 @@ class RecordView:
         seen = self._folded.get(trial_id)
         if seen is not None and seen[0] == signature:
             return seen[1]
-        spec = self._specs.get(trial_id)
-        if spec is None:
-            spec = self._specs[trial_id] = self.search.spec(trial_id)
+        spec = seen[1].spec if seen is not None else self.search.spec(trial_id)  # a spec never changes
         record = self.search.fold(spec, self.search.events(trial_id))
         self._folded[trial_id] = (signature, record)
         return record
