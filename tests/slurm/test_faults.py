@@ -50,7 +50,7 @@ def first_started(search: SearchDir, min_step: int = 0):
     """(job id, node) of t0000's attempt once it trained past ``min_step``."""
 
     def check():
-        if not search.trial_dir("t0000").exists():
+        if not (search.trial_dir("t0000") / "spec.json").exists():  # the launch makes the folder, then the spec
             return None
         r = search.record("t0000")
         ev = [e for e in search.events("t0000") if e.kind.value == "started"]
