@@ -137,7 +137,7 @@ def _settle(search: SearchDir, contract, trial_ids: Iterable[str]) -> list[tuple
             a = attempts.get(n)
             if a is None or a.started is None:
                 continue  # a hold the ledger has no start for: kept (never settle less than was used)
-            budget.settle(tid, n, a.started, a.ended if a.ended is not None else time.time())
+            budget.settle(tid, n, a.started, a.ended if a.ended is not None else time.time(), gpus=a.gpus)
             settled.append((tid, n))
     return settled
 

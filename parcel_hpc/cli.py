@@ -42,7 +42,22 @@ def _parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("status", help="counts by state and a per-trial table")
     s.add_argument("search_dir", type=Path)
+    out = s.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="print one JSON object")
+    out.add_argument(
+        "--watch", action="store_true", help=f"follow it until it ends (exit 0) or nothing can move it (exit {EXIT_PENDING}); lines when not a terminal"
+    )
+    s.add_argument("--interval", type=float, default=5.0, metavar="SECONDS", help="--watch: seconds between looks (default %(default)s)")
+
+    s = sub.add_parser("list", help="every search under a root: counts by state, spend against caps, launcher, last activity")
+    s.add_argument("root", type=Path, nargs="?", metavar="ROOT", help="where searches live (default: the configured search.root)")
     s.add_argument("--json", action="store_true", help="print one JSON object")
+
+    s = sub.add_parser("export", help="the trials as a table for pandas: one row per trial (or --attempts), typed columns")
+    s.add_argument("search_dir", type=Path)
+    s.add_argument("--format", choices=["csv", "parquet", "jsonl"], default="csv", help="default %(default)s")
+    s.add_argument("--attempts", action="store_true", help="one row per attempt instead of per trial")
+    s.add_argument("--output", "-o", type=Path, metavar="FILE", help="write here instead of stdout")
 
     s = sub.add_parser("sync", help="record how trials whose jobs vanished ended (for a search whose launcher has gone)")
     s.add_argument("search_dir", type=Path)
@@ -59,7 +74,10 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--wait", type=float, default=60.0, metavar="SECONDS", help="how long to wait for the jobs to end (default %(default)s)")
 
     s = sub.add_parser("reconcile", help="reconcile sacct accounting with the ledger and the budget (for admins)")
-    s.add_argument("search_dirs", type=Path, nargs="+", metavar="SEARCH_DIR")
+    s.add_argument("search_dirs", type=Path, nargs="*", metavar="SEARCH_DIR")
+    s.add_argument("--root", type=Path, metavar="ROOT", help="every search under ROOT, totalled by user, search and partition")
+    s.add_argument("--account", metavar="NAME", help="every job charged to this SLURM account (all users) since --since, matched to the searches under --root")
+    s.add_argument("--since", metavar="DATE", help="with --account: from this date (YYYY-MM-DD or ISO date and time; UTC unless it says)")
     s.add_argument("--sacct-file", type=Path, help="an exported `sacct --parsable2 --noheader --duplicates` dump instead of calling sacct")
     out = s.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print one JSON object")
@@ -121,6 +139,10 @@ def main(argv: list[str] | None = None) -> None:
             _check_trainer(args)
         elif args.command == "status":
             _status(args)
+        elif args.command == "list":
+            _list(args)
+        elif args.command == "export":
+            _export(args)
         elif args.command == "sync":
             _sync(args)
         elif args.command == "resubmit":
@@ -175,11 +197,35 @@ def _check_trainer(args) -> None:
 def _status(args) -> None:
     from . import status
 
+    if args.watch:
+        if args.interval <= 0:
+            raise UsageError(f"--interval {args.interval:g} must be > 0 seconds")
+        raise SystemExit(status.watch(SearchDir(args.search_dir), make_console(), args.interval))
     data = status.collect(SearchDir(args.search_dir))
     if args.json:
         print(status.to_json(data))
     else:
         status.render(data)
+
+
+def _list(args) -> None:
+    from . import searches
+    from .config import configured_search_root
+
+    root = args.root if args.root is not None else configured_search_root()
+    found = searches.collect(root)
+    if args.json:
+        print(json.dumps({"root": str(Path(root).absolute()), "searches": [s.to_json() for s in found]}, indent=2))
+    else:
+        make_console().print(searches.render(found, root))
+
+
+def _export(args) -> None:
+    from . import export
+
+    rows = export.export(SearchDir(args.search_dir), export.Format(args.format), args.output, args.attempts)
+    if args.output is not None:
+        print(f"wrote {rows} rows to {args.output}", file=sys.stderr)
 
 
 def _sync(args) -> None:
@@ -213,6 +259,12 @@ def _reconcile(args) -> None:
 
     if args.wait < 0:
         raise UsageError(f"--wait {args.wait:g} is negative; give seconds to wait, or 0 not to wait")
+    if args.root is not None or args.account is not None:
+        return _reconcile_many(args)
+    if not args.search_dirs:
+        raise UsageError("reconcile needs SEARCH_DIR ..., --root ROOT, or --account NAME --since DATE; see `parcel-hpc reconcile --help`")
+    if args.since is not None:
+        raise UsageError("--since goes with --account NAME: a search's own reconcile covers all of its jobs")
     deadline = time.monotonic() + args.wait
     while True:
         results = [accounting.reconcile_search(SearchDir(d), args.sacct_file) for d in args.search_dirs]
@@ -231,6 +283,41 @@ def _reconcile(args) -> None:
         print(f"wrote {args.html}", file=sys.stderr)
     if not all(r.complete for r in results):
         print(f"pending: {sum(len(r.pending) for r in results)} jobs are not yet accounted in full; rerun, or pass --wait SECONDS", file=sys.stderr)
+        raise SystemExit(EXIT_PENDING)
+
+
+def _reconcile_many(args) -> None:
+    """``--root`` / ``--account``: the admin's report over many searches."""
+    from .accounting import account_report
+
+    if args.search_dirs or args.sacct_file is not None:
+        raise UsageError("--root and --account report over every search they find: give no SEARCH_DIR and no --sacct-file with them")
+    if args.account is not None and args.since is None:
+        raise UsageError("--account needs --since DATE (YYYY-MM-DD): the report covers the account's jobs from then")
+    if args.account is None and args.since is not None:
+        raise UsageError("--since goes with --account NAME")
+    from .config import configured_search_root
+
+    since = account_report.parse_since(args.since) if args.since is not None else None
+    root = args.root if args.root is not None else configured_search_root()
+    deadline = time.monotonic() + args.wait
+    while True:
+        report = account_report.account_report(root, args.account, since)
+        left = deadline - time.monotonic()
+        if report.complete or left <= 0:
+            break
+        time.sleep(min(5.0, left))
+    if args.json:
+        print(json.dumps(report.to_json()))
+    elif args.csv:
+        print(account_report.to_csv(report), end="")
+    else:
+        account_report.render_table(report, make_console())
+    if args.html:
+        fsio.atomic_write_text(args.html, account_report.to_html(report))
+        print(f"wrote {args.html}", file=sys.stderr)
+    if not report.complete:
+        print("pending: some jobs are not yet accounted in full; rerun, or pass --wait SECONDS", file=sys.stderr)
         raise SystemExit(EXIT_PENDING)
 
 

@@ -7,8 +7,10 @@ composition, before anything is frozen. Units are in the field comments.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
@@ -188,6 +190,7 @@ class SubmititSlurmConf:
     signal_delay_s: int = 60  # seconds before the time limit that SIGUSR2 arrives
     pack_size: Any = "auto"  # trials one array task runs in turn: auto (README, Packing) or 1, 2, ...
     pack_minutes: float = 60.0  # auto: about this much expected work per packed task
+    check_account_limits: bool = True  # refuse (hold:budget) a launch whose worst case the account's SLURM association limits cannot hold
     setup: list[str] = field(default_factory=list)  # shell lines run before the worker (module load, ...)
     additional_parameters: dict[str, Any] = field(default_factory=dict)  # extra sbatch options
 
@@ -201,3 +204,14 @@ def register() -> None:
 
 
 register()
+
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+
+def configured_search_root() -> Path:
+    """``search.root`` as the launch composes it (``conf/``, ``PARCEL_SEARCH_ROOT``): where
+    ``parcel-hpc list`` looks when it is given no root."""
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config")
+    return Path(str(cfg.search.root))

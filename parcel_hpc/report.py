@@ -28,7 +28,8 @@ def best_completed(records: Iterable[TrialRecord]) -> TrialRecord | None:
 
 
 def compute_used(records: Iterable[TrialRecord], now: float | None = None) -> dict[str, float]:
-    """Ledger view of compute: every attempt's start-to-end time times its request (running ones to now)."""
+    """Ledger view of compute: every attempt's start-to-end time times what it held (running ones to now):
+    its CPUs, and the GPUs the scheduler allocated to it (none on a machine without them)."""
     now = time.time() if now is None else now
     gpu_h = cpu_h = 0.0
     attempts = 0
@@ -38,7 +39,7 @@ def compute_used(records: Iterable[TrialRecord], now: float | None = None) -> di
             if a.started is None:
                 continue
             hours = max(0.0, ((a.ended if a.ended is not None else now) - a.started) / 3600.0)
-            gpu_h += gpus * hours
+            gpu_h += a.gpus_or(gpus) * hours  # GPU-hours only for GPUs the scheduler allocated
             cpu_h += cpus * hours
             attempts += 1
     return {"gpu_hours": gpu_h, "cpu_hours": cpu_h, "attempts": attempts}

@@ -8,6 +8,7 @@ Completed, pruned, rejected, budget-exhausted and reproducibly failed trials are
 
 from __future__ import annotations
 
+import sys
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -24,7 +25,7 @@ from .errors import GovernanceRefusal, SchedulerUnavailable, UsageError
 from .ledger import Event, SearchDir, TrialRecord, TrialWriter, fold, preview
 from .lifecycle import Action, RetryPolicy, next_action
 from .resolution import Resolution, SchedulerFacts
-from .sweep.search import Follower, choose_packing
+from .sweep.search import Follower, account_decision, choose_packing
 from .worker import TrialTask, WorkerPlan
 
 
@@ -148,6 +149,10 @@ def run(search: SearchDir, *, dry_run: bool, wait: bool, console: Console) -> Re
         return plan
     decision = launch_decision(contract, len(plan.resubmit), len(search.trial_ids()) - len(plan.resubmit), search.path)
     decision.require()  # a resubmission that would overshoot a cap is refused (hold:budget, exit 3)
+    account = account_decision(dispatcher, decision)
+    if account is not None and not account[0].ok:
+        print(account[1], file=sys.stderr)
+        account[0].require()  # nor one the account's association limits cannot hold
     resubmitted = _dispatch(search, dispatcher, plan, launch_id, dispatches)
     console.print(f"resubmitted {len(resubmitted)} trials: " + ", ".join(f"{s.trial_id}->{s.job_id}" for s in resubmitted))
     if wait or not dispatcher.can_detach:

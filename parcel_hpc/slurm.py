@@ -12,6 +12,7 @@ import subprocess
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from .budget import AssociationLimit, LimitKind
 from .errors import SchedulerUnavailable, UsageError
 
 SQUEUE_FORMAT = "%i|%T|%r|%N"
@@ -51,6 +52,7 @@ class ControllerLimits:
 
     max_array_size: int  # tasks per array: indices 0..MaxArraySize-1
     max_job_count: int  # jobs the controller holds at once, every user's together
+    cluster: str = ""  # ClusterName: whose associations apply
 
 
 DEFAULT_LIMITS = ControllerLimits(1001, 10000)  # SLURM's defaults, where the configuration omits them
@@ -68,7 +70,7 @@ def parse_config(text: str) -> ControllerLimits:
         value = values.get(name, "")
         return int(value) if value.isdigit() and int(value) > 0 else default
 
-    return ControllerLimits(whole("MaxArraySize", DEFAULT_LIMITS.max_array_size), whole("MaxJobCount", DEFAULT_LIMITS.max_job_count))
+    return ControllerLimits(whole("MaxArraySize", DEFAULT_LIMITS.max_array_size), whole("MaxJobCount", DEFAULT_LIMITS.max_job_count), values.get("ClusterName", ""))
 
 
 def controller_limits(env: Mapping[str, str] | None = None) -> ControllerLimits:
@@ -105,6 +107,114 @@ def max_job_minutes(partition: str | None, env: Mapping[str, str] | None = None)
     wanted = [p for p in parts if (p.name in partition.split(",") if partition else p.default)]
     limits = [p.max_minutes for p in wanted if p.max_minutes is not None]
     return min(limits) if limits else None
+
+
+# --- association limits (the account a search is charged to) -----------------------------------
+
+ASSOC_FORMAT = "Cluster,Account,User,ParentName,GrpTRESMins,GrpTRESRunMins"
+SHARE_FORMAT = "Account,User,GrpTRESRaw,TRESRunMins"
+LIMITED_TRES = ("gres/gpu", "cpu")  # what a search's worst case is made of
+
+
+@dataclass(frozen=True)
+class Association:
+    account: str
+    user: str  # "" for the account's own association
+    parent: str  # the parent account of an account's association ("" for a user's: its account is the parent)
+    grp_tres_mins: Mapping[str, float]
+    grp_tres_run_mins: Mapping[str, float]
+
+
+def associations_argv() -> list[str]:
+    return ["sacctmgr", "--noheader", "--parsable2", "show", "associations", f"format={ASSOC_FORMAT}"]
+
+
+def shares_argv() -> list[str]:
+    return ["sshare", "--noheader", "--parsable2", "--all", f"--format={SHARE_FORMAT}"]
+
+
+def default_account_argv(user: str) -> list[str]:
+    return ["sacctmgr", "--noheader", "--parsable2", "show", "user", user, "format=DefaultAccount"]
+
+
+def parse_tres(text: str) -> dict[str, float]:
+    """``cpu=10,gres/gpu=600`` -> {"cpu": 10.0, "gres/gpu": 600.0} (pure)."""
+    out = {}
+    for item in text.split(","):
+        name, sep, value = item.strip().partition("=")
+        if sep:
+            try:
+                out[name] = float(value)
+            except ValueError:
+                raise SchedulerUnavailable(f"unexpected TRES value {item!r} from SLURM; check that sacctmgr and sshare match SLURM 22.05+") from None
+    return out
+
+
+def parse_associations(text: str, cluster: str) -> dict[tuple[str, str], Association]:
+    """``sacctmgr show associations`` (``ASSOC_FORMAT``) -> this cluster's, by (account, user) (pure)."""
+    out = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        parts = line.split("|")
+        if len(parts) != 6:
+            raise SchedulerUnavailable(f"sacctmgr printed an unexpected line {line[:80]!r}; check that it matches SLURM 22.05+")
+        if cluster and parts[0] != cluster:
+            continue
+        out[(parts[1], parts[2])] = Association(parts[1], parts[2], parts[3], parse_tres(parts[4]), parse_tres(parts[5]))
+    return out
+
+
+def parse_shares(text: str) -> dict[tuple[str, str], tuple[dict[str, float], dict[str, float]]]:
+    """``sshare`` (``SHARE_FORMAT``) -> (usage in TRES-minutes, running jobs' TRES-minutes) by (account, user) (pure)."""
+    out = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        parts = line.split("|")
+        if len(parts) != 4:
+            raise SchedulerUnavailable(f"sshare printed an unexpected line {line[:80]!r}; check that it matches SLURM 22.05+")
+        out[(parts[0].strip(), parts[1])] = (parse_tres(parts[2]), parse_tres(parts[3]))  # sshare indents accounts by depth
+    return out
+
+
+def limits_of(account: str, user: str, assocs: Mapping[tuple[str, str], Association], shares: Mapping) -> list[AssociationLimit]:
+    """Every GrpTRESMins and GrpTRESRunMins on GPUs or CPUs that a job of ``user`` charged to
+    ``account`` counts against: the user's association, its account's, and each parent account's up
+    to the root, with each one's usage (pure)."""
+    chain = []
+    if (account, user) in assocs:
+        chain.append((assocs[(account, user)], f"user {user} in account {account}"))
+    name, seen = account, set()
+    while name and name not in seen and (name, "") in assocs:
+        seen.add(name)
+        chain.append((assocs[(name, "")], f"account {name}"))
+        name = assocs[(name, "")].parent
+    out = []
+    for assoc, label in chain:
+        used, running = shares.get((assoc.account, assoc.user), ({}, {}))
+        for tres in LIMITED_TRES:
+            if tres in assoc.grp_tres_mins:
+                out.append(AssociationLimit(label, LimitKind.GRP_TRES_MINS, tres, assoc.grp_tres_mins[tres], used.get(tres, 0.0), running.get(tres, 0.0)))
+            if tres in assoc.grp_tres_run_mins:
+                out.append(AssociationLimit(label, LimitKind.GRP_TRES_RUN_MINS, tres, assoc.grp_tres_run_mins[tres], 0.0, running.get(tres, 0.0)))
+    return out
+
+
+def account_limits(account: str, user: str, cluster: str, env: Mapping[str, str] | None = None) -> tuple[str, list[AssociationLimit]]:
+    """(the account a job of ``user`` is charged to, the limits it counts against); ``account`` ""
+    is the user's default account."""
+    if not account:
+        lines = _run(default_account_argv(user), env, 30.0).split()
+        account = lines[0] if lines else ""
+        if not account:
+            raise SchedulerUnavailable(
+                f"SLURM knows no default account for user {user}: set resources.account, or ask your admin to add you (sacctmgr add user)"
+            )
+    assocs = parse_associations(_run(associations_argv(), env, 30.0), cluster)
+    if (account, user) not in assocs and (account, "") not in assocs:
+        raise SchedulerUnavailable(f"SLURM has no association for user {user} in account {account}: choose resources.account among yours (sacctmgr show assoc user={user})")
+    return account, limits_of(account, user, assocs, parse_shares(_run(shares_argv(), env, 30.0)))
 
 
 def squeue_argv(job_name: str) -> list[str]:

@@ -10,26 +10,33 @@ definitely gone is shown resolved, folded in memory and marked not yet recorded 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, Group
+from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
-from . import resolution
+from . import resolution, searches
 from .console import make_console
-from .ledger import SearchDir, TrialRecord, preview
+from .errors import EXIT_PENDING
+from .ledger import RecordView, SearchDir, TrialRecord, TrialState, preview
 from .pruning import MilestoneStore
 from .report import compute_used, counts_by_state
 
 UNRECORDED = "resolved from the scheduler in this view; not yet recorded (`parcel-hpc sync` records it)"
 
 
-def collect(search: SearchDir) -> dict[str, Any]:
-    """Everything ``status`` shows. Reads only: a search the caller cannot write to gives the same answer."""
+def collect(search: SearchDir, view: RecordView | None = None) -> dict[str, Any]:
+    """Everything ``status`` shows. Reads only: a search the caller cannot write to gives the same
+    answer. ``view``: read through it (``--watch`` folds only the trials whose journals changed)."""
     contract = search.contract()
-    records, facts = resolution.observe(search, list(search.records()), resolution.DEFINITE)
+    found = [view.record(tid) for tid in search.trial_ids()] if view is not None else list(search.records())
+    records, facts = resolution.observe(search, found, resolution.DEFINITE)
     resolved = {res.trial_id: res for res in resolution.resolve(records, facts, resolution.DEFINITE)}
     records = [_with(search, r, resolved[r.trial_id]) if r.trial_id in resolved else r for r in records]
     decisions = _prune_decisions(search, contract)
@@ -39,6 +46,7 @@ def collect(search: SearchDir) -> dict[str, Any]:
         last_job = r.jobs[-1] if r.jobs else ""
         queued = facts.queued.get(last_job)
         row["scheduler"] = queued.state.lower() if queued is not None else ""
+        row["queue_reason"] = queued.reason if queued is not None and queued.state == "PENDING" else ""
         row["prune"] = decisions.get(r.trial_id)
         if r.trial_id in resolved:
             row["unrecorded"] = UNRECORDED
@@ -46,6 +54,7 @@ def collect(search: SearchDir) -> dict[str, Any]:
     return {
         "search": str(search.path),
         "contract_digest": contract.digest,
+        "milestones": list(contract["pruner"]["milestones"]),
         "counts": counts_by_state(records),
         "compute": compute_used(records),
         "scheduler_error": facts.slurm_error,
@@ -116,3 +125,106 @@ def render(data: dict[str, Any], console: Console | None = None) -> None:
 
 def to_json(data: dict[str, Any]) -> str:
     return json.dumps(data, indent=2, sort_keys=False, default=str)
+
+
+# --- status --watch ----------------------------------------------------------------------------
+
+
+def watch(search: SearchDir, console: Console, interval_s: float = 5.0, sleep: Callable[[float], None] = time.sleep) -> int:
+    """Follow a search until it ends (exit 0), or until nothing can move it (exit 4): no job runs or
+    waits in the queue and no launcher follows it. A terminal gets a live view; anything else (a
+    log, a pipe) one line per change. Reads only, like ``status``: it works on a detached SLURM
+    search and on someone else's."""
+    view = RecordView(search)
+    seen: dict[str, tuple] = {}
+    live = Live(console=console, auto_refresh=False, transient=False) if console.is_terminal else None
+    with live if live is not None else contextlib.nullcontext():
+        while True:
+            data = collect(search, view)
+            launcher = searches.current_launcher(search)
+            if live is not None:
+                live.update(_live_view(data, launcher, console.height), refresh=True)
+            else:
+                for line in _changes(seen, data):
+                    console.print(line, markup=False, highlight=False)
+            finished = bool(data["trials"]) and all(TrialState(t["state"]).is_finished() for t in data["trials"])
+            stalled = not finished and not data["scheduler_error"] and not launcher.is_alive() and not _moving(data)
+            if finished or stalled:
+                break
+            sleep(interval_s)
+    if live is not None:
+        console.print(_counts_line(data), markup=False, highlight=False)  # lines said it already
+    if stalled:
+        waiting = sum(1 for t in data["trials"] if not TrialState(t["state"]).is_finished())
+        console.print(
+            f"stalled: {waiting} trials wait, but no job of this search runs or is queued and no launcher follows it (launcher: {launcher.value});"
+            f" rerun the launch, or `parcel-hpc resubmit {search.path}`"
+        )
+        return EXIT_PENDING
+    return 0
+
+
+def _moving(data: dict[str, Any]) -> bool:
+    """Some trial runs, or its job is in the scheduler's queue."""
+    return any(t["state"] == TrialState.RUNNING.value or t["scheduler"] for t in data["trials"])
+
+
+def _milestones(t: dict[str, Any], grid: list[int]) -> str:
+    if t["milestone"] is None:
+        return f"0/{len(grid)}"
+    reached = sum(1 for m in grid if m <= t["milestone"])
+    value = "" if t["last_value"] is None else f" ({t['last_value']:.4f} at {t['milestone']})"
+    return f"{reached}/{len(grid)}{value}"
+
+
+def _counts_line(data: dict[str, Any]) -> str:
+    counts = data["counts"]
+    c = data["compute"]
+    return (
+        time.strftime("%H:%M:%S ")
+        + " ".join(f"{k}={v}" for k, v in counts.items() if v)
+        + f" (total {sum(counts.values())}); {c['gpu_hours']:.4f} GPU-h, {c['cpu_hours']:.4f} CPU-h"
+    )
+
+
+def _changes(seen: dict[str, tuple], data: dict[str, Any]) -> list[str]:
+    """One line per trial whose state, queue state or milestone changed since the last look, and
+    the counts when any did."""
+    lines = []
+    stamp = time.strftime("%H:%M:%S")
+    for t in data["trials"]:
+        key = (t["state"], t["scheduler"], t["milestone"])
+        before = seen.get(t["trial_id"])
+        if before == key:
+            continue
+        seen[t["trial_id"]] = key
+        what = t["state"] + (f" ({t['scheduler']}{': ' + t['queue_reason'] if t['queue_reason'] else ''})" if t["scheduler"] else "")
+        if t["metric"] is not None:
+            what += f" miss-cost {t['metric']:.4f}"
+        elif t["state"] not in ("running", "queued") and t["reason"]:
+            what += f": {t['reason'][:80]}"
+        lines.append(f"{stamp} {t['trial_id']} {what}; milestones {_milestones(t, data['milestones'])}")
+    if lines:
+        lines.append(_counts_line(data))
+    return lines
+
+
+def _live_view(data: dict[str, Any], launcher: searches.LauncherState, height: int) -> Group:
+    active = [t for t in data["trials"] if not TrialState(t["state"]).is_finished()]
+    done = [t for t in data["trials"] if TrialState(t["state"]).is_finished()]
+    best = min((t for t in done if t["metric"] is not None), key=lambda t: t["metric"], default=None)
+    header = Text(f"search {data['search']}   launcher: {launcher.value}\n{_counts_line(data)}")
+    if best is not None:
+        header.append(f"\nbest so far: {best['trial_id']} miss-cost {best['metric']:.4f}")
+    if data["scheduler_error"]:
+        header.append(f"\nscheduler not consulted: {data['scheduler_error']}", style="yellow")
+    table = Table(title=f"{len(active)} trials not finished")
+    for col in ("trial", "state", "queue", "milestones", "step", "attempts", "reason"):
+        table.add_column(col)
+    room = max(3, height - 10)
+    for t in active[:room]:
+        queue = t["scheduler"] + (f" ({t['queue_reason']})" if t["queue_reason"] else "")
+        table.add_row(t["trial_id"], t["state"], queue, _milestones(t, data["milestones"]), str(t["step"]), str(t["attempts"]), t["reason"][:50])
+    if len(active) > room:
+        table.caption = f"and {len(active) - room} more"
+    return Group(header, table)

@@ -10,10 +10,10 @@ the one final-evaluation job may appear in that log.
 import json
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
+from browser import check_html_plots
 
 from parcel_hpc.testing import launch, parcel_hpc
 
@@ -119,28 +119,9 @@ def test_the_whole_story(story):
     assert (entry / "registered.json").exists() and (entry / "packet.html").exists()
     md = (search / "release" / "packet.md").read_text()
     assert "crushed_corner" in md and "Dana Reviewer" in md
-    check_html_in_chromium(search / "release" / "packet.html", story["root"])
-
-
-def check_html_in_chromium(page: Path, workdir: Path) -> None:
-    """Load the page in headless Chromium and read back what it rendered, images decoded included."""
-    browser = shutil.which("chromium") or shutil.which("chromium-browser")
-    if browser is None:
-        if os.environ.get("PARCEL_REQUIRE_CHROMIUM"):
-            pytest.fail("chromium is not installed: scripts/test.sh installs it")
-        pytest.skip("chromium is not installed (scripts/test.sh installs it)")
-    probe = workdir / "probe.html"
-    probe_js = (
-        "<script>window.addEventListener('load', () => { const imgs = [...document.images];"
-        " document.title = 'probe:' + imgs.length + ':' + imgs.filter(i => i.complete && i.naturalWidth > 0).length; });</script>"
+    check_html_plots(
+        search / "release" / "packet.html",
+        story["root"],
+        at_least=3,
+        sections=('id="checks"', 'id="lineage"', 'id="slices"', 'id="parity"', 'id="serving"', 'id="final"', 'id="rerun"'),
     )
-    probe.write_text(page.read_text().replace("</body>", probe_js + "</body>"))
-    argv = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000", "--dump-dom", probe.as_uri()]
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-1000:]
-    dom = out.stdout
-    title = dom.split("<title>", 1)[1].split("</title>", 1)[0]
-    _, total, decoded = title.split(":")
-    assert int(total) >= 3 and decoded == total, title  # every plot decoded
-    for section in ('id="checks"', 'id="lineage"', 'id="slices"', 'id="parity"', 'id="serving"', 'id="final"', 'id="rerun"'):
-        assert section in dom

@@ -56,6 +56,8 @@ class AttemptLine:
     ledger_attempt: int | None  # the ledger's attempt number this run was matched to
     ledger_how: str  # how the ledger says that attempt ended ("" while it thinks it runs)
     waste: str  # a WASTE_CAUSES entry, or "" for useful hours
+    partition: str = ""
+    user: str = ""  # who submitted the job (sacct's User; the launch's user on the local executor)
 
 
 @dataclass(frozen=True)
@@ -340,6 +342,8 @@ def _line(tid: str, a: JobRun, led, how: str, waste: str, caps: BudgetCaps) -> A
         led.number if led is not None else None,
         how,
         waste,
+        a.partition,
+        a.user,
     )
 
 
@@ -417,9 +421,10 @@ def _figures(lines: Sequence[AttemptLine], trials: Sequence[TrialLine], gpu_h: f
     }
 
 
-def local_runs(records: Iterable[TrialRecord]) -> list[JobRun]:
+def local_runs(records: Iterable[TrialRecord], user: str = "") -> list[JobRun]:
     """The local executor's own record of each attempt, as job runs in sacct's shape (no scheduler to
-    ask). A packed job (one process, several trials in turn) is one run from its first start to its last end."""
+    ask), with the GPUs it really handed out (none on a machine without them). A packed job (one
+    process, several trials in turn) is one run from its first start to its last end."""
     records = list(records)
     sharers = Counter(job for r in records for job in dict.fromkeys(r.jobs))  # a pack: one job submitted for several trials, as reconcile reads it
     out: list[JobRun] = []
@@ -431,20 +436,20 @@ def local_runs(records: Iterable[TrialRecord]) -> list[JobRun]:
             if a.started is None or not a.job_id:
                 continue
             if sharers[a.job_id] > 1:
-                packs.setdefault(a.job_id, (gpus, cpus, []))[2].append(a)
+                packs.setdefault(a.job_id, (a.gpus_or(gpus), cpus, []))[2].append(a)
                 continue
             run = runs_of_job.get(a.job_id, 0)
             runs_of_job[a.job_id] = run + 1
-            out.append(_local_run(a.job_id, run, a, a.started, a.ended, gpus, cpus, len(out) + 1))
+            out.append(_local_run(a.job_id, run, a, a.started, a.ended, a.gpus_or(gpus), cpus, len(out) + 1, user))
     for job, (gpus, cpus, attempts) in packs.items():
         attempts.sort(key=lambda a: a.started)
         ends = [a.ended for a in attempts]
         end = max(ends) if None not in ends else None
-        out.append(_local_run(job, 0, attempts[-1], attempts[0].started, end, gpus, cpus, len(out) + 1))
+        out.append(_local_run(job, 0, attempts[-1], attempts[0].started, end, gpus, cpus, len(out) + 1, user))
     return out
 
 
-def _local_run(job: str, run: int, last: Attempt, start: float, end: float | None, gpus: int, cpus: int, line: int) -> JobRun:
+def _local_run(job: str, run: int, last: Attempt, start: float, end: float | None, gpus: int, cpus: int, line: int, user: str) -> JobRun:
     state = _LOCAL_STATE.get(last.how, JobState.RUNNING) if last.how is not None and end is not None else JobState.RUNNING
     return JobRun(
         job_id=job,
@@ -465,6 +470,7 @@ def _local_run(job: str, run: int, last: Attempt, start: float, end: float | Non
         gpus=gpus,
         cpus=cpus,
         line=line,
+        user=user,
     )
 
 

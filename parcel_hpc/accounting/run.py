@@ -21,6 +21,7 @@ from rich.table import Table
 from ..budget import BudgetLedger, search_caps
 from ..errors import UsageError
 from ..ledger import Executor, SearchDir
+from ..searches import launched_by
 from .parse import parse_sacct
 from .reconcile import AttemptLine, Reconciliation, local_runs, reconcile, report_row
 from .runs import job_runs
@@ -44,7 +45,7 @@ def reconcile_search(search: SearchDir, sacct_file: Path | None = None) -> Recon
         listed = [a for a in rows if a.job_id not in mine]
         return reconcile(campaign, objective, f"sacct-file:{sacct_file}", records, [a for a in rows if a.job_id in mine], listed, caps, ledger_used)
     if not any(r.executor is Executor.SLURM for r in records):
-        runs = local_runs(records)
+        runs = local_runs(records, launched_by(search))
         return reconcile(campaign, objective, "local executor", records, runs, [], caps, ledger_used)
     jobs = sorted({j for r in records for j in r.jobs})
     runs = job_runs(parse_sacct(run_sacct(build_sacct_argv(jobs)), source="sacct")) if jobs else []
@@ -200,7 +201,11 @@ def _plots(rec: Reconciliation) -> list[str]:
             xs.append((end - t0) / 60.0)
             ys.append(acc)
         ax.step(xs, ys, where="post", label="GPU-hours used")
-    ax.axhline(rec.spend["gpu_hours"]["cap"], color="red", linestyle="--", label="cap")
+    cap, top = rec.spend["gpu_hours"]["cap"], rec.spend["gpu_hours"]["used"]
+    if cap <= 20 * top:
+        ax.axhline(cap, color="red", linestyle="--", label="cap")
+    else:  # the cap drawn to scale would flatten the spend into the axis: say it in words instead
+        ax.text(0.02, 0.95, f"cap {cap:g} GPU-h, {100 * top / cap:.3g} % used (off this scale)", transform=ax.transAxes, va="top", color="red")
     ax.set_xlabel("minutes since first attempt ended")
     ax.set_ylabel("GPU-hours")
     ax.set_title("spend over time against the cap")

@@ -46,6 +46,7 @@ RUN_COLUMNS = (
     "node_list",
     "partition",
     "account",
+    "user",
     "submit",
     "start",
     "end",
@@ -87,6 +88,7 @@ class JobRun:
     gpus: int  # gres/gpu in AllocTRES
     cpus: int  # cpu in AllocTRES
     line: int  # 1-based line of the allocation row in the sacct text
+    user: str = ""  # who submitted it (sacct's User)
 
     def __post_init__(self) -> None:
         if not _JOB_ID.match(self.job_id):
@@ -187,6 +189,7 @@ def job_runs(sacct: SacctTable) -> list[JobRun]:
             gpus=cols["gpus"][i],
             cpus=cols["cpus"][i],
             line=cols["line"][i],
+            user=cols["user"][i],
         )
         for i in range(len(cols["job_id"]))
     ]

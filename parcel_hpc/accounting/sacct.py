@@ -64,6 +64,7 @@ def build_sacct_argv(
     since: _dt.datetime | int | None = None,
     name: str | None = None,
     account: str | None = None,
+    all_users: bool = False,
 ) -> list[str]:
     """The sacct command line for these jobs, every array task and every requeued run.
 
@@ -71,6 +72,7 @@ def build_sacct_argv(
     ``since`` (required then: without -S sacct silently starts at today's midnight) — how
     ``reconcile`` finds orphans the ledger does not know. ``since`` is an aware datetime or
     epoch seconds; it is written in UTC, matching the ``TZ=UTC`` that ``run_sacct`` sets.
+    ``all_users``: every user's jobs (sacct otherwise lists only the caller's, root's excepted).
     """
     ids = _job_id_list(job_ids)
     if not ids and name is None and account is None:
@@ -89,6 +91,8 @@ def build_sacct_argv(
         argv.append(f"--name={_checked_name('name', name)}")
     if account is not None:
         argv.append(f"--accounts={_checked_name('account', account)}")
+    if all_users:
+        argv.append("--allusers")  # an admin's account report: every user's jobs, not only the caller's
     if ids:
         argv.append(f"--jobs={','.join(ids)}")
     return argv

@@ -3,6 +3,8 @@
 Two halves, one vocabulary (``BudgetCaps``, ``Rates``, ``Spend``, ``CapLine``):
 - admission (pure): ``worst_case`` -> ``Commitment``; ``admit_launch`` -> ``BudgetDecision``
   (``admit`` or ``hold:budget``, with the overshoot and what to change); ``render_commitment``;
+  ``admit_account``: the same worst case against the SLURM association's GrpTRESMins and
+  GrpTRESRunMins (``AssociationLimit``), what the account may still use;
 - the reservation journal (``BudgetLedger``): every attempt reserves its worst case before it runs
   and settles what it used after, against caps that concurrent processes on several nodes cannot
   overshoot, with nothing but create-exclusive files on the shared search directory;
@@ -13,7 +15,17 @@ Two halves, one vocabulary (``BudgetCaps``, ``Rates``, ``Spend``, ``CapLine``):
 Must not: dispatch, mark trial states, or measure usage; callers do those with these decisions.
 """
 
-from ._admission import Admission, BudgetDecision, Commitment, admit_launch, attempt_worst_case, render_commitment, worst_case
+from ._admission import (
+    Admission,
+    BudgetDecision,
+    Commitment,
+    admit_account,
+    admit_launch,
+    attempt_worst_case,
+    render_account,
+    render_commitment,
+    worst_case,
+)
 from ._journal import (
     BudgetLedger,
     BudgetOutcome,
@@ -24,9 +36,13 @@ from ._journal import (
     Settlement,
 )
 from ._search import SearchBudget, launch_decision, search_caps
-from ._values import BudgetCaps, CapLine, Rates, Spend
+from ._values import AssociationLimit, BudgetCaps, CapLine, LimitKind, Rates, Spend
 
 __all__ = [
+    "AssociationLimit",
+    "LimitKind",
+    "admit_account",
+    "render_account",
     "Admission",
     "BudgetCaps",
     "BudgetDecision",

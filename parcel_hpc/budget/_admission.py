@@ -13,11 +13,12 @@ still counts against ``budget.max_trials`` and costs its CPU-hours at ``rates.pe
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
 from ..errors import GovernanceRefusal, ParcelError, UsageError
-from ._values import REL_SLACK, BudgetCaps, CapLine, Rates, Spend, check_number, fmt, over_cap
+from ._values import REL_SLACK, AssociationLimit, BudgetCaps, CapLine, LimitKind, Rates, Spend, check_number, fmt, over_cap
 
 
 class Admission(str, Enum):
@@ -187,6 +188,42 @@ def _floor(x: float) -> int:
     return math.floor(x + REL_SLACK * max(1.0, abs(x)))
 
 
+def admit_account(commitment: Commitment, limits: Sequence[AssociationLimit], account: str) -> BudgetDecision:
+    """The launch's worst case against the SLURM association limits it is charged under (pure): a
+    GrpTRESMins the worst case would overshoot, with the association's usage and its running jobs'
+    minutes, holds it; so does a GrpTRESRunMins smaller than one job (that job would never start)."""
+    lines = tuple(_association_line(commitment, limit) for limit in limits)
+    over = [line for line in lines if not line.ok]
+    if over:
+        return BudgetDecision(Admission.HOLD, lines, "; ".join(line.message for line in over), commitment)
+    said = f"the worst case fits the association limits of account {account}" if lines else f"account {account} has no GrpTRESMins or GrpTRESRunMins on GPUs or CPUs"
+    return BudgetDecision(Admission.ADMIT, lines, said, commitment)
+
+
+def _association_line(c: Commitment, limit: AssociationLimit) -> CapLine:
+    per = c.gpus if limit.tres == "gres/gpu" else c.cpus
+    unit = "GPU-min" if limit.tres == "gres/gpu" else "CPU-min"
+    coordinator = "or ask the account's coordinator to raise it (sacctmgr modify)"
+    if limit.kind is LimitKind.GRP_TRES_MINS:
+        committed, requested = limit.used_min + limit.running_min, per * c.time_limit_min * c.attempts
+        if not over_cap(committed, requested, limit.limit_min):
+            return CapLine(limit.name, unit, committed, requested, limit.limit_min)
+        msg = (
+            f"{limit.name}: {fmt(limit.used_min)} {unit} used and {fmt(limit.running_min)} held by running jobs leave {fmt(limit.limit_min - committed)},"
+            f" but this launch's worst case needs {fmt(requested)} ({c.trials} trials x {c.attempts_per_trial} attempts x {per} x {fmt(c.time_limit_min)} min):"
+            f" lower search.n_trials, resources.time_limit_min or budget.max_retries, {coordinator}"
+        )
+        return CapLine(limit.name, unit, committed, requested, limit.limit_min, msg)
+    requested = per * c.time_limit_min  # what one job holds when it starts
+    if not over_cap(0.0, requested, limit.limit_min):
+        return CapLine(limit.name, unit, 0.0, requested, limit.limit_min)
+    msg = (
+        f"{limit.name}: one job holds {fmt(requested)} {unit} when it starts ({per} x {fmt(c.time_limit_min)} min), more than the limit,"
+        f" so it would wait in the queue forever: lower resources.time_limit_min or resources.{'gpus' if per == c.gpus else 'cpus'}, {coordinator}"
+    )
+    return CapLine(limit.name, unit, 0.0, requested, limit.limit_min, msg)
+
+
 def render_commitment(decision: BudgetDecision) -> str:
     """The table the launch prints before dispatching: the worst case against each cap."""
     c = decision.commitment
@@ -195,6 +232,17 @@ def render_commitment(decision: BudgetDecision) -> str:
         f"budget: {c.trials} trials x {c.attempts_per_trial} attempts ({retries}) x {fmt(c.hours_per_attempt)} h limit,"
         f" {c.gpus} GPU + {c.cpus} CPU per attempt = worst case {fmt(c.gpu_hours)} GPU-h, {fmt(c.cpu_hours)} CPU-h, {fmt(c.cost)} cost"
     )
+    return _cap_table(head, decision)
+
+
+def render_account(decision: BudgetDecision, account: str) -> str:
+    """The account's association limits against the same worst case."""
+    if not decision.lines:
+        return f"account {account}: => {decision.outcome.value}: {decision.message}"
+    return _cap_table(f"account {account}: the association limits this launch is charged under", decision)
+
+
+def _cap_table(head: str, decision: BudgetDecision) -> str:
     rows = [("cap", "committed", "this launch", "total", "cap", "left after")]
     for line in decision.lines:
         num = (lambda x: str(int(x))) if line.unit == "trials" else fmt

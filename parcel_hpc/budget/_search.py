@@ -41,8 +41,10 @@ class SearchBudget:
     def held(self, trial_id: str) -> list[int]:
         return self.ledger.held(trial_id)
 
-    def settle(self, trial_id: str, attempt: int, started: float, ended: float | None = None) -> None:
-        """Settle an attempt with the hours it held its resources (start to end, the scheduler's unit of charge)."""
+    def settle(self, trial_id: str, attempt: int, started: float, ended: float | None = None, gpus: int | None = None) -> None:
+        """Settle an attempt with the hours it held its resources (start to end, the scheduler's unit
+        of charge); ``gpus``: what the scheduler allocated it (None: the request, as reserved)."""
         hours = max(0.0, ((time.time() if ended is None else ended) - started) / 3600.0)
         hours = min(hours, self.limit_min / 60.0)  # never more than was reserved: the scheduler kills at the limit
-        self.ledger.settle((trial_id, attempt), self.gpus * hours, self.cpus * hours)
+        held = self.gpus if gpus is None else min(gpus, self.gpus)
+        self.ledger.settle((trial_id, attempt), held * hours, self.cpus * hours)

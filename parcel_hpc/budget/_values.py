@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 from ..errors import ParcelError, UsageError
@@ -159,3 +160,31 @@ class CapLine:
     @property
     def overshoot(self) -> float:
         return 0.0 if self.ok else self.total - self.cap
+
+
+class LimitKind(Enum):
+    """SLURM association limits on TRES-minutes that a search can run into."""
+
+    GRP_TRES_MINS = "GrpTRESMins"  # all the association's jobs ever (decayed usage): a budget
+    GRP_TRES_RUN_MINS = "GrpTRESRunMins"  # minutes still held by its running jobs: a job larger never starts
+
+
+@dataclass(frozen=True)
+class AssociationLimit:
+    """One limit of one association (an account, or a user in it) on one TRES, with what it has
+    used against it, as ``sacctmgr`` and ``sshare`` report them. Minutes are TRES-minutes."""
+
+    association: str  # "account parcel" or "user ana in account parcel"
+    kind: LimitKind
+    tres: str  # "gres/gpu" or "cpu"
+    limit_min: float
+    used_min: float = 0.0  # GrpTRESMins: the association's usage (sshare GrpTRESRaw)
+    running_min: float = 0.0  # what its running jobs still hold (sshare TRESRunMins)
+
+    def __post_init__(self) -> None:
+        for name in ("limit_min", "used_min", "running_min"):
+            object.__setattr__(self, name, check_number(f"AssociationLimit.{name}", getattr(self, name)))
+
+    @property
+    def name(self) -> str:
+        return f"{self.association} {self.kind.value} {self.tres}={fmt(self.limit_min)}"

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from ..budget import AssociationLimit
 from ..ledger import Executor
 from ..worker import TrialTask
 
@@ -64,6 +65,11 @@ class Dispatcher(ABC):
         """After a launch died between submitting and releasing: start the held jobs the ledger
         knows, cancel those it never recorded. Call after ``refresh``; returns what it released."""
         return []
+
+    def account_limits(self) -> tuple[str, list[AssociationLimit]] | None:
+        """The account this launch's jobs are charged to and the association limits they count
+        against, read now; None where jobs are charged to no account (this machine)."""
+        return None
 
     @abstractmethod
     def check(self) -> None:

@@ -2,13 +2,19 @@
 
 At most ``parallelism`` trials run at once (a laptop has few cores), so the launch must wait: a
 local search cannot detach. A job id is the pid of submitit's child process on this host.
+
+GPUs: a job is handed ``resources.gpus`` of this machine's GPUs (``CUDA_VISIBLE_DEVICES`` of the
+launch, else what ``nvidia-smi -L`` lists) that no running job of this launch holds, and waits for
+them; on a machine with fewer GPUs than a trial asks for, trials run on the CPU and are charged no
+GPU-hours (submitit alone would give every job the same first GPUs, or none).
 """
 
 from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Sequence
+import subprocess
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +41,10 @@ class LocalDispatcher(Dispatcher):
         self._max_num_timeout = max_num_timeout
         self._executor: submitit.LocalExecutor | None = None
         self.jobs: dict[str, Any] = {}  # trial_id -> submitit Job of this launch
+        wanted = int(settings.resources["gpus"])
+        self.devices = machine_gpus() if wanted > 0 else ()
+        self.gpus_per_job = wanted if len(self.devices) >= wanted else 0  # 0: CPU only, charged no GPU-hours
+        self.held: dict[str, tuple[Any, tuple[int, ...]]] = {}  # job id -> (its Job, the devices it holds)
 
     @property
     def executor(self) -> submitit.LocalExecutor:
@@ -51,7 +61,12 @@ class LocalDispatcher(Dispatcher):
 
     def capacity(self) -> int:
         running = {str(j.job_id) for j in self.jobs.values() if not j.done()}  # a pack's trials share one job
-        return self.parallelism - len(running)
+        free = self.parallelism - len(running)
+        return min(free, len(self._free_devices()) // self.gpus_per_job) if self.gpus_per_job else free
+
+    def _free_devices(self) -> list[int]:
+        busy = {d for job, devices in self.held.values() if not job.done() for d in devices}
+        return [d for d in self.devices if d not in busy]
 
     def slots(self) -> int:
         return self.parallelism
@@ -59,8 +74,16 @@ class LocalDispatcher(Dispatcher):
     def submit(self, tasks: Sequence[TrialTask], record: Record, exclude_nodes: Sequence[str] = ()) -> list[Submitted]:
         job_ids = []
         for task in tasks:
-            self.executor.update_parameters(timeout_min=job_time_limit_min(len(task.plans), int(self.settings.resources["time_limit_min"])))
+            devices = tuple(self._free_devices()[: self.gpus_per_job])
+            if len(devices) < self.gpus_per_job:
+                raise UsageError(f"no {self.gpus_per_job} free GPUs for another job: submit at most capacity() jobs")
+            self.executor.update_parameters(
+                timeout_min=job_time_limit_min(len(task.plans), int(self.settings.resources["time_limit_min"])),
+                gpus_per_node=len(devices),
+                visible_gpus=devices,
+            )
             job = self.executor.submit(task)
+            self.held[str(job.job_id)] = (job, devices)
             for plan in task.plans:
                 self.jobs[plan.trial_id] = job
             job_ids.append(str(job.job_id))
@@ -85,7 +108,27 @@ class LocalDispatcher(Dispatcher):
                 os.kill(int(job_id), signal.SIGINT)
 
     def describe(self, pack_lengths: Sequence[int]) -> str:
+        wanted = int(self.settings.resources["gpus"])
+        gpus = (
+            f", {self.gpus_per_job} of this machine's GPUs {list(self.devices)} each"
+            if self.gpus_per_job
+            else (f", on the CPU: this machine has {len(self.devices)} GPUs, a trial asks for {wanted} (no GPU-hours are charged)" if wanted else "")
+        )
         return (
             f"submitit LocalExecutor: {sum(pack_lengths)} trials in {len(pack_lengths)} child processes (up to {max(pack_lengths, default=0)} each, in turn), "
-            f"{self.parallelism} at a time, folder {self.folder}"
+            f"{self.parallelism} at a time{gpus}, folder {self.folder}"
         )
+
+
+def machine_gpus(env: Mapping[str, str] | None = None) -> tuple[int, ...]:
+    """The GPUs the launch may hand out: ``CUDA_VISIBLE_DEVICES`` where it is set (numbered devices
+    only), else every GPU ``nvidia-smi -L`` lists; none on a machine without a driver."""
+    env = os.environ if env is None else env
+    listing = env.get("CUDA_VISIBLE_DEVICES")
+    if listing is not None:
+        return tuple(int(d) for d in listing.split(",") if d.strip().isdigit())
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ()
+    return tuple(range(sum(1 for line in out.splitlines() if line.startswith("GPU "))))

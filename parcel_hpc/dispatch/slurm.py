@@ -10,6 +10,7 @@ frozen resources; a packed task's time limit is its trials' added up.
 
 from __future__ import annotations
 
+import getpass
 import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -19,6 +20,7 @@ import submitit
 from submitit.slurm import slurm as submitit_slurm
 
 from .. import slurm
+from ..budget import AssociationLimit
 from ..errors import ReleaseFailed, SchedulerUnavailable
 from ..identity import SearchIdentity, scheduler_name
 from ..ledger import Executor, SearchDir
@@ -69,6 +71,16 @@ class SlurmDispatcher(Dispatcher):
 
     def check(self) -> None:
         slurm.check_reachable(self.env)
+
+    def account_limits(self) -> tuple[str, list[AssociationLimit]] | None:
+        if not self.settings.params.get("check_account_limits", True):
+            return None
+        try:
+            return slurm.account_limits(str(self.settings.resources.get("account") or ""), getpass.getuser(), self.limits.cluster, self.env)
+        except SchedulerUnavailable as exc:
+            raise SchedulerUnavailable(
+                f"cannot read the account's association limits ({exc}); fix that, or launch without this check: hydra.launcher.check_account_limits=false"
+            ) from None
 
     def capacity(self) -> int:
         # SLURM queues (the array's %parallelism throttles); only the controller's MaxJobCount bounds

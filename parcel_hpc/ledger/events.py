@@ -126,6 +126,7 @@ class Started:
     pid: int = 0
     restart_count: int = 0  # SLURM_RESTART_COUNT
     cuda_visible_devices: str = ""
+    gpus: int | None = None  # GPUs the scheduler allocated to it (None: not said, journals before it was recorded)
 
 
 @dataclass(frozen=True)

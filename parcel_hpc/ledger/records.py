@@ -65,6 +65,11 @@ class Attempt:
     resumed_from: int = 0
     restart_count: int = 0
     message: str = ""
+    gpus: int | None = None  # allocated by the scheduler; None: not recorded (the trial's request then)
+
+    def gpus_or(self, requested: int) -> int:
+        """The GPUs its hours are counted with: what the scheduler allocated, else the request."""
+        return requested if self.gpus is None else self.gpus
 
     def interruption(self) -> Cause | None:
         """The cause, when this attempt spent an infrastructure retry."""
@@ -219,7 +224,7 @@ def fold(spec: TrialSpec, events: Sequence[Event]) -> TrialRecord:
                 # A job is known from its attempt too: a torn "submitted" line loses no job.
                 f.jobs.append(data.job_id)
                 f.executor = f.executor or data.executor
-            f.attempt(n).update(job_id=data.job_id, host=data.host, pid=data.pid, started=ev.t, restart_count=data.restart_count)
+            f.attempt(n).update(job_id=data.job_id, host=data.host, pid=data.pid, started=ev.t, restart_count=data.restart_count, gpus=data.gpus)
             if not f.state.is_finished():
                 f.set(TrialState.RUNNING)
         elif isinstance(data, Resumed):

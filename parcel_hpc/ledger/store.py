@@ -9,6 +9,7 @@
       trials/<trial_id>/journal-*.jsonl     per-writer event journals (journal.py)
       configs/<config hash>         which trial owns an effective configuration (dedup)
       launches/<launch_id>.json     what each launch proposed, admitted, dispatched, deduplicated
+      launches/<launch_id>.heartbeat  a following launch's latest "alive" (every HEARTBEAT_S)
       checkpoints/, milestones/, prune_decisions/, budget/, quarantine/, submitit/
 
 Owns paths and the create-exclusive claims that make two launchers agree; no decisions.
@@ -31,6 +32,22 @@ from .journal import TrialWriter, read_events
 from .records import TrialRecord, TrialSpec, fold
 
 CANCELLED_FILE = "cancelled.json"
+HEARTBEAT_S = 30.0  # how often a following launch says it is alive
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    at: float  # when it was written, by the launch's clock
+    host: str
+    pid: int
+    following: bool  # False: its last word, it stopped following (every trial ended, or it was stopped)
+
+    def to_json(self) -> dict:
+        return {"at": self.at, "host": self.host, "pid": self.pid, "following": self.following}
+
+    @classmethod
+    def from_json(cls, d: dict) -> Heartbeat:
+        return cls(float(d["at"]), str(d["host"]), int(d["pid"]), bool(d["following"]))
 
 
 @dataclass(frozen=True)
@@ -229,3 +246,19 @@ class SearchDir:
     def write_launch(self, launch_id: str, summary: dict) -> None:
         fsio.ensure_dir(self.launches_dir)
         fsio.atomic_write_json(self.launches_dir / f"{launch_id}.json", summary)
+
+    def write_heartbeat(self, launch_id: str, beat: Heartbeat) -> None:
+        """The launch following its trials says it is alive (and, last, that it stopped following)."""
+        fsio.atomic_write_json(fsio.ensure_dir(self.launches_dir) / f"{launch_id}.heartbeat", beat.to_json())
+
+    def heartbeats(self) -> dict[str, Heartbeat]:
+        """Each following launch's latest word, by launch id."""
+        if not self.launches_dir.exists():
+            return {}
+        out = {}
+        for p in self.launches_dir.glob("*.heartbeat"):
+            try:
+                out[p.stem] = Heartbeat.from_json(fsio.read_json(p))
+            except (CorruptRecord, KeyError, TypeError, ValueError):
+                continue  # a damaged heartbeat says nothing: its launch reads as gone once it is old
+        return out

@@ -183,7 +183,8 @@ def _compute(search, contract, records, jobs: Sequence[Mapping[str, Any]], sacct
     selection_jobs = {"gpu_hours": 0.0, "cpu_hours": 0.0, "jobs": len(jobs)}
     for job in jobs:  # the rerun and final jobs: their own wall time times the resources they held
         hours = max(0.0, job["job"]["ended_at"] - job["job"]["started_at"]) / 3600.0
-        selection_jobs["gpu_hours"] += int(job["job"]["resources"]["gpus"]) * hours
+        allocated = job["job"].get("facts", {}).get("gpus")  # what its scheduler gave it; older results: the request
+        selection_jobs["gpu_hours"] += int(job["job"]["resources"]["gpus"] if allocated is None else allocated) * hours
         selection_jobs["cpu_hours"] += int(job["job"]["resources"]["cpus"]) * hours
     selection_jobs["cost"] = caps.rates.cost(selection_jobs["gpu_hours"], selection_jobs["cpu_hours"])
     out: dict[str, Any] = {

@@ -7,6 +7,9 @@ the whole launch; a refusal happens before the first sbatch, never after.
 
 from __future__ import annotations
 
+import getpass
+import os
+import socket
 import sys
 import time
 import uuid
@@ -18,13 +21,13 @@ from typing import Any
 from rich.console import Console
 
 from .. import resolution
-from ..budget import BudgetDecision, launch_decision
+from ..budget import BudgetDecision, admit_account, launch_decision, render_account
 from ..console import make_console
 from ..contract import Contract, TrialIdentity, admit, first_difference, freeze_contract, load_contract
 from ..data import read_split
 from ..dispatch import Dispatcher, Submitted, packing
 from ..errors import GovernanceRefusal, ReleaseFailed, SchedulerUnavailable, UsageError
-from ..ledger import RecordView, SearchDir, TrialRecord, TrialSpec, TrialWriter
+from ..ledger import HEARTBEAT_S, Heartbeat, RecordView, SearchDir, TrialRecord, TrialSpec, TrialWriter
 from ..lifecycle import Action, Next, RetryPolicy, next_action
 from ..selection.store import write_final_plan
 from ..worker import TrialTask, WorkerPlan
@@ -46,6 +49,11 @@ class LaunchReport:
     dry_run: bool = False
     launcher: dict = field(default_factory=dict)
     packing: dict = field(default_factory=dict)  # the pack size and why
+    follows: bool = True  # it follows its trials to the end (search.wait); False: detached
+    user: str = field(default_factory=getpass.getuser)
+    host: str = field(default_factory=socket.gethostname)
+    pid: int = field(default_factory=os.getpid)
+    at: float = field(default_factory=time.time)
 
     def to_json(self) -> dict:
         return {
@@ -60,6 +68,11 @@ class LaunchReport:
             "jobs": self.jobs,
             "dry_run": self.dry_run,
             "packing": self.packing,
+            "follows": self.follows,
+            "user": self.user,
+            "host": self.host,
+            "pid": self.pid,
+            "at": self.at,
         }
 
 
@@ -115,7 +128,7 @@ class SearchLaunch:
                 # launch, when that one died before proposing anything); never added to a search later.
                 write_final_plan(path, frozen, cfg["split"]["path"], read_split(cfg["split"]["path"]).final_digest)
         launch_id = time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
-        report = LaunchReport(path, launch_id, frozen.digest, dry_run=dry_run)
+        report = LaunchReport(path, launch_id, frozen.digest, dry_run=dry_run, follows=bool(cfg["search"]["wait"]))
 
         specs = self._admit_proposals(search, frozen, n_trials, report)
         to_dispatch = [s.trial_id for s in specs]
@@ -130,8 +143,13 @@ class SearchLaunch:
         known = set(search.trial_ids()) | set(to_dispatch)
         decision = launch_decision(frozen, len(to_dispatch), len(known) - len(to_dispatch), None if dry_run and fresh else path)
         self._require_budget(decision)
+        account = account_decision(dispatcher, decision)
+        if account is not None:
+            self._require_budget(account[0], account[1])
         self.console.print(display.contract_line(frozen, path, created, dry_run))
         self.console.print(display.commitment_text(decision))
+        if account is not None:
+            self.console.print(account[1], markup=False, highlight=False)
         if report.dry_run:
             pack = choose_packing(dispatcher, search, len(specs))
             self.console.print(display.dry_run_table(specs, frozen))
@@ -169,10 +187,10 @@ class SearchLaunch:
         return frozen, False
 
     @staticmethod
-    def _require_budget(decision: BudgetDecision) -> None:
-        """A hold prints its outcome first (stdout), the commitment table on stderr, and exits 3."""
+    def _require_budget(decision: BudgetDecision, text: str | None = None) -> None:
+        """A hold prints its outcome first (stdout), the table (``text``, else the commitment's) on stderr, and exits 3."""
         if not decision.ok:
-            print(display.commitment_text(decision), file=sys.stderr)
+            print(text if text is not None else display.commitment_text(decision), file=sys.stderr)
             decision.require()
 
     def _admit_proposals(self, search: SearchDir, contract: Contract, n_trials: int, report: LaunchReport) -> list[TrialSpec]:
@@ -205,6 +223,17 @@ class SearchLaunch:
 
 
 OUTAGE_LIMIT_S = 900.0  # how long a launch waits for a scheduler that stopped answering
+
+
+def account_decision(dispatcher: Dispatcher, decision: BudgetDecision) -> tuple[BudgetDecision, str] | None:
+    """The worst case against the association limits of the account the jobs are charged to (with
+    the text to print); None where jobs are charged to no account."""
+    found = dispatcher.account_limits()
+    if found is None:
+        return None
+    account, limits = found
+    verdict = admit_account(decision.commitment, limits, account)
+    return verdict, render_account(verdict, account)
 
 
 def choose_packing(dispatcher: Dispatcher, search: SearchDir, n_trials: int) -> packing.Packing:
@@ -248,6 +277,7 @@ class Follower:
         self.recorded: set[str] = set()  # trials of the batch being submitted whose job ids are recorded
         self.seen_dispatches: dict[str, int] = {}  # trial -> its dispatch count when last decided on
         self.view = RecordView(search)  # each poll folds only the trials whose journals changed
+        self.last_beat = 0.0  # when this launch last said it is alive (``HEARTBEAT_S``)
 
     def writer(self, trial_id: str) -> TrialWriter:
         """One journal per trial for this launch, opened when it first has something to say."""
@@ -374,8 +404,22 @@ class Follower:
         return True
 
     def follow(self) -> None:
+        try:
+            self._follow()
+        finally:
+            self._beat(following=False)  # its last word: `parcel-hpc list` then says ended, not gone
+
+    def _beat(self, following: bool) -> None:
+        now = time.time()
+        if following and now - self.last_beat < HEARTBEAT_S:
+            return
+        self.search.write_heartbeat(self.launch_id, Heartbeat(now, socket.gethostname(), os.getpid(), following))
+        self.last_beat = now
+
+    def _follow(self) -> None:
         with display.Progress(self.console, list(self.plans)) as progress:
             while True:
+                self._beat(following=True)
                 round_started = time.monotonic()
                 if not self._refresh():
                     time.sleep(max(self.poll_s, 2.0))

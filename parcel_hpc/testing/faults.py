@@ -7,7 +7,11 @@ trial with ``fault=raise`` raises, one with ``fault=nan`` diverges.
 
 from __future__ import annotations
 
+import hashlib
+import os
+import signal
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from ..trainer import Diverged
@@ -24,3 +28,21 @@ def inject(params: Mapping[str, Any], step: int) -> None:
         raise RuntimeError("injected fault: params.fault=raise")
     if fault == "nan":
         raise Diverged("injected fault: params.fault=nan")
+
+
+INTERRUPT_HOOK = "parcel_hpc.testing.faults:interrupt_once"
+INTERRUPT_STEP_ENV = "PARCEL_TEST_INTERRUPT_STEP"
+MARKERS_ENV = "PARCEL_TEST_MARKERS"  # a directory: one marker per trial already interrupted
+
+
+def interrupt_once(params: Mapping[str, Any], step: int) -> None:
+    """SIGUSR2, SLURM's checkpoint signal, at step ``$PARCEL_TEST_INTERRUPT_STEP`` of each trial's
+    first attempt only (a marker file per trial), so the requeued attempt resumes undisturbed."""
+    if step != int(os.environ[INTERRUPT_STEP_ENV]):
+        return
+    marker = Path(os.environ[MARKERS_ENV]) / hashlib.sha256(repr(sorted(params.items())).encode()).hexdigest()[:16]
+    try:
+        marker.touch(exist_ok=False)
+    except FileExistsError:
+        return
+    os.kill(os.getpid(), signal.SIGUSR2)

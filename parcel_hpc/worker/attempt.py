@@ -325,7 +325,7 @@ class AttemptRun:
             self.ledger.ended(self.attempt, ending)
             self.ended = True  # only once it is on disk
             if self.reserved:
-                self.budget.settle(self.plan.trial_id, self.attempt, self.started_at)
+                self.budget.settle(self.plan.trial_id, self.attempt, self.started_at, gpus=self.facts.gpus)
 
     def _fail(self, cause: Cause, exc: BaseException) -> None:
         # A configuration that fails twice with the same class is a result about the design.

@@ -26,6 +26,7 @@ def facts_from_env(env: Mapping[str, str] | None = None) -> Started:
             os.getpid(),
             int(env.get("SLURM_RESTART_COUNT", "0") or 0),
             env.get("CUDA_VISIBLE_DEVICES", ""),
+            _slurm_gpus(env),
         )
     return Started(
         Executor.LOCAL,
@@ -36,7 +37,21 @@ def facts_from_env(env: Mapping[str, str] | None = None) -> Started:
         os.getpid(),
         0,
         env.get("CUDA_VISIBLE_DEVICES", ""),
+        _devices(env.get("CUDA_VISIBLE_DEVICES", "")),  # the local executor sets it for each child: what it handed out
     )
+
+
+def _devices(listing: str) -> int:
+    return len([d for d in listing.split(",") if d.strip()])
+
+
+def _slurm_gpus(env: Mapping[str, str]) -> int | None:
+    """GPUs SLURM allocated to the job on this node (None where it does not say: the request stands)."""
+    if env.get("SLURM_GPUS_ON_NODE", "").strip().isdigit():
+        return int(env["SLURM_GPUS_ON_NODE"])
+    if env.get("SLURM_JOB_GPUS", "").strip():
+        return _devices(env["SLURM_JOB_GPUS"])
+    return None
 
 
 def signal_cause(facts: Started) -> Cause:

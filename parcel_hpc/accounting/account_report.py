@@ -1,0 +1,182 @@
+"""``parcel-hpc reconcile --root ROOT`` and ``--account NAME --since DATE``: the admin's report over
+many searches, and its terminal, JSON, CSV and HTML forms.
+
+The edge of ``account.py``: finds the searches, reconciles each (``run.reconcile_search``), asks
+sacct for every job charged to the account, and renders. Reads only, like every reconcile.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import datetime as _dt
+import io
+from collections.abc import Sequence
+from dataclasses import fields
+from pathlib import Path
+
+import jinja2
+from rich.table import Table
+
+from ..budget import search_caps
+from ..errors import UsageError
+from ..searches import find_searches, launched_by
+from .account import AccountReport, Charge, SearchPart, Total, over_account, over_searches
+from .parse import parse_sacct
+from .run import reconcile_search
+from .runs import job_runs
+from .sacct import build_sacct_argv, run_sacct
+
+_ENV = jinja2.Environment(
+    loader=jinja2.PackageLoader("parcel_hpc.accounting", "templates"),
+    autoescape=jinja2.select_autoescape(enabled_extensions=("html.j2",), default=True),
+    undefined=jinja2.StrictUndefined,
+)
+UNKNOWN_SHOWN = 200  # unknown jobs a terminal or page lists in full (JSON and CSV list them all)
+
+
+def parse_since(text: str) -> _dt.datetime:
+    """``--since``: a date or an ISO date and time, UTC unless it says its zone."""
+    try:
+        moment = _dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise UsageError(f"--since {text!r} is not a date; give YYYY-MM-DD or YYYY-MM-DDTHH:MM[:SS][+HH:MM]") from None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=_dt.UTC)
+
+
+def account_report(root: Path, account: str | None = None, since: _dt.datetime | None = None) -> AccountReport:
+    searches = list(find_searches(root))
+    parts = [SearchPart(str(s.path), launched_by(s), reconcile_search(s)) for s in searches]
+    if account is None:
+        return over_searches(f"root {Path(root).absolute()}", parts)
+    if since is None:
+        raise UsageError("--account needs --since DATE: the report covers the account's jobs from then (sacct would start at today's midnight)")
+    runs = job_runs(parse_sacct(run_sacct(build_sacct_argv([], since=since, account=account, all_users=True)), source=f"sacct --accounts={account}"))
+    # Only searches that ran on SLURM can own an account's jobs (a local job id is a pid).
+    slurm = [(s, p) for s, p in zip(searches, parts) if p.reconciliation.source.startswith("sacct")]
+    rates = {p.path: search_caps(s.contract()).rates for s, p in slurm}
+    return over_account(f"account {account} since {since.isoformat()}", [p for _, p in slurm], runs, rates)
+
+
+# --- renderers ---------------------------------------------------------------------------------
+
+
+def render_table(report: AccountReport, console) -> None:
+    t = report.totals()
+    console.print(
+        f"[bold]{report.scope}[/]: {len(report.searches)} searches, {t['jobs']} jobs, {t['gpu_hours']:.4f} GPU-h, {t['cpu_hours']:.4f} CPU-h, cost {t['cost']:.4f}"
+    )
+    for title, rows in (("by user", report.by_user), ("by search", report.by_search), ("by partition", report.by_partition)):
+        console.print(_totals_table(title, rows))
+    searches = Table(title="searches: spend against caps")
+    for col in ("search", "user", "GPU-h used / cap", "cost used / cap", "flags", "complete"):
+        searches.add_column(col)
+    for p in report.searches:
+        spend = p.reconciliation.spend
+        searches.add_row(
+            p.path,
+            p.user,
+            f"{spend['gpu_hours']['used']:.4g} / {spend['gpu_hours']['cap']:g}",
+            f"{spend['cost']['used']:.4g} / {spend['cost']['cap']:g}",
+            str(len(p.reconciliation.flags)),
+            "yes" if p.reconciliation.complete else "pending",
+        )
+    console.print(searches)
+    if report.unknown:
+        unknown = Table(title=f"{len(report.unknown)} jobs charged to the account that no search knows ({t['unknown_gpu_hours']:.4f} GPU-h)")
+        for col in ("job", "user", "partition", "state", "GPU-h", "CPU-h"):
+            unknown.add_column(col)
+        for c in report.unknown[:UNKNOWN_SHOWN]:
+            unknown.add_row(c.job_id, c.user, c.partition, c.state, f"{c.gpu_hours:.4f}", f"{c.cpu_hours:.4f}")
+        if len(report.unknown) > UNKNOWN_SHOWN:
+            unknown.caption = f"the first {UNKNOWN_SHOWN}; --json or --csv list them all"
+        console.print(unknown)
+    if report.flags:
+        console.print(f"[yellow]{report.flags} flags in the searches' reconciliations: `parcel-hpc reconcile SEARCH_DIR` shows each[/]")
+
+
+def _totals_table(title: str, rows: Sequence[Total]) -> Table:
+    table = Table(title=title)
+    for col in ("", "jobs", "lines", "GPU-h", "CPU-h", "cost"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r.key, str(r.jobs), str(r.lines), f"{r.gpu_hours:.4f}", f"{r.cpu_hours:.4f}", f"{r.cost:.4f}")
+    return table
+
+
+def to_csv(report: AccountReport) -> str:
+    """One row per job run, with the search it belongs to (or none)."""
+    out = io.StringIO()
+    w = csv.DictWriter(out, fieldnames=[f.name for f in fields(Charge)], lineterminator="\n")
+    w.writeheader()
+    for c in report.charges:
+        w.writerow(c.to_json())
+    return out.getvalue()
+
+
+def to_html(report: AccountReport) -> str:
+    """One self-contained page (plots inlined as PNG data URIs: it opens with no network)."""
+    return _ENV.get_template("account.html.j2").render(
+        report=report,
+        totals=report.totals(),
+        plots=_plots(report),
+        shown=UNKNOWN_SHOWN,
+        generated=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+    )
+
+
+def _plots(report: AccountReport) -> list[tuple[str, str]]:
+    import matplotlib  # here: slow to import, and only the HTML report plots
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # after use("Agg"): no display on a login node
+
+    out = []
+    for title, rows in (("GPU-hours by user", report.by_user), ("GPU-hours by search", report.by_search), ("GPU-hours by partition", report.by_partition)):
+        fig, ax = plt.subplots(figsize=(7, 0.5 + 0.4 * max(1, len(rows))))
+        labels = [_short(r.key) for r in rows]
+        values = [r.gpu_hours for r in rows]
+        hbars(ax, labels, values, [f"{v:.4g} GPU-h" for v in values])
+        ax.set_title(title)
+        out.append((title, _png(fig, plt)))
+    fig, ax = plt.subplots(figsize=(7, 0.5 + 0.5 * max(1, len(report.searches))))
+    used = [
+        100 * p.reconciliation.spend["gpu_hours"]["used"] / p.reconciliation.spend["gpu_hours"]["cap"] if p.reconciliation.spend["gpu_hours"]["cap"] else 0.0
+        for p in report.searches
+    ]
+    texts = [
+        f"{p.reconciliation.spend['gpu_hours']['used']:.4g} of {p.reconciliation.spend['gpu_hours']['cap']:g} GPU-h ({u:.3g} %)"
+        for p, u in zip(report.searches, used)
+    ]
+    hbars(ax, [_short(p.path) for p in report.searches], used, texts)
+    ax.set_xlabel("% of the search's GPU-hour cap used (axis fitted to the largest: small shares stay visible)")
+    ax.set_title("spend against each search's cap")
+    out.append(("spend against caps", _png(fig, plt)))
+    return out
+
+
+def hbars(ax, labels: list[str], values: list[float], texts: list[str]) -> None:
+    """Horizontal bars, each labelled with its value in words, on an axis fitted to the largest
+    value (a share of a large cap stays readable however small); a plot with nothing says so."""
+    if not labels:
+        ax.text(0.5, 0.5, "nothing to show", ha="center", va="center", transform=ax.transAxes)
+        ax.set_yticks([])
+        return
+    top = max(values) or 1.0
+    ax.barh(labels, values, color="#4477aa")
+    ax.set_xlim(0, top * 1.6)  # room for the labels
+    for i, (v, text) in enumerate(zip(values, texts)):
+        ax.text(v + top * 0.02, i, text, va="center", fontsize=8)
+    ax.invert_yaxis()
+
+
+def _png(fig, plt) -> str:
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png", dpi=90)
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _short(path: str, room: int = 40) -> str:
+    return path if len(path) <= room else "…" + path[-(room - 1) :]

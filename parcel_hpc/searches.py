@@ -1,0 +1,244 @@
+"""``parcel-hpc list``: every search under a root, one line each.
+
+Owns finding search directories (a ``contract.json`` at most ``MAX_DEPTH`` folders below the root:
+``<search.root>/<revision>``, or a root of several users' roots) and the summary of one: its
+revision, counts by state, spend against its caps, whether a launcher still follows it, and when
+anything was last written.
+
+Whether a launcher is alive is decided from what it wrote (``launcher_state``, pure): a following
+launch rewrites ``launches/<id>.heartbeat`` every ``HEARTBEAT_S`` and says, last, that it stopped.
+
+Must not write a byte: admins list other people's searches.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import socket
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+
+from rich.table import Table
+
+from .budget import BudgetLedger, Spend, search_caps
+from .errors import ParcelError
+from .ledger import HEARTBEAT_S, Heartbeat, SearchDir, TrialState
+from .ledger.journal import journals
+from .processes import pid_alive
+from .report import counts_by_state
+
+MAX_DEPTH = 3  # <root>/<user>/<project>/<revision>: deep enough for shared roots, never the whole disk
+STALE_AFTER_S = 3 * HEARTBEAT_S  # a following launch that has not written for this long has gone
+
+
+class LauncherState(Enum):
+    FOLLOWING = "following"  # a launch follows the trials now (its heartbeat is fresh)
+    ENDED = "ended"  # the last launch followed its trials until it stopped
+    GONE = "gone"  # the last following launch stopped writing without saying so (killed, node lost)
+    DETACHED = "detached"  # launched with search.wait=false: the jobs run on the scheduler alone
+    NONE = "none"  # nothing was ever dispatched
+    UNKNOWN = "unknown"  # its last launch was by a version that wrote no heartbeat
+
+    def is_alive(self) -> bool:
+        return self is LauncherState.FOLLOWING
+
+
+def launcher_state(launches: Sequence[Mapping], beats: Mapping[str, Heartbeat], now: float, host: str, alive: Callable[[int], bool]) -> LauncherState:
+    """What became of the search's launchers (pure): any that follows now wins; else the latest
+    launch that dispatched anything says how it left. ``alive(pid)`` is asked only for a launch
+    on this ``host`` (a fresh heartbeat from a process that died a moment ago reads as gone)."""
+    for beat in beats.values():
+        if beat.following and now - beat.at < STALE_AFTER_S and (beat.host != host or alive(beat.pid)):
+            return LauncherState.FOLLOWING
+    dispatching = [l for l in launches if l.get("dispatched") and not l.get("dry_run")]
+    if not dispatching:
+        return LauncherState.NONE
+    last = dispatching[-1]
+    beat = beats.get(str(last.get("launch_id", "")))
+    if "follows" not in last and beat is None:
+        return LauncherState.UNKNOWN
+    if not last.get("follows", True):
+        return LauncherState.DETACHED
+    return LauncherState.ENDED if beat is not None and not beat.following else LauncherState.GONE
+
+
+def launched_by(search: SearchDir) -> str:
+    """Who ran the search's latest launch; for a search launched before launches said so, who owns
+    its contract file."""
+    users = [str(l["user"]) for l in search.launches() if l.get("user")]
+    if users:
+        return users[-1]
+    try:
+        return pwd.getpwuid((search.path / "contract.json").stat().st_uid).pw_name
+    except (KeyError, OSError):
+        return ""
+
+
+def current_launcher(search: SearchDir, now: float | None = None) -> LauncherState:
+    """What the search's launch records and heartbeats say now (this host's pids are checked)."""
+    now = time.time() if now is None else now
+    return launcher_state(search.launches(), search.heartbeats(), now, socket.gethostname(), lambda pid: pid_alive(str(pid)))
+
+
+@dataclass(frozen=True)
+class SearchSummary:
+    path: str
+    revision: str
+    trials: int
+    counts: Mapping[str, int]
+    spend: Spend | None  # the budget journal's totals; None when nothing was ever reserved
+    gpu_hours_cap: float
+    cost_cap: float
+    cost: float  # money committed (used + still held) at the search's rates
+    launcher: LauncherState
+    last_activity: float | None  # newest write to a trial journal or launch record (epoch seconds)
+    best: dict | None = None  # the best completed trial: id and validation miss-cost
+    problem: str = ""  # why the search could not be read (damaged records): it is still listed
+    users: tuple[str, ...] = field(default=())  # who launched it
+
+    def to_json(self) -> dict:
+        spend = self.spend
+        return {
+            "path": self.path,
+            "revision": self.revision,
+            "trials": self.trials,
+            "counts": dict(self.counts),
+            "gpu_hours": {
+                "used": spend.used_gpu_hours if spend else 0.0,
+                "held": spend.reserved_gpu_hours if spend else 0.0,
+                "cap": self.gpu_hours_cap,
+            },
+            "cpu_hours": {"used": spend.used_cpu_hours if spend else 0.0, "held": spend.reserved_cpu_hours if spend else 0.0},
+            "cost": {"committed": self.cost, "cap": self.cost_cap},
+            "launcher": self.launcher.value,
+            "last_activity": self.last_activity,
+            "best": self.best,
+            "users": list(self.users),
+            "problem": self.problem,
+        }
+
+
+def find_searches(root: Path) -> Iterator[SearchDir]:
+    """Search directories under ``root`` (``root`` itself included), sorted by path."""
+    root = Path(root)
+    if not root.is_dir():
+        raise ParcelError(f"{root} is not a directory; give the search root (search.root, default ./runs) or a search directory")
+    found: list[Path] = []
+
+    def walk(d: Path, depth: int) -> None:
+        if (d / "contract.json").is_file():
+            found.append(d)
+            return  # a search's own folders hold no searches
+        if depth >= MAX_DEPTH:
+            return
+        try:
+            children = sorted(e.path for e in os.scandir(d) if e.is_dir(follow_symlinks=False) and not e.name.startswith("."))
+        except PermissionError:
+            return  # a root shared by several users: list what this user may read
+        for child in children:
+            walk(Path(child), depth + 1)
+
+    walk(root, 0)
+    return (SearchDir(p) for p in sorted(found))
+
+
+def summarize(search: SearchDir, now: float | None = None) -> SearchSummary:
+    now = time.time() if now is None else now
+    contract = search.contract()
+    caps = search_caps(contract)
+    records = list(search.records())
+    spend = BudgetLedger.read_totals(search.path)
+    done = [r for r in records if r.state is TrialState.COMPLETED and r.metric is not None]
+    best = min(done, key=lambda r: (r.metric, r.trial_id), default=None)
+    launches = search.launches()
+    cost = spend.committed_cost(caps.rates) if spend else 0.0
+    return SearchSummary(
+        path=str(search.path),
+        revision=str(contract["search_revision"]),
+        trials=len(records),
+        counts=counts_by_state(records),
+        spend=spend,
+        gpu_hours_cap=caps.gpu_hours_cap,
+        cost_cap=caps.cost_cap,
+        cost=cost,
+        launcher=current_launcher(search, now),
+        last_activity=_last_write(search),
+        best={"trial_id": best.trial_id, "miss_cost": best.metric} if best else None,
+        users=tuple(sorted({str(l["user"]) for l in launches if l.get("user")})),
+    )
+
+
+def _last_write(search: SearchDir) -> float | None:
+    """The newest modification among trial journals and launch records: one stat each, no parsing."""
+    newest = None
+    dirs = [search.trials_dir / tid for tid in search.trial_ids()]
+    files = [e for d in dirs for e in journals(d)]
+    if search.launches_dir.exists():
+        files += [e for e in os.scandir(search.launches_dir) if e.is_file()]
+    for e in files:
+        t = e.stat().st_mtime
+        newest = t if newest is None or t > newest else newest
+    return newest
+
+
+def collect(root: Path, now: float | None = None) -> list[SearchSummary]:
+    """One summary per search; a search whose records do not read is listed with the problem."""
+    out = []
+    for search in find_searches(root):
+        try:
+            out.append(summarize(search, now))
+        except ParcelError as exc:
+            out.append(_unreadable(search, str(exc)))
+    return out
+
+
+def _unreadable(search: SearchDir, problem: str) -> SearchSummary:
+    return SearchSummary(str(search.path), search.path.name, 0, {}, None, 0.0, 0.0, 0.0, LauncherState.NONE, None, problem=problem)
+
+
+# --- rendering ---------------------------------------------------------------------------------
+
+
+def render(summaries: Sequence[SearchSummary], root: Path, now: float | None = None) -> Table:
+    now = time.time() if now is None else now
+    table = Table(title=f"{len(summaries)} searches under {root}")
+    for col in ("search", "trials", "by state", "GPU-h used+held / cap", "cost / cap", "launcher", "last activity", "best"):
+        table.add_column(col)
+    for s in summaries:
+        if s.problem:
+            table.add_row(_rel(s.path, root), "?", f"[red]{s.problem}[/]", "", "", "", "", "")
+            continue
+        spend = s.spend
+        gpu = (spend.committed_gpu_hours if spend else 0.0) / s.gpu_hours_cap if s.gpu_hours_cap else 0.0
+        table.add_row(
+            _rel(s.path, root),
+            str(s.trials),
+            " ".join(f"{state}={n}" for state, n in s.counts.items() if n) or "-",
+            f"{spend.committed_gpu_hours if spend else 0.0:.4g} / {s.gpu_hours_cap:g} ({100 * gpu:.3g} %)",
+            f"{s.cost:.4g} / {s.cost_cap:g}",
+            s.launcher.value,
+            _ago(s.last_activity, now),
+            f"{s.best['trial_id']} {s.best['miss_cost']:.4f}" if s.best else "-",
+        )
+    return table
+
+
+def _rel(path: str, root: Path) -> str:
+    try:
+        return str(Path(path).relative_to(Path(root).absolute())) or "."
+    except ValueError:
+        return path
+
+
+def _ago(t: float | None, now: float) -> str:
+    if t is None:
+        return "never"
+    s = max(0.0, now - t)
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if s >= size:
+            return f"{s / size:.0f} {unit} ago"
+    return f"{s:.0f} s ago"
