@@ -149,10 +149,10 @@ def run(search: SearchDir, *, dry_run: bool, wait: bool, console: Console) -> Re
         return plan
     decision = launch_decision(contract, len(plan.resubmit), len(search.trial_ids()) - len(plan.resubmit), search.path)
     decision.require()  # a resubmission that would overshoot a cap is refused (hold:budget, exit 3)
-    account = account_decision(dispatcher, decision)
-    if account is not None and not account[0].ok:
-        print(account[1], file=sys.stderr)
-        account[0].require()  # nor one the account's association limits cannot hold
+    verdict, text = account_decision(dispatcher.account_limits(), decision)
+    if not verdict.ok:
+        print(text, file=sys.stderr)
+        verdict.require()  # nor one the account's association limits cannot hold
     resubmitted = _dispatch(search, dispatcher, plan, launch_id, dispatches)
     console.print(f"resubmitted {len(resubmitted)} trials: " + ", ".join(f"{s.trial_id}->{s.job_id}" for s in resubmitted))
     if wait or not dispatcher.can_detach:

@@ -21,7 +21,7 @@ from typing import Any
 from rich.console import Console
 
 from .. import resolution
-from ..budget import BudgetDecision, admit_account, launch_decision, render_account
+from ..budget import AssociationLimit, BudgetDecision, admit_account, launch_decision, render_account
 from ..console import make_console
 from ..contract import Contract, TrialIdentity, admit, first_difference, freeze_contract, load_contract
 from ..data import read_split
@@ -110,9 +110,12 @@ class SearchLaunch:
                 "hold:budget",
                 f"search.n_trials={n_trials} exceeds budget.max_trials={max_trials}; lower search.n_trials to {max_trials} or start a new search revision with a larger budget",
             )
+        account = dispatcher.account_limits()  # an unknown account is refused here, before anything is written
         if fresh and n_trials:
             # Hold before freezing: a held first launch must leave the caps free to change.
-            self._require_budget(launch_decision(contract, n_trials, 0, None))
+            first = launch_decision(contract, n_trials, 0, None)
+            self._require_budget(first)
+            self._require_budget(*account_decision(account, first))
         dry_run = bool(cfg["search"]["dry_run"])
         if dry_run:
             frozen, created = self._dry_freeze(path, contract, fresh)
@@ -143,13 +146,12 @@ class SearchLaunch:
         known = set(search.trial_ids()) | set(to_dispatch)
         decision = launch_decision(frozen, len(to_dispatch), len(known) - len(to_dispatch), None if dry_run and fresh else path)
         self._require_budget(decision)
-        account = account_decision(dispatcher, decision)
-        if account is not None:
-            self._require_budget(account[0], account[1])
+        verdict, account_text = account_decision(account, decision)
+        self._require_budget(verdict, account_text)
         self.console.print(display.contract_line(frozen, path, created, dry_run))
         self.console.print(display.commitment_text(decision))
-        if account is not None:
-            self.console.print(account[1], markup=False, highlight=False)
+        if account_text:
+            self.console.print(account_text, markup=False, highlight=False)
         if report.dry_run:
             pack = choose_packing(dispatcher, search, len(specs))
             self.console.print(display.dry_run_table(specs, frozen))
@@ -187,10 +189,10 @@ class SearchLaunch:
         return frozen, False
 
     @staticmethod
-    def _require_budget(decision: BudgetDecision, text: str | None = None) -> None:
+    def _require_budget(decision: BudgetDecision, text: str = "") -> None:
         """A hold prints its outcome first (stdout), the table (``text``, else the commitment's) on stderr, and exits 3."""
         if not decision.ok:
-            print(text if text is not None else display.commitment_text(decision), file=sys.stderr)
+            print(text or display.commitment_text(decision), file=sys.stderr)
             decision.require()
 
     def _admit_proposals(self, search: SearchDir, contract: Contract, n_trials: int, report: LaunchReport) -> list[TrialSpec]:
@@ -225,15 +227,14 @@ class SearchLaunch:
 OUTAGE_LIMIT_S = 900.0  # how long a launch waits for a scheduler that stopped answering
 
 
-def account_decision(dispatcher: Dispatcher, decision: BudgetDecision) -> tuple[BudgetDecision, str] | None:
-    """The worst case against the association limits of the account the jobs are charged to (with
-    the text to print); None where jobs are charged to no account."""
-    found = dispatcher.account_limits()
-    if found is None:
-        return None
-    account, limits = found
-    verdict = admit_account(decision.commitment, limits, account)
-    return verdict, render_account(verdict, account)
+def account_decision(account: tuple[str, list[AssociationLimit]] | None, decision: BudgetDecision) -> tuple[BudgetDecision, str]:
+    """The worst case against the association limits of the account the jobs are charged to
+    (``Dispatcher.account_limits``), with the text to print ("" where jobs are charged to no account)."""
+    if account is None:
+        return decision, ""
+    name, limits = account
+    verdict = admit_account(decision.commitment, limits, name)
+    return verdict, render_account(verdict, name)
 
 
 def choose_packing(dispatcher: Dispatcher, search: SearchDir, n_trials: int) -> packing.Packing:
