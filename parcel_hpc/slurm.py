@@ -53,6 +53,7 @@ class ControllerLimits:
     max_array_size: int  # tasks per array: indices 0..MaxArraySize-1
     max_job_count: int  # jobs the controller holds at once, every user's together
     cluster: str = ""  # ClusterName: whose associations apply
+    accounting: bool = True  # AccountingStorageType is set: associations (and their limits) exist
 
 
 DEFAULT_LIMITS = ControllerLimits(1001, 10000)  # SLURM's defaults, where the configuration omits them
@@ -70,7 +71,12 @@ def parse_config(text: str) -> ControllerLimits:
         value = values.get(name, "")
         return int(value) if value.isdigit() and int(value) > 0 else default
 
-    return ControllerLimits(whole("MaxArraySize", DEFAULT_LIMITS.max_array_size), whole("MaxJobCount", DEFAULT_LIMITS.max_job_count), values.get("ClusterName", ""))
+    return ControllerLimits(
+        whole("MaxArraySize", DEFAULT_LIMITS.max_array_size),
+        whole("MaxJobCount", DEFAULT_LIMITS.max_job_count),
+        values.get("ClusterName", ""),
+        values.get("AccountingStorageType", "accounting_storage/none") != "accounting_storage/none",
+    )
 
 
 def controller_limits(env: Mapping[str, str] | None = None) -> ControllerLimits:

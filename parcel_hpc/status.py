@@ -195,9 +195,9 @@ def _changes(seen: dict[str, tuple], data: dict[str, Any]) -> list[str]:
     for t in data["trials"]:
         key = (t["state"], t["scheduler"], t["milestone"])
         before = seen.get(t["trial_id"])
-        if before == key:
-            continue
         seen[t["trial_id"]] = key
+        if before == key or (before is None and key == (TrialState.QUEUED.value, "", None)):
+            continue  # unchanged, or first seen waiting for its dispatch: nothing has happened to it yet
         what = t["state"] + (f" ({t['scheduler']}{': ' + t['queue_reason'] if t['queue_reason'] else ''})" if t["scheduler"] else "")
         if t["metric"] is not None:
             what += f" miss-cost {t['metric']:.4f}"

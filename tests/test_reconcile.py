@@ -5,10 +5,13 @@ from importlib import resources
 from pathlib import Path
 
 import pytest
+from browser import check_html_plots
 
 from parcel_hpc import fsio
 from parcel_hpc.accounting import job_runs, parse_sacct
+from parcel_hpc.accounting.account_report import hbars
 from parcel_hpc.accounting.reconcile import reconcile
+from parcel_hpc.accounting.run import cap_on_scale
 from parcel_hpc.budget import BudgetCaps, Rates
 from parcel_hpc.contract import Contract, freeze_contract
 from parcel_hpc.ledger import Event, SearchDir, TrialSpec, fold
@@ -142,6 +145,24 @@ def test_cli_reads_an_exported_dump_in_every_format(tmp_path):
     assert table.returncode == 0 and "orphan" in table.stdout
     page = html.read_text()
     assert page.count("data:image/png;base64,") == 4 and "http" not in page.replace("http-equiv", "")
+    check_html_plots(html, tmp_path, at_least=4)
+
+
+def test_spend_tiny_against_its_cap_stays_readable():
+    """A spend of 0.001 GPU-h against a cap of 200 would be a flat line at the axis: the search's
+    plot says the cap in words, and the account report's bars use an axis fitted to the largest."""
+    assert cap_on_scale(12.0, 200.0) and not cap_on_scale(0.001, 200.0)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    hbars(ax, ["a-r1", "b-r1"], [0.0005, 0.001], ["0.0005 of 200 GPU-h", "0.001 of 200 GPU-h"])
+    left, right = ax.get_xlim()
+    assert left == 0 and right == pytest.approx(0.0016)  # the largest bar fills 5/8 of the axis, whatever the cap
+    assert [t.get_text() for t in ax.texts] == ["0.0005 of 200 GPU-h", "0.001 of 200 GPU-h"]
+    plt.close(fig)
 
 
 def test_malformed_dump_is_an_error_naming_the_line(tmp_path):

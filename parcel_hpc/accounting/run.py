@@ -176,6 +176,12 @@ def to_html(results: Sequence[Reconciliation]) -> str:
     return "".join(parts)
 
 
+def cap_on_scale(used: float, cap: float) -> bool:
+    """Whether a cap drawn on the spend's own axis leaves the spend readable: within 20x of it.
+    Beyond that the curve would flatten into the axis, so the plot says the cap in words."""
+    return cap <= 20 * used
+
+
 def _plots(rec: Reconciliation) -> list[str]:
     import matplotlib  # local: slow to import, and only the --html report plots
 
@@ -202,7 +208,7 @@ def _plots(rec: Reconciliation) -> list[str]:
             ys.append(acc)
         ax.step(xs, ys, where="post", label="GPU-hours used")
     cap, top = rec.spend["gpu_hours"]["cap"], rec.spend["gpu_hours"]["used"]
-    if cap <= 20 * top:
+    if cap_on_scale(top, cap):
         ax.axhline(cap, color="red", linestyle="--", label="cap")
     else:  # the cap drawn to scale would flatten the spend into the axis: say it in words instead
         ax.text(0.02, 0.95, f"cap {cap:g} GPU-h, {100 * top / cap:.3g} % used (off this scale)", transform=ax.transAxes, va="top", color="red")

@@ -73,8 +73,8 @@ class SlurmDispatcher(Dispatcher):
         slurm.check_reachable(self.env)
 
     def account_limits(self) -> tuple[str, list[AssociationLimit]] | None:
-        if not self.settings.params.get("check_account_limits", True):
-            return None
+        if not self.settings.params.get("check_account_limits", True) or not self.limits.accounting:
+            return None  # turned off, or a cluster without accounting: no association, no limit
         try:
             return slurm.account_limits(str(self.settings.resources.get("account") or ""), getpass.getuser(), self.limits.cluster, self.env)
         except SchedulerUnavailable as exc:
