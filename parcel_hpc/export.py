@@ -193,10 +193,20 @@ def write(data: pa.Table, fmt: Format, out: BinaryIO) -> None:
     if fmt is Format.PARQUET:
         pq.write_table(data, out)
     elif fmt is Format.CSV:
-        pacsv.write_csv(data, out, pacsv.WriteOptions(quoting_style="needed"))
+        pacsv.write_csv(_floats_as_written(data), out, pacsv.WriteOptions(quoting_style="needed"))
     else:
         for row in data.to_pylist():
             out.write((json.dumps({k: v.isoformat() if hasattr(v, "isoformat") else v for k, v in row.items()}) + "\n").encode())
+
+
+def _floats_as_written(data: pa.Table) -> pa.Table:
+    """Float columns as Python writes floats: pyarrow's CSV writer prints 0.0 as "0", and a column
+    of zeros (no GPU-hours) would then read back as integers."""
+    for i, field in enumerate(data.schema):
+        if pa.types.is_floating(field.type):
+            text = pa.array([None if v is None else repr(v) for v in data.column(i).to_pylist()], pa.string())
+            data = data.set_column(i, field.name, text)
+    return data
 
 
 def export(search: SearchDir, fmt: Format, output: Path | None, attempts: bool = False) -> int:

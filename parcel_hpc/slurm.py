@@ -219,7 +219,9 @@ def account_limits(account: str, user: str, cluster: str, env: Mapping[str, str]
             )
     assocs = parse_associations(_run(associations_argv(), env, 30.0), cluster)
     if (account, user) not in assocs and (account, "") not in assocs:
-        raise SchedulerUnavailable(f"SLURM has no association for user {user} in account {account}: choose resources.account among yours (sacctmgr show assoc user={user})")
+        raise SchedulerUnavailable(
+            f"SLURM has no association for user {user} in account {account}: choose resources.account among yours (sacctmgr show assoc user={user})"
+        )
     return account, limits_of(account, user, assocs, parse_shares(_run(shares_argv(), env, 30.0)))
 
 

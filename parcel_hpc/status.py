@@ -54,7 +54,8 @@ def collect(search: SearchDir, view: RecordView | None = None) -> dict[str, Any]
     return {
         "search": str(search.path),
         "contract_digest": contract.digest,
-        "milestones": list(contract["pruner"]["milestones"]),
+        # the milestones a trial can reach: those past train.steps never come
+        "milestones": [m for m in contract["pruner"]["milestones"] if m <= int(contract["train"]["steps"])],
         "counts": counts_by_state(records),
         "compute": compute_used(records),
         "scheduler_error": facts.slurm_error,

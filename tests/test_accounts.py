@@ -94,7 +94,27 @@ def rec(campaign, lines, cap=10.0):
 
 
 def run(job, hours, user, partition="low", account="parcel"):
-    return JobRun(job, int(job.split("_")[0]), int(job.split("_")[0]), None, 0, JobState.COMPLETED, 0, 0, "n1", partition, account, 0, 0, 3600, 3600, int(hours), int(hours), 1, user)
+    return JobRun(
+        job,
+        int(job.split("_")[0]),
+        int(job.split("_")[0]),
+        None,
+        0,
+        JobState.COMPLETED,
+        0,
+        0,
+        "n1",
+        partition,
+        account,
+        0,
+        0,
+        3600,
+        3600,
+        int(hours),
+        int(hours),
+        1,
+        user,
+    )
 
 
 def test_totals_over_searches_by_user_search_and_partition():

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from ..errors import GovernanceRefusal, ParcelError, UsageError
-from ._values import REL_SLACK, AssociationLimit, BudgetCaps, CapLine, LimitKind, Rates, Spend, check_number, fmt, over_cap
+from ._values import REL_SLACK, AssociationLimit, BudgetCaps, CapLine, LimitKind, Rates, Spend, check_number, fmt, fmt_minutes, over_cap
 
 
 class Admission(str, Enum):
@@ -196,7 +196,11 @@ def admit_account(commitment: Commitment, limits: Sequence[AssociationLimit], ac
     over = [line for line in lines if not line.ok]
     if over:
         return BudgetDecision(Admission.HOLD, lines, "; ".join(line.message for line in over), commitment)
-    said = f"the worst case fits the association limits of account {account}" if lines else f"account {account} has no GrpTRESMins or GrpTRESRunMins on GPUs or CPUs"
+    said = (
+        f"the worst case fits the association limits of account {account}"
+        if lines
+        else f"account {account} has no GrpTRESMins or GrpTRESRunMins on GPUs or CPUs"
+    )
     return BudgetDecision(Admission.ADMIT, lines, said, commitment)
 
 
@@ -209,8 +213,8 @@ def _association_line(c: Commitment, limit: AssociationLimit) -> CapLine:
         if not over_cap(committed, requested, limit.limit_min):
             return CapLine(limit.name, unit, committed, requested, limit.limit_min)
         msg = (
-            f"{limit.name}: {fmt(limit.used_min)} {unit} used and {fmt(limit.running_min)} held by running jobs leave {fmt(limit.limit_min - committed)},"
-            f" but this launch's worst case needs {fmt(requested)} ({c.trials} trials x {c.attempts_per_trial} attempts x {per} x {fmt(c.time_limit_min)} min):"
+            f"{limit.name}: {fmt_minutes(limit.used_min)} {unit} used and {fmt_minutes(limit.running_min)} held by running jobs leave {fmt_minutes(limit.limit_min - committed)},"
+            f" but this launch's worst case needs {fmt_minutes(requested)} ({c.trials} trials x {c.attempts_per_trial} attempts x {per} x {fmt_minutes(c.time_limit_min)} min):"
             f" lower search.n_trials, resources.time_limit_min or budget.max_retries, {coordinator}"
         )
         return CapLine(limit.name, unit, committed, requested, limit.limit_min, msg)
@@ -218,7 +222,7 @@ def _association_line(c: Commitment, limit: AssociationLimit) -> CapLine:
     if not over_cap(0.0, requested, limit.limit_min):
         return CapLine(limit.name, unit, 0.0, requested, limit.limit_min)
     msg = (
-        f"{limit.name}: one job holds {fmt(requested)} {unit} when it starts ({per} x {fmt(c.time_limit_min)} min), more than the limit,"
+        f"{limit.name}: one job holds {fmt_minutes(requested)} {unit} when it starts ({per} x {fmt_minutes(c.time_limit_min)} min), more than the limit,"
         f" so it would wait in the queue forever: lower resources.time_limit_min or resources.{'gpus' if per == c.gpus else 'cpus'}, {coordinator}"
     )
     return CapLine(limit.name, unit, 0.0, requested, limit.limit_min, msg)
@@ -245,7 +249,7 @@ def render_account(decision: BudgetDecision, account: str) -> str:
 def _cap_table(head: str, decision: BudgetDecision) -> str:
     rows = [("cap", "committed", "this launch", "total", "cap", "left after")]
     for line in decision.lines:
-        num = (lambda x: str(int(x))) if line.unit == "trials" else fmt
+        num = (lambda x: str(int(x))) if line.unit == "trials" else fmt_minutes if line.unit.endswith("-min") else fmt
         after = num(line.cap - line.total) if line.ok else f"OVER by {num(line.overshoot)}"
         rows.append((f"{line.cap_name} ({line.unit})", num(line.committed), num(line.requested), num(line.total), num(line.cap), after))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]

@@ -37,6 +37,11 @@ def fmt(x: float) -> str:
     return s[:-1] if s.endswith("0") else s
 
 
+def fmt_minutes(x: float) -> str:
+    """TRES-minutes as SLURM prints them: whole numbers bare, fractions as ``fmt`` writes them."""
+    return str(int(x)) if float(x).is_integer() else fmt(x)
+
+
 def check_number(name: str, value: Any, *, integer: bool = False, minimum: float = 0.0) -> float | int:
     """``value`` as a finite number >= minimum, else a UsageError naming ``name`` (a config key)."""
     kind = "an integer" if integer else "a number"
@@ -187,4 +192,4 @@ class AssociationLimit:
 
     @property
     def name(self) -> str:
-        return f"{self.association} {self.kind.value} {self.tres}={fmt(self.limit_min)}"
+        return f"{self.association} {self.kind.value} {self.tres}={fmt_minutes(self.limit_min)}"

@@ -30,7 +30,9 @@ def test_an_account_report_totals_every_users_jobs_and_lists_those_no_search_kno
     assert res.returncode == 0, res.stderr[-2000:]
     search = SearchDir(tmp_path / "runs" / "acctday")
     (name,) = search.slurm_job_names()
-    stray = sh("sbatch", "--parsable", "-A", "parcel", "-J", f"stray-{int(time.time())}", "-o", "/dev/null", "--mem=50M", "-t", "1", "--wrap", "sleep 1").strip()
+    stray = sh(
+        "sbatch", "--parsable", "-A", "parcel", "-J", f"stray-{int(time.time())}", "-o", "/dev/null", "--mem=50M", "-t", "1", "--wrap", "sleep 1"
+    ).strip()
     wait_for(lambda: all_final(name) and "COMPLETED" in sh("sacct", "-j", stray, "-X", "-n", "-o", "State"), 90, "final accounting")
     since = time.strftime("%Y-%m-%d", time.gmtime(time.time() - 86400))
     html = tmp_path / "account.html"
@@ -106,7 +108,9 @@ def test_a_launch_the_accounts_limits_cannot_hold_is_refused_before_dispatch(tmp
     assert not any(r.jobs for r in search.records())  # nothing dispatched
     assert not sh("squeue", "-h", "-A", "tight", "-o", "%A").strip()
     # 5 trials = 50 GPU-min fit the 60 alone; a job of the account holding 20 GPU-min while it runs leaves 40.
-    holder = sh("sbatch", "--parsable", "-A", "tight", "-J", "holder-x", "--gres=gpu:1", "-t", "20", "-o", "/dev/null", "--mem=50M", "--wrap", "sleep 600").strip()
+    holder = sh(
+        "sbatch", "--parsable", "-A", "tight", "-J", "holder-x", "--gres=gpu:1", "-t", "20", "-o", "/dev/null", "--mem=50M", "--wrap", "sleep 600"
+    ).strip()
     wait_for(lambda: "RUNNING" in sh("squeue", "-h", "-j", holder, "-o", "%T"), 60, "the holder job to run")
     busy = launch([*big, "search.revision=tight2", "search.n_trials=5"], cwd=tmp_path, data_dir=data_dir)
     assert busy.returncode == 3 and busy.stdout.splitlines()[0] == "hold:budget", busy.stdout + busy.stderr
@@ -119,7 +123,11 @@ def test_a_launch_the_accounts_limits_cannot_hold_is_refused_before_dispatch(tmp
 
 
 def test_an_unknown_account_is_one_line_and_exit_2(tmp_path, data_dir):
-    res = launch([*SLURM, f"search.root={tmp_path / 'runs'}", "search.revision=noacct", "search.n_trials=2", "resources.account=nosuchacct"], cwd=tmp_path, data_dir=data_dir)
+    res = launch(
+        [*SLURM, f"search.root={tmp_path / 'runs'}", "search.revision=noacct", "search.n_trials=2", "resources.account=nosuchacct"],
+        cwd=tmp_path,
+        data_dir=data_dir,
+    )
     assert res.returncode == 2 and "no association for user root in account nosuchacct" in res.stderr, res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "runs" / "noacct").exists()  # refused before anything was written
