@@ -265,24 +265,47 @@ def _reconcile(args) -> None:
         raise UsageError("reconcile needs SEARCH_DIR ..., --root ROOT, or --account NAME --since DATE; see `parcel-hpc reconcile --help`")
     if args.since is not None:
         raise UsageError("--since goes with --account NAME: a search's own reconcile covers all of its jobs")
-    deadline = time.monotonic() + args.wait
-    while True:
+
+    def one_pass():
         results = [accounting.reconcile_search(SearchDir(d), args.sacct_file) for d in args.search_dirs]
+        return results, sum(len(r.pending) for r in results)
+
+    results, pending = _reconciled(one_pass, args.wait, retry=args.sacct_file is None)
+    _print_report(
+        args,
+        pending,
+        lambda: {"campaigns": [r.to_json() for r in results]},
+        lambda: accounting.to_csv(results),
+        lambda console: accounting.render_table(results, console),
+        lambda: accounting.to_html(results),
+    )
+
+
+def _reconciled(one_pass, wait_s: float, retry: bool = True):
+    """``one_pass()`` -> (report, jobs pending), again every 5 s while jobs are pending and
+    ``wait_s`` is not spent; the last (report, pending)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        report, pending = one_pass()
         left = deadline - time.monotonic()
-        if all(r.complete for r in results) or left <= 0 or args.sacct_file is not None:
-            break
+        if not pending or left <= 0 or not retry:
+            return report, pending
         time.sleep(min(5.0, left))
+
+
+def _print_report(args, pending: int, as_json, as_csv, as_table, as_html) -> None:
+    """The report in the form asked for (and ``--html`` beside it); exit 4 while jobs are pending."""
     if args.json:
-        print(json.dumps({"campaigns": [r.to_json() for r in results]}))  # one line: json's C encoder (indent is pure Python)
+        print(json.dumps(as_json()))  # one line: json's C encoder (indent is pure Python)
     elif args.csv:
-        print(accounting.to_csv(results), end="")
+        print(as_csv(), end="")
     else:
-        accounting.render_table(results, make_console())
+        as_table(make_console())
     if args.html:
-        fsio.atomic_write_text(args.html, accounting.to_html(results))
+        fsio.atomic_write_text(args.html, as_html())
         print(f"wrote {args.html}", file=sys.stderr)
-    if not all(r.complete for r in results):
-        print(f"pending: {sum(len(r.pending) for r in results)} jobs are not yet accounted in full; rerun, or pass --wait SECONDS", file=sys.stderr)
+    if pending:
+        print(f"pending: {pending} jobs are not yet accounted in full; rerun, or pass --wait SECONDS", file=sys.stderr)
         raise SystemExit(EXIT_PENDING)
 
 
@@ -300,25 +323,20 @@ def _reconcile_many(args) -> None:
 
     since = account_report.parse_since(args.since) if args.since is not None else None
     root = args.root if args.root is not None else configured_search_root()
-    deadline = time.monotonic() + args.wait
-    while True:
+
+    def one_pass():
         report = account_report.account_report(root, args.account, since)
-        left = deadline - time.monotonic()
-        if report.complete or left <= 0:
-            break
-        time.sleep(min(5.0, left))
-    if args.json:
-        print(json.dumps(report.to_json()))
-    elif args.csv:
-        print(account_report.to_csv(report), end="")
-    else:
-        account_report.render_table(report, make_console())
-    if args.html:
-        fsio.atomic_write_text(args.html, account_report.to_html(report))
-        print(f"wrote {args.html}", file=sys.stderr)
-    if not report.complete:
-        print("pending: some jobs are not yet accounted in full; rerun, or pass --wait SECONDS", file=sys.stderr)
-        raise SystemExit(EXIT_PENDING)
+        return report, report.pending
+
+    report, pending = _reconciled(one_pass, args.wait)
+    _print_report(
+        args,
+        pending,
+        report.to_json,
+        lambda: account_report.to_csv(report),
+        lambda console: account_report.render_table(report, console),
+        lambda: account_report.to_html(report),
+    )
 
 
 def _schedule_reconcile(args) -> None:

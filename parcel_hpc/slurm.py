@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from .budget import AssociationLimit, LimitKind
@@ -53,7 +53,7 @@ class ControllerLimits:
     max_array_size: int  # tasks per array: indices 0..MaxArraySize-1
     max_job_count: int  # jobs the controller holds at once, every user's together
     cluster: str = ""  # ClusterName: whose associations apply
-    accounting: bool = True  # AccountingStorageType is set: associations (and their limits) exist
+    accounting: bool = False  # AccountingStorageType is set (SLURM's default: none): associations and their limits exist
 
 
 DEFAULT_LIMITS = ControllerLimits(1001, 10000)  # SLURM's defaults, where the configuration omits them
@@ -156,15 +156,21 @@ def parse_tres(text: str) -> dict[str, float]:
     return out
 
 
-def parse_associations(text: str, cluster: str) -> dict[tuple[str, str], Association]:
-    """``sacctmgr show associations`` (``ASSOC_FORMAT``) -> this cluster's, by (account, user) (pure)."""
-    out = {}
+def _pipe_rows(text: str, width: int, tool: str) -> Iterator[list[str]]:
+    """The ``|``-separated rows of a parsable listing, each exactly ``width`` fields wide."""
     for line in text.splitlines():
         if not line.strip():
             continue
         parts = line.split("|")
-        if len(parts) != 6:
-            raise SchedulerUnavailable(f"sacctmgr printed an unexpected line {line[:80]!r}; check that it matches SLURM 22.05+")
+        if len(parts) != width:
+            raise SchedulerUnavailable(f"{tool} printed an unexpected line {line[:80]!r}; check that it matches SLURM 22.05+")
+        yield parts
+
+
+def parse_associations(text: str, cluster: str) -> dict[tuple[str, str], Association]:
+    """``sacctmgr show associations`` (``ASSOC_FORMAT``) -> this cluster's, by (account, user) (pure)."""
+    out = {}
+    for parts in _pipe_rows(text, 6, "sacctmgr"):
         if cluster and parts[0] != cluster:
             continue
         out[(parts[1], parts[2])] = Association(parts[1], parts[2], parts[3], parse_tres(parts[4]), parse_tres(parts[5]))
@@ -174,12 +180,7 @@ def parse_associations(text: str, cluster: str) -> dict[tuple[str, str], Associa
 def parse_shares(text: str) -> dict[tuple[str, str], tuple[dict[str, float], dict[str, float]]]:
     """``sshare`` (``SHARE_FORMAT``) -> (usage in TRES-minutes, running jobs' TRES-minutes) by (account, user) (pure)."""
     out = {}
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        parts = line.split("|")
-        if len(parts) != 4:
-            raise SchedulerUnavailable(f"sshare printed an unexpected line {line[:80]!r}; check that it matches SLURM 22.05+")
+    for parts in _pipe_rows(text, 4, "sshare"):
         out[(parts[0].strip(), parts[1])] = (parse_tres(parts[2]), parse_tres(parts[3]))  # sshare indents accounts by depth
     return out
 

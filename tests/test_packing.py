@@ -185,3 +185,5 @@ def test_controller_limits_are_read_from_scontrol_show_config():
     text = "Configuration data as of 2026-12-01T00:00:00\nMaxArraySize            = 101\nMaxJobCount             = 5000\nMaxStepCount = 40000\n"
     assert slurm.parse_config(text) == slurm.ControllerLimits(101, 5000)
     assert slurm.parse_config("MaxArraySize = junk\n") == slurm.DEFAULT_LIMITS
+    accounted = slurm.parse_config("ClusterName = parcel\nAccountingStorageType = accounting_storage/slurmdbd\n")
+    assert accounted == slurm.ControllerLimits(1001, 10000, "parcel", True)  # associations and their limits apply

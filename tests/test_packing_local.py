@@ -33,7 +33,7 @@ def test_a_packed_search_keeps_every_trial_governed_and_gives_the_same_results(t
         kinds = [e.kind.value for e in sd.events(r.trial_id)]
         assert kinds[:3] == ["submitted", "started", "admitted"] and kinds[-1] == "ended"
     totals = BudgetLedger(sd.path).totals()
-    assert totals.reserved_gpu_hours == 0 and totals.attempts == 8 and totals.trials == 8 and totals.used_gpu_hours > 0
+    assert totals.reserved_gpu_hours == 0 and totals.attempts == 8 and totals.trials == 8 and totals.used_cpu_hours > 0
     launch_record = json.loads(sorted((sd.path / "launches").glob("*.json"))[-1].read_text())
     assert launch_record["packing"] == {"size": 4, "basis": "hydra.launcher.pack_size=4"}
 

@@ -75,6 +75,11 @@ class AccountReport:
         return all(p.reconciliation.complete for p in self.searches)
 
     @property
+    def pending(self) -> int:
+        """How many jobs sacct has not filed in full yet, over every search."""
+        return sum(len(p.reconciliation.pending) for p in self.searches)
+
+    @property
     def flags(self) -> int:
         return sum(len(p.reconciliation.flags) for p in self.searches)
 
