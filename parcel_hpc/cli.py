@@ -47,7 +47,9 @@ def _parser() -> argparse.ArgumentParser:
     out.add_argument(
         "--watch", action="store_true", help=f"follow it until it ends (exit 0) or nothing can move it (exit {EXIT_PENDING}); lines when not a terminal"
     )
-    s.add_argument("--interval", type=float, default=5.0, metavar="SECONDS", help="--watch: seconds between looks (default %(default)s)")
+    s.add_argument(
+        "--interval", type=float, default=10.0, metavar="SECONDS", help="--watch: seconds between looks (default %(default)s; each look asks squeue once)"
+    )
 
     s = sub.add_parser("list", help="every search under a root: counts by state, spend against caps, launcher, last activity")
     s.add_argument("root", type=Path, nargs="?", metavar="ROOT", help="where searches live (default: the configured search.root)")

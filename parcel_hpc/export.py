@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from . import fsio
 from .budget import Rates, search_caps
 from .errors import UsageError
 from .ledger import AttemptEnd, Event, EventKind, SearchDir, TrialRecord, TrialState
@@ -103,9 +104,21 @@ def table(search: SearchDir, attempts: bool = False) -> pa.Table:
     names = [name for name, _ in columns]
     cut = names.index("attempt" if attempts else "trial_id") + 1
     ordered = {n: data[n] for n in names[:cut]}
-    ordered.update({f"params_{p}": pa.array([row.get(p) for row in params]) for p in sorted({k for row in params for k in row})})
+    ordered.update({f"params_{p}": _param_column([row.get(p) for row in params]) for p in sorted({k for row in params for k in row})})
     ordered.update({n: data[n] for n in names[cut:]})
     return pa.table(ordered)
+
+
+def _param_column(values: list[Any]) -> pa.Array:
+    """One parameter's column, typed as pyarrow infers it (ints stay ints, floats floats); a choice
+    of mixed kinds (``[64, "auto"]``, ``[true, 0]``) or of lists is JSON text, one cell each."""
+    try:
+        column = pa.array(values)
+        if not pa.types.is_nested(column.type):
+            return column
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        pass
+    return pa.array([None if v is None else json.dumps(v) for v in values], pa.string())
 
 
 def _attempt_rows(record: TrialRecord, events: Sequence[Event], rates: Rates) -> list[dict[str, Any]]:
@@ -210,16 +223,17 @@ def _floats_as_written(data: pa.Table) -> pa.Table:
 
 
 def export(search: SearchDir, fmt: Format, output: Path | None, attempts: bool = False) -> int:
-    """Write the table to ``output`` (stdout when None); the number of rows."""
+    """Write the table to ``output`` (whole or not at all: temp + rename), else stdout; the number of rows."""
+    if output is not None and (output.is_dir() or not output.absolute().parent.is_dir()):
+        raise UsageError(f"--output {output}: {'is a directory' if output.is_dir() else 'its folder does not exist'}; give a file path in an existing folder")
+    if output is None and fmt is Format.PARQUET and sys.stdout.isatty():
+        raise UsageError("--format parquet is binary: give --output FILE (or redirect stdout to a file)")
     data = table(search, attempts)
+    buffer = io.BytesIO()
+    write(data, fmt, buffer)
     if output is None:
-        if fmt is Format.PARQUET and sys.stdout.isatty():
-            raise UsageError("--format parquet is binary: give --output FILE (or redirect stdout to a file)")
-        buffer = io.BytesIO()
-        write(data, fmt, buffer)
         sys.stdout.buffer.write(buffer.getvalue())
         sys.stdout.flush()
     else:
-        with open(output, "wb") as f:
-            write(data, fmt, f)
+        fsio.atomic_write_bytes(output, buffer.getvalue())
     return data.num_rows

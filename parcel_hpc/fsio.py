@@ -127,6 +127,8 @@ def read_json(path: str | os.PathLike) -> Any:
             return json.loads(f.read())
     except json.JSONDecodeError as exc:
         raise CorruptRecord(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}); move it aside and rerun") from None
+    except UnicodeDecodeError:
+        raise CorruptRecord(f"{path} is not UTF-8 text, so not JSON; move it aside and rerun") from None
 
 
 def append_jsonl(path: str | os.PathLike, record: dict, fsync: bool = True) -> None:
@@ -160,7 +162,7 @@ def parse_jsonl(data: bytes, name: str = "<jsonl>") -> list[Any]:
             records = json.loads(b"[" + body[:-1].replace(b"\n", b",") + b"]")
             if len(records) == body.count(b"\n"):
                 return records
-        except json.JSONDecodeError:
+        except ValueError:  # not JSON, or not UTF-8
             pass
     return list(_parse_lines(data, name))
 
@@ -173,7 +175,7 @@ def _parse_lines(data: bytes, name: str) -> Iterable[Any]:
             continue
         try:
             rec = json.loads(raw)
-        except json.JSONDecodeError:
+        except ValueError:  # not JSON, or not UTF-8
             if i == last or (i == last - 1 and not lines[last].strip()):
                 return  # torn tail from a killed writer
             raise CorruptRecord(f"{name} line {i + 1} is not valid JSON; the record is damaged mid-file: move the file aside") from None

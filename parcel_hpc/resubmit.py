@@ -22,9 +22,11 @@ from .accounting import JobRun, JobState
 from .budget import launch_decision
 from .dispatch import Dispatcher, LauncherSettings, Submitted, make_dispatcher, packing
 from .errors import GovernanceRefusal, SchedulerUnavailable, UsageError
-from .ledger import Event, SearchDir, TrialRecord, TrialWriter, fold, preview
+from .ledger import Event, LauncherState, SearchDir, TrialRecord, TrialWriter, fold, preview
 from .lifecycle import Action, RetryPolicy, next_action
 from .resolution import Resolution, SchedulerFacts
+from .sweep.display import commitment_text
+from .sweep.pulse import Pulse
 from .sweep.search import Follower, account_decision, choose_packing
 from .worker import TrialTask, WorkerPlan
 
@@ -118,6 +120,7 @@ def run(search: SearchDir, *, dry_run: bool, wait: bool, console: Console) -> Re
     settings = LauncherSettings.from_json(recorded)
     dispatcher = make_dispatcher(settings, search)
     dispatcher.check()
+    account = dispatcher.account_limits()  # an unknown account is refused here, before anything is written
     records, facts = resolution.observe(search, list(search.records()), resolution.RESUBMIT, every_gone_job=True)
     if facts.slurm_error:
         raise SchedulerUnavailable(facts.slurm_error)
@@ -135,6 +138,14 @@ def run(search: SearchDir, *, dry_run: bool, wait: bool, console: Console) -> Re
         in_flight=[r.trial_id for r in records if search.dispatch_in_flight(r.trial_id, launch_id, r)],
     )
     console.print(render(plan, dry_run))
+    decision = verdict = None
+    if plan.resubmit:
+        decision = launch_decision(contract, len(plan.resubmit), len(search.trial_ids()) - len(plan.resubmit), search.path)
+        verdict, text = account_decision(account, decision, choose_packing(dispatcher, search, len(plan.resubmit)).size)
+        if dry_run:
+            console.print(commitment_text(decision), markup=False, highlight=False)
+            if text:
+                console.print(text, markup=False, highlight=False)
     if dry_run:
         return plan
     writers: dict[str, TrialWriter] = {}
@@ -145,19 +156,21 @@ def run(search: SearchDir, *, dry_run: bool, wait: bool, console: Console) -> Re
     resolution.record(plan.resolve, writer)
     for tid, reason in plan.give_up:
         writer(tid).gave_up(reason)
-    if not plan.resubmit:
+    if decision is None or verdict is None:
         return plan
-    decision = launch_decision(contract, len(plan.resubmit), len(search.trial_ids()) - len(plan.resubmit), search.path)
     decision.require()  # a resubmission that would overshoot a cap is refused (hold:budget, exit 3)
-    verdict, text = account_decision(dispatcher.account_limits(), decision)
     if not verdict.ok:
         print(text, file=sys.stderr)
         verdict.require()  # nor one the account's association limits cannot hold
-    resubmitted = _dispatch(search, dispatcher, plan, launch_id, dispatches)
-    console.print(f"resubmitted {len(resubmitted)} trials: " + ", ".join(f"{s.trial_id}->{s.job_id}" for s in resubmitted))
-    if wait or not dispatcher.can_detach:
-        plans = {s.trial_id: WorkerPlan.load(search, s.trial_id) for s in resubmitted}
-        Follower(search, dispatcher, plans, launch_id, contract, console, 0.5).follow()
+    with Pulse(search, launch_id) as pulse:  # list and status --watch see it at work
+        resubmitted = _dispatch(search, dispatcher, plan, launch_id, dispatches)
+        console.print(f"resubmitted {len(resubmitted)} trials: " + ", ".join(f"{s.trial_id}->{s.job_id}" for s in resubmitted))
+        if wait or not dispatcher.can_detach:
+            plans = {s.trial_id: WorkerPlan.load(search, s.trial_id) for s in resubmitted}
+            Follower(search, dispatcher, plans, launch_id, contract, console, 0.5).follow()
+            pulse.leaving(LauncherState.ENDED)
+        else:
+            pulse.leaving(LauncherState.DETACHED)
     return plan
 
 

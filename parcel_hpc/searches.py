@@ -5,8 +5,9 @@ Owns finding search directories (a ``contract.json`` at most ``MAX_DEPTH`` folde
 revision, counts by state, spend against its caps, whether a launcher still follows it, and when
 anything was last written.
 
-Whether a launcher is alive is decided from what it wrote (``launcher_state``, pure): a following
-launch rewrites ``launches/<id>.heartbeat`` every ``HEARTBEAT_S`` and says, last, that it stopped.
+Whether a launcher is alive is decided from what it wrote (``launcher_state``, pure): a launch
+rewrites ``launches/<id>.heartbeat`` every ``HEARTBEAT_S`` from the moment its contract is frozen
+until it leaves, and then says how it left (``LauncherState``).
 
 Must not write a byte: admins list other people's searches.
 """
@@ -19,51 +20,34 @@ import socket
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
 
 from rich.table import Table
 
 from .budget import BudgetLedger, Spend, search_caps
-from .errors import ParcelError
-from .ledger import HEARTBEAT_S, Heartbeat, SearchDir, TrialState
+from .errors import ParcelError, UsageError
+from .ledger import HEARTBEAT_S, Heartbeat, LauncherState, SearchDir, TrialState
 from .ledger.journal import journals
 from .processes import pid_alive
 from .report import counts_by_state
 
 MAX_DEPTH = 3  # <root>/<user>/<project>/<revision>: deep enough for shared roots, never the whole disk
-STALE_AFTER_S = 3 * HEARTBEAT_S  # a following launch that has not written for this long has gone
-
-
-class LauncherState(Enum):
-    FOLLOWING = "following"  # a launch follows the trials now (its heartbeat is fresh)
-    ENDED = "ended"  # the last launch followed its trials until it stopped
-    GONE = "gone"  # the last following launch stopped writing without saying so (killed, node lost)
-    DETACHED = "detached"  # launched with search.wait=false: the jobs run on the scheduler alone
-    NONE = "none"  # nothing was ever dispatched
-    UNKNOWN = "unknown"  # its last launch was by a version that wrote no heartbeat
-
-    def is_alive(self) -> bool:
-        return self is LauncherState.FOLLOWING
+STALE_AFTER_S = 3 * HEARTBEAT_S  # a working launch that has not written for this long has gone
 
 
 def launcher_state(launches: Sequence[Mapping], beats: Mapping[str, Heartbeat], now: float, host: str, alive: Callable[[int], bool]) -> LauncherState:
-    """What became of the search's launchers (pure): any that follows now wins; else the latest
-    launch that dispatched anything says how it left. ``alive(pid)`` is asked only for a launch
-    on this ``host`` (a fresh heartbeat from a process that died a moment ago reads as gone)."""
+    """What became of the search's launches (pure): any that works on it now wins; else the newest
+    heartbeat says how its launch left, or, its word gone stale or its pid dead, that it is gone.
+    ``alive(pid)`` is asked only for a launch on this ``host``; other hosts' clocks are trusted to
+    agree with this one's within NTP's error, far below ``STALE_AFTER_S``."""
     for beat in beats.values():
-        if beat.following and now - beat.at < STALE_AFTER_S and (beat.host != host or alive(beat.pid)):
+        if beat.state is LauncherState.FOLLOWING and now - beat.at < STALE_AFTER_S and (beat.host != host or alive(beat.pid)):
             return LauncherState.FOLLOWING
-    dispatching = [l for l in launches if l.get("dispatched") and not l.get("dry_run")]
-    if not dispatching:
-        return LauncherState.NONE
-    last = dispatching[-1]
-    beat = beats.get(str(last.get("launch_id", "")))
-    if "follows" not in last and beat is None:
-        return LauncherState.UNKNOWN
-    if not last.get("follows", True):
-        return LauncherState.DETACHED
-    return LauncherState.ENDED if beat is not None and not beat.following else LauncherState.GONE
+    if beats:
+        newest = max(beats.values(), key=lambda b: b.at)
+        return LauncherState.GONE if newest.state is LauncherState.FOLLOWING else newest.state
+    dispatched = any(l.get("dispatched") and not l.get("dry_run") for l in launches)
+    return LauncherState.UNKNOWN if dispatched else LauncherState.NONE
 
 
 def launched_by(search: SearchDir) -> str:
@@ -126,7 +110,7 @@ def find_searches(root: Path) -> Iterator[SearchDir]:
     """Search directories under ``root`` (``root`` itself included), sorted by path."""
     root = Path(root)
     if not root.is_dir():
-        raise ParcelError(f"{root} is not a directory; give the search root (search.root, default ./runs) or a search directory")
+        raise UsageError(f"{root} is not a directory; give the search root (search.root, default ./runs) or a search directory")
     found: list[Path] = []
 
     def walk(d: Path, depth: int) -> None:
@@ -173,26 +157,32 @@ def summarize(search: SearchDir, now: float | None = None) -> SearchSummary:
 
 
 def _last_write(search: SearchDir) -> float | None:
-    """The newest modification among trial journals and launch records: one stat each, no parsing."""
+    """The newest modification among trial journals and launch records: one stat each, no parsing.
+    Heartbeats do not count (a live launch over a stuck search would always read "just now"), nor
+    temp files, which come and go between the listing and the stat."""
     newest = None
     dirs = [search.trials_dir / tid for tid in search.trial_ids()]
     files = [e for d in dirs for e in journals(d)]
     if search.launches_dir.exists():
-        files += [e for e in os.scandir(search.launches_dir) if e.is_file()]
+        files += [e for e in os.scandir(search.launches_dir) if e.name.endswith(".json") and not e.name.startswith(".")]
     for e in files:
-        t = e.stat().st_mtime
+        try:
+            t = e.stat().st_mtime
+        except FileNotFoundError:
+            continue
         newest = t if newest is None or t > newest else newest
     return newest
 
 
 def collect(root: Path, now: float | None = None) -> list[SearchSummary]:
-    """One summary per search; a search whose records do not read is listed with the problem."""
+    """One summary per search; a search whose records do not read (damaged, or not this user's to
+    read) is listed with the problem: one bad search never hides the others."""
     out = []
     for search in find_searches(root):
         try:
             out.append(summarize(search, now))
-        except ParcelError as exc:
-            out.append(_unreadable(search, str(exc)))
+        except (ParcelError, OSError, ValueError) as exc:
+            out.append(_unreadable(search, str(exc) or type(exc).__name__))
     return out
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from .budget import AssociationLimit, LimitKind
@@ -117,26 +117,29 @@ def max_job_minutes(partition: str | None, env: Mapping[str, str] | None = None)
 
 # --- association limits (the account a search is charged to) -----------------------------------
 
-ASSOC_FORMAT = "Cluster,Account,User,ParentName,GrpTRESMins,GrpTRESRunMins"
+ASSOC_FORMAT = "Cluster,Account,User,Partition,ParentName,GrpTRESMins,GrpTRESRunMins"
 SHARE_FORMAT = "Account,User,GrpTRESRaw,TRESRunMins"
-LIMITED_TRES = ("gres/gpu", "cpu")  # what a search's worst case is made of
+GPU_TRES = "gres/gpu"  # typed ones too (gres/gpu:a100): a job's GPUs may count against any of them
 
 
 @dataclass(frozen=True)
 class Association:
     account: str
     user: str  # "" for the account's own association
+    partition: str  # "" for every partition
     parent: str  # the parent account of an account's association ("" for a user's: its account is the parent)
     grp_tres_mins: Mapping[str, float]
     grp_tres_run_mins: Mapping[str, float]
 
 
-def associations_argv() -> list[str]:
-    return ["sacctmgr", "--noheader", "--parsable2", "show", "associations", f"format={ASSOC_FORMAT}"]
+def associations_argv(cluster: str) -> list[str]:
+    where = ["where", f"cluster={cluster}"] if cluster else []  # this cluster's rows, not the whole database's
+    return ["sacctmgr", "--noheader", "--parsable2", "show", "associations", *where, f"format={ASSOC_FORMAT}"]
 
 
-def shares_argv() -> list[str]:
-    return ["sshare", "--noheader", "--parsable2", "--all", f"--format={SHARE_FORMAT}"]
+def shares_argv(accounts: Sequence[str]) -> list[str]:
+    """The usage of these accounts and of their users' associations (the chain a job counts against)."""
+    return ["sshare", "--noheader", "--parsable2", "--all", f"--accounts={','.join(accounts)}", f"--format={SHARE_FORMAT}"]
 
 
 def default_account_argv(user: str) -> list[str]:
@@ -167,13 +170,18 @@ def _pipe_rows(text: str, width: int, tool: str) -> Iterator[list[str]]:
         yield parts
 
 
-def parse_associations(text: str, cluster: str) -> dict[tuple[str, str], Association]:
-    """``sacctmgr show associations`` (``ASSOC_FORMAT``) -> this cluster's, by (account, user) (pure)."""
-    out = {}
-    for parts in _pipe_rows(text, 6, "sacctmgr"):
-        if cluster and parts[0] != cluster:
+def parse_associations(text: str, cluster: str, partition: str = "") -> dict[tuple[str, str], Association]:
+    """``sacctmgr show associations`` (``ASSOC_FORMAT``) -> this cluster's, by (account, user), for
+    a job on ``partition`` (pure): an association of that partition wins over a partition-less one,
+    and associations of other partitions do not apply."""
+    out: dict[tuple[str, str], Association] = {}
+    for parts in _pipe_rows(text, 7, "sacctmgr"):
+        if (cluster and parts[0] != cluster) or parts[3] not in ("", partition):
             continue
-        out[(parts[1], parts[2])] = Association(parts[1], parts[2], parts[3], parse_tres(parts[4]), parse_tres(parts[5]))
+        assoc = Association(parts[1], parts[2], parts[3], parts[4], parse_tres(parts[5]), parse_tres(parts[6]))
+        key = (assoc.account, assoc.user)
+        if key not in out or assoc.partition:
+            out[key] = assoc
     return out
 
 
@@ -185,10 +193,9 @@ def parse_shares(text: str) -> dict[tuple[str, str], tuple[dict[str, float], dic
     return out
 
 
-def limits_of(account: str, user: str, assocs: Mapping[tuple[str, str], Association], shares: Mapping) -> list[AssociationLimit]:
-    """Every GrpTRESMins and GrpTRESRunMins on GPUs or CPUs that a job of ``user`` charged to
-    ``account`` counts against: the user's association, its account's, and each parent account's up
-    to the root, with each one's usage (pure)."""
+def association_chain(account: str, user: str, assocs: Mapping[tuple[str, str], Association]) -> list[tuple[Association, str]]:
+    """The associations a job of ``user`` charged to ``account`` counts against, with a label each:
+    the user's in the account, the account's, and each parent account's up to the root (pure)."""
     chain = []
     if (account, user) in assocs:
         chain.append((assocs[(account, user)], f"user {user} in account {account}"))
@@ -197,10 +204,25 @@ def limits_of(account: str, user: str, assocs: Mapping[tuple[str, str], Associat
         seen.add(name)
         chain.append((assocs[(name, "")], f"account {name}"))
         name = assocs[(name, "")].parent
+    return chain
+
+
+def limits_of(chain: Sequence[tuple[Association, str]], shares: Mapping) -> list[AssociationLimit]:
+    """Every GrpTRESMins and GrpTRESRunMins on GPUs (typed or not) or CPUs in the chain, with each
+    association's usage (pure). A limited association whose usage ``sshare`` does not show (its
+    PrivateData hides it from this user) is an error, never read as unused."""
     out = []
     for assoc, label in chain:
-        used, running = shares.get((assoc.account, assoc.user), ({}, {}))
-        for tres in LIMITED_TRES:
+        limited = [t for t in (*assoc.grp_tres_mins, *assoc.grp_tres_run_mins) if t == "cpu" or t.startswith(GPU_TRES)]
+        if not limited:
+            continue
+        if (assoc.account, assoc.user) not in shares:
+            raise SchedulerUnavailable(
+                f"sshare shows no usage for {label}, which limits {', '.join(sorted(set(limited)))}: the limit cannot be checked"
+                " (PrivateData=usage?); ask the admin, or launch with hydra.launcher.check_account_limits=false"
+            )
+        used, running = shares[(assoc.account, assoc.user)]
+        for tres in sorted(set(limited)):
             if tres in assoc.grp_tres_mins:
                 out.append(AssociationLimit(label, LimitKind.GRP_TRES_MINS, tres, assoc.grp_tres_mins[tres], used.get(tres, 0.0), running.get(tres, 0.0)))
             if tres in assoc.grp_tres_run_mins:
@@ -208,9 +230,9 @@ def limits_of(account: str, user: str, assocs: Mapping[tuple[str, str], Associat
     return out
 
 
-def account_limits(account: str, user: str, cluster: str, env: Mapping[str, str] | None = None) -> tuple[str, list[AssociationLimit]]:
-    """(the account a job of ``user`` is charged to, the limits it counts against); ``account`` ""
-    is the user's default account."""
+def account_limits(account: str, user: str, cluster: str, partition: str = "", env: Mapping[str, str] | None = None) -> tuple[str, list[AssociationLimit]]:
+    """(the account a job of ``user`` on ``partition`` is charged to, the limits it counts
+    against); ``account`` "" is the user's default account."""
     if not account:
         lines = _run(default_account_argv(user), env, 30.0).split()
         account = lines[0] if lines else ""
@@ -218,12 +240,14 @@ def account_limits(account: str, user: str, cluster: str, env: Mapping[str, str]
             raise SchedulerUnavailable(
                 f"SLURM knows no default account for user {user}: set resources.account, or ask your admin to add you (sacctmgr add user)"
             )
-    assocs = parse_associations(_run(associations_argv(), env, 30.0), cluster)
+    assocs = parse_associations(_run(associations_argv(cluster), env, 30.0), cluster, partition)
     if (account, user) not in assocs and (account, "") not in assocs:
         raise SchedulerUnavailable(
             f"SLURM has no association for user {user} in account {account}: choose resources.account among yours (sacctmgr show assoc user={user})"
         )
-    return account, limits_of(account, user, assocs, parse_shares(_run(shares_argv(), env, 30.0)))
+    chain = association_chain(account, user, assocs)
+    accounts = sorted({assoc.account for assoc, _ in chain})
+    return account, limits_of(chain, parse_shares(_run(shares_argv(accounts), env, 30.0)))
 
 
 def squeue_argv(job_name: str) -> list[str]:

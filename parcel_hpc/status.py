@@ -23,8 +23,8 @@ from rich.text import Text
 
 from . import resolution, searches
 from .console import make_console
-from .errors import EXIT_PENDING
-from .ledger import RecordView, SearchDir, TrialRecord, TrialState, preview
+from .errors import EXIT_PENDING, ParcelError
+from .ledger import LauncherState, RecordView, SearchDir, TrialRecord, TrialState, preview
 from .pruning import MilestoneStore
 from .report import compute_used, counts_by_state
 
@@ -131,7 +131,7 @@ def to_json(data: dict[str, Any]) -> str:
 # --- status --watch ----------------------------------------------------------------------------
 
 
-def watch(search: SearchDir, console: Console, interval_s: float = 5.0, sleep: Callable[[float], None] = time.sleep) -> int:
+def watch(search: SearchDir, console: Console, interval_s: float = 10.0, sleep: Callable[[float], None] = time.sleep) -> int:
     """Follow a search until it ends (exit 0), or until nothing can move it (exit 4): no job runs or
     waits in the queue and no launcher follows it. A terminal gets a live view; anything else (a
     log, a pipe) one line per change. Reads only, like ``status``: it works on a detached SLURM
@@ -142,27 +142,36 @@ def watch(search: SearchDir, console: Console, interval_s: float = 5.0, sleep: C
     with live if live is not None else contextlib.nullcontext():
         while True:
             data = collect(search, view)
-            launcher = searches.current_launcher(search)
+            launcher = _launcher(search)
             if live is not None:
                 live.update(_live_view(data, launcher, console.height), refresh=True)
             else:
                 for line in _changes(seen, data):
                     console.print(line, markup=False, highlight=False)
-            finished = bool(data["trials"]) and all(TrialState(t["state"]).is_finished() for t in data["trials"])
-            stalled = not finished and not data["scheduler_error"] and not launcher.is_alive() and not _moving(data)
+            waiting = [t for t in data["trials"] if not TrialState(t["state"]).is_finished()]
+            finished = bool(data["trials"]) and not waiting
+            # No trial yet: a launch may be a moment from proposing them (its contract just froze).
+            expected = bool(waiting) or time.time() - (search.path / "contract.json").stat().st_mtime > searches.STALE_AFTER_S
+            stalled = expected and not finished and not data["scheduler_error"] and not launcher.is_alive() and not _moving(data)
             if finished or stalled:
                 break
             sleep(interval_s)
     if live is not None:
         console.print(_counts_line(data), markup=False, highlight=False)  # lines said it already
     if stalled:
-        waiting = sum(1 for t in data["trials"] if not TrialState(t["state"]).is_finished())
         console.print(
-            f"stalled: {waiting} trials wait, but no job of this search runs or is queued and no launcher follows it (launcher: {launcher.value});"
+            f"stalled: {len(waiting)} trials wait, but no job of this search runs or is queued and no launcher follows it (launcher: {launcher.value});"
             f" rerun the launch, or `parcel-hpc resubmit {search.path}`"
         )
         return EXIT_PENDING
     return 0
+
+
+def _launcher(search: SearchDir) -> LauncherState:
+    try:
+        return searches.current_launcher(search)
+    except (ParcelError, OSError):
+        return LauncherState.UNKNOWN  # a damaged launch record: the trials' own states still show
 
 
 def _moving(data: dict[str, Any]) -> bool:
@@ -210,7 +219,7 @@ def _changes(seen: dict[str, tuple], data: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _live_view(data: dict[str, Any], launcher: searches.LauncherState, height: int) -> Group:
+def _live_view(data: dict[str, Any], launcher: LauncherState, height: int) -> Group:
     active = [t for t in data["trials"] if not TrialState(t["state"]).is_finished()]
     done = [t for t in data["trials"] if TrialState(t["state"]).is_finished()]
     best = min((t for t in done if t["metric"] is not None), key=lambda t: t["metric"], default=None)

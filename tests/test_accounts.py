@@ -9,18 +9,19 @@ from parcel_hpc.accounting.runs import JobRun
 from parcel_hpc.accounting.states import JobState
 from parcel_hpc.budget import AssociationLimit, LimitKind, Rates, admit_account, render_account, worst_case
 from parcel_hpc.errors import GovernanceRefusal, SchedulerUnavailable
-from parcel_hpc.slurm import limits_of, parse_associations, parse_shares, parse_tres
+from parcel_hpc.slurm import association_chain, limits_of, parse_associations, parse_shares, parse_tres
 
 # Recorded on the dev cluster (SLURM 22.05): `sacctmgr -nP show associations format=...` and
 # `sshare -nP -a --format=...`, after `sacctmgr modify account tight set GrpTRESMins=gres/gpu=600`
-# and a user limit; sshare indents accounts by their depth.
-ASSOCIATIONS = """parcel|root||||
-parcel|root|root|||
-parcel|lab||root|cpu=100000|
-parcel|tight||lab|gres/gpu=600|gres/gpu=120
-parcel|tight|ana|||
-parcel|tight|root|||cpu=50
-other|tight||root|gres/gpu=1|
+# and user limits (one on partition high only); sshare indents accounts by their depth.
+ASSOCIATIONS = """parcel|root|||||
+parcel|root|root||||
+parcel|lab|||root|cpu=100000|
+parcel|tight|||lab|gres/gpu=600|gres/gpu=120
+parcel|tight|ana||||
+parcel|tight|root||||cpu=50
+parcel|tight|root|high|||cpu=10
+other|tight|||root|gres/gpu=1|
 """
 SHARES = """root||cpu=0,mem=0,energy=0,node=0,billing=0,fs/disk=0,vmem=0,pages=0,gres/gpu=0|cpu=0,mem=0,energy=0,node=0,billing=0,fs/disk=0,vmem=0,pages=0,gres/gpu=0
  lab||cpu=500,mem=0,energy=0,node=0,billing=0,fs/disk=0,vmem=0,pages=0,gres/gpu=100|cpu=0,mem=0,energy=0,node=0,billing=0,fs/disk=0,vmem=0,pages=0,gres/gpu=0
@@ -41,7 +42,7 @@ def test_tres_lists_parse_and_garbage_is_refused():
 def test_the_limits_a_job_counts_against_are_its_users_its_accounts_and_every_parent_up_to_the_root():
     assocs = parse_associations(ASSOCIATIONS, "parcel")
     assert assocs[("tight", "")].grp_tres_mins == {"gres/gpu": 600.0}  # this cluster's, not the other cluster's 1
-    limits = limits_of("tight", "root", assocs, parse_shares(SHARES))
+    limits = limits_of(association_chain("tight", "root", assocs), parse_shares(SHARES))
     as_tuples = [(lim.association, lim.kind, lim.tres, lim.limit_min, lim.used_min, lim.running_min) for lim in limits]
     assert as_tuples == [
         ("user root in account tight", LimitKind.GRP_TRES_RUN_MINS, "cpu", 50.0, 0.0, 20.0),
@@ -49,8 +50,32 @@ def test_the_limits_a_job_counts_against_are_its_users_its_accounts_and_every_pa
         ("account tight", LimitKind.GRP_TRES_RUN_MINS, "gres/gpu", 120.0, 0.0, 30.0),
         ("account lab", LimitKind.GRP_TRES_MINS, "cpu", 100000.0, 500.0, 0.0),
     ]
-    assert limits_of("root", "root", assocs, {}) == []  # no limit anywhere on that chain
+    assert limits_of(association_chain("root", "root", assocs), {}) == []  # no limit anywhere on that chain
     assert all("other" not in lim.association for lim in limits)  # another cluster's associations never apply
+
+
+def test_a_partitions_own_association_wins_on_that_partition_and_applies_nowhere_else():
+    on_high = parse_associations(ASSOCIATIONS, "parcel", partition="high")
+    assert on_high[("tight", "root")].grp_tres_run_mins == {"cpu": 10.0}
+    on_low = parse_associations(ASSOCIATIONS, "parcel", partition="low")
+    assert on_low[("tight", "root")].grp_tres_run_mins == {"cpu": 50.0}
+
+
+def test_a_limit_whose_usage_is_hidden_is_an_error_never_read_as_unused():
+    assocs = parse_associations(ASSOCIATIONS, "parcel")
+    shares = parse_shares(SHARES)
+    hidden = {k: v for k, v in shares.items() if k != ("tight", "")}  # PrivateData=usage hides the account's row
+    with pytest.raises(SchedulerUnavailable, match="sshare shows no usage for account tight, which limits gres/gpu"):
+        limits_of(association_chain("tight", "root", assocs), hidden)
+
+
+def test_a_typed_gpu_limit_counts_the_jobs_gpus():
+    typed = parse_associations("parcel|gpus|||root|gres/gpu:a100=50|\n", "parcel")
+    shares = {("gpus", ""): ({"gres/gpu:a100": 10.0}, {})}
+    limits = limits_of(association_chain("gpus", "root", typed), shares)
+    assert [(lim.tres, lim.limit_min, lim.used_min) for lim in limits] == [("gres/gpu:a100", 50.0, 10.0)]
+    held = admit_account(commitment(trials=1, gpus=2, minutes=30.0, retries=0), limits, "gpus")
+    assert not held.ok and "needs 60" in held.message  # 2 GPUs x 30 min > 50 - 10
 
 
 def commitment(trials=10, gpus=1, cpus=2, minutes=20.0, retries=1):
@@ -136,3 +161,10 @@ def test_an_account_report_attributes_known_jobs_to_their_search_and_lists_the_r
     known = next(t for t in report.by_search if t.key == "/r/ana/a-r1")
     assert known.gpu_hours == 1.0 and known.cost == pytest.approx(3.0)  # priced at its own search's rates
     assert report.totals()["unknown_gpu_hours"] == 7.0
+
+
+def test_a_packed_job_holds_its_whole_pack_against_a_run_minutes_limit():
+    run_limit = [AssociationLimit("account tight", LimitKind.GRP_TRES_RUN_MINS, "gres/gpu", 100)]
+    assert admit_account(commitment(minutes=20.0), run_limit, "tight").ok  # one trial a job: 20 GPU-min
+    packed = admit_account(commitment(minutes=20.0), run_limit, "tight", job_minutes=120.0)  # six a job
+    assert not packed.ok and "one job holds 120 GPU-min" in packed.message and "hydra.launcher.pack_size" in packed.message

@@ -1,6 +1,7 @@
 """Operating searches day to day on the local executor: ``list``, ``status --watch``, ``export``,
 ``reconcile --root``, and hours charged only for what was allocated (real launches, real files)."""
 
+import getpass
 import io
 import json
 import os
@@ -18,8 +19,11 @@ from test_read_commands import read_only, tree
 
 from parcel_hpc import status
 from parcel_hpc.budget import BudgetLedger
-from parcel_hpc.ledger import Heartbeat, SearchDir
-from parcel_hpc.searches import LauncherState, launcher_state
+from parcel_hpc.dispatch.local import machine_gpus
+from parcel_hpc.errors import UsageError
+from parcel_hpc.ledger import Heartbeat, LauncherState, SearchDir
+from parcel_hpc.searches import launcher_state
+from parcel_hpc.sweep.pulse import Pulse
 from parcel_hpc.testing import faults, launch, parcel_hpc, start_launch
 from parcel_hpc.worker.training import STEP_HOOK_ENV
 
@@ -27,7 +31,8 @@ FAST = ["pruner=none", "train.steps=10", "checkpoint.every_steps=5"]
 
 
 def run_search(tmp_path, data_dir, rev: str, *overrides: str) -> Path:
-    res = launch([f"search.root={tmp_path / 'runs'}", f"search.revision={rev}", *overrides], cwd=tmp_path, data_dir=data_dir)
+    # No GPU to hand out, whatever this machine has: the figures below are a CPU-only machine's.
+    res = launch([f"search.root={tmp_path / 'runs'}", f"search.revision={rev}", *overrides], cwd=tmp_path, data_dir=data_dir, env={"CUDA_VISIBLE_DEVICES": ""})
     assert res.returncode == 0, res.stderr[-2000:]
     return tmp_path / "runs" / rev
 
@@ -39,15 +44,43 @@ def test_launcher_state_from_plain_values():
     now, host = 1000.0, "login1"
     launch_rec = {"launch_id": "L1", "dispatched": ["t0000"], "follows": True}
     alive = lambda pid: pid == 7  # noqa: E731
-    assert launcher_state([], {}, now, host, alive) is LauncherState.NONE
-    assert launcher_state([{**launch_rec, "dispatched": []}], {}, now, host, alive) is LauncherState.NONE
-    assert launcher_state([launch_rec], {"L1": Heartbeat(990.0, host, 7, True)}, now, host, alive) is LauncherState.FOLLOWING
-    assert launcher_state([launch_rec], {"L1": Heartbeat(990.0, host, 8, True)}, now, host, alive) is LauncherState.GONE  # its pid died here
-    assert launcher_state([launch_rec], {"L1": Heartbeat(990.0, "node9", 8, True)}, now, host, alive) is LauncherState.FOLLOWING  # another host: its word
-    assert launcher_state([launch_rec], {"L1": Heartbeat(800.0, "node9", 8, True)}, now, host, alive) is LauncherState.GONE  # stale
-    assert launcher_state([launch_rec], {"L1": Heartbeat(800.0, host, 7, False)}, now, host, alive) is LauncherState.ENDED
-    assert launcher_state([{**launch_rec, "follows": False}], {}, now, host, alive) is LauncherState.DETACHED
-    assert launcher_state([{"launch_id": "L0", "dispatched": ["t0"]}], {}, now, host, alive) is LauncherState.UNKNOWN  # before heartbeats
+    S = LauncherState
+
+    def state(*beats: Heartbeat, launches=(launch_rec,)) -> LauncherState:
+        return launcher_state(list(launches), {f"L{i}": b for i, b in enumerate(beats)}, now, host, alive)
+
+    assert state(launches=()) is S.NONE
+    assert state(launches=[{**launch_rec, "dispatched": []}]) is S.NONE
+    assert state(launches=[{"launch_id": "L0", "dispatched": ["t0"]}]) is S.UNKNOWN  # dispatched before heartbeats existed
+    assert state(Heartbeat(990.0, host, 7, S.FOLLOWING)) is S.FOLLOWING
+    assert state(Heartbeat(990.0, host, 8, S.FOLLOWING)) is S.GONE  # fresh, but its pid died here
+    assert state(Heartbeat(990.0, "node9", 8, S.FOLLOWING)) is S.FOLLOWING  # another host: its word is all there is
+    assert state(Heartbeat(800.0, "node9", 8, S.FOLLOWING)) is S.GONE  # stale: no beat for 200 s
+    for last_word in (S.ENDED, S.DETACHED, S.STOPPED):
+        assert state(Heartbeat(800.0, host, 7, last_word)) is last_word
+    # the newest launch's word stands; any launch at work wins
+    assert state(Heartbeat(700.0, host, 7, S.ENDED), Heartbeat(800.0, host, 8, S.STOPPED)) is S.STOPPED
+    assert state(Heartbeat(800.0, host, 8, S.STOPPED), Heartbeat(995.0, "node9", 9, S.FOLLOWING)) is S.FOLLOWING
+
+
+def test_a_pulse_beats_while_the_launch_works_and_leaves_its_last_word(tmp_path):
+    search = SearchDir(tmp_path / "s")
+    with Pulse(search, "L1", interval_s=0.05) as pulse:
+        first = search.heartbeats()["L1"]
+        assert first.state is LauncherState.FOLLOWING and first.pid == os.getpid()
+        time.sleep(0.3)
+        assert search.heartbeats()["L1"].at > first.at  # the thread beats on its own
+        pulse.leaving(LauncherState.DETACHED)
+    assert search.heartbeats()["L1"].state is LauncherState.DETACHED
+    with pytest.raises(KeyboardInterrupt), Pulse(search, "L2", interval_s=0.05) as pulse:
+        pulse.leaving(LauncherState.ENDED)
+        raise KeyboardInterrupt  # interrupted: whatever it meant to say, it stopped
+    assert search.heartbeats()["L2"].state is LauncherState.STOPPED
+    with Pulse(search, "L3") as pulse:
+        pulse.withdraw()  # dispatched nothing: no word
+    with Pulse(search, "L4", beating=False):
+        pass  # a dry run
+    assert set(search.heartbeats()) == {"L1", "L2"}
 
 
 def test_list_shows_every_search_under_a_root_and_writes_nothing(tmp_path, data_dir):
@@ -71,6 +104,24 @@ def test_list_shows_every_search_under_a_root_and_writes_nothing(tmp_path, data_
     assert time.time() - 600 < s["last_activity"] <= time.time()
     assert found["nothing-r1"]["launcher"] == "none" and found["nothing-r1"]["trials"] == 0
     assert "done-r1" in table.stdout and "ended" in table.stdout
+
+
+def test_one_damaged_search_is_listed_with_its_problem_and_hides_no_other(tmp_path, data_dir):
+    good = run_search(tmp_path, data_dir, "good-r1", "search.n_trials=2", *FAST)
+    bad = run_search(tmp_path, data_dir, "bad-r1", "search.n_trials=2", *FAST)
+    journal = next((bad / "trials" / "t0000").glob("journal-*.jsonl"))
+    journal.write_bytes(b"\xff\xfe not utf-8\n" + journal.read_bytes())  # damaged mid-file, not a torn tail
+    res = parcel_hpc(["list", str(tmp_path / "runs"), "--json"])
+    assert res.returncode == 0, res.stderr
+    found = {Path(s["path"]).name: s for s in json.loads(res.stdout)["searches"]}
+    assert found["good-r1"]["counts"]["completed"] == 2 and found["good-r1"]["problem"] == ""
+    assert "not valid JSON" in found["bad-r1"]["problem"] and journal.name in found["bad-r1"]["problem"]
+    assert good.exists()
+
+
+def test_list_of_a_root_that_does_not_exist_is_one_line_and_exit_2(tmp_path):
+    res = parcel_hpc(["list", str(tmp_path / "nowhere")])
+    assert res.returncode == 2 and "is not a directory" in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
 
 
 def test_list_says_gone_for_a_killed_launcher_and_following_for_a_live_one(tmp_path, data_dir):
@@ -187,6 +238,21 @@ def test_export_gives_pandas_typed_rows_per_trial_and_per_attempt(tmp_path, data
     assert per_attempt["attempt"].dtype == "int64" and per_attempt["wall_s"].dtype == "float64" and (per_attempt["gpus"] == 0).all()
 
 
+def test_export_refuses_an_output_it_cannot_write_before_reading_anything(tmp_path):
+    for output, says in ((tmp_path / "missing" / "t.csv", "its folder does not exist"), (tmp_path, "is a directory")):
+        res = parcel_hpc(["export", str(tmp_path / "no-search"), "-o", str(output)])
+        assert res.returncode == 2 and says in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+def test_a_parameter_of_mixed_kinds_exports_as_json_text_and_others_keep_their_type():
+    from parcel_hpc.export import _param_column
+
+    assert _param_column([64, "auto"]).to_pylist() == ["64", '"auto"']
+    assert _param_column([True, 0]).to_pylist() == ["true", "0"]
+    assert _param_column([[1, 2], None]).to_pylist() == ["[1, 2]", None]
+    assert str(_param_column([None, 16]).type) == "int64" and str(_param_column([0.1, 1]).type) == "double"
+
+
 def test_export_of_a_requeued_trial_counts_each_attempt(tmp_path, data_dir):
     """One trial sent SLURM's checkpoint signal at step 6: two attempts, both in --attempts, the
     second resumed from step 6; the trial's row adds their hours."""
@@ -232,10 +298,9 @@ def test_local_trials_get_distinct_gpus_where_the_machine_has_them(tmp_path, dat
                 assert e.data.gpus == 1 and e.data.cuda_visible_devices in ("0", "1")
                 rec = SearchDir(tmp_path / "runs" / "g-r1").record(tid)
                 spans.append((rec.attempts[0].started, rec.attempts[0].ended, e.data.cuda_visible_devices))
-    for a in spans:
-        for b in spans:
-            if a is not b and a[0] < b[1] and b[0] < a[1]:
-                assert a[2] != b[2], (a, b)  # overlapping trials never share a device
+    overlapping = [(a, b) for i, a in enumerate(spans) for b in spans[i + 1 :] if a[0] < b[1] and b[0] < a[1]]
+    assert overlapping, spans  # two devices: trials ran side by side
+    assert all(a[2] != b[2] for a, b in overlapping), overlapping  # and never on one device
     used = BudgetLedger.read_totals(tmp_path / "runs" / "g-r1")
     assert used.used_gpu_hours == pytest.approx(used.used_cpu_hours, rel=1e-6) and used.used_gpu_hours > 0  # 1 CPU and 1 GPU a trial
     res = launch([*overrides, "search.revision=c-r1"], cwd=tmp_path, data_dir=data_dir, env={"CUDA_VISIBLE_DEVICES": ""})
@@ -245,6 +310,13 @@ def test_local_trials_get_distinct_gpus_where_the_machine_has_them(tmp_path, dat
     assert shown["compute"]["gpu_hours"] == 0.0 and shown["compute"]["cpu_hours"] > 0
     recon = json.loads(parcel_hpc(["reconcile", str(tmp_path / "runs" / "c-r1"), "--json"]).stdout)["campaigns"][0]
     assert recon["figures"]["gpu_hours"] == 0.0 and recon["figures"]["cpu_hours"] > 0
+
+
+def test_the_machines_gpus_are_numbered_devices_or_a_one_line_refusal():
+    assert machine_gpus({"CUDA_VISIBLE_DEVICES": "0,2"}) == (0, 2)
+    assert machine_gpus({"CUDA_VISIBLE_DEVICES": ""}) == ()  # none to hand out: trials run on the CPU
+    with pytest.raises(UsageError, match="names GPUs by UUID or MIG id"):
+        machine_gpus({"CUDA_VISIBLE_DEVICES": "GPU-8f3c2a10-1d2e-4b5f-9a6b-0c1d2e3f4a5b"})
 
 
 # --- reconcile --root ------------------------------------------------------------------------
@@ -262,7 +334,7 @@ def test_reconcile_over_a_root_totals_every_search_by_user_search_and_partition(
     singles = [json.loads(parcel_hpc(["reconcile", str(s), "--json"]).stdout)["campaigns"][0] for s in (a, b)]
     assert report["complete"] and {Path(s["path"]).name for s in report["searches"]} == {"a-r1", "b-r1"}
     assert report["totals"]["cpu_hours"] == pytest.approx(sum(s["figures"]["cpu_hours"] for s in singles))
-    assert [u["key"] for u in report["by_user"]] == [os.environ.get("USER", "root")] or len(report["by_user"]) == 1
+    assert [u["key"] for u in report["by_user"]] == [getpass.getuser()]
     assert {p["key"] for p in report["by_partition"]} == {"local"}
     assert {Path(s["key"]).name for s in report["by_search"]} == {"a-r1", "b-r1"}
     assert report["unknown_jobs"] == []

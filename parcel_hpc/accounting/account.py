@@ -10,7 +10,7 @@ a job no search knows has hours but no cost. No I/O here: ``run.py`` asks sacct 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from .reconcile import AttemptLine, Reconciliation, report_row
@@ -124,13 +124,23 @@ def over_searches(scope: str, parts: Sequence[SearchPart]) -> AccountReport:
     return _report(scope, parts, charges, ())
 
 
-def over_account(scope: str, parts: Sequence[SearchPart], account_runs: Sequence[JobRun], rates: Mapping[str, object]) -> AccountReport:
+def over_account(
+    scope: str,
+    parts: Sequence[SearchPart],
+    account_runs: Sequence[JobRun],
+    rates: Mapping[str, object],
+    other_jobs: Mapping[str, Iterable[str]] | None = None,
+) -> AccountReport:
     """Every run charged to the account, by the scheduler; a run a search knows is that search's,
-    priced at its rates (``rates``: search path -> Rates); the others are listed as unknown."""
+    priced at its rates (``rates``: search path -> Rates); the others are listed as unknown.
+    ``other_jobs``: search path -> job ids it submitted outside its trials (its selection's)."""
     owner: dict[str, str] = {}
     for part in parts:
         for line in part.reconciliation.attempts:
             owner.setdefault(line.job_id, part.path)
+    for path, jobs in (other_jobs or {}).items():
+        for job in jobs:
+            owner.setdefault(job, path)
     charges, unknown = [], []
     for run in account_runs:
         search = owner.get(run.job_id, NO_SEARCH)

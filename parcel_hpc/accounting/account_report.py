@@ -20,7 +20,10 @@ from rich.table import Table
 
 from ..budget import search_caps
 from ..errors import UsageError
+from ..ledger import SearchDir
+from ..ledger.selection import JobSubmitted
 from ..searches import find_searches, launched_by
+from ..selection.store import SelectionStore
 from .account import AccountReport, Charge, SearchPart, Total, over_account, over_searches
 from .parse import parse_sacct
 from .run import reconcile_search
@@ -51,11 +54,20 @@ def account_report(root: Path, account: str | None = None, since: _dt.datetime |
         return over_searches(f"root {Path(root).absolute()}", parts)
     if since is None:
         raise UsageError("--account needs --since DATE: the report covers the account's jobs from then (sacct would start at today's midnight)")
-    runs = job_runs(parse_sacct(run_sacct(build_sacct_argv([], since=since, account=account, all_users=True)), source=f"sacct --accounts={account}"))
+    argv = build_sacct_argv([], since=since, account=account, all_users=True, truncate=True)
+    runs = job_runs(parse_sacct(run_sacct(argv), source=f"sacct --accounts={account}"))
     # Only searches that ran on SLURM can own an account's jobs (a local job id is a pid).
     slurm = [(s, p) for s, p in zip(searches, parts) if p.reconciliation.source.startswith("sacct")]
     rates = {p.path: search_caps(s.contract()).rates for s, p in slurm}
-    return over_account(f"account {account} since {since.isoformat()}", [p for _, p in slurm], runs, rates)
+    selection_jobs = {p.path: _selection_jobs(s) for s, p in slurm}
+    return over_account(f"account {account} since {since.isoformat()}", [p for _, p in slurm], runs, rates, selection_jobs)
+
+
+def _selection_jobs(search: SearchDir) -> frozenset[str]:
+    """The jobs the search's selection submitted (winner rerun, baseline, final evaluation): the
+    search's too, though no trial ran in them."""
+    jobs = SelectionStore(search).record().jobs
+    return frozenset(e.job_id for events in jobs.values() for e in events if isinstance(e, JobSubmitted))
 
 
 # --- renderers ---------------------------------------------------------------------------------

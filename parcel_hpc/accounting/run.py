@@ -52,7 +52,8 @@ def reconcile_search(search: SearchDir, sacct_file: Path | None = None) -> Recon
     since = _created(search)
     listed = []
     for name in search.slurm_job_names():
-        listed += job_runs(parse_sacct(run_sacct(build_sacct_argv([], since=since, name=name)), source="sacct --name"))
+        # --allusers: an admin reconciling a colleague's search sees the orphans of every user
+        listed += job_runs(parse_sacct(run_sacct(build_sacct_argv([], since=since, name=name, all_users=True)), source="sacct --name"))
     return reconcile(campaign, objective, "sacct", records, runs, listed, caps, ledger_used, now=time.time())
 
 

@@ -65,6 +65,7 @@ def build_sacct_argv(
     name: str | None = None,
     account: str | None = None,
     all_users: bool = False,
+    truncate: bool = False,
 ) -> list[str]:
     """The sacct command line for these jobs, every array task and every requeued run.
 
@@ -73,6 +74,8 @@ def build_sacct_argv(
     ``reconcile`` finds orphans the ledger does not know. ``since`` is an aware datetime or
     epoch seconds; it is written in UTC, matching the ``TZ=UTC`` that ``run_sacct`` sets.
     ``all_users``: every user's jobs (sacct otherwise lists only the caller's, root's excepted).
+    ``truncate``: a job that straddles ``since`` counts only its time after it (a month's report
+    does not count again what the last month's counted).
     """
     ids = _job_id_list(job_ids)
     if not ids and name is None and account is None:
@@ -92,7 +95,9 @@ def build_sacct_argv(
     if account is not None:
         argv.append(f"--accounts={_checked_name('account', account)}")
     if all_users:
-        argv.append("--allusers")  # an admin's account report: every user's jobs, not only the caller's
+        argv.append("--allusers")  # an admin's report: every user's jobs, not only the caller's
+    if truncate:
+        argv.append("--truncate")
     if ids:
         argv.append(f"--jobs={','.join(ids)}")
     return argv

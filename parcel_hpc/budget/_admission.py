@@ -188,11 +188,13 @@ def _floor(x: float) -> int:
     return math.floor(x + REL_SLACK * max(1.0, abs(x)))
 
 
-def admit_account(commitment: Commitment, limits: Sequence[AssociationLimit], account: str) -> BudgetDecision:
+def admit_account(commitment: Commitment, limits: Sequence[AssociationLimit], account: str, job_minutes: float | None = None) -> BudgetDecision:
     """The launch's worst case against the SLURM association limits it is charged under (pure): a
     GrpTRESMins the worst case would overshoot, with the association's usage and its running jobs'
-    minutes, holds it; so does a GrpTRESRunMins smaller than one job (that job would never start)."""
-    lines = tuple(_association_line(commitment, limit) for limit in limits)
+    minutes, holds it; so does a GrpTRESRunMins smaller than one job (that job would never start).
+    ``job_minutes``: the longest job's time limit (a packed job runs several trials), else one trial's."""
+    job_minutes = commitment.time_limit_min if job_minutes is None else job_minutes
+    lines = tuple(_association_line(commitment, limit, job_minutes) for limit in limits)
     over = [line for line in lines if not line.ok]
     if over:
         return BudgetDecision(Admission.HOLD, lines, "; ".join(line.message for line in over), commitment)
@@ -204,9 +206,10 @@ def admit_account(commitment: Commitment, limits: Sequence[AssociationLimit], ac
     return BudgetDecision(Admission.ADMIT, lines, said, commitment)
 
 
-def _association_line(c: Commitment, limit: AssociationLimit) -> CapLine:
-    per = c.gpus if limit.tres == "gres/gpu" else c.cpus
-    unit = "GPU-min" if limit.tres == "gres/gpu" else "CPU-min"
+def _association_line(c: Commitment, limit: AssociationLimit, job_minutes: float) -> CapLine:
+    gpu = limit.tres.startswith("gres/gpu")  # typed (gres/gpu:a100) too: the job's GPUs may be of that type
+    per = c.gpus if gpu else c.cpus
+    unit = "GPU-min" if gpu else "CPU-min"
     coordinator = "or ask the account's coordinator to raise it (sacctmgr modify)"
     if limit.kind is LimitKind.GRP_TRES_MINS:
         committed, requested = limit.used_min + limit.running_min, per * c.time_limit_min * c.attempts
@@ -218,12 +221,12 @@ def _association_line(c: Commitment, limit: AssociationLimit) -> CapLine:
             f" lower search.n_trials, resources.time_limit_min or budget.max_retries, {coordinator}"
         )
         return CapLine(limit.name, unit, committed, requested, limit.limit_min, msg)
-    requested = per * c.time_limit_min  # what one job holds when it starts
+    requested = per * job_minutes  # what one job holds when it starts
     if not over_cap(0.0, requested, limit.limit_min):
         return CapLine(limit.name, unit, 0.0, requested, limit.limit_min)
     msg = (
-        f"{limit.name}: one job holds {fmt_minutes(requested)} {unit} when it starts ({per} x {fmt_minutes(c.time_limit_min)} min), more than the limit,"
-        f" so it would wait in the queue forever: lower resources.time_limit_min or resources.{'gpus' if per == c.gpus else 'cpus'}, {coordinator}"
+        f"{limit.name}: one job holds {fmt_minutes(requested)} {unit} when it starts ({per} x {fmt_minutes(job_minutes)} min), more than the limit,"
+        f" so it would wait in the queue forever: lower resources.time_limit_min{', hydra.launcher.pack_size' if job_minutes > c.time_limit_min else ''} or resources.{'gpus' if per == c.gpus else 'cpus'}, {coordinator}"
     )
     return CapLine(limit.name, unit, 0.0, requested, limit.limit_min, msg)
 

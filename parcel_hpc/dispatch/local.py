@@ -121,12 +121,19 @@ class LocalDispatcher(Dispatcher):
 
 
 def machine_gpus(env: Mapping[str, str] | None = None) -> tuple[int, ...]:
-    """The GPUs the launch may hand out: ``CUDA_VISIBLE_DEVICES`` where it is set (numbered devices
-    only), else every GPU ``nvidia-smi -L`` lists; none on a machine without a driver."""
+    """The GPUs the launch may hand out: ``CUDA_VISIBLE_DEVICES`` where it is set, else every GPU
+    ``nvidia-smi -L`` lists; none on a machine without a driver. Devices named by UUID or MIG id
+    are refused: a job's own CUDA_VISIBLE_DEVICES (submitit's) can only number them."""
     env = os.environ if env is None else env
     listing = env.get("CUDA_VISIBLE_DEVICES")
     if listing is not None:
-        return tuple(int(d) for d in listing.split(",") if d.strip().isdigit())
+        named = [d.strip() for d in listing.split(",") if d.strip()]
+        if not all(d.isdigit() for d in named):
+            raise UsageError(
+                f"CUDA_VISIBLE_DEVICES={listing} names GPUs by UUID or MIG id; the local executor hands out numbered devices:"
+                " give their indices (nvidia-smi -L), or resources.gpus=0"
+            )
+        return tuple(int(d) for d in named)
     try:
         out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20).stdout
     except (OSError, subprocess.TimeoutExpired):

@@ -76,7 +76,10 @@ class SlurmDispatcher(Dispatcher):
         if not self.settings.params.get("check_account_limits", True) or not self.limits.accounting:
             return None  # turned off, or a cluster without accounting: no association, no limit
         try:
-            return slurm.account_limits(str(self.settings.resources.get("account") or ""), getpass.getuser(), self.limits.cluster, self.env)
+            resources = self.settings.resources
+            return slurm.account_limits(
+                str(resources.get("account") or ""), getpass.getuser(), self.limits.cluster, str(resources.get("partition") or ""), self.env
+            )
         except SchedulerUnavailable as exc:
             raise SchedulerUnavailable(
                 f"cannot read the account's association limits ({exc}); fix that, or launch without this check: hydra.launcher.check_account_limits=false"

@@ -17,12 +17,13 @@ from .journal import TrialWriter, preview, read_events
 from .records import Attempt, TrialRecord, TrialSpec, fold
 from .selection import JobRole, Outcome
 from .states import AttemptEnd, TrialState
-from .store import HEARTBEAT_S, Heartbeat, SearchDir
+from .store import HEARTBEAT_S, Heartbeat, LauncherState, SearchDir
 from .view import RecordView
 
 __all__ = [
     "HEARTBEAT_S",
     "Heartbeat",
+    "LauncherState",
     "Admitted",
     "Attempt",
     "AttemptEnd",

@@ -294,7 +294,7 @@ class Event:
                 obj = {**{k: v for k, v in obj.items() if k != "cause"}, "outcome": obj["cause"]}
             payload = decode_payload(PAYLOADS[kind], obj, _ENUM_FIELDS, _TUPLE_FIELDS)
             return cls(kind, float(obj["t"]), str(obj["writer"]), int(obj["seq"]), int(obj.get("attempt", 0) or 0), payload)
-        except (KeyError, ValueError, TypeError) as exc:
+        except (KeyError, ValueError, TypeError, AttributeError) as exc:
             raise CorruptRecord(
-                f"{where}: an event does not parse ({type(exc).__name__}: {exc}): {dict(obj)!r:.200}; move the damaged journal-*.jsonl aside and rerun"
+                f"{where}: an event does not parse ({type(exc).__name__}: {exc}): {obj!r:.200}; move the damaged journal-*.jsonl aside and rerun"
             ) from None

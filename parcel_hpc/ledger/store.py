@@ -9,7 +9,7 @@
       trials/<trial_id>/journal-*.jsonl     per-writer event journals (journal.py)
       configs/<config hash>         which trial owns an effective configuration (dedup)
       launches/<launch_id>.json     what each launch proposed, admitted, dispatched, deduplicated
-      launches/<launch_id>.heartbeat  a following launch's latest "alive" (every HEARTBEAT_S)
+      launches/<launch_id>.heartbeat  a launch's latest "alive" (every HEARTBEAT_S), then how it left
       checkpoints/, milestones/, prune_decisions/, budget/, quarantine/, submitit/
 
 Owns paths and the create-exclusive claims that make two launchers agree; no decisions.
@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -32,22 +33,39 @@ from .journal import TrialWriter, read_events
 from .records import TrialRecord, TrialSpec, fold
 
 CANCELLED_FILE = "cancelled.json"
-HEARTBEAT_S = 30.0  # how often a following launch says it is alive
+HEARTBEAT_S = 30.0  # how often a working launch says it is alive
+
+
+class LauncherState(Enum):
+    """What the search's launches say of themselves (``searches.launcher_state`` decides it)."""
+
+    FOLLOWING = "following"  # a launch works on the search now: dispatching, or following its trials
+    ENDED = "ended"  # the last launch followed its trials until every one had ended
+    DETACHED = "detached"  # the last launch submitted and left (search.wait=false): the jobs run on the scheduler alone
+    STOPPED = "stopped"  # the last launch stopped before its trials ended: interrupted, refused, scheduler gone
+    GONE = "gone"  # the last launch stopped writing without a last word (killed, its node lost)
+    NONE = "none"  # no launch ever dispatched anything
+    UNKNOWN = "unknown"  # its last launch was by a version that wrote no heartbeat
+
+    def is_alive(self) -> bool:
+        return self is LauncherState.FOLLOWING
 
 
 @dataclass(frozen=True)
 class Heartbeat:
+    """A launch's latest word: FOLLOWING every ``HEARTBEAT_S`` while it works, then once how it left."""
+
     at: float  # when it was written, by the launch's clock
     host: str
     pid: int
-    following: bool  # False: its last word, it stopped following (every trial ended, or it was stopped)
+    state: LauncherState
 
     def to_json(self) -> dict:
-        return {"at": self.at, "host": self.host, "pid": self.pid, "following": self.following}
+        return {"at": self.at, "host": self.host, "pid": self.pid, "state": self.state.value}
 
     @classmethod
     def from_json(cls, d: dict) -> Heartbeat:
-        return cls(float(d["at"]), str(d["host"]), int(d["pid"]), bool(d["following"]))
+        return cls(float(d["at"]), str(d["host"]), int(d["pid"]), LauncherState(d["state"]))
 
 
 @dataclass(frozen=True)
@@ -248,17 +266,21 @@ class SearchDir:
         fsio.atomic_write_json(self.launches_dir / f"{launch_id}.json", summary)
 
     def write_heartbeat(self, launch_id: str, beat: Heartbeat) -> None:
-        """The launch following its trials says it is alive (and, last, that it stopped following)."""
+        """A working launch says it is alive (and, last, how it left)."""
         fsio.atomic_write_json(fsio.ensure_dir(self.launches_dir) / f"{launch_id}.heartbeat", beat.to_json())
 
+    def withdraw_heartbeat(self, launch_id: str) -> None:
+        """A launch that did nothing leaves no word: the launches before it say how the search stands."""
+        (self.launches_dir / f"{launch_id}.heartbeat").unlink(missing_ok=True)
+
     def heartbeats(self) -> dict[str, Heartbeat]:
-        """Each following launch's latest word, by launch id."""
+        """Each launch's latest word, by launch id."""
         if not self.launches_dir.exists():
             return {}
         out = {}
         for p in self.launches_dir.glob("*.heartbeat"):
             try:
                 out[p.stem] = Heartbeat.from_json(fsio.read_json(p))
-            except (CorruptRecord, KeyError, TypeError, ValueError):
-                continue  # a damaged heartbeat says nothing: its launch reads as gone once it is old
+            except (CorruptRecord, KeyError, TypeError, ValueError, OSError):
+                continue  # a damaged (or vanished, or unreadable) heartbeat says nothing: its launch reads as gone once it is old
         return out

@@ -27,12 +27,13 @@ from ..contract import Contract, TrialIdentity, admit, first_difference, freeze_
 from ..data import read_split
 from ..dispatch import Dispatcher, Submitted, packing
 from ..errors import GovernanceRefusal, ReleaseFailed, SchedulerUnavailable, UsageError
-from ..ledger import HEARTBEAT_S, Heartbeat, RecordView, SearchDir, TrialRecord, TrialSpec, TrialWriter
+from ..ledger import LauncherState, RecordView, SearchDir, TrialRecord, TrialSpec, TrialWriter
 from ..lifecycle import Action, Next, RetryPolicy, next_action
 from ..selection.store import write_final_plan
 from ..worker import TrialTask, WorkerPlan
 from . import display
 from .proposal import build_contract, check_policy, ensure_writable, plan_for, propose, search_path
+from .pulse import Pulse
 
 
 @dataclass
@@ -133,49 +134,54 @@ class SearchLaunch:
         launch_id = time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
         report = LaunchReport(path, launch_id, frozen.digest, dry_run=dry_run, follows=bool(cfg["search"]["wait"]))
 
-        specs = self._admit_proposals(search, frozen, n_trials, report)
-        to_dispatch = [s.trial_id for s in specs]
-        if not to_dispatch:
+        # From here on the launch says it is alive (list, status --watch), and last how it left.
+        with Pulse(search, launch_id, beating=not dry_run) as pulse:
+            specs = self._admit_proposals(search, frozen, n_trials, report)
+            to_dispatch = [s.trial_id for s in specs]
+            if not to_dispatch:
+                self.console.print(display.contract_line(frozen, path, created, dry_run))
+                self.console.print(display.nothing_to_do(report))
+                if not report.dry_run:
+                    search.write_launch(launch_id, report.to_json())
+                    if cfg["search"]["wait"]:
+                        self.console.print(display.summary(search, time.time() - started))
+                pulse.withdraw()  # it dispatched nothing: the launches before it say how the search stands
+                return report
+            known = set(search.trial_ids()) | set(to_dispatch)
+            decision = launch_decision(frozen, len(to_dispatch), len(known) - len(to_dispatch), None if dry_run and fresh else path)
+            self._require_budget(decision)
+            pack = choose_packing(dispatcher, search, len(to_dispatch))
+            verdict, account_text = account_decision(account, decision, pack.size)
+            self._require_budget(verdict, account_text)
             self.console.print(display.contract_line(frozen, path, created, dry_run))
-            self.console.print(display.nothing_to_do(report))
-            if not report.dry_run:
-                search.write_launch(launch_id, report.to_json())
-                if cfg["search"]["wait"]:
-                    self.console.print(display.summary(search, time.time() - started))
+            self.console.print(display.commitment_text(decision))
+            if account_text:
+                self.console.print(account_text, markup=False, highlight=False)
+            if report.dry_run:
+                self.console.print(display.dry_run_table(specs, frozen))
+                self.console.print(display.worst_case_line(decision))
+                self.console.print(display.packing_line(pack, len(specs)))
+                lengths = [len(g) for g in packing.groups(to_dispatch, pack.size)]
+                self.console.print(dispatcher.describe(lengths), soft_wrap=True, markup=False, highlight=False)
+                return report
+            report.launcher = dispatcher.launch_record()
+            search.write_launch(launch_id, report.to_json())
+            for tid in to_dispatch:
+                # The first plan stands for the trial's life (its checkpoint directory must not move under
+                # a retry); resubmit rebuilds tasks from it without the launch's config.
+                search.write_plan(tid, plan_for(search.spec(tid), cfg, frozen, path).to_json())
+            plans = {tid: WorkerPlan.load(search, tid) for tid in to_dispatch}
+            follower = Follower(search, dispatcher, plans, launch_id, frozen, self.console, self.poll_s)
+            follower.dispatch_initial(report)
+            search.write_launch(launch_id, report.to_json())
+            if cfg["search"]["wait"]:
+                follower.follow()
+                pulse.leaving(LauncherState.ENDED)
+                self.console.print(display.summary(search, time.time() - started))
+            else:
+                pulse.leaving(LauncherState.DETACHED)
+                self.console.print(display.detached_text(search, report))
             return report
-        known = set(search.trial_ids()) | set(to_dispatch)
-        decision = launch_decision(frozen, len(to_dispatch), len(known) - len(to_dispatch), None if dry_run and fresh else path)
-        self._require_budget(decision)
-        verdict, account_text = account_decision(account, decision)
-        self._require_budget(verdict, account_text)
-        self.console.print(display.contract_line(frozen, path, created, dry_run))
-        self.console.print(display.commitment_text(decision))
-        if account_text:
-            self.console.print(account_text, markup=False, highlight=False)
-        if report.dry_run:
-            pack = choose_packing(dispatcher, search, len(specs))
-            self.console.print(display.dry_run_table(specs, frozen))
-            self.console.print(display.worst_case_line(decision))
-            self.console.print(display.packing_line(pack, len(specs)))
-            lengths = [len(g) for g in packing.groups(to_dispatch, pack.size)]
-            self.console.print(dispatcher.describe(lengths), soft_wrap=True, markup=False, highlight=False)
-            return report
-        report.launcher = dispatcher.launch_record()
-        search.write_launch(launch_id, report.to_json())
-        for tid in to_dispatch:
-            # The first plan stands for the trial's life (its checkpoint directory must not move under
-            # a retry); resubmit rebuilds tasks from it without the launch's config.
-            search.write_plan(tid, plan_for(search.spec(tid), cfg, frozen, path).to_json())
-        plans = {tid: WorkerPlan.load(search, tid) for tid in to_dispatch}
-        follower = Follower(search, dispatcher, plans, launch_id, frozen, self.console, self.poll_s)
-        follower.dispatch_initial(report)
-        search.write_launch(launch_id, report.to_json())
-        if cfg["search"]["wait"]:
-            follower.follow()
-            self.console.print(display.summary(search, time.time() - started))
-        else:
-            self.console.print(display.detached_text(search, report))
-        return report
 
     @staticmethod
     def _dry_freeze(path: Path, contract: Contract, fresh: bool) -> tuple[Contract, bool]:
@@ -227,13 +233,15 @@ class SearchLaunch:
 OUTAGE_LIMIT_S = 900.0  # how long a launch waits for a scheduler that stopped answering
 
 
-def account_decision(account: tuple[str, list[AssociationLimit]] | None, decision: BudgetDecision) -> tuple[BudgetDecision, str]:
+def account_decision(account: tuple[str, list[AssociationLimit]] | None, decision: BudgetDecision, pack_size: int = 1) -> tuple[BudgetDecision, str]:
     """The worst case against the association limits of the account the jobs are charged to
-    (``Dispatcher.account_limits``), with the text to print ("" where jobs are charged to no account)."""
+    (``Dispatcher.account_limits``), with the text to print ("" where jobs are charged to no account).
+    ``pack_size`` trials a job: its time limit is theirs together."""
     if account is None:
         return decision, ""
     name, limits = account
-    verdict = admit_account(decision.commitment, limits, name)
+    c = decision.commitment
+    verdict = admit_account(c, limits, name, packing.job_time_limit_min(pack_size, int(c.time_limit_min)))
     return verdict, render_account(verdict, name)
 
 
@@ -278,7 +286,6 @@ class Follower:
         self.recorded: set[str] = set()  # trials of the batch being submitted whose job ids are recorded
         self.seen_dispatches: dict[str, int] = {}  # trial -> its dispatch count when last decided on
         self.view = RecordView(search)  # each poll folds only the trials whose journals changed
-        self.last_beat = 0.0  # when this launch last said it is alive (``HEARTBEAT_S``)
 
     def writer(self, trial_id: str) -> TrialWriter:
         """One journal per trial for this launch, opened when it first has something to say."""
@@ -405,22 +412,8 @@ class Follower:
         return True
 
     def follow(self) -> None:
-        try:
-            self._follow()
-        finally:
-            self._beat(following=False)  # its last word: `parcel-hpc list` then says ended, not gone
-
-    def _beat(self, following: bool) -> None:
-        now = time.time()
-        if following and now - self.last_beat < HEARTBEAT_S:
-            return
-        self.search.write_heartbeat(self.launch_id, Heartbeat(now, socket.gethostname(), os.getpid(), following))
-        self.last_beat = now
-
-    def _follow(self) -> None:
         with display.Progress(self.console, list(self.plans)) as progress:
             while True:
-                self._beat(following=True)
                 round_started = time.monotonic()
                 if not self._refresh():
                     time.sleep(max(self.poll_s, 2.0))
