@@ -26,10 +26,10 @@ from rich.table import Table
 
 from .budget import BudgetLedger, Spend, search_caps
 from .errors import ParcelError, UsageError
-from .ledger import HEARTBEAT_S, Heartbeat, LauncherState, SearchDir, TrialState
+from .ledger import HEARTBEAT_S, Heartbeat, LauncherState, SearchDir
 from .ledger.journal import journals
 from .processes import pid_alive
-from .report import counts_by_state
+from .report import best_completed, counts_by_state
 
 MAX_DEPTH = 3  # <root>/<user>/<project>/<revision>: deep enough for shared roots, never the whole disk
 STALE_AFTER_S = 3 * HEARTBEAT_S  # a working launch that has not written for this long has gone
@@ -62,10 +62,12 @@ def launched_by(search: SearchDir) -> str:
         return ""
 
 
-def current_launcher(search: SearchDir, now: float | None = None) -> LauncherState:
-    """What the search's launch records and heartbeats say now (this host's pids are checked)."""
+def current_launcher(search: SearchDir, now: float | None = None, launches: Sequence[Mapping] | None = None) -> LauncherState:
+    """What the search's launch records (``launches``, when the caller has read them) and
+    heartbeats say now (this host's pids are checked)."""
     now = time.time() if now is None else now
-    return launcher_state(search.launches(), search.heartbeats(), now, socket.gethostname(), lambda pid: pid_alive(str(pid)))
+    launches = search.launches() if launches is None else launches
+    return launcher_state(launches, search.heartbeats(), now, socket.gethostname(), lambda pid: pid_alive(str(pid)))
 
 
 @dataclass(frozen=True)
@@ -136,8 +138,7 @@ def summarize(search: SearchDir, now: float | None = None) -> SearchSummary:
     caps = search_caps(contract)
     records = list(search.records())
     spend = BudgetLedger.read_totals(search.path)
-    done = [r for r in records if r.state is TrialState.COMPLETED and r.metric is not None]
-    best = min(done, key=lambda r: (r.metric, r.trial_id), default=None)
+    best = best_completed(records)
     launches = search.launches()
     cost = spend.committed_cost(caps.rates) if spend else 0.0
     return SearchSummary(
@@ -149,7 +150,7 @@ def summarize(search: SearchDir, now: float | None = None) -> SearchSummary:
         gpu_hours_cap=caps.gpu_hours_cap,
         cost_cap=caps.cost_cap,
         cost=cost,
-        launcher=current_launcher(search, now),
+        launcher=current_launcher(search, now, launches),
         last_activity=_last_write(search),
         best={"trial_id": best.trial_id, "miss_cost": best.metric} if best else None,
         users=tuple(sorted({str(l["user"]) for l in launches if l.get("user")})),

@@ -218,8 +218,8 @@ def limits_of(chain: Sequence[tuple[Association, str]], shares: Mapping) -> list
             continue
         if (assoc.account, assoc.user) not in shares:
             raise SchedulerUnavailable(
-                f"sshare shows no usage for {label}, which limits {', '.join(sorted(set(limited)))}: the limit cannot be checked"
-                " (PrivateData=usage?); ask the admin, or launch with hydra.launcher.check_account_limits=false"
+                f"sshare shows no usage for {label}, which limits {', '.join(sorted(set(limited)))}, so the limit cannot be checked"
+                " (PrivateData=usage?): ask the admin"
             )
         used, running = shares[(assoc.account, assoc.user)]
         for tres in sorted(set(limited)):
@@ -255,15 +255,7 @@ def squeue_argv(job_name: str) -> list[str]:
 
 
 def parse_squeue(text: str) -> dict[str, QueuedJob]:
-    jobs = {}
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        parts = line.split("|")
-        if len(parts) != 4:
-            raise SchedulerUnavailable(f"squeue printed an unexpected line {line[:80]!r}; check that squeue matches SLURM 22.05+")
-        jobs[parts[0]] = QueuedJob(*parts)
-    return jobs
+    return {parts[0]: QueuedJob(*parts) for parts in _pipe_rows(text, 4, "squeue")}
 
 
 def queued_jobs(job_name: str, env: Mapping[str, str] | None = None) -> dict[str, QueuedJob]:

@@ -71,13 +71,13 @@ class AccountReport:
     unknown: tuple[Charge, ...]  # charged to the account, known to no search
 
     @property
-    def complete(self) -> bool:
-        return all(p.reconciliation.complete for p in self.searches)
-
-    @property
     def pending(self) -> int:
         """How many jobs sacct has not filed in full yet, over every search."""
         return sum(len(p.reconciliation.pending) for p in self.searches)
+
+    @property
+    def complete(self) -> bool:
+        return not self.pending
 
     @property
     def flags(self) -> int:

@@ -7,7 +7,6 @@ sacct for every job charged to the account, and renders. Reads only, like every 
 
 from __future__ import annotations
 
-import base64
 import csv
 import datetime as _dt
 import io
@@ -26,7 +25,7 @@ from ..searches import find_searches, launched_by
 from ..selection.store import SelectionStore
 from .account import AccountReport, Charge, SearchPart, Total, over_account, over_searches
 from .parse import parse_sacct
-from .run import reconcile_search
+from .run import png_of, pyplot, reconcile_search
 from .runs import job_runs
 from .sacct import build_sacct_argv, run_sacct
 
@@ -138,11 +137,7 @@ def to_html(report: AccountReport) -> str:
 
 
 def _plots(report: AccountReport) -> list[tuple[str, str]]:
-    import matplotlib  # here: slow to import, and only the HTML report plots
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # after use("Agg"): no display on a login node
-
+    plt = pyplot()
     out = []
     for title, rows in (("GPU-hours by user", report.by_user), ("GPU-hours by search", report.by_search), ("GPU-hours by partition", report.by_partition)):
         fig, ax = plt.subplots(figsize=(7, 0.5 + 0.4 * max(1, len(rows))))
@@ -150,7 +145,7 @@ def _plots(report: AccountReport) -> list[tuple[str, str]]:
         values = [r.gpu_hours for r in rows]
         hbars(ax, labels, values, [f"{v:.4g} GPU-h" for v in values])
         ax.set_title(title)
-        out.append((title, _png(fig, plt)))
+        out.append((title, png_of(fig)))
     fig, ax = plt.subplots(figsize=(7, 0.5 + 0.5 * max(1, len(report.searches))))
     used = [
         100 * p.reconciliation.spend["gpu_hours"]["used"] / p.reconciliation.spend["gpu_hours"]["cap"] if p.reconciliation.spend["gpu_hours"]["cap"] else 0.0
@@ -163,7 +158,7 @@ def _plots(report: AccountReport) -> list[tuple[str, str]]:
     hbars(ax, [_short(p.path) for p in report.searches], used, texts)
     ax.set_xlabel("% of the search's GPU-hour cap used (axis fitted to the largest: small shares stay visible)")
     ax.set_title("spend against each search's cap")
-    out.append(("spend against caps", _png(fig, plt)))
+    out.append(("spend against caps", png_of(fig)))
     return out
 
 
@@ -180,14 +175,6 @@ def hbars(ax, labels: list[str], values: list[float], texts: list[str]) -> None:
     for i, (v, text) in enumerate(zip(values, texts)):
         ax.text(v + top * 0.02, i, text, va="center", fontsize=8)
     ax.invert_yaxis()
-
-
-def _png(fig, plt) -> str:
-    buf = io.BytesIO()
-    fig.tight_layout()
-    fig.savefig(buf, format="png", dpi=90)
-    plt.close(fig)
-    return base64.b64encode(buf.getvalue()).decode()
 
 
 def _short(path: str, room: int = 40) -> str:

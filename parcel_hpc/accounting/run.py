@@ -183,20 +183,32 @@ def cap_on_scale(used: float, cap: float) -> bool:
     return cap <= 20 * used
 
 
-def _plots(rec: Reconciliation) -> list[str]:
-    import matplotlib  # local: slow to import, and only the --html report plots
+def pyplot():
+    """matplotlib's pyplot on the Agg backend: imported only when an HTML report plots (it is slow
+    to import), and with no display backend (a login node has none)."""
+    import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # after use("Agg"): no display backend on a login node
+    import matplotlib.pyplot as plt
 
+    return plt
+
+
+def png_of(fig) -> str:
+    """The figure as a base64 PNG for an ``<img src="data:...">`` (the page opens with no network); closes it."""
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png", dpi=90)
+    pyplot().close(fig)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _plots(rec: Reconciliation) -> list[str]:
+    plt = pyplot()
     pngs = []
 
     def emit(fig) -> None:
-        buf = io.BytesIO()
-        fig.tight_layout()
-        fig.savefig(buf, format="png", dpi=90)
-        plt.close(fig)
-        pngs.append(base64.b64encode(buf.getvalue()).decode())
+        pngs.append(png_of(fig))
 
     ended = sorted((a.end, a.gpu_hours) for a in rec.attempts if a.end is not None)
     fig, ax = plt.subplots(figsize=(6, 3.2))

@@ -267,11 +267,15 @@ class SearchDir:
 
     def write_heartbeat(self, launch_id: str, beat: Heartbeat) -> None:
         """A working launch says it is alive (and, last, how it left)."""
-        fsio.atomic_write_json(fsio.ensure_dir(self.launches_dir) / f"{launch_id}.heartbeat", beat.to_json())
+        fsio.ensure_dir(self.launches_dir)
+        fsio.atomic_write_json(self._heartbeat_path(launch_id), beat.to_json())
 
     def withdraw_heartbeat(self, launch_id: str) -> None:
         """A launch that did nothing leaves no word: the launches before it say how the search stands."""
-        (self.launches_dir / f"{launch_id}.heartbeat").unlink(missing_ok=True)
+        self._heartbeat_path(launch_id).unlink(missing_ok=True)
+
+    def _heartbeat_path(self, launch_id: str) -> Path:
+        return self.launches_dir / f"{launch_id}.heartbeat"
 
     def heartbeats(self) -> dict[str, Heartbeat]:
         """Each launch's latest word, by launch id."""
