@@ -47,7 +47,7 @@ def run(repeats: int = 3) -> list[Figure]:
             "image": {"kind": "computed"},
             "checkpoint": {"dir": f"{tmp}/ckpt", "every_steps": 10, "keep_last": 2},
         }
-        specs = propose({"train": {"seed": 1234}}, contract, 0, repeats)
+        specs = propose(contract, 0, repeats)
         for spec in specs:
             search.write_spec(spec)
             plan = Path(tmp) / f"{spec.trial_id}.pkl"

@@ -38,7 +38,7 @@ def populate(root: str, n: int) -> SearchDir:
     search = SearchDir(Path(root) / "runs" / "parcel-search-r1")
     contract = search.contract()
     t = time.time() - 3600
-    for i, spec in enumerate(propose(CFG, contract, 0, n)):
+    for i, spec in enumerate(propose(contract, 0, n)):
         d = search.trial_dir(spec.trial_id)
         os.makedirs(d)
         (d / "spec.json").write_text(json.dumps(spec.to_json()))
@@ -68,7 +68,7 @@ def populate(root: str, n: int) -> SearchDir:
 
 def admission(search: SearchDir, n: int) -> None:
     report = LaunchReport(search.path, "bench", search.contract().digest, dry_run=True)
-    SearchLaunch(CFG, lambda s: None)._admit_proposals(search, search.contract(), n, report)
+    SearchLaunch(CFG, lambda s: None)._admit_proposals(search, search.contract(), n, report, None)
     assert len(report.finished_before) + len(report.duplicates) == n, (len(report.finished_before), len(report.duplicates), n)
 
 

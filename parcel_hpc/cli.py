@@ -61,6 +61,11 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--attempts", action="store_true", help="one row per attempt instead of per trial")
     s.add_argument("--output", "-o", type=Path, metavar="FILE", help="write here instead of stdout")
 
+    s = sub.add_parser("proposals", help="how each trial was proposed, and with --replay whether every proposal re-derives exactly")
+    s.add_argument("search_dir", type=Path)
+    s.add_argument("--replay", action="store_true", help="re-derive each proposal from what it was drawn from; exit 1 at the first that differs")
+    s.add_argument("--json", action="store_true", help="print one JSON object")
+
     s = sub.add_parser("sync", help="record how trials whose jobs vanished ended (for a search whose launcher has gone)")
     s.add_argument("search_dir", type=Path)
 
@@ -145,6 +150,8 @@ def main(argv: list[str] | None = None) -> None:
             _list(args)
         elif args.command == "export":
             _export(args)
+        elif args.command == "proposals":
+            _proposals(args)
         elif args.command == "sync":
             _sync(args)
         elif args.command == "resubmit":
@@ -228,6 +235,12 @@ def _export(args) -> None:
     rows = export.export(SearchDir(args.search_dir), export.Format(args.format), args.output, args.attempts)
     if args.output is not None:
         print(f"wrote {rows} rows to {args.output}", file=sys.stderr)
+
+
+def _proposals(args) -> None:
+    from .sweep import audit
+
+    raise SystemExit(audit.show(SearchDir(args.search_dir), replay=args.replay, as_json=args.json, console=make_console()))
 
 
 def _sync(args) -> None:

@@ -61,6 +61,9 @@ TRIAL_COLUMNS = [
     ("jobs", pa.string()),  # scheduler job ids, in order, space-separated
     ("seed", pa.int64()),
     ("config_hash", pa.string()),
+    ("proposed_by", pa.string()),  # the sampler (lineage: the trial's spec)
+    ("proposal", pa.int64()),  # a learning sampler's proposal number (null: drawn from seed and index)
+    ("history_digest", pa.string()),  # what that proposal was told (parcel-hpc proposals --replay)
 ]
 
 ATTEMPT_COLUMNS = [
@@ -195,6 +198,9 @@ def _trial_row(record: TrialRecord, events: Sequence[Event], attempts: Sequence[
         "jobs": " ".join(record.jobs),
         "seed": record.spec.seed,
         "config_hash": record.spec.config_hash,
+        "proposed_by": (record.spec.origin or {}).get("sampler", ""),
+        "proposal": (record.spec.origin or {}).get("proposal"),
+        "history_digest": (record.spec.origin or {}).get("history_digest", ""),
     }
 
 

@@ -14,7 +14,7 @@ from parcel_hpc.ledger import SearchDir
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 FILE_HEADER = re.compile(r"# ([\w/]+\.(?:py|yaml))\n")
-RUN_PAGES = ["bring-your-own-model.md"]
+RUN_PAGES = ["bring-your-own-model.md", "search-space-and-samplers.md"]
 
 
 def _tiny_logistic_completed(where: Path) -> None:
@@ -22,7 +22,12 @@ def _tiny_logistic_completed(where: Path) -> None:
     assert [r.state.value for r in records] == ["completed"] * 4 and len({r.metric for r in records}) > 1
 
 
-AFTERWARDS = {"bring-your-own-model.md": _tiny_logistic_completed}  # what the page's commands must have done
+def _tpe_replayed(where: Path) -> None:
+    search = SearchDir(where / "runs" / "tpe-doc-r1")
+    assert search.proposal_numbers() == list(range(8)) and all(r.state.is_finished() for r in search.records())
+
+
+AFTERWARDS = {"bring-your-own-model.md": _tiny_logistic_completed, "search-space-and-samplers.md": _tpe_replayed}  # what the page's commands must have done
 
 
 def blocks(page: str) -> list[tuple[str, str]]:

@@ -133,7 +133,7 @@ def _plan(tmp_path, data_dir, *overrides):
     res = run(tmp_path, data_dir, "search.n_trials=0", *overrides)
     assert res.returncode == 0, res.stderr
     sd = SearchDir(search_dir(tmp_path))
-    sd.write_spec(propose({"train": {"seed": 1234}}, sd.contract(), 0, 1)[0])
+    sd.write_spec(propose(sd.contract(), 0, 1)[0])
     cfg = {
         "snapshot": {"path": str(data_dir / "parcels.h5")},
         "split": {"path": str(data_dir / "split-group_r8.json")},

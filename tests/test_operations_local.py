@@ -217,6 +217,7 @@ def test_export_gives_pandas_typed_rows_per_trial_and_per_attempt(tmp_path, data
     csv = pd.read_csv(paths["csv"], parse_dates=["started_at", "ended_at"])
     jl = pd.read_json(paths["jsonl"], lines=True)
     assert len(pq) == len(csv) == len(jl) == 5
+    assert (pq["proposed_by"] == "random").all() and pq["proposal"].isna().all()  # lineage: drawn from (seed, index)
     records = {r.trial_id: r for r in SearchDir(search).records()}
     for frame in (pq, csv):
         assert list(frame["trial_id"]) == sorted(records)

@@ -68,7 +68,7 @@ def test_a_packed_attempt_stops_at_its_own_limit_and_resumes_after_the_others(tm
         "checkpoint": {"dir": str(sd.path / "checkpoints"), "every_steps": 10, "keep_last": 2},
     }
     plans = []
-    for spec in propose({"train": {"seed": 1234}}, sd.contract(), 0, 2):
+    for spec in propose(sd.contract(), 0, 2):
         sd.write_spec(spec)
         plans.append(plan_for(spec, cfg, sd.contract(), sd.path))
     # 82 steps of 0.05 s: about 4 s of training against a 3 s limit for the first trial.

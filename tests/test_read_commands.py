@@ -89,3 +89,13 @@ def test_a_vanished_attempt_is_shown_resolved_and_recorded_only_by_sync(tmp_path
     again = json.loads(parcel_hpc(["status", str(search), "--json"]).stdout)
     assert again["unrecorded_resolutions"] == 0 and again["trials"][0]["state"] == "queued"
     assert "recorded 0 resolutions" in parcel_hpc(["sync", str(search)]).stdout  # idempotent
+
+
+def test_proposals_and_their_replay_on_a_read_only_search_change_nothing(tmp_path, data_dir):
+    search = finished_search(tmp_path, data_dir, "ro-tpe", "sampler=tpe", "sampler.n_startup_trials=2", "search.n_trials=4")
+    before = tree(search)
+    with read_only(search):
+        res = parcel_hpc(["proposals", str(search), "--replay", "--json"])
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.json()["replayed"] == 4 and res.json()["first_difference"] is None
+    assert tree(search) == before

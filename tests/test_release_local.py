@@ -108,6 +108,9 @@ def test_the_whole_story(story):
     contract = json.loads((search / "contract.json").read_text())["contract"]
     assert lineage["on_what_data"]["snapshot_digest"] == contract["snapshot_digest"]
     assert lineage["what_ran"]["dependencies"]["environment_digest"] == lineage["what_ran"]["image_digest"] == contract["image_digest"]
+    proposed = lineage["what_ran"]["proposed_by"]  # how the winner was proposed: random, trial i of the search seed
+    assert proposed["sampler"] == "random" and f"t{proposed['index']:04d}" == lineage["what_ran"]["trial_id"]
+    assert proposed["space_digest"] == contract["space"]["digest"] and proposed["proposal"] is None
     assert packet["rerun"]["within"] and packet["rerun"]["tolerance"] == 0.02
     assert packet["slices"]["passed"] is False and packet["checks"]["slices"] == "decided"
     assert packet["parity"]["passed"] and packet["serving"]["latency_ms_per_image"] > 0 and packet["serving"]["artifact_bytes"] > 0
@@ -119,6 +122,7 @@ def test_the_whole_story(story):
     assert (entry / "registered.json").exists() and (entry / "packet.html").exists()
     md = (search / "release" / "packet.md").read_text()
     assert "crushed_corner" in md and "Dana Reviewer" in md
+    assert f"proposed by random, trial {proposed['index']} of the search seed, space `{contract['space']['digest']}`" in md
     check_html_plots(
         search / "release" / "packet.html",
         story["root"],

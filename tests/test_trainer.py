@@ -13,7 +13,7 @@ from parcel_hpc.data import read_split
 from parcel_hpc.errors import UsageError
 from parcel_hpc.ledger import SearchDir
 from parcel_hpc.metric import MissCost
-from parcel_hpc.sweep.space import sample
+from parcel_hpc.sweep.space import normalize, sample
 from parcel_hpc.testing import launch, parcel_hpc
 from parcel_hpc.testing.trainers import PROTECTED_PATH_ENV
 from parcel_hpc.trainer import BUILTIN, FinalPartitionRefused, TrainerState, UnsavableState, load_training_data, trainer_class, trainer_identity
@@ -42,7 +42,7 @@ def test_builtin_trainer_reproduces_the_models_metrics_before_the_interface(trai
     params_space = yaml.safe_load((ROOT / "conf" / "space" / "space_r4.yaml").read_text())["params"]
     metric = MissCost("miss-cost-r3", 5.0, 1.0)
     for trial_id, golden in GOLDEN["trials"].items():
-        params = sample(params_space, GOLDEN["search_seed"], int(trial_id[1:]))
+        params = sample(normalize(params_space), GOLDEN["search_seed"], int(trial_id[1:]))
         assert params == golden["params"]
         trainer = NumpyMLP()
         trainer.build(params, GOLDEN["train_seed"], training_data)

@@ -5,7 +5,7 @@ The launchers (``hydra/launcher=submitit_local|submitit_slurm``) are a plain con
 Launcher plugin pretends to run arbitrary Hydra jobs.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hydra.core.config_store import ConfigStore
 
@@ -15,6 +15,8 @@ import parcel_hpc.config  # noqa: F401  registers parcel_schema and the launcher
 @dataclass
 class ParcelSweeperConf:
     _target_: str = "hydra_plugins.parcel_hpc_plugins.sweeper.ParcelSweeper"
+    # Parameter -> Hydra sweep grammar (``tag(log, interval(0.003, 0.3))``), as Hydra 1.2+ sweepers take it.
+    params: dict[str, str] = field(default_factory=dict)
 
 
 ConfigStore.instance().store(group="hydra/sweeper", name="parcel", node=ParcelSweeperConf, provider="parcel_hpc")

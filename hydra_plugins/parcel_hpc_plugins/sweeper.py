@@ -1,7 +1,10 @@
 """The ``parcel`` Hydra sweeper: turns ``python -m parcel_hpc.launch -m`` into one governed search.
 
-Trials come from the pinned search space (``space`` group), not from comma-separated overrides,
-so a sweep override on the command line is refused. The ``hydra/launcher`` group says where trials
+The search space is the ``space`` group with Hydra's sweep grammar on top: ``hydra.sweeper.params``
+then sweep overrides on the command line (``lr='tag(log,interval(0.003,0.3))'``), later ones
+winning per parameter as in Hydra's own sweepers; ``sweep.space`` normalizes all of it into the
+one form the contract pins. The ``sampler`` group says how trials are drawn from it. The
+``hydra/launcher`` group says where trials
 run; the sweeper builds a dispatcher from it (it is a plain config group, not a Launcher plugin:
 parcel_hpc dispatches governed trials, not Hydra task-function calls). Errors end the process here
 with the project's exit codes (2 bad input, 3 governance refusal) and one line.
@@ -18,13 +21,14 @@ from omegaconf import DictConfig, OmegaConf
 from parcel_hpc import validation
 from parcel_hpc.cli_errors import exit_on_error
 from parcel_hpc.dispatch import LauncherSettings, executor_kind, make_dispatcher
-from parcel_hpc.errors import UsageError
 from parcel_hpc.sweep import SearchLaunch
+from parcel_hpc.sweep.space import normalize
 
 
 class ParcelSweeper(Sweeper):
-    def __init__(self) -> None:
+    def __init__(self, params: dict[str, str] | None = None) -> None:
         self.config: DictConfig | None = None
+        self.params = dict(params or {})  # hydra.sweeper.params: parameter -> sweep grammar
 
     def setup(self, *, hydra_context: Any, task_function: Any, config: DictConfig) -> None:
         self.config = config
@@ -34,14 +38,12 @@ class ParcelSweeper(Sweeper):
             return self._sweep(arguments)
 
     def _sweep(self, arguments: list[str]) -> Any:
-        for override in OverridesParser.create().parse_overrides(arguments):
-            if override.is_sweep_override():
-                raise UsageError(
-                    f"sweep override {override.input_line!r}: parcel_hpc samples trials from the pinned space; change the space config group (and search revision) instead"
-                )
+        grammar = [f"{name}={expression}" for name, expression in self.params.items()]
+        grammar += [o.input_line for o in OverridesParser.create().parse_overrides(arguments) if o.is_sweep_override()]
         launcher = OmegaConf.to_container(self.config.hydra.launcher, resolve=True, throw_on_missing=True)
         job_cfg = OmegaConf.masked_copy(self.config, [k for k in self.config if k != "hydra"])
         cfg = OmegaConf.to_container(job_cfg, resolve=True, throw_on_missing=True)
+        cfg["space"]["params"] = normalize(cfg["space"]["params"], grammar)
         cfg, launcher = validation.checked(cfg, launcher)  # before anything is written or frozen
         settings = LauncherSettings(executor_kind(launcher.pop("kind", None)), launcher, cfg["resources"], cfg["budget"])
         return SearchLaunch(cfg, lambda search: make_dispatcher(settings, search)).run()

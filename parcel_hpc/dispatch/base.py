@@ -8,6 +8,7 @@ LocalExecutor, the embedded default) and ``slurm.SlurmDispatcher`` (sbatch array
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -70,6 +71,11 @@ class Dispatcher(ABC):
         """The account this launch's jobs are charged to and the association limits they count
         against, read now; None where jobs are charged to no account (this machine)."""
         return None
+
+    def wait(self, seconds: float, at_least: float) -> None:
+        """Pause between two follow rounds: ``seconds``, or from ``at_least`` on, until one of this
+        launch's jobs ends where the dispatcher can tell (the next proposal then goes out at once)."""
+        time.sleep(seconds)
 
     @abstractmethod
     def check(self) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,8 @@ from ..processes import pid_alive, runs_submitit
 from ..worker import TrialTask
 from .base import Dispatcher, LauncherSettings, Record, Submitted, submitted_of
 from .packing import job_time_limit_min
+
+WAKE_S = 0.02  # how often a waiting launch asks its children whether one ended
 
 
 class LocalDispatcher(Dispatcher):
@@ -93,6 +96,16 @@ class LocalDispatcher(Dispatcher):
 
     def refresh(self) -> None:
         pass  # submitit's Job objects and /proc answer directly
+
+    def wait(self, seconds: float, at_least: float) -> None:
+        started = time.monotonic()
+        time.sleep(at_least)
+        running = [job for job, _ in self.held.values() if not job.done()]
+        while running and time.monotonic() - started < seconds:
+            if any(job.done() for job in running):
+                return  # a child ended: its slot is free now
+            time.sleep(WAKE_S)
+        time.sleep(max(0.0, seconds - (time.monotonic() - started)))
 
     def alive(self, trial_id: str, job_id: str) -> bool:
         job = self.jobs.get(trial_id)

@@ -27,6 +27,9 @@ class TrialSpec:
     contract_digest: str
     image_digest: str
     resources: Mapping[str, Any]
+    # How it was proposed (lineage): {"sampler": "random"|"qmc", "index": i} or, for a sampler that
+    # learns, {"sampler": "tpe", "proposal": k, "history_digest": ..., "told": n}. None: before samplers.
+    origin: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not self.trial_id or not self.config_hash.startswith("sha256:"):
@@ -42,11 +45,13 @@ class TrialSpec:
             "contract_digest": self.contract_digest,
             "image_digest": self.image_digest,
             "resources": dict(self.resources),
+            "origin": None if self.origin is None else dict(self.origin),
         }
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> TrialSpec:
-        return cls(**{k: obj[k] for k in ("trial_id", "index", "params", "seed", "config_hash", "contract_digest", "image_digest", "resources")})
+        fields = ("trial_id", "index", "params", "seed", "config_hash", "contract_digest", "image_digest", "resources")
+        return cls(**{k: obj[k] for k in fields}, origin=obj.get("origin"))
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@
       trials/<trial_id>/dispatch-<n>.json   the n-th dispatch, claimed exclusively by one launcher
       trials/<trial_id>/journal-*.jsonl     per-writer event journals (journal.py)
       configs/<config hash>         which trial owns an effective configuration (dedup)
+      proposals/<k>.json            proposal k of a sampler that learns, with what it was told (sweep.proposals)
       launches/<launch_id>.json     what each launch proposed, admitted, dispatched, deduplicated
       launches/<launch_id>.heartbeat  a launch's latest "alive" (every HEARTBEAT_S), then how it left
       checkpoints/, milestones/, prune_decisions/, budget/, quarantine/, submitit/
@@ -130,6 +131,18 @@ class SearchDir:
         return fsio.create_exclusive_json(self.path / CANCELLED_FILE, {"by": by, "reason": reason, "at": at})
 
     # --- proposals and claims ---------------------------------------------------------------
+    def proposal_path(self, k: int) -> Path:
+        return self.path / "proposals" / f"{k:06d}.json"
+
+    def write_proposal(self, k: int, record: dict[str, Any]) -> bool:
+        """Record proposal ``k`` once; False if another launcher recorded it first."""
+        fsio.ensure_dir(self.path / "proposals")
+        return fsio.create_exclusive_json(self.proposal_path(k), record)
+
+    def proposal_numbers(self) -> list[int]:
+        d = self.path / "proposals"
+        return sorted(int(p.stem) for p in d.glob("*.json") if p.stem.isdigit()) if d.exists() else []
+
     def write_spec(self, spec: TrialSpec) -> bool:
         """Record a proposed trial; False if it was already proposed (by this or another launch)."""
         d = fsio.ensure_dir(self.trial_dir(spec.trial_id))

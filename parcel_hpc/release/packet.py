@@ -220,6 +220,23 @@ def _compute(search, contract, records, jobs: Sequence[Mapping[str, Any]], sacct
     return out
 
 
+def _proposed_by(contract, spec: TrialSpec) -> dict[str, Any]:
+    """How the winner was proposed: random index, or the sampler that learned and what it was told."""
+    origin = dict(spec.origin or {})
+    sampler = contract.fields.get("sampler") or {}
+    return {
+        "sampler": origin.get("sampler", sampler.get("name", "random")),
+        "index": origin.get("index"),
+        "proposal": origin.get("proposal"),
+        "told": origin.get("told"),
+        "history_digest": origin.get("history_digest"),
+        "options": dict(sampler.get("options") or {}),
+        "revision": sampler.get("revision"),
+        "space_digest": (contract.fields.get("space") or {}).get("digest"),
+        "replay": "parcel-hpc proposals SEARCH_DIR --replay re-derives it",
+    }
+
+
 def _lineage(contract, winner_facts: TrialFacts | None, a: Assessment, result, final, plan, policy: SelectionPolicy) -> dict[str, Any]:
     """The five questions about the selected trial."""
     if winner_facts is None:
@@ -238,6 +255,7 @@ def _lineage(contract, winner_facts: TrialFacts | None, a: Assessment, result, f
             "code_version": software.get("code_version"),
             "dependencies": {"environment_digest": software.get("environment_digest"), "key": software.get("key_versions") or {}},
             "seen_by": "the worker's own image digest (admitted event); code and dependencies as the rerun job saw them",
+            "proposed_by": _proposed_by(contract, r.spec),
         },
         "on_what_data": {
             "snapshot_digest": seen.snapshot_digest if seen else None,

@@ -41,6 +41,10 @@ def dry_run_table(specs, contract) -> Table:
     return table
 
 
+def learning_line(sampler, remaining: int, slots: int) -> str:
+    return f"proposing up to {remaining} trials by {sampler.describe()}, each when one of {slots} slots frees (one job a trial), told every result known then"
+
+
 def worst_case_line(decision) -> str:
     c = decision.commitment
     return f"worst case: {c.gpu_hours:.2f} GPU-hours, {c.cpu_hours:.2f} CPU-hours, cost {c.cost:.2f} ({c.trials} trials x {c.attempts_per_trial} attempts)"
@@ -69,8 +73,8 @@ def detached_text(search: SearchDir, report) -> str:
 class Progress:
     """A one-line live count of trials by state; quiet when stdout is not a terminal."""
 
-    def __init__(self, console: Console, trial_ids: list[str]) -> None:
-        self.console, self.trial_ids = console, trial_ids
+    def __init__(self, console: Console, total: int) -> None:
+        self.console, self.total = console, total
         self._last = ""
         self._progress = None
 
@@ -86,16 +90,18 @@ class Progress:
             disable=not self.console.is_terminal,
         )
         self._progress.__enter__()
-        self._task = self._progress.add_task("", total=len(self.trial_ids))
+        self._task = self._progress.add_task("", total=self.total)
         return self
 
-    def update(self, states: list[TrialState]) -> None:
+    def update(self, states: list[TrialState], total: int) -> None:
+        """``total``: trials this launch will have followed (a sampler that learns adds them as it goes)."""
+        self.total = total
         counts = count_states(states)
         done = sum(n for s, n in counts.items() if TrialState(s).is_finished())
         text = " ".join(f"{s}={n}" for s, n in counts.items() if n)
-        self._progress.update(self._task, completed=done, description=text)
+        self._progress.update(self._task, completed=done, total=total, description=text)
         if not self.console.is_terminal and text != self._last:
-            self.console.print(f"[progress] {done}/{len(self.trial_ids)} finished: {text}")
+            self.console.print(f"[progress] {done}/{total} finished: {text}")
         self._last = text
 
     def __exit__(self, *exc) -> None:

@@ -19,7 +19,9 @@ from ..ledger.records import TrialSpec
 from ..selection.policy import SelectionPolicy
 from ..trainer import trainer_identity
 from ..worker.plan import WorkerPlan
-from .space import sample
+from . import samplers
+from .samplers import SamplerName, SamplerSpec
+from .space import normalize, qmc_points, sample, space_digest
 
 PINNED_RESOURCES = ("gpus", "cpus", "mem_gb", "time_limit_min")
 
@@ -59,6 +61,8 @@ def build_contract(cfg: Mapping[str, Any]) -> Contract:
         )
     # A gate that cannot be applied is bad input now, not after 82 trials at `parcel-hpc select`.
     SelectionPolicy.from_mapping(cfg["selection"])
+    space = normalize(cfg["space"]["params"])  # the sweeper already merged the grammar in; idempotent
+    sampler = samplers.from_config(cfg.get("sampler"))
     fields = {
         "search_revision": cfg["search"]["revision"],
         "search_seed": int(cfg["search"]["seed"]),
@@ -70,7 +74,8 @@ def build_contract(cfg: Mapping[str, Any]) -> Contract:
         "metric_revision": cfg["metric"]["revision"],
         "metric": dict(cfg["metric"]),
         "space_revision": cfg["space"]["revision"],
-        "space": dict(cfg["space"]),
+        "space": {"params": space, "digest": space_digest(space)},
+        "sampler": sampler.to_json(),
         "preprocessing": dict(cfg["preprocessing"]),
         "image_digest": image_digest(cfg["image"]),
         "image_kind": cfg["image"]["kind"],
@@ -100,26 +105,37 @@ def check_policy(contract: Contract) -> None:
         raise GovernanceRefusal("reject:split_digest", "the split was made from another snapshot; regenerate the split for this snapshot")
 
 
-def propose(cfg: Mapping[str, Any], contract: Contract, start: int, stop: int) -> list[TrialSpec]:
-    space = contract["space"]["params"]
-    seed = int(cfg["train"]["seed"])
-    specs = []
-    for index in range(start, stop):
-        params = sample(space, int(contract["search_seed"]), index)
-        effective = {"params": params, "seed": seed, "contract_digest": contract.digest}
-        specs.append(
-            TrialSpec(
-                trial_id=f"t{index:04d}",
-                index=index,
-                params=params,
-                seed=seed,
-                config_hash=config_hash(effective),
-                contract_digest=contract.digest,
-                image_digest=contract["image_digest"],
-                resources=contract["resources"],
-            )
-        )
-    return specs
+def propose(contract: Contract, start: int, stop: int) -> list[TrialSpec]:
+    """Trials ``start..stop-1`` of a sampler that does not learn: each from (search seed, index) alone."""
+    name = contract["sampler"]["name"]
+    drawn = history_free(contract, start, stop)
+    return [trial_spec(contract, index, params, {"sampler": name, "index": index}) for index, params in zip(range(start, stop), drawn)]
+
+
+def history_free(contract: Contract, start: int, stop: int) -> list[dict[str, Any]]:
+    """The params of trials ``start..stop-1`` of ``sampler=random`` or ``qmc`` (pure)."""
+    sampler = SamplerSpec.from_json(contract["sampler"])
+    space, seed = contract["space"]["params"], int(contract["search_seed"])
+    if sampler.name is SamplerName.QMC:
+        return qmc_points(space, seed, start, stop, sampler.options["qmc_type"], sampler.options["scramble"])
+    return [sample(space, seed, index) for index in range(start, stop)]
+
+
+def trial_spec(contract: Contract, index: int, params: dict[str, Any], origin: dict[str, Any]) -> TrialSpec:
+    """Trial ``index`` of the search with these params (everything else is the contract's)."""
+    seed = int(contract["train"]["seed"])
+    effective = {"params": params, "seed": seed, "contract_digest": contract.digest}
+    return TrialSpec(
+        trial_id=f"t{index:04d}",
+        index=index,
+        params=params,
+        seed=seed,
+        config_hash=config_hash(effective),
+        contract_digest=contract.digest,
+        image_digest=contract["image_digest"],
+        resources=contract["resources"],
+        origin=origin,
+    )
 
 
 def plan_for(spec: TrialSpec, cfg: Mapping[str, Any], contract: Contract, search_dir: Path) -> WorkerPlan:

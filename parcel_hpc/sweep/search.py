@@ -33,7 +33,9 @@ from ..selection.store import write_final_plan
 from ..worker import TrialTask, WorkerPlan
 from . import display
 from .proposal import build_contract, check_policy, ensure_writable, plan_for, propose, search_path
+from .proposals import Proposer
 from .pulse import Pulse
+from .samplers import SamplerSpec
 
 
 @dataclass
@@ -105,6 +107,12 @@ class SearchLaunch:
             raise UsageError(
                 "search.wait=false needs a scheduler: the local executor runs trials as children of this process; use hydra/launcher=submitit_slurm"
             )
+        sampler = SamplerSpec.from_json(contract["sampler"])
+        if not cfg["search"]["wait"] and sampler.learns:
+            raise UsageError(
+                f"sampler={sampler.name.value} proposes each trial when a slot frees, so its launcher follows the search: drop search.wait=false, "
+                "or draw with sampler=random or sampler=qmc to detach"
+            )
         max_trials = int(contract["budget"]["max_trials"])
         if n_trials > max_trials:
             raise GovernanceRefusal(
@@ -134,11 +142,15 @@ class SearchLaunch:
         launch_id = time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
         report = LaunchReport(path, launch_id, frozen.digest, dry_run=dry_run, follows=bool(cfg["search"]["wait"]))
 
+        proposer = None
+        if sampler.learns:
+            proposer = Proposer(search, frozen, n_trials, launch_id)
         # From here on the launch says it is alive (list, status --watch), and last how it left.
         with Pulse(search, launch_id, beating=not dry_run) as pulse:
-            specs = self._admit_proposals(search, frozen, n_trials, report)
+            specs = self._admit_proposals(search, frozen, n_trials, report, proposer)
             to_dispatch = [s.trial_id for s in specs]
-            if not to_dispatch:
+            to_propose = 0 if proposer is None else (n_trials if dry_run and fresh else proposer.remaining())
+            if not to_dispatch and not to_propose:
                 self.console.print(display.contract_line(frozen, path, created, dry_run))
                 self.console.print(display.nothing_to_do(report))
                 if not report.dry_run:
@@ -148,9 +160,9 @@ class SearchLaunch:
                 pulse.withdraw()  # it dispatched nothing: the launches before it say how the search stands
                 return report
             known = set(search.trial_ids()) | set(to_dispatch)
-            decision = launch_decision(frozen, len(to_dispatch), len(known) - len(to_dispatch), None if dry_run and fresh else path)
+            decision = launch_decision(frozen, len(to_dispatch) + to_propose, len(known) - len(to_dispatch), None if dry_run and fresh else path)
             self._require_budget(decision)
-            pack = choose_packing(dispatcher, search, len(to_dispatch))
+            pack = choose_packing(dispatcher, search, len(to_dispatch) + to_propose, sampler)
             verdict, account_text = account_decision(account, decision, pack.size)
             self._require_budget(verdict, account_text)
             self.console.print(display.contract_line(frozen, path, created, dry_run))
@@ -159,11 +171,15 @@ class SearchLaunch:
                 self.console.print(account_text, markup=False, highlight=False)
             if report.dry_run:
                 self.console.print(display.dry_run_table(specs, frozen))
+                if to_propose:
+                    self.console.print(display.learning_line(sampler, to_propose, dispatcher.slots()), markup=False, highlight=False, soft_wrap=True)
                 self.console.print(display.worst_case_line(decision))
                 self.console.print(display.packing_line(pack, len(specs)))
                 lengths = [len(g) for g in packing.groups(to_dispatch, pack.size)]
                 self.console.print(dispatcher.describe(lengths), soft_wrap=True, markup=False, highlight=False)
                 return report
+            if to_propose:
+                self.console.print(display.learning_line(sampler, to_propose, dispatcher.slots()), markup=False, highlight=False, soft_wrap=True)
             report.launcher = dispatcher.launch_record()
             search.write_launch(launch_id, report.to_json())
             for tid in to_dispatch:
@@ -175,7 +191,11 @@ class SearchLaunch:
             follower.dispatch_initial(report)
             search.write_launch(launch_id, report.to_json())
             if cfg["search"]["wait"]:
+                if proposer is not None:
+                    follower.proposing(proposer, lambda spec: plan_for(spec, cfg, frozen, path), report)
                 follower.follow()
+                if proposer is not None:
+                    search.write_launch(launch_id, report.to_json())  # with what it proposed as it went
                 pulse.leaving(LauncherState.ENDED)
                 self.console.print(display.summary(search, time.time() - started))
             else:
@@ -201,11 +221,18 @@ class SearchLaunch:
             print(text or display.commitment_text(decision), file=sys.stderr)
             decision.require()
 
-    def _admit_proposals(self, search: SearchDir, contract: Contract, n_trials: int, report: LaunchReport) -> list[TrialSpec]:
-        """Dedup and admit every proposal; the specs that need a dispatch now. A dry run writes nothing."""
+    def _admit_proposals(self, search: SearchDir, contract: Contract, n_trials: int, report: LaunchReport, proposer: Proposer | None) -> list[TrialSpec]:
+        """Dedup and admit every proposal; the specs that need a dispatch now. A dry run writes nothing.
+        A sampler that learns proposes later, as slots free: here only its trials proposed before."""
         out = []
         owners: dict[str, str] = {}
-        for spec in propose(self.cfg, contract, 0, n_trials):
+        if proposer is None:
+            candidates = propose(contract, 0, n_trials)
+        else:
+            if not report.dry_run:
+                proposer.finish_orphans(time.time())
+            candidates = [search.spec(tid) for tid in search.trial_ids()]
+        for spec in candidates:
             report.proposed += 1
             if report.dry_run:
                 owner = owners.setdefault(spec.config_hash, search.config_owner(spec.config_hash) or spec.trial_id)
@@ -245,8 +272,10 @@ def account_decision(account: tuple[str, list[AssociationLimit]] | None, decisio
     return verdict, render_account(verdict, name)
 
 
-def choose_packing(dispatcher: Dispatcher, search: SearchDir, n_trials: int) -> packing.Packing:
+def choose_packing(dispatcher: Dispatcher, search: SearchDir, n_trials: int, sampler: SamplerSpec | None = None) -> packing.Packing:
     """How many trials a job of this dispatch runs, from the launcher's options and the search's history."""
+    if sampler is not None and sampler.learns:
+        return packing.Packing(1, f"one a job: sampler={sampler.name.value} proposes each trial when a slot frees")
     params, resources = dispatcher.settings.params, dispatcher.settings.resources
     size = params.get("pack_size", 1)  # a launch recorded before packing existed resubmits as it ran: one a job
     minutes = params.get("pack_minutes")
@@ -275,6 +304,7 @@ class Follower:
         self.dispatcher = dispatcher
         self.plans = dict(plans)
         self.launch_id = launch_id
+        self.contract = contract
         self.console = console
         self.poll_s = poll_s
         self.policy = RetryPolicy.from_budget(contract["budget"])
@@ -286,6 +316,13 @@ class Follower:
         self.recorded: set[str] = set()  # trials of the batch being submitted whose job ids are recorded
         self.seen_dispatches: dict[str, int] = {}  # trial -> its dispatch count when last decided on
         self.view = RecordView(search)  # each poll folds only the trials whose journals changed
+        self.proposer: Proposer | None = None  # a sampler that learns: proposes into free slots (``proposing``)
+        self.plan_of: Callable[[TrialSpec], WorkerPlan] | None = None
+        self.report: LaunchReport | None = None
+
+    def proposing(self, proposer: Proposer, plan_of: Callable[[TrialSpec], WorkerPlan], report: LaunchReport) -> None:
+        """From now on each free slot gets a new proposal, told every result known at that moment."""
+        self.proposer, self.plan_of, self.report = proposer, plan_of, report
 
     def writer(self, trial_id: str) -> TrialWriter:
         """One journal per trial for this launch, opened when it first has something to say."""
@@ -308,7 +345,7 @@ class Follower:
                 nxt = self._next(record)
             self._act(tid, nxt)
         report.dispatched = list(self.waiting)
-        self.packing = choose_packing(self.dispatcher, self.search, len(self.waiting))
+        self.packing = choose_packing(self.dispatcher, self.search, len(self.waiting), SamplerSpec.from_json(self.contract["sampler"]))
         report.packing = self.packing.to_json()
         if self.waiting:
             self.console.print(display.packing_line(self.packing, len(self.waiting)))
@@ -380,6 +417,46 @@ class Follower:
             )
             raise SchedulerUnavailable(f"{exc}; {submitted} and the search is resumable: fix that, then rerun the same launch to continue it") from None
 
+    def _total(self) -> int:
+        return len(self.plans) + (self.proposer.remaining() if self.proposer is not None else 0)
+
+    def _propose(self) -> int:
+        """Fill the free slots with proposals; 1 while proposals remain or one was made now (the launch
+        goes on to follow it), else 0.
+        A slot is free while fewer of the search's trials are unfinished than this launcher has slots:
+        a trial waiting for a retry still holds its slot, and so does another launcher's."""
+        if self.search.cancellation() is not None:
+            return 0
+        for spec in self.proposer.finish_orphans(time.time()):
+            self._adopt(spec)  # its launcher died between the proposal's record and its trial
+        adopted = 0
+        while self.proposer.remaining() > 0:
+            made = self.proposer.propose(lambda: [self.view.record(tid) for tid in self.search.trial_ids()], self.dispatcher.slots())
+            if made is None:
+                break  # no free slot, or another launcher recorded this proposal first: it fills the slot
+            self.report.proposed += 1
+            if made.spec is None:
+                self.report.duplicates[made.record.trial_id] = made.twin
+                continue
+            self._adopt(made.spec)
+            adopted += 1
+        return 1 if self.proposer.remaining() > 0 or adopted else 0
+
+    def _adopt(self, spec: TrialSpec) -> None:
+        """Follow a new proposal's trial: admit it, write its plan, claim its first dispatch."""
+        tid = spec.trial_id
+        if tid in self.plans:
+            return
+        outcome = admit(TrialIdentity.for_contract(tid, self.contract, spec.config_hash), self.contract)
+        if outcome != "admit":
+            self.writer(tid).admission_refused(outcome, self.launch_id)
+            self.report.rejected[tid] = outcome
+            return
+        self.search.write_plan(tid, self.plan_of(spec).to_json())
+        self.plans[tid] = WorkerPlan.load(self.search, tid)
+        self.report.dispatched.append(tid)
+        self._act(tid, self._next(self.search.record(tid)))
+
     def _record_submitted(self, submitted: Sequence[Submitted]) -> None:
         for s in submitted:
             self.writer(s.trial_id).submitted(s.job_id, self.dispatcher.name, self.launch_id)
@@ -412,7 +489,7 @@ class Follower:
         return True
 
     def follow(self) -> None:
-        with display.Progress(self.console, list(self.plans)) as progress:
+        with display.Progress(self.console, self._total()) as progress:
             while True:
                 round_started = time.monotonic()
                 if not self._refresh():
@@ -432,10 +509,13 @@ class Follower:
                     if nxt.action is not Action.NONE:
                         active += 1
                         self._act(tid, nxt)
+                if self.proposer is not None:
+                    active += self._propose()
                 self._submit_waiting(waiting_records)
-                progress.update(states)  # the states read this round
+                progress.update(states, self._total())  # the states read this round
                 if active == 0:
                     return
                 # A round looks at every trial: with many trials it is long, so the launch never spends
                 # more than a third of its time reading (the workers it waits for share the machine).
-                time.sleep(max(self.poll_s, 2.0 * (time.monotonic() - round_started)))
+                spent = time.monotonic() - round_started
+                self.dispatcher.wait(max(self.poll_s, 2.0 * spent), at_least=2.0 * spent)

@@ -6,8 +6,10 @@ Each is the built-in ``NumpyMLP`` with one fault; choose one with
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -98,3 +100,22 @@ class Incomplete(NumpyMLP):
 
 def not_a_trainer() -> None:
     """A function where a class is expected."""
+
+
+SLOW_PARAMS_ENV = "PARCEL_TEST_SLOW_PARAMS"  # JSON params: the trial drawn with them trains slowly
+SLOW_STEP_S = 0.25
+
+
+class SlowForSomeParams(NumpyMLP):
+    """The built-in model, slow (``SLOW_STEP_S`` a step) for the one configuration named in
+    ``PARCEL_TEST_SLOW_PARAMS``: a straggler among quick trials."""
+
+    def build(self, params: Mapping[str, Any], seed: int, data: TrainingData) -> None:
+        super().build(params, seed, data)
+        wanted = json.loads(os.environ.get(SLOW_PARAMS_ENV, "null"))
+        self.slow = wanted is not None and dict(params) == wanted
+
+    def step(self) -> Mapping[str, float]:
+        if self.slow:
+            time.sleep(SLOW_STEP_S)
+        return super().step()

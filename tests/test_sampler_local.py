@@ -1,0 +1,237 @@
+"""A search that learns, end to end on the embedded local executor: Hydra's sweep grammar on the
+command line, TPE proposals made as slots free, each recorded and replayed exactly."""
+
+import json
+import os
+import re
+
+import pytest
+
+from parcel_hpc.contract import load_contract
+from parcel_hpc.ledger import SearchDir, TrialRecord, TrialSpec, TrialState
+from parcel_hpc.sweep import samplers
+from parcel_hpc.sweep.learning import Told, proposal_seed, propose, told_of
+from parcel_hpc.sweep.space import normalize
+from parcel_hpc.testing import finish, launch, parcel_hpc, start_launch
+from parcel_hpc.testing.trainers import SLOW_PARAMS_ENV
+
+LR = "lr=tag(log,interval(0.003,0.3))"
+TPE = ["sampler=tpe", "sampler.n_startup_trials=4"]
+
+
+def run(tmp_path, data_dir, *overrides, rev="tpe-r1", **kw):
+    return launch([f"search.root={tmp_path / 'runs'}", f"search.revision={rev}", *overrides], cwd=tmp_path, data_dir=data_dir, **kw)
+
+
+def proposals(path, *args):
+    return parcel_hpc(["proposals", str(path), *args])
+
+
+def test_tpe_search_from_the_command_line_grammar_replays_every_proposal(tmp_path, data_dir):
+    res = run(tmp_path, data_dir, *TPE, LR, "hidden=choice(0,16,32)", "search.n_trials=12", "hydra.launcher.parallelism=2")
+    assert res.returncode == 0, res.stderr
+    search = SearchDir(tmp_path / "runs" / "tpe-r1")
+    contract = load_contract(search.path)
+    assert contract["sampler"]["name"] == "tpe" and contract["sampler"]["revision"].startswith("optuna ")
+    assert contract["sampler"]["options"]["n_startup_trials"] == 4 and contract["sampler"]["options"]["constant_liar"] is True
+    space = contract["space"]["params"]
+    assert space["lr"] == {"type": "float", "low": 0.003, "high": 0.3, "log": True, "step": None}
+    assert space["hidden"]["values"] == [0, 16, 32] and space["batch_size"]["values"] == [32, 64, 128]  # the rest from space_r4
+    assert contract["space"]["digest"].startswith("sha256:")
+
+    assert search.proposal_numbers() == list(range(12))
+    records = {r.trial_id: r for r in search.records()}
+    assert all(r.state.is_finished() for r in records.values())
+    for k in search.proposal_numbers():
+        record = json.loads(search.proposal_path(k).read_text())
+        told_ids = [t["trial_id"] for t in record["told"]]
+        assert told_ids == sorted(t for t in records if int(t[1:]) < k)  # every earlier trial, in order
+        if f"t{k:04d}" in records:
+            origin = records[f"t{k:04d}"].spec.origin
+            assert origin == {"sampler": "tpe", "proposal": k, "history_digest": record["history_digest"], "told": len(told_ids)}
+            assert records[f"t{k:04d}"].spec.params == record["params"]
+    # asynchronous: later proposals were told results, and some trials were still running when told
+    told_states = [t["told"] for k in range(4, 12) for t in json.loads(search.proposal_path(k).read_text())["told"]]
+    assert {"complete", "pruned"} & set(told_states) and "running" in told_states
+
+    out = proposals(search.path, "--replay", "--json")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.json()["replayed"] == 12 and out.json()["first_difference"] is None
+    exported = parcel_hpc(["export", str(search.path), "--format", "jsonl"])
+    rows = [json.loads(line) for line in exported.stdout.splitlines()]
+    assert [(r["proposed_by"], r["proposal"]) for r in rows] == [("tpe", int(r["trial_id"][1:])) for r in rows]
+
+    # a record edited by hand: the replay names the first proposal that differs, exit 1
+    path = search.proposal_path(7)
+    edited = json.loads(path.read_text())
+    edited["params"]["lr"] = 0.1234
+    os.chmod(path, 0o644)
+    path.write_text(json.dumps(edited))
+    out = proposals(search.path, "--replay")
+    assert out.returncode == 1
+    assert "proposal 7 (t0007) differs" in out.stdout and "lr: recorded 0.1234, re-derived" in out.stdout
+
+    # the same search continued: two more proposals, nothing finished runs again
+    res = run(tmp_path, data_dir, *TPE, LR, "hidden=choice(0,16,32)", "search.n_trials=14")
+    assert res.returncode == 0, res.stderr
+    assert search.proposal_numbers() == list(range(14))
+    assert all(len(r.attempts) == 1 for r in search.records())
+
+    # a changed space is another search
+    res = run(tmp_path, data_dir, *TPE, "lr=tag(log,interval(0.001,0.3))", "hidden=choice(0,16,32)", "search.n_trials=14")
+    assert res.returncode == 3 and res.stdout.startswith("reject:space"), res.stdout + res.stderr
+
+
+def test_a_slow_trial_does_not_hold_back_the_next_proposals(tmp_path, data_dir):
+    """The first trial trains ~20 s; the other slot goes on proposing and finishing trials meanwhile."""
+    spec = samplers.from_config({"name": "tpe", "n_startup_trials": 4})
+    space = normalize({}, [LR, "hidden=choice(0,16,32,64)", "l2=tag(log,interval(1e-5,1e-2))", "batch_size=choice(32,64,128)"])
+    first, _ = propose(spec, space, proposal_seed(0, 0), [], {})
+    res = run(
+        tmp_path,
+        data_dir,
+        *TPE,
+        "trainer.target=parcel_hpc.testing.trainers:SlowForSomeParams",
+        "pruner=none",
+        "search.n_trials=10",
+        "hydra.launcher.parallelism=2",
+        env={SLOW_PARAMS_ENV: json.dumps(first)},
+        rev="slow-r1",
+    )
+    assert res.returncode == 0, res.stderr
+    search = SearchDir(tmp_path / "runs" / "slow-r1")
+    records = {r.trial_id: r for r in search.records()}
+    slow = records["t0000"]
+    assert slow.spec.params == first
+    slow_ended = slow.attempts[-1].ended
+    others = [r for tid, r in records.items() if tid != "t0000"]
+    assert len(others) >= 8
+    assert all(r.attempts[-1].ended < slow_ended for r in others)  # all finished while the straggler trained
+    made_meanwhile = [json.loads(search.proposal_path(k).read_text()) for k in search.proposal_numbers() if k >= 2]
+    assert all(m["at"] < slow_ended for m in made_meanwhile)
+    told_running = [t["told"] for m in made_meanwhile for t in m["told"] if t["trial_id"] == "t0000"]
+    assert told_running and set(told_running) == {"running"}  # told what was known: it was still running
+    assert proposals(search.path, "--replay").returncode == 0
+
+
+def test_random_search_replays_from_seed_and_index(tmp_path, data_dir):
+    res = run(tmp_path, data_dir, "search.n_trials=3", rev="random-r1")
+    assert res.returncode == 0, res.stderr
+    search = SearchDir(tmp_path / "runs" / "random-r1")
+    assert search.spec("t0002").origin == {"sampler": "random", "index": 2}
+    out = proposals(search.path, "--replay", "--json")
+    assert out.returncode == 0 and out.json()["replayed"] == 3
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["sampler=tpe", "+sampler.n_startup=3"], "sampler.n_startup is not an option of sampler=tpe"),
+        (["sampler=hyperband"], "sampler/hyperband"),
+        (["lr=tag(log,interval(0,1))"], "lr is log-scaled, so its bounds must be positive"),
+        (["hidden=choice()"], "hidden"),
+        (["lr=tag(log,interval(0.1"], "malformed"),
+        (["search.seed=1,2"], "search.seed is not a trial parameter"),
+        (["sampler=tpe", "sampler.n_startup_trials=-1"], "must be a whole number >= 0"),
+    ],
+)
+def test_bad_sampler_or_grammar_is_one_line_before_anything_is_written(tmp_path, data_dir, overrides, message):
+    res = run(tmp_path, data_dir, *overrides, rev="bad-r1")
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert message in res.stderr and res.stderr.strip().count("\n") == 0, res.stderr
+    assert not (tmp_path / "runs" / "bad-r1").exists()
+
+
+def _record(k, state, metric=None, **kw):
+    spec = TrialSpec(f"t{k:04d}", k, {"x": k}, 1, "sha256:" + "0" * 64, "sha256:c", "sha256:i", {}, {"sampler": "tpe", "proposal": k})
+    return TrialRecord(spec, state, metric=metric, **kw)
+
+
+def test_told_results_quarantined_and_refused_trials_are_withdrawn():
+    records = [
+        _record(3, TrialState.COMPLETED, 0.5),
+        _record(0, TrialState.PRUNED, milestone=20, last_value=0.7),
+        _record(1, TrialState.FAILED),
+        _record(2, TrialState.QUARANTINED),
+        _record(4, TrialState.RUNNING),
+        _record(5, TrialState.QUEUED),
+        _record(6, TrialState.REJECTED),
+        _record(7, TrialState.CANCELLED),
+        _record(8, TrialState.COMPLETED, 0.4, invalid_metrics=True),
+    ]
+    told = told_of(records)
+    assert [(t.trial_id, t.told) for t in told] == [
+        ("t0000", Told.PRUNED),
+        ("t0001", Told.FAILED),
+        ("t0003", Told.COMPLETE),
+        ("t0004", Told.RUNNING),
+        ("t0005", Told.RUNNING),
+    ]
+    assert (told[0].value, told[0].step) == (0.7, 20) and told[2].value == 0.5 and told[2].proposal == 3
+
+
+def test_two_launchers_on_one_search_never_propose_twice_for_one_slot(tmp_path, data_dir):
+    args = [f"search.root={tmp_path / 'runs'}", "search.revision=two-r1", *TPE, "search.n_trials=10", "hydra.launcher.parallelism=2"]
+    first, second = (start_launch(args, cwd=tmp_path, data_dir=data_dir) for _ in range(2))
+    for res in (finish(first), finish(second)):
+        assert res.returncode == 0, res.stdout + res.stderr
+    search = SearchDir(tmp_path / "runs" / "two-r1")
+    assert search.proposal_numbers() == list(range(10))
+    made = [json.loads(search.proposal_path(k).read_text()) for k in range(10)]
+    assert len({m["launch_id"] for m in made}) == 2  # both launchers proposed
+    for k, m in enumerate(made):
+        # two slots for the search, whoever proposes: one proposal per free slot
+        assert sum(t["told"] == "running" for t in m["told"]) <= 1
+        assert [t["trial_id"] for t in m["told"]] == [f"t{j:04d}" for j in range(k)]
+    records = list(search.records())
+    assert len(records) == 10 and all(r.state.is_finished() and len(r.attempts) == 1 and len(r.jobs) == 1 for r in records)
+    assert proposals(search.path, "--replay").returncode == 0
+
+
+def test_the_release_packet_names_the_proposal_and_its_history():
+    from parcel_hpc.contract import Contract
+    from parcel_hpc.release.packet import _proposed_by
+
+    sampler = samplers.from_config({"name": "tpe"}).to_json()
+    contract = Contract(
+        {
+            "snapshot_digest": "s",
+            "split_digest": "p",
+            "metric_revision": "m",
+            "search_revision": "r",
+            "image_digest": "i",
+            "sampler": sampler,
+            "space": {"digest": "sha256:x"},
+        }
+    )
+    spec = _record(7, TrialState.COMPLETED, 0.5).spec
+    spec = TrialSpec(**{**spec.to_json(), "origin": {"sampler": "tpe", "proposal": 7, "history_digest": "sha256:h", "told": 7}})
+    proposed = _proposed_by(contract, spec)
+    assert (proposed["sampler"], proposed["proposal"], proposed["told"], proposed["history_digest"]) == ("tpe", 7, 7, "sha256:h")
+    assert proposed["revision"] == sampler["revision"] and proposed["options"]["n_startup_trials"] == 10 and proposed["space_digest"] == "sha256:x"
+
+
+def test_hydra_sweeper_params_then_the_command_line_each_win_per_parameter(tmp_path, data_dir):
+    configured = "+hydra.sweeper.params={hidden:'choice(0,16)',lr:'tag(log,interval(0.01,0.1))'}"
+    res = run(tmp_path, data_dir, configured, "hidden=choice(1,2,3)", "search.dry_run=true", "search.n_trials=8", rev="dry-r1")
+    assert res.returncode == 0, res.stderr
+    hidden = [int(v) for v in re.findall(r"hidden=(\d+)", res.stdout)]
+    lr = [float(v) for v in re.findall(r"lr=([0-9.e-]+)", res.stdout)]
+    assert len(hidden) == len(lr) == 8 and set(hidden) <= {1, 2, 3} and all(0.01 <= x <= 0.1 for x in lr)
+    assert not (tmp_path / "runs" / "dry-r1").exists()  # a dry run writes nothing
+    res = run(tmp_path, data_dir, *TPE, "search.dry_run=true", "search.n_trials=8", rev="dry-r1")
+    assert res.returncode == 0, res.stderr
+    assert "proposing up to 8 trials by tpe(" in res.stdout and "worst case:" in res.stdout
+    assert not (tmp_path / "runs" / "dry-r1").exists()
+
+
+def test_proposals_of_a_search_frozen_before_samplers_is_one_line(tmp_path):
+    from parcel_hpc import fsio
+    from parcel_hpc.contract import Contract
+
+    legacy = Contract(
+        {"snapshot_digest": "s", "split_digest": "p", "metric_revision": "m", "search_revision": "r", "image_digest": "i", "space": {"params": {}}}
+    )
+    fsio.atomic_write_json(tmp_path / "contract.json", legacy.to_json())
+    res = proposals(tmp_path, "--replay")
+    assert res.returncode == 2 and "frozen before samplers were pinned" in res.stderr and res.stderr.strip().count("\n") == 0, res.stderr
