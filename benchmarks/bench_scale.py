@@ -27,8 +27,8 @@ from _suite import Figure, launch, main  # noqa: E402
 from parcel_hpc import status  # noqa: E402
 from parcel_hpc.accounting.run import reconcile_search  # noqa: E402
 from parcel_hpc.ledger import SearchDir  # noqa: E402
-from parcel_hpc.sweep.proposal import propose  # noqa: E402
 from parcel_hpc.sweep.search import LaunchReport, SearchLaunch  # noqa: E402
+from parcel_hpc.sweep.specs import history_free_specs  # noqa: E402
 
 CFG = {"train": {"seed": 1234}}
 
@@ -38,7 +38,7 @@ def populate(root: str, n: int) -> SearchDir:
     search = SearchDir(Path(root) / "runs" / "parcel-search-r1")
     contract = search.contract()
     t = time.time() - 3600
-    for i, spec in enumerate(propose(contract, 0, n)):
+    for i, spec in enumerate(history_free_specs(contract, 0, n)):
         d = search.trial_dir(spec.trial_id)
         os.makedirs(d)
         (d / "spec.json").write_text(json.dumps(spec.to_json()))

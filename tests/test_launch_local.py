@@ -10,7 +10,7 @@ import pytest
 from parcel_hpc.contract import load_contract
 from parcel_hpc.data import make_snapshot
 from parcel_hpc.ledger.store import SearchDir
-from parcel_hpc.sweep.proposal import plan_for, propose
+from parcel_hpc.sweep.specs import history_free_specs, plan_for
 from parcel_hpc.testing import launch, parcel_hpc, run_trial_directly
 from parcel_hpc.worker import WorkerPlan
 
@@ -133,7 +133,7 @@ def _plan(tmp_path, data_dir, *overrides):
     res = run(tmp_path, data_dir, "search.n_trials=0", *overrides)
     assert res.returncode == 0, res.stderr
     sd = SearchDir(search_dir(tmp_path))
-    sd.write_spec(propose(sd.contract(), 0, 1)[0])
+    sd.write_spec(history_free_specs(sd.contract(), 0, 1)[0])
     cfg = {
         "snapshot": {"path": str(data_dir / "parcels.h5")},
         "split": {"path": str(data_dir / "split-group_r8.json")},

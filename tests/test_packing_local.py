@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from parcel_hpc.budget import BudgetLedger
 from parcel_hpc.ledger import SearchDir
-from parcel_hpc.sweep.proposal import plan_for, propose
+from parcel_hpc.sweep.specs import history_free_specs, plan_for
 from parcel_hpc.testing import launch, parcel_hpc, run_trial_directly
 
 
@@ -68,7 +68,7 @@ def test_a_packed_attempt_stops_at_its_own_limit_and_resumes_after_the_others(tm
         "checkpoint": {"dir": str(sd.path / "checkpoints"), "every_steps": 10, "keep_last": 2},
     }
     plans = []
-    for spec in propose(sd.contract(), 0, 2):
+    for spec in history_free_specs(sd.contract(), 0, 2):
         sd.write_spec(spec)
         plans.append(plan_for(spec, cfg, sd.contract(), sd.path))
     # 82 steps of 0.05 s: about 4 s of training against a 3 s limit for the first trial.

@@ -6,17 +6,23 @@ import os
 import re
 
 import pytest
+import yaml
 
-from parcel_hpc.contract import load_contract
-from parcel_hpc.ledger import SearchDir, TrialRecord, TrialSpec, TrialState
+from parcel_hpc.config import CONF_DIR
+from parcel_hpc.contract import Contract, load_contract
+from parcel_hpc.ledger import AttemptEnd, SearchDir, TrialRecord, TrialSpec, TrialState
+from parcel_hpc.ledger.events import Ended
 from parcel_hpc.sweep import samplers
-from parcel_hpc.sweep.learning import Told, proposal_seed, propose, told_of
+from parcel_hpc.sweep.learning import Told, ask, proposal_seed, told_of
+from parcel_hpc.sweep.proposals import Proposer
 from parcel_hpc.sweep.space import normalize
+from parcel_hpc.sweep.specs import history_free_params, in_frozen_form
 from parcel_hpc.testing import finish, launch, parcel_hpc, start_launch
 from parcel_hpc.testing.trainers import SLOW_PARAMS_ENV
 
 LR = "lr=tag(log,interval(0.003,0.3))"
 TPE = ["sampler=tpe", "sampler.n_startup_trials=4"]
+SPACE_R4 = yaml.safe_load((CONF_DIR / "space" / "space_r4.yaml").read_text())["params"]
 
 
 def run(tmp_path, data_dir, *overrides, rev="tpe-r1", **kw):
@@ -86,7 +92,7 @@ def test_a_slow_trial_does_not_hold_back_the_next_proposals(tmp_path, data_dir):
     """The first trial trains ~20 s; the other slot goes on proposing and finishing trials meanwhile."""
     spec = samplers.from_config({"name": "tpe", "n_startup_trials": 4})
     space = normalize({}, [LR, "hidden=choice(0,16,32,64)", "l2=tag(log,interval(1e-5,1e-2))", "batch_size=choice(32,64,128)"])
-    first, _ = propose(spec, space, proposal_seed(0, 0), [], {})
+    first, _ = ask(spec, space, proposal_seed(0, 0), [], {})
     res = run(
         tmp_path,
         data_dir,
@@ -121,6 +127,15 @@ def test_random_search_replays_from_seed_and_index(tmp_path, data_dir):
     assert search.spec("t0002").origin == {"sampler": "random", "index": 2}
     out = proposals(search.path, "--replay", "--json")
     assert out.returncode == 0 and out.json()["replayed"] == 3
+
+    # a search frozen before samplers were pinned (its space as the group wrote it, no sampler) is
+    # the same search to this version: a relaunch continues it, drawing the same trials
+    contract = load_contract(search.path)
+    legacy = Contract({**{k: v for k, v in contract.fields.items() if k != "sampler"}, "space": {"revision": "space-r4", "params": SPACE_R4}})
+    assert in_frozen_form(contract, legacy).digest == legacy.digest
+    assert history_free_params(legacy, 0, 3) == history_free_params(contract, 0, 3) == [search.spec(t).params for t in search.trial_ids()]
+    tpe = Contract({**contract.fields, "sampler": samplers.from_config({"name": "tpe"}).to_json()})
+    assert in_frozen_form(tpe, legacy) is tpe  # another sampler is another search: refused as before
 
 
 @pytest.mark.parametrize(
@@ -176,16 +191,31 @@ def test_two_launchers_on_one_search_never_propose_twice_for_one_slot(tmp_path, 
     for res in (finish(first), finish(second)):
         assert res.returncode == 0, res.stdout + res.stderr
     search = SearchDir(tmp_path / "runs" / "two-r1")
-    assert search.proposal_numbers() == list(range(10))
+    assert search.proposal_numbers() == list(range(10))  # each proposal made once: numbered, created exclusively
     made = [json.loads(search.proposal_path(k).read_text()) for k in range(10)]
-    assert len({m["launch_id"] for m in made}) == 2  # both launchers proposed
+    by = {m["trial_id"]: m["launch_id"] for m in made}
+    assert len(set(by.values())) == 2  # both launchers proposed
     for k, m in enumerate(made):
-        # two slots for the search, whoever proposes: one proposal per free slot
-        assert sum(t["told"] == "running" for t in m["told"]) <= 1
-        assert [t["trial_id"] for t in m["told"]] == [f"t{j:04d}" for j in range(k)]
+        # each launcher proposes into its own 2 slots: when it does, at most 1 other of its own trials is unfinished
+        assert sum(t["told"] == "running" and by[t["trial_id"]] == m["launch_id"] for t in m["told"]) <= 1
+        assert [t["trial_id"] for t in m["told"]] == [f"t{j:04d}" for j in range(k)]  # told every earlier proposal
     records = list(search.records())
     assert len(records) == 10 and all(r.state.is_finished() and len(r.attempts) == 1 and len(r.jobs) == 1 for r in records)
     assert proposals(search.path, "--replay").returncode == 0
+
+
+def test_a_refused_budget_reservation_stops_the_proposals(tmp_path, data_dir):
+    res = run(tmp_path, data_dir, *TPE, "search.n_trials=2", rev="budget-r1")
+    assert res.returncode == 0, res.stderr
+    search = SearchDir(tmp_path / "runs" / "budget-r1")
+    proposer = Proposer(search, load_contract(search.path), 6, "test")
+    made = proposer.propose(lambda: list(search.records()))
+    assert made.spec.trial_id == "t0002" and proposer.remaining() == 3
+    # what its worker writes when the budget journal refuses the attempt's reservation (worker/attempt.py)
+    search.writer("t0002", "attempt").ended(1, Ended(AttemptEnd.BUDGET_EXHAUSTED, outcome="hold:budget", reason="hold:budget: the cap is spent"))
+    assert search.record("t0002").state is TrialState.BUDGET_EXHAUSTED
+    assert proposer.propose(lambda: list(search.records())) is None  # the slot it freed gets no proposal
+    assert "budget" in proposer.stopped and proposer.remaining() == 0 and search.proposal_numbers() == [0, 1, 2]
 
 
 def test_the_release_packet_names_the_proposal_and_its_history():
@@ -201,7 +231,7 @@ def test_the_release_packet_names_the_proposal_and_its_history():
             "search_revision": "r",
             "image_digest": "i",
             "sampler": sampler,
-            "space": {"digest": "sha256:x"},
+            "space": {"params": {}, "digest": "sha256:x"},
         }
     )
     spec = _record(7, TrialState.COMPLETED, 0.5).spec
@@ -223,15 +253,3 @@ def test_hydra_sweeper_params_then_the_command_line_each_win_per_parameter(tmp_p
     assert res.returncode == 0, res.stderr
     assert "proposing up to 8 trials by tpe(" in res.stdout and "worst case:" in res.stdout
     assert not (tmp_path / "runs" / "dry-r1").exists()
-
-
-def test_proposals_of_a_search_frozen_before_samplers_is_one_line(tmp_path):
-    from parcel_hpc import fsio
-    from parcel_hpc.contract import Contract
-
-    legacy = Contract(
-        {"snapshot_digest": "s", "split_digest": "p", "metric_revision": "m", "search_revision": "r", "image_digest": "i", "space": {"params": {}}}
-    )
-    fsio.atomic_write_json(tmp_path / "contract.json", legacy.to_json())
-    res = proposals(tmp_path, "--replay")
-    assert res.returncode == 2 and "frozen before samplers were pinned" in res.stderr and res.stderr.strip().count("\n") == 0, res.stderr

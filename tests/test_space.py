@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from parcel_hpc.config import CONF_DIR
 from parcel_hpc.errors import UsageError
 from parcel_hpc.sweep import samplers
-from parcel_hpc.sweep.learning import Told, ToldTrial, proposal_seed, propose, told_digest
+from parcel_hpc.sweep.learning import Told, ToldTrial, ask, proposal_seed, told_digest
 from parcel_hpc.sweep.space import normalize, qmc_points, sample, space_digest
 
 SPACE = normalize(
@@ -150,7 +150,7 @@ def _history(space, spec, n, seed=0):
     """n proposals, each told the ones before (a mix of completed, pruned, failed and running)."""
     told, attrs, out = [], {}, []
     for k in range(n):
-        params, state = propose(spec, space, proposal_seed(seed, k), told, attrs)
+        params, state = ask(spec, space, proposal_seed(seed, k), told, attrs)
         attrs[k] = state
         out.append((list(told), params))
         value = (params["lr"] - 0.05) ** 2 + params["hidden"] / 1000
@@ -164,13 +164,13 @@ def test_a_learned_proposal_rederives_exactly_from_what_it_was_told(name):
     spec = samplers.from_config({"name": name, "n_startup_trials": 3})
     history, attrs = _history(SPACE, spec, 16)
     for k, (told, params) in enumerate(history):
-        assert propose(spec, SPACE, proposal_seed(0, k), told, {j: attrs[j] for j in range(k)}) == (params, attrs[k])
+        assert ask(spec, SPACE, proposal_seed(0, k), told, {j: attrs[j] for j in range(k)}) == (params, attrs[k])
     assert len({tuple(sorted(p.items())) for _, p in history}) == 16
     # what it was told matters: a different result, or another seed, gives another proposal
     told, params = history[12]
     changed = [ToldTrial(t.trial_id, t.told, t.params, None if t.value is None else t.value + 1.0, t.step, t.proposal) for t in told]
     assert told_digest(changed) != told_digest(told)
-    assert propose(spec, SPACE, proposal_seed(1, 12), told, attrs)[0] != params
+    assert ask(spec, SPACE, proposal_seed(1, 12), told, attrs)[0] != params
 
 
 def test_tpe_moves_towards_good_results():
@@ -178,7 +178,53 @@ def test_tpe_moves_towards_good_results():
     space = normalize({}, ["x=interval(0,1)"])
     told = []
     for k in range(30):
-        params, _ = propose(spec, space, proposal_seed(0, k), told, {})
+        params, _ = ask(spec, space, proposal_seed(0, k), told, {})
         told.append(ToldTrial(f"t{k:04d}", Told.COMPLETE, params, (params["x"] - 0.8) ** 2))
     late = [t.params["x"] for t in told[20:]]
     assert sum(abs(x - 0.8) < 0.15 for x in late) >= 7
+
+
+@pytest.mark.parametrize("name", [n.value for n in samplers.SamplerName])
+def test_each_sampler_config_file_spells_out_exactly_the_options_and_defaults_the_code_fills_in(name):
+    node = yaml.safe_load((CONF_DIR / "sampler" / f"{name}.yaml").read_text())
+    assert node.pop("name") == name
+    assert node == samplers.OPTIONS[samplers.SamplerName(name)]
+
+
+def test_a_stepped_float_never_draws_past_its_bounds():
+    space = normalize({"x": {"type": "float", "low": 0, "high": 1, "step": 0.6}, "y": {"type": "float", "low": 0, "high": 1, "step": 0.3}})
+    assert space["x"]["high"] == 0.6 and space["y"]["high"] == 0.9
+    assert {sample(space, 0, i)["y"] for i in range(200)} == {0.0, 0.3, 0.6, 0.9}
+    assert all(0 <= p["x"] <= 1 for p in qmc_points(space, 0, 0, 32, "halton", True))
+
+
+@pytest.mark.parametrize(
+    "spec,message",
+    [
+        ({"type": "float", "low": 1, "high": 2, "log": True, "step": 1}, "log-scaled with a step"),
+        ({"type": "int", "low": 1, "high": 3, "step": 5}, "wider than low..high"),
+        ({"type": "choice", "values": [1, True]}, "lists a value twice"),
+        ({"type": "uniform", "low": 0, "high": 1, "stp": 1}, "stp means nothing for type uniform"),
+        ({"type": "float", "low": 1, "high": 2, "log": "false"}, "must be true or false"),
+        ({"type": "choice", "values": "abc"}, "is not a list"),
+    ],
+)
+def test_a_space_group_typo_is_refused_not_ignored(spec, message):
+    with pytest.raises(UsageError, match=message):
+        normalize({"x": spec})
+
+
+def test_a_huge_range_is_counted_not_listed():
+    assert normalize({}, ["n=range(0,1000000000)"])["n"] == {"type": "int", "low": 0, "high": 999999999, "log": False, "step": 1}
+
+
+def test_sweeping_a_config_group_is_refused_not_taken_for_a_parameter():
+    with pytest.raises(UsageError, match="sampler is a config group or section, not a trial parameter"):
+        normalize({}, ["sampler=tpe,gp"], sections={"sampler", "space", "pruner"})
+
+
+def test_cmaes_options_the_library_refuses_are_refused_before_freezing():
+    with pytest.raises(UsageError, match="sampler=cmaes refuses these options"):
+        samplers.from_config({"name": "cmaes", "lr_adapt": True, "use_separable_cma": True})
+    with pytest.raises(UsageError, match="positive whole number"):
+        samplers.from_config({"name": "cmaes", "popsize": 2.5})

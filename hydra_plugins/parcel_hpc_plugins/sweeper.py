@@ -43,7 +43,7 @@ class ParcelSweeper(Sweeper):
         launcher = OmegaConf.to_container(self.config.hydra.launcher, resolve=True, throw_on_missing=True)
         job_cfg = OmegaConf.masked_copy(self.config, [k for k in self.config if k != "hydra"])
         cfg = OmegaConf.to_container(job_cfg, resolve=True, throw_on_missing=True)
-        cfg["space"]["params"] = normalize(cfg["space"]["params"], grammar)
+        cfg["space"]["params"] = normalize(cfg["space"]["params"], grammar, sections=set(cfg))
         cfg, launcher = validation.checked(cfg, launcher)  # before anything is written or frozen
         settings = LauncherSettings(executor_kind(launcher.pop("kind", None)), launcher, cfg["resources"], cfg["budget"])
         return SearchLaunch(cfg, lambda search: make_dispatcher(settings, search)).run()

@@ -99,8 +99,8 @@ class LocalDispatcher(Dispatcher):
 
     def wait(self, seconds: float, at_least: float) -> None:
         started = time.monotonic()
+        running = [job for job, _ in self.held.values() if not job.done()]  # before the pause: one ending in it counts
         time.sleep(at_least)
-        running = [job for job, _ in self.held.values() if not job.done()]
         while running and time.monotonic() - started < seconds:
             if any(job.done() for job in running):
                 return  # a child ended: its slot is free now

@@ -24,6 +24,7 @@ from ..selection.commands import Assessment, assess
 from ..selection.policy import SelectionPolicy
 from ..selection.slices import SliceRow, overall
 from ..selection.store import SelectionStore
+from ..sweep.specs import sampler_of, space_of
 
 REGISTERED = "release:registered"
 
@@ -223,16 +224,16 @@ def _compute(search, contract, records, jobs: Sequence[Mapping[str, Any]], sacct
 def _proposed_by(contract, spec: TrialSpec) -> dict[str, Any]:
     """How the winner was proposed: random index, or the sampler that learned and what it was told."""
     origin = dict(spec.origin or {})
-    sampler = contract.fields.get("sampler") or {}
+    sampler = sampler_of(contract)
     return {
-        "sampler": origin.get("sampler", sampler.get("name", "random")),
-        "index": origin.get("index"),
+        "sampler": origin.get("sampler", sampler.name.value),
+        "index": origin.get("index", spec.index if origin.get("proposal") is None else None),
         "proposal": origin.get("proposal"),
         "told": origin.get("told"),
         "history_digest": origin.get("history_digest"),
-        "options": dict(sampler.get("options") or {}),
-        "revision": sampler.get("revision"),
-        "space_digest": (contract.fields.get("space") or {}).get("digest"),
+        "options": dict(sampler.options),
+        "revision": sampler.revision,
+        "space_digest": space_of(contract)[1],
         "replay": "parcel-hpc proposals SEARCH_DIR --replay re-derives it",
     }
 

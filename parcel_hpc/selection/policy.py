@@ -1,6 +1,6 @@
 """The selection policy pinned in a search's contract (``conf/selection/``), as typed values.
 
-Checked when the contract is built (``sweep.proposal.build_contract``), so a malformed gate is one
+Checked when the contract is built (``sweep.specs.build_contract``), so a malformed gate is one
 line and exit 2 before anything is frozen; read back from the frozen contract by every selection
 command and job (``SelectionPolicy.of``), never from a later config.
 """

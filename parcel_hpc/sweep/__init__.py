@@ -1,7 +1,7 @@
 """The governed launch: propose from the pinned space, dedup, admit, commit the budget, dispatch, follow.
 
 search.py     SearchLaunch (one launch) and Follower (dispatch, retry, propose into free slots, follow until done)
-proposal.py   the contract from the composed config, trial specs and worker plans
+specs.py      the contract from the composed config, trial specs and worker plans
 space.py      the space in either syntax (space group, Hydra's sweep grammar), normalized; random and QMC draws
 samplers.py   the pinned sampler: name, every option, revision
 learning.py   a learning sampler's proposal through Optuna's ask-and-tell (pure)

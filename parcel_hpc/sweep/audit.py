@@ -9,26 +9,21 @@ from rich.console import Console
 from rich.table import Table
 
 from ..contract import Contract
-from ..errors import UsageError
 from ..ledger import SearchDir
 from . import proposals
 from .samplers import SamplerSpec
+from .specs import sampler_of, space_of
 
 
 def show(search: SearchDir, *, replay: bool, as_json: bool, console: Console) -> int:
     """Print the proposals (and the replay); the exit code: 1 when a proposal does not re-derive."""
     contract = search.contract()
-    if "sampler" not in contract.fields:
-        raise UsageError(
-            f"{search.path} was frozen before samplers were pinned (its trials were drawn at random from search.seed); "
-            "there is no proposal record to replay: a search launched by this version has one"
-        )
-    sampler = SamplerSpec.from_json(contract["sampler"])
+    sampler = sampler_of(contract)
     rows = _rows(search, contract, sampler)
     replayed = proposals.replay(search, contract) if replay else []
     first = next((r for r in replayed if not r.same), None)
     if as_json:
-        out = {"search": str(search.path), "sampler": sampler.to_json(), "space_digest": contract["space"]["digest"], "proposals": rows}
+        out = {"search": str(search.path), "sampler": sampler.to_json(), "space_digest": space_of(contract)[1], "proposals": rows}
         if replay:
             out["replayed"] = len(replayed)
             out["first_difference"] = None if first is None else {"index": first.index, "trial_id": first.trial_id, "difference": first.difference()}
@@ -53,7 +48,8 @@ def _rows(search: SearchDir, contract: Contract, sampler: SamplerSpec) -> list[d
     known = set(search.trial_ids())
     for k in search.proposal_numbers():
         r = proposals.load(search, k)
-        twin = "" if r.trial_id in known else (search.config_owner(r.trial(contract).config_hash) or "?")
+        owner = "" if r.trial_id in known else search.config_owner(r.trial(contract).config_hash)
+        twin = owner if owner and owner != r.trial_id else ""  # no owner yet: its trial is still being written
         rows.append(
             {
                 "index": k,
@@ -61,7 +57,7 @@ def _rows(search: SearchDir, contract: Contract, sampler: SamplerSpec) -> list[d
                 "told": len(r.told),
                 "history_digest": r.history_digest,
                 "params": dict(r.params),
-                "trial": r.trial_id if not twin else None,
+                "trial": r.trial_id if r.trial_id in known else None,  # None: a duplicate, or not written yet
                 "duplicate_of": twin or None,
                 "launch_id": r.launch_id,
             }
@@ -74,7 +70,7 @@ def _table(rows: list[dict], sampler: SamplerSpec) -> Table:
     for col in ("proposal", "trial", "told", "history", "params"):
         table.add_column(col)
     for row in rows:
-        trial = row["trial"] or f"duplicate of {row.get('duplicate_of')}"
+        trial = f"duplicate of {row['duplicate_of']}" if row.get("duplicate_of") else (row["trial"] or "(trial not written yet)")
         told = "-" if row["told"] is None else str(row["told"])
         history = (row["history_digest"] or "(seed, index)")[:19]
         table.add_row(str(row["index"]), trial, told, history, ", ".join(f"{k}={v}" for k, v in row["params"].items()))

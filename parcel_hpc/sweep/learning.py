@@ -4,8 +4,9 @@ Proposal k is drawn by a fresh in-memory study told, in trial order, every resul
 slot freed (``told_of``): completed with its metric, pruned with its value at the milestone where
 it stopped, failed as failed, still running as running (so TPE's constant liar and GP steer away
 from it); quarantined and refused trials are never told. Its sampler is seeded by (search seed, k).
-Nothing else enters: no clock, no global random state, no storage. So the proposal record (what it
-was told, its seed, the sampler's revision) re-derives it exactly (``proposals --replay``).
+Nothing else enters: no global random state, no storage, no clock a sampler reads (Optuna stamps
+trials with the time, which no sampler looks at). So the proposal record (what it was told, its
+seed, the sampler's revision) re-derives it exactly (``proposals --replay``).
 
 A sampler that keeps state in its trials (CMA-ES) gets each told trial's state back from the
 proposal that made it (``system_attrs``).
@@ -90,7 +91,7 @@ def proposal_seed(search_seed: int, k: int) -> int:
     return int(np.random.SeedSequence([int(search_seed), int(k)]).generate_state(1)[0])
 
 
-def propose(
+def ask(
     sampler: SamplerSpec, space: Mapping[str, Mapping[str, Any]], seed: int, told: Sequence[ToldTrial], attrs: Mapping[int, Mapping[str, Any]]
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(params, the sampler's state for this trial). ``attrs``: each earlier proposal's state, by number."""
@@ -102,7 +103,7 @@ def propose(
     distributions = {name: _distribution(spec) for name, spec in sorted(space.items())}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # experimental-feature and independent-sampling notices, once per proposal
-        study = optuna.create_study(direction="minimize", sampler=_sampler(sampler, seed))
+        study = optuna.create_study(direction="minimize", sampler=sampler_for(sampler, seed))
         for t in told:
             inside = {k: v for k, v in t.params.items() if k in distributions}
             kwargs: dict[str, Any] = {"params": inside, "distributions": {k: distributions[k] for k in inside}}
@@ -118,7 +119,7 @@ def propose(
                 trial = create_trial(state=OptunaState.RUNNING, **kwargs)
             study.add_trial(trial)
         asked = study.ask(distributions)
-        state = dict(study._storage.get_trial(asked._trial_id).system_attrs)
+        state = dict(study.trials[-1].system_attrs)  # what the sampler wrote to the trial it asked for
     params = {name: rounded(space[name], asked.params[name]) for name in sorted(space)}
     return params, _json_safe(state)
 
@@ -133,7 +134,8 @@ def _distribution(spec: Mapping[str, Any]) -> Any:
     return FloatDistribution(spec["low"], spec["high"], log=spec["log"], step=spec["step"])
 
 
-def _sampler(spec: SamplerSpec, seed: int) -> Any:
+def sampler_for(spec: SamplerSpec, seed: int) -> Any:
+    """The Optuna sampler a proposal draws with."""
     import optuna
 
     o = dict(spec.options)

@@ -23,16 +23,13 @@ from typing import Any
 from .. import fsio
 from ..contract import Contract
 from ..errors import CorruptRecord
-from ..ledger import SearchDir, TrialRecord, TrialSpec
+from ..ledger import SearchDir, TrialRecord, TrialSpec, TrialState
 from . import learning
-from .samplers import SamplerSpec
+from .samplers import NEEDS, SamplerSpec, revision
+from .specs import history_free_params, sampler_of, space_of, trial_id_of, trial_spec
 
 PROPOSAL_FORMAT = "parcel-proposal/1"
 ORPHAN_AFTER_S = 60.0
-
-
-def trial_id_of(k: int) -> str:
-    return f"t{k:04d}"
 
 
 @dataclass(frozen=True)
@@ -58,8 +55,6 @@ class ProposalRecord:
 
     def trial(self, contract: Contract) -> TrialSpec:
         """The trial this proposal becomes (unless a twin owns its configuration)."""
-        from .proposal import trial_spec
-
         return trial_spec(contract, self.index, dict(self.params), self.origin())
 
     def origin(self) -> dict:
@@ -105,8 +100,10 @@ class ProposalRecord:
         return record
 
 
-def versions() -> dict[str, str]:
-    return {lib: metadata.version(lib) for lib in ("optuna", "numpy", "scipy", "cmaes", "torch") if _installed(lib)}
+def versions(sampler: SamplerSpec) -> dict[str, str]:
+    """The libraries this sampler draws with: a replay needs the same ones."""
+    libs = sorted({"numpy", *(lib for lib, _ in NEEDS.get(sampler.name, []))})
+    return {lib: metadata.version(lib) for lib in libs if _installed(lib)}
 
 
 def _installed(lib: str) -> bool:
@@ -121,6 +118,8 @@ def load(search: SearchDir, k: int) -> ProposalRecord:
     path = search.proposal_path(k)
     try:
         return ProposalRecord.from_json(fsio.read_json(path))
+    except OSError as exc:
+        raise CorruptRecord(f"proposal {k} cannot be read from {path} ({exc.strerror}); restore it (a proposal is never redrawn)") from None
     except (KeyError, ValueError, TypeError) as exc:
         raise CorruptRecord(f"{path} is not a proposal record ({exc}); restore it (a proposal is never redrawn)") from None
 
@@ -128,7 +127,7 @@ def load(search: SearchDir, k: int) -> ProposalRecord:
 def draw(record: ProposalRecord, space: Mapping[str, Mapping[str, Any]], attrs_of: Callable[[int], Mapping[str, Any]]) -> tuple[dict, dict]:
     """Draw proposal ``record.index`` from what it was told (the live draw and its replay are this one call)."""
     attrs = {t.proposal: attrs_of(t.proposal) for t in record.told if t.proposal is not None}
-    return learning.propose(record.sampler, space, record.seed, record.told, attrs)
+    return learning.ask(record.sampler, space, record.seed, record.told, attrs)
 
 
 @dataclass(frozen=True)
@@ -144,20 +143,36 @@ class Proposer:
     def __init__(self, search: SearchDir, contract: Contract, n_trials: int, launch_id: str) -> None:
         self.search = search
         self.contract = contract
-        self.sampler = SamplerSpec.from_json(contract["sampler"])
-        self.space = contract["space"]["params"]
-        self.space_digest = contract["space"]["digest"]
+        self.sampler = sampler_of(contract)
+        self.space, self.space_digest = space_of(contract)
         self.n_trials = n_trials
         self.launch_id = launch_id
         self._attrs: dict[int, Mapping[str, Any]] = {}
-        self._duplicates: set[int] = set()  # proposals whose configuration a twin owns
+        self.duplicates: dict[int, str] = {}  # proposal -> the trial that owns its configuration
+        self.stopped = ""  # why no more proposals are made before n_trials (the budget)
 
-    def made(self) -> int:
-        """Proposals made so far in this search (by any launch)."""
-        return len(self.search.proposal_numbers())
+    def next_index(self) -> int:
+        """The next proposal's number (after the highest recorded: one moved aside leaves a hole, never a clash)."""
+        numbers = self.search.proposal_numbers()
+        return numbers[-1] + 1 if numbers else 0
 
     def remaining(self) -> int:
-        return max(0, self.n_trials - self.made())
+        return 0 if self.stopped else max(0, self.n_trials - self.next_index())
+
+    def unwritten(self) -> int:
+        """Recorded proposals whose trial is not written yet (and that are no duplicate)."""
+        return sum(1 for k in self.search.proposal_numbers() if self._unwritten(k))
+
+    def _unwritten(self, k: int) -> ProposalRecord | None:
+        """Proposal k's record while its trial is not written and a twin does not own its configuration."""
+        if k in self.duplicates or (self.search.trial_dir(trial_id_of(k)) / "spec.json").exists():
+            return None
+        record = load(self.search, k)
+        owner = self.search.config_owner(record.trial(self.contract).config_hash)
+        if owner is not None and owner != record.trial_id:
+            self.duplicates[k] = owner
+            return None
+        return record
 
     def finish_orphans(self, now: float) -> list[TrialSpec]:
         """Trials of recorded proposals whose launcher died before writing them, written from the
@@ -165,55 +180,40 @@ class Proposer:
         ``ORPHAN_AFTER_S`` is an orphan (a younger one is another launcher's, in flight)."""
         out = []
         for k in self.search.proposal_numbers():
-            if k in self._duplicates or (self.search.trial_dir(trial_id_of(k)) / "spec.json").exists():
-                continue
-            record = load(self.search, k)
-            if now - record.at < ORPHAN_AFTER_S:
+            record = self._unwritten(k)
+            if record is None or now - record.at < ORPHAN_AFTER_S:
                 continue
             made = self._trial_of(record)
             if made.spec is not None:
                 out.append(made.spec)
             else:
-                self._duplicates.add(k)
+                self.duplicates[k] = made.twin
         return out
 
-    def propose(self, read_records: Callable[[], Iterable[TrialRecord]], slots: int) -> Made | None:
-        """Proposal k from every result known now, if one of ``slots`` is free; None when none is,
-        or when another launcher recorded proposal k first (then that one fills the slot). k is
+    def propose(self, read_records: Callable[[], Iterable[TrialRecord]]) -> Made | None:
+        """Proposal k, for a slot the caller has free, from every result known now; None when
+        another launcher recorded proposal k first, or when no more may be made (``stopped``). k is
         read before the records, so a proposal recorded since is either seen here or wins k."""
-        k = self.made()
-        if k >= self.n_trials:
+        k = self.next_index()
+        if k >= self.n_trials or self.stopped:
             return None
         records = list(read_records())
-        pending = self._in_flight(k, {r.trial_id for r in records})
-        if sum(not r.state.is_finished() for r in records) + len(pending) >= slots:
+        if any(r.state is TrialState.BUDGET_EXHAUSTED for r in records):
+            self.stopped = "a trial's budget reservation was refused (budget_exhausted): the search's caps are spent"
             return None
+        known = {r.trial_id for r in records}
+        # Another launcher's proposals between their record and their trial: told as running.
+        unwritten = [u for j in range(k) if trial_id_of(j) not in known and (u := self._unwritten(j)) is not None]
+        pending = [learning.ToldTrial(u.trial_id, learning.Told.RUNNING, dict(u.params), proposal=u.index) for u in unwritten]
         told = learning.told_of(records, pending)
         told = json.loads(fsio.canonical_json([t.to_json() for t in told]))  # exactly what the record will say
         seed = learning.proposal_seed(int(self.contract["search_seed"]), k)
         draft = ProposalRecord(k, self.sampler, self.space_digest, seed, tuple(map(learning.ToldTrial.from_json, told)), {})
         params, state = draw(draft, self.space, self._attrs_of)
-        record = ProposalRecord(k, self.sampler, self.space_digest, seed, draft.told, params, state, versions(), self.launch_id, time.time())
+        record = ProposalRecord(k, self.sampler, self.space_digest, seed, draft.told, params, state, versions(self.sampler), self.launch_id, time.time())
         if not self.search.write_proposal(k, record.to_json()):
             return None
         return self._trial_of(record)
-
-    def _in_flight(self, k: int, known: set[str]) -> list[learning.ToldTrial]:
-        """Proposals before k whose trial is not written yet (their launcher is between the two):
-        they hold a slot and are told as running. Duplicates (a twin owns the config) hold none."""
-        out = []
-        for j in range(k):
-            tid = trial_id_of(j)
-            if tid in known or j in self._duplicates:
-                continue
-            record = load(self.search, j)
-            spec = record.trial(self.contract)
-            owner = self.search.config_owner(spec.config_hash)
-            if owner is not None and owner != tid:
-                self._duplicates.add(j)
-                continue
-            out.append(learning.ToldTrial(tid, learning.Told.RUNNING, dict(record.params), proposal=j))
-        return out
 
     def _trial_of(self, record: ProposalRecord) -> Made:
         spec = record.trial(self.contract)
@@ -255,20 +255,24 @@ class Replayed:
 def replay(search: SearchDir, contract: Contract) -> list[Replayed]:
     """Re-derive every proposal of the search, in order: a learning sampler's from its record alone,
     a history-free sampler's (random, qmc) from (search seed, index)."""
-    if not SamplerSpec.from_json(contract["sampler"]).learns:
-        from .proposal import history_free
-
-        out = []
-        for tid in search.trial_ids():
-            spec = search.spec(tid)
-            (derived,) = history_free(contract, spec.index, spec.index + 1)
-            out.append(Replayed(spec.index, tid, spec.params, derived))
-        return out
-    return _replay_learned(search, contract)
+    sampler = sampler_of(contract)
+    if sampler.learns:
+        return _replay_learned(search, contract)
+    moved = "" if revision(sampler.name) == sampler.revision else f"it was drawn by {sampler.revision}, this machine has {revision(sampler.name)}"
+    out = []
+    for tid in search.trial_ids():
+        spec = search.spec(tid)
+        if moved:
+            out.append(Replayed(spec.index, tid, spec.params, None, moved))
+            continue
+        (derived,) = history_free_params(contract, spec.index, spec.index + 1)
+        out.append(Replayed(spec.index, tid, spec.params, derived))
+    return out
 
 
 def _replay_learned(search: SearchDir, contract: Contract) -> list[Replayed]:
-    space, digest = contract["space"]["params"], contract["space"]["digest"]
+    space, digest = space_of(contract)
+    sampler = sampler_of(contract)
     cache: dict[int, ProposalRecord] = {}
 
     def record(k: int) -> ProposalRecord:
@@ -276,14 +280,14 @@ def _replay_learned(search: SearchDir, contract: Contract) -> list[Replayed]:
             cache[k] = load(search, k)
         return cache[k]
 
-    current = versions()
+    current = versions(sampler)
     out = []
     for k in search.proposal_numbers():
         r = record(k)
         problem = ""
         if r.space_digest != digest:
             problem = f"it was drawn from space {r.space_digest}, the contract pins {digest}"
-        elif fsio.canonical_json(r.sampler.to_json()) != fsio.canonical_json(contract["sampler"]):
+        elif fsio.canonical_json(r.sampler.to_json()) != fsio.canonical_json(sampler.to_json()):
             problem = "it was drawn by another sampler than the contract pins"
         else:
             moved = sorted(lib for lib, v in r.versions.items() if current.get(lib) != v)

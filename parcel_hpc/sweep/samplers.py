@@ -3,14 +3,16 @@
 ``sampler=random`` (the default) and ``sampler=qmc`` draw trial i from (search seed, i) alone, so a
 launch proposes all its trials at once. ``tpe`` (the model-based default), ``gp`` and ``cmaes``
 learn from results: a trial is proposed when a slot frees (``sweep.learning``). The contract pins
-the name, every option (defaults filled in here, so a library whose defaults change cannot change
-a search) and the revision of the code that draws (Optuna's or SciPy's version).
+the name, every option offered here (defaults filled in, so a library whose defaults change
+cannot change a search; the few not offered stay the library's, pinned by its version) and the
+revision of the code that draws (Optuna's or SciPy's version).
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
@@ -52,6 +54,7 @@ OPTIONS: dict[SamplerName, dict[str, Any]] = {
     },
 }
 NUMBER_OR_NULL = {"sigma0", "popsize"}
+WHOLE_OR_NULL = {"popsize"}
 QMC_TYPES = ("sobol", "halton")
 # What each sampler needs installed beyond parcel_hpc, and how to get it.
 NEEDS: dict[SamplerName, list[tuple[str, str]]] = {
@@ -106,14 +109,25 @@ def from_config(node: Mapping[str, Any] | None) -> SamplerSpec:
     for module, fix in NEEDS.get(name, []):
         if importlib.util.find_spec(module) is None:
             raise UsageError(f"sampler={name.value} needs {module}, which is not installed; {fix}")
-    return SamplerSpec(name, options, revision(name))
+    spec = SamplerSpec(name, options, revision(name))
+    if name.learns:
+        from .learning import sampler_for  # Optuna, installed (checked above)
+
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # "experimental feature" notices: the proposals silence them too
+                sampler_for(spec, 0)  # the library's own checks (CMA-ES refuses some option pairs), now rather than at the first proposal
+        except (ValueError, TypeError) as exc:
+            raise UsageError(f"sampler={name.value} refuses these options ({' '.join(str(exc).split())}); change them") from None
+    return spec
 
 
 def _checked(name: SamplerName, key: str, value: Any, default: Any) -> Any:
     where = f"sampler.{key}={value!r}"
     if key in NUMBER_OR_NULL:
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
-            raise UsageError(f"{where} must be a positive number or null (let the sampler choose)")
+        whole = key in WHOLE_OR_NULL
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int if whole else (int, float)) or value <= 0):
+            raise UsageError(f"{where} must be a positive {'whole ' if whole else ''}number or null (let the sampler choose)")
         return value
     if isinstance(default, bool):
         if not isinstance(value, bool):

@@ -32,10 +32,10 @@ from ..lifecycle import Action, Next, RetryPolicy, next_action
 from ..selection.store import write_final_plan
 from ..worker import TrialTask, WorkerPlan
 from . import display
-from .proposal import build_contract, check_policy, ensure_writable, plan_for, propose, search_path
 from .proposals import Proposer
 from .pulse import Pulse
 from .samplers import SamplerSpec
+from .specs import build_contract, check_policy, ensure_writable, history_free_specs, in_frozen_form, plan_for, sampler_of, search_path, trial_id_of
 
 
 @dataclass
@@ -99,6 +99,8 @@ class SearchLaunch:
         search = SearchDir(path)
         _refuse_cancelled(search)
         fresh = not (path / "contract.json").exists()
+        if not fresh:
+            contract = in_frozen_form(contract, load_contract(path))  # a search frozen by an older version continues
         if fresh:
             check_policy(contract)
         dispatcher = self.dispatcher_factory(search)
@@ -107,7 +109,7 @@ class SearchLaunch:
             raise UsageError(
                 "search.wait=false needs a scheduler: the local executor runs trials as children of this process; use hydra/launcher=submitit_slurm"
             )
-        sampler = SamplerSpec.from_json(contract["sampler"])
+        sampler = sampler_of(contract)
         if not cfg["search"]["wait"] and sampler.learns:
             raise UsageError(
                 f"sampler={sampler.name.value} proposes each trial when a slot frees, so its launcher follows the search: drop search.wait=false, "
@@ -227,7 +229,7 @@ class SearchLaunch:
         out = []
         owners: dict[str, str] = {}
         if proposer is None:
-            candidates = propose(contract, 0, n_trials)
+            candidates = history_free_specs(contract, 0, n_trials)
         else:
             if not report.dry_run:
                 proposer.finish_orphans(time.time())
@@ -319,6 +321,7 @@ class Follower:
         self.proposer: Proposer | None = None  # a sampler that learns: proposes into free slots (``proposing``)
         self.plan_of: Callable[[TrialSpec], WorkerPlan] | None = None
         self.report: LaunchReport | None = None
+        self.stop_said = False
 
     def proposing(self, proposer: Proposer, plan_of: Callable[[TrialSpec], WorkerPlan], report: LaunchReport) -> None:
         """From now on each free slot gets a new proposal, told every result known at that moment."""
@@ -345,7 +348,7 @@ class Follower:
                 nxt = self._next(record)
             self._act(tid, nxt)
         report.dispatched = list(self.waiting)
-        self.packing = choose_packing(self.dispatcher, self.search, len(self.waiting), SamplerSpec.from_json(self.contract["sampler"]))
+        self.packing = choose_packing(self.dispatcher, self.search, len(self.waiting), sampler_of(self.contract))
         report.packing = self.packing.to_json()
         if self.waiting:
             self.console.print(display.packing_line(self.packing, len(self.waiting)))
@@ -421,26 +424,35 @@ class Follower:
         return len(self.plans) + (self.proposer.remaining() if self.proposer is not None else 0)
 
     def _propose(self) -> int:
-        """Fill the free slots with proposals; 1 while proposals remain or one was made now (the launch
-        goes on to follow it), else 0.
-        A slot is free while fewer of the search's trials are unfinished than this launcher has slots:
-        a trial waiting for a retry still holds its slot, and so does another launcher's."""
+        """Fill this launcher's free slots with proposals; 1 while proposals remain, one was made now,
+        or a recorded one still lacks its trial (the launch goes on to follow them), else 0. A slot
+        is free while fewer of this launcher's trials are unfinished than it has slots (a trial
+        waiting for a retry holds its slot); another launcher's slots are its own."""
         if self.search.cancellation() is not None:
             return 0
-        for spec in self.proposer.finish_orphans(time.time()):
+        orphans = self.proposer.finish_orphans(time.time())
+        for spec in orphans:
             self._adopt(spec)  # its launcher died between the proposal's record and its trial
-        adopted = 0
+        for k, twin in self.proposer.duplicates.items():
+            self.report.duplicates.setdefault(trial_id_of(k), twin)
+        adopted = len(orphans)
         while self.proposer.remaining() > 0:
-            made = self.proposer.propose(lambda: [self.view.record(tid) for tid in self.search.trial_ids()], self.dispatcher.slots())
+            busy = sum(not self.view.record(tid).state.is_finished() for tid in self.plans)
+            if min(self.dispatcher.slots() - busy, self.dispatcher.capacity() - len(self.waiting)) <= 0:
+                break
+            made = self.proposer.propose(lambda: [self.view.record(tid) for tid in self.search.trial_ids()])
             if made is None:
-                break  # no free slot, or another launcher recorded this proposal first: it fills the slot
+                continue  # another launcher recorded proposal k first (for a slot of its own): this slot takes k + 1
             self.report.proposed += 1
             if made.spec is None:
                 self.report.duplicates[made.record.trial_id] = made.twin
                 continue
             self._adopt(made.spec)
             adopted += 1
-        return 1 if self.proposer.remaining() > 0 or adopted else 0
+        if self.proposer.stopped and not self.stop_said:
+            self.console.print(f"[yellow]proposals stopped: {self.proposer.stopped}[/]")
+            self.stop_said = True
+        return 1 if self.proposer.remaining() > 0 or adopted or self.proposer.unwritten() else 0
 
     def _adopt(self, spec: TrialSpec) -> None:
         """Follow a new proposal's trial: admit it, write its plan, claim its first dispatch."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -32,13 +32,21 @@ from ..errors import UsageError
 
 CHOICE, FLOAT, INT = "choice", "float", "int"
 _TYPES = "choice, uniform, loguniform, int or float"
+_KEYS = {
+    CHOICE: {"type", "values"},
+    "uniform": {"type", "low", "high"},
+    "loguniform": {"type", "low", "high"},
+    FLOAT: {"type", "low", "high", "log", "step"},
+    INT: {"type", "low", "high", "log", "step"},
+}
 
 
-def normalize(params: Mapping[str, Mapping[str, Any]], grammar: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
+def normalize(params: Mapping[str, Mapping[str, Any]], grammar: Sequence[str] = (), sections: Collection[str] = ()) -> dict[str, dict[str, Any]]:
     """The ``space`` group's ``params`` with the grammar overrides (``"name=expression"``) on top,
-    normalized and sorted by name. UsageError (one line, naming the parameter) on bad input."""
+    normalized and sorted by name. ``sections``: the config's top-level keys, which a sweep may not
+    name. UsageError (one line, naming the parameter) on bad input."""
     out = {str(name): _from_group(str(name), spec) for name, spec in params.items()}
-    out.update(from_grammar(grammar))
+    out.update(from_grammar(grammar, sections))
     if not out:
         raise UsageError("the search space is empty; give space=space_r4 or sweep parameters such as lr='tag(log,interval(0.003,0.3))'")
     return {name: out[name] for name in sorted(out)}
@@ -48,7 +56,7 @@ def space_digest(space: Mapping[str, Mapping[str, Any]]) -> str:
     return digest_of(space)
 
 
-def from_grammar(items: Sequence[str]) -> dict[str, dict[str, Any]]:
+def from_grammar(items: Sequence[str], sections: Collection[str] = ()) -> dict[str, dict[str, Any]]:
     """Hydra sweep overrides parsed by Hydra's own parser, then normalized."""
     if not items:
         return {}
@@ -68,6 +76,11 @@ def from_grammar(items: Sequence[str]) -> dict[str, dict[str, Any]]:
             raise UsageError(
                 f"sweep override {item!r}: {name} is not a trial parameter; sweeps draw trial parameters by name, "
                 "e.g. lr='tag(log,interval(0.003,0.3))' (a changed config needs a new search.revision)"
+            )
+        if name in sections:  # Hydra drops a group sweep (sampler=tpe,gp) from the defaults: it would reach here as a parameter
+            raise UsageError(
+                f"sweep override {item!r}: {name} is a config group or section, not a trial parameter; a search has one {name}: "
+                "launch each choice as its own search.revision"
             )
         out[name] = _from_override(name, override, item)
     return out
@@ -108,12 +121,21 @@ def _from_override(name: str, override: Any, item: str) -> dict[str, Any]:
 def _from_group(name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
     where = f"space.params.{name}"
     kind = spec.get("type") if isinstance(spec, Mapping) else None
+    unknown = sorted(set(spec) - _KEYS[kind]) if kind in _KEYS else []
+    if unknown:
+        raise UsageError(f"{where}.{unknown[0]} means nothing for type {kind}; its keys are {', '.join(sorted(_KEYS[kind]))}")
     if kind == CHOICE:
-        return _choice(name, list(spec.get("values") or []), where)
+        values = spec.get("values")
+        if not isinstance(values, (list, tuple)):
+            raise UsageError(f"{where}.values={values!r} is not a list; give values: [0, 16, 32]")
+        return _choice(name, list(values), where)
     if kind in ("uniform", "loguniform"):
         return _bounded(name, FLOAT, spec.get("low"), spec.get("high"), kind == "loguniform", None, where)
     if kind in (FLOAT, INT):
-        return _bounded(name, kind, spec.get("low"), spec.get("high"), bool(spec.get("log", False)), spec.get("step"), where)
+        log = spec.get("log", False)
+        if not isinstance(log, bool):
+            raise UsageError(f"{where}.log={log!r} must be true or false")
+        return _bounded(name, kind, spec.get("low"), spec.get("high"), log, spec.get("step"), where)
     raise UsageError(f"{where}.type={kind!r} is unknown; use {_TYPES}")
 
 
@@ -123,8 +145,8 @@ def _choice(name: str, values: list, where: str) -> dict[str, Any]:
     for v in values:
         if v is None or isinstance(v, (list, dict, tuple)) or (isinstance(v, float) and not math.isfinite(v)):
             raise UsageError(f"{where}: {name} value {v!r} is not a plain number, text or boolean; a choice lists scalars")
-    if len({(type(v), v) for v in values}) != len(values):
-        raise UsageError(f"{where}: {name} lists a value twice; list each value once")
+    if len(set(values)) != len(values):  # 1, 1.0 and true are one value to Python (and to Optuna's index)
+        raise UsageError(f"{where}: {name} lists a value twice (1, 1.0 and true count as one); list each value once")
     return {"type": CHOICE, "values": [_plain(v) for v in values]}
 
 
@@ -133,19 +155,18 @@ def _range(name: str, start: Any, stop: Any, step: Any, where: str) -> dict[str,
         raise UsageError(f"{where}: {name} has step 0; give a positive step, e.g. range(8, 65, 8)")
     if step < 0:
         raise UsageError(f"{where}: {name} counts down; write it counting up, e.g. range(1, 10, 2)")
-    if all(isinstance(v, int) and not isinstance(v, bool) for v in (start, stop, step)):
-        values = list(range(start, stop, step))
-        kind: str = INT
-    else:  # Hydra's float range steps in decimals, so 0.1 steps land on 0.3, not 0.30000000000000004
-        d_start, d_stop, d_step = (Decimal(str(v)) for v in (start, stop, step))
-        count = max(0, math.ceil((d_stop - d_start) / d_step))
-        values = [float(d_start + i * d_step) for i in range(count)]
-        kind = FLOAT
-    if not values:
+    # Counted, never listed (range(0, 10**9) is one line of config). Hydra's float range steps in
+    # decimals, so 0.1 steps land on 0.3, not 0.30000000000000004.
+    d_start, d_stop, d_step = (Decimal(str(v)) for v in (start, stop, step))
+    count = max(0, math.ceil((d_stop - d_start) / d_step))
+    kind = INT if all(isinstance(v, int) and not isinstance(v, bool) for v in (start, stop, step)) else FLOAT
+    if count == 0:
         raise UsageError(f"{where}: {name}'s range is empty (Hydra's range excludes its stop); give stop above start")
-    if len(values) == 1:
-        return {"type": CHOICE, "values": values}
-    return _bounded(name, kind, values[0], values[-1], False, step, where)
+    first, last = d_start, d_start + (count - 1) * d_step
+    number = int if kind == INT else float
+    if count == 1:
+        return {"type": CHOICE, "values": [number(first)]}
+    return _bounded(name, kind, number(first), number(last), False, step, where)
 
 
 def _bounded(name: str, kind: str, low: Any, high: Any, log: bool, step: Any, where: str) -> dict[str, Any]:
@@ -158,17 +179,25 @@ def _bounded(name: str, kind: str, low: Any, high: Any, log: bool, step: Any, wh
         raise UsageError(f"{where}: {name} needs low < high (got low={low}, high={high})")
     if log and low <= 0:
         raise UsageError(f"{where}: {name} is log-scaled, so its bounds must be positive (got low={low}); raise low above 0 or drop the log tag")
-    if log and step is not None and step != 1:
+    if log and step is not None and not (kind == INT and step == 1):
         raise UsageError(f"{where}: {name} is log-scaled with a step; give one or the other")
+    if step is not None and step <= 0:
+        raise UsageError(f"{where}: {name}.step={step} must be positive")
     if kind == INT:
         if not all(float(v).is_integer() for v in (low, high, step or 1)):
             raise UsageError(f"{where}: {name} is an integer parameter with a fractional bound or step; give whole numbers")
         step = int(step or 1)
         high = int(low) + (int(high) - int(low)) // step * step  # the last value drawn
-        return {"type": INT, "low": int(low), "high": high, "log": bool(log), "step": step}
-    if step is not None and step <= 0:
-        raise UsageError(f"{where}: {name}.step={step} must be positive")
-    return {"type": FLOAT, "low": float(low), "high": float(high), "log": bool(log), "step": None if step is None else float(step)}
+        if high == int(low):
+            raise UsageError(f"{where}: {name}'s step {step} is wider than low..high, so it has one value; narrow the step or use choice({int(low)})")
+        return {"type": INT, "low": int(low), "high": high, "log": log, "step": step}
+    if step is not None:
+        d_low, d_step = Decimal(str(low)), Decimal(str(step))
+        last = d_low + int((Decimal(str(high)) - d_low) / d_step) * d_step  # the last grid value inside the bounds
+        if last == d_low:
+            raise UsageError(f"{where}: {name}'s step {step} is wider than low..high, so it has one value; narrow the step or use choice({low})")
+        return {"type": FLOAT, "low": float(low), "high": float(last), "log": False, "step": float(step)}
+    return {"type": FLOAT, "low": float(low), "high": float(high), "log": log, "step": None}
 
 
 def _first_line(exc: Exception) -> str:

@@ -65,7 +65,7 @@ def build_contract(cfg: Mapping[str, Any]) -> Contract:
     sampler = samplers.from_config(cfg.get("sampler"))
     fields = {
         "search_revision": cfg["search"]["revision"],
-        "search_seed": int(cfg["search"]["seed"]),
+        "search_seed": _seed(cfg["search"]["seed"]),
         "snapshot_digest": snapshot_digest,
         "split_digest": split.digest,
         "split_method": split.method.value,
@@ -94,6 +94,13 @@ def build_contract(cfg: Mapping[str, Any]) -> Contract:
         ) from None
 
 
+def _seed(value: Any) -> int:
+    """``search.seed``: the samplers' generators take whole numbers from 0 to 2**32 - 1."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**32:
+        raise UsageError(f"search.seed={value!r} must be a whole number from 0 to {2**32 - 1}")
+    return value
+
+
 def check_policy(contract: Contract) -> None:
     """Governance that holds for every search, checked when a contract is first frozen."""
     if contract["split_method"] != "group":
@@ -105,20 +112,53 @@ def check_policy(contract: Contract) -> None:
         raise GovernanceRefusal("reject:split_digest", "the split was made from another snapshot; regenerate the split for this snapshot")
 
 
-def propose(contract: Contract, start: int, stop: int) -> list[TrialSpec]:
+def history_free_specs(contract: Contract, start: int, stop: int) -> list[TrialSpec]:
     """Trials ``start..stop-1`` of a sampler that does not learn: each from (search seed, index) alone."""
-    name = contract["sampler"]["name"]
-    drawn = history_free(contract, start, stop)
+    name = sampler_of(contract).name.value
+    drawn = history_free_params(contract, start, stop)
     return [trial_spec(contract, index, params, {"sampler": name, "index": index}) for index, params in zip(range(start, stop), drawn)]
 
 
-def history_free(contract: Contract, start: int, stop: int) -> list[dict[str, Any]]:
+def history_free_params(contract: Contract, start: int, stop: int) -> list[dict[str, Any]]:
     """The params of trials ``start..stop-1`` of ``sampler=random`` or ``qmc`` (pure)."""
-    sampler = SamplerSpec.from_json(contract["sampler"])
-    space, seed = contract["space"]["params"], int(contract["search_seed"])
+    sampler = sampler_of(contract)
+    space, seed = space_of(contract)[0], int(contract["search_seed"])
     if sampler.name is SamplerName.QMC:
         return qmc_points(space, seed, start, stop, sampler.options["qmc_type"], sampler.options["scramble"])
     return [sample(space, seed, index) for index in range(start, stop)]
+
+
+# A contract frozen before samplers were pinned: random from search.seed, its space as the group wrote it.
+LEGACY_SAMPLER = {"name": SamplerName.RANDOM.value, "options": {}, "revision": samplers.RANDOM_REVISION}
+
+
+def sampler_of(contract: Contract) -> SamplerSpec:
+    return SamplerSpec.from_json(contract.fields.get("sampler") or LEGACY_SAMPLER)
+
+
+def space_of(contract: Contract) -> tuple[dict[str, dict[str, Any]], str]:
+    """The normalized space the contract pins, and its digest (an older contract's is normalized on reading)."""
+    space = contract["space"]
+    if "digest" in space:
+        return space["params"], space["digest"]
+    params = normalize(space["params"])
+    return params, space_digest(params)
+
+
+def in_frozen_form(contract: Contract, frozen: Contract) -> Contract:
+    """``contract`` as a search frozen before samplers were pinned wrote it, when it is the same
+    search (random, the same space once normalized), so that search continues; else unchanged."""
+    if "sampler" in frozen.fields or "sampler" not in contract.fields or sampler_of(contract).name is not SamplerName.RANDOM:
+        return contract
+    if space_of(contract) != space_of(frozen):
+        return contract
+    fields = {k: v for k, v in contract.fields.items() if k != "sampler"}
+    fields["space"] = frozen["space"]
+    return Contract(fields)
+
+
+def trial_id_of(index: int) -> str:
+    return f"t{index:04d}"
 
 
 def trial_spec(contract: Contract, index: int, params: dict[str, Any], origin: dict[str, Any]) -> TrialSpec:
@@ -126,7 +166,7 @@ def trial_spec(contract: Contract, index: int, params: dict[str, Any], origin: d
     seed = int(contract["train"]["seed"])
     effective = {"params": params, "seed": seed, "contract_digest": contract.digest}
     return TrialSpec(
-        trial_id=f"t{index:04d}",
+        trial_id=trial_id_of(index),
         index=index,
         params=params,
         seed=seed,
