@@ -102,16 +102,13 @@ class ProposalRecord:
 
 def versions(sampler: SamplerSpec) -> dict[str, str]:
     """The libraries this sampler draws with: a replay needs the same ones."""
-    libs = sorted({"numpy", *(lib for lib, _ in NEEDS.get(sampler.name, []))})
-    return {lib: metadata.version(lib) for lib in libs if _installed(lib)}
-
-
-def _installed(lib: str) -> bool:
-    try:
-        metadata.version(lib)
-    except metadata.PackageNotFoundError:
-        return False
-    return True
+    out = {}
+    for lib in sorted({"numpy", *(lib for lib, _ in NEEDS.get(sampler.name, []))}):
+        try:
+            out[lib] = metadata.version(lib)
+        except metadata.PackageNotFoundError:
+            pass  # not installed, so it drew nothing here
+    return out
 
 
 def load(search: SearchDir, k: int) -> ProposalRecord:
@@ -149,6 +146,7 @@ class Proposer:
         self.launch_id = launch_id
         self._attrs: dict[int, Mapping[str, Any]] = {}
         self.duplicates: dict[int, str] = {}  # proposal -> the trial that owns its configuration
+        self._written: set[int] = set()  # proposals whose trial spec exists
         self.stopped = ""  # why no more proposals are made before n_trials (the budget)
 
     def next_index(self) -> int:
@@ -165,7 +163,10 @@ class Proposer:
 
     def _unwritten(self, k: int) -> ProposalRecord | None:
         """Proposal k's record while its trial is not written and a twin does not own its configuration."""
-        if k in self.duplicates or (self.search.trial_dir(trial_id_of(k)) / "spec.json").exists():
+        if k in self.duplicates or k in self._written:
+            return None
+        if (self.search.trial_dir(trial_id_of(k)) / "spec.json").exists():
+            self._written.add(k)  # a spec is never unwritten: each follow round need not look again
             return None
         record = load(self.search, k)
         owner = self.search.config_owner(record.trial(self.contract).config_hash)
