@@ -21,7 +21,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _suite import Figure, alternate, main, ratio  # noqa: E402
 
-from parcel_hpc.checkpoints import CheckpointStore, TrialIdentity  # noqa: E402
+from parcel_hpc.checkpoints.store import CheckpointStore, TrialIdentity  # noqa: E402
 from parcel_hpc.fsio import fsync_dir  # noqa: E402
 
 TARGET = 1.25

@@ -20,7 +20,7 @@ sys.path.insert(0, str(HERE))
 from _suite import Figure, launch, main  # noqa: E402
 
 from parcel_hpc.ledger import SearchDir  # noqa: E402
-from parcel_hpc.report import best_completed  # noqa: E402
+from parcel_hpc.ledger.summary import best_completed  # noqa: E402
 
 
 def search(root: str, pruner: str, step_seconds: float) -> tuple[float, float]:

@@ -23,7 +23,7 @@ from _suite import Figure, env, launch, main  # noqa: E402
 
 from parcel_hpc.data import read_split  # noqa: E402
 from parcel_hpc.ledger import SearchDir  # noqa: E402
-from parcel_hpc.sweep.specs import history_free_specs, plan_for  # noqa: E402
+from parcel_hpc.propose.specs import history_free_specs, plan_for  # noqa: E402
 from parcel_hpc.trainer import load_training_data  # noqa: E402
 
 WORKER = "import pickle,sys; from parcel_hpc.worker import TrialTask; TrialTask([pickle.load(open(sys.argv[1],'rb'))])(); print(next(l for l in open('/proc/self/status') if l.startswith('VmHWM')).split()[1])"

@@ -32,7 +32,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from parcel_hpc.accounting import SACCT_FIELDS, parse_sacct, run_table, totals_by_job
+from parcel_hpc.scheduler.slurm.runs import run_table, totals_by_job
+from parcel_hpc.scheduler.slurm.sacct import SACCT_FIELDS
+from parcel_hpc.scheduler.slurm.sacct_parse import parse_sacct
 
 _FINAL_STATES = np.array(["COMPLETED"] * 16 + ["FAILED", "FAILED", "TIMEOUT", "OUT_OF_MEMORY", "CANCELLED by 0"])
 _FINAL_EXIT = {"COMPLETED": "0:0", "FAILED": "1:0", "TIMEOUT": "0:0", "OUT_OF_MEMORY": "0:125", "CANCELLED by 0": "0:0"}

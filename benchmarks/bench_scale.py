@@ -24,11 +24,12 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from _suite import Figure, launch, main  # noqa: E402
 
-from parcel_hpc import status  # noqa: E402
-from parcel_hpc.accounting.run import reconcile_search  # noqa: E402
+from parcel_hpc.accounting.search_report import reconcile_search  # noqa: E402
+from parcel_hpc.commands import status  # noqa: E402
+from parcel_hpc.launch.report import LaunchReport  # noqa: E402
+from parcel_hpc.launch.search import SearchLaunch  # noqa: E402
 from parcel_hpc.ledger import SearchDir  # noqa: E402
-from parcel_hpc.sweep.search import LaunchReport, SearchLaunch  # noqa: E402
-from parcel_hpc.sweep.specs import history_free_specs  # noqa: E402
+from parcel_hpc.propose.specs import history_free_specs  # noqa: E402
 
 CFG = {"train": {"seed": 1234}}
 

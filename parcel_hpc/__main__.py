@@ -1,3 +1,3 @@
-from .cli import main
+from parcel_hpc.cli import main
 
 main()

@@ -207,7 +207,7 @@ def register() -> None:
 register()
 
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+CONF_DIR = Path(__file__).resolve().parent / "conf"
 
 
 def configured_search_root() -> Path:

@@ -7,15 +7,24 @@
     ├── CorruptRecord                exit 2: a record on disk is unreadable (not a torn last line)
     ├── CheckpointCollision          exit 2: another trial's claim or checkpoint in our directory (claims.py)
     └── GovernanceRefusal            exit 3: the search refused to go on; carries the outcome string
-                                     (``reject:<field>``, ``hold:budget``)
+                                     (an ``Outcome``: ``reject:<field>``, ``hold:budget``)
 
 Not errors: ``EXIT_PENDING`` (4), ``reconcile``'s answer when the scheduler has not filed every job
 in full yet (its report is printed; rerun it, or pass ``--wait SECONDS``).
 
-Messages are one line: the CLI prints ``error: <message>`` (or the outcome string) and exits.
+Messages are one line: every entry point ends through ``exit_on_error``, which prints
+``error: <message>`` (or the outcome string first) and exits with the kind's code.
 """
 
 from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # errors is the root every module imports: it imports none of them at run time
+    from parcel_hpc.governance.outcome import Outcome
 
 EXIT_PENDING = 4
 
@@ -49,7 +58,29 @@ class GovernanceRefusal(ParcelError):
 
     exit_code = 3
 
-    def __init__(self, outcome: str, detail: str = "") -> None:
+    def __init__(self, outcome: Outcome, detail: str = "") -> None:
         self.outcome = outcome
         self.detail = detail
         super().__init__(f"{outcome}: {detail}" if detail else outcome)
+
+
+def one_line(text: str) -> str:
+    return " ".join(part.strip() for part in str(text).splitlines() if part.strip())
+
+
+@contextlib.contextmanager
+def exit_on_error() -> Iterator[None]:
+    try:
+        yield
+    except GovernanceRefusal as exc:
+        # The outcome string comes first so scripts can match on it.
+        print(exc.outcome)
+        if exc.detail:
+            print(f"{exc.outcome}: {one_line(exc.detail)}", file=sys.stderr)
+        raise SystemExit(exc.exit_code) from None
+    except ParcelError as exc:
+        print(f"error: {one_line(str(exc))}", file=sys.stderr)
+        raise SystemExit(exc.exit_code) from None
+    except KeyboardInterrupt:
+        print("interrupted: trials already dispatched keep running; `parcel-hpc status SEARCH_DIR` tells their state", file=sys.stderr)
+        raise SystemExit(130) from None

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .errors import CorruptRecord, UsageError
+from parcel_hpc.errors import CorruptRecord, UsageError
 
 FILE_MODE = 0o644
 DIR_MODE = 0o755

@@ -5,11 +5,11 @@ import pytest
 
 from parcel_hpc.accounting.account import NO_SEARCH, SearchPart, over_account, over_searches
 from parcel_hpc.accounting.reconcile import AttemptLine, Reconciliation
-from parcel_hpc.accounting.runs import JobRun
-from parcel_hpc.accounting.states import JobState
 from parcel_hpc.budget import AssociationLimit, LimitKind, Rates, admit_account, render_account, worst_case
 from parcel_hpc.errors import GovernanceRefusal, SchedulerUnavailable
-from parcel_hpc.slurm import association_chain, limits_of, parse_associations, parse_shares, parse_tres
+from parcel_hpc.scheduler.slurm.queue import association_chain, limits_of, parse_associations, parse_shares, parse_tres
+from parcel_hpc.scheduler.slurm.runs import JobRun
+from parcel_hpc.scheduler.slurm.states import JobState
 
 # Recorded on the dev cluster (SLURM 22.05): `sacctmgr -nP show associations format=...` and
 # `sshare -nP -a --format=...`, after `sacctmgr modify account tight set GrpTRESMins=gres/gpu=600`
@@ -93,7 +93,7 @@ def test_a_worst_case_beyond_what_the_account_may_still_use_is_held_naming_the_l
     assert "needs 400 (10 trials x 2 attempts x 1 x 20 min)" in held.message and "lower search.n_trials" in held.message
     with pytest.raises(GovernanceRefusal) as refusal:
         held.require()
-    assert refusal.value.outcome == "hold:budget"
+    assert str(refusal.value.outcome) == "hold:budget"
     assert "OVER by 20" in render_account(held, "tight")
 
 

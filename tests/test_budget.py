@@ -19,7 +19,6 @@ from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 from parcel_hpc.budget import (
-    Admission,
     BudgetCaps,
     BudgetLedger,
     BudgetOutcome,
@@ -34,6 +33,7 @@ from parcel_hpc.budget import (
     worst_case,
 )
 from parcel_hpc.errors import CorruptRecord, GovernanceRefusal, UsageError
+from parcel_hpc.governance.outcome import Outcome
 
 REPO = Path(__file__).resolve().parents[1]
 N_TRIALS, GPUS, CPUS, LIMIT_MIN, RETRIES = 82, 1, 8, 36, 1
@@ -63,7 +63,7 @@ def test_worst_case_counts_every_retry_at_the_time_limit():
 def test_within_caps_admits():
     c = worst_case(N_TRIALS, GPUS, CPUS, LIMIT_MIN, RETRIES, Rates(1.5))
     d = admit_launch(c, caps(gpu=c.gpu_hours, cost=c.cost))  # exactly at both caps
-    assert d.ok and d.outcome is Admission.ADMIT
+    assert d.ok and d.outcome.is_admit
     assert all(x.ok and x.overshoot == 0 for x in d.lines)
     d.require()
 
@@ -72,7 +72,7 @@ def test_over_gpu_cap_holds_with_exact_overshoot_and_working_fixes():
     cap = 50.0
     c = worst_case(N_TRIALS, GPUS, CPUS, LIMIT_MIN, RETRIES, Rates(1.5))
     d = admit_launch(c, caps(gpu=cap))
-    assert not d.ok and d.outcome is Admission.HOLD and d.outcome.value == "hold:budget"
+    assert not d.ok and d.outcome == Outcome.HOLD_BUDGET and str(d.outcome) == "hold:budget"
     gpu = line(d, "budget.gpu_hours_cap")
     need = N_TRIALS * (1 + RETRIES) * GPUS * LIMIT_MIN / 60
     assert gpu.overshoot == pytest.approx(need - cap)
@@ -90,7 +90,7 @@ def test_over_gpu_cap_holds_with_exact_overshoot_and_working_fixes():
     assert not admit_launch(worst_case(N_TRIALS, GPUS, CPUS, t_fit + 1, RETRIES, Rates(1.5)), caps(gpu=cap)).ok
     with pytest.raises(GovernanceRefusal) as exc:
         d.require()
-    assert exc.value.outcome == "hold:budget" and exc.value.exit_code == 3
+    assert str(exc.value.outcome) == "hold:budget" and exc.value.exit_code == 3
 
 
 def test_already_committed_spend_shrinks_what_the_cap_leaves():
@@ -107,7 +107,7 @@ def test_over_cost_cap_names_the_cost_fix():
     c = worst_case(N_TRIALS, GPUS, CPUS, LIMIT_MIN, RETRIES, rates)
     cost_cap = c.cost * 0.75
     d = admit_launch(c, BudgetCaps(82, 1e6, cost_cap, rates))
-    assert d.outcome is Admission.HOLD
+    assert d.outcome == Outcome.HOLD_BUDGET
     assert line(d, "budget.gpu_hours_cap").ok
     cost = line(d, "budget.cost_cap")
     assert cost.overshoot == pytest.approx(c.cost - cost_cap)
@@ -121,7 +121,7 @@ def test_trial_count_counts_trials_already_in_the_search():
     c = worst_case(N_TRIALS, GPUS, CPUS, LIMIT_MIN, RETRIES, Rates(1.5))
     assert admit_launch(c, caps(max_trials=N_TRIALS), trials_already=0).ok
     d = admit_launch(c, caps(max_trials=N_TRIALS), trials_already=1)
-    assert d.outcome is Admission.HOLD and line(d, "budget.max_trials").overshoot == 1
+    assert d.outcome == Outcome.HOLD_BUDGET and line(d, "budget.max_trials").overshoot == 1
     assert f"over budget.max_trials={N_TRIALS} by 1" in d.message
     assert f"lower search.n_trials to {N_TRIALS - 1} or raise budget.max_trials to {N_TRIALS + 1}" in d.message
 

@@ -15,8 +15,7 @@ import h5py
 import numpy as np
 import pytest
 
-from parcel_hpc.checkpoints import CheckpointStore, step_files
-from parcel_hpc.claims import (
+from parcel_hpc.checkpoints.claims import (
     CheckpointCollision,
     ClaimIdentity,
     ClaimOutcome,
@@ -29,6 +28,7 @@ from parcel_hpc.claims import (
     quarantine_move,
     read_claim,
 )
+from parcel_hpc.checkpoints.store import CheckpointStore, step_files
 from parcel_hpc.errors import ParcelError, UsageError
 
 T7 = TrialIdentity("t0007", "sha256:" + "a" * 64, "sha256:" + "c" * 64, "sha256:" + "d" * 64)
@@ -137,8 +137,8 @@ def test_a_taken_over_attempt_is_fenced_at_its_next_save(tmp_path):
 WORKER = r"""
 import json, os, signal, sys
 import numpy as np
-from parcel_hpc.checkpoints import *
-from parcel_hpc.claims import *
+from parcel_hpc.checkpoints.store import *
+from parcel_hpc.checkpoints.claims import *
 
 def trial(tid, cfg):  # "t0007" with cfg "a" is the tests' T7
     return TrialIdentity(tid, "sha256:" + cfg * 64, "sha256:" + "c" * 64, "sha256:" + "d" * 64)
@@ -382,7 +382,7 @@ def test_many_arrays_get_a_larger_header_block_and_load_without_hdf5(tmp_path, m
     params["flags"] = np.array([True, False, True])
     params["scalar"] = np.array(2.5)
     store.save(5, params, {}, {"s": 1})
-    monkeypatch.setattr("parcel_hpc.checkpoints.h5py.File", None)  # any HDF5 open would now fail
+    monkeypatch.setattr("parcel_hpc.checkpoints.store.h5py.File", None)  # any HDF5 open would now fail
     ckpt = store.load_latest()
     assert ckpt.meta["block"] > 2048 and ckpt.meta["block"] & (ckpt.meta["block"] - 1) == 0
     for name, arr in params.items():
@@ -391,7 +391,7 @@ def test_many_arrays_get_a_larger_header_block_and_load_without_hdf5(tmp_path, m
 
 def test_a_format_v1_checkpoint_still_loads_and_its_damage_is_still_found(tmp_path):
     """Checkpoints written before the fast digest (v1: a tree sha256 of the body) resume as before."""
-    from parcel_hpc.checkpoints import _HEADER_SIZE, _body_digest, _encode_header, _read_header
+    from parcel_hpc.checkpoints.store import _HEADER_SIZE, _body_digest, _encode_header, _read_header
 
     store = CheckpointStore(tmp_path, T7, keep_last=5)
     save(store, 1)

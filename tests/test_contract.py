@@ -5,18 +5,10 @@ import os
 
 import pytest
 
-from parcel_hpc.contract import (
-    ADMIT,
-    Contract,
-    TrialIdentity,
-    WorkerObservation,
-    admit,
-    check_worker,
-    first_difference,
-    freeze_contract,
-    load_contract,
-)
 from parcel_hpc.errors import CorruptRecord, GovernanceRefusal
+from parcel_hpc.governance.admission import TrialIdentity, WorkerObservation, admit, check_worker
+from parcel_hpc.governance.contract import Contract, first_difference, freeze_contract, load_contract
+from parcel_hpc.governance.outcome import Outcome
 
 FIELDS = {
     "snapshot_digest": "sha256:" + "a" * 64,
@@ -46,28 +38,28 @@ def test_digest_is_canonical_and_content_only():
 def test_contract_without_identity_fields_is_refused():
     with pytest.raises(GovernanceRefusal) as err:
         Contract({k: v for k, v in FIELDS.items() if k != "image_digest"})
-    assert err.value.outcome == "reject:identity"
+    assert str(err.value.outcome) == "reject:identity"
 
 
 @pytest.mark.parametrize("field", ["snapshot_digest", "split_digest", "metric_revision", "search_revision"])
 def test_admission_names_the_differing_field(field):
     c = Contract(FIELDS)
-    assert admit(identity(c), c) == ADMIT
-    assert admit(identity(c, **{field: "other"}), c) == f"reject:{field}"
+    assert admit(identity(c), c) == Outcome.ADMIT
+    assert str(admit(identity(c, **{field: "other"}), c)) == f"reject:{field}"
 
 
 def test_admission_order_is_snapshot_split_metric_search():
     c = Contract(FIELDS)
     every = identity(c, snapshot_digest="x", split_digest="x", metric_revision="x", search_revision="x")
-    assert admit(every, c) == "reject:snapshot_digest"
-    assert admit(identity(c, split_digest="x", metric_revision="x", search_revision="x"), c) == "reject:split_digest"
-    assert admit(identity(c, metric_revision="x", search_revision="x"), c) == "reject:metric_revision"
+    assert str(admit(every, c)) == "reject:snapshot_digest"
+    assert str(admit(identity(c, split_digest="x", metric_revision="x", search_revision="x"), c)) == "reject:split_digest"
+    assert str(admit(identity(c, metric_revision="x", search_revision="x"), c)) == "reject:metric_revision"
 
 
 @pytest.mark.parametrize("missing", ["trial_id", "image_digest"])
 def test_admission_rejects_missing_identity(missing):
     c = Contract(FIELDS)
-    assert admit(identity(c, **{missing: ""}), c) == "reject:identity"
+    assert str(admit(identity(c, **{missing: ""}), c)) == "reject:identity"
 
 
 @pytest.mark.parametrize("field", ["snapshot_digest", "split_digest", "metric_revision", "search_revision"])
@@ -75,33 +67,33 @@ def test_admission_rejects_missing_identity(missing):
 def test_a_differing_pinned_field_is_named_before_a_missing_identity(field, missing):
     """The trial-lineage tutorial's order: pinned fields first, identity only after them."""
     c = Contract(FIELDS)
-    assert admit(identity(c, **{field: "other", missing: ""}), c) == f"reject:{field}"
+    assert str(admit(identity(c, **{field: "other", missing: ""}), c)) == f"reject:{field}"
 
 
 def test_the_tutorials_random_split_trial_is_rejected_by_split_digest():
     c = Contract(FIELDS)
     trial = identity(c, trial_id="parcel-trial-82")
-    assert admit(trial, c) == ADMIT
-    assert admit(identity(c, trial_id="parcel-trial-82", split_digest="random-r7"), c) == "reject:split_digest"
+    assert admit(trial, c) == Outcome.ADMIT
+    assert str(admit(identity(c, trial_id="parcel-trial-82", split_digest="random-r7"), c)) == "reject:split_digest"
     # A missing image with every pinned field equal is an identity problem, not an image mismatch.
-    assert admit(identity(c, image_digest=""), c) == "reject:identity"
+    assert str(admit(identity(c, image_digest=""), c)) == "reject:identity"
 
 
 def test_admission_rejects_another_image():
     c = Contract(FIELDS)
-    assert admit(identity(c, image_digest="sha256:" + "d" * 64), c) == "reject:image_digest"
+    assert str(admit(identity(c, image_digest="sha256:" + "d" * 64), c)) == "reject:image_digest"
 
 
 def test_worker_check_compares_what_it_opened():
     c = Contract(FIELDS)
     ok = WorkerObservation(FIELDS["snapshot_digest"], FIELDS["split_digest"], "group", FIELDS["image_digest"], FIELDS["trainer"])
-    assert check_worker(ok, c) == ADMIT
-    assert check_worker(WorkerObservation("sha256:new", ok.split_digest, "group", ok.image_digest, ok.trainer), c) == "reject:snapshot_digest"
-    assert check_worker(WorkerObservation(ok.snapshot_digest, "sha256:rnd", "random", ok.image_digest, ok.trainer), c) == "reject:split_digest"
-    assert check_worker(WorkerObservation(ok.snapshot_digest, ok.split_digest, "group", "sha256:newer", ok.trainer), c) == "reject:image_digest"
+    assert check_worker(ok, c) == Outcome.ADMIT
+    assert str(check_worker(WorkerObservation("sha256:new", ok.split_digest, "group", ok.image_digest, ok.trainer), c)) == "reject:snapshot_digest"
+    assert str(check_worker(WorkerObservation(ok.snapshot_digest, "sha256:rnd", "random", ok.image_digest, ok.trainer), c)) == "reject:split_digest"
+    assert str(check_worker(WorkerObservation(ok.snapshot_digest, ok.split_digest, "group", "sha256:newer", ok.trainer), c)) == "reject:image_digest"
     edited = {**FIELDS["trainer"], "source_digest": "sha256:" + "f" * 64}
-    assert check_worker(WorkerObservation(ok.snapshot_digest, ok.split_digest, "group", ok.image_digest, edited), c) == "reject:trainer"
-    assert check_worker(WorkerObservation(ok.snapshot_digest, ok.split_digest, "group", ok.image_digest, {}), c) == "reject:trainer"
+    assert str(check_worker(WorkerObservation(ok.snapshot_digest, ok.split_digest, "group", ok.image_digest, edited), c)) == "reject:trainer"
+    assert str(check_worker(WorkerObservation(ok.snapshot_digest, ok.split_digest, "group", ok.image_digest, {}), c)) == "reject:trainer"
 
 
 def test_first_difference_follows_pinned_order_then_names():
@@ -121,7 +113,7 @@ def test_freeze_once_then_match_or_refuse(tmp_path):
     assert not created and again.digest == c.digest
     with pytest.raises(GovernanceRefusal) as err:
         freeze_contract(tmp_path, Contract({**FIELDS, "split_digest": "sha256:" + "e" * 64}))
-    assert err.value.outcome == "reject:split_digest"
+    assert str(err.value.outcome) == "reject:split_digest"
     assert "new search.revision" in err.value.detail
     assert (tmp_path / "contract.json").read_bytes() == before  # never rewritten
     assert oct(os.stat(tmp_path / "contract.json").st_mode & 0o777) == "0o644"

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from parcel_hpc.contract import load_contract
 from parcel_hpc.data import make_snapshot
+from parcel_hpc.governance.contract import load_contract
 from parcel_hpc.ledger.store import SearchDir
-from parcel_hpc.sweep.specs import history_free_specs, plan_for
+from parcel_hpc.propose.specs import history_free_specs, plan_for
 from parcel_hpc.testing import launch, parcel_hpc, run_trial_directly
 from parcel_hpc.worker import WorkerPlan
 

@@ -17,13 +17,13 @@ from browser import check_html_plots
 from rich.console import Console
 from test_read_commands import read_only, tree
 
-from parcel_hpc import status
 from parcel_hpc.budget import BudgetLedger
-from parcel_hpc.dispatch.local import machine_gpus
+from parcel_hpc.commands import status
 from parcel_hpc.errors import UsageError
+from parcel_hpc.launch.pulse import Pulse
 from parcel_hpc.ledger import Heartbeat, LauncherState, SearchDir
-from parcel_hpc.searches import launcher_state
-from parcel_hpc.sweep.pulse import Pulse
+from parcel_hpc.ledger.searches import launcher_state
+from parcel_hpc.scheduler.local.dispatcher import machine_gpus
 from parcel_hpc.testing import faults, launch, parcel_hpc, start_launch
 from parcel_hpc.worker.training import STEP_HOOK_ENV
 
@@ -246,7 +246,7 @@ def test_export_refuses_an_output_it_cannot_write_before_reading_anything(tmp_pa
 
 
 def test_a_parameter_of_mixed_kinds_exports_as_json_text_and_others_keep_their_type():
-    from parcel_hpc.export import _param_column
+    from parcel_hpc.commands.export import _param_column
 
     assert _param_column([64, "auto"]).to_pylist() == ["64", '"auto"']
     assert _param_column([True, 0]).to_pylist() == ["true", "0"]

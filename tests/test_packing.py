@@ -4,15 +4,16 @@ for real in tests/test_launch_local.py (local) and tests/slurm/test_slurm_search
 
 import pytest
 
-from parcel_hpc import slurm
-from parcel_hpc.accounting import JobRun, JobState
 from parcel_hpc.accounting.reconcile import PACK_OVERHEAD, local_runs, reconcile
 from parcel_hpc.budget import BudgetCaps, Rates
-from parcel_hpc.cancel import plan as cancel_plan
-from parcel_hpc.dispatch import packing
 from parcel_hpc.errors import UsageError
 from parcel_hpc.ledger import Event, TrialSpec, fold
-from parcel_hpc.lifecycle import runs_alone
+from parcel_hpc.lifecycle.actions import runs_alone
+from parcel_hpc.lifecycle.cancel import plan as cancel_plan
+from parcel_hpc.scheduler import packing
+from parcel_hpc.scheduler.slurm import queue as slurm
+from parcel_hpc.scheduler.slurm.runs import JobRun
+from parcel_hpc.scheduler.slurm.states import JobState
 
 CAPS = BudgetCaps(max_trials=82, gpu_hours_cap=10.0, cost_cap=100.0, rates=Rates(per_gpu_hour=2.0, per_cpu_hour=0.5))
 

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from parcel_hpc.budget import BudgetLedger
 from parcel_hpc.ledger import SearchDir
-from parcel_hpc.sweep.specs import history_free_specs, plan_for
+from parcel_hpc.propose.specs import history_free_specs, plan_for
 from parcel_hpc.testing import launch, parcel_hpc, run_trial_directly
 
 

@@ -17,13 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from parcel_hpc.errors import CorruptRecord, ParcelError, UsageError
-from parcel_hpc.pruning import (
-    AsyncSuccessiveHalving,
-    MilestoneStore,
-    NopPruner,
-    PruneAction,
-    PruneDecision,
-)
+from parcel_hpc.pruning import AsyncSuccessiveHalving, MilestoneStore, NopPruner, PruneAction, PruneDecision
 
 MS = (10, 20, 41, 82)
 NOW = 1_700_000_000.0

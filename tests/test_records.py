@@ -11,7 +11,7 @@ from parcel_hpc.errors import CorruptRecord
 from parcel_hpc.ledger import Ended, Event, Executor, RecordView, SearchDir, TrialSpec, TrialState, TrialWriter, fold, read_events
 from parcel_hpc.ledger.events import Cause
 from parcel_hpc.ledger.states import AttemptEnd
-from parcel_hpc.lifecycle import Action, RetryPolicy, next_action
+from parcel_hpc.lifecycle.actions import Action, RetryPolicy, next_action
 
 SPEC = TrialSpec("t0001", 1, {"lr": 0.1}, 1234, "sha256:" + "1" * 64, "sha256:" + "2" * 64, "sha256:" + "3" * 64, {"gpus": 1, "cpus": 1})
 
@@ -236,7 +236,8 @@ def test_journals_written_before_the_typed_ledger_still_fold(tmp_path):
 
 
 def _slurm_run(job_id, state, node="n2", attempt=0):
-    from parcel_hpc.accounting import JobRun, JobState
+    from parcel_hpc.scheduler.slurm.runs import JobRun
+    from parcel_hpc.scheduler.slurm.states import JobState
 
     base, task = job_id.split("_")
     return JobRun(
@@ -262,8 +263,8 @@ def _slurm_run(job_id, state, node="n2", attempt=0):
 
 
 def test_resubmit_decides_on_the_record_as_its_resolution_will_leave_it():
-    from parcel_hpc.resolution import SchedulerFacts
-    from parcel_hpc.resubmit import decide
+    from parcel_hpc.lifecycle.resolution import SchedulerFacts
+    from parcel_hpc.lifecycle.resubmit import decide
 
     running = [ev("submitted", 1, job_id="7_0"), ev("started", 2, attempt=1, job_id="7_0", executor="slurm")]
     node_failed = fold(SPEC, running)

@@ -21,21 +21,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from parcel_hpc.accounting import (
-    RUN_COLUMNS,
-    SACCT_FIELDS,
-    SACCT_FORMAT,
-    JobRun,
-    JobState,
-    SacctTable,
-    build_sacct_argv,
-    job_runs,
-    parse_sacct,
-    run_sacct,
-    run_table,
-    totals_by_job,
-)
 from parcel_hpc.errors import AccountingError, UsageError
+from parcel_hpc.scheduler.slurm.runs import RUN_COLUMNS, JobRun, job_runs, run_table, totals_by_job
+from parcel_hpc.scheduler.slurm.sacct import SACCT_FIELDS, SACCT_FORMAT, build_sacct_argv, run_sacct
+from parcel_hpc.scheduler.slurm.sacct_parse import SacctTable, parse_sacct
+from parcel_hpc.scheduler.slurm.states import JobState
 from parcel_hpc.testing.samples import read_sample, sample_names, sample_path
 
 GOOD_SAMPLES = [n for n in sample_names() if not n.startswith("malformed")]
@@ -496,7 +486,7 @@ def big_dump(n_rows: int) -> list[str]:
 
 
 def test_threaded_derivation_equals_single_threaded(monkeypatch):
-    from parcel_hpc.accounting import parse as parse_module
+    from parcel_hpc.scheduler.slurm import sacct_parse as parse_module
 
     data = ("\n".join(big_dump(120_000)) + "\n").encode()
     threaded = parse_sacct(data, source="big").table
@@ -508,7 +498,7 @@ def test_threaded_derivation_equals_single_threaded(monkeypatch):
 
 
 def test_bad_line_in_the_second_thread_is_named(monkeypatch):
-    from parcel_hpc.accounting import parse as parse_module
+    from parcel_hpc.scheduler.slurm import sacct_parse as parse_module
 
     monkeypatch.setattr(parse_module, "_THREADS", 2)
     lines = big_dump(120_000)
@@ -529,7 +519,7 @@ def test_bad_line_in_the_second_thread_is_named(monkeypatch):
     ],
 )
 def test_read_errors_are_located_without_a_python_scan(index, field, value):
-    from parcel_hpc.accounting._malformed import locate_read_error
+    from parcel_hpc.scheduler.slurm._sacct_malformed import locate_read_error
 
     lines = big_dump(40_000)
     fields = lines[index].split("|")

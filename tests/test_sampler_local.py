@@ -9,14 +9,15 @@ import pytest
 import yaml
 
 from parcel_hpc.config import CONF_DIR
-from parcel_hpc.contract import Contract, load_contract
+from parcel_hpc.governance.contract import Contract, load_contract
+from parcel_hpc.governance.outcome import Outcome
 from parcel_hpc.ledger import AttemptEnd, SearchDir, TrialRecord, TrialSpec, TrialState
 from parcel_hpc.ledger.events import Ended
-from parcel_hpc.sweep import samplers
-from parcel_hpc.sweep.learning import Told, ask, proposal_seed, told_of
-from parcel_hpc.sweep.proposals import Proposer
-from parcel_hpc.sweep.space import normalize
-from parcel_hpc.sweep.specs import history_free_params, in_frozen_form
+from parcel_hpc.propose import samplers
+from parcel_hpc.propose.learning import Told, ask, proposal_seed, told_of
+from parcel_hpc.propose.proposals import Proposer
+from parcel_hpc.propose.space import normalize
+from parcel_hpc.propose.specs import history_free_params, in_frozen_form
 from parcel_hpc.testing import finish, launch, parcel_hpc, start_launch
 from parcel_hpc.testing.trainers import SLOW_PARAMS_ENV
 
@@ -212,14 +213,14 @@ def test_a_refused_budget_reservation_stops_the_proposals(tmp_path, data_dir):
     made = proposer.propose(lambda: list(search.records()))
     assert made.spec.trial_id == "t0002" and proposer.remaining() == 3
     # what its worker writes when the budget journal refuses the attempt's reservation (worker/attempt.py)
-    search.writer("t0002", "attempt").ended(1, Ended(AttemptEnd.BUDGET_EXHAUSTED, outcome="hold:budget", reason="hold:budget: the cap is spent"))
+    search.writer("t0002", "attempt").ended(1, Ended(AttemptEnd.BUDGET_EXHAUSTED, outcome=Outcome.HOLD_BUDGET, reason="hold:budget: the cap is spent"))
     assert search.record("t0002").state is TrialState.BUDGET_EXHAUSTED
     assert proposer.propose(lambda: list(search.records())) is None  # the slot it freed gets no proposal
     assert "budget" in proposer.stopped and proposer.remaining() == 0 and search.proposal_numbers() == [0, 1, 2]
 
 
 def test_the_release_packet_names_the_proposal_and_its_history():
-    from parcel_hpc.contract import Contract
+    from parcel_hpc.governance.contract import Contract
     from parcel_hpc.release.packet import _proposed_by
 
     sampler = samplers.from_config({"name": "tpe"}).to_json()

@@ -1,4 +1,4 @@
-"""Tests for parcel_hpc.sbatch: rendering the reviewable templates, refusing smuggled values,
+"""Tests for parcel_hpc.scheduler.slurm.sbatch: rendering the reviewable templates, refusing smuggled values,
 writing scripts, and the sbatch argv/parser; and for `parcel-hpc schedule-reconcile`, which renders
 and submits sbatch_templates/reconcile.sbatch.
 
@@ -28,9 +28,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from parcel_hpc.contract import Contract, freeze_contract
 from parcel_hpc.errors import ParcelError, SchedulerUnavailable, UsageError
-from parcel_hpc.sbatch import (
+from parcel_hpc.governance.contract import Contract, freeze_contract
+from parcel_hpc.governance.validation import MAX_TIME_MIN
+from parcel_hpc.scheduler.slurm.sbatch import (
     SCRIPT_MODE,
     TEMPLATES_DIR,
     SbatchValues,
@@ -42,7 +43,6 @@ from parcel_hpc.sbatch import (
     write_script,
 )
 from parcel_hpc.testing import parcel_hpc
-from parcel_hpc.validation import MAX_TIME_MIN
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
 # Every template in sbatch_templates/: a new one needs golden values below and an existing command.

@@ -7,14 +7,15 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from parcel_hpc import sbatch
-from parcel_hpc.contract import Contract
 from parcel_hpc.errors import CorruptRecord, UsageError
-from parcel_hpc.ledger import Admitted, Executor, JobRole, Outcome, SearchDir, TrialRecord, TrialSpec, TrialState
+from parcel_hpc.governance.contract import Contract
+from parcel_hpc.governance.metric import MissCost
+from parcel_hpc.governance.outcome import Outcome
+from parcel_hpc.ledger import Admitted, Executor, JobRole, SearchDir, TrialRecord, TrialSpec, TrialState
 from parcel_hpc.ledger.selection import Decided, Frozen, SelectionWriter, fold_selection, read_selection_events
-from parcel_hpc.metric import MissCost
+from parcel_hpc.scheduler.slurm import sbatch
+from parcel_hpc.selection.actions import checked_text
 from parcel_hpc.selection.candidates import Entry, TrialFacts, best_candidate, completed_list, lineage_problems, list_digest
-from parcel_hpc.selection.commands import checked_text
 from parcel_hpc.selection.disposition import RerunCheck, disposition
 from parcel_hpc.selection.policy import GatePolicy, SelectionPolicy
 from parcel_hpc.selection.slices import shipment_buckets, slice_gate, slice_report
@@ -34,43 +35,43 @@ def entries(*rows):
 def test_the_project_cards_examples():
     """parcel-47 improves the objective but fails its slice gate; parcel-82 passes everything."""
     listed = entries(("parcel-47", 0.40, True), ("parcel-82", 0.45, True))
-    assert disposition(2, 82, listed, "parcel-47", OK_RERUN, False, False).outcome is Outcome.HOLD_SLICE_QUALITY
-    assert disposition(2, 82, listed, "parcel-82", OK_RERUN, True, False).outcome is Outcome.EVALUATE_FINAL
+    assert disposition(2, 82, listed, "parcel-47", OK_RERUN, False, False).outcome == Outcome.HOLD_SLICE_QUALITY
+    assert disposition(2, 82, listed, "parcel-82", OK_RERUN, True, False).outcome == Outcome.EVALUATE_FINAL
 
 
 @pytest.mark.parametrize("n_trials, budget", [(2, 0), (2, -1), (83, 82)])
 def test_budget_comes_first(n_trials, budget):
     listed = entries(("t1", 0.4, True))
     verdict = disposition(n_trials, budget, listed, "t1", OK_RERUN, True, False)
-    assert verdict.outcome is Outcome.HOLD_BUDGET
+    assert verdict.outcome == Outcome.HOLD_BUDGET
     assert str(n_trials) in verdict.reasons[0]
 
 
 def test_a_selection_without_a_trial_is_an_invalid_winner():
     v = disposition(3, 82, (), "", None, None, False)
-    assert v.outcome is Outcome.HOLD_INVALID_WINNER and v.reasons == ("no completed trial to select",)
+    assert v.outcome == Outcome.HOLD_INVALID_WINNER and v.reasons == ("no completed trial to select",)
 
 
 def test_a_winner_without_clean_lineage_or_outside_tolerance_is_invalid():
     listed = entries(("t1", 0.40, False), ("t2", 0.45, True))
     v = disposition(2, 82, listed, "t1", OK_RERUN, True, False)
-    assert v.outcome is Outcome.HOLD_INVALID_WINNER and "quarantined" in v.reasons[0]
-    assert disposition(2, 82, listed, "t9", OK_RERUN, True, False).outcome is Outcome.HOLD_INVALID_WINNER
+    assert v.outcome == Outcome.HOLD_INVALID_WINNER and "quarantined" in v.reasons[0]
+    assert disposition(2, 82, listed, "t9", OK_RERUN, True, False).outcome == Outcome.HOLD_INVALID_WINNER
     far = RerunCheck(0.45, 0.52, 0.02, 0.45)
     v = disposition(2, 82, listed, "t2", far, True, False)
-    assert v.outcome is Outcome.HOLD_INVALID_WINNER
+    assert v.outcome == Outcome.HOLD_INVALID_WINNER
     assert "0.4500" in v.reasons[0] and "0.5200" in v.reasons[0]  # both numbers
-    assert disposition(2, 82, listed, "t2", RerunCheck(0.45, None, 0.02), True, False).outcome is Outcome.HOLD_INVALID_WINNER
+    assert disposition(2, 82, listed, "t2", RerunCheck(0.45, None, 0.02), True, False).outcome == Outcome.HOLD_INVALID_WINNER
     # The selected artifact must rescore to the number it was selected by.
     assert not RerunCheck(0.45, 0.45, 0.02, artifact_metric=0.47).within
 
 
 def test_only_a_decision_lifts_the_slice_hold():
     listed = entries(("t1", 0.40, True))
-    assert disposition(1, 82, listed, "t1", OK_RERUN, False, True).outcome is Outcome.EVALUATE_FINAL
-    assert disposition(1, 82, listed, "t1", OK_RERUN, None, True).outcome is Outcome.HOLD_SLICE_QUALITY  # no report: nothing to decide on
+    assert disposition(1, 82, listed, "t1", OK_RERUN, False, True).outcome == Outcome.EVALUATE_FINAL
+    assert disposition(1, 82, listed, "t1", OK_RERUN, None, True).outcome == Outcome.HOLD_SLICE_QUALITY  # no report: nothing to decide on
     # A decision cannot lift an invalid winner.
-    assert disposition(1, 82, listed, "t1", RerunCheck(0.4, 0.6, 0.02), False, True).outcome is Outcome.HOLD_INVALID_WINNER
+    assert disposition(1, 82, listed, "t1", RerunCheck(0.4, 0.6, 0.02), False, True).outcome == Outcome.HOLD_INVALID_WINNER
 
 
 # --- slices and the gate ----------------------------------------------------------------------------

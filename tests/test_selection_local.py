@@ -11,10 +11,11 @@ import sys
 import pytest
 
 from parcel_hpc.errors import GovernanceRefusal
-from parcel_hpc.ledger import Executor, JobRole, Outcome, SearchDir
+from parcel_hpc.governance.outcome import Outcome
+from parcel_hpc.ledger import Executor, JobRole, SearchDir
 from parcel_hpc.ledger.selection import SelectionWriter
 from parcel_hpc.release.packet import Check, _final_check
-from parcel_hpc.selection.commands import Assessment, _why_not_again
+from parcel_hpc.selection.actions import Assessment, _why_not_again
 from parcel_hpc.selection.disposition import Verdict
 from parcel_hpc.selection.jobs import _wait_for_own_submission
 from parcel_hpc.selection.store import SelectionStore
@@ -48,7 +49,7 @@ def test_trainer_code_in_the_rerun_job_is_fenced_off_the_final_partition(tmp_pat
     assert res.returncode == 0, res.stderr
     search = tmp_path / "peek"
     sel = parcel_hpc(["select", str(search)], cwd=tmp_path, env=env)
-    assert sel.returncode == 3 and sel.stdout.splitlines()[0] == Outcome.HOLD_INVALID_WINNER.value, sel.stdout + sel.stderr
+    assert sel.returncode == 3 and sel.stdout.splitlines()[0] == str(Outcome.HOLD_INVALID_WINNER), sel.stdout + sel.stderr
     assert "the rerun produced no result" in sel.stdout
     store = SelectionStore(SearchDir(search))
     ended = store.record().job_ended(1, JobRole.RERUN)
@@ -114,6 +115,6 @@ def test_a_final_job_that_evaluate_final_did_not_submit_never_opens_the_partitio
     writer.job_submitted(1, JobRole.FINAL, "999999", Executor.LOCAL, socket.gethostname())  # another job
     with pytest.raises(GovernanceRefusal) as refused:
         _wait_for_own_submission(store, 1, str(os.getpid()), wait_s=0.3)
-    assert refused.value.outcome == "reject:final-holdout-unclaimed"
+    assert str(refused.value.outcome) == "reject:final-holdout-unclaimed"
     writer.job_submitted(1, JobRole.FINAL, str(os.getpid()), Executor.LOCAL, socket.gethostname())
     _wait_for_own_submission(store, 1, str(os.getpid()), wait_s=0.3)  # the newest submission is this one

@@ -8,9 +8,9 @@ from hypothesis import strategies as st
 
 from parcel_hpc.config import CONF_DIR
 from parcel_hpc.errors import UsageError
-from parcel_hpc.sweep import samplers
-from parcel_hpc.sweep.learning import Told, ToldTrial, ask, proposal_seed, told_digest
-from parcel_hpc.sweep.space import normalize, qmc_points, sample, space_digest
+from parcel_hpc.propose import samplers
+from parcel_hpc.propose.learning import Told, ToldTrial, ask, proposal_seed, told_digest
+from parcel_hpc.propose.space import normalize, qmc_points, sample, space_digest
 
 SPACE = normalize(
     {

@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 import yaml
 
+from parcel_hpc.config import CONF_DIR
 from parcel_hpc.data import read_split
 from parcel_hpc.errors import UsageError
+from parcel_hpc.governance.metric import MissCost
 from parcel_hpc.ledger import SearchDir
-from parcel_hpc.metric import MissCost
-from parcel_hpc.sweep.space import normalize, sample
+from parcel_hpc.propose.space import normalize, sample
 from parcel_hpc.testing import launch, parcel_hpc
 from parcel_hpc.testing.trainers import PROTECTED_PATH_ENV
 from parcel_hpc.trainer import BUILTIN, FinalPartitionRefused, TrainerState, UnsavableState, load_training_data, trainer_class, trainer_identity
@@ -39,7 +40,7 @@ def sgd_on_path(monkeypatch):
 def test_builtin_trainer_reproduces_the_models_metrics_before_the_interface(training_data):
     """tests/golden/numpy_mlp_metrics.json was captured from the worker's own model code before it
     moved onto the trainer interface: all 82 trials of the demo's seeds, at every milestone."""
-    params_space = yaml.safe_load((ROOT / "conf" / "space" / "space_r4.yaml").read_text())["params"]
+    params_space = yaml.safe_load((CONF_DIR / "space" / "space_r4.yaml").read_text())["params"]
     metric = MissCost("miss-cost-r3", 5.0, 1.0)
     for trial_id, golden in GOLDEN["trials"].items():
         params = sample(normalize(params_space), GOLDEN["search_seed"], int(trial_id[1:]))
@@ -96,7 +97,7 @@ def test_training_data_refuses_the_final_partition_and_remembers(artifacts):
     assert data.partition("train") is data.train and data.partition("validation") is data.validation
     with pytest.raises(FinalPartitionRefused) as exc:
         data.partition("final")
-    assert exc.value.outcome == "reject:final_partition"
+    assert str(exc.value.outcome) == "reject:final_partition"
     assert data.asked_for_final == ("final",)
     with pytest.raises(KeyError):
         data.partition("everything")

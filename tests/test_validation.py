@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from parcel_hpc import validation
 from parcel_hpc.errors import UsageError
+from parcel_hpc.governance import validation
 from parcel_hpc.testing import launch, parcel_hpc
 
 # A composed job config and launcher group, as the sweeper gets them (only what validation reads).

@@ -17,7 +17,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-CONF = Path(__file__).resolve().parents[2] / "conf"  # our search's config groups: the objective reads its pins there
+CONF = Path(__file__).resolve().parents[2] / "parcel_hpc" / "conf"  # our search's config groups: the objective reads its pins there
 PARAMS = ("lr", "hidden", "l2", "batch_size")
 RESULT = "result.json"
 
@@ -26,7 +26,7 @@ def objective(params: Mapping, snapshot_dir: Path) -> float:
     """The final validation miss-cost our worker records for a trial with ``params`` (no pruning, no
     checkpoints: neither changes it), by the same calls as worker/attempt.py and worker/training.py."""
     from parcel_hpc.data import read_split
-    from parcel_hpc.metric import MissCost
+    from parcel_hpc.governance.metric import MissCost
     from parcel_hpc.trainer import load_training_data
     from parcel_hpc.trainer.base import checked_probabilities, finite_metrics
     from parcel_hpc.trainer.numpy_mlp import NumpyMLP

@@ -15,7 +15,7 @@ import numpy as np
 from sklearn.kernel_approximation import RBFSampler
 from sklearn.linear_model import SGDClassifier
 
-from parcel_hpc.preprocessing import Preprocessor
+from parcel_hpc.data.preprocessing import Preprocessor
 from parcel_hpc.trainer import Diverged, Trainer, TrainerState, TrainingData
 
 CLASSES = np.array([False, True])

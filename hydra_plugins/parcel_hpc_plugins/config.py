@@ -1,7 +1,7 @@
 """The ``parcel`` sweeper's config node, registered in Hydra's ConfigStore.
 
 The launchers (``hydra/launcher=submitit_local|submitit_slurm``) are a plain config group defined in
-``parcel_hpc.config``: the sweeper reads them and builds a ``parcel_hpc.dispatch`` dispatcher, so no
+``parcel_hpc.config``: the sweeper reads them and builds a ``parcel_hpc.scheduler.factory`` dispatcher, so no
 Launcher plugin pretends to run arbitrary Hydra jobs.
 """
 

@@ -18,11 +18,12 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.plugins.sweeper import Sweeper
 from omegaconf import DictConfig, OmegaConf
 
-from parcel_hpc import validation
-from parcel_hpc.cli_errors import exit_on_error
-from parcel_hpc.dispatch import LauncherSettings, executor_kind, make_dispatcher
-from parcel_hpc.sweep import SearchLaunch
-from parcel_hpc.sweep.space import normalize
+from parcel_hpc.errors import exit_on_error
+from parcel_hpc.governance import validation
+from parcel_hpc.launch.search import SearchLaunch
+from parcel_hpc.propose.space import normalize
+from parcel_hpc.scheduler.base import LauncherSettings
+from parcel_hpc.scheduler.factory import executor_kind, make_dispatcher
 
 
 class ParcelSweeper(Sweeper):

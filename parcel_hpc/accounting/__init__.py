@@ -1,39 +1,10 @@
-"""SLURM accounting: build the sacct argv, run it, parse its text into columns, group job runs.
+"""Accounting for admins: the scheduler's record of what ran, reconciled with the ledger and the budget.
 
-    sacct.py     SACCT_FIELDS, build_sacct_argv (pure), run_sacct (the only subprocess)
-    states.py    JobState: every sacct state word, mapped once, with predicates
-    parse.py     parse_sacct -> SacctTable (columnar, pyarrow; no object per line)
-    _malformed   the error path: which line is bad and why (one place for those messages)
-    runs.py      JobRun, run_table / totals_by_job (columnar), job_runs -> [JobRun]
+    reconcile.py       reconcile one search's ledger with sacct's job runs (pure)
+    account.py         account-wide totals over many searches, or every job of an account (pure)
+    search_report.py   ``reconcile SEARCH_DIR``: ask sacct (or read a dump), reconcile, report
+    account_report.py  ``reconcile --root`` / ``--account``: the admin's report over many searches
+    scheduled.py       ``schedule-reconcile``: the reconcile as a recurring SLURM job
 
-Reconciling against the ledger and the budget is built on top of this package, not in it.
+sacct itself (argv, parser, states, job runs) is the SLURM backend's: ``scheduler/slurm/``.
 """
-
-from parcel_hpc.accounting.parse import SCHEMA, SacctTable, parse_sacct
-from parcel_hpc.accounting.runs import RUN_COLUMNS, JobRun, job_runs, run_table, runs_by_job, totals_by_job
-from parcel_hpc.accounting.sacct import (
-    DEFAULT_TIMEOUT_S,
-    SACCT_FIELDS,
-    SACCT_FORMAT,
-    build_sacct_argv,
-    run_sacct,
-)
-from parcel_hpc.accounting.states import JobState
-
-__all__ = [
-    "DEFAULT_TIMEOUT_S",
-    "RUN_COLUMNS",
-    "SACCT_FIELDS",
-    "SACCT_FORMAT",
-    "SCHEMA",
-    "JobRun",
-    "JobState",
-    "SacctTable",
-    "build_sacct_argv",
-    "job_runs",
-    "parse_sacct",
-    "run_sacct",
-    "run_table",
-    "runs_by_job",
-    "totals_by_job",
-]

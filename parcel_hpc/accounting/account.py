@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from .reconcile import AttemptLine, Reconciliation, report_row
-from .runs import JobRun
+from parcel_hpc.accounting.reconcile import AttemptLine, Reconciliation, report_row
+from parcel_hpc.scheduler.slurm.runs import JobRun
 
 NO_SEARCH = "(no search)"
 

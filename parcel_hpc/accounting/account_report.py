@@ -17,17 +17,17 @@ from pathlib import Path
 import jinja2
 from rich.table import Table
 
-from ..budget import search_caps
-from ..errors import UsageError
-from ..ledger import SearchDir
-from ..ledger.selection import JobSubmitted
-from ..searches import find_searches, launched_by
-from ..selection.store import SelectionStore
-from .account import AccountReport, Charge, SearchPart, Total, over_account, over_searches
-from .parse import parse_sacct
-from .run import png_of, pyplot, reconcile_search
-from .runs import job_runs
-from .sacct import build_sacct_argv, run_sacct
+from parcel_hpc.accounting.account import AccountReport, Charge, SearchPart, Total, over_account, over_searches
+from parcel_hpc.accounting.search_report import png_of, pyplot, reconcile_search
+from parcel_hpc.budget import search_caps
+from parcel_hpc.errors import UsageError
+from parcel_hpc.ledger import SearchDir
+from parcel_hpc.ledger.searches import find_searches, launched_by
+from parcel_hpc.ledger.selection import JobSubmitted
+from parcel_hpc.scheduler.slurm.runs import job_runs
+from parcel_hpc.scheduler.slurm.sacct import build_sacct_argv, run_sacct
+from parcel_hpc.scheduler.slurm.sacct_parse import parse_sacct
+from parcel_hpc.selection.store import SelectionStore
 
 _ENV = jinja2.Environment(
     loader=jinja2.PackageLoader("parcel_hpc.accounting", "templates"),

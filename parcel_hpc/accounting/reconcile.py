@@ -16,13 +16,13 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from ..budget import BudgetCaps
-from ..ledger import Attempt, AttemptEnd, Cause, TrialRecord, TrialState
-from ..ledger.events import field_names
-from ..lifecycle import runs_alone
-from ..report import counts_by_state
-from .runs import JobRun, runs_by_job
-from .states import JobState
+from parcel_hpc.budget import BudgetCaps
+from parcel_hpc.ledger import Attempt, AttemptEnd, Cause, TrialRecord, TrialState
+from parcel_hpc.ledger.events import field_names
+from parcel_hpc.ledger.summary import counts_by_state
+from parcel_hpc.lifecycle.actions import runs_alone
+from parcel_hpc.scheduler.slurm.runs import JobRun, runs_by_job
+from parcel_hpc.scheduler.slurm.states import JobState
 
 SECONDS_PER_HOUR = 3600.0
 # slurmdbd files a job's last record a moment after the job ends (seconds, a minute when busy).

@@ -15,8 +15,7 @@ Two halves, one vocabulary (``BudgetCaps``, ``Rates``, ``Spend``, ``CapLine``):
 Must not: dispatch, mark trial states, or measure usage; callers do those with these decisions.
 """
 
-from ._admission import (
-    Admission,
+from parcel_hpc.budget._admission import (
     BudgetDecision,
     Commitment,
     admit_account,
@@ -26,24 +25,15 @@ from ._admission import (
     render_commitment,
     worst_case,
 )
-from ._journal import (
-    BudgetLedger,
-    BudgetOutcome,
-    KeyState,
-    Refusal,
-    Reservation,
-    ReservationKey,
-    Settlement,
-)
-from ._search import SearchBudget, launch_decision, search_caps
-from ._values import AssociationLimit, BudgetCaps, CapLine, LimitKind, Rates, Spend
+from parcel_hpc.budget._journal import BudgetLedger, BudgetOutcome, KeyState, Refusal, Reservation, ReservationKey, Settlement
+from parcel_hpc.budget._search import SearchBudget, launch_decision, search_caps
+from parcel_hpc.budget._values import AssociationLimit, BudgetCaps, CapLine, LimitKind, Rates, Spend
 
 __all__ = [
     "AssociationLimit",
     "LimitKind",
     "admit_account",
     "render_account",
-    "Admission",
     "BudgetCaps",
     "BudgetDecision",
     "BudgetLedger",

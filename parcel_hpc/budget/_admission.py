@@ -15,18 +15,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import Enum
 
-from ..errors import GovernanceRefusal, ParcelError, UsageError
-from ._values import REL_SLACK, AssociationLimit, BudgetCaps, CapLine, LimitKind, Rates, Spend, check_number, fmt, fmt_minutes, over_cap
-
-
-class Admission(str, Enum):
-    ADMIT = "admit"
-    HOLD = "hold:budget"
-
-    def admits(self) -> bool:
-        return self is Admission.ADMIT
+from parcel_hpc.budget._values import REL_SLACK, AssociationLimit, BudgetCaps, CapLine, LimitKind, Rates, Spend, check_number, fmt, fmt_minutes, over_cap
+from parcel_hpc.errors import GovernanceRefusal, ParcelError, UsageError
+from parcel_hpc.governance.outcome import Outcome
 
 
 @dataclass(frozen=True)
@@ -96,23 +88,23 @@ def worst_case(n_trials: int, gpus: int, cpus: int, time_limit_min: float, max_r
 
 @dataclass(frozen=True)
 class BudgetDecision:
-    outcome: Admission
+    outcome: Outcome  # admit or hold:budget
     lines: tuple[CapLine, ...]  # trials, GPU-hours, cost, in that order
     message: str  # one line; on hold, every overshot cap with what to change
     commitment: Commitment
 
     def __post_init__(self) -> None:
-        if self.outcome.admits() != all(line.ok for line in self.lines):
-            raise ParcelError(f"BudgetDecision outcome {self.outcome.value} contradicts its cap lines")
+        if self.outcome.is_admit != all(line.ok for line in self.lines):
+            raise ParcelError(f"BudgetDecision outcome {self.outcome} contradicts its cap lines")
 
     @property
     def ok(self) -> bool:
-        return self.outcome.admits()
+        return self.outcome.is_admit
 
     def require(self) -> None:
         """Raise the governance refusal the launch exits with (code 3) when held."""
         if not self.ok:
-            raise GovernanceRefusal(self.outcome.value, self.message)
+            raise GovernanceRefusal(self.outcome, self.message)
 
 
 def admit_launch(commitment: Commitment, caps: BudgetCaps, already_committed: Spend = Spend(), trials_already: int = 0) -> BudgetDecision:
@@ -124,10 +116,10 @@ def admit_launch(commitment: Commitment, caps: BudgetCaps, already_committed: Sp
     )
     over = [line for line in lines if not line.ok]
     if over:
-        return BudgetDecision(Admission.HOLD, lines, "; ".join(line.message for line in over), commitment)
+        return BudgetDecision(Outcome.HOLD_BUDGET, lines, "; ".join(line.message for line in over), commitment)
     c = commitment
     msg = f"{c.trials} trials, worst case {fmt(c.gpu_hours)} GPU-h and {fmt(c.cost)} cost fit within budget.gpu_hours_cap={fmt(caps.gpu_hours_cap)} and budget.cost_cap={fmt(caps.cost_cap)}"
-    return BudgetDecision(Admission.ADMIT, lines, msg, commitment)
+    return BudgetDecision(Outcome.ADMIT, lines, msg, commitment)
 
 
 def _trials_line(c: Commitment, caps: BudgetCaps, already: int) -> CapLine:
@@ -197,13 +189,13 @@ def admit_account(commitment: Commitment, limits: Sequence[AssociationLimit], ac
     lines = tuple(_association_line(commitment, limit, job_minutes) for limit in limits)
     over = [line for line in lines if not line.ok]
     if over:
-        return BudgetDecision(Admission.HOLD, lines, "; ".join(line.message for line in over), commitment)
+        return BudgetDecision(Outcome.HOLD_BUDGET, lines, "; ".join(line.message for line in over), commitment)
     said = (
         f"the worst case fits the association limits of account {account}"
         if lines
         else f"account {account} has no GrpTRESMins or GrpTRESRunMins on GPUs or CPUs"
     )
-    return BudgetDecision(Admission.ADMIT, lines, said, commitment)
+    return BudgetDecision(Outcome.ADMIT, lines, said, commitment)
 
 
 def _association_line(c: Commitment, limit: AssociationLimit, job_minutes: float) -> CapLine:
@@ -245,7 +237,7 @@ def render_commitment(decision: BudgetDecision) -> str:
 def render_account(decision: BudgetDecision, account: str) -> str:
     """The account's association limits against the same worst case."""
     if not decision.lines:
-        return f"account {account}: => {decision.outcome.value}: {decision.message}"
+        return f"account {account}: => {decision.outcome}: {decision.message}"
     return _cap_table(f"account {account}: the association limits this launch is charged under", decision)
 
 
@@ -257,4 +249,4 @@ def _cap_table(head: str, decision: BudgetDecision) -> str:
         rows.append((f"{line.cap_name} ({line.unit})", num(line.committed), num(line.requested), num(line.total), num(line.cap), after))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     body = ["  " + "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(r, widths))) for r in rows]
-    return "\n".join([head, *body, f"=> {decision.outcome.value}: {decision.message}"])
+    return "\n".join([head, *body, f"=> {decision.outcome}: {decision.message}"])

@@ -40,9 +40,9 @@ from enum import Enum
 from pathlib import Path
 from typing import ClassVar
 
-from .. import fsio
-from ..errors import CorruptRecord, ParcelError, UsageError
-from ._values import BudgetCaps, CapLine, Spend, check_number, fmt
+from parcel_hpc import fsio
+from parcel_hpc.budget._values import BudgetCaps, CapLine, Spend, check_number, fmt
+from parcel_hpc.errors import CorruptRecord, ParcelError, UsageError
 
 JOURNAL_VERSION = 1
 UH_PER_HOUR = 1_000_000

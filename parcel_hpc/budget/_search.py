@@ -7,9 +7,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ._admission import BudgetDecision, admit_launch, attempt_worst_case, worst_case
-from ._journal import BudgetLedger, Refusal, Reservation
-from ._values import BudgetCaps, Spend
+from parcel_hpc.budget._admission import BudgetDecision, admit_launch, attempt_worst_case, worst_case
+from parcel_hpc.budget._journal import BudgetLedger, Refusal, Reservation
+from parcel_hpc.budget._values import BudgetCaps, Spend
 
 
 def search_caps(contract: Mapping[str, Any]) -> BudgetCaps:

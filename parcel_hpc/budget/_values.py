@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from ..errors import ParcelError, UsageError
+from parcel_hpc.errors import ParcelError, UsageError
 
 # Float sums such as 82 x 2 x 0.6 land a few ulps either side of the exact figure; a cap compares
 # equal within this relative slack so that "exactly at the cap" admits.

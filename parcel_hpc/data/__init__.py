@@ -5,21 +5,12 @@ partition is reached only through ``load_final_partition``, by the one-time fina
 The format is described for users in docs/snapshot-format.md.
 """
 
-from .artifacts import GROUP_REVISION, RANDOM_REVISION, make_default_artifacts
-from .digest import json_digest, snapshot_digest
-from .partition import Partition, PartitionName, load_final_partition, load_partition
-from .schema import SCHEMA_VERSION, SNAPSHOT_FILENAME, SnapshotMeta, validate_snapshot
-from .split import (
-    Split,
-    SplitInfo,
-    SplitMethod,
-    assign_groups,
-    assign_rows,
-    make_group_split,
-    make_random_split,
-    read_split,
-)
-from .synthetic import SnapshotInfo, make_snapshot
+from parcel_hpc.data.artifacts import GROUP_REVISION, RANDOM_REVISION, make_default_artifacts
+from parcel_hpc.data.digest import json_digest, snapshot_digest
+from parcel_hpc.data.partition import Partition, PartitionName, load_final_partition, load_partition
+from parcel_hpc.data.schema import SCHEMA_VERSION, SNAPSHOT_FILENAME, SnapshotMeta, validate_snapshot
+from parcel_hpc.data.split import Split, SplitInfo, SplitMethod, assign_groups, assign_rows, make_group_split, make_random_split, read_split
+from parcel_hpc.data.synthetic import SnapshotInfo, make_snapshot
 
 __all__ = [
     "GROUP_REVISION",

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import os
 
-from .split import make_group_split, make_random_split
-from .synthetic import make_snapshot
+from parcel_hpc.data.split import make_group_split, make_random_split
+from parcel_hpc.data.synthetic import make_snapshot
 
 GROUP_REVISION = "group_r8"
 RANDOM_REVISION = "random_r7"

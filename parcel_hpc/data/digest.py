@@ -18,8 +18,8 @@ from typing import Any
 import h5py
 import numpy as np
 
-from ..fsio import canonical_json
-from .schema import DATASETS, LABELLED, inspect_structure, label_names, open_snapshot
+from parcel_hpc.fsio import canonical_json
+from parcel_hpc.data.schema import DATASETS, LABELLED, inspect_structure, label_names, open_snapshot
 
 DIGEST_FORMAT = "parcel-snapshot-digest/1"
 DIGEST_FIELD = "digest"

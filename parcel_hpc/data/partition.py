@@ -18,10 +18,10 @@ from dataclasses import dataclass
 import h5py
 import numpy as np
 
-from ..errors import UsageError
-from . import schema as S
-from .digest import digest_open_snapshot
-from .split import ROW, FinalRecord, Ids, Split, read_final_record
+from parcel_hpc.errors import UsageError
+from parcel_hpc.data import schema as S
+from parcel_hpc.data.digest import digest_open_snapshot
+from parcel_hpc.data.split import ROW, FinalRecord, Ids, Split, read_final_record
 
 
 class PartitionName(enum.Enum):

@@ -19,7 +19,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from ..errors import UsageError
+from parcel_hpc.errors import UsageError
 
 SCHEMA_VERSION = "parcel-snapshot/1"
 SNAPSHOT_FILENAME = "parcels.h5"

@@ -26,10 +26,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import CorruptRecord, UsageError
-from ..fsio import create_exclusive_json, ensure_dir, read_json
-from .digest import DIGEST_FIELD, digest_open_snapshot, json_digest
-from .schema import SHIPMENT_ID, inspect_structure, open_snapshot
+from parcel_hpc.errors import CorruptRecord, UsageError
+from parcel_hpc.fsio import create_exclusive_json, ensure_dir, read_json
+from parcel_hpc.data.digest import DIGEST_FIELD, digest_open_snapshot, json_digest
+from parcel_hpc.data.schema import SHIPMENT_ID, inspect_structure, open_snapshot
 
 SPLIT_FORMAT = "parcel-split/1"
 FINAL_FORMAT = "parcel-final/1"

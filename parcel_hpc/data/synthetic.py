@@ -18,11 +18,11 @@ from dataclasses import dataclass
 import h5py
 import numpy as np
 
-from ..errors import UsageError
-from ..fsio import FILE_MODE, canonical_json, ensure_dir, fsync_dir
-from . import schema as S
-from ._render import CAMERA_LABELS, DAMAGE_LABELS, render
-from .digest import snapshot_digest
+from parcel_hpc.errors import UsageError
+from parcel_hpc.fsio import FILE_MODE, canonical_json, ensure_dir, fsync_dir
+from parcel_hpc.data import schema as S
+from parcel_hpc.data._render import CAMERA_LABELS, DAMAGE_LABELS, render
+from parcel_hpc.data.digest import snapshot_digest
 
 GENERATOR = "parcel_hpc.data.synthetic/1"  # bump when the same seed would draw different parcels
 

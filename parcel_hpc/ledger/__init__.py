@@ -4,7 +4,7 @@ and the records folded from them.
     states.py    TrialState, AttemptEnd (Enums with predicates)
     events.py    EventKind, Cause, one payload class per kind, the Event envelope and its JSON line
     journal.py   TrialWriter: the only writer of journal lines; read_events merges a trial's journals
-    selection.py the selection's own journal: Outcome, JobRole, its events, SelectionWriter, fold_selection
+    selection.py the selection's own journal: JobRole, its events, SelectionWriter, fold_selection
     records.py   TrialSpec, Attempt, TrialRecord and ``fold``, the one function from events to a record
     store.py     SearchDir: the layout of a search directory and its create-exclusive claims
     view.py      RecordView: records folded again only when their journals changed (pollers)
@@ -12,13 +12,13 @@ and the records folded from them.
 Nothing outside this package writes a journal line.
 """
 
-from .events import Admitted, Cause, Ended, Event, EventKind, Executor, Started
-from .journal import TrialWriter, preview, read_events
-from .records import Attempt, TrialRecord, TrialSpec, fold
-from .selection import JobRole, Outcome
-from .states import AttemptEnd, TrialState
-from .store import HEARTBEAT_S, Heartbeat, LauncherState, SearchDir
-from .view import RecordView
+from parcel_hpc.ledger.events import Admitted, Cause, Ended, Event, EventKind, Executor, Started
+from parcel_hpc.ledger.journal import TrialWriter, preview, read_events
+from parcel_hpc.ledger.records import Attempt, TrialRecord, TrialSpec, fold
+from parcel_hpc.ledger.selection import JobRole
+from parcel_hpc.ledger.states import AttemptEnd, TrialState
+from parcel_hpc.ledger.store import HEARTBEAT_S, Heartbeat, LauncherState, SearchDir
+from parcel_hpc.ledger.view import RecordView
 
 __all__ = [
     "HEARTBEAT_S",
@@ -33,7 +33,6 @@ __all__ = [
     "EventKind",
     "Executor",
     "JobRole",
-    "Outcome",
     "RecordView",
     "SearchDir",
     "Started",

@@ -13,12 +13,13 @@ from __future__ import annotations
 import enum
 import functools
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields
 from typing import Any
 
-from ..errors import CorruptRecord
-from .states import AttemptEnd, TrialState
+from parcel_hpc.errors import CorruptRecord
+from parcel_hpc.governance.outcome import Outcome
+from parcel_hpc.ledger.states import AttemptEnd, TrialState
 
 
 class EventKind(str, enum.Enum):
@@ -106,11 +107,11 @@ class Submitted:
 
 @dataclass(frozen=True)
 class AdmissionRefused:
-    outcome: str  # reject:<field>
+    outcome: Outcome  # reject:<field>
     launch_id: str
 
     def __post_init__(self) -> None:
-        if not self.outcome.startswith("reject:"):
+        if not self.outcome.is_reject:
             raise ValueError(f"an admission event records a refusal, not {self.outcome!r}")
 
 
@@ -169,7 +170,7 @@ class Ended:
     value: float | None = None  # pruned: the value at the milestone
     milestone: int | None = None  # pruned: where
     final: bool = False  # failed: the same class failed before, so this failure is the result
-    outcome: str = ""  # rejected: reject:<field>; budget_exhausted: hold:budget
+    outcome: Outcome | None = None  # rejected: reject:<field>; budget_exhausted: hold:budget
     reason: str = ""  # for people: the prune rule, the quarantine, the budget overshoot
     message: str = ""  # the error text of a failure, or who resolved it
     job_id: str = ""
@@ -184,7 +185,7 @@ class Ended:
             raise ValueError(f"a failed attempt names its failure class, not {cause!r}")
         if how.is_infrastructure() and (cause is None or not cause.is_infrastructure()):
             raise ValueError(f"an {how.value} attempt names an infrastructure cause, not {cause!r}")
-        if how is AttemptEnd.REJECTED and not self.outcome.startswith("reject:"):
+        if how is AttemptEnd.REJECTED and (self.outcome is None or not self.outcome.is_reject):
             raise ValueError(f"a rejected attempt names its outcome reject:<field>, not {self.outcome!r}")
         if how is AttemptEnd.QUARANTINED and cause is not Cause.CHECKPOINT_COLLISION:
             raise ValueError(f"a quarantined attempt's cause is checkpoint_collision, not {cause!r}")
@@ -228,18 +229,19 @@ PAYLOADS: Mapping[EventKind, type] = {
     EventKind.GAVE_UP: GaveUp,
     EventKind.CANCELLED: Cancelled,
 }
-_ENUM_FIELDS = {"how": AttemptEnd, "cause": Cause, "state": TrialState, "executor": Executor}
+_ENUM_FIELDS: Mapping[str, Callable[[Any], Any]] = {"how": AttemptEnd, "cause": Cause, "state": TrialState, "executor": Executor, "outcome": Outcome.parse}
 _TUPLE_FIELDS = ("exclude_nodes", "with_trials")
 
 
 def encode_payload(data: Any, *, drop_empty: bool) -> dict:
-    """A payload dataclass as flat JSON values: Enums by value, tuples as lists; ``drop_empty``
-    leaves out None, "" and () (their defaults) to keep journal lines short."""
+    """A payload dataclass as flat JSON values: Enums by value, outcomes as their token, tuples as
+    lists; ``drop_empty`` leaves out None, "" and () (their defaults) to keep journal lines short."""
     out = {}
-    for k, v in asdict(data).items():
+    for k in field_names(type(data)):
+        v = getattr(data, k)
         if drop_empty and (v is None or v == "" or v == ()):
             continue
-        out[k] = v.value if isinstance(v, enum.Enum) else list(v) if isinstance(v, tuple) else v
+        out[k] = v.value if isinstance(v, enum.Enum) else str(v) if isinstance(v, Outcome) else list(v) if isinstance(v, tuple) else v
     return out
 
 
@@ -249,7 +251,7 @@ def field_names(cls: type) -> tuple[str, ...]:
     return tuple(f.name for f in fields(cls))
 
 
-def decode_payload(payload_cls: type, obj: Mapping[str, Any], enums: Mapping[str, type], tuples: Sequence[str]) -> Any:
+def decode_payload(payload_cls: type, obj: Mapping[str, Any], enums: Mapping[str, Callable[[Any], Any]], tuples: Sequence[str]) -> Any:
     """The inverse of ``encode_payload``: absent fields take their defaults."""
     values = {}
     for name in field_names(payload_cls):
@@ -262,6 +264,14 @@ def decode_payload(payload_cls: type, obj: Mapping[str, Any], enums: Mapping[str
             v = tuple(v)
         values[name] = v
     return payload_cls(**values)
+
+
+def _is_outcome(value: object) -> bool:
+    try:
+        Outcome.parse(value)
+    except ValueError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -289,7 +299,7 @@ class Event:
     def from_json(cls, obj: Mapping[str, Any], where: str = "journal") -> Event:
         try:
             kind = EventKind(obj["kind"])
-            if obj.get("how") == AttemptEnd.REJECTED.value and str(obj.get("cause", "")).startswith("reject:"):
+            if obj.get("how") == AttemptEnd.REJECTED.value and _is_outcome(obj.get("cause")):
                 # Journals written before the typed ledger said the outcome in ``cause``.
                 obj = {**{k: v for k, v in obj.items() if k != "cause"}, "outcome": obj["cause"]}
             payload = decode_payload(PAYLOADS[kind], obj, _ENUM_FIELDS, _TUPLE_FIELDS)

@@ -18,8 +18,9 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from .. import fsio
-from .events import (
+from parcel_hpc import fsio
+from parcel_hpc.governance.outcome import Outcome
+from parcel_hpc.ledger.events import (
     AdmissionRefused,
     Admitted,
     Cancelled,
@@ -37,7 +38,7 @@ from .events import (
     Started,
     Submitted,
 )
-from .states import TrialState
+from parcel_hpc.ledger.states import TrialState
 
 JOURNAL_GLOB = "journal-*.jsonl"
 _PREFIX, _SUFFIX = JOURNAL_GLOB.split("*")
@@ -75,7 +76,7 @@ class TrialWriter:
     def submitted(self, job_id: str, executor: Executor, launch_id: str, exclude_nodes: Sequence[str] = ()) -> Event:
         return self._append(EventKind.SUBMITTED, Submitted(job_id, executor, launch_id, tuple(exclude_nodes)))
 
-    def admission_refused(self, outcome: str, launch_id: str) -> Event:
+    def admission_refused(self, outcome: Outcome, launch_id: str) -> Event:
         return self._append(EventKind.ADMISSION, AdmissionRefused(outcome, launch_id))
 
     def gave_up(self, reason: str, attempt: int = 0) -> Event:

@@ -11,8 +11,22 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .events import AdmissionRefused, Cancelled, Cause, Ended, Event, EventKind, Executor, GaveUp, Milestone, Quarantined, Resumed, Started, Submitted
-from .states import AttemptEnd, TrialState
+from parcel_hpc.ledger.events import (
+    AdmissionRefused,
+    Cancelled,
+    Cause,
+    Ended,
+    Event,
+    EventKind,
+    Executor,
+    GaveUp,
+    Milestone,
+    Quarantined,
+    Resumed,
+    Started,
+    Submitted,
+)
+from parcel_hpc.ledger.states import AttemptEnd, TrialState
 
 
 @dataclass(frozen=True)
@@ -223,7 +237,7 @@ def fold(spec: TrialSpec, events: Sequence[Event]) -> TrialRecord:
             if not f.state.is_finished():
                 f.state = TrialState.QUEUED
         elif isinstance(data, AdmissionRefused):
-            f.set(TrialState.REJECTED, detail=data.outcome)
+            f.set(TrialState.REJECTED, detail=str(data.outcome))
         elif isinstance(data, Started):
             if data.job_id and data.job_id not in f.jobs:
                 # A job is known from its attempt too: a torn "submitted" line loses no job.
@@ -276,7 +290,7 @@ def _fold_ending(f: _Fold, ev: Event, data: Ended, tainted: bool) -> None:
     if superseded and how not in (AttemptEnd.COMPLETED, AttemptEnd.PRUNED):
         return  # a stale attempt's interruption after a newer one started changes nothing; its result still counts
     if how in _TERMINAL_ENDS:
-        f.set(_TERMINAL_ENDS[how], data.cause, data.reason or data.outcome)
+        f.set(_TERMINAL_ENDS[how], data.cause, data.reason or str(data.outcome or ""))
         if how is AttemptEnd.COMPLETED:
             f.metric = data.metric
     elif how is AttemptEnd.FAILED:

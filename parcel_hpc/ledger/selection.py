@@ -1,6 +1,6 @@
 """The selection's history: typed events about choosing, checking and releasing a search's winner.
 
-Owns ``SelectionEventKind``, ``Outcome`` (the four dispositions), ``JobRole``, one frozen payload per
+Owns ``SelectionEventKind``, ``JobRole``, one frozen payload per
 kind, ``SelectionWriter`` (the only writer of ``<search>/selection/journal-*.jsonl``, one file per
 writer, like trial journals) and ``fold_selection``, the one function from those events to a
 ``SelectionRecord``. Must not decide anything: ``parcel_hpc.selection`` decides and says it here.
@@ -17,23 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import fsio
-from ..errors import CorruptRecord
-from .events import Executor, decode_payload, encode_payload
-from .journal import JOURNAL_GLOB, writer_name
-
-
-class Outcome(str, enum.Enum):
-    """What a selection may do next; exactly the project card's four."""
-
-    HOLD_BUDGET = "hold:budget"
-    HOLD_INVALID_WINNER = "hold:invalid-winner"
-    HOLD_SLICE_QUALITY = "hold:slice-quality"
-    EVALUATE_FINAL = "evaluate:final-holdout"
-
-    @property
-    def is_hold(self) -> bool:
-        return self is not Outcome.EVALUATE_FINAL
+from parcel_hpc import fsio
+from parcel_hpc.errors import CorruptRecord
+from parcel_hpc.governance.outcome import Outcome
+from parcel_hpc.ledger.events import Executor, decode_payload, encode_payload
+from parcel_hpc.ledger.journal import JOURNAL_GLOB, writer_name
 
 
 class JobRole(str, enum.Enum):
@@ -101,8 +89,8 @@ class Decided:
     reason: str
 
     def __post_init__(self) -> None:
-        if self.lifted is not Outcome.HOLD_SLICE_QUALITY:
-            raise ValueError(f"a quality decision lifts {Outcome.HOLD_SLICE_QUALITY.value}, not {self.lifted.value}")
+        if self.lifted != Outcome.HOLD_SLICE_QUALITY:
+            raise ValueError(f"a quality decision lifts {Outcome.HOLD_SLICE_QUALITY}, not {self.lifted}")
         if not self.by.strip() or not self.reason.strip():
             raise ValueError("a quality decision names who decided and why")
 
@@ -111,7 +99,7 @@ class Decided:
 class FinalAttempt:
     selection: int
     allowed: bool
-    outcome: str  # evaluate:final-holdout, or why it was refused
+    outcome: Outcome  # evaluate:final-holdout, or why it was refused
     by: str
     host: str
     pid: int
@@ -138,7 +126,7 @@ class FinalSealed:
 class Released:
     selection: int
     registered: bool
-    outcome: str  # release:registered, or the hold that kept it out of the registry
+    outcome: Outcome  # release:registered, or the hold that kept it out of the registry
     packet_digest: str
     registry_path: str = ""
 
@@ -156,12 +144,14 @@ PAYLOADS: Mapping[SelectionEventKind, type] = {
     SelectionEventKind.FINAL_SEALED: FinalSealed,
     SelectionEventKind.RELEASED: Released,
 }
-# Per payload class: which fields are Enums (``outcome`` is one on Disposed, free text elsewhere).
-_ENUMS: Mapping[type, Mapping[str, type]] = {
+# Per payload class: which fields are typed values read from their JSON text.
+_ENUMS: Mapping[type, Mapping[str, Callable[[Any], Any]]] = {
     JobSubmitted: {"role": JobRole, "executor": Executor},
     JobEnded: {"role": JobRole},
-    Disposed: {"outcome": Outcome},
-    Decided: {"lifted": Outcome},
+    Disposed: {"outcome": Outcome.parse},
+    Decided: {"lifted": Outcome.parse},
+    FinalAttempt: {"outcome": Outcome.parse},
+    Released: {"outcome": Outcome.parse},
 }
 _TUPLES = ("reasons",)
 

@@ -25,13 +25,13 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from .. import fsio
-from ..contract import Contract, load_contract
-from ..errors import CorruptRecord
-from ..identity import IDENTITY_FILE, SearchIdentity
-from .events import Event, Executor
-from .journal import TrialWriter, read_events
-from .records import TrialRecord, TrialSpec, fold
+from parcel_hpc import fsio
+from parcel_hpc.errors import CorruptRecord
+from parcel_hpc.governance.contract import Contract, load_contract
+from parcel_hpc.ledger.events import Event, Executor
+from parcel_hpc.ledger.journal import TrialWriter, read_events
+from parcel_hpc.ledger.records import TrialRecord, TrialSpec, fold
+from parcel_hpc.scheduler.identity import IDENTITY_FILE, SearchIdentity
 
 CANCELLED_FILE = "cancelled.json"
 HEARTBEAT_S = 30.0  # how often a working launch says it is alive

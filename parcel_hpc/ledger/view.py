@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import os
 
-from .journal import journals
-from .records import TrialRecord
-from .store import SearchDir
+from parcel_hpc.ledger.journal import journals
+from parcel_hpc.ledger.records import TrialRecord
+from parcel_hpc.ledger.store import SearchDir
 
 
 class RecordView:

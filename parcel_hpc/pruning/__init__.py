@@ -13,9 +13,9 @@ calls ``report`` then ``decide`` at each milestone, and the ledger calls ``inval
 The rule (ties included) is in ``_rule``; the concurrency guarantees are in ``_store``.
 """
 
-from ..errors import UsageError
-from ._rule import AsyncSuccessiveHalving, NopPruner, PruneAction, PruneDecision, Pruner
-from ._store import Invalidation, MilestoneReport, MilestoneStore, RecordedDecision
+from parcel_hpc.errors import UsageError
+from parcel_hpc.pruning._rule import AsyncSuccessiveHalving, NopPruner, PruneAction, PruneDecision, Pruner
+from parcel_hpc.pruning._store import Invalidation, MilestoneReport, MilestoneStore, RecordedDecision
 
 
 def make_pruner(cfg) -> Pruner:

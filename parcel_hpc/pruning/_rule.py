@@ -30,8 +30,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..contract import check_trial_id
-from ..errors import CorruptRecord, ParcelError, UsageError
+from parcel_hpc.errors import CorruptRecord, ParcelError, UsageError
+from parcel_hpc.governance.admission import check_trial_id
 
 # Trial ids name files (<trial>.json, <trial>.invalid/): no dots, slashes or leading dashes.
 

@@ -41,10 +41,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import fsio
-from ..contract import check_trial_id
-from ..errors import CorruptRecord, UsageError
-from ._rule import PruneDecision, Pruner, check_milestones, check_step, check_value
+from parcel_hpc import fsio
+from parcel_hpc.errors import CorruptRecord, UsageError
+from parcel_hpc.governance.admission import check_trial_id
+from parcel_hpc.pruning._rule import PruneDecision, Pruner, check_milestones, check_step, check_value
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ render.py     Markdown and a self-contained HTML page with plots (templates/)
 publish.py    write the packet beside the search; register the artifact only when every check passed or was decided
 """
 
-from .packet import build, outcome_of
-from .publish import publish
+from parcel_hpc.release.packet import build, outcome_of
+from parcel_hpc.release.publish import publish
 
 __all__ = ["build", "outcome_of", "publish"]

@@ -14,19 +14,20 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .. import fsio
-from ..budget import BudgetLedger, search_caps
-from ..errors import SchedulerUnavailable, UsageError
-from ..ledger import JobRole, Outcome, TrialRecord, TrialSpec, fold, read_events
-from ..report import compute_used, counts_by_state
-from ..selection.candidates import TrialFacts, lineage_problems
-from ..selection.commands import Assessment, assess
-from ..selection.policy import SelectionPolicy
-from ..selection.slices import SliceRow, overall
-from ..selection.store import SelectionStore
-from ..sweep.specs import sampler_of, space_of
+from parcel_hpc import fsio
+from parcel_hpc.budget import BudgetLedger, search_caps
+from parcel_hpc.errors import SchedulerUnavailable, UsageError
+from parcel_hpc.governance.outcome import Outcome
+from parcel_hpc.ledger import JobRole, TrialRecord, TrialSpec, fold, read_events
+from parcel_hpc.ledger.summary import compute_used, counts_by_state
+from parcel_hpc.propose.specs import sampler_of, space_of
+from parcel_hpc.selection.actions import Assessment, assess
+from parcel_hpc.selection.candidates import TrialFacts, lineage_problems
+from parcel_hpc.selection.policy import SelectionPolicy
+from parcel_hpc.selection.slices import SliceRow, overall
+from parcel_hpc.selection.store import SelectionStore
 
-REGISTERED = "release:registered"
+REGISTERED = Outcome.RELEASE_REGISTERED
 
 
 class Check(str, enum.Enum):
@@ -40,12 +41,12 @@ class Check(str, enum.Enum):
 
 # Each check, in the order a hold is reported, with the hold it causes.
 HOLDS = (
-    ("data", Outcome.HOLD_INVALID_WINNER.value),
-    ("reproducible", Outcome.HOLD_INVALID_WINNER.value),
-    ("slices", Outcome.HOLD_SLICE_QUALITY.value),
-    ("performance", "hold:performance"),
-    ("parity", "hold:serving-parity"),
-    ("final", "hold:final-not-evaluated"),
+    ("data", Outcome.HOLD_INVALID_WINNER),
+    ("reproducible", Outcome.HOLD_INVALID_WINNER),
+    ("slices", Outcome.HOLD_SLICE_QUALITY),
+    ("performance", Outcome.hold("performance")),
+    ("parity", Outcome.hold("serving-parity")),
+    ("final", Outcome.hold("final-not-evaluated")),
 )
 
 
@@ -86,9 +87,9 @@ def build(store: SelectionStore, facts: Sequence[TrialFacts], *, sacct: bool = T
             "completed": len(a.entries),
             "candidates": sum(e.lineage_ok for e in a.entries),
             "list_digest": a.frozen["list_digest"],
-            "disposition": a.verdict.outcome.value,
+            "disposition": str(a.verdict.outcome),
             "reasons": list(a.verdict.reasons),
-            "decisions": [{"by": d.by, "reason": d.reason, "trial_id": d.trial_id, "lifted": d.lifted.value} for d in a.decisions],
+            "decisions": [{"by": d.by, "reason": d.reason, "trial_id": d.trial_id, "lifted": str(d.lifted)} for d in a.decisions],
         },
         "lineage": _lineage(contract, winner_facts, a, result, final, store.final_plan(), policy),
         "rerun": None
@@ -115,12 +116,12 @@ def build(store: SelectionStore, facts: Sequence[TrialFacts], *, sacct: bool = T
         "serving": result.get("serving"),
         "final": final,
         "final_attempts": [
-            {"t": t, "allowed": f.allowed, "retry": f.retry, "outcome": f.outcome, "by": f.by, "host": f.host} for t, f in record.final_attempts
+            {"t": t, "allowed": f.allowed, "retry": f.retry, "outcome": str(f.outcome), "by": f.by, "host": f.host} for t, f in record.final_attempts
         ],
         "final_opened": [{"t": t, "job_id": o.job_id, "host": o.host, "restart_count": o.restart_count} for t, o in record.final_opened],
         "checks": {k: v.value for k, v in checks.items()},
     }
-    packet["outcome"] = outcome_of(packet)
+    packet["outcome"] = str(outcome_of(packet))
     return packet
 
 
@@ -152,7 +153,7 @@ def slice_rows(result: Mapping[str, Any], which: str) -> list[SliceRow]:
     return [SliceRow.from_json(r) for r in result["slices"][which]]
 
 
-def outcome_of(packet: Mapping[str, Any]) -> str:
+def outcome_of(packet: Mapping[str, Any]) -> Outcome:
     """``release:registered``, or the first hold that keeps the artifact out of the registry."""
     checks = {k: Check(v) for k, v in packet["checks"].items()}
     for name, outcome in HOLDS:
@@ -209,7 +210,7 @@ def _compute(search, contract, records, jobs: Sequence[Mapping[str, Any]], sacct
         "sacct_note": "",
     }
     if sacct and search.slurm_job_names():
-        from ..accounting import run as accounting  # pyarrow: only a search that ran on SLURM needs it
+        from parcel_hpc.accounting import search_report as accounting  # pyarrow: only a search that ran on SLURM needs it
 
         try:
             rec = accounting.reconcile_search(search, None)
@@ -287,7 +288,7 @@ def _lineage(contract, winner_facts: TrialFacts | None, a: Assessment, result, f
                 "params": dict(policy.baseline_params),
                 "validation_metric": (result or {}).get("baseline", {}).get("metric"),
             },
-            "disposition": a.verdict.outcome.value,
+            "disposition": str(a.verdict.outcome),
             "decided_by": [d.by for d in a.decisions],
             "final_metric": final["winner"]["metric"] if final else None,
             "final_baseline_metric": final["baseline"]["metric"] if final else None,

@@ -10,22 +10,23 @@ from typing import Any
 
 from rich.console import Console
 
-from .. import fsio
-from ..contract import digest_of, sha256_of
-from ..errors import CorruptRecord
-from ..ledger import SearchDir
-from ..ledger.selection import Released
-from ..selection.commands import trial_facts
-from ..selection.store import SelectionStore
-from . import render
-from .packet import REGISTERED, build
+from parcel_hpc import fsio
+from parcel_hpc.errors import CorruptRecord
+from parcel_hpc.governance.contract import digest_of, sha256_of
+from parcel_hpc.governance.outcome import Outcome
+from parcel_hpc.ledger import SearchDir
+from parcel_hpc.ledger.selection import Released
+from parcel_hpc.release import render
+from parcel_hpc.release.packet import REGISTERED, build
+from parcel_hpc.selection.actions import trial_facts
+from parcel_hpc.selection.store import SelectionStore
 
 
 def publish(search_dir: str | os.PathLike, registry: str | os.PathLike | None, *, out: Console, sacct: bool = True) -> dict[str, Any]:
     store = SelectionStore(SearchDir(search_dir))
     facts = trial_facts(store.search, store.search.contract())
     packet = build(store, facts, sacct=sacct)
-    outcome = packet["outcome"]
+    outcome = Outcome.parse(packet["outcome"])
     registry_root = Path(os.path.abspath(registry)) if registry else store.search.path.parent / "registry"
     entry = registry_root / packet["search"]["revision"] / packet["selection"]["trial_id"]
     packet["registry_path"] = str(entry) if outcome == REGISTERED else ""
@@ -45,7 +46,7 @@ def publish(search_dir: str | os.PathLike, registry: str | os.PathLike | None, *
     store.writer("release").released(
         Released(packet["selection"]["number"], outcome == REGISTERED, outcome, sha256_of(text_json.encode()), packet["registry_path"])
     )
-    out.print(outcome, markup=False)
+    out.print(str(outcome), markup=False)
     out.print(f"  packet: {store.release_dir / 'packet.html'} (.json, .md)", markup=False)
     for name, verdict in packet["checks"].items():
         out.print(f"  {name}: {verdict}", markup=False)

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..contract import Contract, digest_of
-from ..ledger import Admitted, TrialRecord, TrialState
+from parcel_hpc.governance.contract import Contract, digest_of
+from parcel_hpc.ledger import Admitted, TrialRecord, TrialState
 
 
 @dataclass(frozen=True)

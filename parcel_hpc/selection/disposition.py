@@ -13,8 +13,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..ledger import Outcome
-from .candidates import Entry
+from parcel_hpc.governance.outcome import Outcome
+from parcel_hpc.selection.candidates import Entry
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,11 @@ class RerunCheck:
 class Verdict:
     outcome: Outcome
     reasons: tuple[str, ...]
+
+    @property
+    def exit_code(self) -> int:
+        """3 for a hold (printed first, with its evidence), else 0."""
+        return self.outcome.exit_code
 
 
 def disposition(

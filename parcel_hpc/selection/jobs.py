@@ -32,29 +32,30 @@ from typing import Any
 
 import numpy as np
 
-from .. import checkpoints as ckpt
-from .. import fsio
-from ..contract import Contract, TrialIdentity, check_worker, config_hash
-from ..data import load_final_partition, read_split
-from ..errors import GovernanceRefusal, UsageError
-from ..image import environment_digest, file_digest
-from ..ledger import Admitted, AttemptEnd, Cause, Ended, JobRole, SearchDir, TrialSpec, TrialWriter
-from ..ledger.events import encode_payload
-from ..ledger.selection import FinalOpened, JobSubmitted
-from ..metric import MissCost
-from ..trainer import Trainer, TrainerState, TrainingData, load_training_data, make_trainer
-from ..trainer.base import checked_probabilities
-from ..worker import WorkerPlan, guard
-from ..worker.cache import WorkerCache
-from ..worker.jobenv import facts_from_env
-from ..worker.training import LoopCallbacks, train
-from .policy import SelectionPolicy
-from .slices import shipment_buckets, slice_report
-from .store import SelectionStore
+from parcel_hpc import fsio
+from parcel_hpc.checkpoints import store as ckpt
+from parcel_hpc.data import load_final_partition, read_split
+from parcel_hpc.errors import GovernanceRefusal, UsageError
+from parcel_hpc.governance.admission import TrialIdentity, check_worker, config_hash
+from parcel_hpc.governance.contract import Contract
+from parcel_hpc.governance.image import environment_digest, file_digest
+from parcel_hpc.governance.metric import MissCost
+from parcel_hpc.governance.outcome import Outcome
+from parcel_hpc.ledger import Admitted, AttemptEnd, Cause, Ended, JobRole, SearchDir, TrialSpec, TrialWriter
+from parcel_hpc.ledger.events import encode_payload
+from parcel_hpc.ledger.selection import FinalOpened, JobSubmitted
+from parcel_hpc.selection.policy import SelectionPolicy
+from parcel_hpc.selection.slices import shipment_buckets, slice_report
+from parcel_hpc.selection.store import SelectionStore
+from parcel_hpc.trainer import FINAL_PARTITION_OUTCOME, Trainer, TrainerState, TrainingData, load_training_data, make_trainer
+from parcel_hpc.trainer.base import checked_probabilities
+from parcel_hpc.worker import WorkerPlan, guard
+from parcel_hpc.worker.cache import WorkerCache
+from parcel_hpc.worker.jobenv import facts_from_env
+from parcel_hpc.worker.training import LoopCallbacks, train
 
 SERVING_BATCH = 64  # images per serve() call when measuring latency and memory
 KEY_DISTRIBUTIONS = ("parcel-hpc", "numpy", "h5py", "submitit", "hydra-core", "omegaconf")
-FINAL_PARTITION = "reject:final_partition"
 
 
 def run(search_dir: str | os.PathLike, role: JobRole, selection: int) -> dict[str, Any]:
@@ -94,7 +95,7 @@ class _Context:
         self.split = read_split(self.plan.split_path)
         observed, problem = WorkerCache().observe(self.plan.snapshot_path, self.split, self.plan.image, self.contract["trainer"]["target"])
         outcome = check_worker(observed, self.contract)
-        if outcome != "admit":
+        if not outcome.is_admit:
             raise GovernanceRefusal(outcome, f"this selection job opened other data or code than the contract pins {problem}".strip())
         self.admitted = Admitted(observed.snapshot_digest, observed.split_digest, observed.image_digest, observed.trainer["source_digest"])
         self.data: TrainingData = load_training_data(self.plan.snapshot_path, self.split, self.plan.preprocessing, verify_digest=False)
@@ -114,7 +115,9 @@ class _Context:
             finally:
                 asked = [*tripped, *self.data.asked_for_final]
                 if asked:
-                    raise GovernanceRefusal(FINAL_PARTITION, f"trainer code asked for protected data during a selection job ({asked[0]}); the job stops")
+                    raise GovernanceRefusal(
+                        FINAL_PARTITION_OUTCOME, f"trainer code asked for protected data during a selection job ({asked[0]}); the job stops"
+                    )
 
     def trainer(self, params: Mapping[str, Any]) -> Trainer:
         trainer = make_trainer(self.contract["trainer"])
@@ -320,7 +323,7 @@ def _wait_for_own_submission(store: SelectionStore, n: int, own: str, wait_s: fl
             return
         if time.monotonic() > deadline:
             raise GovernanceRefusal(
-                "reject:final-holdout-unclaimed",
+                Outcome.reject("final-holdout-unclaimed"),
                 f"this job ({own}) is not the final evaluation `parcel-hpc evaluate-final` submitted for selection {n}; it does not open the final partition",
             )
         time.sleep(0.2)
@@ -331,7 +334,7 @@ def _final(ctx: _Context) -> dict[str, Any]:
     claim = store.final_claim()
     if claim is None or int(claim["selection"]) != n:
         raise GovernanceRefusal(
-            "reject:final-holdout-unclaimed", f"no final evaluation claim for selection {n}; run `parcel-hpc evaluate-final`, which claims it"
+            Outcome.reject("final-holdout-unclaimed"), f"no final evaluation claim for selection {n}; run `parcel-hpc evaluate-final`, which claims it"
         )
     plan = store.final_plan()
     pinned = {
@@ -343,7 +346,9 @@ def _final(ctx: _Context) -> dict[str, Any]:
     }
     for key, value in pinned.items():
         if plan.get(key) != value:
-            raise GovernanceRefusal(f"reject:final_plan_{key}", f"the final evaluation plan pins {key}={plan.get(key)!r}, this evaluation has {value!r}")
+            raise GovernanceRefusal(
+                Outcome.reject(f"final_plan_{key}"), f"the final evaluation plan pins {key}={plan.get(key)!r}, this evaluation has {value!r}"
+            )
     rerun = store.result(n, JobRole.RERUN)
     if rerun is None:
         raise UsageError(f"selection {n} has no rerun result; run `parcel-hpc select` first")
@@ -363,7 +368,7 @@ def _final(ctx: _Context) -> dict[str, Any]:
     ):
         trainer, found = _restored(ctx, params, Path(artifact["path"]).parent, identity)
         if str(found.path) != artifact["path"] or file_digest(found.path) != artifact["sha256"]:
-            raise GovernanceRefusal("reject:artifact", f"the {which} artifact {found.path} is not the one the selection checked ({artifact['path']})")
+            raise GovernanceRefusal(Outcome.reject("artifact"), f"the {which} artifact {found.path} is not the one the selection checked ({artifact['path']})")
         scores = ctx.served(trainer, final.images, found.step, "final")
         rows = slice_report(scores, final.labels, columns, ctx.metric)
         scored[which] = {"metric": ctx.metric(scores, final.labels), "slices": [r.to_json() for r in rows], "artifact_sha256": artifact["sha256"]}

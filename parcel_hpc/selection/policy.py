@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..contract import Contract
-from ..errors import UsageError
+from parcel_hpc.errors import UsageError
+from parcel_hpc.governance.contract import Contract
 
 SLICE_COLUMNS = ("damage_type", "camera_class", "shipment_bucket")
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..metric import MissCost
-from .policy import GatePolicy
+from parcel_hpc.governance.metric import MissCost
+from parcel_hpc.selection.policy import GatePolicy
 
 OVERALL = ("overall", "all")
 

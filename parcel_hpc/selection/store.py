@@ -22,13 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import fsio
-from ..contract import Contract, digest_of
-from ..data.split import split_paths
-from ..errors import CorruptRecord, UsageError
-from ..ledger import JobRole, SearchDir
-from ..ledger.journal import writer_name
-from ..ledger.selection import SelectionRecord, SelectionWriter, fold_selection, read_selection_events
+from parcel_hpc import fsio
+from parcel_hpc.data.split import split_paths
+from parcel_hpc.errors import CorruptRecord, UsageError
+from parcel_hpc.governance.contract import Contract, digest_of
+from parcel_hpc.ledger import JobRole, SearchDir
+from parcel_hpc.ledger.journal import writer_name
+from parcel_hpc.ledger.selection import SelectionRecord, SelectionWriter, fold_selection, read_selection_events
 
 FINAL_PLAN = "final-plan.json"
 FINAL_PLAN_FORMAT = "parcel-final-plan/1"

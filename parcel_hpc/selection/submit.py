@@ -19,14 +19,16 @@ from pathlib import Path
 
 from rich.console import Console
 
-from .. import fsio, sbatch, slurm
-from ..dispatch import LauncherSettings
-from ..errors import UsageError
-from ..identity import scheduler_name
-from ..ledger import Executor, JobRole
-from ..ledger.selection import JobSubmitted, SelectionWriter
-from ..processes import pid_alive
-from .store import SelectionStore
+from parcel_hpc import fsio
+from parcel_hpc.errors import UsageError
+from parcel_hpc.ledger import Executor, JobRole
+from parcel_hpc.ledger.selection import JobSubmitted, SelectionWriter
+from parcel_hpc.scheduler.base import LauncherSettings
+from parcel_hpc.scheduler.identity import scheduler_name
+from parcel_hpc.scheduler.local.processes import pid_alive
+from parcel_hpc.scheduler.slurm import queue as slurm
+from parcel_hpc.scheduler.slurm import sbatch
+from parcel_hpc.selection.store import SelectionStore
 
 TEMPLATES = {JobRole.RERUN: "winner_rerun", JobRole.FINAL: "final_eval"}
 

@@ -1,7 +1,7 @@
 """Helpers that tests (ours and users') import: run the real launch and CLI as subprocesses, and a
 task any dispatcher can run."""
 
-from .runs import LaunchResult, finish, launch, parcel_hpc, run_trial_directly, start_launch, subprocess_env, wait_for
-from .tasks import SleepTask
+from parcel_hpc.testing.runs import LaunchResult, finish, launch, parcel_hpc, run_trial_directly, start_launch, subprocess_env, wait_for
+from parcel_hpc.testing.tasks import SleepTask
 
 __all__ = ["LaunchResult", "SleepTask", "finish", "launch", "parcel_hpc", "run_trial_directly", "start_launch", "subprocess_env", "wait_for"]

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..trainer import Diverged
+from parcel_hpc.trainer import Diverged
 
 HOOK = "parcel_hpc.testing.faults:inject"
 FAULT_STEP = 5

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from ..trainer import FinalPartitionRefused, TrainerState, TrainingData
-from ..trainer.numpy_mlp import NumpyMLP
+from parcel_hpc.trainer import FinalPartitionRefused, TrainerState, TrainingData
+from parcel_hpc.trainer.numpy_mlp import NumpyMLP
 
 FAULT_STEP = 5
 PROTECTED_PATH_ENV = "PARCEL_TEST_PROTECTED_PATH"  # the file OpensProtectedFile tries to read

@@ -5,9 +5,9 @@ with ``trainer.target=PACKAGE.MODULE:NAME``; the worker runs it inside everythin
 guarantees. ``NumpyMLP`` (``trainer=numpy_mlp``) is the built-in reference implementation.
 """
 
-from .base import Diverged, InvalidPredictions, Trainer, TrainerState, UnsavableState
-from .data import FINAL_PARTITION_OUTCOME, Examples, FinalPartitionRefused, TrainingData, load_training_data
-from .target import BUILTIN, make_trainer, trainer_class, trainer_identity
+from parcel_hpc.trainer.base import Diverged, InvalidPredictions, Trainer, TrainerState, UnsavableState
+from parcel_hpc.trainer.data import FINAL_PARTITION_OUTCOME, Examples, FinalPartitionRefused, TrainingData, load_training_data
+from parcel_hpc.trainer.target import BUILTIN, make_trainer, trainer_class, trainer_identity
 
 __all__ = [
     "BUILTIN",

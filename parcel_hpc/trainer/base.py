@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from ..fsio import canonical_json
+from parcel_hpc.fsio import canonical_json
 
 if TYPE_CHECKING:
-    from .data import TrainingData
+    from parcel_hpc.trainer.data import TrainingData
 
 
 class Diverged(FloatingPointError):

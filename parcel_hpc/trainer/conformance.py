@@ -22,13 +22,13 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from ..checkpoints import CheckpointStore
-from ..contract import TrialIdentity
-from ..data import GROUP_REVISION, SNAPSHOT_FILENAME, read_split
-from ..errors import UsageError
-from .base import Trainer, TrainerState, checked_probabilities, finite_metrics
-from .data import TrainingData, load_training_data
-from .target import trainer_class
+from parcel_hpc.checkpoints.store import CheckpointStore
+from parcel_hpc.data import GROUP_REVISION, SNAPSHOT_FILENAME, read_split
+from parcel_hpc.errors import UsageError
+from parcel_hpc.governance.admission import TrialIdentity
+from parcel_hpc.trainer.base import Trainer, TrainerState, checked_probabilities, finite_metrics
+from parcel_hpc.trainer.data import TrainingData, load_training_data
+from parcel_hpc.trainer.target import trainer_class
 
 PARITY_TOLERANCE = 1e-9  # serve() against predict(): the same model, the same features, up to float noise
 

@@ -18,11 +18,12 @@ from typing import Any
 
 import numpy as np
 
-from ..data import Partition, Split, load_partition
-from ..errors import GovernanceRefusal
-from ..preprocessing import Preprocessor
+from parcel_hpc.data import Partition, Split, load_partition
+from parcel_hpc.data.preprocessing import Preprocessor
+from parcel_hpc.errors import GovernanceRefusal
+from parcel_hpc.governance.outcome import Outcome
 
-FINAL_PARTITION_OUTCOME = "reject:final_partition"
+FINAL_PARTITION_OUTCOME = Outcome.reject("final_partition")
 SPLITS = ("train", "validation")
 
 

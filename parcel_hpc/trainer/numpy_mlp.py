@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from ..preprocessing import Preprocessor
-from .base import Diverged, Trainer, TrainerState
-from .data import TrainingData
+from parcel_hpc.data.preprocessing import Preprocessor
+from parcel_hpc.trainer.base import Diverged, Trainer, TrainerState
+from parcel_hpc.trainer.data import TrainingData
 
 _ADAM = (0.9, 0.999, 1e-8)  # beta1, beta2, epsilon
 

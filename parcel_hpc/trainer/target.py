@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..errors import UsageError
-from .base import REQUIRED_METHODS, Trainer
+from parcel_hpc.errors import UsageError
+from parcel_hpc.trainer.base import REQUIRED_METHODS, Trainer
 
 _TARGET = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
 BUILTIN = "parcel_hpc.trainer.numpy_mlp:NumpyMLP"

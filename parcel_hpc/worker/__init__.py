@@ -11,7 +11,7 @@ cache.py     what a packed task's process observed once (digests, arrays) and re
 quarantine.py two trials on one checkpoint prefix
 """
 
-from .plan import WorkerPlan
-from .task import TrialTask
+from parcel_hpc.worker.plan import WorkerPlan
+from parcel_hpc.worker.task import TrialTask
 
 __all__ = ["TrialTask", "WorkerPlan"]

@@ -19,30 +19,23 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from .. import checkpoints as ckpt
-from .. import claims
-from ..budget import SearchBudget
-from ..contract import Contract, TrialIdentity, admit, check_worker
-from ..data import Split, read_split
-from ..errors import UsageError
-from ..ledger import Admitted, AttemptEnd, Cause, Ended, SearchDir, Started, TrialRecord, TrialState
-from ..lifecycle import interruption_counts, previous_attempt_ending
-from ..pruning import MilestoneStore, make_pruner
-from ..trainer import (
-    FINAL_PARTITION_OUTCOME,
-    Diverged,
-    InvalidPredictions,
-    Trainer,
-    TrainerState,
-    TrainingData,
-    UnsavableState,
-    make_trainer,
-)
-from . import guard, quarantine
-from .cache import WorkerCache
-from .plan import WorkerPlan
-from .signals import StepBoundarySignals
-from .training import LoopCallbacks, step_hooks, train
+from parcel_hpc.budget import SearchBudget
+from parcel_hpc.checkpoints import claims
+from parcel_hpc.checkpoints import store as ckpt
+from parcel_hpc.data import Split, read_split
+from parcel_hpc.errors import UsageError
+from parcel_hpc.governance.admission import TrialIdentity, admit, check_worker
+from parcel_hpc.governance.contract import Contract
+from parcel_hpc.governance.outcome import Outcome
+from parcel_hpc.ledger import Admitted, AttemptEnd, Cause, Ended, SearchDir, Started, TrialRecord, TrialState
+from parcel_hpc.lifecycle.actions import interruption_counts, previous_attempt_ending
+from parcel_hpc.pruning import MilestoneStore, make_pruner
+from parcel_hpc.trainer import FINAL_PARTITION_OUTCOME, Diverged, InvalidPredictions, Trainer, TrainerState, TrainingData, UnsavableState, make_trainer
+from parcel_hpc.worker import guard, quarantine
+from parcel_hpc.worker.cache import WorkerCache
+from parcel_hpc.worker.plan import WorkerPlan
+from parcel_hpc.worker.signals import StepBoundarySignals
+from parcel_hpc.worker.training import LoopCallbacks, step_hooks, train
 
 PREVIOUS_ATTEMPT_WAIT_S = 90.0  # SLURM's KillWait plus slurmd's cleanup, with margin
 
@@ -163,7 +156,7 @@ class AttemptRun:
         if self._final_requests():
             # Refused or fenced and not caught (or caught, then failing): the request is the result.
             self._reject_final()
-            return {"trial_id": plan.trial_id, "state": TrialState.REJECTED.value, "outcome": FINAL_PARTITION_OUTCOME}
+            return {"trial_id": plan.trial_id, "state": TrialState.REJECTED.value, "outcome": str(FINAL_PARTITION_OUTCOME)}
         if _no_space(exc):
             # A full filesystem is the cluster's problem, not the configuration's: an interruption,
             # retried within budget.max_retries, never a failure class of the design.
@@ -178,20 +171,19 @@ class AttemptRun:
         # contract digest is compared as text below: a damaged one is a rejection, not a crash).
         identity = replace(TrialIdentity.for_contract(plan.trial_id, contract, plan.config_hash), image_digest=plan.image_digest)
         outcome = admit(identity, contract)
-        if outcome == "admit" and plan.contract_digest != contract.digest:
-            outcome = "reject:contract_digest"
-        reason = outcome
-        if outcome == "admit":
+        if outcome.is_admit and plan.contract_digest != contract.digest:
+            outcome = Outcome.reject("contract_digest")
+        reason = str(outcome)
+        if outcome.is_admit:
             split = self.split = read_split(plan.split_path)
             observed, problem = self.cache.observe(plan.snapshot_path, split, plan.image, contract["trainer"]["target"])
-            outcome = reason = check_worker(observed, contract)
-            if problem and outcome == "reject:trainer":
-                reason = f"{outcome}: {problem}"
-            if outcome == "admit":
+            outcome = check_worker(observed, contract)
+            reason = f"{outcome}: {problem}" if problem and outcome == Outcome.reject("trainer") else str(outcome)
+            if outcome.is_admit:
                 self.ledger.admitted(
                     self.attempt, Admitted(observed.snapshot_digest, observed.split_digest, observed.image_digest, observed.trainer["source_digest"])
                 )
-        if outcome != "admit":
+        if not outcome.is_admit:
             self._end(Ended(AttemptEnd.REJECTED, outcome=outcome, reason=reason))
             raise StopAttempt(TrialState.REJECTED.value)
 
@@ -227,7 +219,7 @@ class AttemptRun:
         self.budget = self.cache.budget(self.search.path, contract)
         held = self.budget.reserve(self.plan.trial_id, self.attempt)
         if not held.ok:
-            self._end(Ended(AttemptEnd.BUDGET_EXHAUSTED, outcome="hold:budget", reason=f"hold:budget: {held.message}"))
+            self._end(Ended(AttemptEnd.BUDGET_EXHAUSTED, outcome=Outcome.HOLD_BUDGET, reason=f"{Outcome.HOLD_BUDGET}: {held.message}"))
             raise StopAttempt(TrialState.BUDGET_EXHAUSTED.value)
         self.reserved = True
 

@@ -18,13 +18,14 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from ..budget import SearchBudget
-from ..contract import Contract, WorkerObservation
-from ..data import Split, snapshot_digest
-from ..errors import UsageError
-from ..fsio import canonical_json
-from ..image import image_digest
-from ..trainer import TrainingData, load_training_data, trainer_identity
+from parcel_hpc.budget import SearchBudget
+from parcel_hpc.data import Split, snapshot_digest
+from parcel_hpc.errors import UsageError
+from parcel_hpc.fsio import canonical_json
+from parcel_hpc.governance.admission import WorkerObservation
+from parcel_hpc.governance.contract import Contract
+from parcel_hpc.governance.image import image_digest
+from parcel_hpc.trainer import TrainingData, load_training_data, trainer_identity
 
 
 def _file_key(path: str) -> tuple:

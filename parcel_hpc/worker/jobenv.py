@@ -7,7 +7,7 @@ import socket
 import subprocess
 from collections.abc import Mapping
 
-from ..ledger import Cause, Executor, Started
+from parcel_hpc.ledger import Cause, Executor, Started
 
 
 def facts_from_env(env: Mapping[str, str] | None = None) -> Started:

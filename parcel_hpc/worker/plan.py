@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..ledger import SearchDir
-from ..lifecycle import RetryPolicy
+from parcel_hpc.ledger import SearchDir
+from parcel_hpc.lifecycle.actions import RetryPolicy
 
 
 @dataclass(frozen=True)

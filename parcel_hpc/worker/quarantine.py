@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import os
 
-from .. import claims, fsio
-from ..errors import UsageError
-from ..ledger import SearchDir
-from ..pruning import MilestoneStore
+from parcel_hpc import fsio
+from parcel_hpc.checkpoints import claims
+from parcel_hpc.errors import UsageError
+from parcel_hpc.ledger import SearchDir
+from parcel_hpc.pruning import MilestoneStore
 
 
 def quarantine_collision(search: SearchDir, trial_id: str, attempt: int, exc: claims.CheckpointCollision) -> list[str]:

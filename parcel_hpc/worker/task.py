@@ -21,13 +21,13 @@ from typing import Any
 import submitit
 from submitit.core.utils import UncompletedJobError
 
-from ..fsio import no_world_writes
-from ..ledger import SearchDir, TrialRecord
-from ..lifecycle import runs_alone
-from .attempt import AttemptRun
-from .cache import WorkerCache
-from .jobenv import facts_from_env, signal_cause
-from .plan import WorkerPlan
+from parcel_hpc.fsio import no_world_writes
+from parcel_hpc.ledger import SearchDir, TrialRecord
+from parcel_hpc.lifecycle.actions import runs_alone
+from parcel_hpc.worker.attempt import AttemptRun
+from parcel_hpc.worker.cache import WorkerCache
+from parcel_hpc.worker.jobenv import facts_from_env, signal_cause
+from parcel_hpc.worker.plan import WorkerPlan
 
 
 class TrialTask:

@@ -18,10 +18,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..metric import MissCost
-from ..trainer import Trainer, TrainingData
-from ..trainer.base import checked_probabilities, finite_metrics
-from .plan import WorkerPlan
+from parcel_hpc.governance.metric import MissCost
+from parcel_hpc.trainer import Trainer, TrainingData
+from parcel_hpc.trainer.base import checked_probabilities, finite_metrics
+from parcel_hpc.worker.plan import WorkerPlan
 
 STEP_HOOK_ENV = "PARCEL_HPC_STEP_HOOK"  # "package.module:function", called as f(params, step) after each step
 

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from parcel_hpc import scheduled_reconcile
+from parcel_hpc.accounting import scheduled as scheduled_reconcile
 from parcel_hpc.ledger import SearchDir
 from parcel_hpc.testing import launch, parcel_hpc
 

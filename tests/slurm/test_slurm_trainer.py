@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from parcel_hpc.data import read_split
+from parcel_hpc.governance.metric import MissCost
 from parcel_hpc.ledger import SearchDir
-from parcel_hpc.metric import MissCost
 from parcel_hpc.testing import launch
 from parcel_hpc.trainer import load_training_data
 

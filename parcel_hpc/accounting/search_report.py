@@ -1,0 +1,258 @@
+"""``parcel-hpc reconcile``: ask the scheduler (or read an exported dump), reconcile, report.
+
+The edge of the accounting package: the only place that runs sacct for a search or reads a
+``--sacct-file``. A failing or unreachable sacct is an error (exit 2), never a partial report.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import datetime as _dt
+import html
+import io
+import time
+from collections.abc import Sequence
+from dataclasses import fields
+from pathlib import Path
+
+from rich.table import Table
+
+from parcel_hpc.accounting.reconcile import AttemptLine, Reconciliation, local_runs, reconcile, report_row
+from parcel_hpc.budget import BudgetLedger, search_caps
+from parcel_hpc.errors import UsageError
+from parcel_hpc.ledger import Executor, SearchDir
+from parcel_hpc.ledger.searches import launched_by
+from parcel_hpc.scheduler.slurm.runs import job_runs
+from parcel_hpc.scheduler.slurm.sacct import SACCT_FORMAT, build_sacct_argv, run_sacct
+from parcel_hpc.scheduler.slurm.sacct_parse import parse_sacct
+
+
+def reconcile_search(search: SearchDir, sacct_file: Path | None = None) -> Reconciliation:
+    contract = search.contract()
+    records = list(search.records())
+    caps = search_caps(contract)
+    ledger_used = _ledger_used(search)
+    campaign, objective = contract["search_revision"], contract["metric_revision"]
+    if sacct_file is not None:
+        try:
+            data = Path(sacct_file).read_bytes()
+        except OSError as exc:
+            raise UsageError(f"cannot read --sacct-file {sacct_file}: {exc.strerror}; export it with `sacct {SACCT_FORMAT_HINT}`") from None
+        rows = job_runs(parse_sacct(data, source=str(sacct_file)))
+        mine = {j for r in records for j in r.jobs}
+        # The dump is exported by the search's job name (README): every row the ledger lacks is an orphan.
+        listed = [a for a in rows if a.job_id not in mine]
+        return reconcile(campaign, objective, f"sacct-file:{sacct_file}", records, [a for a in rows if a.job_id in mine], listed, caps, ledger_used)
+    if not any(r.executor is Executor.SLURM for r in records):
+        runs = local_runs(records, launched_by(search))
+        return reconcile(campaign, objective, "local executor", records, runs, [], caps, ledger_used)
+    jobs = sorted({j for r in records for j in r.jobs})
+    runs = job_runs(parse_sacct(run_sacct(build_sacct_argv(jobs)), source="sacct")) if jobs else []
+    since = _created(search)
+    listed = []
+    for name in search.slurm_job_names():
+        # --allusers: an admin reconciling a colleague's search sees the orphans of every user
+        listed += job_runs(parse_sacct(run_sacct(build_sacct_argv([], since=since, name=name, all_users=True)), source="sacct --name"))
+    return reconcile(campaign, objective, "sacct", records, runs, listed, caps, ledger_used, now=time.time())
+
+
+SACCT_FORMAT_HINT = f"--parsable2 --noheader --duplicates --format={SACCT_FORMAT}"
+
+
+def _created(search: SearchDir) -> int:
+    return int((search.path / "contract.json").stat().st_mtime) - 60
+
+
+def _ledger_used(search: SearchDir) -> float | None:
+    totals = BudgetLedger.read_totals(search.path)  # a read command: never creates or writes the journal
+    return totals.used_gpu_hours if totals is not None else None
+
+
+# --- renderers ---------------------------------------------------------------------------------
+
+
+def render_table(results: Sequence[Reconciliation], console) -> None:
+    for rec in results:
+        console.print(f"[bold]campaign {rec.campaign}[/] objective {rec.objective}  source: {rec.source}")
+        summary = Table(show_header=True)
+        for col in ("ceiling", "used", "cap", "left"):
+            summary.add_column(col)
+        for name, s in rec.spend.items():
+            summary.add_row(name, f"{s['used']:.4f}", f"{s['cap']:.4f}", f"{s['left']:.4f}")
+        console.print(summary)
+        figs = rec.figures
+        console.print("  ".join(f"{k}={_fmt(v)}" for k, v in figs.items()))
+        console.print("wasted hours by cause: " + "  ".join(f"{k}={v:.4f}" for k, v in rec.waste_hours.items()))
+        if rec.pending:
+            waiting = Table(title=f"{len(rec.pending)} jobs not yet accounted in full: figures may still change (rerun, or pass --wait SECONDS)")
+            for col in ("trial", "job", "why"):
+                waiting.add_column(col)
+            for p in rec.pending:
+                waiting.add_row(p.trial_id, p.job_id, p.detail)
+            console.print(waiting)
+        trials = Table(title="per trial")
+        for col in ("trial", "state", "attempts", "GPU-h", "CPU-h", "wall s", "cost", "queue wait s", "effective"):
+            trials.add_column(col)
+        for t in rec.trials:
+            trials.add_row(
+                t.trial_id,
+                t.state,
+                str(t.attempts),
+                f"{t.gpu_hours:.4f}",
+                f"{t.cpu_hours:.4f}",
+                str(t.wall_s),
+                f"{t.cost:.4f}",
+                ",".join(str(w) for w in t.queue_wait_s),
+                "yes" if t.effective else "no",
+            )
+        console.print(trials)
+        if rec.flags:
+            flags = Table(title=f"{len(rec.flags)} flags")
+            for col in ("kind", "trial", "job", "detail"):
+                flags.add_column(col)
+            for f in rec.flags:
+                flags.add_row(f.kind, f.trial_id, f.job_id, f.detail)
+            console.print(flags)
+        else:
+            console.print("no flags: the ledger and the scheduler agree")
+
+
+def to_csv(results: Sequence[Reconciliation]) -> str:
+    out = io.StringIO()
+    names = ["campaign"] + [f.name for f in fields(AttemptLine)]
+    w = csv.DictWriter(out, fieldnames=names, lineterminator="\n")
+    w.writeheader()
+    for rec in results:
+        for a in rec.attempts:
+            w.writerow({"campaign": rec.campaign, **report_row(a)})
+    return out.getvalue()
+
+
+def to_html(results: Sequence[Reconciliation]) -> str:
+    """A self-contained page: tables and PNG plots inlined as data URIs (opens with no network)."""
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'><title>parcel_hpc accounting</title>",
+        "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;margin:1em 0}"
+        "td,th{border:1px solid #bbb;padding:3px 8px;text-align:right}th{background:#eee}"
+        ".flag{color:#a00}img{max-width:48%;margin:0.5%}</style></head><body>",
+    ]
+    for rec in results:
+        parts.append(
+            f"<h1>campaign {html.escape(rec.campaign)}</h1><p>objective {html.escape(rec.objective)}; source {html.escape(rec.source)}; "
+            f"generated {_dt.datetime.now(_dt.UTC).isoformat(timespec='seconds')}</p>"
+        )
+        parts.append(_html_table(["ceiling", "used", "cap", "left"], [[k, _fmt(v["used"]), _fmt(v["cap"]), _fmt(v["left"])] for k, v in rec.spend.items()]))
+        parts.append(_html_table(["figure", "value"], [[k, _fmt(v)] for k, v in rec.figures.items()]))
+        for png in _plots(rec):
+            parts.append(f"<img alt='plot' src='data:image/png;base64,{png}'>")
+        if rec.pending:
+            parts.append(
+                f"<h2>{len(rec.pending)} jobs not yet accounted in full</h2><p>figures may still change</p>"
+                + _html_table(["trial", "job", "why"], [[p.trial_id, p.job_id, p.detail] for p in rec.pending])
+            )
+        parts.append(
+            "<h2>flags</h2>"
+            + (
+                _html_table(["kind", "trial", "job", "detail"], [[f.kind, f.trial_id, f.job_id, f.detail] for f in rec.flags])
+                if rec.flags
+                else "<p>none: the ledger and the scheduler agree</p>"
+            )
+        )
+        parts.append(
+            "<h2>trials</h2>"
+            + _html_table(
+                ["trial", "state", "attempts", "GPU-h", "CPU-h", "wall s", "cost", "effective"],
+                [[t.trial_id, t.state, t.attempts, _fmt(t.gpu_hours), _fmt(t.cpu_hours), t.wall_s, _fmt(t.cost), t.effective] for t in rec.trials],
+            )
+        )
+        parts.append(
+            "<h2>attempts</h2>"
+            + _html_table(
+                ["trial", "job", "run", "state", "node", "elapsed s", "GPU-h", "queue wait s", "waste"],
+                [[a.trial_id, a.job_id, a.run, a.state, a.node, a.elapsed_s, _fmt(a.gpu_hours), a.queue_wait_s, a.waste] for a in rec.attempts],
+            )
+        )
+    parts.append("</body></html>")
+    return "".join(parts)
+
+
+def cap_on_scale(used: float, cap: float) -> bool:
+    """Whether a cap drawn on the spend's own axis leaves the spend readable: within 20x of it.
+    Beyond that the curve would flatten into the axis, so the plot says the cap in words."""
+    return cap <= 20 * used
+
+
+def pyplot():
+    """matplotlib's pyplot on the Agg backend: imported only when an HTML report plots (it is slow
+    to import), and with no display backend (a login node has none)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def png_of(fig) -> str:
+    """The figure as a base64 PNG for an ``<img src="data:...">`` (the page opens with no network); closes it."""
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png", dpi=90)
+    pyplot().close(fig)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _plots(rec: Reconciliation) -> list[str]:
+    plt = pyplot()
+    pngs = []
+
+    def emit(fig) -> None:
+        pngs.append(png_of(fig))
+
+    ended = sorted((a.end, a.gpu_hours) for a in rec.attempts if a.end is not None)
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    if ended:
+        t0 = ended[0][0]
+        xs, ys, acc = [], [], 0.0
+        for end, h in ended:
+            acc += h
+            xs.append((end - t0) / 60.0)
+            ys.append(acc)
+        ax.step(xs, ys, where="post", label="GPU-hours used")
+    cap, top = rec.spend["gpu_hours"]["cap"], rec.spend["gpu_hours"]["used"]
+    if cap_on_scale(top, cap):
+        ax.axhline(cap, color="red", linestyle="--", label="cap")
+    else:  # the cap drawn to scale would flatten the spend into the axis: say it in words instead
+        ax.text(0.02, 0.95, f"cap {cap:g} GPU-h, {100 * top / cap:.3g} % used (off this scale)", transform=ax.transAxes, va="top", color="red")
+    ax.set_xlabel("minutes since first attempt ended")
+    ax.set_ylabel("GPU-hours")
+    ax.set_title("spend over time against the cap")
+    ax.legend()
+    emit(fig)
+
+    def bars(title: str, labels: list, values: list, **ticks) -> None:
+        fig, ax = plt.subplots(figsize=(6, 3.2))
+        ax.bar(labels, values)
+        ax.set_title(title)
+        ax.tick_params(axis="x", **ticks)
+        emit(fig)
+
+    bars("trials by state", list(rec.counts), list(rec.counts.values()), rotation=45)
+    bars("GPU-hours per trial", [t.trial_id for t in rec.trials], [t.gpu_hours for t in rec.trials], rotation=90, labelsize=6)
+    bars("wasted hours by cause", list(rec.waste_hours), list(rec.waste_hours.values()), rotation=45)
+    return pngs
+
+
+def _html_table(head: list[str], rows: list[list]) -> str:
+    th = "".join(f"<th>{html.escape(str(h))}</th>" for h in head)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><tr>{th}</tr>{body}</table>"
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4f}"
+    return str(v)

@@ -1,0 +1,24 @@
+"""``parcel-hpc decide SEARCH_DIR --accept --by NAME --reason TEXT``: a documented quality decision
+that lifts ``hold:slice-quality`` for the selected trial (``selection.actions``)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from parcel_hpc.console import make_console
+from parcel_hpc.selection import actions
+
+READ_ONLY = False
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("search_dir", type=Path)
+    parser.add_argument("--accept", action="store_true", required=True, help="accept the selected trial despite its failed slice gate")
+    parser.add_argument("--by", required=True, metavar="NAME", help="who decides")
+    parser.add_argument("--reason", required=True, metavar="TEXT", help="why, in one line (link a document for more)")
+
+
+def run(args: argparse.Namespace) -> int:
+    a = actions.decide(args.search_dir, by=args.by, reason=args.reason, out=make_console())
+    return a.verdict.exit_code

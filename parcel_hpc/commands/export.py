@@ -1,0 +1,262 @@
+"""``parcel-hpc export``: a search's trials as a table for pandas (CSV, Parquet or JSON lines).
+
+One row per trial (``--attempts``: per attempt) with typed columns, so ``pandas.read_csv`` and
+``pandas.read_parquet`` give numbers as numbers: ids, every parameter as its own ``params_<name>``
+column (Optuna's ``trials_dataframe`` naming), state and reason, the best and the final validation
+miss-cost, milestones reached, attempts, GPU- and CPU-hours, cost at the search's rates, queue wait,
+and UTC start and end times. Hours are the ledger's: each attempt's start to end, times the CPUs it
+held and the GPUs its scheduler allocated (``reconcile`` has the scheduler's own accounting).
+
+Must not write under the search: it reads the ledger and writes only the file it is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sys
+from collections.abc import Sequence
+from enum import Enum
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from parcel_hpc import fsio
+from parcel_hpc.budget import Rates, search_caps
+from parcel_hpc.errors import UsageError
+from parcel_hpc.ledger import AttemptEnd, Event, EventKind, SearchDir, TrialRecord, TrialState
+from parcel_hpc.ledger.events import Milestone, Submitted
+
+READ_ONLY = True
+
+
+class Format(Enum):
+    CSV = "csv"
+    PARQUET = "parquet"
+    JSONL = "jsonl"
+
+
+_TIME = pa.timestamp("ms", tz="UTC")
+
+TRIAL_COLUMNS = [
+    ("trial_id", pa.string()),
+    ("index", pa.int64()),
+    ("state", pa.string()),
+    ("reason", pa.string()),
+    ("final_metric", pa.float64()),  # a completed trial's validation miss-cost
+    ("best_metric", pa.float64()),  # the lowest miss-cost it reported at any milestone or at its end
+    ("milestones_reached", pa.int64()),
+    ("last_milestone", pa.float64()),  # the step of the last milestone reported (NaN: none)
+    ("step", pa.int64()),
+    ("attempts", pa.int64()),
+    ("interrupted", pa.int64()),
+    ("gpu_hours", pa.float64()),
+    ("cpu_hours", pa.float64()),
+    ("cost", pa.float64()),
+    ("queue_wait_s", pa.float64()),  # every attempt's wait from its job's submission (or requeue) to its start
+    ("started_at", _TIME),
+    ("ended_at", _TIME),
+    ("executor", pa.string()),
+    ("jobs", pa.string()),  # scheduler job ids, in order, space-separated
+    ("seed", pa.int64()),
+    ("config_hash", pa.string()),
+    ("proposed_by", pa.string()),  # the sampler (lineage: the trial's spec)
+    ("proposal", pa.int64()),  # a learning sampler's proposal number (null: drawn from seed and index)
+    ("history_digest", pa.string()),  # what that proposal was told (parcel-hpc proposals --replay)
+]
+
+ATTEMPT_COLUMNS = [
+    ("trial_id", pa.string()),
+    ("attempt", pa.int64()),
+    ("job_id", pa.string()),
+    ("host", pa.string()),
+    ("how", pa.string()),  # how it ended; empty while it runs
+    ("cause", pa.string()),
+    ("trial_state", pa.string()),
+    ("metric", pa.float64()),  # its final metric when it completed the trial
+    ("step", pa.int64()),
+    ("resumed_from", pa.int64()),
+    ("gpus", pa.int64()),
+    ("cpus", pa.int64()),
+    ("wall_s", pa.float64()),
+    ("gpu_hours", pa.float64()),
+    ("cpu_hours", pa.float64()),
+    ("cost", pa.float64()),
+    ("queue_wait_s", pa.float64()),
+    ("started_at", _TIME),
+    ("ended_at", _TIME),
+]
+
+
+def table(search: SearchDir, attempts: bool = False) -> pa.Table:
+    """The search's rows as one typed table (reads only)."""
+    rates = search_caps(search.contract()).rates
+    rows: list[dict[str, Any]] = []
+    params: list[dict[str, Any]] = []  # each row's trial parameters
+    for tid in search.trial_ids():
+        events = search.events(tid)
+        record = search.fold(search.spec(tid), events)
+        lines = _attempt_rows(record, events, rates)
+        new = lines if attempts else [_trial_row(record, events, lines)]
+        rows += new
+        params += [dict(record.spec.params)] * len(new)
+    columns = ATTEMPT_COLUMNS if attempts else TRIAL_COLUMNS
+    data = {name: pa.array([r[name] for r in rows], type=kind) for name, kind in columns}
+    # The parameters right after the identity columns; pyarrow infers each one's type (ints stay ints).
+    names = [name for name, _ in columns]
+    cut = names.index("attempt" if attempts else "trial_id") + 1
+    ordered = {n: data[n] for n in names[:cut]}
+    ordered.update({f"params_{p}": _param_column([row.get(p) for row in params]) for p in sorted({k for row in params for k in row})})
+    ordered.update({n: data[n] for n in names[cut:]})
+    return pa.table(ordered)
+
+
+def _param_column(values: list[Any]) -> pa.Array:
+    """One parameter's column, typed as pyarrow infers it (ints stay ints, floats floats); a choice
+    of mixed kinds (``[64, "auto"]``, ``[true, 0]``) or of lists is JSON text, one cell each."""
+    try:
+        column = pa.array(values)
+        if not pa.types.is_nested(column.type):
+            return column
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        pass
+    return pa.array([None if v is None else json.dumps(v) for v in values], pa.string())
+
+
+def _attempt_rows(record: TrialRecord, events: Sequence[Event], rates: Rates) -> list[dict[str, Any]]:
+    gpus_asked, cpus = int(record.spec.resources.get("gpus", 0)), int(record.spec.resources.get("cpus", 1))
+    submitted = [(e.t, e.data.job_id) for e in events if isinstance(e.data, Submitted)]
+    rows = []
+    previous_end: dict[str, float] = {}  # job id -> when its last attempt ended (a requeue waits from there)
+    for a in record.attempts:
+        wall = (a.ended - a.started) if a.started is not None and a.ended is not None else None
+        gpus = a.gpus_or(gpus_asked)
+        gpu_h = gpus * wall / 3600 if wall is not None else None
+        cpu_h = cpus * wall / 3600 if wall is not None else None
+        wait = None
+        if a.started is not None:
+            marks = [t for t, job in submitted if job == a.job_id and t <= a.started]
+            if a.job_id in previous_end:
+                marks.append(previous_end[a.job_id])  # a requeued job waits again from its last run's end
+            wait = a.started - max(marks) if marks else None
+        if a.ended is not None and a.job_id:
+            previous_end[a.job_id] = a.ended
+        result = a.how is AttemptEnd.COMPLETED and record.state is TrialState.COMPLETED and a.number > record.tainted_upto
+        rows.append(
+            {
+                "trial_id": record.trial_id,
+                "attempt": a.number,
+                "job_id": a.job_id,
+                "host": a.host,
+                "how": a.how.value if a.how is not None else "",
+                "cause": a.cause.value if a.cause is not None else "",
+                "trial_state": record.state.value,
+                "metric": record.metric if result else None,
+                "step": a.step,
+                "resumed_from": a.resumed_from,
+                "gpus": gpus,
+                "cpus": cpus,
+                "wall_s": wall,
+                "gpu_hours": gpu_h,
+                "cpu_hours": cpu_h,
+                "cost": rates.cost(gpu_h, cpu_h) if wall is not None else None,
+                "queue_wait_s": wait,
+                "started_at": _ms(a.started),
+                "ended_at": _ms(a.ended),
+            }
+        )
+    return rows
+
+
+def _trial_row(record: TrialRecord, events: Sequence[Event], attempts: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    valid = [e.data for e in events if e.kind is EventKind.MILESTONE and not (0 < e.attempt <= record.tainted_upto)]
+    values = [m.value for m in valid if isinstance(m, Milestone)] + ([record.metric] if record.metric is not None else [])
+    reached = {m.step for m in valid if isinstance(m, Milestone) and m.is_milestone}
+    waits = [r["queue_wait_s"] for r in attempts if r["queue_wait_s"] is not None]
+    started = [a.started for a in record.attempts if a.started is not None]
+    ended = [a.ended for a in record.attempts if a.ended is not None]
+    return {
+        "trial_id": record.trial_id,
+        "index": record.spec.index,
+        "state": record.state.value,
+        "reason": record.reason,
+        "final_metric": record.metric,
+        "best_metric": min(values) if values else None,
+        "milestones_reached": len(reached),
+        "last_milestone": record.milestone,
+        "step": record.step,
+        "attempts": len(record.attempts),
+        "interrupted": record.interrupted,
+        "gpu_hours": sum(r["gpu_hours"] or 0.0 for r in attempts),
+        "cpu_hours": sum(r["cpu_hours"] or 0.0 for r in attempts),
+        "cost": sum(r["cost"] or 0.0 for r in attempts),
+        "queue_wait_s": sum(waits) if waits else None,
+        "started_at": _ms(min(started)) if started else None,
+        "ended_at": _ms(max(ended)) if ended and record.state.is_finished() else None,
+        "executor": record.executor.value if record.executor is not None else "",
+        "jobs": " ".join(record.jobs),
+        "seed": record.spec.seed,
+        "config_hash": record.spec.config_hash,
+        "proposed_by": (record.spec.origin or {}).get("sampler", ""),
+        "proposal": (record.spec.origin or {}).get("proposal"),
+        "history_digest": (record.spec.origin or {}).get("history_digest", ""),
+    }
+
+
+def _ms(t: float | None) -> int | None:
+    return None if t is None else int(round(t * 1000))
+
+
+def write(data: pa.Table, fmt: Format, out: BinaryIO) -> None:
+    if fmt is Format.PARQUET:
+        pq.write_table(data, out)
+    elif fmt is Format.CSV:
+        pacsv.write_csv(_floats_as_written(data), out, pacsv.WriteOptions(quoting_style="needed"))
+    else:
+        for row in data.to_pylist():
+            out.write((json.dumps({k: v.isoformat() if hasattr(v, "isoformat") else v for k, v in row.items()}) + "\n").encode())
+
+
+def _floats_as_written(data: pa.Table) -> pa.Table:
+    """Float columns as Python writes floats: pyarrow's CSV writer prints 0.0 as "0", and a column
+    of zeros (no GPU-hours) would then read back as integers."""
+    for i, field in enumerate(data.schema):
+        if pa.types.is_floating(field.type):
+            text = pa.array([None if v is None else repr(v) for v in data.column(i).to_pylist()], pa.string())
+            data = data.set_column(i, field.name, text)
+    return data
+
+
+def export(search: SearchDir, fmt: Format, output: Path | None, attempts: bool = False) -> int:
+    """Write the table to ``output`` (whole or not at all: temp + rename), else stdout; the number of rows."""
+    if output is not None and (output.is_dir() or not output.absolute().parent.is_dir()):
+        raise UsageError(f"--output {output}: {'is a directory' if output.is_dir() else 'its folder does not exist'}; give a file path in an existing folder")
+    if output is None and fmt is Format.PARQUET and sys.stdout.isatty():
+        raise UsageError("--format parquet is binary: give --output FILE (or redirect stdout to a file)")
+    data = table(search, attempts)
+    buffer = io.BytesIO()
+    write(data, fmt, buffer)
+    if output is None:
+        sys.stdout.buffer.write(buffer.getvalue())
+        sys.stdout.flush()
+    else:
+        fsio.atomic_write_bytes(output, buffer.getvalue())
+    return data.num_rows
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("search_dir", type=Path)
+    parser.add_argument("--format", choices=[f.value for f in Format], default=Format.CSV.value, help="default %(default)s")
+    parser.add_argument("--attempts", action="store_true", help="one row per attempt instead of per trial")
+    parser.add_argument("--output", "-o", type=Path, metavar="FILE", help="write here instead of stdout")
+
+
+def run(args: argparse.Namespace) -> int:
+    rows = export(SearchDir(args.search_dir), Format(args.format), args.output, args.attempts)
+    if args.output is not None:
+        print(f"wrote {rows} rows to {args.output}", file=sys.stderr)
+    return 0

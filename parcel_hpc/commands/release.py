@@ -1,0 +1,22 @@
+"""``parcel-hpc release SEARCH_DIR``: write the release packet (JSON, Markdown, HTML) and register
+the artifact when every check passed or was decided (``release.publish``)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from parcel_hpc.console import make_console
+from parcel_hpc.release import publish
+
+READ_ONLY = False
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("search_dir", type=Path)
+    parser.add_argument("--registry", type=Path, metavar="DIR", help="registry root (default: <search.root>/registry)")
+
+
+def run(args: argparse.Namespace) -> int:
+    packet = publish(args.search_dir, args.registry, out=make_console())
+    return 0 if packet["registry_path"] else 3  # held: the outcome was printed first, with the checks

@@ -1,0 +1,270 @@
+"""``parcel-hpc status``: counts by state and a per-trial table, from the ledger and the scheduler.
+
+Every trial appears, failed and pruned ones included. When the trials' jobs live on SLURM and the
+controller answers, running and queued trials show the scheduler's own word (pending, running,
+requeued); when it does not answer, the table says so instead of guessing.
+
+Must not write a byte under the search (admins read other people's searches): a trial whose job is
+definitely gone is shown resolved, folded in memory and marked not yet recorded (``resolution``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from parcel_hpc.console import make_console
+from parcel_hpc.errors import EXIT_PENDING, ParcelError, UsageError
+from parcel_hpc.ledger import LauncherState, RecordView, SearchDir, TrialRecord, TrialState, preview, searches
+from parcel_hpc.ledger.summary import compute_used, counts_by_state
+from parcel_hpc.lifecycle import resolution
+from parcel_hpc.pruning import MilestoneStore
+
+READ_ONLY = True
+
+UNRECORDED = "resolved from the scheduler in this view; not yet recorded (`parcel-hpc sync` records it)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("search_dir", type=Path)
+    out = parser.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="print one JSON object")
+    out.add_argument(
+        "--watch", action="store_true", help=f"follow it until it ends (exit 0) or nothing can move it (exit {EXIT_PENDING}); lines when not a terminal"
+    )
+    parser.add_argument(
+        "--interval", type=float, default=10.0, metavar="SECONDS", help="--watch: seconds between looks (default %(default)s; each look asks squeue once)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    search = SearchDir(args.search_dir)
+    if args.watch:
+        if not 0 < args.interval < float("inf"):  # NaN and inf too
+            raise UsageError(f"--interval {args.interval:g} must be a number of seconds > 0")
+        return watch(search, make_console(), args.interval)
+    data = collect(search)
+    if args.json:
+        print(to_json(data))
+    else:
+        render(data)
+    return 0
+
+
+def collect(search: SearchDir, view: RecordView | None = None) -> dict[str, Any]:
+    """Everything ``status`` shows. Reads only: a search the caller cannot write to gives the same
+    answer. ``view``: read through it (``--watch`` folds only the trials whose journals changed)."""
+    contract = search.contract()
+    found = [view.record(tid) for tid in search.trial_ids()] if view is not None else list(search.records())
+    records, facts = resolution.observe(search, found, resolution.DEFINITE)
+    resolved = {res.trial_id: res for res in resolution.resolve(records, facts, resolution.DEFINITE)}
+    records = [_with(search, r, resolved[r.trial_id]) if r.trial_id in resolved else r for r in records]
+    decisions = _prune_decisions(search, contract)
+    trials = []
+    for r in records:
+        row = r.to_json()
+        last_job = r.jobs[-1] if r.jobs else ""
+        queued = facts.queued.get(last_job)
+        row["scheduler"] = queued.state.lower() if queued is not None else ""
+        row["queue_reason"] = queued.reason if queued is not None and queued.state == "PENDING" else ""
+        row["prune"] = decisions.get(r.trial_id)
+        if r.trial_id in resolved:
+            row["unrecorded"] = UNRECORDED
+        trials.append(row)
+    return {
+        "search": str(search.path),
+        "contract_digest": contract.digest,
+        # the milestones a trial can reach: those past train.steps never come
+        "milestones": [m for m in contract["pruner"]["milestones"] if m <= int(contract["train"]["steps"])],
+        "counts": counts_by_state(records),
+        "compute": compute_used(records),
+        "scheduler_error": facts.slurm_error,
+        "unrecorded_resolutions": len(resolved),
+        "trials": trials,
+    }
+
+
+def _with(search: SearchDir, record: TrialRecord, res: resolution.Resolution) -> TrialRecord:
+    """The record as it will read once the resolution is recorded (folded in memory, nothing written)."""
+    return search.fold(record.spec, search.events(record.trial_id) + [preview(res.attempt, res.ending, time.time())])
+
+
+def _prune_decisions(search: SearchDir, contract) -> dict[str, dict]:
+    if not (search.path / "prune_decisions").exists():
+        return {}
+    store = MilestoneStore(search.path, contract["pruner"]["milestones"], readonly=True)
+    out: dict[str, dict] = {}
+    for rec in store.decisions():
+        d = rec.decision
+        if d.action.stops_trial or d.trial_id not in out:
+            out[d.trial_id] = {
+                "milestone": d.milestone,
+                "action": d.action.value,
+                "value": d.value,
+                "threshold": d.threshold,
+                "peers": len(d.peers),
+                "valid": rec.valid,
+            }
+    return out
+
+
+def render(data: dict[str, Any], console: Console | None = None) -> None:
+    console = console or make_console()
+    counts = data["counts"]
+    console.print(f"search {data['search']}  contract {data['contract_digest'][:19]}…")
+    console.print("  ".join(f"{k}={v}" for k, v in counts.items()) + f"  (total {sum(counts.values())})")
+    if data.get("scheduler_error"):
+        console.print(f"[yellow]scheduler not consulted: {data['scheduler_error']}[/]")
+    if data.get("unrecorded_resolutions"):
+        console.print(f"[yellow]{data['unrecorded_resolutions']} trials' jobs are gone: {UNRECORDED}[/]")
+    table = Table()
+    for col in ("trial", "state", "scheduler", "metric", "step", "milestone", "attempts", "interrupted", "reason", "prune"):
+        table.add_column(col)
+    for t in data["trials"]:
+        prune = t.get("prune")
+        prune_txt = (
+            f"{prune['action']}@{prune['milestone']} thr={prune['threshold']:.4f} n={prune['peers']}" + ("" if prune["valid"] else " INVALID")
+            if prune and prune.get("threshold") is not None
+            else (f"{prune['action']}@{prune['milestone']}" if prune else "")
+        )
+        table.add_row(
+            t["trial_id"],
+            t["state"],
+            t.get("scheduler", ""),
+            "" if t["metric"] is None else f"{t['metric']:.4f}",
+            str(t["step"]),
+            "" if t["milestone"] is None else str(t["milestone"]),
+            str(t["attempts"]),
+            str(t["interrupted"]),
+            t["reason"][:60],
+            prune_txt,
+        )
+    console.print(table)
+    c = data["compute"]
+    console.print(f"compute used: {c['gpu_hours']:.4f} GPU-h, {c['cpu_hours']:.4f} CPU-h over {c['attempts']} attempts")
+
+
+def to_json(data: dict[str, Any]) -> str:
+    return json.dumps(data, indent=2, sort_keys=False, default=str)
+
+
+# --- status --watch ----------------------------------------------------------------------------
+
+
+def watch(search: SearchDir, console: Console, interval_s: float = 10.0, sleep: Callable[[float], None] = time.sleep) -> int:
+    """Follow a search until it ends (exit 0), or until nothing can move it (exit 4): no job runs or
+    waits in the queue and no launcher follows it. A terminal gets a live view; anything else (a
+    log, a pipe) one line per change. Reads only, like ``status``: it works on a detached SLURM
+    search and on someone else's."""
+    view = RecordView(search)
+    seen: dict[str, tuple] = {}
+    live = Live(console=console, auto_refresh=False, transient=False) if console.is_terminal else None
+    with live if live is not None else contextlib.nullcontext():
+        while True:
+            data = collect(search, view)
+            launcher = _launcher(search)
+            if live is not None:
+                live.update(_live_view(data, launcher, console.height), refresh=True)
+            else:
+                for line in _changes(seen, data):
+                    console.print(line, markup=False, highlight=False)
+            waiting = [t for t in data["trials"] if not TrialState(t["state"]).is_finished()]
+            finished = bool(data["trials"]) and not waiting
+            # No trial yet: a launch may be a moment from proposing them (its contract just froze).
+            expected = bool(waiting) or time.time() - (search.path / "contract.json").stat().st_mtime > searches.STALE_AFTER_S
+            stalled = expected and not finished and not data["scheduler_error"] and not launcher.is_alive() and not _moving(data)
+            if finished or stalled:
+                break
+            sleep(interval_s)
+    if live is not None:
+        console.print(_counts_line(data), markup=False, highlight=False)  # lines said it already
+    if stalled:
+        console.print(
+            f"stalled: {len(waiting)} trials wait, but no job of this search runs or is queued and no launcher follows it (launcher: {launcher.value});"
+            f" rerun the launch, or `parcel-hpc resubmit {search.path}`"
+        )
+        return EXIT_PENDING
+    return 0
+
+
+def _launcher(search: SearchDir) -> LauncherState:
+    try:
+        return searches.current_launcher(search)
+    except (ParcelError, OSError):
+        return LauncherState.UNKNOWN  # a damaged launch record: the trials' own states still show
+
+
+def _moving(data: dict[str, Any]) -> bool:
+    """Some trial runs, or its job is in the scheduler's queue."""
+    return any(t["state"] == TrialState.RUNNING.value or t["scheduler"] for t in data["trials"])
+
+
+def _milestones(t: dict[str, Any], grid: list[int]) -> str:
+    if t["milestone"] is None:
+        return f"0/{len(grid)}"
+    reached = sum(1 for m in grid if m <= t["milestone"])
+    value = "" if t["last_value"] is None else f" ({t['last_value']:.4f} at {t['milestone']})"
+    return f"{reached}/{len(grid)}{value}"
+
+
+def _counts_line(data: dict[str, Any]) -> str:
+    counts = data["counts"]
+    c = data["compute"]
+    return (
+        time.strftime("%H:%M:%S ")
+        + " ".join(f"{k}={v}" for k, v in counts.items() if v)
+        + f" (total {sum(counts.values())}); {c['gpu_hours']:.4f} GPU-h, {c['cpu_hours']:.4f} CPU-h"
+    )
+
+
+def _changes(seen: dict[str, tuple], data: dict[str, Any]) -> list[str]:
+    """One line per trial whose state, queue state or milestone changed since the last look, and
+    the counts when any did."""
+    lines = []
+    stamp = time.strftime("%H:%M:%S")
+    for t in data["trials"]:
+        key = (t["state"], t["scheduler"], t["milestone"])
+        before = seen.get(t["trial_id"])
+        seen[t["trial_id"]] = key
+        if before == key or (before is None and key == (TrialState.QUEUED.value, "", None)):
+            continue  # unchanged, or first seen waiting for its dispatch: nothing has happened to it yet
+        what = t["state"] + (f" ({t['scheduler']}{': ' + t['queue_reason'] if t['queue_reason'] else ''})" if t["scheduler"] else "")
+        if t["metric"] is not None:
+            what += f" miss-cost {t['metric']:.4f}"
+        elif t["state"] not in ("running", "queued") and t["reason"]:
+            what += f": {t['reason'][:80]}"
+        lines.append(f"{stamp} {t['trial_id']} {what}; milestones {_milestones(t, data['milestones'])}")
+    if lines:
+        lines.append(_counts_line(data))
+    return lines
+
+
+def _live_view(data: dict[str, Any], launcher: LauncherState, height: int) -> Group:
+    active = [t for t in data["trials"] if not TrialState(t["state"]).is_finished()]
+    done = [t for t in data["trials"] if TrialState(t["state"]).is_finished()]
+    best = min((t for t in done if t["metric"] is not None), key=lambda t: t["metric"], default=None)
+    header = Text(f"search {data['search']}   launcher: {launcher.value}\n{_counts_line(data)}")
+    if best is not None:
+        header.append(f"\nbest so far: {best['trial_id']} miss-cost {best['metric']:.4f}")
+    if data["scheduler_error"]:
+        header.append(f"\nscheduler not consulted: {data['scheduler_error']}", style="yellow")
+    table = Table(title=f"{len(active)} trials not finished")
+    for col in ("trial", "state", "queue", "milestones", "step", "attempts", "reason"):
+        table.add_column(col)
+    room = max(3, height - 10)
+    for t in active[:room]:
+        queue = t["scheduler"] + (f" ({t['queue_reason']})" if t["queue_reason"] else "")
+        table.add_row(t["trial_id"], t["state"], queue, _milestones(t, data["milestones"]), str(t["step"]), str(t["attempts"]), t["reason"][:50])
+    if len(active) > room:
+        table.caption = f"and {len(active) - room} more"
+    return Group(header, table)

@@ -1,0 +1,41 @@
+"""The miss-cost metric, by pinned revision. Lower is better.
+
+A missed damaged parcel (a false negative) costs ``miss_cost``; a needless manual review (a false
+positive) costs ``review_cost``. A trial is scored by the expected cost per frame at the cost-optimal
+threshold review_cost / (miss_cost + review_cost), so the metric does not depend on calibration
+choices a trial could game.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from parcel_hpc.errors import UsageError
+
+SUPPORTED_REVISIONS = ("miss-cost-r3",)
+
+
+@dataclass(frozen=True)
+class MissCost:
+    revision: str
+    miss_cost: float
+    review_cost: float
+
+    def __post_init__(self) -> None:
+        if self.revision not in SUPPORTED_REVISIONS:
+            raise UsageError(f"metric.revision={self.revision!r} is unknown to this worker; use one of {', '.join(SUPPORTED_REVISIONS)}")
+        if not (self.miss_cost > 0 and self.review_cost > 0):
+            raise UsageError(f"metric costs must be positive (miss_cost={self.miss_cost}, review_cost={self.review_cost})")
+
+    @property
+    def threshold(self) -> float:
+        return self.review_cost / (self.miss_cost + self.review_cost)
+
+    def __call__(self, probabilities: np.ndarray, labels: np.ndarray) -> float:
+        flagged = probabilities >= self.threshold
+        positive = labels.astype(bool)
+        misses = np.count_nonzero(positive & ~flagged)
+        reviews = np.count_nonzero(~positive & flagged)
+        return float((self.miss_cost * misses + self.review_cost * reviews) / max(1, labels.shape[0]))

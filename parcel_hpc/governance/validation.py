@@ -1,0 +1,298 @@
+"""Validation at the door: every text that can reach a path, a job name, a batch-script line, a
+scheduler argument or a shell is checked when the config is composed, before anything is written.
+
+Owns the rules (control characters, shell characters, names, paths, lengths) and SLURM's own units
+for memory (``4G``, ``100M``) and time (``2:00:00``, ``1-00:00:00``, ``90``). Pure: each refusal is a
+UsageError of one line naming the key, the rule and the fix (exit 2). ``sbatch.py`` applies the same
+rules to what it renders.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import string
+import unicodedata
+from collections.abc import Mapping
+from typing import Any
+
+from parcel_hpc.errors import UsageError
+from parcel_hpc.scheduler.packing import pack_option
+
+MAX_NAME = 64  # characters in a revision, job, partition, account or qos name
+MAX_JOB_NAME = 80  # a search's job name (the default is parcel-<revision>); the scheduler adds "-<search id>"
+MAX_PATH = 1024  # characters in a path (Linux allows 4096; ours are short)
+MAX_TIME_MIN = 366 * 24 * 60  # a year and a day: anything longer is a typo
+MAX_MEM_GB = 64 * 1024.0  # 64 TiB per trial: anything larger is a typo
+MAX_PACK_MINUTES = 7 * 24 * 60  # a week of work in one packed job
+
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+NAME_FIX = f"use 1-{MAX_NAME} characters from A-Z a-z 0-9 . _ - starting with a letter or digit, without '..'"
+_PATH_RE = re.compile(r"[A-Za-z0-9._/+,@=~-]+")
+PATH_FIX = "use letters, digits and . _ / + , @ = ~ - only (a symlink with such a name works)"
+_IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+_TARGET_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
+_OPTION_RE = re.compile(r"[a-z][a-z0-9_-]{0,39}")
+# What an #SBATCH value may be made of: nothing sbatch's directive parser or a shell could misread.
+HEADER_SAFE_RE = re.compile(r"[A-Za-z0-9._/+,@=%:-]+")
+# sbatch option values may also hold constraint and node-list syntax: harmless in an #SBATCH line.
+_OPTION_VALUE_RE = re.compile(r"[A-Za-z0-9._/+,@=%:|&\[\]*-]+")
+_PARTITIONS_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(,[A-Za-z0-9][A-Za-z0-9._-]*)*")
+_MEM_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)([KMGT])", re.IGNORECASE)
+_TIME_RE = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
+# sbatch options parcel_hpc sets itself: a search's identity, its hold-until-recorded, its logs.
+RESERVED_OPTIONS = frozenset(
+    {"job-name", "comment", "wckey", "hold", "array", "output", "error", "signal", "requeue", "exclude", "open-mode"}
+    | {"time", "mem", "cpus-per-task", "gres", "gpus", "partition", "account", "qos"}
+    # Also pinned resources in another spelling: they would slip past the contract and the budget.
+    | {"ntasks", "ntasks-per-node", "nodes", "gpus-per-node", "gpus-per-task", "gpus-per-socket", "mem-per-cpu", "mem-per-gpu", "cpus-per-gpu"}
+)
+
+
+def show(value: object) -> str:
+    r = repr(value)
+    return r if len(r) <= 60 else r[:56] + "...'"
+
+
+def bad(key: str, value: object, problem: str, fix: str) -> UsageError:
+    return UsageError(f"{key}={show(value)} {problem}; {fix}")
+
+
+def text(key: str, value: object, max_len: int = MAX_PATH) -> str:
+    """What every string gets: a str, no control or line-break character, no #SBATCH, a length limit."""
+    if not isinstance(value, str):
+        raise bad(key, value, f"is a {type(value).__name__}, not a string", "give text")
+    for ch in value:
+        category = unicodedata.category(ch)
+        if category[0] == "C" or category in ("Zl", "Zp") or (ch.isspace() and ch != " "):
+            raise bad(key, value, f"contains the control or line-break character {ch!r}", "remove it")
+    if "#SBATCH" in value.upper():
+        raise bad(key, value, "contains '#SBATCH'", "remove it: a value can never carry a batch directive")
+    if len(value) > max_len:
+        raise bad(key, value, f"is {len(value)} characters long", f"keep it to {max_len}")
+    return value
+
+
+def name(key: str, value: object, *, max_len: int = MAX_NAME, optional: bool = False) -> str:
+    """A name that becomes a directory, a job name or a scheduler argument: no '/', no '..', no shell."""
+    value = text(key, value, max_len)
+    if optional and value == "":
+        return value
+    if not _NAME_RE.fullmatch(value) or ".." in value:
+        raise bad(key, value, "is not a safe name", NAME_FIX.replace(str(MAX_NAME), str(max_len)))
+    return value
+
+
+def path(key: str, value: object) -> str:
+    """A path from the config (relative to the launch directory, or absolute): no whitespace or
+    shell characters, since a search's paths reach batch scripts and their #SBATCH lines."""
+    value = text(key, value, MAX_PATH)
+    if not value:
+        raise bad(key, value, "is empty", "give a path")
+    if not _PATH_RE.fullmatch(value):
+        raise bad(key, value, "holds whitespace or a shell character", PATH_FIX)
+    return value
+
+
+def abs_path(key: str, value: object, *, patterns: bool = False) -> str:
+    """An absolute, normalised path (what a batch script holds); ``patterns`` allows sbatch's %j."""
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    value = text(key, value, MAX_PATH)
+    if not value.startswith("/"):
+        raise bad(key, value, "is not an absolute path", "give an absolute path")
+    if not _PATH_RE.fullmatch(value.replace("%", "") if patterns else value) or "~" in value:
+        allowed = "; sbatch's %j-style patterns are allowed" if patterns else ""
+        raise bad(key, value, "holds whitespace or a shell character", PATH_FIX.replace(" ~", "") + allowed)
+    if os.path.normpath(value) != value or value.startswith("//"):
+        raise bad(key, value, "is not normalised (//, /./, /../ or a trailing /)", f"use {show(os.path.normpath(value))}")
+    return value
+
+
+def whole(key: str, value: object, lo: int, hi: int) -> int:
+    if type(value) is not int:  # bool is an int subclass, and True would render as "True"
+        raise bad(key, value, f"is a {type(value).__name__}, not an int", f"give a whole number in {lo}..{hi}")
+    if not lo <= value <= hi:
+        raise bad(key, value, "is out of range", f"give a whole number in {lo}..{hi}")
+    return value
+
+
+def option_value(key: str, value: object, max_len: int = 200) -> str:
+    """A value that goes into an #SBATCH line as it is (never through a shell)."""
+    value = text(key, value, max_len)
+    if not _OPTION_VALUE_RE.fullmatch(value):
+        raise bad(key, value, "is not safe in an #SBATCH line", "use letters, digits and . _ / + , @ = % : | & [ ] * - only")
+    return value
+
+
+# --- SLURM's units ----------------------------------------------------------------------------
+
+
+def mem_gb(key: str, value: object) -> float:
+    """Memory in GiB: a number means GiB; a string is SLURM's size with its unit (``4G``, ``100M``)."""
+    if isinstance(value, bool):
+        raise bad(key, value, "is a bool", "give GiB as a number, or a size like 4G or 512M")
+    if isinstance(value, (int, float)):
+        gb = float(value)
+    else:
+        match = _MEM_RE.fullmatch(text(key, value, 16).strip())
+        if not match:
+            raise bad(key, value, "is not a memory size", "give GiB as a number, or SLURM's size with a unit: 4G, 512M, 1T (a bare number string has no unit)")
+        gb = float(match.group(1)) * {"K": 1 / 1024**2, "M": 1 / 1024, "G": 1.0, "T": 1024.0}[match.group(2).upper()]
+    if not math.isfinite(gb) or gb * 1024 < 1 or gb > MAX_MEM_GB:
+        raise bad(key, value, "is out of range", f"give at least 1M and at most {int(MAX_MEM_GB)}G")
+    return gb
+
+
+def time_min(key: str, value: object) -> int:
+    """A time limit in whole minutes: an int means minutes; a string is SLURM's ``--time`` form
+    (``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH``, ``D-HH:MM``, ``D-HH:MM:SS``); seconds round up, as SLURM does."""
+    if isinstance(value, bool) or isinstance(value, float):
+        raise bad(key, value, f"is a {type(value).__name__}", "give whole minutes, or SLURM's time like 2:00:00 or 1-00:00:00")
+    if isinstance(value, int):
+        minutes = value
+    else:
+        match = _TIME_RE.fullmatch(text(key, value, 16).strip())
+        if not match:
+            raise bad(key, value, "is not a time limit", "give whole minutes, or SLURM's time like 90, 2:00:00 or 1-00:00:00")
+        days, a, b, c = (int(g) if g is not None else None for g in match.groups())
+        if days is not None:  # D-HH[:MM[:SS]]
+            seconds = days * 86400 + a * 3600 + (b or 0) * 60 + (c or 0)
+        elif c is not None:  # HH:MM:SS
+            seconds = a * 3600 + b * 60 + c
+        elif b is not None:  # MM:SS
+            seconds = a * 60 + b
+        else:  # MM
+            seconds = a * 60
+        minutes = -(-seconds // 60)
+    if not 1 <= minutes <= MAX_TIME_MIN:
+        raise bad(key, value, "is out of range", f"give 1 minute to {MAX_TIME_MIN // 1440} days")
+    return minutes
+
+
+# --- the composed config ----------------------------------------------------------------------
+
+_NAMES = (
+    "search.revision",
+    "split.revision",
+    "preprocessing.revision",
+    "metric.revision",
+    "space.revision",
+    "pruner.revision",
+    "selection.revision",
+    "selection.baseline.name",
+)
+_OPTIONAL_NAMES = ("resources.account", "resources.qos")
+_PATHS = ("search.root", "snapshot.path", "split.path", "checkpoint.dir")
+
+
+def checked(cfg: Mapping[str, Any], launcher: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The composed job config and launcher group, checked, with memory and time in the contract's
+    units (``resources.mem_gb`` in GiB, ``resources.time_limit_min`` in minutes). Raises UsageError."""
+    cfg = _copy(cfg)
+    launcher = _copy(launcher)
+    for key in _NAMES:
+        name(key, _get(cfg, key))
+    for key in _OPTIONAL_NAMES:
+        if _get(cfg, key) is not None:
+            name(key, _get(cfg, key))
+    partition = cfg["resources"].get("partition")
+    if partition is not None and not _PARTITIONS_RE.fullmatch(text("resources.partition", partition, 256)):
+        raise bad("resources.partition", partition, "is not a partition or a list of them", "give names like low or gpu,gpu-low (A-Z a-z 0-9 . _ -)")
+    for key in _PATHS:
+        path(key, _get(cfg, key))
+    if cfg["image"].get("path") is not None:
+        path("image.path", cfg["image"]["path"])
+    if not _TARGET_RE.fullmatch(cfg["trainer"]["target"]):
+        raise bad("trainer.target", cfg["trainer"]["target"], "is not an import target", "give PACKAGE.MODULE:NAME, like mypkg.model:MyTrainer")
+    for param in cfg["space"]["params"]:
+        if not _IDENT_RE.fullmatch(str(param)):
+            raise bad(f"space.params.{param}", param, "is not a parameter name", "use a Python identifier of at most 64 characters")
+    _check_prefix(cfg["checkpoint"]["prefix"], cfg["space"]["params"])
+    resources = cfg["resources"]
+    resources["mem_gb"] = mem_gb("resources.mem_gb", resources["mem_gb"])
+    resources["time_limit_min"] = time_min("resources.time_limit_min", resources["time_limit_min"])
+    if launcher.get("kind") == "slurm":
+        _check_slurm_launcher(launcher)
+    if "pack_size" in launcher:
+        pack_option(launcher["pack_size"])
+        minutes = launcher.get("pack_minutes")
+        if minutes is not None and (isinstance(minutes, bool) or not isinstance(minutes, (int, float)) or not 0 < minutes <= MAX_PACK_MINUTES):
+            raise bad(
+                "hydra.launcher.pack_minutes",
+                minutes,
+                f"is not a number of minutes from 0 to {MAX_PACK_MINUTES}",
+                "give the expected work per packed job, like 60",
+            )
+    # Last: the keys a user sets are named above, before a value interpolated from them is.
+    _every_text(cfg, "")
+    _every_text(launcher, "hydra.launcher.")
+    return cfg, launcher
+
+
+def _check_prefix(prefix: object, params: Mapping[str, Mapping[str, Any]]) -> None:
+    key = "checkpoint.prefix"
+    prefix = text(key, prefix, 256)
+    if not _PATH_RE.fullmatch(prefix.replace("{", "").replace("}", "")):
+        raise bad(key, prefix, "holds whitespace or a shell character", PATH_FIX + ", and {placeholders}")
+    if prefix.startswith(("/", "~")) or ".." in prefix.split("/"):
+        raise bad(key, prefix, "leaves the checkpoint directory", "give a relative template like {trial_id} or {trial_id}/{lr}, without '..'")
+    try:
+        fields = [f for _, f, spec, conv in string.Formatter().parse(prefix) if f is not None]
+    except ValueError as exc:
+        raise bad(key, prefix, f"is not a template ({exc})", "use {trial_id} and {<space parameter>} placeholders") from None
+    unknown = sorted(set(fields) - set(params) - {"trial_id"})
+    if unknown:
+        raise bad(key, prefix, f"names {{{unknown[0]}}}, which is neither trial_id nor a space parameter", f"use {{trial_id}} or one of {sorted(params)}")
+    for field in sorted(set(fields) & set(params)):
+        for value in params[field].get("values") or ():  # a choice's values become directory names
+            if isinstance(value, str):
+                name(f"space.params.{field}.values", value)
+
+
+def _check_slurm_launcher(launcher: dict[str, Any]) -> None:
+    name("hydra.launcher.job_name", launcher["job_name"], max_len=MAX_JOB_NAME)
+    for i, line in enumerate(launcher.get("setup") or []):
+        text(f"hydra.launcher.setup[{i}]", line)  # shell by design (module load, source ...): one line each
+    for option, value in (launcher.get("additional_parameters") or {}).items():
+        key = f"hydra.launcher.additional_parameters.{option}"
+        if not _OPTION_RE.fullmatch(str(option)):
+            raise bad(key, option, "is not an sbatch option name", "use the long option without dashes, like constraint or mail_type")
+        if option.replace("_", "-") in RESERVED_OPTIONS:
+            raise bad(key, value, "is set by parcel_hpc itself (search identity, hold, logs or limits)", "remove it; limits go in the resources group")
+        if value is None or value is True:
+            continue  # None: not passed; True: a flag such as --exclusive
+        if isinstance(value, bool):
+            raise bad(key, value, "is false", "remove the option instead")
+        if isinstance(value, int):
+            continue
+        option_value(key, value)
+
+
+def _every_text(node: Any, prefix: str) -> None:
+    """No string anywhere in the config may hold a control character or a batch directive."""
+    if isinstance(node, Mapping):
+        for k, v in node.items():
+            text(f"{prefix}{k} (key)", str(k), MAX_NAME)
+            _every_text(v, f"{prefix}{k}.")
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            _every_text(v, f"{prefix.rstrip('.')}[{i}].")
+    elif isinstance(node, str):
+        text(prefix.rstrip("."), node, MAX_PATH)
+
+
+def _get(cfg: Mapping[str, Any], dotted: str) -> Any:
+    node: Any = cfg
+    for part in dotted.split("."):
+        node = node[part]
+    return node
+
+
+def _copy(node: Any) -> Any:
+    if isinstance(node, Mapping):
+        return {k: _copy(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_copy(v) for v in node]
+    return node

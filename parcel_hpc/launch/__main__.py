@@ -1,0 +1,47 @@
+"""``python -m parcel_hpc.launch -m [overrides]``: launch (or continue) a governed search.
+
+No logic here: Hydra composes conf/, the ``parcel`` sweeper runs the search. Hydra's own errors
+(an unknown group or option, a malformed override) become one line and exit code 2.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import hydra
+from hydra.errors import HydraException, OverrideParseException
+from omegaconf import DictConfig
+from omegaconf.errors import OmegaConfBaseException
+
+from parcel_hpc.errors import one_line
+from parcel_hpc.fsio import no_world_writes
+
+
+@hydra.main(version_base="1.3", config_path="pkg://parcel_hpc.conf", config_name="config")
+def _task(cfg: DictConfig) -> None:
+    # Reached only without -m: a search is a multirun of trials.
+    print("error: a search dispatches many trials: run `python -m parcel_hpc.launch -m [overrides]`", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def main() -> None:
+    no_world_writes()
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # let Hydra's errors reach us instead of its multi-line report
+    try:
+        _task()
+    except SystemExit:
+        raise
+    except Exception as exc:  # Hydra and OmegaConf errors: composition, overrides, missing values
+        if not isinstance(exc, (HydraException, OmegaConfBaseException)):
+            raise
+        lines = [l for l in str(exc).splitlines() if l.strip() and not l.strip().startswith(("full_key", "object_type", "reference_type", "See https"))]
+        text = one_line(chr(10).join(lines))
+        if isinstance(exc, OverrideParseException):
+            text = f"malformed override {exc.override!r}: {text}"
+        print(f"error: {text}; see `python -m parcel_hpc.launch --help` for config groups and options", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+if __name__ == "__main__":
+    main()

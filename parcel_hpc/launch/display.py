@@ -1,0 +1,129 @@
+"""What a launch prints: the contract line, the budget commitment, progress and the summary (rich)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+from rich.progress import Progress as RichProgress
+from rich.table import Table
+
+from parcel_hpc.budget import render_commitment
+from parcel_hpc.ledger import SearchDir, TrialState
+from parcel_hpc.ledger.summary import best_completed, compute_used, count_states, counts_by_state
+
+
+def contract_line(contract, path: Path, created: bool, dry_run: bool = False) -> str:
+    verb = ("would freeze" if dry_run else "froze") if created else "matched frozen"
+    trainer = contract.fields.get("trainer") or {}
+    return f"[bold]{verb}[/] contract {contract.digest[:19]}… in {path} (trainer {trainer.get('target', '?')}, source {str(trainer.get('source_digest', ''))[:15]}…)"
+
+
+def commitment_text(decision) -> str:
+    return render_commitment(decision)
+
+
+def dry_run_table(specs, contract) -> Table:
+    table = Table(title=f"dry run: {len(specs)} trials would be dispatched (nothing submitted, nothing written)")
+    for col in ("trial", "params", "gpus", "cpus", "mem_gb", "time_min"):
+        table.add_column(col)
+    res = contract["resources"]
+    for spec in specs:
+        table.add_row(
+            spec.trial_id,
+            ", ".join(f"{k}={v}" for k, v in spec.params.items()),
+            str(res["gpus"]),
+            str(res["cpus"]),
+            str(res["mem_gb"]),
+            str(res["time_limit_min"]),
+        )
+    return table
+
+
+def learning_line(sampler, remaining: int, slots: int) -> str:
+    return f"proposing up to {remaining} trials by {sampler.describe()}, each when one of {slots} slots frees (one job a trial), told every result known then"
+
+
+def worst_case_line(decision) -> str:
+    c = decision.commitment
+    return f"worst case: {c.gpu_hours:.2f} GPU-hours, {c.cpu_hours:.2f} CPU-hours, cost {c.cost:.2f} ({c.trials} trials x {c.attempts_per_trial} attempts)"
+
+
+def packing_line(packing, n_trials: int) -> str:
+    if packing.size <= 1:
+        return f"packing: none, one job per trial ({packing.basis})"
+    return f"packing: up to {packing.size} trials a job, in turn, {-(-n_trials // packing.size)} jobs for {n_trials} trials ({packing.basis})"
+
+
+def nothing_to_do(report) -> str:
+    return (
+        f"nothing to dispatch: {report.proposed} proposed, {len(report.finished_before)} already finished, "
+        f"{len(report.duplicates)} duplicates, {len(report.rejected)} rejected"
+    )
+
+
+def detached_text(search: SearchDir, report) -> str:
+    return (
+        f"dispatched {len(report.dispatched)} trials ({', '.join(sorted(set(j.split('_')[0] for j in report.jobs.values())))}); "
+        f"not waiting: follow with `parcel-hpc status {search.path}`"
+    )
+
+
+class Progress:
+    """A one-line live count of trials by state; quiet when stdout is not a terminal."""
+
+    def __init__(self, console: Console, total: int) -> None:
+        self.console, self.total = console, total
+        self._last = ""
+        self._progress = None
+
+    def __enter__(self) -> Progress:
+        self._progress = RichProgress(
+            TextColumn("trials"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.description}"),
+            TimeElapsedColumn(),
+            console=self.console,
+            transient=False,
+            disable=not self.console.is_terminal,
+        )
+        self._progress.__enter__()
+        self._task = self._progress.add_task("", total=self.total)
+        return self
+
+    def update(self, states: list[TrialState], total: int) -> None:
+        """``total``: trials this launch will have followed (a sampler that learns adds them as it goes)."""
+        self.total = total
+        counts = count_states(states)
+        done = sum(n for s, n in counts.items() if TrialState(s).is_finished())
+        text = " ".join(f"{s}={n}" for s, n in counts.items() if n)
+        self._progress.update(self._task, completed=done, total=total, description=text)
+        if not self.console.is_terminal and text != self._last:
+            self.console.print(f"[progress] {done}/{total} finished: {text}")
+        self._last = text
+
+    def __exit__(self, *exc) -> None:
+        self._progress.__exit__(*exc)
+
+
+def summary(search: SearchDir, wall_s: float) -> Table:
+    records = list(search.records())
+    counts = counts_by_state(records)
+    table = Table(title=f"search {search.path.name}: summary", show_header=False)
+    table.add_column("what")
+    table.add_column("value")
+    table.add_row("trials", str(len(records)))
+    table.add_row("by state", "  ".join(f"{s.value}={counts[s.value]}" for s in TrialState))
+    best = best_completed(records)
+    table.add_row(
+        "best validation",
+        f"{best.trial_id} miss-cost={best.metric:.4f} ({', '.join(f'{k}={v}' for k, v in best.spec.params.items())})" if best else "none completed",
+    )
+    # A best validation number is not a result yet: selection reruns, gates and releases it.
+    table.add_row("next", f"parcel-hpc select {search.path}")
+    used = compute_used(records)
+    table.add_row("wall time", f"{wall_s:.1f} s")
+    table.add_row("compute used", f"{used['gpu_hours']:.4f} GPU-h, {used['cpu_hours']:.4f} CPU-h over {used['attempts']} attempts")
+    return table

@@ -1,0 +1,303 @@
+"""The Follower: dispatches, retries, proposes into free slots and follows one launch's trials
+until none needs anything, and the one submit-and-record path (the launch and ``resubmit`` use it).
+
+Owns: turning ``next_action`` decisions into dispatch claims, submissions and journal lines; the
+scheduler-outage wait (``OUTAGE_LIMIT_S``); the packing of what it submits.
+Must not: freeze or admit a search's contract (``search.py`` did, before it was made).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+from rich.console import Console
+
+from parcel_hpc.budget import AssociationLimit, BudgetDecision, admit_account, render_account
+from parcel_hpc.errors import ReleaseFailed, SchedulerUnavailable
+from parcel_hpc.governance.admission import admit_proposal
+from parcel_hpc.governance.contract import Contract
+from parcel_hpc.launch import display
+from parcel_hpc.launch.report import LaunchReport
+from parcel_hpc.ledger import RecordView, SearchDir, TrialRecord, TrialSpec, TrialWriter
+from parcel_hpc.lifecycle import resolution
+from parcel_hpc.lifecycle.actions import Action, Next, RetryPolicy, next_action
+from parcel_hpc.propose.proposals import Proposer
+from parcel_hpc.propose.samplers import SamplerSpec
+from parcel_hpc.propose.specs import sampler_of, trial_id_of
+from parcel_hpc.scheduler import packing
+from parcel_hpc.scheduler.base import Dispatcher, Submitted
+from parcel_hpc.worker import TrialTask, WorkerPlan
+
+OUTAGE_LIMIT_S = 900.0  # how long a launch waits for a scheduler that stopped answering
+
+
+def account_decision(account: tuple[str, list[AssociationLimit]] | None, decision: BudgetDecision, pack_size: int = 1) -> tuple[BudgetDecision, str]:
+    """The worst case against the association limits of the account the jobs are charged to
+    (``Dispatcher.account_limits``), with the text to print ("" where jobs are charged to no account).
+    ``pack_size`` trials a job: its time limit is theirs together."""
+    if account is None:
+        return decision, ""
+    name, limits = account
+    c = decision.commitment
+    verdict = admit_account(c, limits, name, packing.job_time_limit_min(pack_size, int(c.time_limit_min)))
+    return verdict, render_account(verdict, name)
+
+
+def choose_packing(dispatcher: Dispatcher, search: SearchDir, n_trials: int, sampler: SamplerSpec | None = None) -> packing.Packing:
+    """How many trials a job of this dispatch runs, from the launcher's options and the search's history."""
+    if sampler is not None and sampler.learns:
+        return packing.Packing(1, f"one a job: sampler={sampler.name.value} proposes each trial when a slot frees")
+    params, resources = dispatcher.settings.params, dispatcher.settings.resources
+    size = params.get("pack_size", 1)  # a launch recorded before packing existed resubmits as it ran: one a job
+    minutes = params.get("pack_minutes")
+    by_length = minutes is not None and packing.pack_option(size) is None
+    measured = packing.expected_trial_s(search.records()) if by_length else (None, 0)
+    limit = float(resources["time_limit_min"])
+    return packing.decide(size, n_trials, dispatcher.slots(), limit, minutes, measured, dispatcher.max_job_minutes())
+
+
+def admitted(spec: TrialSpec, contract: Contract, report: LaunchReport, writer: TrialWriter | None) -> bool:
+    """The launch side's admission of one proposal, however it was proposed: a refusal is journaled
+    (``writer``; None in a dry run, which writes nothing) and reported."""
+    outcome = admit_proposal(spec.trial_id, spec.config_hash, contract)
+    if outcome.is_admit:
+        return True
+    if writer is not None:
+        writer.admission_refused(outcome, report.launch_id)
+    report.rejected[spec.trial_id] = str(outcome)
+    return False
+
+
+class Follower:
+    """Dispatches, retries and follows the trials of one launch until none needs anything."""
+
+    def __init__(
+        self, search: SearchDir, dispatcher: Dispatcher, plans: Mapping[str, WorkerPlan], launch_id: str, contract: Contract, console: Console, poll_s: float
+    ) -> None:
+        self.search = search
+        self.dispatcher = dispatcher
+        self.plans = dict(plans)
+        self.launch_id = launch_id
+        self.contract = contract
+        self.console = console
+        self.poll_s = poll_s
+        self.policy = RetryPolicy.from_budget(contract["budget"])
+        self.writers: dict[str, TrialWriter] = {}
+        self.waiting: list[str] = []  # admitted, dispatch claimed, not yet submitted (local capacity)
+        self.claims: dict[str, int] = {}  # trial -> the dispatch number this launcher claimed for it
+        self.outage_since: float | None = None  # when the scheduler stopped answering, while it does not
+        self.packing = packing.Packing(1, "one a job: retries after the first dispatch")  # dispatch_initial decides
+        self.recorded: set[str] = set()  # trials of the batch being submitted whose job ids are recorded
+        self.seen_dispatches: dict[str, int] = {}  # trial -> its dispatch count when last decided on
+        self.view = RecordView(search)  # each poll folds only the trials whose journals changed
+        self.proposer: Proposer | None = None  # a sampler that learns: proposes into free slots (``proposing``)
+        self.plan_of: Callable[[TrialSpec], WorkerPlan] | None = None
+        self.report: LaunchReport | None = None
+        self.stop_said = False
+
+    def proposing(self, proposer: Proposer, plan_of: Callable[[TrialSpec], WorkerPlan], report: LaunchReport) -> None:
+        """From now on each free slot gets a new proposal, told every result known at that moment."""
+        self.proposer, self.plan_of, self.report = proposer, plan_of, report
+
+    def writer(self, trial_id: str) -> TrialWriter:
+        """One journal per trial for this launch, opened when it first has something to say."""
+        if trial_id not in self.writers:
+            self.writers[trial_id] = self.search.writer(trial_id, "launch")
+        return self.writers[trial_id]
+
+    def dispatch_initial(self, report: LaunchReport) -> None:
+        self.dispatcher.refresh()  # an earlier detached launch's jobs may still be queued or running
+        self.dispatcher.max_job_minutes()  # asks the scheduler now, before any dispatch is claimed (packing reads it)
+        released = self.dispatcher.recover({j for r in self.search.records() for j in r.jobs})
+        if released:
+            self.console.print(f"released {len(released)} held arrays an earlier launch submitted but never released: {', '.join(released)}")
+        for tid in self.plans:
+            record = self.search.record(tid)
+            nxt = self._next(record)
+            if nxt.action is Action.RESOLVE_LOST:
+                self._resolve_vanished(record)
+                record = self.search.record(tid)
+                nxt = self._next(record)
+            self._act(tid, nxt)
+        report.dispatched = list(self.waiting)
+        self.packing = choose_packing(self.dispatcher, self.search, len(self.waiting), sampler_of(self.contract))
+        report.packing = self.packing.to_json()
+        if self.waiting:
+            self.console.print(display.packing_line(self.packing, len(self.waiting)))
+        self._submit_waiting()
+        report.jobs = {tid: rec.jobs[-1] for tid in report.dispatched if (rec := self.search.record(tid)).jobs}
+
+    def _next(self, record: TrialRecord) -> Next:
+        tid = record.trial_id
+        alive = bool(record.jobs) and self.dispatcher.alive(tid, record.jobs[-1])
+        if record.state.is_finished() or alive:
+            # Nothing to dispatch whatever the claims say (next_action: NONE or WAIT), so a poll does
+            # not list every trial's dispatch claims.
+            return next_action(record, dispatches=self.seen_dispatches.get(tid, 0), job_alive=alive, policy=self.policy)
+        self.seen_dispatches[tid] = self.search.dispatch_count(tid)  # what a dispatch decided now claims on
+        return next_action(
+            record,
+            dispatches=self.seen_dispatches[tid],
+            job_alive=alive,
+            policy=self.policy,
+            dispatch_in_flight=self.search.dispatch_in_flight(tid, self.launch_id, record),
+        )
+
+    def _act(self, tid: str, nxt: Next) -> None:
+        if nxt.action in (Action.RETRY, Action.DISPATCH) and (cancelled := self.search.cancellation()) is not None:
+            # The search was cancelled after this launch read its trials: this one too, never dispatched.
+            self.writer(tid).cancelled(str(cancelled.get("by", "")), str(cancelled.get("reason", "")), True)
+            return
+        if nxt.action is Action.RESOLVE_LOST:
+            self._resolve_vanished(self.search.record(tid))
+        elif nxt.action in (Action.RETRY, Action.DISPATCH):
+            n = self.search.claim_dispatch(tid, self.launch_id, self.seen_dispatches[tid])
+            if n is not None:
+                self.claims[tid] = n
+                self.waiting.append(tid)
+        elif nxt.action is Action.GIVE_UP:
+            self.writer(tid).gave_up(nxt.reason)
+
+    def _submit_waiting(self, read: Mapping[str, TrialRecord] | None = None) -> None:
+        """``read``: records the caller read this round (each waiting trial's is folded only once)."""
+        if self.waiting and self.search.cancellation() is not None:
+            self.waiting = []  # cancelled while they waited for a free slot: never submitted
+        if not self.waiting:
+            return
+        # A trial cancelled while it waited is finished: its place goes to the next one.
+        records = {tid: read[tid] if read is not None and tid in read else self.search.record(tid) for tid in self.waiting}
+        self.waiting = [tid for tid in self.waiting if not records[tid].state.is_finished()]
+        packs = packing.groups(self.waiting, self.packing.size, records)
+        batch: list[str] = []
+        self.recorded = set()
+        try:
+            packs = packs[: self.dispatcher.capacity()]  # may ask the controller: inside, so a failure gives the claims back
+            batch = [tid for pack in packs for tid in pack]
+            self.waiting = [tid for tid in self.waiting if tid not in set(batch)]
+            if not packs:
+                return
+            self.dispatcher.submit([TrialTask([self.plans[tid] for tid in pack]) for pack in packs], self._record_submitted)
+        except SchedulerUnavailable as exc:
+            # Give back the claims of what never reached the scheduler, so a relaunch dispatches those
+            # trials at once; arrays submitted and recorded (released or not) keep their own.
+            for tid in [t for t in batch if t not in self.recorded] + self.waiting:
+                self.search.withdraw_dispatch(tid, self.claims.pop(tid), self.launch_id)
+            self.waiting = []
+            if isinstance(exc, ReleaseFailed):
+                raise
+            submitted = (
+                f"{len(self.recorded)} of the batch's {len(batch)} trials were submitted, the rest not"
+                if self.recorded
+                else "nothing of this batch was submitted"
+            )
+            raise SchedulerUnavailable(f"{exc}; {submitted} and the search is resumable: fix that, then rerun the same launch to continue it") from None
+
+    def _total(self) -> int:
+        return len(self.plans) + (self.proposer.remaining() if self.proposer is not None else 0)
+
+    def _propose(self) -> int:
+        """Fill this launcher's free slots with proposals; 1 while proposals remain, one was made now,
+        or a recorded one still lacks its trial (the launch goes on to follow them), else 0. A slot
+        is free while fewer of this launcher's trials are unfinished than it has slots (a trial
+        waiting for a retry holds its slot); another launcher's slots are its own."""
+        if self.search.cancellation() is not None:
+            return 0
+        orphans = self.proposer.finish_orphans(time.time())
+        for spec in orphans:
+            self._adopt(spec)  # its launcher died between the proposal's record and its trial
+        for k, twin in self.proposer.duplicates.items():
+            self.report.duplicates.setdefault(trial_id_of(k), twin)
+        adopted = len(orphans)
+        while self.proposer.remaining() > 0:
+            busy = sum(not self.view.record(tid).state.is_finished() for tid in self.plans)
+            if min(self.dispatcher.slots() - busy, self.dispatcher.capacity() - len(self.waiting)) <= 0:
+                break
+            made = self.proposer.propose(lambda: [self.view.record(tid) for tid in self.search.trial_ids()])
+            if made is None:
+                continue  # another launcher recorded proposal k first (for a slot of its own): this slot takes k + 1
+            self.report.proposed += 1
+            if made.spec is None:
+                self.report.duplicates[made.record.trial_id] = made.twin
+                continue
+            self._adopt(made.spec)
+            adopted += 1
+        if self.proposer.stopped and not self.stop_said:
+            self.console.print(f"[yellow]proposals stopped: {self.proposer.stopped}[/]")
+            self.stop_said = True
+        return 1 if self.proposer.remaining() > 0 or adopted or self.proposer.unwritten() else 0
+
+    def _adopt(self, spec: TrialSpec) -> None:
+        """Follow a new proposal's trial: admit it, write its plan, claim its first dispatch."""
+        tid = spec.trial_id
+        if tid in self.plans:
+            return
+        if not admitted(spec, self.contract, self.report, self.writer(tid)):
+            return
+        self.search.write_plan(tid, self.plan_of(spec).to_json())
+        self.plans[tid] = WorkerPlan.load(self.search, tid)
+        self.report.dispatched.append(tid)
+        self._act(tid, self._next(self.search.record(tid)))
+
+    def _record_submitted(self, submitted: Sequence[Submitted]) -> None:
+        for s in submitted:
+            self.writer(s.trial_id).submitted(s.job_id, self.dispatcher.name, self.launch_id)
+            self.recorded.add(s.trial_id)
+
+    def _resolve_vanished(self, record: TrialRecord) -> None:
+        """Its job is gone but the ledger says running: record how the scheduler says it ended."""
+        records, facts = resolution.observe(self.search, [record], resolution.FOLLOWER, seen_ending=record.jobs[-1:])
+        resolution.record(resolution.resolve(records, facts, resolution.FOLLOWER), self.writer)
+
+    def _refresh(self) -> bool:
+        """Ask the scheduler; False while it does not answer (a restarting slurmctld): nothing is
+        decided on a stale answer then, and after ``OUTAGE_LIMIT_S`` the launch stops following."""
+        try:
+            self.dispatcher.refresh()
+        except SchedulerUnavailable as exc:
+            now = time.monotonic()
+            if self.outage_since is None:
+                self.outage_since = now
+                self.console.print(f"[yellow]the scheduler is not answering ({exc}); waiting for it: the trials keep running[/]")
+            if now - self.outage_since > OUTAGE_LIMIT_S:
+                raise SchedulerUnavailable(
+                    f"{exc}; still no answer after {OUTAGE_LIMIT_S:.0f}s: trials already queued keep running, "
+                    "rerun the same launch (or `parcel-hpc resubmit`) once the scheduler is back to continue the search"
+                ) from None
+            return False
+        if self.outage_since is not None:
+            self.console.print(f"the scheduler answers again after {time.monotonic() - self.outage_since:.0f}s")
+            self.outage_since = None
+        return True
+
+    def follow(self) -> None:
+        with display.Progress(self.console, self._total()) as progress:
+            while True:
+                round_started = time.monotonic()
+                if not self._refresh():
+                    time.sleep(max(self.poll_s, 2.0))
+                    continue
+                active = 0
+                states = []
+                waiting_records = {}
+                for tid in self.plans:
+                    record = self.view.record(tid)
+                    states.append(record.state)
+                    if tid in self.waiting:
+                        waiting_records[tid] = record
+                        active += 1
+                        continue
+                    nxt = self._next(record)
+                    if nxt.action is not Action.NONE:
+                        active += 1
+                        self._act(tid, nxt)
+                if self.proposer is not None:
+                    active += self._propose()
+                self._submit_waiting(waiting_records)
+                progress.update(states, self._total())  # the states read this round
+                if active == 0:
+                    return
+                # A round looks at every trial: with many trials it is long, so the launch never spends
+                # more than a third of its time reading (the workers it waits for share the machine).
+                spent = time.monotonic() - round_started
+                self.dispatcher.wait(max(self.poll_s, 2.0 * spent), at_least=2.0 * spent)

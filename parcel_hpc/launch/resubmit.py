@@ -1,0 +1,131 @@
+"""``parcel-hpc resubmit``: after node drains or failures, rerun exactly the trials whose jobs ended
+without a result for infrastructure reasons, under the same trial_ids, from their own checkpoints.
+
+Facts come from the scheduler (squeue for what is alive, sacct for how the rest ended), never from
+guesses; what to do is ``lifecycle.resubmit.decide`` (pure). This module asks, journals and dispatches
+through the launch's Follower.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+from parcel_hpc.budget import launch_decision
+from parcel_hpc.errors import GovernanceRefusal, SchedulerUnavailable, UsageError
+from parcel_hpc.governance.outcome import Outcome
+from parcel_hpc.launch.display import commitment_text
+from parcel_hpc.launch.follow import Follower, account_decision, choose_packing
+from parcel_hpc.launch.pulse import Pulse
+from parcel_hpc.ledger import LauncherState, SearchDir, TrialWriter
+from parcel_hpc.lifecycle import resolution
+from parcel_hpc.lifecycle.actions import RetryPolicy
+from parcel_hpc.lifecycle.resubmit import ResubmitPlan, decide
+from parcel_hpc.scheduler import packing
+from parcel_hpc.scheduler.base import Dispatcher, LauncherSettings, Submitted
+from parcel_hpc.scheduler.factory import make_dispatcher
+from parcel_hpc.worker import TrialTask, WorkerPlan
+
+
+def run(search: SearchDir, *, dry_run: bool, wait: bool, console: Console) -> ResubmitPlan:
+    contract = search.contract()
+    cancelled = search.cancellation()
+    if cancelled is not None:
+        raise GovernanceRefusal(Outcome.reject("cancelled"), f"{search.path} was cancelled by {cancelled.get('by')}: nothing of it is resubmitted")
+    recorded = search.last_launcher()
+    if recorded is None:
+        raise UsageError(f"{search.path} has no dispatched launch to resubmit from; launch the search first")
+    settings = LauncherSettings.from_json(recorded)
+    dispatcher = make_dispatcher(settings, search)
+    dispatcher.check()
+    account = dispatcher.account_limits()  # an unknown account is refused here, before anything is written
+    records, facts = resolution.observe(search, list(search.records()), resolution.RESUBMIT, every_gone_job=True)
+    if facts.slurm_error:
+        raise SchedulerUnavailable(facts.slurm_error)
+    launch_id = "resubmit-" + time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
+    # Only the trials a resolution may touch are read again: their previews fold over their events.
+    events = {r.trial_id: search.events(r.trial_id) for r in records if resolution.needs_resolution(r)}
+    dispatches = {r.trial_id: search.dispatch_count(r.trial_id) for r in records}
+    plan = decide(
+        records,
+        events,
+        facts,
+        dispatches=dispatches,
+        policy=RetryPolicy.from_budget(contract["budget"]),
+        now=time.time(),
+        in_flight=[r.trial_id for r in records if search.dispatch_in_flight(r.trial_id, launch_id, r)],
+    )
+    console.print(render(plan, dry_run))
+    decision = verdict = None
+    if plan.resubmit:
+        decision = launch_decision(contract, len(plan.resubmit), len(search.trial_ids()) - len(plan.resubmit), search.path)
+        verdict, text = account_decision(account, decision, choose_packing(dispatcher, search, len(plan.resubmit)).size)
+        if dry_run:
+            console.print(commitment_text(decision), markup=False, highlight=False)
+            if text:
+                console.print(text, markup=False, highlight=False)
+    if dry_run:
+        return plan
+    writers: dict[str, TrialWriter] = {}
+
+    def writer(trial_id: str) -> TrialWriter:
+        return writers.setdefault(trial_id, search.writer(trial_id, "resubmit"))
+
+    resolution.record(plan.resolve, writer)
+    for tid, reason in plan.give_up:
+        writer(tid).gave_up(reason)
+    if decision is None or verdict is None:
+        return plan
+    decision.require()  # a resubmission that would overshoot a cap is refused (hold:budget, exit 3)
+    if not verdict.ok:
+        print(text, file=sys.stderr)
+        verdict.require()  # nor one the account's association limits cannot hold
+    with Pulse(search, launch_id) as pulse:  # list and status --watch see it at work
+        resubmitted = _dispatch(search, dispatcher, plan, launch_id, dispatches)
+        console.print(f"resubmitted {len(resubmitted)} trials: " + ", ".join(f"{s.trial_id}->{s.job_id}" for s in resubmitted))
+        if wait or not dispatcher.can_detach:
+            plans = {s.trial_id: WorkerPlan.load(search, s.trial_id) for s in resubmitted}
+            Follower(search, dispatcher, plans, launch_id, contract, console, 0.5).follow()
+            pulse.leaving(LauncherState.ENDED)
+        else:
+            pulse.leaving(LauncherState.DETACHED)
+    return plan
+
+
+def _dispatch(search: SearchDir, dispatcher: Dispatcher, plan: ResubmitPlan, launch_id: str, dispatches: Mapping[str, int]) -> list[Submitted]:
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for item in plan.resubmit:
+        if search.claim_dispatch(item.trial_id, launch_id, dispatches[item.trial_id]) is not None:
+            groups.setdefault(item.exclude_nodes, []).append(item.trial_id)
+    out = []
+    for exclude, tids in groups.items():
+
+        def record(submitted: Sequence[Submitted], exclude: tuple[str, ...] = exclude) -> None:
+            for s in submitted:
+                search.writer(s.trial_id, "resubmit").submitted(s.job_id, dispatcher.name, launch_id, exclude)
+
+        size = choose_packing(dispatcher, search, len(tids)).size
+        records = {t: search.record(t) for t in tids}
+        tasks = [TrialTask([WorkerPlan.load(search, t) for t in pack]) for pack in packing.groups(tids, size, records)]
+        out.extend(dispatcher.submit(tasks, record, exclude_nodes=exclude))
+    return out
+
+
+def render(plan: ResubmitPlan, dry_run: bool) -> Table:
+    table = Table(title="resubmit" + (" (dry run: nothing changed)" if dry_run else ""))
+    for col in ("trial", "action", "why", "exclude nodes"):
+        table.add_column(col)
+    for r in plan.resubmit:
+        table.add_row(r.trial_id, "resubmit", r.reason, ",".join(r.exclude_nodes))
+    for tid, why in plan.give_up:
+        table.add_row(tid, "give up", why, "")
+    for r in plan.resolve:
+        table.add_row(r.trial_id, "resolve", f"attempt {r.attempt} of job {r.ending.job_id}: {r.ending.how.value} ({r.ending.cause.value})", "")
+    if not (plan.resubmit or plan.give_up or plan.resolve):
+        table.add_row("-", "nothing", f"{len(plan.untouched)} trials need nothing", "")
+    return table

@@ -1,0 +1,220 @@
+"""A governed search launch: freeze, propose, dedup, admit, commit the budget, then hand the
+admitted trials to the Follower (``follow.py``).
+
+Order is the contract with the user: nothing is dispatched before the contract is frozen (or
+matched), every proposal is deduplicated and admitted, and the worst-case budget is admitted for
+the whole launch; a refusal happens before the first sbatch, never after.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from parcel_hpc.budget import BudgetDecision, launch_decision
+from parcel_hpc.console import make_console
+from parcel_hpc.data import read_split
+from parcel_hpc.errors import GovernanceRefusal, UsageError
+from parcel_hpc.governance.contract import Contract, first_difference, freeze_contract, load_contract
+from parcel_hpc.governance.outcome import Outcome
+from parcel_hpc.launch import display
+from parcel_hpc.launch.follow import Follower, account_decision, admitted, choose_packing
+from parcel_hpc.launch.pulse import Pulse
+from parcel_hpc.launch.report import LaunchReport
+from parcel_hpc.ledger import LauncherState, SearchDir, TrialSpec
+from parcel_hpc.propose.proposals import Proposer
+from parcel_hpc.propose.specs import build_contract, check_policy, ensure_writable, history_free_specs, in_frozen_form, plan_for, sampler_of, search_path
+from parcel_hpc.scheduler import packing
+from parcel_hpc.scheduler.base import Dispatcher
+from parcel_hpc.selection.store import write_final_plan
+from parcel_hpc.worker import WorkerPlan
+
+
+class SearchLaunch:
+    def __init__(
+        self, cfg: Mapping[str, Any], dispatcher_factory: Callable[[SearchDir], Dispatcher], console: Console | None = None, poll_s: float = 0.5
+    ) -> None:
+        self.cfg = cfg
+        self.dispatcher_factory = dispatcher_factory
+        self.console = console or make_console()
+        self.poll_s = poll_s
+
+    def run(self) -> LaunchReport:
+        cfg = self.cfg
+        started = time.time()
+        path = search_path(cfg)
+        n_trials = int(cfg["search"]["n_trials"])
+        if n_trials < 0:
+            raise UsageError(f"search.n_trials={n_trials} must be >= 0")
+        contract = build_contract(cfg)  # validates every input file before anything is written
+        search = SearchDir(path)
+        _refuse_cancelled(search)
+        fresh = not (path / "contract.json").exists()
+        if not fresh:
+            contract = in_frozen_form(contract, load_contract(path))  # a search frozen by an older version continues
+        if fresh:
+            check_policy(contract)
+        dispatcher = self.dispatcher_factory(search)
+        dispatcher.check()  # an unreachable scheduler is refused before anything is written
+        if not cfg["search"]["wait"] and not dispatcher.can_detach:
+            raise UsageError(
+                "search.wait=false needs a scheduler: the local executor runs trials as children of this process; use hydra/launcher=submitit_slurm"
+            )
+        sampler = sampler_of(contract)
+        if not cfg["search"]["wait"] and sampler.learns:
+            raise UsageError(
+                f"sampler={sampler.name.value} proposes each trial when a slot frees, so its launcher follows the search: drop search.wait=false, "
+                "or draw with sampler=random or sampler=qmc to detach"
+            )
+        max_trials = int(contract["budget"]["max_trials"])
+        if n_trials > max_trials:
+            raise GovernanceRefusal(
+                Outcome.HOLD_BUDGET,
+                f"search.n_trials={n_trials} exceeds budget.max_trials={max_trials}; lower search.n_trials to {max_trials} or start a new search revision with a larger budget",
+            )
+        account = dispatcher.account_limits()  # an unknown account is refused here, before anything is written
+        if fresh and n_trials:
+            # Hold before freezing: a held first launch must leave the caps free to change.
+            first = launch_decision(contract, n_trials, 0, None)
+            self._require_budget(first)
+            self._require_budget(*account_decision(account, first))
+        dry_run = bool(cfg["search"]["dry_run"])
+        if dry_run:
+            frozen, created = self._dry_freeze(path, contract, fresh)
+        else:
+            ensure_writable(path)
+            frozen, created = freeze_contract(path, contract)
+            if created or not search.launches():
+                # What names this search's jobs on the scheduler. A search launched before ids
+                # existed keeps its bare job name: renaming it would hide its queued jobs.
+                search.ensure_identity(frozen.digest)
+            if created or not search.trial_ids():
+                # The revision's final evaluation plan is fixed when its contract froze (or by the next
+                # launch, when that one died before proposing anything); never added to a search later.
+                write_final_plan(path, frozen, cfg["split"]["path"], read_split(cfg["split"]["path"]).final_digest)
+        launch_id = time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
+        report = LaunchReport(path, launch_id, frozen.digest, dry_run=dry_run, follows=bool(cfg["search"]["wait"]))
+
+        proposer = None
+        if sampler.learns:
+            proposer = Proposer(search, frozen, n_trials, launch_id)
+        # From here on the launch says it is alive (list, status --watch), and last how it left.
+        with Pulse(search, launch_id, beating=not dry_run) as pulse:
+            specs = self._admit_proposals(search, frozen, n_trials, report, proposer)
+            to_dispatch = [s.trial_id for s in specs]
+            to_propose = 0 if proposer is None else (n_trials if dry_run and fresh else proposer.remaining())
+            if not to_dispatch and not to_propose:
+                self.console.print(display.contract_line(frozen, path, created, dry_run))
+                self.console.print(display.nothing_to_do(report))
+                if not report.dry_run:
+                    search.write_launch(launch_id, report.to_json())
+                    if cfg["search"]["wait"]:
+                        self.console.print(display.summary(search, time.time() - started))
+                pulse.withdraw()  # it dispatched nothing: the launches before it say how the search stands
+                return report
+            known = set(search.trial_ids()) | set(to_dispatch)
+            decision = launch_decision(frozen, len(to_dispatch) + to_propose, len(known) - len(to_dispatch), None if dry_run and fresh else path)
+            self._require_budget(decision)
+            pack = choose_packing(dispatcher, search, len(to_dispatch) + to_propose, sampler)
+            verdict, account_text = account_decision(account, decision, pack.size)
+            self._require_budget(verdict, account_text)
+            self.console.print(display.contract_line(frozen, path, created, dry_run))
+            self.console.print(display.commitment_text(decision))
+            if account_text:
+                self.console.print(account_text, markup=False, highlight=False)
+            if report.dry_run:
+                self.console.print(display.dry_run_table(specs, frozen))
+                if to_propose:
+                    self.console.print(display.learning_line(sampler, to_propose, dispatcher.slots()), markup=False, highlight=False, soft_wrap=True)
+                self.console.print(display.worst_case_line(decision))
+                self.console.print(display.packing_line(pack, len(specs)))
+                lengths = [len(g) for g in packing.groups(to_dispatch, pack.size)]
+                self.console.print(dispatcher.describe(lengths), soft_wrap=True, markup=False, highlight=False)
+                return report
+            if to_propose:
+                self.console.print(display.learning_line(sampler, to_propose, dispatcher.slots()), markup=False, highlight=False, soft_wrap=True)
+            report.launcher = dispatcher.launch_record()
+            search.write_launch(launch_id, report.to_json())
+            for tid in to_dispatch:
+                # The first plan stands for the trial's life (its checkpoint directory must not move under
+                # a retry); resubmit rebuilds tasks from it without the launch's config.
+                search.write_plan(tid, plan_for(search.spec(tid), cfg, frozen, path).to_json())
+            plans = {tid: WorkerPlan.load(search, tid) for tid in to_dispatch}
+            follower = Follower(search, dispatcher, plans, launch_id, frozen, self.console, self.poll_s)
+            follower.dispatch_initial(report)
+            search.write_launch(launch_id, report.to_json())
+            if cfg["search"]["wait"]:
+                if proposer is not None:
+                    follower.proposing(proposer, lambda spec: plan_for(spec, cfg, frozen, path), report)
+                follower.follow()
+                if proposer is not None:
+                    search.write_launch(launch_id, report.to_json())  # with what it proposed as it went
+                pulse.leaving(LauncherState.ENDED)
+                self.console.print(display.summary(search, time.time() - started))
+            else:
+                pulse.leaving(LauncherState.DETACHED)
+                self.console.print(display.detached_text(search, report))
+            return report
+
+    @staticmethod
+    def _dry_freeze(path: Path, contract: Contract, fresh: bool) -> tuple[Contract, bool]:
+        """A dry run checks against the frozen contract (or would freeze this one) without writing."""
+        if fresh:
+            return contract, True
+        frozen = load_contract(path)
+        name = first_difference(frozen.fields, contract.fields)
+        if name is not None:
+            raise GovernanceRefusal(Outcome.reject(name), f"{name} differs from the contract frozen in {path}; a changed search needs a new search.revision")
+        return frozen, False
+
+    @staticmethod
+    def _require_budget(decision: BudgetDecision, text: str = "") -> None:
+        """A hold prints its outcome first (stdout), the table (``text``, else the commitment's) on stderr, and exits 3."""
+        if not decision.ok:
+            print(text or display.commitment_text(decision), file=sys.stderr)
+            decision.require()
+
+    def _admit_proposals(self, search: SearchDir, contract: Contract, n_trials: int, report: LaunchReport, proposer: Proposer | None) -> list[TrialSpec]:
+        """Dedup and admit every proposal; the specs that need a dispatch now. A dry run writes nothing.
+        A sampler that learns proposes later, as slots free: here only its trials proposed before."""
+        out = []
+        owners: dict[str, str] = {}
+        if proposer is None:
+            candidates = history_free_specs(contract, 0, n_trials)
+        else:
+            if not report.dry_run:
+                proposer.finish_orphans(time.time())
+            candidates = [search.spec(tid) for tid in search.trial_ids()]
+        for spec in candidates:
+            report.proposed += 1
+            if report.dry_run:
+                owner = owners.setdefault(spec.config_hash, search.config_owner(spec.config_hash) or spec.trial_id)
+            else:
+                owner = search.claim_config(spec.config_hash, spec.trial_id)
+            if owner != spec.trial_id:
+                report.duplicates[spec.trial_id] = owner
+                continue
+            if not report.dry_run:
+                search.write_spec(spec)  # no-op when an earlier launch proposed it
+            known = (search.trial_dir(spec.trial_id) / "spec.json").exists()
+            if known and search.record(spec.trial_id).state.is_finished():
+                report.finished_before.append(spec.trial_id)
+                continue
+            if admitted(spec, contract, report, None if report.dry_run else search.writer(spec.trial_id, "launch")):
+                out.append(spec)
+        return out
+
+
+def _refuse_cancelled(search: SearchDir) -> None:
+    cancelled = search.cancellation()
+    if cancelled is not None:
+        raise GovernanceRefusal(
+            Outcome.reject("cancelled"),
+            f"{search.path} was cancelled by {cancelled.get('by')} ({cancelled.get('reason')}); a cancelled search stays stopped: start a new search.revision",
+        )

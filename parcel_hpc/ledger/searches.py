@@ -1,0 +1,189 @@
+"""Every search under a root, and the summary of each (what ``parcel-hpc list`` shows).
+
+Owns finding search directories (a ``contract.json`` at most ``MAX_DEPTH`` folders below the root:
+``<search.root>/<revision>``, or a root of several users' roots) and the summary of one: its
+revision, counts by state, spend against its caps, whether a launcher still follows it, and when
+anything was last written.
+
+Whether a launcher is alive is decided from what it wrote (``launcher_state``, pure): a launch
+rewrites ``launches/<id>.heartbeat`` every ``HEARTBEAT_S`` from the moment its contract is frozen
+until it leaves, and then says how it left (``LauncherState``).
+
+Must not write a byte: admins list other people's searches.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import socket
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from parcel_hpc.budget import BudgetLedger, Spend, search_caps
+from parcel_hpc.errors import ParcelError, UsageError
+from parcel_hpc.ledger import HEARTBEAT_S, Heartbeat, LauncherState, SearchDir
+from parcel_hpc.ledger.journal import journals
+from parcel_hpc.ledger.summary import best_completed, counts_by_state
+from parcel_hpc.scheduler.local.processes import pid_alive
+
+MAX_DEPTH = 3  # <root>/<user>/<project>/<revision>: deep enough for shared roots, never the whole disk
+STALE_AFTER_S = 3 * HEARTBEAT_S  # a working launch that has not written for this long has gone
+
+
+def launcher_state(launches: Sequence[Mapping], beats: Mapping[str, Heartbeat], now: float, host: str, alive: Callable[[int], bool]) -> LauncherState:
+    """What became of the search's launches (pure): any that works on it now wins; else the newest
+    heartbeat says how its launch left, or, its word gone stale or its pid dead, that it is gone.
+    ``alive(pid)`` is asked only for a launch on this ``host``; other hosts' clocks are trusted to
+    agree with this one's within NTP's error, far below ``STALE_AFTER_S``."""
+    for beat in beats.values():
+        if beat.state is LauncherState.FOLLOWING and now - beat.at < STALE_AFTER_S and (beat.host != host or alive(beat.pid)):
+            return LauncherState.FOLLOWING
+    if beats:
+        newest = max(beats.values(), key=lambda b: b.at)
+        return LauncherState.GONE if newest.state is LauncherState.FOLLOWING else newest.state
+    dispatched = any(l.get("dispatched") and not l.get("dry_run") for l in launches)
+    return LauncherState.UNKNOWN if dispatched else LauncherState.NONE
+
+
+def launched_by(search: SearchDir) -> str:
+    """Who ran the search's latest launch; for a search launched before launches said so, who owns
+    its contract file."""
+    users = [str(l["user"]) for l in search.launches() if l.get("user")]
+    if users:
+        return users[-1]
+    try:
+        return pwd.getpwuid((search.path / "contract.json").stat().st_uid).pw_name
+    except (KeyError, OSError):
+        return ""
+
+
+def current_launcher(search: SearchDir, now: float | None = None, launches: Sequence[Mapping] | None = None) -> LauncherState:
+    """What the search's launch records (``launches``, when the caller has read them) and
+    heartbeats say now (this host's pids are checked)."""
+    now = time.time() if now is None else now
+    launches = search.launches() if launches is None else launches
+    return launcher_state(launches, search.heartbeats(), now, socket.gethostname(), lambda pid: pid_alive(str(pid)))
+
+
+@dataclass(frozen=True)
+class SearchSummary:
+    path: str
+    revision: str
+    trials: int
+    counts: Mapping[str, int]
+    spend: Spend | None  # the budget journal's totals; None when nothing was ever reserved
+    gpu_hours_cap: float
+    cost_cap: float
+    cost: float  # money committed (used + still held) at the search's rates
+    launcher: LauncherState
+    last_activity: float | None  # newest write to a trial journal or launch record (epoch seconds)
+    best: dict | None = None  # the best completed trial: id and validation miss-cost
+    problem: str = ""  # why the search could not be read (damaged records): it is still listed
+    users: tuple[str, ...] = field(default=())  # who launched it
+
+    def to_json(self) -> dict:
+        spend = self.spend
+        return {
+            "path": self.path,
+            "revision": self.revision,
+            "trials": self.trials,
+            "counts": dict(self.counts),
+            "gpu_hours": {
+                "used": spend.used_gpu_hours if spend else 0.0,
+                "held": spend.reserved_gpu_hours if spend else 0.0,
+                "cap": self.gpu_hours_cap,
+            },
+            "cpu_hours": {"used": spend.used_cpu_hours if spend else 0.0, "held": spend.reserved_cpu_hours if spend else 0.0},
+            "cost": {"committed": self.cost, "cap": self.cost_cap},
+            "launcher": self.launcher.value,
+            "last_activity": self.last_activity,
+            "best": self.best,
+            "users": list(self.users),
+            "problem": self.problem,
+        }
+
+
+def find_searches(root: Path) -> Iterator[SearchDir]:
+    """Search directories under ``root`` (``root`` itself included), sorted by path."""
+    root = Path(root)
+    if not root.is_dir():
+        raise UsageError(f"{root} is not a directory; give the search root (search.root, default ./runs) or a search directory")
+    found: list[Path] = []
+
+    def walk(d: Path, depth: int) -> None:
+        if (d / "contract.json").is_file():
+            found.append(d)
+            return  # a search's own folders hold no searches
+        if depth >= MAX_DEPTH:
+            return
+        try:
+            children = sorted(e.path for e in os.scandir(d) if e.is_dir(follow_symlinks=False) and not e.name.startswith("."))
+        except PermissionError:
+            return  # a root shared by several users: list what this user may read
+        for child in children:
+            walk(Path(child), depth + 1)
+
+    walk(root, 0)
+    return (SearchDir(p) for p in sorted(found))
+
+
+def summarize(search: SearchDir, now: float | None = None) -> SearchSummary:
+    now = time.time() if now is None else now
+    contract = search.contract()
+    caps = search_caps(contract)
+    records = list(search.records())
+    spend = BudgetLedger.read_totals(search.path)
+    best = best_completed(records)
+    launches = search.launches()
+    cost = spend.committed_cost(caps.rates) if spend else 0.0
+    return SearchSummary(
+        path=str(search.path),
+        revision=str(contract["search_revision"]),
+        trials=len(records),
+        counts=counts_by_state(records),
+        spend=spend,
+        gpu_hours_cap=caps.gpu_hours_cap,
+        cost_cap=caps.cost_cap,
+        cost=cost,
+        launcher=current_launcher(search, now, launches),
+        last_activity=_last_write(search),
+        best={"trial_id": best.trial_id, "miss_cost": best.metric} if best else None,
+        users=tuple(sorted({str(l["user"]) for l in launches if l.get("user")})),
+    )
+
+
+def _last_write(search: SearchDir) -> float | None:
+    """The newest modification among trial journals and launch records: one stat each, no parsing.
+    Heartbeats do not count (a live launch over a stuck search would always read "just now"), nor
+    temp files, which come and go between the listing and the stat."""
+    newest = None
+    dirs = [search.trials_dir / tid for tid in search.trial_ids()]
+    files = [e for d in dirs for e in journals(d)]
+    if search.launches_dir.exists():
+        files += [e for e in os.scandir(search.launches_dir) if e.name.endswith(".json") and not e.name.startswith(".")]
+    for e in files:
+        try:
+            t = e.stat().st_mtime
+        except FileNotFoundError:
+            continue
+        newest = t if newest is None or t > newest else newest
+    return newest
+
+
+def collect(root: Path, now: float | None = None) -> list[SearchSummary]:
+    """One summary per search; a search whose records do not read (damaged, or not this user's to
+    read) is listed with the problem: one bad search never hides the others."""
+    out = []
+    for search in find_searches(root):
+        try:
+            out.append(summarize(search, now))
+        except (ParcelError, OSError, ValueError) as exc:
+            out.append(_unreadable(search, str(exc) or type(exc).__name__))
+    return out
+
+
+def _unreadable(search: SearchDir, problem: str) -> SearchSummary:
+    return SearchSummary(str(search.path), search.path.name, 0, {}, None, 0.0, 0.0, 0.0, LauncherState.NONE, None, problem=problem)

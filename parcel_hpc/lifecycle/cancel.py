@@ -1,0 +1,170 @@
+"""``parcel-hpc cancel SEARCH_DIR [--trial ID ...]``: stop a search, or some of its trials, for good.
+
+Order is what makes it safe to rerun and safe against a launcher still at work: the cancellation is
+recorded first (``cancelled.json`` for the whole search, a ``cancelled`` event per trial), so no
+launcher, worker or ``resubmit`` starts anything for those trials after that moment (a worker
+started late sees a finished trial and exits before it trains); only then are the jobs signalled,
+and once they have left the scheduler their budget holds are settled with the hours they ran.
+A trial that ended before the cancel keeps its ending. A ``scancel`` by hand is not this: it stays
+an infrastructure interruption, retried like a preemption.
+"""
+
+from __future__ import annotations
+
+import getpass
+import socket
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from rich.console import Console
+from rich.table import Table
+
+from parcel_hpc.budget import SearchBudget
+from parcel_hpc.errors import UsageError
+from parcel_hpc.governance import validation
+from parcel_hpc.ledger import Executor, SearchDir, TrialRecord, TrialState
+from parcel_hpc.scheduler.base import Dispatcher, LauncherSettings
+from parcel_hpc.scheduler.factory import make_dispatcher
+
+JOB_EXIT_WAIT_S = 60.0  # how long cancel waits for signalled jobs to leave the scheduler
+
+
+@dataclass(frozen=True)
+class CancelPlan:
+    record: tuple[str, ...]  # trials to mark cancelled now
+    signal: tuple[tuple[str, str], ...]  # (trial, latest job) of every cancelled trial: ended if still alive
+    untouched: tuple[tuple[str, str], ...]  # (trial, why)
+    # (trial, job) where the job is a pack that still runs trials not cancelled: the job goes on, the
+    # cancelled trial is skipped, or stops itself at its next milestone if it is the one running.
+    shared: tuple[tuple[str, str], ...] = ()
+
+
+def plan(records: Iterable[TrialRecord], trial_ids: Sequence[str] = ()) -> CancelPlan:
+    """Which trials to mark cancelled and whose jobs to end (pure). Empty ``trial_ids``: all of them.
+    A trial cancelled before is signalled again (the earlier cancel may have been interrupted)."""
+    records = list(records)
+    wanted = set(trial_ids)
+    record, signal, untouched = [], [], []
+    for rec in records:
+        if wanted and rec.trial_id not in wanted:
+            continue
+        if rec.state is TrialState.CANCELLED:
+            untouched.append((rec.trial_id, "cancelled before"))
+        elif rec.state.is_finished():
+            untouched.append((rec.trial_id, f"{rec.state.value} before the cancel: kept"))
+            continue
+        else:
+            record.append(rec.trial_id)
+        if rec.jobs:
+            signal.append((rec.trial_id, rec.jobs[-1]))
+    stopping = set(record)
+    kept_open = {rec.jobs[-1] for rec in records if rec.jobs and rec.trial_id not in stopping and not rec.state.is_finished()}
+    shared = tuple((t, j) for t, j in signal if j in kept_open)
+    signal = [(t, j) for t, j in signal if j not in kept_open]
+    return CancelPlan(tuple(record), tuple(signal), tuple(untouched), shared)
+
+
+@dataclass(frozen=True)
+class CancelReport:
+    plan: CancelPlan
+    signalled: tuple[str, ...]  # job ids asked to end
+    still_alive: tuple[str, ...]  # job ids still held by the scheduler when cancel stopped waiting
+    settled: tuple[tuple[str, int], ...]  # (trial, attempt) budget holds settled
+
+
+def run(search: SearchDir, trial_ids: Sequence[str], reason: str, console: Console, wait_s: float = JOB_EXIT_WAIT_S) -> CancelReport:
+    contract = search.contract()  # not a search directory: one line, exit 2
+    reason = validation.text("--reason", reason or "no reason given", 500)
+    known = set(search.trial_ids())
+    unknown = sorted(set(trial_ids) - known)
+    if unknown:
+        raise UsageError(f"--trial {unknown[0]} is not a trial of {search.path}; `parcel-hpc status {search.path}` lists them")
+    by = getpass.getuser()
+    whole = not trial_ids
+    if whole:
+        search.mark_cancelled(by, reason, time.time())  # before any trial event: a launcher checks it first
+    decided = plan(search.records(), trial_ids)
+    for tid in decided.record:
+        search.writer(tid, "cancel").cancelled(by, reason, whole)
+    dispatcher = _dispatcher(search)
+    signalled, alive = _end_jobs(dispatcher, decided.signal, wait_s) if dispatcher is not None else ((), ())
+    settled = _settle(search, contract, [t for t, j in decided.signal if j not in alive and _ran_here_or_on_slurm(search, t)])
+    report = CancelReport(decided, signalled, alive, tuple(settled))
+    console.print(render(report, whole))
+    return report
+
+
+def _dispatcher(search: SearchDir) -> Dispatcher | None:
+    recorded = search.last_launcher()
+    if recorded is None:
+        return None  # nothing was ever dispatched
+    dispatcher = make_dispatcher(LauncherSettings.from_json(recorded), search)
+    dispatcher.check()  # an unreachable scheduler: one line, exit 2 (the cancellation is already recorded)
+    return dispatcher
+
+
+def _end_jobs(dispatcher: Dispatcher, jobs: Sequence[tuple[str, str]], wait_s: float) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Signal every job still alive; wait up to ``wait_s`` for them to go. (signalled, still alive)."""
+    dispatcher.refresh()
+    live = [(t, j) for t, j in jobs if dispatcher.alive(t, j)]
+    signalled = tuple(j for _, j in live)
+    if signalled:
+        dispatcher.cancel(signalled)
+    deadline = time.monotonic() + wait_s
+    while live and time.monotonic() < deadline:
+        time.sleep(1.0)
+        dispatcher.refresh()
+        live = [(t, j) for t, j in live if dispatcher.alive(t, j)]
+    return signalled, tuple(j for _, j in live)
+
+
+def _ran_here_or_on_slurm(search: SearchDir, trial_id: str) -> bool:
+    """Whether this host can tell the trial's job has ended: a local job only from its own host."""
+    record = search.record(trial_id)
+    if record.executor is Executor.SLURM or not record.attempts:
+        return True
+    return record.attempts[-1].host in ("", socket.gethostname())
+
+
+def _settle(search: SearchDir, contract, trial_ids: Iterable[str]) -> list[tuple[str, int]]:
+    """Settle the holds of attempts whose jobs are gone, with the hours the ledger saw them run."""
+    settled = []
+    budget = SearchBudget(search.path, contract)
+    for tid in sorted(set(trial_ids)):
+        record = search.record(tid)
+        attempts = {a.number: a for a in record.attempts}
+        for n in budget.held(tid):
+            a = attempts.get(n)
+            if a is None or a.started is None:
+                continue  # a hold the ledger has no start for: kept (never settle less than was used)
+            budget.settle(tid, n, a.started, a.ended if a.ended is not None else time.time(), gpus=a.gpus)
+            settled.append((tid, n))
+    return settled
+
+
+def render(report: CancelReport, whole: bool) -> Table:
+    table = Table(title="cancel: the whole search" if whole else "cancel")
+    for col in ("trial", "action", "detail"):
+        table.add_column(col)
+    p = report.plan
+    jobs = dict(p.signal)
+    shared = dict(p.shared)
+    for tid in p.record:
+        if tid in shared:
+            table.add_row(tid, "cancelled", f"job {shared[tid]} runs other trials too: it goes on, this trial stops at its next milestone or never starts")
+            continue
+        job = jobs.get(tid)
+        how = (
+            "never dispatched"
+            if job is None
+            else f"job {job} " + ("still ending" if job in report.still_alive else "ended" if job in report.signalled else "had already ended")
+        )
+        table.add_row(tid, "cancelled", how)
+    for tid, why in p.untouched:
+        table.add_row(tid, "kept", why)
+    if report.settled:
+        table.caption = f"budget: settled {len(report.settled)} held attempts with the hours they ran"
+    if report.still_alive:
+        table.caption = (table.caption or "") + f"; {len(report.still_alive)} jobs are still ending: rerun cancel to settle their budget"
+    return table

@@ -1,0 +1,180 @@
+"""Attempts that never said how they ended: how the scheduler (or the next attempt) says they did.
+
+A trial whose last attempt has no ending while its job is gone is resolved here, and only here:
+``resolve`` is the pure decision (records + scheduler facts + a policy -> resolutions), ``observe``
+asks the scheduler, ``record`` journals the answer. The writers that own a search record
+resolutions (the launch's follower, ``resubmit``, ``sync``, and a new attempt of the same trial,
+through ``lifecycle.previous_attempt_ending``, which needs no scheduler); ``status`` folds the same resolutions in memory and shows them
+as not yet recorded, because a read command never writes.
+
+What counts as gone, and what the scheduler's word is worth, depends on who asks (``Policy``):
+- ``status`` and ``sync`` resolve a SLURM job only once sacct holds its final record, and a local
+  job only when its worker's process is gone from this very host: the answer must be definite.
+- ``resubmit`` resolves every job gone from the queue, with sacct's cause when it has one.
+- the launch's follower resolves the jobs its own dispatcher saw end, as ``lost``: it never waits
+  on accounting (slurmdbd may lag or be down while trials run).
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from parcel_hpc.errors import SchedulerUnavailable
+from parcel_hpc.ledger import AttemptEnd, Cause, Ended, Executor, SearchDir, TrialRecord, TrialWriter
+from parcel_hpc.scheduler.local.processes import pid_alive
+from parcel_hpc.scheduler.slurm import queue as slurm
+from parcel_hpc.scheduler.slurm.runs import JobRun, job_runs, runs_by_job
+from parcel_hpc.scheduler.slurm.sacct import build_sacct_argv, run_sacct
+from parcel_hpc.scheduler.slurm.sacct_parse import parse_sacct
+from parcel_hpc.scheduler.slurm.states import JobState
+
+_CAUSE = {
+    JobState.NODE_FAIL: Cause.NODE_FAIL,
+    JobState.BOOT_FAIL: Cause.NODE_FAIL,
+    JobState.PREEMPTED: Cause.PREEMPTED,
+    JobState.TIMEOUT: Cause.TIMEOUT,
+    JobState.DEADLINE: Cause.TIMEOUT,
+    JobState.CANCELLED: Cause.CANCELLED,
+    JobState.REVOKED: Cause.CANCELLED,
+}
+
+
+@dataclass(frozen=True)
+class Policy:
+    ask_accounting: bool  # ask sacct how vanished SLURM jobs ended
+    require_final_record: bool  # resolve a SLURM job only once sacct has its final record
+
+
+DEFINITE = Policy(ask_accounting=True, require_final_record=True)  # status, sync
+RESUBMIT = Policy(ask_accounting=True, require_final_record=False)
+FOLLOWER = Policy(ask_accounting=False, require_final_record=False)
+
+
+@dataclass(frozen=True)
+class Resolution:
+    trial_id: str
+    attempt: int
+    ending: Ended
+
+
+@dataclass(frozen=True)
+class SchedulerFacts:
+    """What the scheduler said, once, for one decision."""
+
+    host: str  # this host: local jobs are seen only here
+    queued: Mapping[str, slurm.QueuedJob] = field(default_factory=dict)  # SLURM jobs still held
+    local_alive: frozenset[str] = frozenset()  # pids alive on this host
+    runs: Mapping[str, Sequence[JobRun]] = field(default_factory=dict)  # sacct runs per job id, in order
+    seen_ending: frozenset[str] = frozenset()  # jobs the caller's own dispatcher saw end
+    slurm_error: str = ""  # squeue did not answer: no SLURM job is resolved
+
+    def job_gone(self, record: TrialRecord) -> bool:
+        job = record.jobs[-1]
+        if job in self.seen_ending:
+            return True
+        if record.executor is Executor.SLURM:
+            return not self.slurm_error and job not in self.queued
+        last = record.attempts[-1] if record.attempts else None
+        if last is None:  # never started: the job is submitit's child of a launch on this host
+            return job not in self.local_alive
+        return last.host == self.host and job not in self.local_alive and str(last.pid) not in self.local_alive
+
+
+def interruption_cause(state: JobState) -> Cause:
+    """The cause for how the scheduler says a run ended without a result."""
+    return _CAUSE.get(state, Cause.LOST)
+
+
+def final_run(runs: Sequence[JobRun]) -> JobRun | None:
+    """sacct's final record of a job: its last run, once it ended."""
+    last = runs[-1] if runs else None
+    return last if last is not None and not last.state.is_active() else None
+
+
+def ending_from_accounting(record: TrialRecord, job: str, runs: Sequence[JobRun]) -> Ended:
+    """How the last attempt ended, from sacct's final record of its job (``lost`` without one)."""
+    last = final_run(runs)
+    message = f"resolved from the scheduler: {last.state.text if last is not None else 'gone from the queue'}"
+    if last is not None and last.state is JobState.OUT_OF_MEMORY:
+        return Ended(AttemptEnd.FAILED, Cause.OUT_OF_MEMORY, final=Cause.OUT_OF_MEMORY in record.failures, job_id=job, message=message)
+    cause = interruption_cause(last.state) if last is not None else Cause.LOST
+    return Ended(AttemptEnd.LOST if cause is Cause.LOST else AttemptEnd.INTERRUPTED, cause, job_id=job, message=message)
+
+
+def needs_resolution(record: TrialRecord) -> bool:
+    """An open trial whose last attempt never said how it ended."""
+    return not record.state.is_finished() and bool(record.jobs) and bool(record.attempts) and record.attempts[-1].how is None
+
+
+def resolve(records: Iterable[TrialRecord], facts: SchedulerFacts, policy: Policy) -> list[Resolution]:
+    """The resolutions the scheduler's facts call for under ``policy`` (pure)."""
+    out = []
+    for r in records:
+        if not (needs_resolution(r) and facts.job_gone(r)):
+            continue
+        job = r.jobs[-1]
+        runs = facts.runs.get(job, ())
+        if r.executor is Executor.SLURM and policy.require_final_record and job not in facts.seen_ending and final_run(runs) is None:
+            continue  # gone from the queue, but sacct has not filed how yet: no definite answer
+        out.append(Resolution(r.trial_id, r.attempts[-1].number, ending_from_accounting(r, job, runs if policy.ask_accounting else ())))
+    return out
+
+
+# --- the edge: ask the scheduler, record the answer ----------------------------------------------
+
+
+def observe(
+    search: SearchDir, records: Sequence[TrialRecord], policy: Policy, *, every_gone_job: bool = False, seen_ending: Iterable[str] = ()
+) -> tuple[list[TrialRecord], SchedulerFacts]:
+    """Ask the scheduler about ``records``' open jobs; the records read again afterwards, and the facts.
+
+    The queue is read before the records are read again: an attempt that said how it ended before
+    its job left the queue is then seen as ended, never resolved as lost. sacct is asked (when the
+    policy says so) about the jobs of attempts to resolve, or with ``every_gone_job`` about every
+    open trial's job that left the queue (``resubmit`` reads node failures and causes from it).
+    """
+    open_records = [r for r in records if not r.state.is_finished() and r.jobs]
+    queued: dict[str, slurm.QueuedJob] = {}
+    error = ""
+    if any(r.executor is Executor.SLURM for r in open_records):
+        try:
+            for name in search.slurm_job_names():
+                queued.update(slurm.queued_jobs(name))
+        except SchedulerUnavailable as exc:
+            error = str(exc)
+    local_alive = frozenset(
+        pid for r in open_records if r.executor is not Executor.SLURM for pid in (r.jobs[-1], *(str(a.pid) for a in r.attempts[-1:])) if pid_alive(pid)
+    )
+    by_id = {r.trial_id: r for r in records}
+    by_id.update((r.trial_id, search.record(r.trial_id)) for r in open_records)
+    fresh = list(by_id.values())
+    facts = SchedulerFacts(socket.gethostname(), queued, local_alive, seen_ending=frozenset(seen_ending), slurm_error=error)
+    if policy.ask_accounting:
+        asked = [
+            r.jobs[-1]
+            for r in fresh
+            if r.executor is Executor.SLURM and r.jobs and not r.state.is_finished() and (every_gone_job or needs_resolution(r)) and facts.job_gone(r)
+        ]
+        if asked:
+            facts = replace(facts, runs=runs_by_job(job_runs(parse_sacct(run_sacct(build_sacct_argv(asked)), source="sacct"))))
+    return fresh, facts
+
+
+def record(resolutions: Iterable[Resolution], writer: Callable[[str], TrialWriter]) -> None:
+    """Journal each resolution through the caller's writer for that trial (never from a read command)."""
+    for res in resolutions:
+        writer(res.trial_id).resolved(res.attempt, res.ending)
+
+
+def sync(search: SearchDir) -> list[Resolution]:
+    """``parcel-hpc sync``: record every definite resolution, for a search whose launcher has gone."""
+    search.contract()  # not a search directory: one line, exit 2
+    records, facts = observe(search, list(search.records()), DEFINITE)
+    if facts.slurm_error:
+        raise SchedulerUnavailable(facts.slurm_error)
+    found = resolve(records, facts, DEFINITE)
+    writers: dict[str, TrialWriter] = {}
+    record(found, lambda tid: writers.setdefault(tid, search.writer(tid, "sync")))
+    return found

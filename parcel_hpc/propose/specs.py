@@ -1,0 +1,211 @@
+"""From a composed config to a contract, trial specs and worker plans (pure except file digests).
+
+Reads the snapshot, split and image only to digest them; refuses missing inputs with one line that
+names the file and the fix.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from parcel_hpc import data
+from parcel_hpc.errors import GovernanceRefusal, UsageError
+from parcel_hpc.governance import validation
+from parcel_hpc.governance.admission import config_hash
+from parcel_hpc.governance.contract import Contract
+from parcel_hpc.governance.image import image_digest
+from parcel_hpc.governance.outcome import Outcome
+from parcel_hpc.ledger.records import TrialSpec
+from parcel_hpc.propose import samplers
+from parcel_hpc.propose.samplers import SamplerName, SamplerSpec
+from parcel_hpc.propose.space import normalize, qmc_points, sample, space_digest
+from parcel_hpc.selection.policy import SelectionPolicy
+from parcel_hpc.trainer import trainer_identity
+from parcel_hpc.worker.plan import WorkerPlan
+
+PINNED_RESOURCES = ("gpus", "cpus", "mem_gb", "time_limit_min")
+
+
+def search_path(cfg: Mapping[str, Any]) -> Path:
+    root = Path(cfg["search"]["root"]).expanduser()
+    revision = validation.name("search.revision", cfg["search"]["revision"])
+    return (root / revision).absolute()
+
+
+def ensure_writable(search_dir: Path) -> None:
+    """Create the search directory, or say in one line why it cannot be."""
+    try:
+        search_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
+        with tempfile.TemporaryFile(dir=search_dir):
+            pass
+    except OSError as exc:
+        raise UsageError(f"search root {search_dir.parent} is not writable ({exc.strerror}); set search.root to a writable shared directory") from None
+
+
+def build_contract(cfg: Mapping[str, Any]) -> Contract:
+    snap, split_cfg = cfg["snapshot"], cfg["split"]
+    snapshot_path = Path(snap["path"])
+    if not snapshot_path.is_file():
+        raise UsageError(f"snapshot file {snapshot_path} does not exist; create it with `parcel-hpc make-snapshot {snapshot_path.parent}` or set snapshot.path")
+    data.validate_snapshot(snapshot_path)
+    snapshot_digest = data.snapshot_digest(snapshot_path)
+    if snap.get("digest") and snap["digest"] != snapshot_digest:
+        raise GovernanceRefusal(Outcome.reject("snapshot_digest"), f"{snapshot_path} has digest {snapshot_digest}, config pins {snap['digest']}")
+    split_path = Path(split_cfg["path"])
+    if not split_path.is_file():
+        raise UsageError(f"split file {split_path} does not exist; create it with `parcel-hpc make-snapshot {split_path.parent}` or set split.path")
+    split = data.read_split(split_path)
+    if split.revision != split_cfg["revision"]:
+        raise UsageError(
+            f"split file {split_path} holds revision {split.revision!r}, config says {split_cfg['revision']!r}; point split.path at the right file"
+        )
+    # A gate that cannot be applied is bad input now, not after 82 trials at `parcel-hpc select`.
+    SelectionPolicy.from_mapping(cfg["selection"])
+    space = normalize(cfg["space"]["params"])  # the sweeper already merged the grammar in; idempotent
+    sampler = samplers.from_config(cfg.get("sampler"))
+    fields = {
+        "search_revision": cfg["search"]["revision"],
+        "search_seed": _seed(cfg["search"]["seed"]),
+        "snapshot_digest": snapshot_digest,
+        "split_digest": split.digest,
+        "split_method": split.method.value,
+        "split_revision": split.revision,
+        "split_snapshot_digest": split.snapshot_digest,
+        "metric_revision": cfg["metric"]["revision"],
+        "metric": dict(cfg["metric"]),
+        "space_revision": cfg["space"]["revision"],
+        "space": {"params": space, "digest": space_digest(space)},
+        "sampler": sampler.to_json(),
+        "preprocessing": dict(cfg["preprocessing"]),
+        "image_digest": image_digest(cfg["image"]),
+        "image_kind": cfg["image"]["kind"],
+        "trainer": trainer_identity(cfg["trainer"]["target"]),
+        "train": dict(cfg["train"]),
+        "resources": {k: cfg["resources"][k] for k in PINNED_RESOURCES},
+        "budget": dict(cfg["budget"]),
+        "pruner": dict(cfg["pruner"]),
+        "selection": dict(cfg["selection"]),
+    }
+    try:
+        return Contract(fields)
+    except ValueError:  # canonical JSON refuses NaN and infinity
+        raise UsageError(
+            "the composed config holds a non-finite number (nan or inf); quote text values, e.g. values:['nan'], or give a finite number"
+        ) from None
+
+
+def _seed(value: Any) -> int:
+    """``search.seed``: the samplers' generators take whole numbers from 0 to 2**32 - 1."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**32:
+        raise UsageError(f"search.seed={value!r} must be a whole number from 0 to {2**32 - 1}")
+    return value
+
+
+def check_policy(contract: Contract) -> None:
+    """Governance that holds for every search, checked when a contract is first frozen."""
+    if contract["split_method"] != "group":
+        raise GovernanceRefusal(
+            Outcome.reject("split_method"),
+            f"split {contract['split_revision']} is a {contract['split_method']} split; trials must be split by shipment (split=group_r8)",
+        )
+    if contract["split_snapshot_digest"] != contract["snapshot_digest"]:
+        raise GovernanceRefusal(Outcome.reject("split_digest"), "the split was made from another snapshot; regenerate the split for this snapshot")
+
+
+def history_free_specs(contract: Contract, start: int, stop: int) -> list[TrialSpec]:
+    """Trials ``start..stop-1`` of a sampler that does not learn: each from (search seed, index) alone."""
+    name = sampler_of(contract).name.value
+    drawn = history_free_params(contract, start, stop)
+    return [trial_spec(contract, index, params, {"sampler": name, "index": index}) for index, params in zip(range(start, stop), drawn)]
+
+
+def history_free_params(contract: Contract, start: int, stop: int) -> list[dict[str, Any]]:
+    """The params of trials ``start..stop-1`` of ``sampler=random`` or ``qmc`` (pure)."""
+    sampler = sampler_of(contract)
+    space, seed = space_of(contract)[0], int(contract["search_seed"])
+    if sampler.name is SamplerName.QMC:
+        return qmc_points(space, seed, start, stop, sampler.options["qmc_type"], sampler.options["scramble"])
+    return [sample(space, seed, index) for index in range(start, stop)]
+
+
+# A contract frozen before samplers were pinned: random from search.seed, its space as the group wrote it.
+LEGACY_SAMPLER = {"name": SamplerName.RANDOM.value, "options": {}, "revision": samplers.RANDOM_REVISION}
+
+
+def sampler_of(contract: Contract) -> SamplerSpec:
+    return SamplerSpec.from_json(contract.fields.get("sampler") or LEGACY_SAMPLER)
+
+
+def space_of(contract: Contract) -> tuple[dict[str, dict[str, Any]], str]:
+    """The normalized space the contract pins, and its digest (an older contract's is normalized on reading)."""
+    space = contract["space"]
+    if "digest" in space:
+        return space["params"], space["digest"]
+    params = normalize(space["params"])
+    return params, space_digest(params)
+
+
+def in_frozen_form(contract: Contract, frozen: Contract) -> Contract:
+    """``contract`` as a search frozen before samplers were pinned wrote it, when it is the same
+    search (random, the same space once normalized), so that search continues; else unchanged."""
+    if "sampler" in frozen.fields or "sampler" not in contract.fields or sampler_of(contract).name is not SamplerName.RANDOM:
+        return contract
+    if space_of(contract) != space_of(frozen):
+        return contract
+    fields = {k: v for k, v in contract.fields.items() if k != "sampler"}
+    fields["space"] = frozen["space"]
+    return Contract(fields)
+
+
+def trial_id_of(index: int) -> str:
+    return f"t{index:04d}"
+
+
+def trial_spec(contract: Contract, index: int, params: dict[str, Any], origin: dict[str, Any]) -> TrialSpec:
+    """Trial ``index`` of the search with these params (everything else is the contract's)."""
+    seed = int(contract["train"]["seed"])
+    effective = {"params": params, "seed": seed, "contract_digest": contract.digest}
+    return TrialSpec(
+        trial_id=trial_id_of(index),
+        index=index,
+        params=params,
+        seed=seed,
+        config_hash=config_hash(effective),
+        contract_digest=contract.digest,
+        image_digest=contract["image_digest"],
+        resources=contract["resources"],
+        origin=origin,
+    )
+
+
+def plan_for(spec: TrialSpec, cfg: Mapping[str, Any], contract: Contract, search_dir: Path) -> WorkerPlan:
+    ck = cfg["checkpoint"]
+    return WorkerPlan(
+        search_dir=str(search_dir),
+        trial_id=spec.trial_id,
+        config_hash=spec.config_hash,
+        contract_digest=contract.digest,
+        params=dict(spec.params),
+        seed=spec.seed,
+        snapshot_path=str(Path(cfg["snapshot"]["path"]).absolute()),
+        split_path=str(Path(cfg["split"]["path"]).absolute()),
+        image=dict(cfg["image"]),
+        image_digest=spec.image_digest,
+        steps=int(contract["train"]["steps"]),
+        metric=contract["metric"],
+        preprocessing=contract["preprocessing"],
+        pruner=contract["pruner"],
+        checkpoint_root=str(Path(ck["dir"]).absolute()),
+        checkpoint_prefix=str(ck.get("prefix", "{trial_id}")),
+        every_steps=int(ck["every_steps"]),
+        keep_last=int(ck["keep_last"]),
+        max_retries=int(contract["budget"]["max_retries"]),
+        max_preemptions=int(contract["budget"]["max_preemptions"]),
+        step_seconds=float(contract["train"].get("step_seconds", 0.0)),
+        gpus=int(contract["resources"]["gpus"]),
+        cpus=int(contract["resources"]["cpus"]),
+        time_limit_min=int(contract["resources"]["time_limit_min"]),
+    )

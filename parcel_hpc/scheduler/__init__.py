@@ -1,0 +1,14 @@
+"""Schedulers: how governed trials reach one, and what it says back. Decides nothing about which
+trials to run (``launch`` and ``propose`` do).
+
+    base.py        Dispatcher (the interface every backend implements), Submitted, LauncherSettings,
+                   and the one job probe (alive / gone / this host cannot tell)
+    packing.py     how many trials one job runs in turn, and which share a job (pure; no submitit)
+    identity.py    what names a search's jobs on the scheduler, and nothing else's
+    factory.py     the launcher's ``kind`` -> its backend's dispatcher
+    local/         the embedded default: submitit's LocalExecutor, trials as child processes
+    slurm/         SLURM: held sbatch arrays, squeue/scontrol, sacct argv + parser + states,
+                   the batch scripts parcel_hpc renders itself and their templates
+
+Importing this package imports no backend (and so not submitit): ``factory`` does.
+"""

@@ -1,0 +1,116 @@
+"""The dispatcher interface: how governed trials reach a scheduler, and what it says back.
+
+Modelled on submitit's Executor roles: the search (``sweep``) decides which trials run; a
+dispatcher only hands tasks to its scheduler, tells which of its jobs are alive, cancels them and
+describes what it would submit. Implementations: ``local.LocalDispatcher`` (submitit's
+LocalExecutor, the embedded default) and ``slurm.SlurmDispatcher`` (sbatch arrays).
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from parcel_hpc.budget import AssociationLimit
+from parcel_hpc.ledger import Executor
+from parcel_hpc.worker import TrialTask
+
+
+@dataclass(frozen=True)
+class Submitted:
+    trial_id: str
+    job_id: str  # the trials of one pack share it
+
+
+def submitted_of(tasks: Sequence[TrialTask], job_ids: Sequence[str]) -> list[Submitted]:
+    """Every trial of each task, with its task's job id."""
+    return [Submitted(plan.trial_id, job_id) for task, job_id in zip(tasks, job_ids) for plan in task.plans]
+
+
+@dataclass(frozen=True)
+class LauncherSettings:
+    """What a launch dispatched with, recorded in its launch record so ``resubmit`` can do the same."""
+
+    kind: Executor
+    params: Mapping[str, Any]  # the hydra/launcher group's values
+    resources: Mapping[str, Any]
+    budget: Mapping[str, Any]
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind.value, "params": dict(self.params), "resources": dict(self.resources), "budget": dict(self.budget)}
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> LauncherSettings:
+        return cls(Executor(obj["kind"]), obj["params"], obj["resources"], obj["budget"])
+
+
+# Called with what was submitted before any of it may start, so the ledger knows every job id first.
+Record = Callable[[Sequence[Submitted]], None]
+
+
+class Dispatcher(ABC):
+    name: ClassVar[Executor]  # recorded in each ``submitted`` event
+    can_detach: ClassVar[bool]  # whether trials outlive the launching process
+
+    def __init__(self, settings: LauncherSettings) -> None:
+        self.settings = settings
+
+    def launch_record(self) -> dict:
+        """What a launch record says this dispatcher submitted with (``resubmit`` reads it back)."""
+        return self.settings.to_json()
+
+    def recover(self, known_jobs: set[str]) -> list[str]:
+        """After a launch died between submitting and releasing: start the held jobs the ledger
+        knows, cancel those it never recorded. Call after ``refresh``; returns what it released."""
+        return []
+
+    def account_limits(self) -> tuple[str, list[AssociationLimit]] | None:
+        """The account this launch's jobs are charged to and the association limits they count
+        against, read now; None where jobs are charged to no account (this machine)."""
+        return None
+
+    def wait(self, seconds: float, at_least: float) -> None:
+        """Pause between two follow rounds: ``seconds``, or from ``at_least`` on, until one of this
+        launch's jobs ends where the dispatcher can tell (the next proposal then goes out at once)."""
+        time.sleep(seconds)
+
+    @abstractmethod
+    def check(self) -> None:
+        """Raise SchedulerUnavailable (one line, exit 2) when the scheduler cannot be reached."""
+
+    @abstractmethod
+    def capacity(self) -> int:
+        """How many more jobs (tasks, each one or more trials) may be submitted now."""
+
+    @abstractmethod
+    def slots(self) -> int:
+        """How many of this launch's jobs run at once (what packing must leave busy)."""
+
+    def max_job_minutes(self) -> float | None:
+        """The longest time limit the scheduler accepts for a job here (None: no limit)."""
+        return None
+
+    @abstractmethod
+    def submit(self, tasks: Sequence[TrialTask], record: Record, exclude_nodes: Sequence[str] = ()) -> list[Submitted]:
+        """Submit ``tasks``, one job each, its time limit the sum of its trials' (``packing``);
+        ``record`` is called with the job ids of each trial before any of them can start. Several
+        calls of ``record`` are one batch each: what was recorded before a failure is submitted."""
+
+    @abstractmethod
+    def refresh(self) -> None:
+        """Ask the scheduler once for the state of this search's jobs (``alive`` reads the answer)."""
+
+    @abstractmethod
+    def alive(self, trial_id: str, job_id: str) -> bool:
+        """Whether the scheduler still holds this job (pending, running, requeued)."""
+
+    @abstractmethod
+    def cancel(self, job_ids: Sequence[str]) -> None:
+        """Ask the scheduler to end these jobs."""
+
+    @abstractmethod
+    def describe(self, pack_lengths: Sequence[int]) -> str:
+        """What submitting jobs of these many trials each would do (the dry run prints it)."""

@@ -1,0 +1,154 @@
+"""The embedded default: submitit's LocalExecutor, trials as child processes of the launch.
+
+At most ``parallelism`` trials run at once (a laptop has few cores), so the launch must wait: a
+local search cannot detach. A job id is the pid of submitit's child process on this host.
+
+GPUs: a job is handed ``resources.gpus`` of this machine's GPUs (``CUDA_VISIBLE_DEVICES`` of the
+launch, else what ``nvidia-smi -L`` lists) that no running job of this launch holds, and waits for
+them; on a machine with fewer GPUs than a trial asks for, trials run on the CPU and are charged no
+GPU-hours (submitit alone would give every job the same first GPUs, or none).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import submitit
+
+from parcel_hpc.errors import UsageError
+from parcel_hpc.ledger import Executor
+from parcel_hpc.scheduler.base import Dispatcher, LauncherSettings, Record, Submitted, submitted_of
+from parcel_hpc.scheduler.local.processes import pid_alive, runs_submitit
+from parcel_hpc.scheduler.packing import job_time_limit_min
+from parcel_hpc.worker import TrialTask
+
+WAKE_S = 0.02  # how often a waiting launch asks its children whether one ended
+
+
+class LocalDispatcher(Dispatcher):
+    name = Executor.LOCAL
+    can_detach = False
+
+    def __init__(self, settings: LauncherSettings, folder: Path, *, max_num_timeout: int) -> None:
+        super().__init__(settings)
+        self.parallelism = int(settings.params["parallelism"])
+        if self.parallelism < 1:
+            raise UsageError(f"hydra.launcher.parallelism={self.parallelism} must be >= 1")
+        self.folder = Path(folder)
+        self._max_num_timeout = max_num_timeout
+        self._executor: submitit.LocalExecutor | None = None
+        self.jobs: dict[str, Any] = {}  # trial_id -> submitit Job of this launch
+        wanted = int(settings.resources["gpus"])
+        self.devices = machine_gpus() if wanted > 0 else ()
+        self.gpus_per_job = wanted if len(self.devices) >= wanted else 0  # 0: CPU only, charged no GPU-hours
+        self.held: dict[str, tuple[Any, tuple[int, ...]]] = {}  # job id -> (its Job, the devices it holds)
+
+    @property
+    def executor(self) -> submitit.LocalExecutor:
+        """Built on first use: LocalExecutor creates its folder, and nothing is written before the search is validated."""
+        if self._executor is None:
+            self._executor = submitit.LocalExecutor(folder=str(self.folder), max_num_timeout=self._max_num_timeout)
+            self._executor.update_parameters(
+                timeout_min=int(self.settings.resources["time_limit_min"]), signal_delay_s=int(self.settings.params["signal_delay_s"])
+            )
+        return self._executor
+
+    def check(self) -> None:
+        pass  # this machine is the scheduler
+
+    def capacity(self) -> int:
+        running = {str(j.job_id) for j in self.jobs.values() if not j.done()}  # a pack's trials share one job
+        free = self.parallelism - len(running)
+        return min(free, len(self._free_devices()) // self.gpus_per_job) if self.gpus_per_job else free
+
+    def _free_devices(self) -> list[int]:
+        busy = {d for job, devices in self.held.values() if not job.done() for d in devices}
+        return [d for d in self.devices if d not in busy]
+
+    def slots(self) -> int:
+        return self.parallelism
+
+    def submit(self, tasks: Sequence[TrialTask], record: Record, exclude_nodes: Sequence[str] = ()) -> list[Submitted]:
+        job_ids = []
+        for task in tasks:
+            devices = tuple(self._free_devices()[: self.gpus_per_job])
+            if len(devices) < self.gpus_per_job:
+                raise UsageError(f"no {self.gpus_per_job} free GPUs for another job: submit at most capacity() jobs")
+            self.executor.update_parameters(
+                timeout_min=job_time_limit_min(len(task.plans), int(self.settings.resources["time_limit_min"])),
+                gpus_per_node=len(devices),
+                visible_gpus=devices,
+            )
+            job = self.executor.submit(task)
+            self.held[str(job.job_id)] = (job, devices)
+            for plan in task.plans:
+                self.jobs[plan.trial_id] = job
+            job_ids.append(str(job.job_id))
+        out = submitted_of(tasks, job_ids)
+        record(out)
+        return out
+
+    def refresh(self) -> None:
+        pass  # submitit's Job objects and /proc answer directly
+
+    def wait(self, seconds: float, at_least: float) -> None:
+        started = time.monotonic()
+        running = [job for job, _ in self.held.values() if not job.done()]  # before the pause: one ending in it counts
+        time.sleep(at_least)
+        while running and time.monotonic() - started < seconds:
+            if any(job.done() for job in running):
+                return  # a child ended: its slot is free now
+            time.sleep(WAKE_S)
+        time.sleep(max(0.0, seconds - (time.monotonic() - started)))
+
+    def alive(self, trial_id: str, job_id: str) -> bool:
+        job = self.jobs.get(trial_id)
+        if job is not None and str(job.job_id) == job_id:
+            return not job.done()
+        return pid_alive(job_id) and runs_submitit(job_id)  # a job of an earlier launch on this machine (not a recycled pid)
+
+    def cancel(self, job_ids: Sequence[str]) -> None:
+        # SIGINT, as submitit's own LocalJob.cancel: its controller forwards SIGTERM to the task,
+        # whose job environment ignores it once installed, so SIGTERM cancels only a job still starting.
+        for job_id in job_ids:
+            if pid_alive(job_id) and runs_submitit(job_id):
+                os.kill(int(job_id), signal.SIGINT)
+
+    def describe(self, pack_lengths: Sequence[int]) -> str:
+        wanted = int(self.settings.resources["gpus"])
+        gpus = (
+            f", {self.gpus_per_job} of this machine's GPUs {list(self.devices)} each"
+            if self.gpus_per_job
+            else (f", on the CPU: this machine has {len(self.devices)} GPUs, a trial asks for {wanted} (no GPU-hours are charged)" if wanted else "")
+        )
+        return (
+            f"submitit LocalExecutor: {sum(pack_lengths)} trials in {len(pack_lengths)} child processes (up to {max(pack_lengths, default=0)} each, in turn), "
+            f"{self.parallelism} at a time{gpus}, folder {self.folder}"
+        )
+
+
+def machine_gpus(env: Mapping[str, str] | None = None) -> tuple[int, ...]:
+    """The GPUs the launch may hand out: ``CUDA_VISIBLE_DEVICES`` where it is set, else every GPU
+    ``nvidia-smi -L`` lists; none on a machine without a driver. Devices named by UUID or MIG id
+    are refused: a job's own CUDA_VISIBLE_DEVICES (submitit's) can only number them."""
+    env = os.environ if env is None else env
+    listing = env.get("CUDA_VISIBLE_DEVICES")
+    if listing is not None:
+        named = [d.strip() for d in listing.split(",") if d.strip()]
+        if not all(d.isdigit() for d in named):
+            raise UsageError(
+                f"CUDA_VISIBLE_DEVICES={listing} names GPUs by UUID or MIG id; the local executor hands out numbered devices:"
+                " give their indices (nvidia-smi -L), or resources.gpus=0"
+            )
+        return tuple(int(d) for d in named)
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ()
+    return tuple(range(sum(1 for line in out.splitlines() if line.startswith("GPU "))))

@@ -1,0 +1,361 @@
+"""``parcel-hpc select``, ``decide`` and ``evaluate-final``: select once, then evaluate once.
+
+Each command reads the search's records, decides with the pure functions (``candidates``,
+``slices``, ``disposition``) and says what it did in the selection journal. A hold exits 3 with
+its outcome as the first line on stdout; progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import socket
+import time
+import unicodedata
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from parcel_hpc.errors import GovernanceRefusal, ParcelError, UsageError
+from parcel_hpc.governance.contract import Contract
+from parcel_hpc.governance.outcome import Outcome
+from parcel_hpc.ledger import Admitted, AttemptEnd, JobRole, SearchDir, TrialState
+from parcel_hpc.ledger.events import Milestone
+from parcel_hpc.ledger.selection import Decided, FinalAttempt, Frozen, JobEnded, SelectionRecord, SelectionWriter
+from parcel_hpc.pruning import MilestoneStore
+from parcel_hpc.scheduler.local.processes import pid_alive
+from parcel_hpc.selection.candidates import Entry, TrialFacts, best_candidate, completed_list, list_digest
+from parcel_hpc.selection.disposition import RerunCheck, Verdict, disposition
+from parcel_hpc.selection.policy import SelectionPolicy
+from parcel_hpc.selection.slices import GateResult, SliceRow, slice_gate
+from parcel_hpc.selection.store import SelectionStore
+from parcel_hpc.selection.submit import job_alive, run_job
+
+FINAL_USED = Outcome.reject("final-holdout-used")
+MAX_TEXT = 500
+
+
+# --- facts, read only -----------------------------------------------------------------------------
+
+
+def trial_facts(search: SearchDir, contract: Contract) -> list[TrialFacts]:
+    """Every trial's record, what its scoring attempt read, its prune decisions that used an
+    invalidated peer, and its validation curve; each trial's journals are read once."""
+    milestones = MilestoneStore(search.path, contract["pruner"]["milestones"], readonly=True)
+    out = []
+    for tid in search.trial_ids():
+        events = search.events(tid)
+        record = search.fold(search.spec(tid), events)
+        admitted = None
+        if record.state is TrialState.COMPLETED:
+            scored = next((a.number for a in reversed(record.attempts) if a.how is AttemptEnd.COMPLETED), None)
+            admitted = next((e.data for e in events if isinstance(e.data, Admitted) and e.attempt == scored), None)
+        invalid = tuple(
+            f"milestone {d.decision.milestone} used {inv.invalid_peer}" for d in milestones.decisions(tid) if not d.valid for inv in d.invalidations
+        )
+        curve = sorted({e.data.step: e.data.value for e in events if isinstance(e.data, Milestone) and e.attempt > record.tainted_upto}.items())
+        out.append(TrialFacts(record, admitted, invalid, tuple(curve)))
+    return out
+
+
+@dataclass(frozen=True)
+class Assessment:
+    """Everything the disposition of selection ``n`` rests on, and the disposition itself."""
+
+    n: int
+    frozen: dict[str, Any]
+    entries: tuple[Entry, ...]
+    rerun: RerunCheck | None
+    result: dict[str, Any] | None  # the rerun job's result
+    gate: GateResult | None
+    decisions: tuple[Decided, ...]
+    verdict: Verdict
+
+
+def assess(store: SelectionStore, record: SelectionRecord, n: int) -> Assessment:
+    policy = SelectionPolicy.of(store.search.contract())
+    frozen = store.selection(n)
+    entries = tuple(Entry(e["trial_id"], e["config_hash"], float(e["metric"]), bool(e["lineage_ok"]), tuple(e["problems"])) for e in frozen["completed"])
+    result = store.result(n, JobRole.RERUN)
+    rerun = gate = None
+    if result is not None:
+        rerun = RerunCheck(float(frozen["metric"]), float(result["rerun_metric"]), policy.rerun_tolerance, float(result["artifact_metric"]))
+        winner = [SliceRow.from_json(r) for r in result["slices"]["winner"]]
+        baseline = [SliceRow.from_json(r) for r in result["slices"]["baseline"]]
+        gate = slice_gate(winner, baseline, policy.gate)
+    elif record.job_ended(n, JobRole.RERUN) is not None and frozen["metric"] is not None:
+        rerun = RerunCheck(float(frozen["metric"]), None, policy.rerun_tolerance)
+    decisions = tuple(d for d in record.decisions.get(n, ()) if d.trial_id == frozen["trial_id"])
+    verdict = disposition(
+        int(frozen["n_trials"]), int(frozen["budget"]), entries, frozen["trial_id"], rerun, None if gate is None else gate.passed, bool(decisions)
+    )
+    return Assessment(n, frozen, entries, rerun, result, gate, decisions, verdict)
+
+
+# --- select -----------------------------------------------------------------------------------------
+
+
+def select(search_dir, *, now: bool, trial: str | None, reason: str, console: Console, out: Console) -> Assessment:
+    search = SearchDir(search_dir)
+    if not (search.path / "contract.json").exists():
+        raise UsageError(f"{search.path} is not a search directory (no contract.json); pass <search.root>/<search.revision>")
+    contract = search.contract()
+    SelectionPolicy.of(contract)
+    reason = checked_text("--reason", reason, required=bool(now or trial))
+    store = SelectionStore(search)
+    writer = store.writer("select")
+    record = store.record()
+    current = store.current()
+    if current is not None and not trial:
+        if now:
+            raise UsageError(f"selection {current} is already frozen; --now applies to a first selection only")
+        n = current
+        frozen = store.selection(n)
+        if n not in record.selections:  # the freezing process died before it said so
+            writer.frozen(_frozen_event(frozen))
+        console.print(
+            f"selection {n} is frozen: {frozen['trial_id'] or 'no trial'} from {len(frozen['completed'])} completed trials (list {frozen['list_digest'][:19]})"
+        )
+    else:
+        if record.sealed is not None or store.final_claim() is not None:
+            raise GovernanceRefusal(
+                FINAL_USED, "the final partition of this revision was claimed; a new selection needs a new search revision and its own final evaluation plan"
+            )
+        n = _freeze(store, contract, writer, current, now=now, trial=trial, reason=reason, console=console)
+        claimed = store.current()
+        if store.final_claim() is not None and claimed != n:  # the final evaluation claimed the previous selection while this one froze
+            raise GovernanceRefusal(
+                FINAL_USED,
+                f"the final evaluation of selection {claimed} was claimed while selection {n} froze: selection {n} is void, selection {claimed} stands",
+            )
+    assessment = assess(store, record, n)
+    if assessment.verdict.outcome != Outcome.HOLD_BUDGET and _needs_rerun(assessment):
+        job = run_job(store, JobRole.RERUN, n, writer, console)
+        if not job.ok:
+            console.print(f"[red]{job.message}[/red]")
+        assessment = assess(store, store.record(), n)
+    writer.disposed(n, assessment.verdict.outcome, assessment.verdict.reasons)
+    _announce(assessment, out)
+    return assessment
+
+
+def _needs_rerun(a: Assessment) -> bool:
+    lineage_ok = any(e.trial_id == a.frozen["trial_id"] and e.lineage_ok for e in a.entries)
+    return lineage_ok and a.result is None
+
+
+def _freeze(
+    store: SelectionStore, contract: Contract, writer: SelectionWriter, current: int | None, *, now: bool, trial: str | None, reason: str, console: Console
+) -> int:
+    search = store.search
+    facts = trial_facts(search, contract)
+    budget = int(contract["budget"]["max_trials"])
+    finished = [f for f in facts if f.record.state.is_finished()]
+    at_cap = len(finished) == len(facts) and (len(facts) >= budget or any(f.record.state is TrialState.BUDGET_EXHAUSTED for f in facts))
+    if not at_cap and not now and current is None:
+        raise UsageError(
+            f"{search.path} has {len(finished)} of {budget} trials finished; select at the budget cap, "
+            "or now with --now --reason TEXT (recorded as an early selection)"
+        )
+    entries = completed_list(facts, contract)
+    if trial:
+        chosen = next((e for e in entries if e.trial_id == trial), None)
+        if chosen is None:
+            raise UsageError(f"--trial {trial} is not a completed trial of {search.path}; pick one from `parcel-hpc status`")
+    else:
+        chosen = best_candidate(entries) or (entries[0] if entries else None)
+    n = max(store.frozen_numbers(), default=0) + 1
+    frozen = {
+        "selection": n,
+        "search_revision": contract["search_revision"],
+        "contract_digest": contract.digest,
+        "frozen_at": time.time(),
+        "by": _who(),
+        "early": not at_cap,  # before the budget cap: with --now, or a --trial reselection
+        "reason": reason,
+        "replaces": current,
+        "n_trials": len(facts),
+        "budget": budget,
+        "finished": len(finished),
+        "completed": [e.to_json() for e in entries],
+        "list_digest": list_digest(entries),
+        "trial_id": chosen.trial_id if chosen else "",
+        "metric": chosen.metric if chosen else None,
+    }
+    if not store.freeze(n, frozen):
+        raise UsageError(f"selection {n} was frozen by another process a moment ago; run select again to continue it")
+    writer.frozen(_frozen_event(frozen))
+    console.print(f"selection {n} frozen: {frozen['trial_id'] or 'no trial'} from {len(entries)} completed trials, list {frozen['list_digest'][:19]}")
+    return n
+
+
+def _frozen_event(frozen: dict[str, Any]) -> Frozen:
+    listed = frozen["completed"]
+    return Frozen(
+        frozen["selection"],
+        frozen["trial_id"],
+        frozen["metric"],
+        frozen["list_digest"],
+        len(listed),
+        sum(bool(e["lineage_ok"]) for e in listed),
+        bool(frozen["early"]),
+        frozen["reason"],
+        frozen["by"],
+    )
+
+
+def _announce(a: Assessment, out: Console) -> None:
+    """The outcome first (scripts match on it), then the evidence."""
+    out.print(str(a.verdict.outcome), markup=False)
+    for reason in a.verdict.reasons:
+        out.print(f"  {reason}", markup=False)
+    if a.rerun is not None:
+        out.print(f"  rerun: {a.rerun.describe()} -> {'within' if a.rerun.within else 'OUTSIDE'} tolerance", markup=False)
+    if a.result is not None:
+        p = a.result["parity"]
+        out.print(f"  serving parity: max |serve - predict| {p['max_abs_difference']:.2e} (tolerance {p['tolerance']:g})", markup=False)
+        out.print(
+            f"  baseline {a.result['baseline']['name']}: validation miss-cost {a.result['baseline']['metric']:.4f}; selected {a.frozen['metric']:.4f}",
+            markup=False,
+        )
+    if a.gate is not None:
+        table = Table(title=f"slice gate, validation (selection {a.n})")
+        for col in ("slice", "check", "winner", "baseline", "limit", "verdict"):
+            table.add_column(col)
+        for f in a.gate.findings:
+            if not f.passed or f.check == "min_recall":
+                table.add_row(
+                    f"{f.column}={f.value}",
+                    f.check,
+                    "–" if f.winner is None else f"{f.winner:.3f}",
+                    "" if f.baseline is None else f"{f.baseline:.3f}",
+                    f"{f.limit:g}",
+                    "pass" if f.passed else "FAIL",
+                )
+        table.caption = f"{len(a.gate.findings)} checks, {len(a.gate.failures)} failed (failures and value thresholds shown)"
+        out.print(table)
+    for d in a.decisions:
+        out.print(f"  decided by {d.by}: {d.reason}", markup=False)
+
+
+# --- decide -------------------------------------------------------------------------------------------
+
+
+def decide(search_dir, *, by: str, reason: str, out: Console) -> Assessment:
+    by = checked_text("--by", by, required=True)
+    reason = checked_text("--reason", reason, required=True)
+    store = SelectionStore(SearchDir(search_dir))
+    record = store.record()
+    n = store.current()
+    if n is None:
+        raise UsageError(f"{store.search.path} has no selection; run `parcel-hpc select` first")
+    if record.sealed is not None:
+        raise GovernanceRefusal(FINAL_USED, "the final evaluation is sealed; a decision can no longer change anything")
+    a = assess(store, record, n)
+    if a.verdict.outcome != Outcome.HOLD_SLICE_QUALITY:
+        raise UsageError(f"selection {a.n} ({a.frozen['trial_id']}) is {a.verdict.outcome}; a quality decision lifts only {Outcome.HOLD_SLICE_QUALITY}")
+    if a.gate is None:
+        raise UsageError(f"selection {a.n} has no slice report yet; run `parcel-hpc select` to finish it before deciding")
+    writer = store.writer("decide")
+    writer.decided(Decided(a.n, a.frozen["trial_id"], Outcome.HOLD_SLICE_QUALITY, by, reason))
+    a = assess(store, store.record(), a.n)
+    writer.disposed(a.n, a.verdict.outcome, a.verdict.reasons)
+    _announce(a, out)
+    return a
+
+
+# --- evaluate-final ---------------------------------------------------------------------------------
+
+
+def evaluate_final(search_dir, *, console: Console, out: Console) -> dict[str, Any]:
+    store = SelectionStore(SearchDir(search_dir))
+    record = store.record()
+    n = store.current()
+    if n is None:
+        raise UsageError(f"{store.search.path} has no selection; run `parcel-hpc select` first")
+    plan = store.final_plan()  # a search without a plan is bad input, before anything is logged
+    writer = store.writer("evaluate-final")
+    who, host, pid = _who(), socket.gethostname(), os.getpid()
+
+    def refuse(outcome: Outcome, detail: str) -> GovernanceRefusal:
+        writer.final_attempt(FinalAttempt(n, False, outcome, who, host, pid))
+        return GovernanceRefusal(outcome, detail)
+
+    claim = store.final_claim()
+    if claim is not None:
+        why_not = _why_not_again(store, record, claim, writer)
+        if why_not:
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(claim["claimed_at"])))
+            raise refuse(
+                FINAL_USED,
+                f"the final partition of {plan['search_revision']} was claimed for evaluation on {when} by {claim['by']}@{claim['host']} "
+                f"(selection {claim['selection']}): {why_not}. It is evaluated once: a new search revision needs its own final evaluation plan",
+            )
+    a = assess(store, record, n)
+    if a.verdict.outcome != Outcome.EVALUATE_FINAL:
+        raise refuse(a.verdict.outcome, "; ".join(a.verdict.reasons))
+    if claim is None:
+        if not store.claim_final({"selection": n, "trial_id": a.frozen["trial_id"], "claimed_at": time.time(), "by": who, "host": host, "pid": pid}):
+            raise refuse(FINAL_USED, "another process claimed the final evaluation a moment ago; it is evaluated once")
+        newest = max(store.frozen_numbers())
+        if newest != n:
+            console.print(f"selection {newest} froze while this evaluation claimed selection {n}: the claim fixes selection {n}, selection {newest} is void")
+    writer.final_attempt(FinalAttempt(n, True, Outcome.EVALUATE_FINAL, who, host, pid, retry=claim is not None))
+    job = run_job(store, JobRole.FINAL, n, writer, console)
+    if not job.ok:
+        raise ParcelError(f"{job.message}; the claim stands: `parcel-hpc evaluate-final` runs the same claimed evaluation again")
+    result = store.result(n, JobRole.FINAL)
+    writer.final_sealed(n, result["trial_id"], result["digest"])
+    out.print(str(Outcome.EVALUATE_FINAL), markup=False)
+    out.print(
+        f"  final partition ({result['final_examples']} frames, {plan['final_digest'][:19]}): {result['trial_id']} miss-cost {result['winner']['metric']:.4f}, "
+        f"baseline {result['baseline']['metric']:.4f}; sealed {result['digest'][:19]}",
+        markup=False,
+    )
+    return result
+
+
+def _why_not_again(store: SelectionStore, record: SelectionRecord, claim: dict[str, Any], writer: SelectionWriter) -> str:
+    """Why the claimed evaluation may not run again; "" when its job ended without a result and
+    nothing of it still runs (the same claimed evaluation of the same artifacts may then run again)."""
+    n = int(claim["selection"])
+    result = store.result(n, JobRole.FINAL)
+    if result is not None:
+        if record.sealed is None:  # the evaluating process died between the result and its seal
+            writer.final_sealed(n, result["trial_id"], result["digest"])
+        return f"its result is sealed ({result['digest'][:19]})"
+    last = record.last_job(n, JobRole.FINAL)
+    if last is None:  # claimed; the claiming process may still be submitting its job
+        if claim.get("host") != socket.gethostname():
+            return f"no job is recorded yet; if the claiming process ({claim.get('host')} pid {claim.get('pid')}) is gone, run evaluate-final on that host"
+        return f"the claiming process (pid {claim.get('pid')}) is still starting it" if pid_alive(str(claim.get("pid", ""))) else ""
+    if isinstance(last, JobEnded):
+        return "" if not last.ok else f"job {last.job_id} ended with a result"
+    alive = job_alive(store, last)
+    if alive is None:
+        return f"job {last.job_id} runs on {last.host}; only that host can tell whether it still does"
+    return f"job {last.job_id} is evaluating it now" if alive else ""
+
+
+# --- input ---------------------------------------------------------------------------------------------
+
+
+def checked_text(option: str, value: str | None, *, required: bool) -> str:
+    """One line of printable text (it is recorded and shown to reviewers); ``required``: not empty."""
+    text = (value or "").strip()
+    if required and not text:
+        raise UsageError(f"{option} is required here; say it in words, e.g. {option} 'crushed_corner loss accepted: retrain planned'")
+    if any(unicodedata.category(ch)[0] == "C" for ch in text):
+        raise UsageError(f"{option} holds a control character or line break; give one line of plain text")
+    if len(text) > MAX_TEXT:
+        raise UsageError(f"{option} is {len(text)} characters; keep it to {MAX_TEXT} (link a document for more)")
+    return text
+
+
+def _who() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return str(os.getuid())
