@@ -285,3 +285,20 @@ def test_resubmit_decides_on_the_record_as_its_resolution_will_leave_it():
     # Still queued: nothing is resolved or resubmitted.
     alive = SchedulerFacts("h", queued={"7_0": object()})
     assert decide([node_failed], {"t0001": running}, alive, dispatches={"t0001": 1}, policy=POLICY, now=9.0).resubmit == ()
+
+
+@pytest.mark.parametrize(
+    ("state", "how", "cause"),
+    [
+        ("BOOT_FAIL", "interrupted", "node_fail"),
+        ("DEADLINE", "interrupted", "timeout"),
+        ("OUT_OF_MEMORY", "failed", "out_of_memory"),
+        ("FAILED", "lost", "lost"),
+    ],
+)
+def test_a_vanished_attempt_ends_as_the_one_state_table_says(state, how, cause):
+    from parcel_hpc.lifecycle.resolution import ending_from_accounting
+
+    record = fold(SPEC, [ev("submitted", 1, job_id="7_0"), ev("started", 2, attempt=1, job_id="7_0", executor="slurm")])
+    ended = ending_from_accounting(record, "7_0", [_slurm_run("7_0", state)])
+    assert (ended.how.value, ended.cause.value) == (how, cause)

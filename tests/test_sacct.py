@@ -22,6 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from parcel_hpc.errors import AccountingError, UsageError
+from parcel_hpc.ledger import Cause
 from parcel_hpc.scheduler.slurm.runs import RUN_COLUMNS, JobRun, job_runs, run_table, totals_by_job
 from parcel_hpc.scheduler.slurm.sacct import SACCT_FIELDS, SACCT_FORMAT, build_sacct_argv, run_sacct
 from parcel_hpc.scheduler.slurm.sacct_parse import SacctTable, parse_sacct
@@ -89,11 +90,20 @@ def test_state_predicates():
         S.REVOKED,
     ):
         assert s.is_terminal(), s
-    assert {s for s in S if s.is_infrastructure_interruption()} == {S.PREEMPTED, S.NODE_FAIL, S.BOOT_FAIL, S.REQUEUED, S.REQUEUE_FED, S.RECONFIG_FAIL}
-    assert {s for s in S if s.is_resource_limit()} == {S.TIMEOUT, S.OUT_OF_MEMORY, S.DEADLINE}
     assert {s for s in S if s.is_success()} == {S.COMPLETED}
-    assert S.FAILED.is_failure() and S.TIMEOUT.is_failure() and not S.PREEMPTED.is_failure()
-    assert S.CANCELLED.is_cancelled() and not S.CANCELLED.is_failure()
+    assert S.CANCELLED.is_cancelled() and S.REVOKED.is_cancelled() and not S.FAILED.is_cancelled()
+
+
+def test_one_table_says_what_each_ending_means_for_the_attempt():
+    S = JobState
+    # The two former tables disagreed: BOOT_FAIL is the node's fault like NODE_FAIL, and DEADLINE is
+    # the allocation's limit like TIMEOUT (both retried from the checkpoint, never the design's fault).
+    assert S.BOOT_FAIL.cause() is S.NODE_FAIL.cause() is Cause.NODE_FAIL
+    assert S.DEADLINE.cause() is S.TIMEOUT.cause() is Cause.TIMEOUT
+    assert all(S[name].cause().is_infrastructure() for name in ("BOOT_FAIL", "NODE_FAIL", "DEADLINE", "TIMEOUT", "PREEMPTED", "CANCELLED", "REVOKED"))
+    assert S.OUT_OF_MEMORY.cause().is_training_failure()
+    assert S.FAILED.cause() is None and S.REQUEUED.cause() is None and S.COMPLETED.cause() is None
+    assert all(s.cause() is None for s in S if s.is_active())
 
 
 # ---- argv ---------------------------------------------------------------------------------

@@ -25,8 +25,15 @@ def _task(cfg: DictConfig) -> None:
     raise SystemExit(2)
 
 
+PRINT_ONLY = ("--cfg", "-c", "--info", "-i")  # Hydra's flags that print and run nothing
+
+
 def main() -> None:
     no_world_writes()
+    if any(a in PRINT_ONLY or a.startswith(("--cfg=", "--info=")) for a in sys.argv[1:]):
+        # ``-m --cfg job`` (the documented form) asks Hydra for two modes at once, which it refuses:
+        # printing the config is the same with or without -m, so -m goes.
+        sys.argv = [a for a in sys.argv if a not in ("-m", "--multirun")]
     os.environ["HYDRA_FULL_ERROR"] = "1"  # let Hydra's errors reach us instead of its multi-line report
     try:
         _task()

@@ -28,17 +28,6 @@ from parcel_hpc.scheduler.slurm import queue as slurm
 from parcel_hpc.scheduler.slurm.runs import JobRun, job_runs, runs_by_job
 from parcel_hpc.scheduler.slurm.sacct import build_sacct_argv, run_sacct
 from parcel_hpc.scheduler.slurm.sacct_parse import parse_sacct
-from parcel_hpc.scheduler.slurm.states import JobState
-
-_CAUSE = {
-    JobState.NODE_FAIL: Cause.NODE_FAIL,
-    JobState.BOOT_FAIL: Cause.NODE_FAIL,
-    JobState.PREEMPTED: Cause.PREEMPTED,
-    JobState.TIMEOUT: Cause.TIMEOUT,
-    JobState.DEADLINE: Cause.TIMEOUT,
-    JobState.CANCELLED: Cause.CANCELLED,
-    JobState.REVOKED: Cause.CANCELLED,
-}
 
 
 @dataclass(frozen=True)
@@ -82,11 +71,6 @@ class SchedulerFacts:
         return last.host == self.host and job not in self.local_alive and str(last.pid) not in self.local_alive
 
 
-def interruption_cause(state: JobState) -> Cause:
-    """The cause for how the scheduler says a run ended without a result."""
-    return _CAUSE.get(state, Cause.LOST)
-
-
 def final_run(runs: Sequence[JobRun]) -> JobRun | None:
     """sacct's final record of a job: its last run, once it ended."""
     last = runs[-1] if runs else None
@@ -97,9 +81,9 @@ def ending_from_accounting(record: TrialRecord, job: str, runs: Sequence[JobRun]
     """How the last attempt ended, from sacct's final record of its job (``lost`` without one)."""
     last = final_run(runs)
     message = f"resolved from the scheduler: {last.state.text if last is not None else 'gone from the queue'}"
-    if last is not None and last.state is JobState.OUT_OF_MEMORY:
-        return Ended(AttemptEnd.FAILED, Cause.OUT_OF_MEMORY, final=Cause.OUT_OF_MEMORY in record.failures, job_id=job, message=message)
-    cause = interruption_cause(last.state) if last is not None else Cause.LOST
+    cause = (last.state.cause() if last is not None else None) or Cause.LOST
+    if cause.is_training_failure():
+        return Ended(AttemptEnd.FAILED, cause, final=cause in record.failures, job_id=job, message=message)
     return Ended(AttemptEnd.LOST if cause is Cause.LOST else AttemptEnd.INTERRUPTED, cause, job_id=job, message=message)
 
 

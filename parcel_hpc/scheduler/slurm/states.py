@@ -2,7 +2,7 @@
 
 Owns: the closed set of state words sacct 22.05 prints (base states and the state flags that
 replace them in sacct's one-word view), and the questions the rest of parcel_hpc asks of a
-state. Must not: read sacct, decide anything about trials, or let a raw state string travel
+state, and the one table of what each ending means for an attempt (``JobState.cause``). Must not: read sacct, decide anything about trials, or let a raw state string travel
 past the parser.
 
 Each member carries a small integer ``code`` so the columnar parser can store states as an
@@ -15,6 +15,7 @@ import enum
 import re
 
 from parcel_hpc.errors import AccountingError
+from parcel_hpc.ledger.events import Cause
 
 # "CANCELLED by 0": sacct appends the uid that cancelled the job (print.c: "%s by %u").
 _CANCELLED_BY = re.compile(r"^CANCELLED by \d+$")
@@ -84,24 +85,13 @@ class JobState(enum.Enum):
     def is_success(self) -> bool:
         return self is JobState.COMPLETED
 
-    def is_infrastructure_interruption(self) -> bool:
-        """The run ended for reasons outside the job's own code: preemption, a node, a requeue.
-
-        REQUEUED counts here: on our clusters it is written when submitit (or an admin) requeues
-        the job on a preemption or time-limit signal, never when the training code fails.
-        """
-        return self in _INFRA
-
-    def is_resource_limit(self) -> bool:
-        """The job hit a limit it asked for (time, memory, deadline)."""
-        return self in _LIMIT
+    def cause(self) -> Cause | None:
+        """What this ending means for the attempt that ran in it (the one table, ``_CAUSE``); None
+        for a state that says nothing of why (the attempt is then ``lost``)."""
+        return _CAUSE.get(self)
 
     def is_cancelled(self) -> bool:
         return self in (JobState.CANCELLED, JobState.REVOKED)
-
-    def is_failure(self) -> bool:
-        """The job's own run went wrong: a non-zero exit, a launch failure, or a limit it hit."""
-        return self in _FAILURE
 
 
 _BY_TEXT = {s.text: s for s in JobState}
@@ -123,17 +113,21 @@ _ACTIVE = frozenset(
         JobState.UPDATE_DB,
     }
 )
-_INFRA = frozenset(
-    {
-        JobState.PREEMPTED,
-        JobState.NODE_FAIL,
-        JobState.BOOT_FAIL,
-        JobState.REQUEUED,
-        JobState.REQUEUE_FED,
-        JobState.RECONFIG_FAIL,
-    }
-)
-_LIMIT = frozenset({JobState.TIMEOUT, JobState.OUT_OF_MEMORY, JobState.DEADLINE})
-_FAILURE = frozenset({JobState.FAILED, JobState.LAUNCH_FAILED} | _LIMIT)
+# How a run that ended without a result ended, as the attempt's cause: the one table every reader
+# (resolution of vanished attempts, resubmit, reconcile) uses. BOOT_FAIL is a node that never came
+# up: the machine's fault, like NODE_FAIL. DEADLINE is the allocation's --deadline passing: a
+# limit of the allocation, not of the design, so it is retried from the checkpoint like TIMEOUT.
+# OUT_OF_MEMORY is the design's (a training failure). Anything else ended the job without saying
+# why (FAILED: the worker would have said; REQUEUED: the next run says): ``lost``.
+_CAUSE = {
+    JobState.NODE_FAIL: Cause.NODE_FAIL,
+    JobState.BOOT_FAIL: Cause.NODE_FAIL,
+    JobState.PREEMPTED: Cause.PREEMPTED,
+    JobState.TIMEOUT: Cause.TIMEOUT,
+    JobState.DEADLINE: Cause.TIMEOUT,
+    JobState.CANCELLED: Cause.CANCELLED,
+    JobState.REVOKED: Cause.CANCELLED,
+    JobState.OUT_OF_MEMORY: Cause.OUT_OF_MEMORY,
+}
 
 assert len(_BY_CODE) == len(JobState), "JobState codes must be unique"
