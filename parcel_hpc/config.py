@@ -14,6 +14,8 @@ from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from parcel_hpc.checkpoints import KEEP_LAST
+
 
 @dataclass
 class SnapshotConf:
@@ -89,7 +91,7 @@ class CheckpointConf:
     dir: str = "checkpoints"  # root on the shared filesystem
     prefix: str = "{trial_id}"  # per-trial directory under dir; {trial_id} and {<param>} are filled in
     every_steps: int = 10  # cadence, training steps
-    keep_last: int = 2  # checkpoints kept per trial
+    keep_last: int = KEEP_LAST  # checkpoints kept per trial
 
 
 @dataclass

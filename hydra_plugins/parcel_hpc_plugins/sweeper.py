@@ -16,14 +16,11 @@ from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.plugins.sweeper import Sweeper
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from parcel_hpc.errors import exit_on_error
-from parcel_hpc.governance import validation
-from parcel_hpc.launch.search import SearchLaunch
-from parcel_hpc.propose.space import normalize
-from parcel_hpc.scheduler.base import LauncherSettings
-from parcel_hpc.scheduler.factory import executor_kind, make_dispatcher
+from parcel_hpc.launch.search import SearchLaunch, from_hydra
+from parcel_hpc.scheduler.factory import make_dispatcher
 
 
 class ParcelSweeper(Sweeper):
@@ -41,10 +38,5 @@ class ParcelSweeper(Sweeper):
     def _sweep(self, arguments: list[str]) -> Any:
         grammar = [f"{name}={expression}" for name, expression in self.params.items()]
         grammar += [o.input_line for o in OverridesParser.create().parse_overrides(arguments) if o.is_sweep_override()]
-        launcher = OmegaConf.to_container(self.config.hydra.launcher, resolve=True, throw_on_missing=True)
-        job_cfg = OmegaConf.masked_copy(self.config, [k for k in self.config if k != "hydra"])
-        cfg = OmegaConf.to_container(job_cfg, resolve=True, throw_on_missing=True)
-        cfg["space"]["params"] = normalize(cfg["space"]["params"], grammar, sections=set(cfg))
-        cfg, launcher = validation.checked(cfg, launcher)  # before anything is written or frozen
-        settings = LauncherSettings(executor_kind(launcher.pop("kind", None)), launcher, cfg["resources"], cfg["budget"])
+        cfg, settings = from_hydra(self.config, grammar)
         return SearchLaunch(cfg, lambda search: make_dispatcher(settings, search)).run()

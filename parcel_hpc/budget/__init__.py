@@ -27,9 +27,10 @@ from parcel_hpc.budget._admission import (
 )
 from parcel_hpc.budget._journal import BudgetLedger, BudgetOutcome, KeyState, Refusal, Reservation, ReservationKey, Settlement
 from parcel_hpc.budget._search import SearchBudget, launch_decision, search_caps
-from parcel_hpc.budget._values import AssociationLimit, BudgetCaps, CapLine, LimitKind, Rates, Spend
+from parcel_hpc.budget._values import AssociationLimit, BudgetCaps, CapLine, LimitKind, Rates, Spend, hours_between
 
 __all__ = [
+    "hours_between",
     "AssociationLimit",
     "LimitKind",
     "admit_account",

@@ -9,7 +9,7 @@ from typing import Any
 
 from parcel_hpc.budget._admission import BudgetDecision, admit_launch, attempt_worst_case, worst_case
 from parcel_hpc.budget._journal import BudgetLedger, Refusal, Reservation
-from parcel_hpc.budget._values import BudgetCaps, Spend
+from parcel_hpc.budget._values import BudgetCaps, Spend, hours_between
 
 
 def search_caps(contract: Mapping[str, Any]) -> BudgetCaps:
@@ -44,7 +44,7 @@ class SearchBudget:
     def settle(self, trial_id: str, attempt: int, started: float, ended: float | None = None, gpus: int | None = None) -> None:
         """Settle an attempt with the hours it held its resources (start to end, the scheduler's unit
         of charge); ``gpus``: what the scheduler allocated it (None: the request, as reserved)."""
-        hours = max(0.0, ((time.time() if ended is None else ended) - started) / 3600.0)
+        hours = hours_between(started, time.time() if ended is None else ended)
         hours = min(hours, self.limit_min / 60.0)  # never more than was reserved: the scheduler kills at the limit
         held = self.gpus if gpus is None else min(gpus, self.gpus)
         self.ledger.settle((trial_id, attempt), held * hours, self.cpus * hours)

@@ -51,6 +51,11 @@ def check_number(name: str, value: Any, *, integer: bool = False, minimum: float
     return int(value) if integer else float(value)
 
 
+def hours_between(started: float, ended: float) -> float:
+    """Start to end in hours: the scheduler's unit of charge (never negative across clock steps)."""
+    return max(0.0, ended - started) / 3600.0
+
+
 @dataclass(frozen=True)
 class Rates:
     """What an hour costs, in the cluster's money unit."""

@@ -46,6 +46,7 @@ from typing import Any
 from parcel_hpc.errors import CorruptRecord, ParcelError, UsageError
 from parcel_hpc.fsio import DIR_MODE, FILE_MODE, atomic_write_json, create_exclusive, ensure_dir, fsync_dir, read_json
 from parcel_hpc.governance.admission import TrialIdentity, check_trial_id
+from parcel_hpc.scheduler.probe import local_process
 
 CLAIM_FORMAT = "parcel_hpc.claim/1"
 CLAIM_FILE_RE = re.compile(r"claim-(\d{6,})\.json")
@@ -233,20 +234,12 @@ def describe_conflict(outcome: ClaimOutcome, existing: ClaimRecord, ours: ClaimI
 
 
 def holder_alive_locally(record: ClaimRecord) -> bool | None:
-    """Default liveness probe: signal 0 to the pid on this host; None for another host.
+    """Default liveness probe: the holder's pid on this host; None for another host.
 
     A recycled pid reads as alive (a conservative conflict); a cluster caller can pass a probe that
     asks the scheduler about ``record.job_id`` instead.
     """
-    if record.host != socket.gethostname():
-        return None
-    try:
-        os.kill(record.pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return local_process(record.pid, record.host).as_bool()
 
 
 @dataclass(frozen=True)

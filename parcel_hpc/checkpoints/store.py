@@ -25,6 +25,7 @@ import h5py
 import numpy as np
 import xxhash
 
+from parcel_hpc.checkpoints import KEEP_LAST
 from parcel_hpc.checkpoints.claims import CheckpointCollision, Claim, ClaimIdentity
 from parcel_hpc.errors import UsageError
 from parcel_hpc.fsio import FILE_MODE, _unlink_quietly, canonical_json, ensure_dir, fsync_dir
@@ -94,7 +95,7 @@ class CheckpointStore:
     ``problems`` lists the files the last ``load_latest`` skipped, for the caller to log.
     """
 
-    def __init__(self, ckpt_dir: str | os.PathLike, identity: TrialIdentity | ClaimIdentity, *, keep_last: int = 3, claim: Claim | None = None) -> None:
+    def __init__(self, ckpt_dir: str | os.PathLike, identity: TrialIdentity | ClaimIdentity, *, keep_last: int = KEEP_LAST, claim: Claim | None = None) -> None:
         if not isinstance(keep_last, int) or keep_last < 1:
             raise UsageError(f"keep_last={keep_last!r} must be an int >= 1")
         self.ckpt_dir = Path(ckpt_dir)

@@ -135,8 +135,9 @@ def _attempt_rows(record: TrialRecord, events: Sequence[Event], rates: Rates) ->
     for a in record.attempts:
         wall = (a.ended - a.started) if a.started is not None and a.ended is not None else None
         gpus = a.gpus_or(gpus_asked)
-        gpu_h = gpus * wall / 3600 if wall is not None else None
-        cpu_h = cpus * wall / 3600 if wall is not None else None
+        hours = a.hours()
+        gpu_h = gpus * hours if hours is not None else None
+        cpu_h = cpus * hours if hours is not None else None
         wait = None
         if a.started is not None:
             marks = [t for t, job in submitted if job == a.job_id and t <= a.started]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import NoReturn
 
 from rich.console import Console
 
@@ -22,6 +23,7 @@ from parcel_hpc.launch.report import LaunchReport
 from parcel_hpc.ledger import RecordView, SearchDir, TrialRecord, TrialSpec, TrialWriter
 from parcel_hpc.lifecycle import resolution
 from parcel_hpc.lifecycle.actions import Action, Next, RetryPolicy, next_action
+from parcel_hpc.lifecycle.resubmit import Resubmission
 from parcel_hpc.propose.proposals import Proposer
 from parcel_hpc.propose.samplers import SamplerSpec
 from parcel_hpc.propose.specs import sampler_of, trial_id_of
@@ -73,7 +75,15 @@ class Follower:
     """Dispatches, retries and follows the trials of one launch until none needs anything."""
 
     def __init__(
-        self, search: SearchDir, dispatcher: Dispatcher, plans: Mapping[str, WorkerPlan], launch_id: str, contract: Contract, console: Console, poll_s: float
+        self,
+        search: SearchDir,
+        dispatcher: Dispatcher,
+        plans: Mapping[str, WorkerPlan],
+        launch_id: str,
+        contract: Contract,
+        console: Console,
+        poll_s: float,
+        role: str = "launch",  # the journals it writes: "launch", or "resubmit"
     ) -> None:
         self.search = search
         self.dispatcher = dispatcher
@@ -82,6 +92,7 @@ class Follower:
         self.contract = contract
         self.console = console
         self.poll_s = poll_s
+        self.role = role
         self.policy = RetryPolicy.from_budget(contract["budget"])
         self.writers: dict[str, TrialWriter] = {}
         self.waiting: list[str] = []  # admitted, dispatch claimed, not yet submitted (local capacity)
@@ -103,7 +114,7 @@ class Follower:
     def writer(self, trial_id: str) -> TrialWriter:
         """One journal per trial for this launch, opened when it first has something to say."""
         if trial_id not in self.writers:
-            self.writers[trial_id] = self.search.writer(trial_id, "launch")
+            self.writers[trial_id] = self.search.writer(trial_id, self.role)
         return self.writers[trial_id]
 
     def dispatch_initial(self, report: LaunchReport) -> None:
@@ -169,29 +180,60 @@ class Follower:
         records = {tid: read[tid] if read is not None and tid in read else self.search.record(tid) for tid in self.waiting}
         self.waiting = [tid for tid in self.waiting if not records[tid].state.is_finished()]
         packs = packing.groups(self.waiting, self.packing.size, records)
-        batch: list[str] = []
-        self.recorded = set()
         try:
-            packs = packs[: self.dispatcher.capacity()]  # may ask the controller: inside, so a failure gives the claims back
-            batch = [tid for pack in packs for tid in pack]
-            self.waiting = [tid for tid in self.waiting if tid not in set(batch)]
-            if not packs:
-                return
-            self.dispatcher.submit([TrialTask([self.plans[tid] for tid in pack]) for pack in packs], self._record_submitted)
+            packs = packs[: self.dispatcher.capacity()]  # may ask the controller: a failure gives the claims back
         except SchedulerUnavailable as exc:
-            # Give back the claims of what never reached the scheduler, so a relaunch dispatches those
-            # trials at once; arrays submitted and recorded (released or not) keep their own.
-            for tid in [t for t in batch if t not in self.recorded] + self.waiting:
-                self.search.withdraw_dispatch(tid, self.claims.pop(tid), self.launch_id)
-            self.waiting = []
-            if isinstance(exc, ReleaseFailed):
-                raise
-            submitted = (
-                f"{len(self.recorded)} of the batch's {len(batch)} trials were submitted, the rest not"
-                if self.recorded
-                else "nothing of this batch was submitted"
-            )
-            raise SchedulerUnavailable(f"{exc}; {submitted} and the search is resumable: fix that, then rerun the same launch to continue it") from None
+            self._give_back(exc, [])
+        batch = {tid for pack in packs for tid in pack}
+        self.waiting = [tid for tid in self.waiting if tid not in batch]
+        if packs:
+            self._submit(packs)
+
+    def resubmit(self, items: Sequence[Resubmission], dispatches: Mapping[str, int]) -> list[Submitted]:
+        """``parcel-hpc resubmit``'s dispatch: claim each trial's next dispatch (one another launcher
+        claimed first is its to submit), then submit them, grouped by the nodes each must avoid."""
+        groups: dict[tuple[str, ...], list[str]] = {}
+        for item in items:
+            n = self.search.claim_dispatch(item.trial_id, self.launch_id, dispatches[item.trial_id])
+            if n is not None:
+                self.claims[item.trial_id] = n
+                groups.setdefault(item.exclude_nodes, []).append(item.trial_id)
+        out: list[Submitted] = []
+        for exclude, tids in groups.items():
+            records = {t: self.search.record(t) for t in tids}
+            out.extend(self._submit(packing.groups(tids, choose_packing(self.dispatcher, self.search, len(tids)).size, records), exclude))
+        return out
+
+    def _submit(self, packs: Sequence[Sequence[str]], exclude_nodes: tuple[str, ...] = ()) -> list[Submitted]:
+        """The one submit-and-record path: every trial's job id is journaled before any can start;
+        on a failure, what never reached the scheduler gives its dispatch claim back."""
+        batch = [tid for pack in packs for tid in pack]
+        self.recorded = set()
+
+        def record(submitted: Sequence[Submitted]) -> None:
+            for s in submitted:
+                self.writer(s.trial_id).submitted(s.job_id, self.dispatcher.name, self.launch_id, exclude_nodes)
+                self.recorded.add(s.trial_id)
+
+        try:
+            return self.dispatcher.submit([TrialTask([self.plans[tid] for tid in pack]) for pack in packs], record, exclude_nodes=exclude_nodes)
+        except SchedulerUnavailable as exc:
+            self._give_back(exc, batch)
+
+    def _give_back(self, exc: SchedulerUnavailable, batch: Sequence[str]) -> NoReturn:
+        """Give back the claims of what never reached the scheduler (the batch's unrecorded trials and
+        every trial still waiting), so a relaunch dispatches those trials at once; arrays submitted and
+        recorded (released or not) keep their own. Then stop, saying what went out."""
+        for tid in [t for t in batch if t not in self.recorded] + self.waiting:
+            self.search.withdraw_dispatch(tid, self.claims.pop(tid), self.launch_id)
+        self.waiting = []
+        if isinstance(exc, ReleaseFailed):
+            raise exc
+        submitted = (
+            f"{len(self.recorded)} of the batch's {len(batch)} trials were submitted, the rest not" if self.recorded else "nothing of this batch was submitted"
+        )
+        again = "rerun the same launch" if self.role == "launch" else f"rerun `parcel-hpc {self.role}`"
+        raise SchedulerUnavailable(f"{exc}; {submitted} and the search is resumable: fix that, then {again} to continue it") from None
 
     def _total(self) -> int:
         return len(self.plans) + (self.proposer.remaining() if self.proposer is not None else 0)
@@ -238,11 +280,6 @@ class Follower:
         self.plans[tid] = WorkerPlan.load(self.search, tid)
         self.report.dispatched.append(tid)
         self._act(tid, self._next(self.search.record(tid)))
-
-    def _record_submitted(self, submitted: Sequence[Submitted]) -> None:
-        for s in submitted:
-            self.writer(s.trial_id).submitted(s.job_id, self.dispatcher.name, self.launch_id)
-            self.recorded.add(s.trial_id)
 
     def _resolve_vanished(self, record: TrialRecord) -> None:
         """Its job is gone but the ledger says running: record how the scheduler says it ended."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 import sys
 import time
 import uuid
-from collections.abc import Mapping, Sequence
 
 from rich.console import Console
 from rich.table import Table
@@ -22,14 +21,13 @@ from parcel_hpc.governance.outcome import Outcome
 from parcel_hpc.launch.display import commitment_text
 from parcel_hpc.launch.follow import Follower, account_decision, choose_packing
 from parcel_hpc.launch.pulse import Pulse
-from parcel_hpc.ledger import LauncherState, SearchDir, TrialWriter
+from parcel_hpc.ledger import LauncherState, SearchDir
 from parcel_hpc.lifecycle import resolution
 from parcel_hpc.lifecycle.actions import RetryPolicy
 from parcel_hpc.lifecycle.resubmit import ResubmitPlan, decide
-from parcel_hpc.scheduler import packing
-from parcel_hpc.scheduler.base import Dispatcher, LauncherSettings, Submitted
+from parcel_hpc.scheduler.base import LauncherSettings
 from parcel_hpc.scheduler.factory import make_dispatcher
-from parcel_hpc.worker import TrialTask, WorkerPlan
+from parcel_hpc.worker import WorkerPlan
 
 
 def run(search: SearchDir, *, dry_run: bool, wait: bool, console: Console) -> ResubmitPlan:
@@ -71,14 +69,11 @@ def run(search: SearchDir, *, dry_run: bool, wait: bool, console: Console) -> Re
                 console.print(text, markup=False, highlight=False)
     if dry_run:
         return plan
-    writers: dict[str, TrialWriter] = {}
-
-    def writer(trial_id: str) -> TrialWriter:
-        return writers.setdefault(trial_id, search.writer(trial_id, "resubmit"))
-
-    resolution.record(plan.resolve, writer)
+    plans = {item.trial_id: WorkerPlan.load(search, item.trial_id) for item in plan.resubmit}
+    follower = Follower(search, dispatcher, plans, launch_id, contract, console, 0.5, role="resubmit")
+    resolution.record(plan.resolve, follower.writer)
     for tid, reason in plan.give_up:
-        writer(tid).gave_up(reason)
+        follower.writer(tid).gave_up(reason)
     if decision is None or verdict is None:
         return plan
     decision.require()  # a resubmission that would overshoot a cap is refused (hold:budget, exit 3)
@@ -86,34 +81,15 @@ def run(search: SearchDir, *, dry_run: bool, wait: bool, console: Console) -> Re
         print(text, file=sys.stderr)
         verdict.require()  # nor one the account's association limits cannot hold
     with Pulse(search, launch_id) as pulse:  # list and status --watch see it at work
-        resubmitted = _dispatch(search, dispatcher, plan, launch_id, dispatches)
+        resubmitted = follower.resubmit(plan.resubmit, dispatches)
         console.print(f"resubmitted {len(resubmitted)} trials: " + ", ".join(f"{s.trial_id}->{s.job_id}" for s in resubmitted))
         if wait or not dispatcher.can_detach:
-            plans = {s.trial_id: WorkerPlan.load(search, s.trial_id) for s in resubmitted}
-            Follower(search, dispatcher, plans, launch_id, contract, console, 0.5).follow()
+            follower.plans = {s.trial_id: plans[s.trial_id] for s in resubmitted}
+            follower.follow()
             pulse.leaving(LauncherState.ENDED)
         else:
             pulse.leaving(LauncherState.DETACHED)
     return plan
-
-
-def _dispatch(search: SearchDir, dispatcher: Dispatcher, plan: ResubmitPlan, launch_id: str, dispatches: Mapping[str, int]) -> list[Submitted]:
-    groups: dict[tuple[str, ...], list[str]] = {}
-    for item in plan.resubmit:
-        if search.claim_dispatch(item.trial_id, launch_id, dispatches[item.trial_id]) is not None:
-            groups.setdefault(item.exclude_nodes, []).append(item.trial_id)
-    out = []
-    for exclude, tids in groups.items():
-
-        def record(submitted: Sequence[Submitted], exclude: tuple[str, ...] = exclude) -> None:
-            for s in submitted:
-                search.writer(s.trial_id, "resubmit").submitted(s.job_id, dispatcher.name, launch_id, exclude)
-
-        size = choose_packing(dispatcher, search, len(tids)).size
-        records = {t: search.record(t) for t in tids}
-        tasks = [TrialTask([WorkerPlan.load(search, t) for t in pack]) for pack in packing.groups(tids, size, records)]
-        out.extend(dispatcher.submit(tasks, record, exclude_nodes=exclude))
-    return out
 
 
 def render(plan: ResubmitPlan, dry_run: bool) -> Table:

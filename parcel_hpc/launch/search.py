@@ -11,16 +11,18 @@ from __future__ import annotations
 import sys
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
 from parcel_hpc.budget import BudgetDecision, launch_decision
 from parcel_hpc.console import make_console
 from parcel_hpc.data import read_split
 from parcel_hpc.errors import GovernanceRefusal, UsageError
+from parcel_hpc.governance import validation
 from parcel_hpc.governance.contract import Contract, first_difference, freeze_contract, load_contract
 from parcel_hpc.governance.outcome import Outcome
 from parcel_hpc.launch import display
@@ -29,11 +31,24 @@ from parcel_hpc.launch.pulse import Pulse
 from parcel_hpc.launch.report import LaunchReport
 from parcel_hpc.ledger import LauncherState, SearchDir, TrialSpec
 from parcel_hpc.propose.proposals import Proposer
+from parcel_hpc.propose.space import normalize
 from parcel_hpc.propose.specs import build_contract, check_policy, ensure_writable, history_free_specs, in_frozen_form, plan_for, sampler_of, search_path
 from parcel_hpc.scheduler import packing
-from parcel_hpc.scheduler.base import Dispatcher
+from parcel_hpc.scheduler.base import Dispatcher, LauncherSettings
+from parcel_hpc.scheduler.factory import executor_kind
 from parcel_hpc.selection.store import write_final_plan
 from parcel_hpc.worker import WorkerPlan
+
+
+def from_hydra(config: DictConfig, grammar: Sequence[str]) -> tuple[dict[str, Any], LauncherSettings]:
+    """The composed config as plain values, its space normalized with the sweep ``grammar`` and
+    every value validated (before anything is written or frozen), and the launcher's settings."""
+    launcher = OmegaConf.to_container(config.hydra.launcher, resolve=True, throw_on_missing=True)
+    job_cfg = OmegaConf.masked_copy(config, [k for k in config if k != "hydra"])
+    cfg = OmegaConf.to_container(job_cfg, resolve=True, throw_on_missing=True)
+    cfg["space"]["params"] = normalize(cfg["space"]["params"], list(grammar), sections=set(cfg))
+    cfg, launcher = validation.checked(cfg, launcher)
+    return cfg, LauncherSettings(executor_kind(launcher.pop("kind", None)), launcher, cfg["resources"], cfg["budget"])
 
 
 class SearchLaunch:

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from parcel_hpc.budget._values import hours_between
 from parcel_hpc.ledger.events import (
     AdmissionRefused,
     Cancelled,
@@ -85,6 +86,12 @@ class Attempt:
     restart_count: int = 0
     message: str = ""
     gpus: int | None = None  # allocated by the scheduler; None: not recorded (the trial's request then)
+
+    def hours(self, now: float | None = None) -> float | None:
+        """Its start to end in hours (a running one to ``now``); None before it started, or while it
+        runs when no ``now`` is given."""
+        end = self.ended if self.ended is not None else now
+        return None if self.started is None or end is None else hours_between(self.started, end)
 
     def gpus_or(self, requested: int) -> int:
         """The GPUs its hours are counted with: what the scheduler allocated, else the request."""

@@ -27,7 +27,7 @@ from parcel_hpc.errors import ParcelError, UsageError
 from parcel_hpc.ledger import HEARTBEAT_S, Heartbeat, LauncherState, SearchDir
 from parcel_hpc.ledger.journal import journals
 from parcel_hpc.ledger.summary import best_completed, counts_by_state
-from parcel_hpc.scheduler.local.processes import pid_alive
+from parcel_hpc.scheduler.probe import pid_alive
 
 MAX_DEPTH = 3  # <root>/<user>/<project>/<revision>: deep enough for shared roots, never the whole disk
 STALE_AFTER_S = 3 * HEARTBEAT_S  # a working launch that has not written for this long has gone

@@ -36,9 +36,9 @@ def compute_used(records: Iterable[TrialRecord], now: float | None = None) -> di
     for r in records:
         gpus, cpus = int(r.spec.resources.get("gpus", 0)), int(r.spec.resources.get("cpus", 1))
         for a in r.attempts:
-            if a.started is None:
+            hours = a.hours(now)
+            if hours is None:
                 continue
-            hours = max(0.0, ((a.ended if a.ended is not None else now) - a.started) / 3600.0)
             gpu_h += a.gpus_or(gpus) * hours  # GPU-hours only for GPUs the scheduler allocated
             cpu_h += cpus * hours
             attempts += 1

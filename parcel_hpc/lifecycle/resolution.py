@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 
 from parcel_hpc.errors import SchedulerUnavailable
 from parcel_hpc.ledger import AttemptEnd, Cause, Ended, Executor, SearchDir, TrialRecord, TrialWriter
-from parcel_hpc.scheduler.local.processes import pid_alive
+from parcel_hpc.scheduler.probe import pid_alive
 from parcel_hpc.scheduler.slurm import queue as slurm
 from parcel_hpc.scheduler.slurm.runs import JobRun, job_runs, runs_by_job
 from parcel_hpc.scheduler.slurm.sacct import build_sacct_argv, run_sacct

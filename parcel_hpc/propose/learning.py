@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from parcel_hpc.errors import UsageError
 from parcel_hpc.governance.contract import digest_of
 from parcel_hpc.ledger import TrialRecord, TrialState
 from parcel_hpc.propose.samplers import SamplerName, SamplerSpec
@@ -157,3 +158,16 @@ def _json_safe(attrs: Mapping[str, Any]) -> dict[str, Any]:
         else:
             logging.getLogger(__name__).warning("sampler state %s is not JSON (%s); it is not carried", k, type(v).__name__)
     return out
+
+
+def check_options(spec: SamplerSpec) -> None:
+    """The library's own checks of a learning sampler's options (CMA-ES refuses some pairs), at the
+    door rather than at the first proposal; one line naming the fix."""
+    if not spec.name.learns:
+        return
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "experimental feature" notices: the proposals silence them too
+            sampler_for(spec, 0)
+    except (ValueError, TypeError) as exc:
+        raise UsageError(f"sampler={spec.name.value} refuses these options ({' '.join(str(exc).split())}); change them") from None

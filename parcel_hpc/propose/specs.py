@@ -19,7 +19,7 @@ from parcel_hpc.governance.contract import Contract
 from parcel_hpc.governance.image import image_digest
 from parcel_hpc.governance.outcome import Outcome
 from parcel_hpc.ledger.records import TrialSpec
-from parcel_hpc.propose import samplers
+from parcel_hpc.propose import learning, samplers
 from parcel_hpc.propose.samplers import SamplerName, SamplerSpec
 from parcel_hpc.propose.space import normalize, qmc_points, sample, space_digest
 from parcel_hpc.selection.policy import SelectionPolicy
@@ -66,6 +66,7 @@ def build_contract(cfg: Mapping[str, Any]) -> Contract:
     SelectionPolicy.from_mapping(cfg["selection"])
     space = normalize(cfg["space"]["params"])  # the sweeper already merged the grammar in; idempotent
     sampler = samplers.from_config(cfg.get("sampler"))
+    learning.check_options(sampler)
     fields = {
         "search_revision": cfg["search"]["revision"],
         "search_seed": _seed(cfg["search"]["seed"]),

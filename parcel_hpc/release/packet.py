@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from parcel_hpc import fsio
-from parcel_hpc.budget import BudgetLedger, search_caps
+from parcel_hpc.accounting import search_report as accounting
+from parcel_hpc.budget import BudgetLedger, hours_between, search_caps
 from parcel_hpc.errors import SchedulerUnavailable, UsageError
 from parcel_hpc.governance.outcome import Outcome
 from parcel_hpc.ledger import JobRole, TrialRecord, TrialSpec, fold, read_events
@@ -184,7 +185,7 @@ def _compute(search, contract, records, jobs: Sequence[Mapping[str, Any]], sacct
     ledger = compute_used(records)
     selection_jobs = {"gpu_hours": 0.0, "cpu_hours": 0.0, "jobs": len(jobs)}
     for job in jobs:  # the rerun and final jobs: their own wall time times the resources they held
-        hours = max(0.0, job["job"]["ended_at"] - job["job"]["started_at"]) / 3600.0
+        hours = hours_between(job["job"]["started_at"], job["job"]["ended_at"])
         allocated = job["job"].get("facts", {}).get("gpus")  # what its scheduler gave it; older results: the request
         selection_jobs["gpu_hours"] += int(job["job"]["resources"]["gpus"] if allocated is None else allocated) * hours
         selection_jobs["cpu_hours"] += int(job["job"]["resources"]["cpus"]) * hours
@@ -210,8 +211,6 @@ def _compute(search, contract, records, jobs: Sequence[Mapping[str, Any]], sacct
         "sacct_note": "",
     }
     if sacct and search.slurm_job_names():
-        from parcel_hpc.accounting import search_report as accounting  # pyarrow: only a search that ran on SLURM needs it
-
         try:
             rec = accounting.reconcile_search(search, None)
             out["sacct"] = {"spend": rec.to_json()["spend"], "flags": len(rec.flags)}

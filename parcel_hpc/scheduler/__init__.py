@@ -1,8 +1,8 @@
 """Schedulers: how governed trials reach one, and what it says back. Decides nothing about which
 trials to run (``launch`` and ``propose`` do).
 
-    base.py        Dispatcher (the interface every backend implements), Submitted, LauncherSettings,
-                   and the one job probe (alive / gone / this host cannot tell)
+    base.py        Dispatcher (the interface every backend implements), Submitted, LauncherSettings
+    probe.py       the one job probe: alive, gone, or this host cannot tell
     packing.py     how many trials one job runs in turn, and which share a job (pure; no submitit)
     identity.py    what names a search's jobs on the scheduler, and nothing else's
     factory.py     the launcher's ``kind`` -> its backend's dispatcher

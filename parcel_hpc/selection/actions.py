@@ -25,7 +25,7 @@ from parcel_hpc.ledger import Admitted, AttemptEnd, JobRole, SearchDir, TrialSta
 from parcel_hpc.ledger.events import Milestone
 from parcel_hpc.ledger.selection import Decided, FinalAttempt, Frozen, JobEnded, SelectionRecord, SelectionWriter
 from parcel_hpc.pruning import MilestoneStore
-from parcel_hpc.scheduler.local.processes import pid_alive
+from parcel_hpc.scheduler.probe import pid_alive
 from parcel_hpc.selection.candidates import Entry, TrialFacts, best_candidate, completed_list, list_digest
 from parcel_hpc.selection.disposition import RerunCheck, Verdict, disposition
 from parcel_hpc.selection.policy import SelectionPolicy

@@ -25,7 +25,7 @@ from parcel_hpc.ledger import Executor, JobRole
 from parcel_hpc.ledger.selection import JobSubmitted, SelectionWriter
 from parcel_hpc.scheduler.base import LauncherSettings
 from parcel_hpc.scheduler.identity import scheduler_name
-from parcel_hpc.scheduler.local.processes import pid_alive
+from parcel_hpc.scheduler.probe import local_process
 from parcel_hpc.scheduler.slurm import queue as slurm
 from parcel_hpc.scheduler.slurm import sbatch
 from parcel_hpc.selection.store import SelectionStore
@@ -89,9 +89,7 @@ def job_alive(store: SelectionStore, submitted: JobSubmitted) -> bool | None:
     started on another host)."""
     if submitted.executor is Executor.SLURM:
         return submitted.job_id in slurm.queued_jobs(job_name(store, launcher_of(store), submitted.role))
-    if submitted.host and submitted.host != socket.gethostname():
-        return None
-    return pid_alive(submitted.job_id)
+    return local_process(submitted.job_id, submitted.host).as_bool()
 
 
 def run_job(store: SelectionStore, role: JobRole, n: int, writer: SelectionWriter, console: Console, poll_s: float = 1.0) -> JobOutcome:

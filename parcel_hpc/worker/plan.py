@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from parcel_hpc.checkpoints import KEEP_LAST
 from parcel_hpc.ledger import SearchDir
 from parcel_hpc.lifecycle.actions import RetryPolicy
 
@@ -35,7 +36,7 @@ class WorkerPlan:
     max_preemptions: int
     checkpoint_prefix: str = "{trial_id}"
     every_steps: int = 10
-    keep_last: int = 2
+    keep_last: int = KEEP_LAST
     step_seconds: float = 0.0
     gpus: int = 0
     cpus: int = 1

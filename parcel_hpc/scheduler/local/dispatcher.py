@@ -24,8 +24,8 @@ import submitit
 from parcel_hpc.errors import UsageError
 from parcel_hpc.ledger import Executor
 from parcel_hpc.scheduler.base import Dispatcher, LauncherSettings, Record, Submitted, submitted_of
-from parcel_hpc.scheduler.local.processes import pid_alive, runs_submitit
 from parcel_hpc.scheduler.packing import job_time_limit_min
+from parcel_hpc.scheduler.probe import pid_alive, runs_submitit
 from parcel_hpc.worker import TrialTask
 
 WAKE_S = 0.02  # how often a waiting launch asks its children whether one ended

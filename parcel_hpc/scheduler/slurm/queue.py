@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from parcel_hpc.budget import AssociationLimit, LimitKind
 from parcel_hpc.errors import SchedulerUnavailable, UsageError
+from parcel_hpc.governance.validation import time_min  # SLURM's time forms, parsed in one place
 
 SQUEUE_FORMAT = "%i|%T|%r|%N"
 
@@ -92,7 +93,6 @@ class Partition:
 
 def parse_partitions(text: str) -> list[Partition]:
     """``scontrol show partition``'s records -> name, Default and MaxTime (pure)."""
-    from parcel_hpc.governance.validation import time_min  # SLURM's time forms, parsed in one place
 
     out = []
     for record in text.split("PartitionName=")[1:]:

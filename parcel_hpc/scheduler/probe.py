@@ -1,0 +1,64 @@
+"""The one job probe: is this job alive, gone, or can this host not tell (``Liveness``).
+
+Every question "does that job (or process) still run?" is answered here: a claim's holder, a
+local trial's worker, a selection job, a launcher. A local job's id is its pid, meaningful only on
+the host that started it; SLURM's jobs are asked of squeue by the SLURM backend, whose answer is
+the queue itself.
+
+Must not: signal anything but signal 0, or guess: another host's process is ``UNKNOWN``.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import socket
+
+
+class Liveness(enum.Enum):
+    ALIVE = "alive"
+    GONE = "gone"
+    UNKNOWN = "unknown"  # this host cannot tell (the process lives on another host)
+
+    def as_bool(self) -> bool | None:
+        return None if self is Liveness.UNKNOWN else self is Liveness.ALIVE
+
+
+def local_process(pid: object, host: str = "") -> Liveness:
+    """A process started on ``host`` ("": this host): alive, gone, or unknown from here."""
+    if host and host != socket.gethostname():
+        return Liveness.UNKNOWN
+    return Liveness.ALIVE if pid_alive(pid) else Liveness.GONE
+
+
+def pid_alive(pid_text: object) -> bool:
+    """Whether the process with this pid lives on this host (and is no zombie). Asks the kernel
+    (signal 0), not /proc alone: with ``hidepid`` other users' processes have no /proc entry."""
+    try:
+        pid = int(str(pid_text))
+    except ValueError:
+        return False
+    if pid <= 0:
+        return False  # 0 and negatives name process groups, never one process
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process: alive, and not ours to look into
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False  # it ended between the signal and the read
+    except (OSError, IndexError):
+        return True  # it answered the signal; its state is hidden from us
+
+
+def runs_submitit(pid_text: object) -> bool:
+    """Whether this pid is a submitit job process (a recycled pid is someone else's: never signal it)."""
+    try:
+        with open(f"/proc/{int(str(pid_text))}/cmdline", "rb") as f:
+            return b"submitit" in f.read()
+    except (ValueError, FileNotFoundError, ProcessLookupError, PermissionError):
+        return False

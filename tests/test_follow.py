@@ -1,0 +1,100 @@
+"""The follow loop against the fake dispatcher (``parcel_hpc.testing.dispatchers``): the launch's
+promises about the scheduler, without a scheduler. The real dispatchers run the same paths in
+tests/test_faults_local.py and tests/slurm/test_faults.py."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from hydra import compose, initialize_config_module
+from rich.console import Console
+
+from parcel_hpc.errors import SchedulerUnavailable
+from parcel_hpc.launch import follow
+from parcel_hpc.launch.search import SearchLaunch, from_hydra
+from parcel_hpc.ledger import SearchDir
+from parcel_hpc.testing.dispatchers import FakeDispatcher
+
+N = 6
+
+
+def configured(tmp_path, artifacts, *overrides: str):
+    with initialize_config_module("parcel_hpc.conf", version_base="1.3"):
+        config = compose(
+            "config",
+            overrides=[
+                f"search.root={tmp_path / 'runs'}",
+                "search.revision=fake",
+                f"search.n_trials={N}",
+                f"snapshot.path={artifacts['snapshot_path']}",
+                f"split.path={artifacts['split_path']}",
+                *overrides,
+            ],
+            return_hydra_config=True,
+        )
+    return from_hydra(config, [])
+
+
+def launch(cfg, dispatcher: FakeDispatcher, out: io.StringIO | None = None):
+    """The real launch with the fake behind it; what it printed goes to ``out``."""
+    out = io.StringIO() if out is None else out
+    return SearchLaunch(cfg, lambda search: dispatcher, Console(file=out, width=200), poll_s=0.0).run(), out.getvalue()
+
+
+def test_a_failed_submission_gives_back_the_dispatch_claims_of_what_never_reached_the_scheduler(tmp_path, artifacts):
+    cfg, settings = configured(tmp_path, artifacts, "search.wait=false", "hydra.launcher.pack_size=1")
+    fake = FakeDispatcher(settings, slots=N)
+    fake.fail_submit = (2, SchedulerUnavailable("sbatch: error: Batch job submission failed: Socket timed out"))
+    with pytest.raises(SchedulerUnavailable, match="2 of the batch's 6 trials were submitted, the rest not and the search is resumable"):
+        launch(cfg, fake)
+    search = SearchDir(tmp_path / "runs" / "fake")
+    trials = search.trial_ids()
+    submitted = {s.trial_id for batch in fake.submitted for s in batch}
+    withdrawn = {t for t in trials if (search.trial_dir(t) / "dispatch-1.withdrawn").exists()}
+    assert len(submitted) == 2 and all(search.dispatch_count(t) == 1 for t in trials)
+    assert withdrawn == set(trials) - submitted  # given back: no launcher waits on them
+    again = FakeDispatcher(settings, slots=N)
+    again.running = dict(fake.running)  # the two submitted jobs are still queued
+    report, _ = launch(cfg, again)
+    assert sorted(report.dispatched) == sorted(withdrawn)  # dispatched at once, the queued two left alone
+    assert {t: search.dispatch_count(t) for t in trials} == {t: 2 if t in withdrawn else 1 for t in trials}
+
+
+def test_held_arrays_an_earlier_launch_never_released_are_released_and_unknown_ones_cancelled(tmp_path, artifacts):
+    cfg, settings = configured(tmp_path, artifacts, "search.wait=false", "hydra.launcher.pack_size=1")
+    first = FakeDispatcher(settings, slots=N)
+    launch(cfg, first)
+    search = SearchDir(tmp_path / "runs" / "fake")
+    known = sorted({j for r in search.records() for j in r.jobs})
+    # The launch died between submitting and releasing: its recorded jobs are held, and one array
+    # it submitted but never recorded holds nothing the ledger knows.
+    second = FakeDispatcher(settings, slots=N)
+    second.held = {*known, "999"}
+    _, printed = launch(cfg, second)
+    assert second.released == known and second.cancelled == ["999"]
+    assert f"released {len(known)} held arrays" in printed
+    assert second.submitted == []  # their trials were already dispatched: nothing twice
+
+
+def test_a_scheduler_that_stops_answering_is_waited_out_then_given_up_with_the_search_resumable(tmp_path, artifacts, monkeypatch):
+    cfg, settings = configured(tmp_path, artifacts)
+    fake = FakeDispatcher(settings, slots=N)
+    clock = iter(range(0, 10_000, 400))  # each look at the clock is 400 s later
+    monkeypatch.setattr(follow.time, "monotonic", lambda: float(next(clock)))
+    monkeypatch.setattr(follow.time, "sleep", lambda s: None)
+    real_refresh = fake.refresh
+
+    def refresh():
+        if fake.submitted:  # the trials were submitted; then slurmctld went away for good
+            fake.outage = SchedulerUnavailable("slurm_load_jobs error: Unable to contact slurm controller")
+        real_refresh()
+
+    fake.refresh = refresh
+    printed = io.StringIO()
+    with pytest.raises(SchedulerUnavailable, match=r"still no answer after 900s: trials already queued keep running, rerun the same launch"):
+        launch(cfg, fake, printed)
+    assert len({s.trial_id for batch in fake.submitted for s in batch}) == N  # dispatched before the outage, not again
+    assert "the scheduler is not answering" in printed.getvalue()
+    search = SearchDir(tmp_path / "runs" / "fake")
+    assert all(search.dispatch_count(t) == 1 for t in search.trial_ids())
