@@ -88,7 +88,7 @@ def test_a_worst_case_beyond_what_the_account_may_still_use_is_held_naming_the_l
     assert admit_account(commitment(), [fits], "tight").ok
     tighter = AssociationLimit("account tight", LimitKind.GRP_TRES_MINS, "gres/gpu", 500, used_min=90, running_min=30)
     held = admit_account(commitment(), [tighter], "tight")
-    assert not held.ok and held.outcome.value == "hold:budget"
+    assert not held.ok and str(held.outcome) == "hold:budget"
     assert held.message.startswith("account tight GrpTRESMins gres/gpu=500: 90 GPU-min used and 30 held by running jobs leave 380")
     assert "needs 400 (10 trials x 2 attempts x 1 x 20 min)" in held.message and "lower search.n_trials" in held.message
     with pytest.raises(GovernanceRefusal) as refusal:

@@ -135,4 +135,9 @@ def test_the_public_api_is_pinned():
     ]
     for name in parcel_hpc.__all__:
         assert getattr(parcel_hpc, name) is not None, name
-    assert parcel_hpc.__version__ == subprocess.run([sys.executable, "-c", "import importlib.metadata as m; print(m.version('parcel_hpc'))"], capture_output=True, text=True, check=True).stdout.strip()
+    assert (
+        parcel_hpc.__version__
+        == subprocess.run(
+            [sys.executable, "-c", "import importlib.metadata as m; print(m.version('parcel_hpc'))"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    )

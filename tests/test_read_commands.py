@@ -1,6 +1,6 @@
-"""Read commands only read: ``status`` and ``reconcile`` on a search the caller cannot write to give
-the same answer and change no byte, and a vanished attempt is resolved in their view but recorded
-only by a writer (``parcel-hpc sync``)."""
+"""Read commands only read: every command the registry marks ``READ_ONLY``, run on a search the
+caller cannot write to, gives the same answer and changes no byte; a vanished attempt is resolved
+in their view but recorded only by a writer (``parcel-hpc sync``)."""
 
 import contextlib
 import hashlib
@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from parcel_hpc.commands import COMMANDS
 from parcel_hpc.ledger import SearchDir
 from parcel_hpc.testing import launch, parcel_hpc
 
@@ -52,6 +53,32 @@ def read_commands(search: Path) -> tuple[str, str]:
     recon = parcel_hpc(["reconcile", str(search), "--sacct-file", str(SAMPLES / "recorded_dev_cluster.txt"), "--json"])
     assert recon.returncode == 0, recon.stderr
     return status.stdout, recon.stdout
+
+
+# How each read-only command is run on a finished search: a new read command fails the test below
+# until it is listed here, and then it is run on a read-only mount like the others.
+READ_ARGV = {
+    "status": lambda s: ["status", str(s), "--json"],
+    "list": lambda s: ["list", str(s.parent), "--json"],
+    "export": lambda s: ["export", str(s), "--attempts"],
+    "proposals": lambda s: ["proposals", str(s), "--replay", "--json"],
+    "reconcile": lambda s: ["reconcile", str(s), "--sacct-file", str(SAMPLES / "recorded_dev_cluster.txt"), "--json"],
+}
+
+
+def test_every_read_only_command_of_the_registry_changes_nothing_on_a_read_only_search(tmp_path, data_dir):
+    assert set(READ_ARGV) == {c.name for c in COMMANDS if c.load().READ_ONLY}
+    search = finished_search(tmp_path, data_dir, "ro-all", "search.n_trials=4")
+    before_out = {name: parcel_hpc(argv(search)) for name, argv in READ_ARGV.items()}
+    assert all(r.returncode == 0 for r in before_out.values()), {n: r.stderr for n, r in before_out.items() if r.returncode}
+    before = tree(search)
+    with read_only(search):
+        for name, argv in READ_ARGV.items():
+            again = parcel_hpc(argv(search))
+            assert again.returncode == 0, (name, again.stderr)
+            if name != "list":  # list says how long ago the search last moved
+                assert again.stdout == before_out[name].stdout, name
+    assert tree(search) == before
 
 
 def test_status_and_reconcile_on_a_read_only_search_change_nothing(tmp_path, data_dir):

@@ -16,7 +16,8 @@ from parcel_hpc.ledger.selection import Decided, Frozen, SelectionWriter, fold_s
 from parcel_hpc.scheduler.slurm import sbatch
 from parcel_hpc.selection.actions import checked_text
 from parcel_hpc.selection.candidates import Entry, TrialFacts, best_candidate, completed_list, lineage_problems, list_digest
-from parcel_hpc.selection.disposition import RerunCheck, disposition
+from parcel_hpc.selection.disposition import disposition
+from parcel_hpc.selection.gates import RerunCheck
 from parcel_hpc.selection.policy import GatePolicy, SelectionPolicy
 from parcel_hpc.selection.slices import shipment_buckets, slice_gate, slice_report
 from parcel_hpc.selection.store import SelectionStore
@@ -272,3 +273,26 @@ def test_selection_templates_render_and_run_their_command(template, role):
 def test_a_gres_that_is_not_a_gpu_request_is_refused():
     with pytest.raises(UsageError, match="gres"):
         _values(gres="gpu:1\n#SBATCH --uid=0")
+
+
+def test_each_gate_gives_its_verdict_and_the_first_that_does_not_clear_names_the_hold():
+    from dataclasses import replace
+
+    from parcel_hpc.selection.gates import GATES, Check, GateFacts, checks, release_outcome
+
+    ok = GateFacts(True, True, OK_RERUN, True, False, (0.40, 0.50), True, True)
+    assert checks(ok) == dict.fromkeys([g.name for g in GATES], Check.PASSED) and release_outcome(checks(ok)) == Outcome.RELEASE_REGISTERED
+    decided = replace(ok, slice_gate_passed=False, decided=True)
+    assert checks(decided)["slices"] is Check.DECIDED and release_outcome(checks(decided)) == Outcome.RELEASE_REGISTERED
+    for change, hold in [
+        ({"lineage_now": False}, "hold:invalid-winner"),
+        ({"lineage_as_frozen": False}, "hold:invalid-winner"),
+        ({"rerun": RerunCheck(0.45, 0.52, 0.02, 0.45)}, "hold:invalid-winner"),
+        ({"rerun": None}, "hold:invalid-winner"),
+        ({"slice_gate_passed": False}, "hold:slice-quality"),
+        ({"overall": (0.60, 0.50)}, "hold:performance"),
+        ({"parity_passed": False}, "hold:serving-parity"),
+        ({"final_matches": None}, "hold:final-not-evaluated"),
+        ({"final_matches": False, "parity_passed": False}, "hold:serving-parity"),  # the first in GATES order
+    ]:
+        assert str(release_outcome(checks(replace(ok, **change)))) == hold, change

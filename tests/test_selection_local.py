@@ -14,9 +14,10 @@ from parcel_hpc.errors import GovernanceRefusal
 from parcel_hpc.governance.outcome import Outcome
 from parcel_hpc.ledger import Executor, JobRole, SearchDir
 from parcel_hpc.ledger.selection import SelectionWriter
-from parcel_hpc.release.packet import Check, _final_check
+from parcel_hpc.release.packet import _final_matches
 from parcel_hpc.selection.actions import Assessment, _why_not_again
 from parcel_hpc.selection.disposition import Verdict
+from parcel_hpc.selection.gates import Check, Final, GateFacts
 from parcel_hpc.selection.jobs import _wait_for_own_submission
 from parcel_hpc.selection.store import SelectionStore
 from parcel_hpc.testing import launch, parcel_hpc
@@ -106,7 +107,7 @@ def _assessment(n=1, trial="t1"):
     ],
 )
 def test_the_final_check_passes_only_for_this_selections_checked_artifact(final, check):
-    assert _final_check(_assessment(), {"artifact": {"sha256": "sha256:a"}}, final) is check
+    assert Final().check(GateFacts(True, final_matches=_final_matches(_assessment(), {"artifact": {"sha256": "sha256:a"}}, final))) is check
 
 
 def test_a_final_job_that_evaluate_final_did_not_submit_never_opens_the_partition(tmp_path):

@@ -23,6 +23,9 @@ from parcel_hpc.governance.outcome import Outcome
 from parcel_hpc.ledger.events import Executor, decode_payload, encode_payload
 from parcel_hpc.ledger.journal import JOURNAL_GLOB, writer_name
 
+# What a selection may do next: exactly the project card's four.
+DISPOSITIONS = (Outcome.HOLD_BUDGET, Outcome.HOLD_INVALID_WINNER, Outcome.HOLD_SLICE_QUALITY, Outcome.EVALUATE_FINAL)
+
 
 class JobRole(str, enum.Enum):
     RERUN = "rerun"  # rerun the winner, retrain the baseline, score both per slice, check serving parity
@@ -76,8 +79,12 @@ class JobEnded:
 @dataclass(frozen=True)
 class Disposed:
     selection: int
-    outcome: Outcome
+    outcome: Outcome  # one of DISPOSITIONS
     reasons: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.outcome not in DISPOSITIONS:
+            raise ValueError(f"a selection's disposition is one of {', '.join(map(str, DISPOSITIONS))}, not {self.outcome}")
 
 
 @dataclass(frozen=True)

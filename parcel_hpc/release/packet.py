@@ -8,7 +8,6 @@ documented decision accepted it (``outcome_of``).
 
 from __future__ import annotations
 
-import enum
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -24,31 +23,13 @@ from parcel_hpc.ledger.summary import compute_used, counts_by_state
 from parcel_hpc.propose.specs import sampler_of, space_of
 from parcel_hpc.selection.actions import Assessment, assess
 from parcel_hpc.selection.candidates import TrialFacts, lineage_problems
+from parcel_hpc.selection.gates import Check, GateFacts, release_outcome
+from parcel_hpc.selection.gates import checks as gate_checks
 from parcel_hpc.selection.policy import SelectionPolicy
 from parcel_hpc.selection.slices import SliceRow, overall
 from parcel_hpc.selection.store import SelectionStore
 
 REGISTERED = Outcome.RELEASE_REGISTERED
-
-
-class Check(str, enum.Enum):
-    """A check's verdict; ``decided``: a failed slice gate that a documented decision accepted."""
-
-    PASSED = "passed"
-    DECIDED = "decided"
-    FAILED = "failed"
-    MISSING = "missing"  # not run yet
-
-
-# Each check, in the order a hold is reported, with the hold it causes.
-HOLDS = (
-    ("data", Outcome.HOLD_INVALID_WINNER),
-    ("reproducible", Outcome.HOLD_INVALID_WINNER),
-    ("slices", Outcome.HOLD_SLICE_QUALITY),
-    ("performance", Outcome.hold("performance")),
-    ("parity", Outcome.hold("serving-parity")),
-    ("final", Outcome.hold("final-not-evaluated")),
-)
 
 
 def build(store: SelectionStore, facts: Sequence[TrialFacts], *, sacct: bool = True) -> dict[str, Any]:
@@ -70,7 +51,7 @@ def build(store: SelectionStore, facts: Sequence[TrialFacts], *, sacct: bool = T
     recorded = {name: _recorded(Path(path)) for name, path in result.get("records", {}).items()}
     # Lineage now, not as frozen: a trial quarantined after an early selection no longer passes.
     lineage_clean = winner_facts is not None and not lineage_problems(winner_facts, contract)
-    checks = _checks(a, lineage_clean, result, final)
+    checks = gate_checks(_gate_facts(a, lineage_clean, result, final))
     packet = {
         "format": "parcel-release/1",
         "search": {"revision": contract["search_revision"], "path": str(search.path), "contract_digest": contract.digest},
@@ -126,28 +107,28 @@ def build(store: SelectionStore, facts: Sequence[TrialFacts], *, sacct: bool = T
     return packet
 
 
-def _checks(a: Assessment, lineage_clean: bool, result: Mapping[str, Any], final: Mapping[str, Any] | None) -> dict[str, Check]:
+def _gate_facts(a: Assessment, lineage_clean: bool, result: Mapping[str, Any], final: Mapping[str, Any] | None) -> GateFacts:
     frozen_clean = any(e.trial_id == a.frozen["trial_id"] and e.lineage_ok for e in a.entries)
-    data = Check.PASSED if frozen_clean and lineage_clean else Check.FAILED
-    if not result:
-        return {"data": data, **dict.fromkeys(("reproducible", "performance", "parity", "slices", "final"), Check.MISSING)}
+    if not result:  # no rerun yet: every gate after the lineage is missing its evidence
+        return GateFacts(frozen_clean, lineage_clean)
     winner_all, baseline_all = overall(slice_rows(result, "winner")), overall(slice_rows(result, "baseline"))
-    return {
-        "data": data,
-        "reproducible": Check.PASSED if a.rerun is not None and a.rerun.within else Check.FAILED,
-        "performance": Check.PASSED if winner_all.miss_cost <= baseline_all.miss_cost else Check.FAILED,
-        "parity": Check.PASSED if result["parity"]["passed"] else Check.FAILED,
-        "slices": Check.PASSED if a.gate is not None and a.gate.passed else Check.DECIDED if a.decisions else Check.FAILED,
-        "final": _final_check(a, result, final),
-    }
+    return GateFacts(
+        frozen_clean,
+        lineage_clean,
+        rerun=a.rerun,
+        slice_gate_passed=a.gate.passed if a.gate is not None else False,
+        decided=bool(a.decisions),
+        overall=(winner_all.miss_cost, baseline_all.miss_cost),
+        parity_passed=bool(result["parity"]["passed"]),
+        final_matches=_final_matches(a, result, final),
+    )
 
 
-def _final_check(a: Assessment, result: Mapping[str, Any], final: Mapping[str, Any] | None) -> Check:
-    """Passed only for a final result about this selection, its trial and the artifact its rerun checked."""
+def _final_matches(a: Assessment, result: Mapping[str, Any], final: Mapping[str, Any] | None) -> bool | None:
+    """Whether the final result is about this selection, its trial and the artifact its rerun checked (None: no final result)."""
     if final is None:
-        return Check.MISSING
-    same = final["selection"] == a.n and final["trial_id"] == a.frozen["trial_id"] and final["winner"]["artifact_sha256"] == result["artifact"]["sha256"]
-    return Check.PASSED if same else Check.FAILED
+        return None
+    return final["selection"] == a.n and final["trial_id"] == a.frozen["trial_id"] and final["winner"]["artifact_sha256"] == result["artifact"]["sha256"]
 
 
 def slice_rows(result: Mapping[str, Any], which: str) -> list[SliceRow]:
@@ -155,12 +136,8 @@ def slice_rows(result: Mapping[str, Any], which: str) -> list[SliceRow]:
 
 
 def outcome_of(packet: Mapping[str, Any]) -> Outcome:
-    """``release:registered``, or the first hold that keeps the artifact out of the registry."""
-    checks = {k: Check(v) for k, v in packet["checks"].items()}
-    for name, outcome in HOLDS:
-        if checks[name] not in (Check.PASSED, Check.DECIDED):
-            return outcome
-    return REGISTERED
+    """``release:registered``, or the hold of the first gate that did not pass or was not decided."""
+    return release_outcome({k: Check(v) for k, v in packet["checks"].items()})
 
 
 def _recorded(directory: Path) -> TrialRecord:

@@ -27,7 +27,8 @@ from parcel_hpc.ledger.selection import Decided, FinalAttempt, Frozen, JobEnded,
 from parcel_hpc.pruning import MilestoneStore
 from parcel_hpc.scheduler.probe import pid_alive
 from parcel_hpc.selection.candidates import Entry, TrialFacts, best_candidate, completed_list, list_digest
-from parcel_hpc.selection.disposition import RerunCheck, Verdict, disposition
+from parcel_hpc.selection.disposition import Verdict, disposition
+from parcel_hpc.selection.gates import RerunCheck
 from parcel_hpc.selection.policy import SelectionPolicy
 from parcel_hpc.selection.slices import GateResult, SliceRow, slice_gate
 from parcel_hpc.selection.store import SelectionStore
