@@ -70,18 +70,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     fsio.no_world_writes()
     args_list = list(sys.argv[1:] if argv is None else argv)
     chosen = next((a for a in args_list if not a.startswith("-")), "")
-    args = build_parser({chosen} & BY_NAME.keys()).parse_args(args_list)
-    module = BY_NAME[args.command].load()
-    code = 0
     try:
+        args = build_parser({chosen} & BY_NAME.keys()).parse_args(args_list)
         with exit_on_error():
-            code = module.run(args)
+            code = BY_NAME[args.command].load().run(args)
         sys.stdout.flush()
     except BrokenPipeError:
         # `parcel-hpc status --json | head`: the reader left; end quietly (Python's own advice:
         # point stdout at devnull so the flush at exit does not raise again).
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        raise SystemExit(0) from None
+        code = 0
     raise SystemExit(code)
 
 

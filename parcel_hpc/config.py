@@ -159,7 +159,7 @@ class ParcelConf:
     preprocessing: PreprocessingConf = field(default_factory=PreprocessingConf)
     metric: MetricConf = field(default_factory=MetricConf)
     space: SpaceConf = field(default_factory=SpaceConf)
-    sampler: dict[str, Any] = field(default_factory=lambda: {"name": "random"})  # conf/sampler/: name and options (sweep.samplers)
+    sampler: dict[str, Any] = field(default_factory=lambda: {"name": "random"})  # conf/sampler/: name and options (propose.samplers)
     image: ImageConf = field(default_factory=ImageConf)
     trainer: TrainerConf = field(default_factory=TrainerConf)
     resources: ResourcesConf = field(default_factory=ResourcesConf)

@@ -21,7 +21,7 @@ if [ ! -f "$STAMP" ] || [ "$ROOT/pyproject.toml" -nt "$STAMP" ]; then
   echo "[setup] installing parcel_hpc and its dependencies into $VENV" >&2
   "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
   "$VENV/bin/python" -m pip install -q -e "$ROOT[test]" 2>&1 | grep -v "is ignored" >&2 || true
-  "$VENV/bin/python" -c 'import parcel_hpc, submitit, hydra, h5py, xdist, xxhash' || { echo "[setup] install failed" >&2; exit 1; }
+  "$VENV/bin/python" -c 'import parcel_hpc, submitit, hydra, h5py, xdist, xxhash, mypy' || { echo "[setup] install failed" >&2; exit 1; }
   touch "$STAMP"
 fi
 export PATH="$VENV/bin:$PATH"

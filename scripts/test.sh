@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The whole test suite, as CI runs it: virtualenv, lint (ruff) and dead code (vulture), a real
-# 3-node SLURM cluster (started here unless SLURM is already configured and answering, stopped
+# The whole test suite, as CI runs it: virtualenv, lint (ruff), dead code (vulture), types (mypy),
+# a real 3-node SLURM cluster (started here unless SLURM is already configured and answering, stopped
 # again at the end), then pytest.
 #   scripts/test.sh [pytest args...]
 set -euo pipefail
@@ -9,6 +9,7 @@ cd "$ROOT"
 ruff check .
 ruff format --check .
 vulture  # paths and confidence in pyproject.toml; framework-called names in vulture_allowlist.py
+mypy  # files and settings in pyproject.toml
 started_cluster=0
 if [ -z "${SLURM_CONF:-}" ] || ! scontrol ping >/dev/null 2>&1; then
   BASE=${PARCEL_SLURM_BASE:-/tmp/parcel-slurm}

@@ -382,7 +382,7 @@ def test_many_arrays_get_a_larger_header_block_and_load_without_hdf5(tmp_path, m
     params["flags"] = np.array([True, False, True])
     params["scalar"] = np.array(2.5)
     store.save(5, params, {}, {"s": 1})
-    monkeypatch.setattr("parcel_hpc.checkpoints.store.h5py.File", None)  # any HDF5 open would now fail
+    monkeypatch.setattr("parcel_hpc.checkpoints.format.h5py.File", None)  # any HDF5 open would now fail
     ckpt = store.load_latest()
     assert ckpt.meta["block"] > 2048 and ckpt.meta["block"] & (ckpt.meta["block"] - 1) == 0
     for name, arr in params.items():
@@ -391,7 +391,7 @@ def test_many_arrays_get_a_larger_header_block_and_load_without_hdf5(tmp_path, m
 
 def test_a_format_v1_checkpoint_still_loads_and_its_damage_is_still_found(tmp_path):
     """Checkpoints written before the fast digest (v1: a tree sha256 of the body) resume as before."""
-    from parcel_hpc.checkpoints.store import _HEADER_SIZE, _body_digest, _encode_header, _read_header
+    from parcel_hpc.checkpoints.format import _HEADER_SIZE, _body_digest, _encode_header, _read_header
 
     store = CheckpointStore(tmp_path, T7, keep_last=5)
     save(store, 1)

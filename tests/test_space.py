@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from parcel_hpc.config import CONF_DIR
 from parcel_hpc.errors import UsageError
-from parcel_hpc.propose import samplers
+from parcel_hpc.propose import learning, samplers
 from parcel_hpc.propose.learning import Told, ToldTrial, ask, proposal_seed, told_digest
 from parcel_hpc.propose.space import normalize, qmc_points, sample, space_digest
 
@@ -225,6 +225,6 @@ def test_sweeping_a_config_group_is_refused_not_taken_for_a_parameter():
 
 def test_cmaes_options_the_library_refuses_are_refused_before_freezing():
     with pytest.raises(UsageError, match="sampler=cmaes refuses these options"):
-        samplers.from_config({"name": "cmaes", "lr_adapt": True, "use_separable_cma": True})
+        learning.check_options(samplers.from_config({"name": "cmaes", "lr_adapt": True, "use_separable_cma": True}))
     with pytest.raises(UsageError, match="positive whole number"):
         samplers.from_config({"name": "cmaes", "popsize": 2.5})

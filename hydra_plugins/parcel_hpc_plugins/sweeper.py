@@ -12,7 +12,7 @@ with the project's exit codes (2 bad input, 3 governance refusal) and one line.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.plugins.sweeper import Sweeper
@@ -37,6 +37,8 @@ class ParcelSweeper(Sweeper):
 
     def _sweep(self, arguments: list[str]) -> Any:
         grammar = [f"{name}={expression}" for name, expression in self.params.items()]
-        grammar += [o.input_line for o in OverridesParser.create().parse_overrides(arguments) if o.is_sweep_override()]
+        # parse_overrides sets each override's input_line (None only on an Override built by hand)
+        grammar += [cast(str, o.input_line) for o in OverridesParser.create().parse_overrides(arguments) if o.is_sweep_override()]
+        assert self.config is not None  # Hydra calls setup() before sweep()
         cfg, settings = from_hydra(self.config, grammar)
         return SearchLaunch(cfg, lambda search: make_dispatcher(settings, search)).run()

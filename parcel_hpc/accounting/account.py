@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from parcel_hpc.accounting.reconcile import AttemptLine, Reconciliation, report_row
+from parcel_hpc.budget import Rates
 from parcel_hpc.scheduler.slurm.runs import JobRun
 
 NO_SEARCH = "(no search)"
@@ -128,7 +129,7 @@ def over_account(
     scope: str,
     parts: Sequence[SearchPart],
     account_runs: Sequence[JobRun],
-    rates: Mapping[str, object],
+    rates: Mapping[str, Rates],
     other_jobs: Mapping[str, Iterable[str]] | None = None,
 ) -> AccountReport:
     """Every run charged to the account, by the scheduler; a run a search knows is that search's,

@@ -15,6 +15,7 @@ import statistics
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import cast
 
 from parcel_hpc.budget import BudgetCaps
 from parcel_hpc.ledger import Attempt, AttemptEnd, Cause, TrialRecord, TrialState
@@ -33,7 +34,8 @@ WASTE_CAUSES = ("preemption", "node_failure", "timeout", "cancelled", "no_space"
 
 def report_row(line: object) -> dict:
     """A report line's fields (flat values: ``asdict``'s deep copy costs seconds on a million-line dump)."""
-    return {name: getattr(line, name) for name in field_names(type(line))}
+    cls: type = type(line)
+    return {name: getattr(line, name) for name in field_names(cls)}
 
 
 @dataclass(frozen=True)
@@ -240,11 +242,11 @@ def _packed_job(
     pack = ",".join(r.trial_id for r in recs)
     by_run: dict[int, list[tuple[TrialRecord, Attempt]]] = {}
     for r in recs:
-        for a in r.attempts:
-            if a.job_id == job and a.started is not None:
-                by_run.setdefault(a.restart_count, []).append((r, a))
+        for att in r.attempts:
+            if att.job_id == job and att.started is not None:
+                by_run.setdefault(att.restart_count, []).append((r, att))
     for ran in by_run.values():
-        ran.sort(key=lambda item: item[1].started)
+        ran.sort(key=lambda item: cast(float, item[1].started))  # by_run holds started attempts only
     started_runs = [a for a in job_runs if a.start is not None]
     firsts = [ran[0][1] for _, ran in sorted(by_run.items())]
     lag = _filing_lag(job, job_runs, started_runs, firsts, now)
@@ -253,7 +255,7 @@ def _packed_job(
     # A requeued run that found every trial of its pack finished starts none, and says nothing: a run
     # sacct shows and the ledger lacks is a mismatch only when some trial still had work then.
     unfiled = sorted(set(by_run) - {a.attempt for a in started_runs})
-    unheard = [a.attempt for a in started_runs if a.attempt not in by_run and any(_work_for(r, a.start) for r in recs)]
+    unheard = [a.attempt for a in started_runs if a.attempt not in by_run and any(_work_for(r, cast(int, a.start)) for r in recs)]  # started_runs: start is set
     if (unfiled or unheard) and not lag.startswith(_COUNT_LAG):
         flags.append(
             Flag("attempt_mismatch", pack, job, f"sacct shows {len(started_runs)} runs that started, the ledger heard from runs {sorted(by_run)} of this pack")
@@ -263,6 +265,7 @@ def _packed_job(
         used = 0
         run_end = a.end if a.end is not None else (a.start or 0) + a.elapsed_s  # sacct's elapsed so far, while it runs
         for i, (rec, led) in enumerate(ran):
+            assert a.start is not None and led.started is not None  # ran is empty unless the run started; by_run holds started attempts only
             last = i == len(ran) - 1
             start = min(max(int(led.started), a.start), run_end)
             end = max(start, min(int(led.ended) if led.ended is not None else run_end, run_end))
@@ -314,7 +317,7 @@ def _filing_lag(job: str, job_runs: Sequence[JobRun], started_runs: Sequence[Job
         if now - max(a.started for a in ledger_attempts) < ACCOUNTING_GRACE_S:
             return f"{_COUNT_LAG}sacct has filed {len(started_runs)} of the {len(ledger_attempts)} runs the ledger saw start"
     if now is not None and len(started_runs) > len(ledger_attempts):
-        if now - max(a.start for a in started_runs) < ACCOUNTING_GRACE_S:
+        if now - max(cast(int, a.start) for a in started_runs) < ACCOUNTING_GRACE_S:  # started_runs: start is set
             return f"{_COUNT_LAG}run {len(started_runs) - 1} started moments ago and its worker has not said so yet"
     active = [a for a in job_runs if a.state.is_active()]
     if active:

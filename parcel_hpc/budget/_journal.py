@@ -38,7 +38,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Literal, cast
 
 from parcel_hpc import fsio
 from parcel_hpc.budget._values import BudgetCaps, CapLine, Spend, check_number, fmt
@@ -92,7 +92,7 @@ class Reservation:
     gpu_hours: float  # worst case held for this attempt
     cpu_hours: float
     seq: int  # the journal entry that made it
-    ok: ClassVar[bool] = True
+    ok: ClassVar[Literal[True]] = True
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ class Refusal:
     lines: tuple[CapLine, ...]  # the caps that would be overshot
     message: str
     outcome: BudgetOutcome = BudgetOutcome.EXHAUSTED
-    ok: ClassVar[bool] = False
+    ok: ClassVar[Literal[False]] = False
 
     def __post_init__(self) -> None:
         if not self.lines or any(line.ok for line in self.lines):
@@ -222,6 +222,7 @@ class _Fold:
         if kind is EntryKind.RESERVE:
             if prior is not None:
                 raise _Invalid(f"{key} is reserved twice (first at entry {prior.seq})")
+            assert self.caps is not None  # entry 0 (open) carried them
             if reserve_lines(self.caps, t, key.trial_id not in self.trial_ids, gpu, cpu, key):
                 raise _Invalid(f"reserving {key} overshoots the caps in force")
             new_trial = int(key.trial_id not in self.trial_ids)
@@ -256,6 +257,7 @@ class _Fold:
 
     def to_json(self) -> dict:
         keys = [[k.trial_id, k.attempt, v.state.value, v.gpu, v.cpu, v.seq, v.used_gpu_uh, v.used_cpu_uh] for k, v in self.keys.items()]
+        assert self.caps is not None  # folds are written after entry 0 (open), which carries them
         return {"v": JOURNAL_VERSION, "seq": self.seq, "digest": self.digest, "totals": asdict(self.totals), "caps": self.caps.to_json(), "keys": keys}
 
     @classmethod
@@ -274,7 +276,7 @@ class _Fold:
             entry["caps"] = caps.to_json()
         return entry
 
-    def step(self, entry: dict, data: bytes) -> None:
+    def step(self, entry: object, data: bytes) -> None:
         try:
             if not isinstance(entry, dict) or entry.get("v") != JOURNAL_VERSION:
                 raise _Invalid(f"is not a version-{JOURNAL_VERSION} journal entry")
@@ -297,6 +299,7 @@ class _Fold:
         if caps is not None:
             self.caps = caps
         if record is not None:
+            assert key is not None  # _transition returns a record only for an entry with a key
             self.keys[key] = record
             self.trial_ids.add(key.trial_id)
 
@@ -335,6 +338,7 @@ class BudgetLedger:
                 raise _no_caps_yet(self.path)
             self._commit(lambda f: _Done(None) if f.caps is not None else _Write(f.propose(EntryKind.OPEN, caps=caps), lambda seq: None))
         if caps is not None and caps != self._fold.caps:
+            assert self._fold.caps is not None  # opened just above when it had none
             raise UsageError(
                 f"budget caps {caps.to_json()} differ from the {self._fold.caps.to_json()} recorded in {self.path}:"
                 " the caps are frozen with the search's contract; a changed budget needs a new search.revision"
@@ -356,6 +360,7 @@ class BudgetLedger:
     @property
     def caps(self) -> BudgetCaps:
         self._refresh()
+        assert self._fold.caps is not None  # __init__ insists the journal has caps
         return self._fold.caps
 
     def reserve(self, trial_id: str, attempt: int, gpu_hours: float, cpu_hours: float = 0.0) -> Reservation | Refusal:
@@ -372,12 +377,13 @@ class BudgetLedger:
                         f"attempt {key} was already {prior.state.value} at entry {prior.seq} of {self.path}: a rerun must reserve under a new attempt number"
                     )
                 return _Done(Reservation(key, prior.gpu / UH_PER_HOUR, prior.cpu / UH_PER_HOUR, prior.seq))
+            assert f.caps is not None  # __init__ insists the journal has caps
             over = reserve_lines(f.caps, f.totals, key.trial_id not in f.trial_ids, gpu, cpu, key)
             if over:
                 return _Done(Refusal(key, over, "; ".join(line.message for line in over)))
             return _Write(f.propose(EntryKind.RESERVE, key, gpu, cpu), lambda seq: Reservation(key, gpu / UH_PER_HOUR, cpu / UH_PER_HOUR, seq))
 
-        return self._commit(decide)
+        return cast(Reservation | Refusal, self._commit(decide))  # decide's results are one of these
 
     def settle(self, reservation: Reservation | ReservationKey | tuple[str, int], used_gpu_hours: float, used_cpu_hours: float = 0.0) -> Settlement:
         """Record what the attempt used and release the rest of its hold. Usage above the hold is
@@ -461,7 +467,7 @@ class BudgetLedger:
                 )
             return _Write(f.propose(kind, key, gpu, cpu), lambda seq: settlement(_Key(want, prior.gpu, prior.cpu, seq, gpu, cpu), seq))
 
-        return self._commit(decide)
+        return cast(Settlement, self._commit(decide))  # decide's results are Settlements
 
 
 def _journal_dir(search_dir: str | os.PathLike) -> Path:

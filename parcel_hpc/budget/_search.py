@@ -2,21 +2,27 @@
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from parcel_hpc.budget._admission import BudgetDecision, admit_launch, attempt_worst_case, worst_case
 from parcel_hpc.budget._journal import BudgetLedger, Refusal, Reservation
 from parcel_hpc.budget._values import BudgetCaps, Spend, hours_between
 
 
-def search_caps(contract: Mapping[str, Any]) -> BudgetCaps:
+class ContractFields(Protocol):
+    """What the budget reads of a contract: its fields by name (a ``Contract``, or a plain mapping)."""
+
+    def __getitem__(self, key: str, /) -> Any: ...
+
+
+def search_caps(contract: ContractFields) -> BudgetCaps:
     return BudgetCaps.from_config(contract["budget"])
 
 
-def launch_decision(contract: Mapping[str, Any], n_dispatch: int, trials_already: int, search_dir: Path | None) -> BudgetDecision:
+def launch_decision(contract: ContractFields, n_dispatch: int, trials_already: int, search_dir: Path | None) -> BudgetDecision:
     """Admit a launch's worst case (every attempt to its time limit) against what is already spent or held."""
     b, r = contract["budget"], contract["resources"]
     caps = search_caps(contract)
@@ -29,7 +35,7 @@ class SearchBudget:
     """One search's reservation journal, opened with the caps its contract froze. Keep one open to
     read only what was appended since the last call (a worker does, across the trials of its pack)."""
 
-    def __init__(self, search_dir: Path, contract: Mapping[str, Any]) -> None:
+    def __init__(self, search_dir: str | os.PathLike, contract: ContractFields) -> None:
         r = contract["resources"]
         self.gpus, self.cpus, self.limit_min = int(r["gpus"]), int(r["cpus"]), float(r["time_limit_min"])
         self.ledger = BudgetLedger(search_dir, search_caps(contract))

@@ -11,7 +11,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, Literal, overload
 
 from parcel_hpc.errors import ParcelError, UsageError
 
@@ -42,6 +42,12 @@ def fmt_minutes(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else fmt(x)
 
 
+@overload
+def check_number(name: str, value: Any, *, integer: Literal[True], minimum: float = 0.0) -> int: ...
+@overload
+def check_number(name: str, value: Any, *, integer: Literal[False] = False, minimum: float = 0.0) -> float: ...
+@overload
+def check_number(name: str, value: Any, *, integer: bool = False, minimum: float = 0.0) -> float | int: ...
 def check_number(name: str, value: Any, *, integer: bool = False, minimum: float = 0.0) -> float | int:
     """``value`` as a finite number >= minimum, else a UsageError naming ``name`` (a config key)."""
     kind = "an integer" if integer else "a number"

@@ -41,7 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from parcel_hpc.errors import CorruptRecord, ParcelError, UsageError
 from parcel_hpc.fsio import DIR_MODE, FILE_MODE, atomic_write_json, create_exclusive, ensure_dir, fsync_dir, read_json
@@ -221,7 +221,7 @@ def describe_conflict(outcome: ClaimOutcome, existing: ClaimRecord, ours: ClaimI
     if outcome is ClaimOutcome.FOREIGN_CONFIG:
         return f"trial {us.trial_id} claimed with config {them.config_hash}, ours is {us.config_hash}"
     if outcome is ClaimOutcome.FOREIGN_SEARCH:
-        field = them.mismatch(us)
+        field = cast(str, them.mismatch(us))  # a foreign search: some search field differs
         return f"trial {us.trial_id} claimed under {field} {getattr(them, field)}, ours is {getattr(us, field)}"
     if outcome is ClaimOutcome.STALE_ATTEMPT:
         return f"a newer {holder} owns trial {us.trial_id}; this attempt {ours.attempt} is a stale duplicate and must stop"
@@ -285,9 +285,10 @@ def claim_directory(
     ckpt_dir = ensure_dir(ckpt_dir)
     current = read_claim(ckpt_dir)
     for _ in range(1000):  # each lap means another process won a generation; bounded for safety
-        alive = is_alive(current) if _liveness_matters(current, identity) else None
+        alive = is_alive(cast(ClaimRecord, current)) if _liveness_matters(current, identity) else None  # _liveness_matters: current is a claim
         outcome = decide_claim(current, identity, holder_alive=alive)
         if outcome.is_conflict():
+            assert current is not None  # decide_claim: an unclaimed directory is never a conflict
             raise CheckpointCollision(ckpt_dir, identity, current.holder, describe_conflict(outcome, current, identity))
         if current is not None and identity.same_holder(current) and current.state is ClaimState.HELD:
             return Claim(ckpt_dir, outcome, current, current)  # idempotent: already ours

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Sequence
 from enum import Enum
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
@@ -164,7 +164,7 @@ def _attempt_rows(record: TrialRecord, events: Sequence[Event], rates: Rates) ->
                 "wall_s": wall,
                 "gpu_hours": gpu_h,
                 "cpu_hours": cpu_h,
-                "cost": rates.cost(gpu_h, cpu_h) if wall is not None else None,
+                "cost": rates.cost(cast(float, gpu_h), cast(float, cpu_h)) if wall is not None else None,  # wall: started and ended, so hours too
                 "queue_wait_s": wait,
                 "started_at": _ms(a.started),
                 "ended_at": _ms(a.ended),

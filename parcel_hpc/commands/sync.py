@@ -19,6 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     found = resolution.sync(SearchDir(args.search_dir))
     for res in found:
+        assert res.ending.cause is not None  # ending_from_accounting always names a cause
         print(f"{res.trial_id}: attempt {res.attempt} {res.ending.how.value} ({res.ending.cause.value})")
     print(f"recorded {len(found)} resolutions")
     return 0

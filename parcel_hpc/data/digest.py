@@ -71,4 +71,4 @@ def _hash_rows(h: "hashlib._Hash", ds: h5py.Dataset) -> None:
     target = _canonical_dtype(ds.dtype)
     for start in range(0, n, step):
         block = np.ascontiguousarray(ds[start : start + step], dtype=target)
-        h.update(memoryview(block).cast("B"))
+        h.update(memoryview(block).cast("B"))  # type: ignore[arg-type]  # numpy declares ndarray.__buffer__ only for Python >= 3.12

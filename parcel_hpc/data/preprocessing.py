@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -97,5 +98,5 @@ class Preprocessor:
         return {"mean": self.mean, "std": self.std}
 
     @classmethod
-    def from_arrays(cls, spec: Mapping[str, object], arrays: Mapping[str, np.ndarray]) -> Preprocessor:
+    def from_arrays(cls, spec: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> Preprocessor:
         return cls(str(spec["revision"]), int(spec["pool"]), np.array(arrays["mean"]), np.array(arrays["std"]))

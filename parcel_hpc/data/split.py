@@ -160,6 +160,9 @@ def _make_split(method: SplitMethod, snapshot_path, out_dir, seed, fractions, re
     with open_snapshot(snapshot_path) as f:
         n_rows = inspect_structure(f).n_frames
         snapshot = digest_open_snapshot(f)
+        train: tuple[str | int, ...]  # shipment ids for a group split, row numbers otherwise
+        validation: tuple[str | int, ...]
+        final: tuple[str | int, ...]
         if method is SplitMethod.GROUP:
             shipments = np.char.decode(f[SHIPMENT_ID][:], "ascii").tolist()
             train, validation, final = assign_groups(shipments, seed, fractions)
@@ -193,7 +196,7 @@ def _check_fractions(fractions: Sequence[float]) -> tuple[float, float, float]:
     fr = tuple(float(x) for x in fractions)
     if len(fr) != 3 or not all(math.isfinite(x) and x > 0 for x in fr) or abs(sum(fr) - 1.0) > 1e-9:
         raise UsageError(f"fractions {list(fractions)} must be three positive numbers (train, validation, final) summing to 1")
-    return fr  # type: ignore[return-value]
+    return fr
 
 
 def _check_revision(revision: str) -> None:

@@ -14,6 +14,7 @@ import os
 import tempfile
 import time
 from dataclasses import dataclass
+from typing import cast
 
 import h5py
 import numpy as np
@@ -64,7 +65,7 @@ def make_snapshot(
     out = ensure_dir(out_dir)
     target = out / S.SNAPSHOT_FILENAME
     t0 = clock()
-    r = render(seed, n_shipments, tuple(parcels_per_shipment), frames_per_parcel, image_size, label_noise)
+    r = render(seed, n_shipments, cast(tuple[int, int], tuple(parcels_per_shipment)), frames_per_parcel, image_size, label_noise)  # _check_args: two ints
     params = dict(n_shipments=n_shipments, parcels_per_shipment=list(parcels_per_shipment),
                   frames_per_parcel=frames_per_parcel, image_size=image_size, label_noise=label_noise)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=out)

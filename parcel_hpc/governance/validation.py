@@ -15,7 +15,7 @@ import re
 import string
 import unicodedata
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from parcel_hpc.errors import UsageError
 from parcel_hpc.scheduler.packing import pack_option
@@ -157,9 +157,11 @@ def time_min(key: str, value: object) -> int:
         if not match:
             raise bad(key, value, "is not a time limit", "give whole minutes, or SLURM's time like 90, 2:00:00 or 1-00:00:00")
         days, a, b, c = (int(g) if g is not None else None for g in match.groups())
+        assert a is not None  # _TIME_RE's hours-or-minutes group is not optional
         if days is not None:  # D-HH[:MM[:SS]]
             seconds = days * 86400 + a * 3600 + (b or 0) * 60 + (c or 0)
         elif c is not None:  # HH:MM:SS
+            assert b is not None  # _TIME_RE fills its last group only after the one before
             seconds = a * 3600 + b * 60 + c
         elif b is not None:  # MM:SS
             seconds = a * 60 + b
@@ -228,7 +230,7 @@ def checked(cfg: Mapping[str, Any], launcher: Mapping[str, Any]) -> tuple[dict[s
     # Last: the keys a user sets are named above, before a value interpolated from them is.
     _every_text(cfg, "")
     _every_text(launcher, "hydra.launcher.")
-    return cfg, launcher
+    return cast(dict[str, Any], cfg), cast(dict[str, Any], launcher)  # _copy made plain dicts of them
 
 
 def _check_prefix(prefix: object, params: Mapping[str, Mapping[str, Any]]) -> None:
@@ -251,7 +253,7 @@ def _check_prefix(prefix: object, params: Mapping[str, Mapping[str, Any]]) -> No
                 name(f"space.params.{field}.values", value)
 
 
-def _check_slurm_launcher(launcher: dict[str, Any]) -> None:
+def _check_slurm_launcher(launcher: Mapping[str, Any]) -> None:
     name("hydra.launcher.job_name", launcher["job_name"], max_len=MAX_JOB_NAME)
     for i, line in enumerate(launcher.get("setup") or []):
         text(f"hydra.launcher.setup[{i}]", line)  # shell by design (module load, source ...): one line each

@@ -76,7 +76,7 @@ class Progress:
     def __init__(self, console: Console, total: int) -> None:
         self.console, self.total = console, total
         self._last = ""
-        self._progress = None
+        self._progress: RichProgress | None = None  # made on __enter__
 
     def __enter__(self) -> Progress:
         self._progress = RichProgress(
@@ -99,12 +99,14 @@ class Progress:
         counts = count_states(states)
         done = sum(n for s, n in counts.items() if TrialState(s).is_finished())
         text = " ".join(f"{s}={n}" for s, n in counts.items() if n)
+        assert self._progress is not None  # used inside its with block
         self._progress.update(self._task, completed=done, total=total, description=text)
         if not self.console.is_terminal and text != self._last:
             self.console.print(f"[progress] {done}/{total} finished: {text}")
         self._last = text
 
     def __exit__(self, *exc) -> None:
+        assert self._progress is not None  # __enter__ made it
         self._progress.__exit__(*exc)
 
 

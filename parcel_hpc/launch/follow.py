@@ -245,6 +245,7 @@ class Follower:
         waiting for a retry holds its slot); another launcher's slots are its own."""
         if self.search.cancellation() is not None:
             return 0
+        assert self.proposer is not None and self.report is not None  # called only after proposing() set them
         orphans = self.proposer.finish_orphans(time.time())
         for spec in orphans:
             self._adopt(spec)  # its launcher died between the proposal's record and its trial
@@ -274,6 +275,7 @@ class Follower:
         tid = spec.trial_id
         if tid in self.plans:
             return
+        assert self.report is not None and self.plan_of is not None  # called only after proposing() set them
         if not admitted(spec, self.contract, self.report, self.writer(tid)):
             return
         self.search.write_plan(tid, self.plan_of(spec).to_json())

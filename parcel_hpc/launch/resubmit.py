@@ -100,8 +100,9 @@ def render(plan: ResubmitPlan, dry_run: bool) -> Table:
         table.add_row(r.trial_id, "resubmit", r.reason, ",".join(r.exclude_nodes))
     for tid, why in plan.give_up:
         table.add_row(tid, "give up", why, "")
-    for r in plan.resolve:
-        table.add_row(r.trial_id, "resolve", f"attempt {r.attempt} of job {r.ending.job_id}: {r.ending.how.value} ({r.ending.cause.value})", "")
+    for res in plan.resolve:
+        assert res.ending.cause is not None  # ending_from_accounting always names a cause
+        table.add_row(res.trial_id, "resolve", f"attempt {res.attempt} of job {res.ending.job_id}: {res.ending.how.value} ({res.ending.cause.value})", "")
     if not (plan.resubmit or plan.give_up or plan.resolve):
         table.add_row("-", "nothing", f"{len(plan.untouched)} trials need nothing", "")
     return table

@@ -13,7 +13,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
@@ -43,9 +43,10 @@ from parcel_hpc.worker import WorkerPlan
 def from_hydra(config: DictConfig, grammar: Sequence[str]) -> tuple[dict[str, Any], LauncherSettings]:
     """The composed config as plain values, its space normalized with the sweep ``grammar`` and
     every value validated (before anything is written or frozen), and the launcher's settings."""
-    launcher = OmegaConf.to_container(config.hydra.launcher, resolve=True, throw_on_missing=True)
-    job_cfg = OmegaConf.masked_copy(config, [k for k in config if k != "hydra"])
-    cfg = OmegaConf.to_container(job_cfg, resolve=True, throw_on_missing=True)
+    # A composed config and its launcher group are DictConfigs with string keys: to_container makes dicts of them.
+    launcher = cast(dict[str, Any], OmegaConf.to_container(config.hydra.launcher, resolve=True, throw_on_missing=True))
+    job_cfg = OmegaConf.masked_copy(config, [cast(str, k) for k in config if k != "hydra"])
+    cfg = cast(dict[str, Any], OmegaConf.to_container(job_cfg, resolve=True, throw_on_missing=True))
     cfg["space"]["params"] = normalize(cfg["space"]["params"], list(grammar), sections=set(cfg))
     cfg, launcher = validation.checked(cfg, launcher)
     return cfg, LauncherSettings(executor_kind(launcher.pop("kind", None)), launcher, cfg["resources"], cfg["budget"])

@@ -237,7 +237,8 @@ def encode_payload(data: Any, *, drop_empty: bool) -> dict:
     """A payload dataclass as flat JSON values: Enums by value, outcomes as their token, tuples as
     lists; ``drop_empty`` leaves out None, "" and () (their defaults) to keep journal lines short."""
     out = {}
-    for k in field_names(type(data)):
+    cls: type = type(data)
+    for k in field_names(cls):
         v = getattr(data, k)
         if drop_empty and (v is None or v == "" or v == ()):
             continue

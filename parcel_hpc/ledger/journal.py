@@ -112,7 +112,7 @@ class TrialWriter:
         return self._append(EventKind.ENDED, ending, attempt)
 
 
-def journals(trial_dir: os.PathLike) -> list[os.DirEntry]:
+def journals(trial_dir: os.PathLike[str]) -> list[os.DirEntry[str]]:
     """The trial's journal files, by name (os.scandir: a search's read commands list every trial's)."""
     try:
         with os.scandir(trial_dir) as entries:

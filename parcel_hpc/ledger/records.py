@@ -145,8 +145,10 @@ class TrialRecord:
     def reason(self) -> str:
         """Why it is in its state, in words derived from the typed fields."""
         if self.awaiting_failure_check():
+            assert self.cause is not None  # awaiting_failure_check() checked it
             return f"retry: {self.cause.value} once"
         if self.awaiting_retry_after_interruption():
+            assert self.cause is not None  # awaiting_retry_after_interruption() checked it
             return f"interrupted: {self.cause.value}"
         return self.detail or (self.cause.value if self.cause is not None else "")
 
@@ -301,6 +303,7 @@ def _fold_ending(f: _Fold, ev: Event, data: Ended, tainted: bool) -> None:
         if how is AttemptEnd.COMPLETED:
             f.metric = data.metric
     elif how is AttemptEnd.FAILED:
+        assert data.cause is not None  # Ended.__post_init__: a failed attempt names its failure class
         f.failures.append((n, data.cause))
         f.set(TrialState.FAILED if data.final else TrialState.QUEUED, data.cause)
     elif how.is_infrastructure():

@@ -8,7 +8,7 @@
       trials/<trial_id>/dispatch-<n>.json   the n-th dispatch, claimed exclusively by one launcher
       trials/<trial_id>/journal-*.jsonl     per-writer event journals (journal.py)
       configs/<config hash>         which trial owns an effective configuration (dedup)
-      proposals/<k>.json            proposal k of a sampler that learns, with what it was told (sweep.proposals)
+      proposals/<k>.json            proposal k of a sampler that learns, with what it was told (propose.proposals)
       launches/<launch_id>.json     what each launch proposed, admitted, dispatched, deduplicated
       launches/<launch_id>.heartbeat  a launch's latest "alive" (every HEARTBEAT_S), then how it left
       checkpoints/, milestones/, prune_decisions/, budget/, quarantine/, submitit/
@@ -38,7 +38,7 @@ HEARTBEAT_S = 30.0  # how often a working launch says it is alive
 
 
 class LauncherState(Enum):
-    """What the search's launches say of themselves (``searches.launcher_state`` decides it)."""
+    """What the search's launches say of themselves (``ledger.searches.launcher_state`` decides it)."""
 
     FOLLOWING = "following"  # a launch works on the search now: dispatching, or following its trials
     ENDED = "ended"  # the last launch followed its trials until every one had ended

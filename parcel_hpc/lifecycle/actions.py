@@ -84,6 +84,7 @@ def next_action(record: TrialRecord, *, dispatches: int, job_alive: bool, policy
             return Next(Action.GIVE_UP, f"quarantined {times} times")
         return Next(Action.RETRY, "clean rerun after quarantine")
     if record.awaiting_failure_check():
+        assert record.cause is not None  # awaiting_failure_check() checked it
         return Next(Action.RETRY, f"checking whether {record.cause.value} reproduces")
     limit = policy.exceeded(*interruption_counts(record))
     if limit:

@@ -4,6 +4,7 @@ proposal re-derives exactly from what it was drawn from. Reads only."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -23,7 +24,7 @@ def show(search: SearchDir, *, replay: bool, as_json: bool, console: Console) ->
     replayed = proposals.replay(search, contract) if replay else []
     first = next((r for r in replayed if not r.same), None)
     if as_json:
-        out = {"search": str(search.path), "sampler": sampler.to_json(), "space_digest": space_of(contract)[1], "proposals": rows}
+        out: dict[str, Any] = {"search": str(search.path), "sampler": sampler.to_json(), "space_digest": space_of(contract)[1], "proposals": rows}
         if replay:
             out["replayed"] = len(replayed)
             out["first_difference"] = None if first is None else {"index": first.index, "trial_id": first.trial_id, "difference": first.difference()}

@@ -19,7 +19,7 @@ import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -110,7 +110,7 @@ def ask(
             kwargs: dict[str, Any] = {"params": inside, "distributions": {k: distributions[k] for k in inside}}
             kwargs["system_attrs"] = dict(attrs.get(t.proposal, {})) if t.proposal is not None else {}
             if t.told is Told.COMPLETE:
-                trial = create_trial(state=OptunaState.COMPLETE, value=float(t.value), **kwargs)
+                trial = create_trial(state=OptunaState.COMPLETE, value=float(cast(float, t.value)), **kwargs)  # told_of: a completed trial's metric
             elif t.told is Told.PRUNED:
                 values = {int(t.step): float(t.value)} if t.step is not None and t.value is not None else {}
                 trial = create_trial(state=OptunaState.PRUNED, intermediate_values=values, **kwargs)

@@ -2,7 +2,7 @@
 
 ``sampler=random`` (the default) and ``sampler=qmc`` draw trial i from (search seed, i) alone, so a
 launch proposes all its trials at once. ``tpe`` (the model-based default), ``gp`` and ``cmaes``
-learn from results: a trial is proposed when a slot frees (``sweep.learning``). The contract pins
+learn from results: a trial is proposed when a slot frees (``propose.learning``). The contract pins
 the name, every option offered here (defaults filled in, so a library whose defaults change
 cannot change a search; the few not offered stay the library's, pinned by its version) and the
 revision of the code that draws (Optuna's or SciPy's version).

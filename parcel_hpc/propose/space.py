@@ -120,7 +120,7 @@ def _from_override(name: str, override: Any, item: str) -> dict[str, Any]:
 
 def _from_group(name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
     where = f"space.params.{name}"
-    kind = spec.get("type") if isinstance(spec, Mapping) else None
+    kind: Any = spec.get("type") if isinstance(spec, Mapping) else None
     unknown = sorted(set(spec) - _KEYS[kind]) if kind in _KEYS else []
     if unknown:
         raise UsageError(f"{where}.{unknown[0]} means nothing for type {kind}; its keys are {', '.join(sorted(_KEYS[kind]))}")

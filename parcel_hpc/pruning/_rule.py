@@ -200,7 +200,7 @@ class AsyncSuccessiveHalving(Pruner):
         check_step(milestone, "milestone")
         value = check_value(value)
         now = _time.time() if now is None else now
-        common = dict(
+        common: dict[str, Any] = dict(
             trial_id=trial_id, milestone=milestone, value=value, reduction_factor=self.reduction_factor, min_peers=self.min_peers, pruner=self.name, time=now
         )
         if milestone not in self.milestones:

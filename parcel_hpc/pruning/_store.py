@@ -39,7 +39,7 @@ import time as _time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from parcel_hpc import fsio
 from parcel_hpc.errors import CorruptRecord, UsageError
@@ -216,7 +216,7 @@ class MilestoneStore:
         for rec in self.decisions():
             if trial_id in rec.decision.peer_ids:
                 self._mark_invalid(rec.decision, trial_id)
-                hit.append(self.decision_of(rec.decision.trial_id, rec.decision.milestone))
+                hit.append(cast(RecordedDecision, self.decision_of(rec.decision.trial_id, rec.decision.milestone)))  # listed just above
         return hit
 
     # -- internals ------------------------------------------------------------------------------

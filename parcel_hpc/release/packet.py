@@ -33,7 +33,7 @@ REGISTERED = Outcome.RELEASE_REGISTERED
 
 
 def build(store: SelectionStore, facts: Sequence[TrialFacts], *, sacct: bool = True) -> dict[str, Any]:
-    """``facts``: ``selection.commands.trial_facts`` of the search, read once by the caller."""
+    """``facts``: ``selection.actions.trial_facts`` of the search, read once by the caller."""
     search = store.search
     contract = search.contract()
     policy = SelectionPolicy.of(contract)

@@ -23,7 +23,7 @@ from parcel_hpc.selection.store import SelectionStore
 
 
 def publish(search_dir: str | os.PathLike, registry: str | os.PathLike | None, *, out: Console, sacct: bool = True) -> dict[str, Any]:
-    store = SelectionStore(SearchDir(search_dir))
+    store = SelectionStore(SearchDir(Path(search_dir)))
     facts = trial_facts(store.search, store.search.contract())
     packet = build(store, facts, sacct=sacct)
     outcome = Outcome.parse(packet["outcome"])

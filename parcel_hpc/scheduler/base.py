@@ -1,9 +1,9 @@
 """The dispatcher interface: how governed trials reach a scheduler, and what it says back.
 
-Modelled on submitit's Executor roles: the search (``sweep``) decides which trials run; a
+Modelled on submitit's Executor roles: the launch (``launch``, from ``propose``) decides which trials run; a
 dispatcher only hands tasks to its scheduler, tells which of its jobs are alive, cancels them and
-describes what it would submit. Implementations: ``local.LocalDispatcher`` (submitit's
-LocalExecutor, the embedded default) and ``slurm.SlurmDispatcher`` (sbatch arrays).
+describes what it would submit. Implementations: ``local.dispatcher.LocalDispatcher`` (submitit's
+LocalExecutor, the embedded default) and ``slurm.dispatcher.SlurmDispatcher`` (sbatch arrays).
 """
 
 from __future__ import annotations

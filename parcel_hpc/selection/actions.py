@@ -13,7 +13,7 @@ import socket
 import time
 import unicodedata
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from rich.console import Console
 from rich.table import Table
@@ -307,7 +307,7 @@ def evaluate_final(search_dir, *, console: Console, out: Console) -> dict[str, A
     job = run_job(store, JobRole.FINAL, n, writer, console)
     if not job.ok:
         raise ParcelError(f"{job.message}; the claim stands: `parcel-hpc evaluate-final` runs the same claimed evaluation again")
-    result = store.result(n, JobRole.FINAL)
+    result = cast(dict[str, Any], store.result(n, JobRole.FINAL))  # job.ok: run_job found it written
     writer.final_sealed(n, result["trial_id"], result["digest"])
     out.print(str(Outcome.EVALUATE_FINAL), markup=False)
     out.print(

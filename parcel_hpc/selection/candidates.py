@@ -72,6 +72,7 @@ def completed_list(facts: Sequence[TrialFacts], contract: Contract) -> tuple[Ent
     entries = []
     for f in facts:
         if f.record.state is TrialState.COMPLETED:
+            assert f.record.metric is not None  # TrialRecord: a completed trial carries its metric
             problems = lineage_problems(f, contract)
             entries.append(Entry(f.record.trial_id, f.record.spec.config_hash, float(f.record.metric), not problems, problems))
     return tuple(sorted(entries, key=lambda e: (e.metric, e.trial_id)))

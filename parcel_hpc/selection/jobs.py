@@ -28,7 +28,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -74,7 +74,7 @@ def run(search_dir: str | os.PathLike, role: JobRole, selection: int) -> dict[st
         "resources": {k: ctx.contract["resources"][k] for k in ("cpus", "gpus")},
     }
     store.write_result(selection, role, result)
-    return store.result(selection, role)
+    return cast(dict[str, Any], store.result(selection, role))  # written just above
 
 
 # --- shared ----------------------------------------------------------------------------------
@@ -231,7 +231,7 @@ def _software(ctx: _Context) -> dict[str, Any]:
     """What this job ran with, as seen where it ran: the code version and the dependency digests.
     With ``image=computed`` the job's own admission digest is the environment digest already."""
     computed = ctx.plan.image.get("kind", "computed") == "computed"
-    versions = {}
+    versions: dict[str, str | None] = {}
     for name in KEY_DISTRIBUTIONS:
         try:
             versions[name] = importlib.metadata.version(name)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from parcel_hpc import fsio
 from parcel_hpc.data.split import split_paths
@@ -125,7 +125,7 @@ class SelectionStore:
         path = self.result_path(n, role)
         fsio.ensure_dir(path.parent)
         fsio.create_exclusive_json(path, {**result, "digest": digest_of(result)})
-        return self.result(n, role)["digest"]
+        return cast(dict[str, Any], self.result(n, role))["digest"]  # written just above
 
     def result_path(self, n: int, role: JobRole) -> Path:
         return self.dir / "final" / "result.json" if role is JobRole.FINAL else self.job_dir(n, role) / "result.json"

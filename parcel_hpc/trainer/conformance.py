@@ -117,6 +117,7 @@ def _through_checkpoint(state: TrainerState) -> TrainerState:
         store = CheckpointStore(d, TrialIdentity("check", digest, digest, digest), keep_last=1)
         store.save(1, state.arrays, {}, {}, extra=state.scalars)
         ckpt = store.load_latest()
+    assert ckpt is not None  # saved just above
     return TrainerState(ckpt.params, ckpt.extra or {})
 
 

@@ -15,7 +15,7 @@ import inspect
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from parcel_hpc.errors import UsageError
 from parcel_hpc.trainer.base import REQUIRED_METHODS, Trainer
@@ -44,7 +44,7 @@ def trainer_class(target: object) -> type[Trainer]:
     missing = [m for m in REQUIRED_METHODS if not callable(getattr(cls, m, None)) or m in getattr(cls, "__abstractmethods__", ())]
     if missing:
         raise UsageError(f"trainer.target={target}: {name} lacks {', '.join(missing)}; implement every method of parcel_hpc.trainer.Trainer")
-    return cls
+    return cast(type[Trainer], cls)  # a class with every Trainer method (checked above)
 
 
 def trainer_identity(target: str) -> dict[str, Any]:

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import errno
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import cast
 
 from parcel_hpc.budget import SearchBudget
 from parcel_hpc.checkpoints import claims
@@ -110,7 +112,7 @@ class AttemptRun:
             claim = self.claim = self._claim(ckpt_dir, identity)
             self.store = ckpt.CheckpointStore(ckpt_dir, identity, keep_last=plan.keep_last, claim=claim)
             # Admission hashed the snapshot and read the split a moment ago: neither is done twice.
-            data = self.data = self.cache.training_data(plan.snapshot_path, self.split, plan.preprocessing)
+            data = self.data = self.cache.training_data(plan.snapshot_path, cast(Split, self.split), plan.preprocessing)  # _admit read it
             trainer = make_trainer(contract["trainer"])
             with guard.protected_files(plan.split_path, plan.snapshot_path) as self.protected_opens, self.signals as held:
                 trainer.build(plan.params, plan.seed, data)
@@ -232,6 +234,7 @@ class AttemptRun:
 
     def _resume(self, trainer: Trainer) -> int:
         """Give the built trainer its last good checkpoint; the step it resumes at (0: a fresh start)."""
+        assert self.store is not None  # execute() made it before building the trainer
         latest = self.store.load_latest()
         for problem in self.store.problems:
             self.ledger.checkpoint_skipped(self.attempt, str(problem.path), problem.reason)
@@ -248,6 +251,7 @@ class AttemptRun:
             raise AttemptTimeLimit()  # at a step boundary: ``interrupt`` checkpoints a whole state
 
     def _save(self, step: int) -> None:
+        assert self.trainer is not None and self.store is not None  # called once the trainer is built and resumed
         state = self.trainer.state()
         if not isinstance(state, TrainerState):
             raise UnsavableState(f"state() returned a {type(state).__name__}; return parcel_hpc.trainer.TrainerState(arrays, scalars)")
@@ -258,7 +262,7 @@ class AttemptRun:
         except UsageError as exc:  # a name or value the checkpoint format refuses
             raise UnsavableState(str(exc)) from None
 
-    def _validated(self, step: int, value: float, final: bool, train_metrics: dict[str, float]) -> None:
+    def _validated(self, step: int, value: float, final: bool, train_metrics: Mapping[str, float]) -> None:
         self._stop_if_quarantined()
         self._stop_if_cancelled()
         is_milestone = self.milestones.report(self.plan.trial_id, step, value, self.attempt)
@@ -317,6 +321,7 @@ class AttemptRun:
             self.ledger.ended(self.attempt, ending)
             self.ended = True  # only once it is on disk
             if self.reserved:
+                assert self.budget is not None  # _reserve set it before reserving
                 self.budget.settle(self.plan.trial_id, self.attempt, self.started_at, gpus=self.facts.gpus)
 
     def _fail(self, cause: Cause, exc: BaseException) -> None:
@@ -345,7 +350,7 @@ class AttemptRun:
         return True
 
 
-def _no_space(exc: BaseException) -> bool:
+def _no_space(exc: BaseException | None) -> bool:
     """Whether ``exc`` (or what it was raised from) is a full disk or quota."""
     seen = 0
     while exc is not None and seen < 10:

@@ -1,4 +1,4 @@
-"""What a worker is told to run: a small, picklable plan built by the sweep from the frozen contract.
+"""What a worker is told to run: a small, picklable plan built by the launch (propose.specs) from the frozen contract.
 
 The worker trusts nothing in it blindly: digests are recomputed from the files it opens.
 """

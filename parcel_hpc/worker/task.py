@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import submitit
@@ -48,7 +49,7 @@ class TrialTask:
         return {"plans": self.plans, "own_limits": self.own_limits}  # runtime state lives in checkpoints and the ledger
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["plans"], state.get("own_limits"))
+        self.__init__(state["plans"], state.get("own_limits"))  # type: ignore[misc]  # unpickling runs the constructor on the new instance
 
     def __call__(self) -> dict | list[dict]:
         no_world_writes()
@@ -59,7 +60,7 @@ class TrialTask:
         while turn:
             plan = turn.pop(0)
             try:
-                record = SearchDir(plan.search_dir).record(plan.trial_id) if self.packed else None
+                record = SearchDir(Path(plan.search_dir)).record(plan.trial_id) if self.packed else None
                 if record is not None and (why := _not_here(record, facts.job_id)):
                     results.append({"trial_id": plan.trial_id, "state": "skipped", "why": why})
                     continue
@@ -99,7 +100,7 @@ class TrialTask:
         return None  # submitit then ends the job without requeue
 
     def _unfinished(self) -> bool:
-        search = SearchDir(self.plans[0].search_dir)
+        search = SearchDir(Path(self.plans[0].search_dir))
         return any(not search.record(p.trial_id).state.is_finished() for p in self.plans)
 
 

@@ -352,7 +352,7 @@ def _per_distinct(column: pa.ChunkedArray, *maps: tuple[Callable[[pa.Array], pa.
 
 
 def _state_codes(values: pa.Array) -> pa.Array:
-    codes = []
+    codes: list[int | None] = []
     for text in values.to_pylist():
         try:
             codes.append(JobState.parse(text).code)

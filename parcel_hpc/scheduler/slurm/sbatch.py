@@ -1,6 +1,6 @@
 """Batch scripts parcel_hpc renders itself, and the one ``sbatch`` shell-out around them.
 
-Owns: the values that fill ``sbatch_templates/*.sbatch`` (``SbatchValues``, validated at birth),
+Owns: the values that fill ``templates/*.sbatch`` (beside this module) (``SbatchValues``, validated at birth),
 rendering a template, writing the script, the ``sbatch`` argv and the parser of what sbatch prints.
 Must not: decide what to run or when (selection, governance and the CLI do that), read the
 environment or the clock, or render trial jobs (submitit writes those itself).
@@ -20,7 +20,7 @@ Template syntax (a ``string.Template`` that only knows braced lower-case names):
 Every rendered line comes from exactly one template line, and no value can hold a line break. So
 rendering can never add an ``#SBATCH`` directive or a command.
 
-Adding a template: write ``sbatch_templates/<name>.sbatch`` from the fields below. A value it needs
+Adding a template: write ``templates/<name>.sbatch`` from the fields below. A value it needs
 that no field has becomes a new ``SbatchValues`` field (default None or empty, validated in
 ``__post_init__``) plus an entry in ``_FIELDS``. The command that submits the job renders it, like
 ``scheduled_reconcile.py`` does; tests/test_sbatch.py then asks for golden values for the new template.
@@ -38,6 +38,7 @@ import unicodedata
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from parcel_hpc.errors import ParcelError, SchedulerUnavailable, UsageError
 from parcel_hpc.fsio import atomic_write_text
@@ -157,15 +158,19 @@ _FIELDS: dict[str, _Field] = {
 class _Template(string.Template):
     # Only ${lower_snake} is ours; $0, $VAR, ${VAR} and $(...) stay for the shell. flags=0 keeps
     # string.Template from matching case-insensitively, which would steal ${SLURM_JOB_ID}.
-    flags = 0
-    pattern = r"""
+    # Template.__init_subclass__ compiles ``pattern`` (hence the cast); typeshed types only the result.
+    flags = 0  # type: ignore[assignment]  # typeshed wants a RegexFlag; Template only ORs it into re.compile's flags
+    pattern = cast(
+        re.Pattern[str],
+        r"""
     \$(?:
       (?P<escaped>(?!)) |
       (?P<named>(?!)) |
       \{(?P<braced>[a-z][a-z0-9_]*)\} |
       (?P<invalid>(?!))
     )
-    """
+    """,
+    )
 
 
 @dataclass(frozen=True)
@@ -192,7 +197,9 @@ class _Parsed:
 def _template_path(template_name: str, templates_dir: Path | None) -> Path:
     stem = template_name.removesuffix(".sbatch")
     if not re.fullmatch(r"[a-z][a-z0-9_]{0,63}", stem):
-        raise UsageError(f"template name {check.show(template_name)} is not a template; use a file name from sbatch_templates/ like 'reconcile'")
+        raise UsageError(
+            f"template name {check.show(template_name)} is not a template; use a file name from parcel_hpc/scheduler/slurm/templates/ like 'reconcile'"
+        )
     path = (templates_dir or TEMPLATES_DIR) / f"{stem}.sbatch"
     if not path.is_file():
         known = sorted(p.stem for p in (templates_dir or TEMPLATES_DIR).glob("*.sbatch"))
