@@ -5,7 +5,7 @@ run, with targets, and the figures as JSON.
     .venv/bin/python benchmarks/run.py checkpoints     # one benchmark
     .venv/bin/python benchmarks/run.py --json out.json --repeats 3
 
-Nothing here fails a build: the figures are quoted in the README, met or not.
+Nothing here fails a build: the figures are quoted in docs/performance.md, met or not.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from parcel_hpc.checkpoints import KEEP_LAST
 
 @dataclass
 class SnapshotConf:
-    path: str = "data/parcels.h5"  # HDF5 snapshot (schema in README)
+    path: str = "data/parcels.h5"  # HDF5 snapshot (schema: docs/snapshot-format.md)
     digest: str | None = None  # sha256:...; null pins the file's content digest at first launch
 
 
@@ -179,7 +179,7 @@ class SubmititLocalConf:
     kind: str = "local"
     parallelism: int = 2  # trials at once (processes)
     signal_delay_s: int = 30  # seconds before the time limit that the worker is told to checkpoint
-    pack_size: Any = "auto"  # trials one process runs in turn: auto (README, Packing) or 1, 2, ...
+    pack_size: Any = "auto"  # trials one process runs in turn: auto (docs/slurm-and-accounting.md, packed trials) or 1, 2, ...
     pack_minutes: float | None = None  # auto: expected work per process; null: the trials split evenly over the processes
 
 
@@ -191,7 +191,7 @@ class SubmititSlurmConf:
     job_name: str = "parcel-${search.revision}"  # jobs are named <job_name>-<search id>: only this search's
     array_parallelism: int = 16  # array tasks running at once (sbatch --array=...%N)
     signal_delay_s: int = 60  # seconds before the time limit that SIGUSR2 arrives
-    pack_size: Any = "auto"  # trials one array task runs in turn: auto (README, Packing) or 1, 2, ...
+    pack_size: Any = "auto"  # trials one array task runs in turn: auto (docs/slurm-and-accounting.md, packed trials) or 1, 2, ...
     pack_minutes: float = 60.0  # auto: about this much expected work per packed task
     check_account_limits: bool = True  # refuse (hold:budget) a launch whose worst case the account's SLURM association limits cannot hold
     setup: list[str] = field(default_factory=list)  # shell lines run before the worker (module load, ...)

@@ -1,53 +1,250 @@
-"""Every code block of the user docs that shows code is run, in order, in a fresh directory: a
-page either works as written or fails here."""
+"""The user docs, held to what they say. Every code block of a page that shows code is run, in order,
+in a fresh directory: a page either works as written or fails here. A page that only shows things
+(output, sample files, commands that start a cluster) uses ```text blocks, and a page with a bash or
+python block that no test runs fails. Also held: every relative link resolves, every path and test a page
+names exists, docs/commands.md is what the command registry generates, and the README's set-up block
+is exactly its two commands (the README is not run: those two commands are the demo and the suite)."""
 
+import json
 import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from parcel_hpc.cli import commands_markdown
+from parcel_hpc.data import validate_snapshot
 from parcel_hpc.ledger import SearchDir
 
 ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
 BLOCK = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 FILE_HEADER = re.compile(r"# ([\w/]+\.(?:py|yaml))\n")
-RUN_PAGES = ["bring-your-own-model.md", "search-space-and-samplers.md"]
+RUNNABLE = ("python", "bash", "yaml")  # yaml: a file the page asks the reader to write, named by its first line
+README_SETUP = [
+    "bash scripts/demo.sh     # the main job: snapshot, governed 82-trial search, selection, final evaluation, release packet",
+    "bash scripts/test.sh     # the whole test suite, with a real 3-node SLURM cluster started (and stopped) for it",
+]
+
+
+def _search(where: Path, revision: str) -> SearchDir:
+    return SearchDir(where / "runs" / revision)
+
+
+def _states(where: Path, revision: str) -> list[str]:
+    return [r.state.value for r in _search(where, revision).records()]
 
 
 def _tiny_logistic_completed(where: Path) -> None:
-    records = list(SearchDir(where / "runs" / "tiny-logistic-r1").records())
+    records = list(_search(where, "tiny-logistic-r1").records())
     assert [r.state.value for r in records] == ["completed"] * 4 and len({r.metric for r in records}) > 1
 
 
 def _tpe_replayed(where: Path) -> None:
-    search = SearchDir(where / "runs" / "tpe-doc-r1")
+    search = _search(where, "tpe-doc-r1")
     assert search.proposal_numbers() == list(range(8)) and all(r.state.is_finished() for r in search.records())
 
 
-AFTERWARDS = {"bring-your-own-model.md": _tiny_logistic_completed, "search-space-and-samplers.md": _tpe_replayed}  # what the page's commands must have done
+def _contract_kept(where: Path) -> None:  # the refused relaunch changed nothing
+    assert _states(where, "concepts-r1") == ["completed"] * 4
+    assert json.loads((where / "runs" / "concepts-r1" / "contract.json").read_text())["contract"]["preprocessing"]["revision"] == "stats-r1"
+
+
+def _own_group_used_once(where: Path) -> None:
+    assert _states(where, "lr-only-r1") == ["completed"] * 2  # the second launch ran nothing
+    assert json.loads((where / "runs" / "lr-only-r1" / "contract.json").read_text())["contract"]["space_revision"] == "lr-only-r1"
+
+
+def _released_once(where: Path) -> None:
+    search = where / "runs" / "parcel-search-r1"
+    assert json.loads((search / "release" / "packet.json").read_text())
+    assert (where / "runs" / "registry" / "parcel-search-r1" / "t0077" / "artifact.h5").is_file()
+    assert (search / "selection" / "final" / "result.json").is_file() and (where / "runs" / "early-r1" / "selection" / "selection-1.json").is_file()
+
+
+def _nothing_written(where: Path) -> None:
+    assert not (where / "runs").exists()
+
+
+def _own_snapshot_valid(where: Path) -> None:
+    assert validate_snapshot(where / "parcels.h5").n_frames == 12
+    assert (where / "split-group_r8.json").is_file() and (where / "final-group_r8.json").is_file()
+
+
+def _slurm_story(where: Path) -> None:
+    assert set(_states(where, "try-slurm")) <= {"completed", "pruned"} and len(_states(where, "try-slurm")) == 12
+    assert _states(where, "slow-r1") == ["cancelled"] * 4
+    assert "/try-slurm," in (where / "today.csv").read_text()  # the account's jobs, attributed to their search
+    assert list((where / "acct").glob("parcel-reconcile-try-slurm-*.sbatch"))
+
+
+# page -> what its commands must have done; every bash and python block of these pages runs.
+RUN_PAGES: dict[str, Callable[[Path], None]] = {
+    "concepts.md": _contract_kept,
+    "configuration.md": _own_group_used_once,
+    "bring-your-own-model.md": _tiny_logistic_completed,
+    "search-space-and-samplers.md": _tpe_replayed,
+    "selection-and-release.md": _released_once,
+    "faults-and-inputs.md": _nothing_written,
+    "snapshot-format.md": _own_snapshot_valid,
+}
+# The same, on the real dev cluster (SLURM_CONF): scripts/test.sh starts one for the slurm-marked tests.
+SLURM_PAGES: dict[str, Callable[[Path], None]] = {"slurm-and-accounting.md": _slurm_story}
+# Pages that only show (```text): why none of their commands is run here.
+SHOWN_ONLY = {
+    "commands.md": "generated by scripts/commands_doc.py from the command registry: each command's --help",
+    "architecture.md": "the code's layout and where a change goes",
+    "dev-cluster.md": "its commands start and stop the cluster itself (root, apt-get); the suite is given a running one, and stopping it would take it from the other slurm tests",
+    "performance.md": "figures measured by benchmarks/run.py, which takes 13 minutes and runs apart",
+}
 
 
 def blocks(page: str) -> list[tuple[str, str]]:
-    return [(m.group(1), m.group(2)) for m in BLOCK.finditer((ROOT / "docs" / page).read_text())]
+    return [(m.group(1), m.group(2)) for m in BLOCK.finditer((DOCS / page).read_text())]
 
 
-@pytest.mark.parametrize("page", RUN_PAGES)
-def test_every_code_block_runs(page, tmp_path):
-    found = blocks(page)
-    assert found and all(lang in ("python", "bash", "yaml") for lang, _ in found), [lang for lang, _ in found]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PARCEL_", "SLURM_"))}
-    env |= {"PATH": f"{Path(sys.executable).parent}:{env['PATH']}", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+def _pages() -> list[str]:
+    return sorted(p.name for p in DOCS.glob("*.md"))
+
+
+def _env(*, keep_slurm: bool) -> dict[str, str]:
+    drop = ("PARCEL_",) if keep_slurm else ("PARCEL_", "SLURM_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    return env | {"PATH": f"{Path(sys.executable).parent}:{env['PATH']}", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+
+
+def _run_page(page: str, where: Path, env: dict[str, str]) -> None:
+    found = [(lang, code) for lang, code in blocks(page) if lang != "text"]
+    assert found and all(lang in RUNNABLE for lang, _ in found), [lang for lang, _ in found]
     for lang, code in found:
         header = FILE_HEADER.match(code)
         if header:  # a file the page asks the reader to write
-            (tmp_path / header.group(1)).parent.mkdir(parents=True, exist_ok=True)
-            (tmp_path / header.group(1)).write_text(code)
+            (where / header.group(1)).parent.mkdir(parents=True, exist_ok=True)
+            (where / header.group(1)).write_text(code)
             continue
         assert lang != "yaml", f"{page}: a yaml block must start with '# <path>.yaml', the file it is"
         argv = [sys.executable, "-c", code] if lang == "python" else ["bash", "-euo", "pipefail", "-c", code]
-        proc = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(argv, cwd=where, env=env, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, f"{page} block failed:\n{code}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-3000:]}"
-    AFTERWARDS[page](tmp_path)
+
+
+def test_no_code_block_escapes_the_run():
+    """A bash, python or yaml block is run, or the page is in no run list and shows only ```text."""
+    assert not set(RUN_PAGES) & set(SLURM_PAGES) and set(RUN_PAGES) | set(SLURM_PAGES) | set(SHOWN_ONLY) <= set(_pages())
+    for page in _pages():
+        langs = [lang for lang, _ in blocks(page)]
+        assert "" not in langs, f"docs/{page}: every code block names its language (```text for what is only shown)"
+        if page not in RUN_PAGES and page not in SLURM_PAGES:
+            assert set(langs) <= {"text"}, f"docs/{page} has {sorted(set(langs) - {'text'})} blocks no test runs: add it to RUN_PAGES, or make them ```text"
+
+
+@pytest.mark.parametrize("page", sorted(RUN_PAGES))
+def test_every_code_block_runs(page, tmp_path):
+    _run_page(page, tmp_path, _env(keep_slurm=False))
+    RUN_PAGES[page](tmp_path)
+
+
+def _slurm_problem() -> str:
+    if not os.environ.get("SLURM_CONF"):
+        return "SLURM_CONF is not set"
+    try:
+        out = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=15)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"scontrol ping failed: {exc}"
+    return "" if "UP" in out.stdout else f"slurmctld is not up: {out.stdout.strip() or out.stderr.strip()}"
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("page", sorted(SLURM_PAGES))
+def test_every_code_block_runs_on_slurm(page, tmp_path):
+    problem = _slurm_problem()  # tests/slurm/conftest.py's rule, for a test outside tests/slurm
+    if problem and os.environ.get("PARCEL_REQUIRE_SLURM") == "1":
+        pytest.fail(f"the dev SLURM cluster is required here: {problem}")
+    if problem:
+        pytest.skip(f"no SLURM cluster: {problem}; run scripts/dev-cluster-up.sh and source its env.sh")
+    try:
+        _run_page(page, tmp_path, _env(keep_slurm=True))
+        SLURM_PAGES[page](tmp_path)
+    finally:  # whatever failed, no job of the page's searches is left on the cluster
+        ids = [identity.short for d in (tmp_path / "runs").glob("*/") if (identity := SearchDir(d).identity()) is not None]
+        queued = subprocess.run(["squeue", "-h", "-o", "%A|%j"], capture_output=True, text=True, timeout=60).stdout.split()
+        stray = sorted({job for job, _, name in (line.partition("|") for line in queued) if name.endswith(tuple(f"-{i}" for i in ids))}) if ids else []
+        if stray:
+            subprocess.run(["scancel", *stray], capture_output=True, timeout=60)
+
+
+def _prose(text: str) -> str:
+    """Markdown without its code blocks and inline code: where links are."""
+    return re.sub(r"`[^`\n]*`", "", BLOCK.sub("", text))
+
+
+def _anchors(page: Path) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces to hyphens."""
+    slugs: set[str] = set()
+    for heading in re.findall(r"^#{1,6} (.+)$", BLOCK.sub("", page.read_text()), re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.replace("`", "").strip().lower()).replace(" ", "-")
+        n = sum(1 for s in slugs if s == slug or re.fullmatch(rf"{re.escape(slug)}-\d+", s))
+        slugs.add(f"{slug}-{n}" if n else slug)
+    return slugs
+
+
+def _pages_with_links() -> list[Path]:
+    return [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+
+
+def test_every_relative_link_resolves():
+    broken = []
+    for page in _pages_with_links():
+        for target in re.findall(r"\]\(([^)\s]+)\)", _prose(page.read_text())):
+            if re.match(r"[a-z]+:", target):  # https:, mailto:
+                continue
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            if not dest.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such file)")
+            elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading in {dest.relative_to(ROOT)})")
+    assert not broken, "\n".join(broken)
+
+
+MADE_ON_USE = ("benchmarks/.peers", "benchmarks/.peers-optuna")  # the benchmarks' peer environments, made on first use
+
+
+def test_every_path_a_page_names_exists():
+    """Modules move: a page naming parcel_hpc/..., scripts/..., tests/... names what is there."""
+    missing = []
+    for page in _pages_with_links():
+        for found in re.findall(r"(?<![\w/.])((?:parcel_hpc|hydra_plugins|scripts|examples|benchmarks|tests|docs)/[\w./-]*)", page.read_text()):
+            path = found.rstrip(".-")
+            if path not in MADE_ON_USE and not (ROOT / path).exists():
+                missing.append(f"{page.relative_to(ROOT)}: {path}")
+    assert not missing, "\n".join(missing)
+
+
+def test_every_named_test_exists():
+    """The fault matrix and the refused-input table name the test of each row: they must exist."""
+    every = {name for f in (ROOT / "tests").rglob("test_*.py") for name in re.findall(r"^\s*def (test_\w+)", f.read_text(), re.M)}
+    missing = []
+    for page in _pages_with_links():
+        text = page.read_text()
+        for path, name in re.findall(r"(tests/[\w/]+\.py)(?:::(\w+))?", text):
+            if not (ROOT / path).is_file():
+                missing.append(f"{page.name}: {path}")
+            elif name and not re.search(rf"^\s*def {name}\b", (ROOT / path).read_text(), re.M):
+                missing.append(f"{page.name}: {path}::{name}")
+        missing += [f"{page.name}: {name}" for name in re.findall(r"`(test_\w+)`", text) if name not in every]
+    assert not missing, "\n".join(missing)
+
+
+def test_the_commands_page_is_generated_from_the_registry():
+    assert (DOCS / "commands.md").read_text() == commands_markdown(), "docs/commands.md is stale: run python scripts/commands_doc.py"
+
+
+def test_the_readme_sets_up_with_exactly_two_commands():
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("\n## Set up and run\n", 1)[1].split("\n## ", 1)[0]
+    setup = [code for lang, code in BLOCK.findall(section) if lang == "bash"]
+    assert len(setup) == 1 and setup[0].splitlines() == README_SETUP, setup

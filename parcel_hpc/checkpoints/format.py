@@ -9,7 +9,7 @@ offset), and the digest and length of every byte after the block; the header has
 the HDF5 library can crash (SIGSEGV) on a damaged file, so nothing reads bytes that are not
 exactly what was written.
 One integrity pass at disk speed (format v2): the body digest is xxh3-128 ("xxh3-128:"), about 3x
-sha256 on this kind of machine (README, Dependencies). It detects damage (torn writes, bit rot,
+sha256 on this kind of machine (README, dependencies). It detects damage (torn writes, bit rot,
 truncation); it is not a signature, and a checkpoint is not an artifact anyone publishes (the
 release registry stays sha256). On save, h5py lays out the datasets (allocated, never filled) and
 the arrays are written at their offsets from memory, hashed from memory: only the few KiB of HDF5

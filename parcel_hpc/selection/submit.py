@@ -1,7 +1,7 @@
 """Run a selection job on the launcher the search's trials ran on, and wait for it.
 
 Local (the embedded default): a child process running ``python -m parcel_hpc selection-job``.
-SLURM: ``sbatch_templates/winner_rerun.sbatch`` or ``final_eval.sbatch``, rendered here from the
+SLURM: ``scheduler/slurm/templates/winner_rerun.sbatch`` or ``final_eval.sbatch``, rendered here from the
 search's launch record (partition, account, QOS, GPUs, memory, time), written beside the job's
 logs and submitted; the job is followed with squeue until it leaves the queue. Its result file,
 written last by the job, is what says it succeeded.

@@ -1,7 +1,7 @@
 """The fault matrix on the real dev cluster: each test is named after the fault it survives, and
 ends with every trial in exactly one state and reports that match sacct.
 
-Faults covered elsewhere (named in the README's table): preemption, TIMEOUT with a checkpoint, a
+Faults covered elsewhere (named in docs/faults-and-inputs.md): preemption, TIMEOUT with a checkpoint, a
 node set DOWN, a job killed for good (tests/slurm/test_slurm_search.py); a shared checkpoint
 prefix, SIGKILL mid-run, duplicates from two launchers (tests/test_faults_local.py)."""
 
