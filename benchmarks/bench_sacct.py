@@ -8,7 +8,7 @@ REQUEUED / PREEMPTED / NODE_FAIL rows, a few running jobs) into a temp file, the
 of --repeat and interleaved so both see the same machine load:
 
     baseline   pyarrow.csv.read_csv(delimiter='|', quoting off, types inferred)
-    parse      parcel_hpc.accounting.parse_sacct
+    parse      parcel_hpc.scheduler.slurm.sacct_parse.parse_sacct
     aggregate  totals_by_job(table): runs grouped per job id, GPU/CPU-hours, waits
     (run_table, the full per-run table with its text columns, is timed on its own too)
 

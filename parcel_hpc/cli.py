@@ -11,6 +11,7 @@ import argparse
 import os
 import sys
 from collections.abc import Collection, Sequence
+from typing import Any, TextIO
 
 from parcel_hpc import fsio
 from parcel_hpc.commands import BY_NAME, COMMANDS
@@ -66,20 +67,51 @@ def commands_markdown() -> str:
     return "\n".join(lines)
 
 
+class _ClosedStdoutIsDevnull:
+    """``sys.stdout`` that, once its reader has left (``parcel-hpc status --json | head``), sends the
+    rest to /dev/null: the command still runs to its end and exits with its own code (a hold cut
+    off by ``| head -1`` still exits 3), and no BrokenPipeError traceback is printed."""
+
+    def __init__(self, out: TextIO) -> None:
+        self._out = out
+
+    def _reader_left(self) -> None:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), self._out.fileno())
+
+    def write(self, text: str) -> int:
+        try:
+            return self._out.write(text)
+        except BrokenPipeError:
+            self._reader_left()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._out.flush()
+        except BrokenPipeError:
+            self._reader_left()
+            self._out.flush()  # what was buffered goes to /dev/null now
+
+    def __getattr__(self, name: str) -> Any:  # fileno, isatty, encoding, buffer: the real stream's
+        return getattr(self._out, name)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     fsio.no_world_writes()
     args_list = list(sys.argv[1:] if argv is None else argv)
     chosen = next((a for a in args_list if not a.startswith("-")), "")
+    real = sys.stdout
+    sys.stdout = _ClosedStdoutIsDevnull(real)
     try:
         args = build_parser({chosen} & BY_NAME.keys()).parse_args(args_list)
         with exit_on_error():
             code = BY_NAME[args.command].load().run(args)
         sys.stdout.flush()
-    except BrokenPipeError:
-        # `parcel-hpc status --json | head`: the reader left; end quietly (Python's own advice:
-        # point stdout at devnull so the flush at exit does not raise again).
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        code = 0
+    except BrokenPipeError:  # a binary write (export to stdout) met the closed pipe: cut short
+        os.dup2(os.open(os.devnull, os.O_WRONLY), real.fileno())
+        code = 1
+    finally:
+        sys.stdout = real
     raise SystemExit(code)
 
 

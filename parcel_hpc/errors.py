@@ -21,10 +21,8 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # errors is the root every module imports: it imports none of them at run time
-    from parcel_hpc.governance.outcome import Outcome
+from parcel_hpc.governance.outcome import Outcome  # imports nothing of parcel_hpc: errors stays the root
 
 EXIT_PENDING = 4
 
@@ -58,10 +56,10 @@ class GovernanceRefusal(ParcelError):
 
     exit_code = 3
 
-    def __init__(self, outcome: Outcome, detail: str = "") -> None:
-        self.outcome = outcome
+    def __init__(self, outcome: Outcome | str, detail: str = "") -> None:
+        self.outcome = Outcome.parse(outcome)  # a token from a user's code too; anything else is a ValueError
         self.detail = detail
-        super().__init__(f"{outcome}: {detail}" if detail else outcome)
+        super().__init__(f"{self.outcome}: {detail}" if detail else str(self.outcome))
 
 
 def one_line(text: str) -> str:

@@ -127,3 +127,18 @@ def test_edited_contract_file_is_detected(tmp_path):
     path.write_text(json.dumps(obj))
     with pytest.raises(CorruptRecord):
         load_contract(tmp_path)
+
+
+def test_every_outcome_token_is_one_type_parsed_and_printed_in_one_place():
+    from parcel_hpc.errors import GovernanceRefusal
+
+    for token in ("admit", "reject:image_digest", "hold:budget", "hold:slice-quality", "evaluate:final-holdout", "release:registered"):
+        assert str(Outcome.parse(token)) == token
+    assert Outcome.parse("hold:budget") == Outcome.HOLD_BUDGET and Outcome.HOLD_BUDGET.is_refusal and Outcome.HOLD_BUDGET.exit_code == 3
+    assert Outcome.reject("split_digest").is_reject and Outcome.EVALUATE_FINAL.exit_code == 0 and Outcome.ADMIT.is_admit
+    for bad in ("", "admit:x", "reject", "reject:", "maybe:x", "hold:Budget", "hold:a b"):
+        with pytest.raises(ValueError):
+            Outcome.parse(bad)
+    assert GovernanceRefusal("reject:cancelled", "why").outcome == Outcome.reject("cancelled")  # a user's token is parsed
+    with pytest.raises(ValueError):
+        GovernanceRefusal("stop", "not an outcome")

@@ -98,7 +98,9 @@ def test_slurm_dispatcher_conforms(tmp_path):
 def test_submitit_private_batch_script_api_still_exists(tmp_path):
     """The dry run prints submitit's own batch script through its one private function: if submitit
     renames it or changes what it takes, this fails here rather than in a user's dry run."""
-    assert callable(getattr(submitit_slurm, "_make_sbatch_string", None)), "submitit dropped _make_sbatch_string: update dispatch/slurm.py"
+    assert callable(getattr(submitit_slurm, "_make_sbatch_string", None)), (
+        "submitit dropped _make_sbatch_string: update parcel_hpc/scheduler/slurm/dispatcher.py"
+    )
     settings = LauncherSettings(Executor.SLURM, {"job_name": "parcel-x", "array_parallelism": 3, "signal_delay_s": 60}, {**RESOURCES, "gpus": 1}, BUDGET)
     identity = SearchIdentity("0123456789abcdef" * 2, "sha256:" + "c" * 64)
     params = {**sbatch_parameters(settings, identity, "rev-a"), "map_count": 5}

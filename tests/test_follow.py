@@ -14,7 +14,9 @@ from parcel_hpc.errors import SchedulerUnavailable
 from parcel_hpc.launch import follow
 from parcel_hpc.launch.search import SearchLaunch, from_hydra
 from parcel_hpc.ledger import SearchDir
+from parcel_hpc.lifecycle.resubmit import Resubmission
 from parcel_hpc.testing.dispatchers import FakeDispatcher
+from parcel_hpc.worker import WorkerPlan
 
 N = 6
 
@@ -61,18 +63,18 @@ def test_a_failed_submission_gives_back_the_dispatch_claims_of_what_never_reache
     assert {t: search.dispatch_count(t) for t in trials} == {t: 2 if t in withdrawn else 1 for t in trials}
 
 
-def test_held_arrays_an_earlier_launch_never_released_are_released_and_unknown_ones_cancelled(tmp_path, artifacts):
+def test_held_arrays_an_earlier_launch_never_released_are_released_and_unknown_ones_left_alone(tmp_path, artifacts):
     cfg, settings = configured(tmp_path, artifacts, "search.wait=false", "hydra.launcher.pack_size=1")
     first = FakeDispatcher(settings, slots=N)
     launch(cfg, first)
     search = SearchDir(tmp_path / "runs" / "fake")
     known = sorted({j for r in search.records() for j in r.jobs})
-    # The launch died between submitting and releasing: its recorded jobs are held, and one array
-    # it submitted but never recorded holds nothing the ledger knows.
+    # The launch died between submitting and releasing: its recorded jobs are held; one held array
+    # the ledger does not know may be another launcher's, between its sbatch and its records.
     second = FakeDispatcher(settings, slots=N)
     second.held = {*known, "999"}
     _, printed = launch(cfg, second)
-    assert second.released == known and second.cancelled == ["999"]
+    assert second.released == known and second.held == {"999"} and second.cancelled == []
     assert f"released {len(known)} held arrays" in printed
     assert second.submitted == []  # their trials were already dispatched: nothing twice
 
@@ -98,3 +100,38 @@ def test_a_scheduler_that_stops_answering_is_waited_out_then_given_up_with_the_s
     assert "the scheduler is not answering" in printed.getvalue()
     search = SearchDir(tmp_path / "runs" / "fake")
     assert all(search.dispatch_count(t) == 1 for t in search.trial_ids())
+
+
+def test_a_resubmission_that_fails_gives_back_the_claims_of_every_group_not_submitted(tmp_path, artifacts):
+    """Resubmit claims each trial's next dispatch, then submits group by group (one per set of nodes
+    to avoid): a failure in the second group gives back its claims and the third group's."""
+    cfg, settings = configured(tmp_path, artifacts, "search.wait=false", "hydra.launcher.pack_size=1")
+    launch(cfg, FakeDispatcher(settings, slots=N))
+    search = SearchDir(tmp_path / "runs" / "fake")
+    trials = search.trial_ids()
+    groups = {trials[0]: ("n1",), trials[1]: ("n1",), trials[2]: ("n2",), trials[3]: ()}
+    fake = FakeDispatcher(settings, slots=N)
+    fake.fail_submit = (2, SchedulerUnavailable("sbatch: error: Socket timed out"))
+    plans = {t: WorkerPlan.load(search, t) for t in groups}
+    follower = follow.Follower(search, fake, plans, "resubmit-1", search.contract(), Console(file=io.StringIO()), 0.0, role="resubmit")
+    with pytest.raises(
+        SchedulerUnavailable, match="nothing of this batch was submitted and the search is resumable: fix that, then rerun `parcel-hpc resubmit`"
+    ):
+        follower.resubmit([Resubmission(t, "node_fail", nodes) for t, nodes in groups.items()], {t: 1 for t in groups})
+    withdrawn = {t for t in trials if (search.trial_dir(t) / "dispatch-2.withdrawn").exists()}
+    assert {s.trial_id for batch in fake.submitted for s in batch} == {trials[0], trials[1]}
+    assert withdrawn == {trials[2], trials[3]} and all(search.dispatch_count(t) == 2 for t in groups)
+
+
+def test_a_scheduler_that_fails_when_asked_for_capacity_gives_every_waiting_claim_back(tmp_path, artifacts, monkeypatch):
+    cfg, settings = configured(tmp_path, artifacts, "search.wait=false", "hydra.launcher.pack_size=1")
+    fake = FakeDispatcher(settings, slots=N)
+
+    def capacity():
+        raise SchedulerUnavailable("scontrol: error: Unable to contact slurm controller")
+
+    monkeypatch.setattr(fake, "capacity", capacity)
+    with pytest.raises(SchedulerUnavailable, match="nothing of this batch was submitted"):
+        launch(cfg, fake)
+    search = SearchDir(tmp_path / "runs" / "fake")
+    assert fake.submitted == [] and all((search.trial_dir(t) / "dispatch-1.withdrawn").exists() for t in search.trial_ids())

@@ -91,19 +91,31 @@ def test_a_users_own_config_directory_adds_options(installed, artifacts, tmp_pat
 
 
 def test_the_documented_print_the_config_form_works(tmp_path):
-    for argv in (["-m", "--cfg", "job"], ["--cfg", "job"]):
+    for argv in (["-m", "--cfg", "job"], ["--cfg", "job"], ["-m", "--cfg", "job", "lr=tag(log,interval(0.003,0.3))", "search.seed=3"]):
         run = subprocess.run([sys.executable, "-m", "parcel_hpc.launch", *argv], cwd=tmp_path, capture_output=True, text=True, timeout=120)
         assert run.returncode == 0, (argv, run.stderr)
         assert run.stdout.startswith("snapshot:") and "search:" in run.stdout, run.stdout[:200]
+        assert ("seed: 3" in run.stdout) == ("search.seed=3" in argv) and ("the sweeper's" in run.stderr) == ("search.seed=3" in argv)
     assert not (tmp_path / "runs").exists()
 
 
 def test_a_closed_stdout_ends_quietly(tmp_path):
     """``parcel-hpc ... | head``: the reader leaves early; no BrokenPipeError traceback, exit 0."""
-    proc = subprocess.Popen([sys.executable, "-m", "parcel_hpc", "--help"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    proc.stdout.close()  # nobody reads: the first write meets a closed pipe
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0 and b"Traceback" not in err, err
+    for argv, code in ((["--help"], 0), (["status", str(tmp_path / "nothing")], 2)):
+        proc = subprocess.Popen([sys.executable, "-m", "parcel_hpc", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc.stdout.close()  # nobody reads: the first write meets a closed pipe
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == code and b"Traceback" not in err, (argv, proc.returncode, err)
+    # A refusal whose outcome line meets the closed pipe still runs to its end and keeps its exit code
+    # (scripts read it), buffered or not, however much it prints.
+    for printed, code in (("'hold:x'", 3), ("'hold:x' * 100_000", 3)):
+        script = f"import parcel_hpc.commands.status as s, parcel_hpc.cli as c; s.run = lambda a: print({printed}) or 3; c.main(['status', '.'])"
+        for unbuffered in ("", "1"):
+            env = {**os.environ, "PYTHONUNBUFFERED": unbuffered}
+            proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+            proc.stdout.close()
+            _, err = proc.communicate(timeout=60)
+            assert proc.returncode == code and b"Traceback" not in err, (printed, unbuffered, proc.returncode, err)
 
 
 def test_bad_arguments_are_one_line(tmp_path):

@@ -141,3 +141,12 @@ def test_the_public_api_is_pinned():
             [sys.executable, "-c", "import importlib.metadata as m; print(m.version('parcel_hpc'))"], capture_output=True, text=True, check=True
         ).stdout.strip()
     )
+
+
+def test_one_default_for_how_many_checkpoints_a_trial_keeps():
+    import yaml
+
+    from parcel_hpc.checkpoints import KEEP_LAST
+    from parcel_hpc.config import CONF_DIR, CheckpointConf
+
+    assert yaml.safe_load((CONF_DIR / "checkpoint" / "default.yaml").read_text())["keep_last"] == KEEP_LAST == CheckpointConf().keep_last

@@ -69,9 +69,10 @@ READ_ARGV = {
 def test_every_read_only_command_of_the_registry_changes_nothing_on_a_read_only_search(tmp_path, data_dir):
     assert set(READ_ARGV) == {c.name for c in COMMANDS if c.load().READ_ONLY}
     search = finished_search(tmp_path, data_dir, "ro-all", "search.n_trials=4")
-    before_out = {name: parcel_hpc(argv(search)) for name, argv in READ_ARGV.items()}
-    assert all(r.returncode == 0 for r in before_out.values()), {n: r.stderr for n, r in before_out.items() if r.returncode}
     before = tree(search)
+    before_out = {name: parcel_hpc(argv(search)) for name, argv in READ_ARGV.items()}  # a writable search first
+    assert all(r.returncode == 0 for r in before_out.values()), {n: r.stderr for n, r in before_out.items() if r.returncode}
+    assert tree(search) == before  # even where it could write, no command did
     with read_only(search):
         for name, argv in READ_ARGV.items():
             again = parcel_hpc(argv(search))

@@ -2,7 +2,7 @@
 
 The search space is the ``space`` group with Hydra's sweep grammar on top: ``hydra.sweeper.params``
 then sweep overrides on the command line (``lr='tag(log,interval(0.003,0.3))'``), later ones
-winning per parameter as in Hydra's own sweepers; ``sweep.space`` normalizes all of it into the
+winning per parameter as in Hydra's own sweepers; ``propose.space`` normalizes all of it into the
 one form the contract pins. The ``sampler`` group says how trials are drawn from it. The
 ``hydra/launcher`` group says where trials
 run; the sweeper builds a dispatcher from it (it is a plain config group, not a Launcher plugin:

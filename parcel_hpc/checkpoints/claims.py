@@ -7,7 +7,7 @@ taking over or re-entering means creating the next generation, which exactly one
 pure decision; ``claim_directory`` is the side-effecting edge. Also the directory moves the
 lifecycle needs after a collision: ``quarantine_move`` (moves, never deletes).
 
-Must not: read or write checkpoint files (checkpoints.py), decide trial states or write the ledger,
+Must not: read or write checkpoint files (store.py, format.py), decide trial states or write the ledger,
 delete another trial's files, or read the clock, host or pid deep inside a decision.
 
 Decision table (``decide_claim``; "same holder" = same attempt, job_id, host and pid):

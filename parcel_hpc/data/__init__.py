@@ -3,6 +3,14 @@
 A trial reads its data through ``read_split`` and ``load_partition`` only; the protected final
 partition is reached only through ``load_final_partition``, by the one-time final evaluation.
 The format is described for users in docs/snapshot-format.md.
+
+    schema.py         the format (``parcel-snapshot/1``) and its validator
+    synthetic.py      the synthetic snapshot (``_render.py`` draws its parcels)
+    digest.py         content digests of a snapshot and of a JSON artifact
+    split.py          group and random splits and their files
+    partition.py      one partition of a snapshot read into memory
+    artifacts.py      the default snapshot and splits of a demo or a test
+    preprocessing.py  features by pinned revision, fitted on the train partition only
 """
 
 from parcel_hpc.data.artifacts import GROUP_REVISION, RANDOM_REVISION, make_default_artifacts

@@ -78,10 +78,6 @@ class Outcome:
         return self.kind is OutcomeKind.REJECT
 
     @property
-    def is_hold(self) -> bool:
-        return self.kind is OutcomeKind.HOLD
-
-    @property
     def is_refusal(self) -> bool:
         """A reject or a hold: the command stops, and exits 3."""
         return self.kind in (OutcomeKind.REJECT, OutcomeKind.HOLD)

@@ -10,6 +10,7 @@ import os
 import sys
 
 import hydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException, OverrideParseException
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
@@ -28,12 +29,28 @@ def _task(cfg: DictConfig) -> None:
 PRINT_ONLY = ("--cfg", "-c", "--info", "-i")  # Hydra's flags that print and run nothing
 
 
+def _is_sweep(arg: str) -> bool:
+    if arg.startswith("-") or "=" not in arg:
+        return False
+    try:
+        return OverridesParser.create().parse_override(arg).is_sweep_override()
+    except OverrideParseException:
+        return False  # Hydra says what is wrong with it, in one line, below
+
+
 def main() -> None:
     no_world_writes()
     if any(a in PRINT_ONLY or a.startswith(("--cfg=", "--info=")) for a in sys.argv[1:]):
         # ``-m --cfg job`` (the documented form) asks Hydra for two modes at once, which it refuses:
-        # printing the config is the same with or without -m, so -m goes.
-        sys.argv = [a for a in sys.argv if a not in ("-m", "--multirun")]
+        # the composed groups print the same with or without -m, so -m goes, and so do sweep-grammar
+        # parameters (the sweeper's, not a group's: ``search.dry_run=true`` shows the space they make).
+        sweeps = [a for a in sys.argv[1:] if _is_sweep(a)]
+        if sweeps:
+            print(
+                f"note: --cfg prints the config groups; the sweep parameters {' '.join(sweeps)} are the sweeper's (see them with search.dry_run=true)",
+                file=sys.stderr,
+            )
+        sys.argv = [a for a in sys.argv if a not in ("-m", "--multirun") and a not in sweeps]
     os.environ["HYDRA_FULL_ERROR"] = "1"  # let Hydra's errors reach us instead of its multi-line report
     try:
         _task()

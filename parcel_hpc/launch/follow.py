@@ -180,6 +180,7 @@ class Follower:
         records = {tid: read[tid] if read is not None and tid in read else self.search.record(tid) for tid in self.waiting}
         self.waiting = [tid for tid in self.waiting if not records[tid].state.is_finished()]
         packs = packing.groups(self.waiting, self.packing.size, records)
+        self.recorded = set()
         try:
             packs = packs[: self.dispatcher.capacity()]  # may ask the controller: a failure gives the claims back
         except SchedulerUnavailable as exc:
@@ -199,9 +200,13 @@ class Follower:
                 self.claims[item.trial_id] = n
                 groups.setdefault(item.exclude_nodes, []).append(item.trial_id)
         out: list[Submitted] = []
-        for exclude, tids in groups.items():
+        pending = list(groups.items())
+        while pending:
+            exclude, tids = pending.pop(0)
+            self.waiting = [t for _, later in pending for t in later]  # a failure gives their claims back too
             records = {t: self.search.record(t) for t in tids}
             out.extend(self._submit(packing.groups(tids, choose_packing(self.dispatcher, self.search, len(tids)).size, records), exclude))
+        self.waiting = []
         return out
 
     def _submit(self, packs: Sequence[Sequence[str]], exclude_nodes: tuple[str, ...] = ()) -> list[Submitted]:

@@ -69,8 +69,7 @@ def run(search: SearchDir, *, dry_run: bool, wait: bool, console: Console) -> Re
                 console.print(text, markup=False, highlight=False)
     if dry_run:
         return plan
-    plans = {item.trial_id: WorkerPlan.load(search, item.trial_id) for item in plan.resubmit}
-    follower = Follower(search, dispatcher, plans, launch_id, contract, console, 0.5, role="resubmit")
+    follower = Follower(search, dispatcher, {}, launch_id, contract, console, 0.5, role="resubmit")
     resolution.record(plan.resolve, follower.writer)
     for tid, reason in plan.give_up:
         follower.writer(tid).gave_up(reason)
@@ -80,6 +79,8 @@ def run(search: SearchDir, *, dry_run: bool, wait: bool, console: Console) -> Re
     if not verdict.ok:
         print(text, file=sys.stderr)
         verdict.require()  # nor one the account's association limits cannot hold
+    plans = {item.trial_id: WorkerPlan.load(search, item.trial_id) for item in plan.resubmit}  # what ran first, rerun as it was
+    follower.plans = dict(plans)
     with Pulse(search, launch_id) as pulse:  # list and status --watch see it at work
         resubmitted = follower.resubmit(plan.resubmit, dispatches)
         console.print(f"resubmitted {len(resubmitted)} trials: " + ", ".join(f"{s.trial_id}->{s.job_id}" for s in resubmitted))

@@ -4,7 +4,7 @@ A trial whose last attempt has no ending while its job is gone is resolved here,
 ``resolve`` is the pure decision (records + scheduler facts + a policy -> resolutions), ``observe``
 asks the scheduler, ``record`` journals the answer. The writers that own a search record
 resolutions (the launch's follower, ``resubmit``, ``sync``, and a new attempt of the same trial,
-through ``lifecycle.previous_attempt_ending``, which needs no scheduler); ``status`` folds the same resolutions in memory and shows them
+through ``lifecycle.actions.previous_attempt_ending``, which needs no scheduler); ``status`` folds the same resolutions in memory and shows them
 as not yet recorded, because a read command never writes.
 
 What counts as gone, and what the scheduler's word is worth, depends on who asks (``Policy``):

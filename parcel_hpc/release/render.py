@@ -13,6 +13,8 @@ from typing import Any
 
 import jinja2
 
+from parcel_hpc.governance.outcome import Outcome
+
 # HTML-escaped (a reviewer's reason or a parameter can never inject markup); Markdown is left as written.
 _ENV = jinja2.Environment(
     loader=jinja2.PackageLoader("parcel_hpc.release", "templates"),
@@ -68,11 +70,15 @@ def slice_table(packet: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def to_markdown(packet: Mapping[str, Any]) -> str:
-    return _ENV.get_template("packet.md.j2").render(p=packet, rows=slice_table(packet), plots={})
+    return _ENV.get_template("packet.md.j2").render(p=packet, registered=_registered(packet), rows=slice_table(packet), plots={})
 
 
 def to_html(packet: Mapping[str, Any], history: Mapping[str, Any] | None = None) -> str:
-    return _ENV.get_template("packet.html.j2").render(p=packet, rows=slice_table(packet), plots=_plots(packet, history or {}))
+    return _ENV.get_template("packet.html.j2").render(p=packet, registered=_registered(packet), rows=slice_table(packet), plots=_plots(packet, history or {}))
+
+
+def _registered(packet: Mapping[str, Any]) -> bool:
+    return Outcome.parse(packet["outcome"]) == Outcome.RELEASE_REGISTERED
 
 
 def _plots(packet: Mapping[str, Any], history: Mapping[str, Any]) -> dict[str, str]:

@@ -64,7 +64,8 @@ class Dispatcher(ABC):
 
     def recover(self, known_jobs: set[str]) -> list[str]:
         """After a launch died between submitting and releasing: start the held jobs the ledger
-        knows, cancel those it never recorded. Call after ``refresh``; returns what it released."""
+        knows, and leave alone the held jobs it does not (another launcher's, between its sbatch and
+        its records). Call after ``refresh``; returns what it released."""
         return []
 
     def account_limits(self) -> tuple[str, list[AssociationLimit]] | None:

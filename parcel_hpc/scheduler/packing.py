@@ -13,7 +13,7 @@ or with ``auto``:
 
 A job's time limit is then its trials' limits added up (``job_time_limit_min``); each packed attempt
 stops itself at its own limit (``worker.task``). A trial that must run alone
-(``lifecycle.runs_alone``) gets a pack of one.
+(``lifecycle.actions.runs_alone``) gets a pack of one.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def groups(trial_ids: Sequence[str], size: int, records: Mapping[str, TrialRecor
     """``trial_ids`` in packs of at most ``size``, as even as possible, dealt in turn (pack i gets
     trials i, i+k, i+2k...): the jobs running at any moment run neighbouring trials, so milestones
     reach the pruner in about the order they would without packing. A trial whose record (in
-    ``records``) says it must run alone (``lifecycle.runs_alone``) gets a pack of one."""
+    ``records``) says it must run alone (``lifecycle.actions.runs_alone``) gets a pack of one."""
     alone = {t for t in trial_ids if records is not None and t in records and runs_alone(records[t])}
     rest = [t for t in trial_ids if t not in alone]
     n_packs = math.ceil(len(rest) / size) if rest else 0

@@ -1,9 +1,10 @@
 """The one job probe: is this job alive, gone, or can this host not tell (``Liveness``).
 
-Every question "does that job (or process) still run?" is answered here: a claim's holder, a
-local trial's worker, a selection job, a launcher. A local job's id is its pid, meaningful only on
-the host that started it; SLURM's jobs are asked of squeue by the SLURM backend, whose answer is
-the queue itself.
+Whether a process still runs is answered here: a claim's holder, a local trial's worker, a local
+selection job, a launcher. A local job's id is its pid, meaningful only on the host that started it
+(callers that know the host pass it; ``resolution`` and ``ledger.searches`` compare hosts
+themselves before asking about a pid). SLURM's jobs are asked of squeue by the SLURM backend, whose
+answer is the queue itself.
 
 Must not: signal anything but signal 0, or guess: another host's process is ``UNKNOWN``.
 """

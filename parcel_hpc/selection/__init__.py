@@ -8,5 +8,6 @@ an approved baseline, record quality decisions, evaluate the protected final par
     store.py        where selections, job results, the final claim and the plan live
     jobs.py         the model work, run as scheduler jobs (``parcel-hpc selection-job``)
     submit.py       run a job on the search's own launcher (local process or sbatch template)
-    commands.py     select, decide, evaluate-final
+    gates.py        (pure) one class per release gate: what select and release both check
+    actions.py      select, decide, evaluate-final
 """

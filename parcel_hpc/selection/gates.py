@@ -138,11 +138,14 @@ class Final(Gate):
 
 
 GATES: tuple[Gate, ...] = (Lineage(), Reproducible(), Slices(), Performance(), Parity(), Final())  # in the order a hold is named
+SHOWN = ("data", "reproducible", "performance", "parity", "slices", "final")  # the order the packet and `release` list them
 BEFORE_FINAL: tuple[Gate, ...] = GATES[:3]  # what a selection must clear before the final partition may be read
 
 
-def checks(facts: GateFacts, gates: tuple[Gate, ...] = GATES) -> dict[str, Check]:
-    return {gate.name: gate.check(facts) for gate in gates}
+def checks(facts: GateFacts) -> dict[str, Check]:
+    """Every gate's verdict, in the order the packet shows them."""
+    verdicts = {gate.name: gate.check(facts) for gate in GATES}
+    return {name: verdicts[name] for name in SHOWN}
 
 
 def first_hold(facts: GateFacts, gates: tuple[Gate, ...] = GATES) -> Gate | None:

@@ -1,6 +1,6 @@
-"""The selection policy pinned in a search's contract (``conf/selection/``), as typed values.
+"""The selection policy pinned in a search's contract (``parcel_hpc/conf/selection/``), as typed values.
 
-Checked when the contract is built (``sweep.specs.build_contract``), so a malformed gate is one
+Checked when the contract is built (``propose.specs.build_contract``), so a malformed gate is one
 line and exit 2 before anything is frozen; read back from the frozen contract by every selection
 command and job (``SelectionPolicy.of``), never from a later config.
 """
@@ -67,7 +67,9 @@ class SelectionPolicy:
                 ),
             )
         except (KeyError, TypeError, ValueError) as exc:
-            raise UsageError(f"the selection group lacks or mistypes {exc}; see conf/selection/gate_r1.yaml for every key") from None
+            raise UsageError(
+                f"the selection group lacks or mistypes {exc}; see parcel_hpc/conf/selection/gate_r1.yaml (or `python -m parcel_hpc.launch --cfg job`) for every key"
+            ) from None
         unknown = [c for c in policy.columns if c not in SLICE_COLUMNS]
         if unknown or not policy.columns:
             raise UsageError(f"selection.slices.columns={list(policy.columns)} is not a non-empty subset of {list(SLICE_COLUMNS)}; name those columns")

@@ -26,13 +26,12 @@ class FakeDispatcher(Dispatcher):
         self.n_slots = slots
         self.n_capacity = capacity
         self.running: dict[str, str] = {}  # job id -> state the scheduler would print
-        self.submitted: list[list[Submitted]] = []  # one list per successful batch
-        self.fail_submit: tuple[int, SchedulerUnavailable] | None = None  # after N tasks recorded, raise this
+        self.submitted: list[list[Submitted]] = []  # the trials of each task submitted, in order
+        self.fail_submit: tuple[int, SchedulerUnavailable] | None = None  # after N tasks submitted (in all), raise this
         self.outage: SchedulerUnavailable | None = None  # refresh raises it while set
         self.held: set[str] = set()  # jobs submitted held by an earlier launch, never released
         self.released: list[str] = []
         self.cancelled: list[str] = []
-        self.refreshes = 0
         self._next_id = 100
 
     # -- what a test says the scheduler does ---------------------------------------------------
@@ -55,8 +54,8 @@ class FakeDispatcher(Dispatcher):
 
     def submit(self, tasks: Sequence[TrialTask], record: Record, exclude_nodes: Sequence[str] = ()) -> list[Submitted]:
         out: list[Submitted] = []
-        for i, task in enumerate(tasks):
-            if self.fail_submit is not None and i == self.fail_submit[0]:
+        for task in tasks:
+            if self.fail_submit is not None and len(self.submitted) == self.fail_submit[0]:
                 error = self.fail_submit[1]
                 self.fail_submit = None
                 raise error
@@ -70,17 +69,14 @@ class FakeDispatcher(Dispatcher):
         return out
 
     def refresh(self) -> None:
-        self.refreshes += 1
         if self.outage is not None:
             raise self.outage
 
     def recover(self, known_jobs: set[str]) -> list[str]:
-        release = sorted(j for j in self.held if j in known_jobs)
-        for job in self.held - set(release):
-            self.cancelled.append(job)
+        release = sorted(j for j in self.held if j in known_jobs)  # the rest may be another launcher's: left held
         for job in release:
             self.running[job] = "PENDING"
-        self.held = set()
+        self.held -= set(release)
         self.released.extend(release)
         return release
 

@@ -1,5 +1,4 @@
 """The embedded default backend: submitit's LocalExecutor on this host.
 
 dispatcher.py   LocalDispatcher: trials as child processes of the launch, GPUs handed out
-processes.py    whether a pid on this host is alive, and whether it is a submitit job
 """

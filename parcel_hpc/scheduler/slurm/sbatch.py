@@ -23,7 +23,7 @@ rendering can never add an ``#SBATCH`` directive or a command.
 Adding a template: write ``templates/<name>.sbatch`` from the fields below. A value it needs
 that no field has becomes a new ``SbatchValues`` field (default None or empty, validated in
 ``__post_init__``) plus an entry in ``_FIELDS``. The command that submits the job renders it, like
-``scheduled_reconcile.py`` does; tests/test_sbatch.py then asks for golden values for the new template.
+``accounting/scheduled.py`` does; tests/test_sbatch.py then asks for golden values for the new template.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ __all__ = [
     "write_script",
 ]
 
-# The templates sit next to the package in the source tree, where an admin reviews them.
+# The templates are package data beside this module (parcel_hpc/scheduler/slurm/templates/), where an admin reviews them.
 TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
 # Not executable: sbatch reads the file, it never execs it. A script that cannot be started with
 # ./name.sbatch cannot run its job on a login node by accident.
