@@ -59,7 +59,10 @@ class ImageConf:
 class TrainerConf:
     """The model a search trains: the ``trainer`` group's options (conf/trainer/), or your own class."""
 
-    target: str = MISSING  # PACKAGE.MODULE:NAME of a parcel_hpc.trainer.Trainer, importable by launch and workers
+    target: str = MISSING  # PACKAGE.MODULE:NAME of a parcel_hpc.trainer.Trainer, importable where the launch runs
+    # More of your packages to copy into the search with the trainer's own (which is always copied):
+    # ones it imports from outside its package. Workers import the copies, never the working tree.
+    code: list[str] = field(default_factory=list)
 
 
 @dataclass

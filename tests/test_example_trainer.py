@@ -15,7 +15,7 @@ from parcel_hpc.governance.metric import MissCost
 from parcel_hpc.ledger import SearchDir
 from parcel_hpc.testing import launch
 from parcel_hpc.testing.runs import subprocess_env, wait_for
-from parcel_hpc.trainer import load_training_data, trainer_identity
+from parcel_hpc.trainer import build_params, load_training_data, trainer_identity
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = "parcel_sgd:SGDTrainer"
@@ -35,7 +35,7 @@ def uninterrupted(artifacts):
 
     def reference(params, seed=1234, steps=82):
         trainer = SGDTrainer()
-        trainer.build(params, seed, data)
+        trainer.build(build_params(trainer, params), seed, data)
         for _ in range(steps):
             trainer.step()
         return metric(trainer.predict("validation"), data.validation.labels)

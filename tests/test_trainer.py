@@ -17,7 +17,7 @@ from parcel_hpc.ledger import SearchDir
 from parcel_hpc.propose.space import normalize, sample
 from parcel_hpc.testing import launch, parcel_hpc
 from parcel_hpc.testing.trainers import PROTECTED_PATH_ENV
-from parcel_hpc.trainer import BUILTIN, FinalPartitionRefused, TrainerState, UnsavableState, load_training_data, trainer_class, trainer_identity
+from parcel_hpc.trainer import BUILTIN, FinalPartitionRefused, TrainerState, UnsavableState, build_params, load_training_data, trainer_class, trainer_identity
 from parcel_hpc.trainer.conformance import check_trainer
 from parcel_hpc.trainer.numpy_mlp import NumpyMLP
 
@@ -46,7 +46,7 @@ def test_builtin_trainer_reproduces_the_models_metrics_before_the_interface(trai
         params = sample(normalize(params_space), GOLDEN["search_seed"], int(trial_id[1:]))
         assert params == golden["params"]
         trainer = NumpyMLP()
-        trainer.build(params, GOLDEN["train_seed"], training_data)
+        trainer.build(build_params(trainer, params), GOLDEN["train_seed"], training_data)
         values = {}
         for step in range(1, 83):
             trainer.step()
@@ -88,7 +88,7 @@ def test_conformance_check_names_what_breaks(training_data):
     assert not resume.ok and "RNG state" in resume.detail
     last = check_trainer(trainers.AsksForFinal, training_data, params, steps=3)[-1]
     assert (last.check, last.ok) == ("final partition", False)
-    error = check_trainer(trainers.UnsavableStateTrainer, training_data, params, steps=3)[-1]
+    error = check_trainer(trainers.UnsavableStateTrainer, training_data, params, steps=6)[-1]
     assert error.check == "error" and "dtype object" in error.detail
 
 

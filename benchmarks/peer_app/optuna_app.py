@@ -27,7 +27,7 @@ def objective(params: Mapping, snapshot_dir: Path) -> float:
     checkpoints: neither changes it), by the same calls as worker/attempt.py and worker/training.py."""
     from parcel_hpc.data import read_split
     from parcel_hpc.governance.metric import MissCost
-    from parcel_hpc.trainer import load_training_data
+    from parcel_hpc.trainer import build_params, load_training_data
     from parcel_hpc.trainer.base import checked_probabilities, finite_metrics
     from parcel_hpc.trainer.numpy_mlp import NumpyMLP
 
@@ -37,7 +37,7 @@ def objective(params: Mapping, snapshot_dir: Path) -> float:
     split = read_split(snapshot_dir / Path(OmegaConf.load(CONF / "split" / "group_r8.yaml").path).name)
     data = load_training_data(snapshot, split, OmegaConf.load(CONF / "preprocessing" / "stats_r1.yaml"))
     trainer = NumpyMLP()
-    trainer.build(dict(params), int(train.seed), data)
+    trainer.build(build_params(trainer, params), int(train.seed), data)
     steps = int(train.steps)
     for step in range(1, steps + 1):
         finite_metrics(trainer.step(), step)  # a non-finite loss fails the trial (Diverged), as in our worker

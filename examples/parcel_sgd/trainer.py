@@ -16,29 +16,31 @@ from sklearn.kernel_approximation import RBFSampler
 from sklearn.linear_model import SGDClassifier
 
 from parcel_hpc.data.preprocessing import Preprocessor
-from parcel_hpc.trainer import Diverged, Trainer, TrainerState, TrainingData
+from parcel_hpc.trainer import Diverged, Param, Trainer, TrainerState, TrainingData
 
 CLASSES = np.array([False, True])
 
 
 class SGDTrainer(Trainer):
     unit = "step"  # one partial_fit call on one minibatch
+    # What build() reads: the launch checks the space and the baseline against this before freezing.
+    parameters = {"lr": Param(float), "batch_size": Param(int, default=64), "l2": Param(float, default=1e-4), "hidden": Param(int, default=0)}
 
     def build(self, params: Mapping[str, Any], seed: int, data: TrainingData) -> None:
         self.data = data
         self.preprocessing = data.preprocessing
-        self.batch_size = int(params.get("batch_size", 64))
+        self.batch_size = int(params["batch_size"])
         self.rng = np.random.Generator(np.random.PCG64(seed))
         self.model = SGDClassifier(
             loss="log_loss",
             penalty="l2",
-            alpha=float(params.get("l2", 1e-4)),
+            alpha=float(params["l2"]),
             learning_rate="constant",
             eta0=float(params["lr"]),
             shuffle=False,
             random_state=seed,
         )
-        hidden = int(params.get("hidden", 0))
+        hidden = int(params["hidden"])
         self.rff = None
         if hidden > 0:
             n_features = data.train.features.shape[1]

@@ -1,26 +1,36 @@
-"""``parcel-hpc check-trainer PACKAGE.MODULE:NAME``: the trainer conformance check, in seconds,
-before a search relies on it (resume, determinism, serving parity)."""
+"""``parcel-hpc check-trainer PACKAGE.MODULE:NAME [OVERRIDE ...]``: before a search relies on a trainer,
+the launch's own checks (its declared parameters against the space and the baseline, the preflight at
+the space's corners) on the config those overrides compose, then the conformance check in seconds
+(resume, determinism, serving parity). Nothing is written."""
 
 from __future__ import annotations
 
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 from parcel_hpc.console import make_console
 from parcel_hpc.errors import UsageError
 from parcel_hpc.trainer import conformance
 
-READ_ONLY = False
+READ_ONLY = False  # reads no search; it builds and steps the trainer, which may write where it likes
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", metavar="PACKAGE.MODULE:NAME")
-    parser.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="a trial parameter (repeat); VALUE is JSON or text")
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="OVERRIDE",
+        help="the launch's overrides: config groups and values (space=tiny_r1, selection.baseline.params=...) and sweep grammar (lr='interval(0.01,0.1)')",
+    )
+    parser.add_argument(
+        "--param", action="append", default=[], metavar="NAME=VALUE", help="a parameter of the conformance run (repeat; default: the space's low corner)"
+    )
     parser.add_argument("--data", type=Path, default=Path("data"), metavar="DIR", help="snapshot and split directory (default %(default)s)")
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--steps", type=int, default=12, metavar="N", help="steps before and after the checkpoint (default %(default)s)")
-    parser.add_argument("--preprocessing", default="stats-r1", metavar="REVISION", help="feature revision (default %(default)s)")
 
 
 def parse_params(items: list[str]) -> dict[str, object]:
@@ -40,7 +50,46 @@ def run(args: argparse.Namespace) -> int:
     params = parse_params(args.param)
     if args.steps < 1:
         raise UsageError(f"--steps {args.steps} must be >= 1")
+    snapshot, split = conformance.data_files(args.data)
+    cfg = _composed(args.target, args.overrides, snapshot, split)
+    from parcel_hpc.launch.search import preflight_checks
+    from parcel_hpc.propose.specs import build_contract, space_of
+    from parcel_hpc.trainer.preflight import corners
+
+    contract = build_contract(cfg)  # the launch's checks: the space against the declared parameters
+    tried = preflight_checks(cfg, contract)
+    console = make_console()
+    console.print(f"space and baseline: every parameter taken, none left out; preflight passed at {', '.join(tried)}", markup=False, highlight=False)
     ok = conformance.run(
-        args.target, args.data, params, seed=args.seed, steps=args.steps, preprocessing={"revision": args.preprocessing, "pool": 4}, console=make_console()
+        args.target,
+        args.data,
+        params or corners(space_of(contract)[0])[0],
+        seed=args.seed,
+        steps=args.steps,
+        preprocessing=cfg["preprocessing"],
+        console=console,
     )
     return 0 if ok else 1
+
+
+def _composed(target: str, overrides: list[str], snapshot: Path, split: Path) -> dict[str, Any]:
+    """The config a launch with these overrides would run, validated as the launch validates it."""
+    from hydra import compose, initialize_config_module
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from parcel_hpc.errors import one_line
+    from parcel_hpc.launch.search import from_hydra
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+        grammar = [str(o.input_line) for o in parsed if o.is_sweep_override()]
+        plain = [str(o.input_line) for o in parsed if not o.is_sweep_override()]
+        with initialize_config_module("parcel_hpc.conf", version_base="1.3"):
+            config = compose(
+                "config", overrides=[*plain, f"trainer.target={target}", f"snapshot.path={snapshot}", f"split.path={split}"], return_hydra_config=True
+            )
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise UsageError(f"{one_line(str(exc))}; give the launch's overrides (see `python -m parcel_hpc.launch --help`)") from None
+    return from_hydra(config, grammar)[0]

@@ -32,6 +32,7 @@ NAME_FIX = f"use 1-{MAX_NAME} characters from A-Z a-z 0-9 . _ - starting with a 
 _PATH_RE = re.compile(r"[A-Za-z0-9._/+,@=~-]+")
 PATH_FIX = "use letters, digits and . _ / + , @ = ~ - only (a symlink with such a name works)"
 _IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+_MODULE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _TARGET_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
 _OPTION_RE = re.compile(r"[a-z][a-z0-9_-]{0,39}")
 # What an #SBATCH value may be made of: nothing sbatch's directive parser or a shell could misread.
@@ -208,6 +209,12 @@ def checked(cfg: Mapping[str, Any], launcher: Mapping[str, Any]) -> tuple[dict[s
         path("image.path", cfg["image"]["path"])
     if not _TARGET_RE.fullmatch(cfg["trainer"]["target"]):
         raise bad("trainer.target", cfg["trainer"]["target"], "is not an import target", "give PACKAGE.MODULE:NAME, like mypkg.model:MyTrainer")
+    code = cfg["trainer"].get("code", [])
+    if not isinstance(code, list):
+        raise bad("trainer.code", code, "is not a list", "give package names, like trainer.code=[mylab_utils]")
+    for package in code:
+        if not isinstance(package, str) or not _MODULE_RE.fullmatch(package):
+            raise bad("trainer.code", package, "is not a package name", "give dotted package names, like trainer.code=[mylab_utils]")
     for param in cfg["space"]["params"]:
         if not _IDENT_RE.fullmatch(str(param)):
             raise bad(f"space.params.{param}", param, "is not a parameter name", "use a Python identifier of at most 64 characters")

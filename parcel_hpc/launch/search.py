@@ -32,11 +32,24 @@ from parcel_hpc.launch.report import LaunchReport
 from parcel_hpc.ledger import LauncherState, SearchDir, TrialSpec
 from parcel_hpc.propose.proposals import Proposer
 from parcel_hpc.propose.space import normalize
-from parcel_hpc.propose.specs import build_contract, check_policy, ensure_writable, history_free_specs, in_frozen_form, plan_for, sampler_of, search_path
+from parcel_hpc.propose.specs import (
+    build_contract,
+    check_policy,
+    ensure_writable,
+    history_free_specs,
+    in_frozen_form,
+    plan_for,
+    sampler_of,
+    search_path,
+    space_of,
+)
 from parcel_hpc.scheduler import packing
 from parcel_hpc.scheduler.base import Dispatcher, LauncherSettings
 from parcel_hpc.scheduler.factory import executor_kind
 from parcel_hpc.selection.store import write_final_plan
+from parcel_hpc.trainer import code, load_training_data, trainer_class
+from parcel_hpc.trainer.params import declared
+from parcel_hpc.trainer.preflight import corners, few_examples, preflight
 from parcel_hpc.worker import WorkerPlan
 
 
@@ -76,6 +89,7 @@ class SearchLaunch:
             contract = in_frozen_form(contract, load_contract(path))  # a search frozen by an older version continues
         if fresh:
             check_policy(contract)
+            preflight_checks(cfg, contract)
         dispatcher = self.dispatcher_factory(search)
         dispatcher.check()  # an unreachable scheduler is refused before anything is written
         if not cfg["search"]["wait"] and not dispatcher.can_detach:
@@ -105,7 +119,10 @@ class SearchLaunch:
             frozen, created = self._dry_freeze(path, contract, fresh)
         else:
             ensure_writable(path)
+            if fresh:
+                code.freeze(path, contract["trainer"])  # the copy first: a frozen contract always has its code
             frozen, created = freeze_contract(path, contract)
+            code.freeze(path, frozen["trainer"])  # present unless the launch that froze it died first
             if created or not search.launches():
                 # What names this search's jobs on the scheduler. A search launched before ids
                 # existed keeps its bare job name: renaming it would hide its queued jobs.
@@ -225,6 +242,19 @@ class SearchLaunch:
             if admitted(spec, contract, report, None if report.dry_run else search.writer(spec.trial_id, "launch")):
                 out.append(spec)
         return out
+
+
+def preflight_checks(cfg: Mapping[str, Any], contract: Contract) -> list[str]:
+    """The trainer built, stepped, saved, loaded and asked to predict at the space's corners on a few
+    examples, before the first freeze (``trainer/preflight.py``): exit 2 with its own message.
+    What it tried, as words."""
+    target = contract["trainer"]["target"]
+    cls = trainer_class(target)
+    data = few_examples(load_training_data(cfg["snapshot"]["path"], read_split(cfg["split"]["path"]), cfg["preprocessing"], verify_digest=False))
+    ends = corners(space_of(contract)[0])
+    trials = [(f"the space's {'low' if i == 0 else 'high'} corner", params) for i, params in enumerate(ends)]
+    preflight(cls, target, declared(cls, target), trials, int(contract["train"]["seed"]), data)
+    return [what for what, _ in trials]
 
 
 def _refuse_cancelled(search: SearchDir) -> None:

@@ -23,7 +23,8 @@ from parcel_hpc.propose import learning, samplers
 from parcel_hpc.propose.samplers import SamplerName, SamplerSpec
 from parcel_hpc.propose.space import normalize, qmc_points, sample, space_digest
 from parcel_hpc.selection.policy import SelectionPolicy
-from parcel_hpc.trainer import trainer_identity
+from parcel_hpc.trainer import trainer_class, trainer_identity
+from parcel_hpc.trainer.params import check_space, declared
 from parcel_hpc.worker.plan import WorkerPlan
 
 PINNED_RESOURCES = ("gpus", "cpus", "mem_gb", "time_limit_min")
@@ -65,6 +66,9 @@ def build_contract(cfg: Mapping[str, Any]) -> Contract:
     # A gate that cannot be applied is bad input now, not after 82 trials at `parcel-hpc select`.
     SelectionPolicy.from_mapping(cfg["selection"])
     space = normalize(cfg["space"]["params"])  # the sweeper already merged the grammar in; idempotent
+    trainer = trainer_identity(cfg["trainer"]["target"], cfg["trainer"].get("code", []))
+    cls = trainer_class(trainer["target"])  # imported just above
+    check_space(declared(cls, trainer["target"]), space, f"{cls.__name__} ({trainer['target']})")
     sampler = samplers.from_config(cfg.get("sampler"))
     learning.check_options(sampler)
     fields = {
@@ -83,7 +87,7 @@ def build_contract(cfg: Mapping[str, Any]) -> Contract:
         "preprocessing": dict(cfg["preprocessing"]),
         "image_digest": image_digest(cfg["image"]),
         "image_kind": cfg["image"]["kind"],
-        "trainer": trainer_identity(cfg["trainer"]["target"]),
+        "trainer": trainer,
         "train": dict(cfg["train"]),
         "resources": {k: cfg["resources"][k] for k in PINNED_RESOURCES},
         "budget": dict(cfg["budget"]),

@@ -47,7 +47,7 @@ from parcel_hpc.ledger.selection import FinalOpened, JobSubmitted
 from parcel_hpc.selection.policy import SelectionPolicy
 from parcel_hpc.selection.slices import shipment_buckets, slice_report
 from parcel_hpc.selection.store import SelectionStore
-from parcel_hpc.trainer import FINAL_PARTITION_OUTCOME, Trainer, TrainerState, TrainingData, load_training_data, make_trainer
+from parcel_hpc.trainer import FINAL_PARTITION_OUTCOME, Trainer, TrainerState, TrainingData, build_params, load_training_data, make_trainer
 from parcel_hpc.trainer.base import checked_probabilities
 from parcel_hpc.worker import WorkerPlan, guard
 from parcel_hpc.worker.cache import WorkerCache
@@ -93,7 +93,7 @@ class _Context:
             raise UsageError(f"selection {n} names no trial (no completed trial to select); nothing to rerun")
         self.plan = WorkerPlan.load(store.search, self.trial_id)
         self.split = read_split(self.plan.split_path)
-        observed, problem = WorkerCache().observe(self.plan.snapshot_path, self.split, self.plan.image, self.contract["trainer"]["target"])
+        observed, problem = WorkerCache().observe(self.plan.snapshot_path, self.split, self.plan.image, self.contract["trainer"], store.search.path)
         outcome = check_worker(observed, self.contract)
         if not outcome.is_admit:
             raise GovernanceRefusal(outcome, f"this selection job opened other data or code than the contract pins {problem}".strip())
@@ -120,9 +120,9 @@ class _Context:
                     )
 
     def trainer(self, params: Mapping[str, Any]) -> Trainer:
-        trainer = make_trainer(self.contract["trainer"])
+        trainer = make_trainer(self.contract["trainer"], self.store.search.path)
         with self.fenced():
-            trainer.build(dict(params), self.plan.seed, self.data)
+            trainer.build(build_params(trainer, params), self.plan.seed, self.data)
         return trainer
 
     def columns(self, part) -> dict[str, np.ndarray]:
@@ -228,11 +228,12 @@ def _serving_estimate(trainer: Trainer, images: np.ndarray) -> dict[str, Any]:
 
 
 def _software(ctx: _Context) -> dict[str, Any]:
-    """What this job ran with, as seen where it ran: the code version and the dependency digests.
+    """What this job ran with, as seen where it ran: the code version and the dependency digests, the
+    versions of parcel_hpc's key distributions and of every one the trainer's code imports.
     With ``image=computed`` the job's own admission digest is the environment digest already."""
     computed = ctx.plan.image.get("kind", "computed") == "computed"
     versions: dict[str, str | None] = {}
-    for name in KEY_DISTRIBUTIONS:
+    for name in sorted(set(KEY_DISTRIBUTIONS) | set(ctx.contract["trainer"].get("distributions", {}))):
         try:
             versions[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:

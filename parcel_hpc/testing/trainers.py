@@ -74,15 +74,20 @@ class NanLoss(NumpyMLP):
         return {"loss": math.nan} if self.steps_done == FAULT_STEP else metrics
 
 
+# The two below go wrong only after FAULT_STEP steps: a fault at the first step is the launch's
+# preflight's to find (exit 2), before any trial runs.
 class UnsavableStateTrainer(NumpyMLP):
     def state(self) -> TrainerState:
         state = super().state()
+        if self.steps_done < FAULT_STEP:
+            return state
         return TrainerState({**state.arrays, "vocabulary": np.array(["crushed", "torn"], dtype=object)}, state.scalars)
 
 
 class WrongShapePredictions(NumpyMLP):
     def predict(self, split: str) -> np.ndarray:
-        return np.append(super().predict(split), 0.5)
+        scores = super().predict(split)
+        return scores if self.steps_done < FAULT_STEP else np.append(scores, 0.5)
 
 
 class SkewedServing(NumpyMLP):
@@ -113,7 +118,7 @@ class SlowForSomeParams(NumpyMLP):
     def build(self, params: Mapping[str, Any], seed: int, data: TrainingData) -> None:
         super().build(params, seed, data)
         wanted = json.loads(os.environ.get(SLOW_PARAMS_ENV, "null"))
-        self.slow = wanted is not None and dict(params) == wanted
+        self.slow = wanted is not None and all(params.get(k) == v for k, v in wanted.items())
 
     def step(self) -> Mapping[str, float]:
         if self.slow:

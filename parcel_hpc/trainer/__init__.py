@@ -7,7 +7,8 @@ guarantees. ``NumpyMLP`` (``trainer=numpy_mlp``) is the built-in reference imple
 
 from parcel_hpc.trainer.base import Diverged, InvalidPredictions, Trainer, TrainerState, UnsavableState
 from parcel_hpc.trainer.data import FINAL_PARTITION_OUTCOME, Examples, FinalPartitionRefused, TrainingData, load_training_data
-from parcel_hpc.trainer.target import BUILTIN, make_trainer, trainer_class, trainer_identity
+from parcel_hpc.trainer.params import Param
+from parcel_hpc.trainer.target import BUILTIN, build_params, make_trainer, trainer_class, trainer_identity
 
 __all__ = [
     "BUILTIN",
@@ -16,10 +17,12 @@ __all__ = [
     "Examples",
     "FinalPartitionRefused",
     "InvalidPredictions",
+    "Param",
     "Trainer",
     "TrainerState",
     "TrainingData",
     "UnsavableState",
+    "build_params",
     "load_training_data",
     "make_trainer",
     "trainer_class",

@@ -28,7 +28,7 @@ from parcel_hpc.errors import UsageError
 from parcel_hpc.governance.admission import TrialIdentity
 from parcel_hpc.trainer.base import Trainer, TrainerState, checked_probabilities, finite_metrics
 from parcel_hpc.trainer.data import TrainingData, load_training_data
-from parcel_hpc.trainer.target import trainer_class
+from parcel_hpc.trainer.target import build_params, trainer_class
 
 PARITY_TOLERANCE = 1e-9  # serve() against predict(): the same model, the same features, up to float noise
 
@@ -103,7 +103,7 @@ def check_trainer(cls: type[Trainer], data: TrainingData, params: Mapping[str, A
 
 def _built(cls: type[Trainer], params: Mapping[str, Any], seed: int, data: TrainingData) -> Trainer:
     trainer = cls()
-    trainer.build(params, seed, data)
+    trainer.build(build_params(trainer, params), seed, data)
     return trainer
 
 
@@ -121,13 +121,19 @@ def _through_checkpoint(state: TrainerState) -> TrainerState:
     return TrainerState(ckpt.params, ckpt.extra or {})
 
 
-def run(target: str, data_dir: Path, params: Mapping[str, Any], *, seed: int, steps: int, preprocessing: Mapping[str, Any], console: Console) -> bool:
-    """``parcel-hpc check-trainer``: load the snapshot and split in ``data_dir``, check, print; all passed?"""
-    cls = trainer_class(target)
+def data_files(data_dir: Path) -> tuple[Path, Path]:
+    """The snapshot and group split in ``data_dir``, or one line saying how to make them."""
     snapshot, split = data_dir / SNAPSHOT_FILENAME, data_dir / f"split-{GROUP_REVISION}.json"
     for path in (snapshot, split):
         if not path.is_file():
             raise UsageError(f"{path} does not exist; create the data with `parcel-hpc make-snapshot {data_dir}` or pass --data DIR")
+    return snapshot, split
+
+
+def run(target: str, data_dir: Path, params: Mapping[str, Any], *, seed: int, steps: int, preprocessing: Mapping[str, Any], console: Console) -> bool:
+    """``parcel-hpc check-trainer``: load the snapshot and split in ``data_dir``, check, print; all passed?"""
+    cls = trainer_class(target)
+    snapshot, split = data_files(data_dir)
     data = load_training_data(snapshot, read_split(split), preprocessing)
     findings = check_trainer(cls, data, params, seed=seed, steps=steps)
     table = Table(title=f"{target} on {data_dir}", title_justify="left")

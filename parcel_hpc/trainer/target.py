@@ -1,23 +1,24 @@
 """Which trainer a search runs: ``trainer.target=PACKAGE.MODULE:NAME``, resolved and pinned.
 
 Owns importing the target (one line naming the problem and the fix when it fails) and the trainer
-identity pinned in the contract: the target, its step unit and a digest of its source (every ``.py``
-file of the package that holds it, or the module file alone; an installed package's version changes
-its files too). A worker recomputes the identity from the code it imported; other code is
+identity pinned in the contract: the target, its step unit, the digest of its code (``code.py``
+copies that code into the search), its declared parameters (``params.py``) and the distributions it
+imports. A worker recomputes the identity from the copy it imported; other code is
 ``reject:trainer``. Must not: build or run a trainer.
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import inspect
+import os
 import re
-from collections.abc import Mapping
-from pathlib import Path
+from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 from parcel_hpc.errors import UsageError
+from parcel_hpc.trainer import code as _code
+from parcel_hpc.trainer import params as _params
 from parcel_hpc.trainer.base import REQUIRED_METHODS, Trainer
 
 _TARGET = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
@@ -47,26 +48,51 @@ def trainer_class(target: object) -> type[Trainer]:
     return cast(type[Trainer], cls)  # a class with every Trainer method (checked above)
 
 
-def trainer_identity(target: str) -> dict[str, Any]:
-    """What the contract pins about the trainer (JSON): target, unit, source digest."""
+def trainer_identity(target: str, code: Sequence[str] = ()) -> dict[str, Any]:
+    """What the contract pins about the trainer (JSON), from the code as it is where the launch runs:
+    target, unit, the digest of its code (``code.py``), the packages copied with it, its declared
+    parameters and the third-party distributions its code imports, with their versions."""
     cls = trainer_class(target)
-    return {"target": target, "unit": str(getattr(cls, "unit", "step")), "source_digest": _source_digest(inspect.getmodule(cls))}
+    module = inspect.getmodule(cls)
+    roots = _code.code_roots(target, code)
+    return {
+        "target": target,
+        "unit": str(getattr(cls, "unit", "step")),
+        "source_digest": _code.source_digest(roots) if roots else _code.module_digest(module),
+        "code": [r.module for r in roots],
+        "parameters": _params.signature(_params.declared(cls, target)),
+        "distributions": _code.distributions(roots, module),
+    }
 
 
-def make_trainer(identity: Mapping[str, Any]) -> Trainer:
-    return trainer_class(identity["target"])()
+def load_trainer_class(identity: Mapping[str, Any], search_dir: str | os.PathLike) -> type[Trainer]:
+    """The class the contract pins, imported from the search's copy of its code."""
+    _code.import_from_copy(search_dir, identity)
+    return trainer_class(identity["target"])
 
 
-def _source_digest(module: Any) -> str:
-    """sha256 over the relative path and bytes of every .py file of the module's package (or the module)."""
-    path = Path(inspect.getfile(module)).resolve()
-    files = sorted(path.parent.rglob("*.py")) if module.__package__ else [path]  # a top-level module: itself alone
-    root = path.parent
-    h = hashlib.sha256()
-    for file in files:
-        if "__pycache__" not in file.parts:
-            h.update(str(file.relative_to(root)).encode() + b"\0" + file.read_bytes() + b"\0")
-    return "sha256:" + h.hexdigest()
+def observed_identity(identity: Mapping[str, Any], search_dir: str | os.PathLike) -> dict[str, Any]:
+    """What a worker finds, computed from the copy it imports and the distributions installed where it
+    runs (never the recorded values): equal to ``identity`` or the attempt is ``reject:trainer``."""
+    cls = load_trainer_class(identity, search_dir)
+    copied = bool(identity.get("code"))
+    return {
+        "target": identity["target"],
+        "unit": str(getattr(cls, "unit", "step")),
+        "source_digest": _code.copy_digest(search_dir, identity) if copied else _code.module_digest(inspect.getmodule(cls)),
+        "code": list(identity.get("code", [])),
+        "parameters": _params.signature(getattr(cls, "parameters", None) or {}),
+        "distributions": {d: _code.installed_version(d) for d in identity.get("distributions", {})},
+    }
+
+
+def make_trainer(identity: Mapping[str, Any], search_dir: str | os.PathLike) -> Trainer:
+    return load_trainer_class(identity, search_dir)()
+
+
+def build_params(trainer: Trainer, trial_params: Mapping[str, Any]) -> dict[str, Any]:
+    """What ``build`` is given: the trainer's declared defaults under the trial's own values."""
+    return _params.with_defaults(getattr(type(trainer), "parameters", None) or {}, trial_params)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -32,7 +32,17 @@ from parcel_hpc.governance.outcome import Outcome
 from parcel_hpc.ledger import Admitted, AttemptEnd, Cause, Ended, SearchDir, Started, TrialRecord, TrialState
 from parcel_hpc.lifecycle.actions import interruption_counts, previous_attempt_ending
 from parcel_hpc.pruning import MilestoneStore, make_pruner
-from parcel_hpc.trainer import FINAL_PARTITION_OUTCOME, Diverged, InvalidPredictions, Trainer, TrainerState, TrainingData, UnsavableState, make_trainer
+from parcel_hpc.trainer import (
+    FINAL_PARTITION_OUTCOME,
+    Diverged,
+    InvalidPredictions,
+    Trainer,
+    TrainerState,
+    TrainingData,
+    UnsavableState,
+    build_params,
+    make_trainer,
+)
 from parcel_hpc.worker import guard, quarantine
 from parcel_hpc.worker.cache import WorkerCache
 from parcel_hpc.worker.plan import WorkerPlan
@@ -113,9 +123,9 @@ class AttemptRun:
             self.store = ckpt.CheckpointStore(ckpt_dir, identity, keep_last=plan.keep_last, claim=claim)
             # Admission hashed the snapshot and read the split a moment ago: neither is done twice.
             data = self.data = self.cache.training_data(plan.snapshot_path, cast(Split, self.split), plan.preprocessing)  # _admit read it
-            trainer = make_trainer(contract["trainer"])
+            trainer = make_trainer(contract["trainer"], self.search.path)
             with guard.protected_files(plan.split_path, plan.snapshot_path) as self.protected_opens, self.signals as held:
-                trainer.build(plan.params, plan.seed, data)
+                trainer.build(build_params(trainer, plan.params), plan.seed, data)
                 self.step = self._resume(trainer)
                 self.trainer = trainer
                 self._stop_if_final_requested()
@@ -178,7 +188,7 @@ class AttemptRun:
         reason = str(outcome)
         if outcome.is_admit:
             split = self.split = read_split(plan.split_path)
-            observed, problem = self.cache.observe(plan.snapshot_path, split, plan.image, contract["trainer"]["target"])
+            observed, problem = self.cache.observe(plan.snapshot_path, split, plan.image, contract["trainer"], self.search.path)
             outcome = check_worker(observed, contract)
             reason = f"{outcome}: {problem}" if problem and outcome == Outcome.reject("trainer") else str(outcome)
             if outcome.is_admit:

@@ -25,7 +25,8 @@ from parcel_hpc.fsio import canonical_json
 from parcel_hpc.governance.admission import WorkerObservation
 from parcel_hpc.governance.contract import Contract
 from parcel_hpc.governance.image import image_digest
-from parcel_hpc.trainer import TrainingData, load_training_data, trainer_identity
+from parcel_hpc.trainer import TrainingData, load_training_data
+from parcel_hpc.trainer.target import observed_identity
 
 
 def _file_key(path: str) -> tuple:
@@ -37,7 +38,7 @@ class WorkerCache:
     def __init__(self) -> None:
         self._snapshots: dict[tuple, str] = {}
         self._images: dict[str, str] = {}
-        self._trainers: dict[str, dict[str, Any]] = {}
+        self._trainers: dict[tuple[str, str], dict[str, Any]] = {}
         self._data: dict[tuple, TrainingData] = {}
         self._budgets: dict[tuple, SearchBudget] = {}
 
@@ -49,16 +50,18 @@ class WorkerCache:
             self._budgets[key] = SearchBudget(search_dir, contract)
         return self._budgets[key]
 
-    def observe(self, snapshot_path: str, split: Split, image: Mapping[str, Any], trainer_target: str) -> tuple[WorkerObservation, str]:
+    def observe(
+        self, snapshot_path: str, split: Split, image: Mapping[str, Any], trainer: Mapping[str, Any], search_dir: os.PathLike
+    ) -> tuple[WorkerObservation, str]:
         """What this process has in hand: digests it computes itself from the snapshot, split, image
-        and trainer code it opened, never the values it was told; and why the trainer could not be
-        identified here ("" when it could)."""
+        and trainer code it opened (the search's copy), never the values it was told; and why the
+        trainer could not be identified here ("" when it could)."""
         problem = ""
         try:
-            trainer = self._trainer(trainer_target)
+            found = self._trainer(trainer, search_dir)
         except UsageError as exc:  # the trainer does not import here: another environment than the launch's
-            trainer, problem = {}, str(exc)
-        observed = WorkerObservation(self._snapshot(snapshot_path), split.digest, split.method.value, self._image(image), trainer)
+            found, problem = {}, str(exc)
+        observed = WorkerObservation(self._snapshot(snapshot_path), split.digest, split.method.value, self._image(image), found)
         return observed, problem
 
     def training_data(self, snapshot_path: str, split: Split, preprocessing: Mapping[str, Any]) -> TrainingData:
@@ -94,7 +97,8 @@ class WorkerCache:
             return self._images[key]
         return image_digest(image)  # given: read from the environment, cheap
 
-    def _trainer(self, target: str) -> dict[str, Any]:
-        if target not in self._trainers:
-            self._trainers[target] = trainer_identity(target)
-        return self._trainers[target]
+    def _trainer(self, identity: Mapping[str, Any], search_dir: os.PathLike) -> dict[str, Any]:
+        key = (str(search_dir), canonical_json(dict(identity)))
+        if key not in self._trainers:
+            self._trainers[key] = observed_identity(identity, search_dir)
+        return self._trainers[key]

@@ -11,7 +11,7 @@ from parcel_hpc.data import read_split
 from parcel_hpc.governance.metric import MissCost
 from parcel_hpc.ledger import SearchDir
 from parcel_hpc.testing import launch
-from parcel_hpc.trainer import load_training_data
+from parcel_hpc.trainer import build_params, load_training_data
 
 from .cluster import sh, wait_for
 
@@ -29,7 +29,7 @@ def uninterrupted_metric(artifacts_dir: Path, params, seed=1234, steps=82) -> fl
         sys.path.remove(str(ROOT / "examples"))
     data = load_training_data(artifacts_dir / "parcels.h5", read_split(artifacts_dir / "split-group_r8.json"), {"revision": "stats-r1", "pool": 4})
     trainer = SGDTrainer()
-    trainer.build(params, seed, data)
+    trainer.build(build_params(trainer, params), seed, data)
     for _ in range(steps):
         trainer.step()
     return MissCost("miss-cost-r3", 5.0, 1.0)(trainer.predict("validation"), data.validation.labels)

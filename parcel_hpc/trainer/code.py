@@ -1,0 +1,246 @@
+"""The trainer's code, frozen with the contract: a content-addressed copy in the search directory.
+
+At the first freeze the launch copies the package that holds the trainer (its outermost regular
+package, or the module file alone), and every package ``trainer.code`` names, into
+``<search>/code/<digest>/``; every worker and selection job imports that copy, never the working
+tree (what Ray's ``working_dir`` and submitit's code snapshots do). Editing or deleting the working
+tree then cannot touch a running search, and a relaunch from changed code differs in
+``source_digest``: ``reject:trainer`` at the door. A trainer that is part of parcel_hpc (the
+built-in one) is part of the worker image instead, and is imported as installed.
+
+Owns: which files are the trainer's code, their digest, the copy, importing a trainer from it,
+and the third-party distributions the code imports (from its import statements, lazy ones
+included), pinned with their versions. Must not: build or run a trainer.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib
+import importlib.metadata as metadata
+import inspect
+import os
+import shutil
+import sys
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from parcel_hpc.errors import GovernanceRefusal, UsageError
+from parcel_hpc.fsio import ensure_dir, fsync_dir
+from parcel_hpc.governance.outcome import Outcome
+
+CODE_DIR = "code"  # under the search directory
+MAX_BYTES = 64 * 2**20  # a trainer's package is code, not data: more is a mistake worth a line
+_TOOLKIT = __name__.split(".")[0]  # parcel_hpc: covered by the image digest, never copied
+_SKIP_DIRS = {"__pycache__"}
+_SKIP_SUFFIXES = {".pyc", ".pyo"}
+
+
+@dataclass(frozen=True)
+class CodeRoot:
+    """One importable unit of the trainer's code: a package directory or a top-level module file."""
+
+    module: str  # dotted name, e.g. "examples.parcel_sgd" or "my_trainer"
+    path: Path
+
+    def files(self) -> Iterator[tuple[str, Path]]:
+        """(path inside the copy, file) for every file of the unit, sorted; caches and hidden files left out."""
+        prefix = self.module.replace(".", "/")
+        if self.path.is_file():
+            yield prefix + self.path.suffix, self.path
+            return
+        for file in sorted(self.path.rglob("*")):
+            rel = file.relative_to(self.path)
+            if not file.is_file() or file.suffix in _SKIP_SUFFIXES or any(p in _SKIP_DIRS or p.startswith(".") for p in rel.parts):
+                continue
+            yield f"{prefix}/{rel.as_posix()}", file
+
+
+def code_roots(target: str, extra: Sequence[str] = ()) -> list[CodeRoot]:
+    """The units to copy for ``target`` (imported already) and the ``extra`` packages the config names."""
+    module_name = target.partition(":")[0]
+    roots: dict[str, CodeRoot] = {}
+    for name in [module_name, *extra]:
+        if name.split(".")[0] == _TOOLKIT:
+            continue
+        root = _root_of(name, target)
+        roots.setdefault(root.module, root)
+    for a in roots:
+        for b in roots:
+            if a != b and b.startswith(a + "."):
+                raise UsageError(f"trainer.code names {b}, which lies inside {a}; list {a} alone")
+    return [roots[k] for k in sorted(roots)]
+
+
+def _root_of(name: str, target: str) -> CodeRoot:
+    """The outermost regular package holding module ``name`` (a namespace package has no files of its own)."""
+    try:
+        importlib.import_module(name)
+    except Exception as exc:  # user code: any import error is the same bad input
+        raise UsageError(
+            f"trainer.code names {name}, which does not import ({type(exc).__name__}: {exc}); name a package importable where the launch runs"
+        ) from None
+    parts = name.split(".")
+    for i in range(1, len(parts) + 1):
+        prefix = ".".join(parts[:i])
+        file = getattr(sys.modules[prefix], "__file__", None)
+        if file:
+            path = Path(file).resolve()
+            return CodeRoot(prefix, path.parent if path.name == "__init__.py" else path)
+    raise UsageError(f"trainer.target={target}: {name} is a namespace package with no files; name a module or a regular package")
+
+
+def source_digest(roots: Sequence[CodeRoot]) -> str:
+    """sha256 over the path and bytes of every file the copy holds. ``UsageError`` past ``MAX_BYTES``."""
+    items = [(rel, file) for root in roots for rel, file in root.files()]
+    total = sum(file.stat().st_size for _, file in items)
+    if total > MAX_BYTES:
+        biggest = max(items, key=lambda item: item[1].stat().st_size)[1]
+        raise UsageError(
+            f"the trainer's code ({', '.join(r.module for r in roots)}) holds {total >> 20} MiB, {biggest} the largest; "
+            f"keep data and checkpoints out of the trainer's package (the search copies it whole, up to {MAX_BYTES >> 20} MiB)"
+        )
+    return _digest(items)
+
+
+def _digest(items: Sequence[tuple[str, Path]]) -> str:
+    h = hashlib.sha256()
+    for rel, file in sorted(items):
+        h.update(rel.encode() + b"\0" + file.read_bytes() + b"\0")
+    return "sha256:" + h.hexdigest()
+
+
+def module_digest(module: Any) -> str:
+    """A parcel_hpc trainer's digest: the ``.py`` files of the package that holds it."""
+    path = Path(inspect.getfile(module)).resolve()
+    h = hashlib.sha256()
+    for file in sorted(path.parent.rglob("*.py")):
+        if "__pycache__" not in file.parts:
+            h.update(str(file.relative_to(path.parent)).encode() + b"\0" + file.read_bytes() + b"\0")
+    return "sha256:" + h.hexdigest()
+
+
+def snapshot_dir(search_dir: str | os.PathLike, digest: str) -> Path:
+    return Path(search_dir) / CODE_DIR / digest.partition(":")[2]
+
+
+def freeze(search_dir: str | os.PathLike, identity: Mapping[str, Any]) -> Path | None:
+    """Copy the trainer's code into the search (once: an existing copy is the same by its name).
+    The copy is checked against the digest the contract froze: code edited while the launch ran is
+    ``reject:trainer`` and leaves no copy. None for a trainer that is part of the image."""
+    modules = list(identity.get("code", ()))
+    if not modules:
+        return None
+    dest = snapshot_dir(search_dir, str(identity["source_digest"]))
+    if dest.is_dir():
+        return dest
+    roots = code_roots(str(identity["target"]), modules)
+    tmp = ensure_dir(dest.parent) / f".{dest.name}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        for rel, file in (item for root in roots for item in root.files()):
+            out = tmp / rel
+            out.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(file, out)
+            with open(out, "rb+") as f:
+                os.fsync(f.fileno())
+        copied = _copy_digest(tmp)
+        if copied != identity["source_digest"]:
+            raise GovernanceRefusal(
+                Outcome.reject("trainer"),
+                f"the trainer's code changed while the launch copied it ({copied} against the frozen {identity['source_digest']}); "
+                "leave it alone while a launch freezes, then relaunch",
+            )
+        for directory in sorted({p.parent for p in tmp.rglob("*")} | {tmp}, key=lambda p: len(p.parts), reverse=True):
+            fsync_dir(directory)
+        try:
+            os.rename(tmp, dest)  # whole or not at all; a concurrent launch's identical copy may win
+        except OSError:
+            if not dest.is_dir():
+                raise
+        fsync_dir(dest.parent)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def _copy_digest(top: Path) -> str:
+    """The digest of a copy, computed as ``source_digest`` computed it from the working tree."""
+    return _digest([(p.relative_to(top).as_posix(), p) for p in top.rglob("*") if p.is_file()])
+
+
+def copy_digest(search_dir: str | os.PathLike, identity: Mapping[str, Any]) -> str:
+    """What the copy in the search holds now (a worker's own observation, never the recorded value)."""
+    dest = snapshot_dir(search_dir, str(identity["source_digest"]))
+    return _copy_digest(dest) if dest.is_dir() else "missing"
+
+
+def import_from_copy(search_dir: str | os.PathLike, identity: Mapping[str, Any]) -> Any:
+    """The trainer's module, imported from the search's copy. Modules of the same names imported from
+    elsewhere first (a working tree on the path) are dropped, and the module must come from the copy."""
+    target = str(identity["target"])
+    module_name = target.partition(":")[0]
+    if not identity.get("code"):
+        return importlib.import_module(module_name)
+    dest = snapshot_dir(search_dir, str(identity["source_digest"]))
+    if not dest.is_dir():
+        raise UsageError(f"trainer.target={target}: the search's copy of its code ({dest}) is missing; the search directory was damaged")
+    if str(dest) not in sys.path:
+        sys.path.insert(0, str(dest))
+    names = list(identity["code"])
+    for loaded in list(sys.modules):
+        mod = sys.modules[loaded]
+        if any(loaded == n or loaded.startswith(n + ".") or n.startswith(loaded + ".") for n in names) and not _inside(mod, dest):
+            del sys.modules[loaded]
+    importlib.invalidate_caches()
+    module = importlib.import_module(module_name)
+    if not _inside(module, dest):
+        raise UsageError(f"trainer.target={target}: {module_name} imported from {getattr(module, '__file__', '?')}, not from the search's copy {dest}")
+    return module
+
+
+def _inside(module: Any, top: Path) -> bool:
+    file = getattr(module, "__file__", None)
+    if file:
+        return Path(file).resolve().is_relative_to(top.resolve())
+    return all(Path(p).resolve().is_relative_to(top.resolve()) for p in getattr(module, "__path__", []))
+
+
+def distributions(roots: Sequence[CodeRoot], module: Any) -> dict[str, str]:
+    """The installed third-party distributions the trainer's code imports, with their versions:
+    read from its import statements (lazy ones inside functions included), so what a trainer
+    imports only in ``build`` counts too. Standard library and the trainer's own packages left out."""
+    own = {r.module.split(".")[0] for r in roots}
+    files = [f for r in roots for _, f in r.files() if f.suffix == ".py"] or [Path(inspect.getfile(module))]
+    names: set[str] = set()
+    for file in files:
+        try:
+            tree = ast.parse(file.read_bytes(), filename=str(file))
+        except SyntaxError:
+            continue  # it did import: a file it never imports may be anything
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names.update(a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module.split(".")[0])
+    out: dict[str, str] = {}
+    for name in sorted(names - own - set(sys.stdlib_module_names)):
+        for dist in _packages().get(name, []):
+            out[dist] = installed_version(dist)
+    return dict(sorted(out.items()))
+
+
+@cache
+def _packages() -> Mapping[str, list[str]]:
+    return metadata.packages_distributions()
+
+
+def installed_version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "not installed"
