@@ -83,19 +83,19 @@ def test_killed_worker_resumes_from_its_last_good_checkpoint(tmp_path, data_dir)
 
 
 def test_reproducible_failure_is_tried_twice_then_failed(tmp_path, data_dir):
-    res = run(tmp_path, data_dir, "boom", "search.n_trials=1", "+space.params.fault={type:choice,values:[raise]}")
+    res = run(tmp_path, data_dir, "boom", "search.n_trials=1", "+space.params.fault={type:choice,values:[raise]}", faults.TRAINER)
     assert res.returncode == 0, res.stderr
     rec = sd(tmp_path, "boom").record("t0000")
     assert rec.state.value == "failed" and rec.reason == "exception"
     assert rec.failures == ("exception", "exception") and len(rec.attempts) == 2
     assert "failed=1" in res.stdout  # counted in the summary, never dropped
-    again = run(tmp_path, data_dir, "boom", "search.n_trials=1", "+space.params.fault={type:choice,values:[raise]}")
+    again = run(tmp_path, data_dir, "boom", "search.n_trials=1", "+space.params.fault={type:choice,values:[raise]}", faults.TRAINER)
     assert again.returncode == 0 and "1 already finished" in again.stdout
     assert len(sd(tmp_path, "boom").record("t0000").attempts) == 2  # not retried again
 
 
 def test_divergence_is_its_own_failure_class(tmp_path, data_dir):
-    res = run(tmp_path, data_dir, "nan", "search.n_trials=1", "+space.params.fault={type:choice,values:['nan']}")
+    res = run(tmp_path, data_dir, "nan", "search.n_trials=1", "+space.params.fault={type:choice,values:['nan']}", faults.TRAINER)
     assert res.returncode == 0, res.stderr
     rec = sd(tmp_path, "nan").record("t0000")
     assert rec.state.value == "failed" and rec.reason == "diverged"

@@ -11,7 +11,7 @@ from parcel_hpc.data import make_snapshot
 from parcel_hpc.governance.contract import load_contract
 from parcel_hpc.ledger.store import SearchDir
 from parcel_hpc.propose.specs import history_free_specs, plan_for
-from parcel_hpc.testing import launch, parcel_hpc, run_trial_directly
+from parcel_hpc.testing import faults, launch, parcel_hpc, run_trial_directly
 from parcel_hpc.worker import WorkerPlan
 
 REV = "search.revision=test-r1"
@@ -181,7 +181,7 @@ def test_without_multirun_flag_the_launch_explains(tmp_path, data_dir):
 
 
 def test_a_non_finite_number_in_the_config_is_bad_input(tmp_path, data_dir):
-    res = run(tmp_path, data_dir, "search.n_trials=1", "+space.params.fault={type:choice,values:[nan]}")
+    res = run(tmp_path, data_dir, "search.n_trials=1", "+space.params.fault={type:choice,values:[nan]}", faults.TRAINER)
     assert res.returncode == 2 and res.stderr.startswith("error: ") and "nan" in res.stderr and res.stderr.count("\n") == 1
 
 

@@ -1,8 +1,9 @@
 """Fault injection for tests, through the worker's step hook (never a branch in the training loop).
 
-Run a search with ``PARCEL_HPC_STEP_HOOK=parcel_hpc.testing.faults:inject`` in its environment and a
-``fault`` parameter in its space (``+space.params.fault={type:choice,values:[raise]}``): at step 5 a
-trial with ``fault=raise`` raises, one with ``fault=nan`` diverges.
+Run a search with ``PARCEL_HPC_STEP_HOOK=parcel_hpc.testing.faults:inject`` in its environment, the
+trainer that declares a ``fault`` parameter (``TRAINER``) and that parameter in its space
+(``+space.params.fault={type:choice,values:[raise]}``): at step 5 a trial with ``fault=raise``
+raises, one with ``fault=nan`` diverges.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 from parcel_hpc.trainer import Diverged
 
 HOOK = "parcel_hpc.testing.faults:inject"
+TRAINER = "trainer.target=parcel_hpc.testing.trainers:TakesFault"  # the built-in model, with a fault parameter
 FAULT_STEP = 5
 
 

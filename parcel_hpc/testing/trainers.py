@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from parcel_hpc.trainer import FinalPartitionRefused, TrainerState, TrainingData
+from parcel_hpc.trainer import FinalPartitionRefused, Param, TrainerState, TrainingData
 from parcel_hpc.trainer.numpy_mlp import NumpyMLP
 
 FAULT_STEP = 5
@@ -58,6 +58,12 @@ class OpensProtectedFileWhenServing(NumpyMLP):
         except PermissionError:
             pass
         return super().serve(images)
+
+
+class TakesFault(NumpyMLP):
+    """The built-in model, taking the ``fault`` parameter the fault-injection hook reads (``faults.py``)."""
+
+    parameters = {**NumpyMLP.parameters, "fault": Param(str, default="none")}
 
 
 class Raises(NumpyMLP):

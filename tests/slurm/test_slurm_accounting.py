@@ -30,6 +30,7 @@ def test_failed_jobs_and_an_orphan_reconcile_with_sacct(tmp_path, data_dir, clus
             "search.n_trials=4",
             "pruner=none",
             "+space.params.fault={type:choice,values:[none,raise]}",
+            faults.TRAINER,
         ],
         cwd=tmp_path,
         data_dir=data_dir,
