@@ -135,7 +135,7 @@ def select(search_dir, *, now: bool, trial: str | None, reason: str, console: Co
     if assessment.verdict.outcome != Outcome.HOLD_BUDGET and _needs_rerun(assessment):
         job = run_job(store, JobRole.RERUN, n, writer, console)
         if not job.ok:
-            console.print(f"[red]{job.message}[/red]")
+            console.print(job.message, style="red", markup=False)
         assessment = assess(store, store.record(), n)
     writer.disposed(n, assessment.verdict.outcome, assessment.verdict.reasons)
     _announce(assessment, out)
@@ -213,14 +213,15 @@ def _announce(a: Assessment, out: Console) -> None:
     for reason in a.verdict.reasons:
         out.print(f"  {reason}", markup=False)
     if a.rerun is not None:
-        out.print(f"  rerun: {a.rerun.describe()} -> {'within' if a.rerun.within else 'OUTSIDE'} tolerance", markup=False)
+        # A rerun that produced no result is not outside a tolerance: the job's own line says why it ended.
+        verdict = "" if a.rerun.rerun_metric is None else f" -> {'within' if a.rerun.within else 'OUTSIDE'} tolerance"
+        out.print(f"  rerun: {a.rerun.describe()}{verdict}", markup=False)
     if a.result is not None:
         p = a.result["parity"]
         out.print(f"  serving parity: max |serve - predict| {p['max_abs_difference']:.2e} (tolerance {p['tolerance']:g})", markup=False)
-        out.print(
-            f"  baseline {a.result['baseline']['name']}: validation miss-cost {a.result['baseline']['metric']:.4f}; selected {a.frozen['metric']:.4f}",
-            markup=False,
-        )
+        base = a.result["baseline"]
+        how = f"released {base['released']}" if base.get("released") else f"trained, {base.get('trainer') or 'the search trainer'}"
+        out.print(f"  baseline {base['name']} ({how}): validation miss-cost {base['metric']:.4f}; selected {a.frozen['metric']:.4f}", markup=False)
     if a.gate is not None:
         table = Table(title=f"slice gate, validation (selection {a.n})")
         for col in ("slice", "check", "winner", "baseline", "limit", "verdict"):

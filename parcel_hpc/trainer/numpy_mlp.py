@@ -18,12 +18,14 @@ import numpy as np
 from parcel_hpc.data.preprocessing import Preprocessor
 from parcel_hpc.trainer.base import Diverged, Trainer, TrainerState
 from parcel_hpc.trainer.data import TrainingData
+from parcel_hpc.trainer.params import Param
 
 _ADAM = (0.9, 0.999, 1e-8)  # beta1, beta2, epsilon
 
 
 class NumpyMLP(Trainer):
     unit = "step"  # one Adam step on one minibatch
+    parameters = {"lr": Param(float), "hidden": Param(int, default=0), "l2": Param(float, default=0.0), "batch_size": Param(int, default=64)}
 
     def build(self, params: Mapping[str, Any], seed: int, data: TrainingData) -> None:
         self.lr = float(params["lr"])
