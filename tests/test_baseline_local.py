@@ -142,6 +142,7 @@ def test_a_baseline_trainer_of_its_own_is_trained_with_exactly_its_params(root, 
     concluded = packet["lineage"]["what_was_concluded"]["baseline"]
     assert concluded["kind"] == "trained" and concluded["trainer"]["target"] == "width_mlp:Timid"
     assert packet["lineage"]["what_ran"]["trainer"]["target"] == BUILTIN  # the search's own model is another class
+    assert "against baseline timid-approved (trained with `width_mlp:Timid`" in (search / "release" / "packet.md").read_text()
     # A changed baseline is another search: refused against the frozen contract.
     changed = run_launch(root, "own-baseline", *WEAK, "+selection.baseline.params={width: 0, rate: 0.001}")
     assert changed.returncode == 3 and changed.stdout.splitlines()[0] == "reject:selection", changed.stdout + changed.stderr
@@ -181,6 +182,8 @@ def test_an_artifact_an_earlier_release_registered_is_the_baseline_as_released(r
     assert packet["final"]["baseline"]["metric"] == pytest.approx(earlier_final["winner"]["metric"], abs=1e-12)
     assert packet["final"]["baseline"]["artifact_sha256"] == registered["artifact_sha256"]
     assert packet["lineage"]["what_was_concluded"]["baseline"]["released"]["sha256"] == registered["artifact_sha256"]
+    md = (search / "release" / "packet.md").read_text()
+    assert f"released own-baseline/{registered['trial_id']} `{registered['artifact_sha256']}`, served by `{BUILTIN}`" in md
 
 
 def test_a_user_trainer_with_no_baseline_set_is_compared_with_the_approved_logistic_model(root):
@@ -264,3 +267,22 @@ def test_release_refuses_a_search_never_selected_or_held_in_one_line(root):
     assert held.returncode == 3 and held.stdout.splitlines() == ["hold:invalid-winner"], held.stdout
     assert held.stderr.count("\n") == 1 and "selection 1 holds" in held.stderr
     assert not (search / "release").exists()
+
+
+def test_an_edited_baseline_trainer_is_another_search_and_never_trains_in_its_place(root, tmp_path):
+    code = tmp_path / "code"  # a private copy (and a cwd without the shared one): editing it changes no other test's trainer
+    code.mkdir()
+    (code / "width_mlp.py").write_text(USER_TRAINER)
+    private = {"PYTHONPATH": str(code)}
+    search = root / "runs" / "edited-baseline"
+    args = [f"search.root={root / 'runs'}", f"search.revision={search.name}", *SMALL, *WEAK, WEAK_PARAMS]
+    res = launch(args, cwd=tmp_path, data_dir=root / "data", env=private)
+    assert res.returncode == 0, res.stderr[-2000:]
+    with open(code / "width_mlp.py", "a") as f:
+        f.write("\n# edited after the launch\n")
+    again = launch(args, cwd=tmp_path, data_dir=root / "data", env=private)
+    assert again.returncode == 3 and again.stdout.splitlines()[0] == "reject:selection", again.stdout + again.stderr
+    sel = parcel_hpc(["select", str(search)], cwd=tmp_path, env=private, timeout=600)
+    no_traceback(sel)
+    assert sel.returncode == 3 and sel.stdout.splitlines()[0] == "hold:invalid-winner", sel.stdout + sel.stderr
+    assert "reject:baseline_trainer" in sel.stderr and "a changed baseline is a new search revision" in sel.stderr
