@@ -176,8 +176,14 @@ def test_an_artifact_an_earlier_release_registered_is_the_baseline_as_released(r
     assert result["baseline"]["kind"] == "artifact" and result["baseline"]["released"] == f"own-baseline/{registered['trial_id']}"
     # The same search seed proposes the same winner: the released model scores exactly as the winner.
     assert result["baseline"]["metric"] == pytest.approx(rerun_result(earlier)["artifact_metric"], abs=1e-12)
-    packet, rel = release_flow(root, search)
+    final = cli(root, "evaluate-final", str(search))
+    assert final.returncode == 0, final.stdout + final.stderr
+    nowhere = cli(root, "release", str(search), "--registry", "/proc/parcel-registry")  # a registry that cannot be written
+    assert nowhere.returncode == 2 and "is not writable" in nowhere.stderr and nowhere.stderr.count("\n") == 1, nowhere.stderr
+    assert not (search / "release").exists()
+    rel = cli(root, "release", str(search))
     assert rel.returncode == 0 and rel.stdout.splitlines()[0] == "release:registered", rel.stdout + rel.stderr
+    packet = json.loads((search / "release" / "packet.json").read_text())
     earlier_final = json.loads((earlier / "release" / "packet.json").read_text())["final"]
     assert packet["final"]["baseline"]["metric"] == pytest.approx(earlier_final["winner"]["metric"], abs=1e-12)
     assert packet["final"]["baseline"]["artifact_sha256"] == registered["artifact_sha256"]

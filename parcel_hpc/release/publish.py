@@ -9,13 +9,14 @@ registered is said again and never written twice."""
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
 from parcel_hpc import fsio
-from parcel_hpc.errors import CorruptRecord, GovernanceRefusal
+from parcel_hpc.errors import CorruptRecord, GovernanceRefusal, UsageError
 from parcel_hpc.governance.contract import digest_of, sha256_of
 from parcel_hpc.governance.outcome import Outcome
 from parcel_hpc.ledger import SearchDir
@@ -53,8 +54,10 @@ def publish(search_dir: str | os.PathLike, registry: str | os.PathLike | None, *
         "packet.md": render.to_markdown(packet),
         "packet.html": render.to_html(packet, {"curves": {f.record.trial_id: list(f.curve) for f in facts if f.curve}}),
     }
-    # The artifact is checked before anything is written: a packet never says registered in vain.
+    # The artifact and the registry are checked before anything is written: a packet never says registered in vain.
     artifact = _checked_artifact(packet) if outcome == REGISTERED else b""
+    if outcome == REGISTERED:
+        _writable(registry_root)
     fsio.ensure_dir(store.release_dir)
     for name, text in files.items():
         fsio.atomic_write_text(store.release_dir / name, text)
@@ -101,6 +104,15 @@ def _checked_artifact(packet: dict[str, Any]) -> bytes:
     if sha256_of(data) != checked:
         raise CorruptRecord(f"the selected artifact {source} is missing or is not the one that was checked ({checked}); restore it before releasing")
     return data
+
+
+def _writable(root: Path) -> None:
+    try:
+        fsio.ensure_dir(root)
+        with tempfile.TemporaryFile(dir=root):
+            pass
+    except OSError as exc:
+        raise UsageError(f"registry {root} is not writable ({exc.strerror}); pass --registry DIR, a writable shared directory") from None
 
 
 def _register(packet: dict[str, Any], artifact: bytes, files: dict[str, str], entry: Path) -> None:
