@@ -265,7 +265,8 @@ def test_release_refuses_a_search_never_selected_or_held_in_one_line(root):
     no_traceback(sel)
     assert sel.returncode == 3 and sel.stdout.splitlines()[0] == "hold:invalid-winner", sel.stdout + sel.stderr
     assert "OUTSIDE" not in sel.stdout
-    assert "the baseline b's trainer width_mlp:ReadsUndeclared build(params=" in sel.stderr and "raised KeyError: 'depth'" in sel.stderr
+    (why,) = [line for line in sel.stdout.splitlines() if "ended without a result" in line]  # one line, on stdout with the evidence
+    assert "the baseline b's trainer width_mlp:ReadsUndeclared build(params=" in why and why.endswith(")") and "raised KeyError: 'depth'" in why
     log = next((search / "selection" / "1" / "logs").glob("rerun-*.out")).read_text()
     assert "Traceback" not in log and log.strip().splitlines()[-1].startswith("error: ")
     held = cli(root, "release", str(search))
@@ -291,4 +292,4 @@ def test_an_edited_baseline_trainer_is_another_search_and_never_trains_in_its_pl
     sel = parcel_hpc(["select", str(search)], cwd=tmp_path, env=private, timeout=600)
     no_traceback(sel)
     assert sel.returncode == 3 and sel.stdout.splitlines()[0] == "hold:invalid-winner", sel.stdout + sel.stderr
-    assert "reject:baseline_trainer" in sel.stderr and "a changed baseline is a new search revision" in sel.stderr
+    assert "reject:baseline_trainer" in sel.stdout and "a changed baseline is a new search revision" in sel.stdout
