@@ -108,8 +108,12 @@ class PrunerConf:
 
 @dataclass
 class BaselineConf:
+    """The approved model the winner is compared with (conf/selection/baseline/): trained, or released."""
+
     name: str = MISSING  # the approved model this search's winner is compared with
-    params: dict[str, Any] = field(default_factory=dict)  # its trainer parameters (trained like a trial)
+    trainer: str | None = None  # PACKAGE.MODULE:NAME that trains it like a trial; null: trainer.target
+    params: dict[str, Any] = field(default_factory=dict)  # exactly its trainer's parameters (checked against its declaration)
+    artifact: str | None = None  # instead of trainer+params: a registry entry of an earlier release, scored as released
 
 
 @dataclass
@@ -142,7 +146,10 @@ class SelectionConf:
 class SearchConf:
     revision: str = "parcel-search-r1"  # the search lives at <root>/<revision>
     root: str = "runs"  # shared directory
-    n_trials: int = 82  # trials this launch proposes
+    # Trials the search proposes in all, not this launch: numbers 0..n_trials-1, counting earlier launches'
+    # (the same value again resumes the unfinished, proposing nothing new) and duplicates (a proposal
+    # whose configuration an earlier trial owns is not run, yet uses its number). <= budget.max_trials.
+    n_trials: int = 82
     seed: int = 0  # sampling seed for the space
     dry_run: bool = False  # admit and print, submit nothing
     wait: bool = True  # wait with a progress display until the trials end

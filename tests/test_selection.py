@@ -18,9 +18,10 @@ from parcel_hpc.selection.actions import checked_text
 from parcel_hpc.selection.candidates import Entry, TrialFacts, best_candidate, completed_list, lineage_problems, list_digest
 from parcel_hpc.selection.disposition import disposition
 from parcel_hpc.selection.gates import RerunCheck
-from parcel_hpc.selection.policy import GatePolicy, SelectionPolicy
+from parcel_hpc.selection.policy import GatePolicy, pinned_selection
 from parcel_hpc.selection.slices import shipment_buckets, slice_gate, slice_report
 from parcel_hpc.selection.store import SelectionStore
+from parcel_hpc.trainer import BUILTIN, trainer_identity
 
 GATE = GatePolicy(max_recall_drop=0.05, max_miss_cost_rise=0.25, min_recall={"crushed_corner": 0.75}, min_examples=5)
 OK_RERUN = RerunCheck(0.50, 0.50, 0.02, 0.50)
@@ -187,7 +188,7 @@ POLICY = {
 )
 def test_a_malformed_policy_is_one_line_naming_the_field(change, needle):
     with pytest.raises(UsageError) as exc:
-        SelectionPolicy.from_mapping({**POLICY, **change})
+        pinned_selection({**POLICY, **change}, trainer_identity(BUILTIN))
     assert needle in str(exc.value) and "\n" not in str(exc.value)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 from rich.progress import Progress as RichProgress
 from rich.table import Table
@@ -12,12 +13,16 @@ from rich.table import Table
 from parcel_hpc.budget import render_commitment
 from parcel_hpc.ledger import SearchDir, TrialState
 from parcel_hpc.ledger.summary import best_completed, compute_used, count_states, counts_by_state
+from parcel_hpc.selection.baseline import Baseline
 
 
 def contract_line(contract, path: Path, created: bool, dry_run: bool = False) -> str:
     verb = ("would freeze" if dry_run else "froze") if created else "matched frozen"
     trainer = contract.fields.get("trainer") or {}
-    return f"[bold]{verb}[/] contract {contract.digest[:19]}… in {path} (trainer {trainer.get('target', '?')}, source {str(trainer.get('source_digest', ''))[:15]}…)"
+    line = f"[bold]{verb}[/] contract {contract.digest[:19]}… in {path} (trainer {trainer.get('target', '?')}, source {str(trainer.get('source_digest', ''))[:15]}…)"
+    if "selection" not in contract.fields:  # frozen before selection was pinned
+        return line
+    return f"{line}\n  {escape(Baseline.pinned(contract['selection']['baseline'], trainer).describe())}"
 
 
 def commitment_text(decision) -> str:

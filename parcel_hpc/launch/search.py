@@ -46,6 +46,7 @@ from parcel_hpc.propose.specs import (
 from parcel_hpc.scheduler import packing
 from parcel_hpc.scheduler.base import Dispatcher, LauncherSettings
 from parcel_hpc.scheduler.factory import executor_kind
+from parcel_hpc.selection.baseline import Baseline, BaselineKind
 from parcel_hpc.selection.store import write_final_plan
 from parcel_hpc.trainer import code, load_training_data, trainer_class
 from parcel_hpc.trainer.params import declared
@@ -120,9 +121,11 @@ class SearchLaunch:
         else:
             ensure_writable(path)
             if fresh:
-                code.freeze(path, contract["trainer"])  # the copy first: a frozen contract always has its code
+                for identity in trainers_of(contract):
+                    code.freeze(path, identity)  # the copies first: a frozen contract always has its code
             frozen, created = freeze_contract(path, contract)
-            code.freeze(path, frozen["trainer"])  # present unless the launch that froze it died first
+            for identity in trainers_of(frozen):
+                code.freeze(path, identity)  # present unless the launch that froze it died first
             if created or not search.launches():
                 # What names this search's jobs on the scheduler. A search launched before ids
                 # existed keeps its bare job name: renaming it would hide its queued jobs.
@@ -244,17 +247,29 @@ class SearchLaunch:
         return out
 
 
+def trainers_of(contract: Contract) -> list[Mapping[str, Any]]:
+    """Every trainer whose code the search runs: the search's, and a baseline's trainer of its own."""
+    own = contract["selection"]["baseline"].get("trainer")
+    return [contract["trainer"]] + ([own] if own and own != contract["trainer"] else [])
+
+
 def preflight_checks(cfg: Mapping[str, Any], contract: Contract) -> list[str]:
-    """The trainer built, stepped, saved, loaded and asked to predict at the space's corners on a few
-    examples, before the first freeze (``trainer/preflight.py``): exit 2 with its own message.
-    What it tried, as words."""
+    """The trainer built, stepped, saved, loaded and asked to predict at the space's corners, and the
+    baseline's trainer with its params, on a few examples, before the first freeze
+    (``trainer/preflight.py``): exit 2 with the trainer's own message. What it tried, as words."""
+    data = few_examples(load_training_data(cfg["snapshot"]["path"], read_split(cfg["split"]["path"]), cfg["preprocessing"], verify_digest=False))
+    seed = int(contract["train"]["seed"])
     target = contract["trainer"]["target"]
     cls = trainer_class(target)
-    data = few_examples(load_training_data(cfg["snapshot"]["path"], read_split(cfg["split"]["path"]), cfg["preprocessing"], verify_digest=False))
     ends = corners(space_of(contract)[0])
     trials = [(f"the space's {'low' if i == 0 else 'high'} corner", params) for i, params in enumerate(ends)]
-    preflight(cls, target, declared(cls, target), trials, int(contract["train"]["seed"]), data)
-    return [what for what, _ in trials]
+    preflight(cls, target, declared(cls, target), trials, seed, data)
+    baseline = Baseline.pinned(contract["selection"]["baseline"], contract["trainer"])
+    if baseline.kind is BaselineKind.ARTIFACT:
+        return [what for what, _ in trials]
+    cls = trainer_class(baseline.target)
+    preflight(cls, baseline.target, declared(cls, baseline.target), [(f"the baseline {baseline.name}'s parameters", baseline.params)], seed, data)
+    return [what for what, _ in trials] + [f"the baseline {baseline.name} ({baseline.target})"]
 
 
 def _refuse_cancelled(search: SearchDir) -> None:

@@ -258,6 +258,11 @@ class SelectionRecord:
     final_attempts: tuple[tuple[float, FinalAttempt], ...] = ()  # (time, attempt), every one
     final_opened: tuple[tuple[float, FinalOpened], ...] = ()  # (time, opening), every read of the final partition
     sealed: FinalSealed | None = None
+    releases: tuple[Released, ...] = ()  # every release packet published, registered or held
+
+    def registered(self, selection: int) -> Released | None:
+        """The release that registered selection ``selection``'s artifact, if one did."""
+        return next((r for r in self.releases if r.selection == selection and r.registered), None)
 
     def job_ended(self, selection: int, role: JobRole) -> JobEnded | None:
         ended = [e for e in self.jobs.get((selection, role), ()) if isinstance(e, JobEnded)]
@@ -275,6 +280,7 @@ def fold_selection(events: Sequence[SelectionEvent]) -> SelectionRecord:
     attempts: list[tuple[float, FinalAttempt]] = []
     opened: list[tuple[float, FinalOpened]] = []
     sealed: FinalSealed | None = None
+    releases: list[Released] = []
     for ev in events:
         d = ev.data
         if isinstance(d, Frozen):
@@ -289,6 +295,8 @@ def fold_selection(events: Sequence[SelectionEvent]) -> SelectionRecord:
             opened.append((ev.t, d))
         elif isinstance(d, FinalSealed):
             sealed = sealed or d  # sealed once: the result file is exclusive
+        elif isinstance(d, Released):
+            releases.append(d)
     return SelectionRecord(
-        selections, {k: tuple(v) for k, v in jobs.items()}, {k: tuple(v) for k, v in decisions.items()}, tuple(attempts), tuple(opened), sealed
+        selections, {k: tuple(v) for k, v in jobs.items()}, {k: tuple(v) for k, v in decisions.items()}, tuple(attempts), tuple(opened), sealed, tuple(releases)
     )

@@ -22,7 +22,7 @@ from parcel_hpc.ledger.records import TrialSpec
 from parcel_hpc.propose import learning, samplers
 from parcel_hpc.propose.samplers import SamplerName, SamplerSpec
 from parcel_hpc.propose.space import normalize, qmc_points, sample, space_digest
-from parcel_hpc.selection.policy import SelectionPolicy
+from parcel_hpc.selection.policy import pinned_selection
 from parcel_hpc.trainer import trainer_class, trainer_identity
 from parcel_hpc.trainer.params import check_space, declared
 from parcel_hpc.worker.plan import WorkerPlan
@@ -63,10 +63,10 @@ def build_contract(cfg: Mapping[str, Any]) -> Contract:
         raise UsageError(
             f"split file {split_path} holds revision {split.revision!r}, config says {split_cfg['revision']!r}; point split.path at the right file"
         )
-    # A gate that cannot be applied is bad input now, not after 82 trials at `parcel-hpc select`.
-    SelectionPolicy.from_mapping(cfg["selection"])
-    space = normalize(cfg["space"]["params"])  # the sweeper already merged the grammar in; idempotent
+    # A gate or baseline that cannot be applied is bad input now, not after 82 trials at `parcel-hpc select`.
     trainer = trainer_identity(cfg["trainer"]["target"], cfg["trainer"].get("code", []))
+    selection = pinned_selection(cfg["selection"], trainer)
+    space = normalize(cfg["space"]["params"])  # the sweeper already merged the grammar in; idempotent
     cls = trainer_class(trainer["target"])  # imported just above
     check_space(declared(cls, trainer["target"]), space, f"{cls.__name__} ({trainer['target']})")
     sampler = samplers.from_config(cfg.get("sampler"))
@@ -92,7 +92,7 @@ def build_contract(cfg: Mapping[str, Any]) -> Contract:
         "resources": {k: cfg["resources"][k] for k in PINNED_RESOURCES},
         "budget": dict(cfg["budget"]),
         "pruner": dict(cfg["pruner"]),
-        "selection": dict(cfg["selection"]),
+        "selection": selection,
     }
     try:
         return Contract(fields)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -260,8 +261,11 @@ def _lineage(contract, winner_facts: TrialFacts | None, a: Assessment, result, f
             "metric": dict(contract["metric"]),
             "selection_revision": policy.revision,
             "baseline": {
-                "name": policy.baseline_name,
-                "params": dict(policy.baseline_params),
+                "name": policy.baseline.name,
+                "kind": policy.baseline.kind.value,
+                "trainer": dict(policy.baseline.trainer),
+                "params": dict(policy.baseline.params),
+                "released": None if policy.baseline.artifact is None else asdict(policy.baseline.artifact),
                 "validation_metric": (result or {}).get("baseline", {}).get("metric"),
             },
             "disposition": str(a.verdict.outcome),

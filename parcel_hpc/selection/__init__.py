@@ -2,6 +2,7 @@
 an approved baseline, record quality decisions, evaluate the protected final partition once.
 
     policy.py       SelectionPolicy: the pinned ``selection`` group, typed and checked
+    baseline.py     the approved baseline (trained with its own trainer, or a released artifact), checked at launch
     candidates.py   (pure) clean lineage, the frozen completed list and its digest
     slices.py       (pure) slice reports and the slice gate
     disposition.py  (pure) hold:budget / hold:invalid-winner / hold:slice-quality / evaluate:final-holdout

@@ -132,13 +132,13 @@ def select(search_dir, *, now: bool, trial: str | None, reason: str, console: Co
                 f"the final evaluation of selection {claimed} was claimed while selection {n} froze: selection {n} is void, selection {claimed} stands",
             )
     assessment = assess(store, record, n)
+    failure = ""
     if assessment.verdict.outcome != Outcome.HOLD_BUDGET and _needs_rerun(assessment):
         job = run_job(store, JobRole.RERUN, n, writer, console)
-        if not job.ok:
-            console.print(f"[red]{job.message}[/red]")
+        failure = job.message
         assessment = assess(store, store.record(), n)
     writer.disposed(n, assessment.verdict.outcome, assessment.verdict.reasons)
-    _announce(assessment, out)
+    _announce(assessment, out, failure)
     return assessment
 
 
@@ -207,20 +207,24 @@ def _frozen_event(frozen: dict[str, Any]) -> Frozen:
     )
 
 
-def _announce(a: Assessment, out: Console) -> None:
-    """The outcome first (scripts match on it), then the evidence."""
+def _announce(a: Assessment, out: Console, failure: str = "") -> None:
+    """The outcome first (scripts match on it), then the evidence; ``failure``: why the rerun job
+    this command ran ended without a result (its own one line)."""
     out.print(str(a.verdict.outcome), markup=False)
     for reason in a.verdict.reasons:
         out.print(f"  {reason}", markup=False)
     if a.rerun is not None:
-        out.print(f"  rerun: {a.rerun.describe()} -> {'within' if a.rerun.within else 'OUTSIDE'} tolerance", markup=False)
+        # A rerun that produced no result is not outside a tolerance: the job's own line says why it ended.
+        verdict = "" if a.rerun.rerun_metric is None else f" -> {'within' if a.rerun.within else 'OUTSIDE'} tolerance"
+        out.print(f"  rerun: {a.rerun.describe()}{verdict}", markup=False)
+    if failure:
+        out.print(f"  {failure}", markup=False, soft_wrap=True)
     if a.result is not None:
         p = a.result["parity"]
         out.print(f"  serving parity: max |serve - predict| {p['max_abs_difference']:.2e} (tolerance {p['tolerance']:g})", markup=False)
-        out.print(
-            f"  baseline {a.result['baseline']['name']}: validation miss-cost {a.result['baseline']['metric']:.4f}; selected {a.frozen['metric']:.4f}",
-            markup=False,
-        )
+        base = a.result["baseline"]
+        how = f"released {base['released']}" if base.get("released") else f"trained, {base.get('trainer') or 'the search trainer'}"
+        out.print(f"  baseline {base['name']} ({how}): validation miss-cost {base['metric']:.4f}; selected {a.frozen['metric']:.4f}", markup=False)
     if a.gate is not None:
         table = Table(title=f"slice gate, validation (selection {a.n})")
         for col in ("slice", "check", "winner", "baseline", "limit", "verdict"):

@@ -3,14 +3,16 @@
 ``rerun``: check what this job opened against the contract, load the selected trial's final
 checkpoint (the selected artifact) and rescore it, check its serving path against its training
 path on raw validation images, measure what serving it costs, rerun its configuration from the
-pinned snapshot, retrain the approved baseline the same way, and report both per slice. The rerun
-and the baseline are recorded like trials (a spec and a typed journal each).
+pinned snapshot, retrain the approved baseline the same way (with its own trainer) or load the
+released one (``selection.baseline``), and report both per slice. The rerun and a trained
+baseline are recorded like trials (a spec and a typed journal each).
 
 ``final``: the one evaluation on the protected final partition. It reads the final file through
 ``load_final_partition``, the one door, only under the revision's claim and plan, scores the
 artifacts the rerun checked through their serving paths, and seals the result.
 
-Trainer code runs behind the worker's fence (``worker.guard``) in both. Each job run works in a
+Trainer code runs behind the worker's fence (``worker.guard``) in both, and what it raises ends the
+job with one line naming whose code raised what (``_Context.trainer_code``). Each job run works in a
 directory of its own and writes its result once, last, so a requeued or duplicated job never
 mixes files with another and one that finds the result written does nothing.
 """
@@ -24,7 +26,7 @@ import statistics
 import subprocess
 import time
 import tracemalloc
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -34,8 +36,10 @@ import numpy as np
 
 from parcel_hpc import fsio
 from parcel_hpc.checkpoints import store as ckpt
+from parcel_hpc.checkpoints.format import Unusable
+from parcel_hpc.checkpoints.format import read as read_checkpoint
 from parcel_hpc.data import load_final_partition, read_split
-from parcel_hpc.errors import GovernanceRefusal, UsageError
+from parcel_hpc.errors import GovernanceRefusal, ParcelError, UsageError, one_line
 from parcel_hpc.governance.admission import TrialIdentity, check_worker, config_hash
 from parcel_hpc.governance.contract import Contract
 from parcel_hpc.governance.image import environment_digest, file_digest
@@ -44,6 +48,7 @@ from parcel_hpc.governance.outcome import Outcome
 from parcel_hpc.ledger import Admitted, AttemptEnd, Cause, Ended, JobRole, SearchDir, TrialSpec, TrialWriter
 from parcel_hpc.ledger.events import encode_payload
 from parcel_hpc.ledger.selection import FinalOpened, JobSubmitted
+from parcel_hpc.selection.baseline import BaselineKind, baseline_trainer
 from parcel_hpc.selection.policy import SelectionPolicy
 from parcel_hpc.selection.slices import shipment_buckets, slice_report
 from parcel_hpc.selection.store import SelectionStore
@@ -101,8 +106,9 @@ class _Context:
         self.data: TrainingData = load_training_data(self.plan.snapshot_path, self.split, self.plan.preprocessing, verify_digest=False)
         m = self.contract["metric"]
         self.metric = MissCost(m["revision"], float(m["miss_cost"]), float(m["review_cost"]))
-        baseline_hash = config_hash({"params": dict(self.policy.baseline_params), "seed": self.plan.seed, "contract_digest": self.contract.digest})
-        self.baseline_identity = TrialIdentity(f"baseline-{self.policy.baseline_name}", baseline_hash, self.contract.digest, self.contract["snapshot_digest"])
+        self.baseline = self.policy.baseline
+        baseline_hash = config_hash({"params": dict(self.baseline.params), "seed": self.plan.seed, "contract_digest": self.contract.digest})
+        self.baseline_identity = TrialIdentity(f"baseline-{self.baseline.name}", baseline_hash, self.contract.digest, self.contract["snapshot_digest"])
         self.winner_identity = TrialIdentity(self.trial_id, self.plan.config_hash, self.contract.digest, self.contract["snapshot_digest"])
 
     @contextmanager
@@ -119,10 +125,31 @@ class _Context:
                         FINAL_PARTITION_OUTCOME, f"trainer code asked for protected data during a selection job ({asked[0]}); the job stops"
                     )
 
+    @contextmanager
+    def trainer_code(self, who: str) -> Iterator[None]:
+        """Fenced trainer code; what it raises ends the job in one line that names whose code raised
+        what (a user's trainer reading a parameter nobody gave is a KeyError here, not a traceback)."""
+        try:
+            with self.fenced():
+                yield
+        except ParcelError:
+            raise
+        except Exception as exc:
+            raise UsageError(f"{who} raised {type(exc).__name__}: {one_line(str(exc)) or '(no message)'}") from exc
+
     def trainer(self, params: Mapping[str, Any]) -> Trainer:
+        """The search's trainer built with the selected trial's ``params``."""
         trainer = make_trainer(self.contract["trainer"], self.store.search.path)
-        with self.fenced():
-            trainer.build(build_params(trainer, params), self.plan.seed, self.data)
+        return self._built(trainer, params, self.plan.seed, f"trainer {self.contract['trainer']['target']}")
+
+    def baseline_trainer(self, seed: int) -> Trainer:
+        """The baseline's own trainer, built with its params (``selection.baseline``)."""
+        trainer, params = baseline_trainer(self.baseline, self.store.search.path)
+        return self._built(trainer, params, seed, f"the baseline {self.baseline.name}'s trainer {self.baseline.target}")
+
+    def _built(self, trainer: Trainer, params: Mapping[str, Any], seed: int, who: str) -> Trainer:
+        with self.trainer_code(f"{who} build(params={dict(params)})"):
+            trainer.build(build_params(trainer, params), seed, self.data)
         return trainer
 
     def columns(self, part) -> dict[str, np.ndarray]:
@@ -134,35 +161,58 @@ class _Context:
         return {c: available[c] for c in self.policy.columns}
 
     def scores(self, trainer: Trainer, split: str, n: int, step: int) -> np.ndarray:
-        with self.fenced():
+        with self.trainer_code(f"{type(trainer).__name__}.predict({split!r})"):
             return checked_probabilities(trainer.predict(split), n, split, step)
 
     def served(self, trainer: Trainer, images: np.ndarray, step: int, split: str) -> np.ndarray:
-        with self.fenced():
+        with self.trainer_code(f"{type(trainer).__name__}.serve({split} images)"):
             return checked_probabilities(trainer.serve(images), len(images), f"serving ({split})", step)
 
 
-def _restored(ctx: _Context, params: Mapping[str, Any], directory: Path, identity: TrialIdentity) -> tuple[Trainer, ckpt.Checkpoint]:
+def _restored(ctx: _Context, make: Callable[[], Trainer], directory: Path, identity: TrialIdentity) -> tuple[Trainer, ckpt.Checkpoint]:
     found = ckpt.CheckpointStore(directory, identity, keep_last=1).load_latest()
     if found is None:
         raise UsageError(f"no intact checkpoint in {directory}; the artifact is missing")
-    trainer = ctx.trainer(params)
-    with ctx.fenced():
+    trainer = make()
+    with ctx.trainer_code(f"{type(trainer).__name__}.load_state({found.path.name})"):
+        trainer.load_state(TrainerState(found.params, found.extra or {}))
+    return trainer, found
+
+
+def _released(ctx: _Context) -> tuple[Trainer, ckpt.Checkpoint]:
+    """The released baseline as its registry entry holds it (the bytes the contract pins), loaded
+    into its trainer: built with the released trial's params and seed, then its state."""
+    art = ctx.baseline.artifact
+    assert art is not None  # an ARTIFACT baseline has one (Baseline checks it at birth)
+    digest = file_digest(art.path)
+    if digest != art.sha256:
+        raise GovernanceRefusal(
+            Outcome.reject("baseline_artifact"),
+            f"the released baseline {art.path} has digest {digest}, the contract pins {art.sha256}; restore the released file",
+        )
+    try:
+        found = read_checkpoint(art.path)
+    except Unusable as exc:
+        raise GovernanceRefusal(Outcome.reject("baseline_artifact"), f"the released baseline {art.path} does not read as a checkpoint ({exc})") from None
+    trainer = ctx.baseline_trainer(art.seed)
+    with ctx.trainer_code(f"the baseline {ctx.baseline.name}'s trainer {ctx.baseline.target} load_state({art.path})"):
         trainer.load_state(TrainerState(found.params, found.extra or {}))
     return trainer, found
 
 
 def _save_artifact(ctx: _Context, directory: Path, identity: TrialIdentity, step: int, trainer: Trainer) -> dict[str, Any]:
-    with ctx.fenced():
+    with ctx.trainer_code(f"{type(trainer).__name__}.state()"):
         state = trainer.state().checked()
     path = ckpt.CheckpointStore(directory, identity, keep_last=1).save(step, state.arrays, {}, {}, extra=state.scalars)
     return {"path": str(path), "sha256": file_digest(path), "step": step, "bytes": path.stat().st_size}
 
 
-def _trained(ctx: _Context, records_dir: Path, name: str, params: Mapping[str, Any], identity: TrialIdentity) -> tuple[Trainer, float, TrialSpec]:
-    """Train ``params`` exactly like a trial (same loop, steps, seed and milestones; no pruning),
-    recorded like one: a spec and a journal with its start, the digests it read, its milestones
-    and its ending, under ``records_dir/name``."""
+def _trained(
+    ctx: _Context, records_dir: Path, name: str, params: Mapping[str, Any], identity: TrialIdentity, make: Callable[[], Trainer]
+) -> tuple[Trainer, float, TrialSpec]:
+    """Train ``params`` with the trainer ``make`` builds, exactly like a trial (same loop, steps,
+    seed and milestones; no pruning), recorded like one: a spec and a journal with its start, the
+    digests it read, its milestones and its ending, under ``records_dir/name``."""
     spec = TrialSpec(
         name, -1, dict(params), ctx.plan.seed, identity.config_hash, ctx.contract.digest, ctx.admitted.image_digest, dict(ctx.contract["resources"])
     )
@@ -172,7 +222,6 @@ def _trained(ctx: _Context, records_dir: Path, name: str, params: Mapping[str, A
     journal.started(1, facts_from_env())
     journal.admitted(1, ctx.admitted)
     plan = replace(ctx.plan, params=dict(params))
-    trainer = ctx.trainer(params)
     step = 0
 
     def stepped(at: int) -> None:
@@ -184,7 +233,8 @@ def _trained(ctx: _Context, records_dir: Path, name: str, params: Mapping[str, A
 
     calls = LoopCallbacks(stepped, lambda at: None, validated, lambda: None)
     try:
-        with ctx.fenced():
+        trainer = make()
+        with ctx.trainer_code(f"{name}: {type(trainer).__name__} training"):
             _, value = train(plan, trainer, ctx.data, 0, calls)
     except GovernanceRefusal as exc:
         journal.ended(1, Ended(AttemptEnd.REJECTED, step=step, outcome=exc.outcome, reason=str(exc)[:500]))
@@ -264,22 +314,18 @@ def _rerun(ctx: _Context) -> dict[str, Any]:
     val = ctx.data.validation
     columns = ctx.columns(val)
     # The selected artifact: the trial's own final checkpoint, rescored exactly as the search scored it.
-    winner, found = _restored(ctx, ctx.plan.params, Path(ctx.plan.checkpoint_dir()), ctx.winner_identity)
+    winner, found = _restored(ctx, lambda: ctx.trainer(ctx.plan.params), Path(ctx.plan.checkpoint_dir()), ctx.winner_identity)
     if found.step != ctx.plan.steps:
         raise UsageError(f"the newest checkpoint of {ctx.trial_id} is at step {found.step}, not its final step {ctx.plan.steps}")
     winner_scores = ctx.scores(winner, "validation", len(val), found.step)
     artifact = _save_artifact(ctx, run_dir / "winner", ctx.winner_identity, found.step, winner) | {"from": str(found.path)}
-    with ctx.fenced():
+    with ctx.trainer_code(f"{type(winner).__name__}.serve (parity and serving cost)"):
         parity = _parity(winner, val.images, winner_scores, ctx.policy.parity_tolerance)
         serving = _serving_estimate(winner, val.images) | {"artifact_bytes": artifact["bytes"]}
     # The rerun: the same configuration from the pinned snapshot, as a new run.
     records = run_dir / "records"
-    _, rerun_metric, _ = _trained(ctx, records, "rerun", ctx.plan.params, ctx.winner_identity)
-    # The approved baseline, trained the same way.
-    baseline, baseline_metric, baseline_spec = _trained(ctx, records, "baseline", ctx.policy.baseline_params, ctx.baseline_identity)
-    baseline_scores = ctx.scores(baseline, "validation", len(val), ctx.plan.steps)
-    with ctx.fenced():
-        baseline_parity = _parity(baseline, val.images, baseline_scores, ctx.policy.parity_tolerance)
+    _, rerun_metric, _ = _trained(ctx, records, "rerun", ctx.plan.params, ctx.winner_identity, lambda: ctx.trainer(ctx.plan.params))
+    baseline_scores, baseline = _baseline_on_validation(ctx, run_dir, records)
     return {
         "role": JobRole.RERUN.value,
         "selection": ctx.n,
@@ -291,16 +337,9 @@ def _rerun(ctx: _Context) -> dict[str, Any]:
         "artifact_metric": ctx.metric(winner_scores, val.labels),
         "rerun_metric": rerun_metric,
         "rerun_tolerance": ctx.policy.rerun_tolerance,
-        "records": {"rerun": str(records / "rerun"), "baseline": str(records / "baseline")},
+        "records": {"rerun": str(records / "rerun")} | ({"baseline": str(records / "baseline")} if ctx.baseline.kind is BaselineKind.TRAINED else {}),
         "artifact": artifact,
-        "baseline": {
-            "name": ctx.policy.baseline_name,
-            "params": dict(ctx.policy.baseline_params),
-            "config_hash": baseline_spec.config_hash,
-            "metric": baseline_metric,
-            "artifact": _save_artifact(ctx, run_dir / "baseline", ctx.baseline_identity, ctx.plan.steps, baseline),
-            "parity": baseline_parity,
-        },
+        "baseline": baseline,
         "parity": parity,
         "serving": serving,
         "slices": {
@@ -309,6 +348,26 @@ def _rerun(ctx: _Context) -> dict[str, Any]:
             "baseline": [r.to_json() for r in slice_report(baseline_scores, val.labels, columns, ctx.metric)],
         },
     }
+
+
+def _baseline_on_validation(ctx: _Context, run_dir: Path, records: Path) -> tuple[np.ndarray, dict[str, Any]]:
+    """The approved baseline's validation scores and its part of the result: trained the same way
+    as the rerun with its own trainer, or the released artifact scored through ``serve``."""
+    val, b = ctx.data.validation, ctx.baseline
+    part: dict[str, Any] = {"name": b.name, "kind": b.kind.value, "trainer": b.target, "params": dict(b.params)}
+    if b.artifact is not None:
+        released, found = _released(ctx)
+        scores = ctx.served(released, val.images, found.step, "validation")
+        size = Path(b.artifact.path).stat().st_size
+        artifact = {"path": b.artifact.path, "sha256": b.artifact.sha256, "step": found.step, "bytes": size}
+        released_from = f"{b.artifact.search_revision}/{b.artifact.trial_id}"
+        return scores, part | {"config_hash": None, "metric": ctx.metric(scores, val.labels), "artifact": artifact, "released": released_from, "parity": None}
+    trainer, metric, spec = _trained(ctx, records, "baseline", b.params, ctx.baseline_identity, lambda: ctx.baseline_trainer(ctx.plan.seed))
+    scores = ctx.scores(trainer, "validation", len(val), ctx.plan.steps)
+    with ctx.trainer_code(f"{type(trainer).__name__}.serve (baseline parity)"):
+        parity = _parity(trainer, val.images, scores, ctx.policy.parity_tolerance)
+    artifact = _save_artifact(ctx, run_dir / "baseline", ctx.baseline_identity, ctx.plan.steps, trainer)
+    return scores, part | {"config_hash": spec.config_hash, "metric": metric, "artifact": artifact, "parity": parity}
 
 
 # --- final -----------------------------------------------------------------------------------------
@@ -363,11 +422,15 @@ def _final(ctx: _Context) -> dict[str, Any]:
     final = load_final_partition(ctx.plan.snapshot_path, plan["final_path"], split=ctx.split)
     columns = ctx.columns(final)
     scored = {}
-    for which, identity, params, artifact in (
-        ("winner", ctx.winner_identity, ctx.plan.params, rerun["artifact"]),
-        ("baseline", ctx.baseline_identity, ctx.policy.baseline_params, rerun["baseline"]["artifact"]),
-    ):
-        trainer, found = _restored(ctx, params, Path(artifact["path"]).parent, identity)
+    winner_dir, baseline_dir = Path(rerun["artifact"]["path"]).parent, Path(rerun["baseline"]["artifact"]["path"]).parent
+    loaded = {
+        "winner": _restored(ctx, lambda: ctx.trainer(ctx.plan.params), winner_dir, ctx.winner_identity),
+        "baseline": _released(ctx)
+        if ctx.baseline.kind is BaselineKind.ARTIFACT
+        else _restored(ctx, lambda: ctx.baseline_trainer(ctx.plan.seed), baseline_dir, ctx.baseline_identity),
+    }
+    for which, artifact in (("winner", rerun["artifact"]), ("baseline", rerun["baseline"]["artifact"])):
+        trainer, found = loaded[which]
         if str(found.path) != artifact["path"] or file_digest(found.path) != artifact["sha256"]:
             raise GovernanceRefusal(Outcome.reject("artifact"), f"the {which} artifact {found.path} is not the one the selection checked ({artifact['path']})")
         scores = ctx.served(trainer, final.images, found.step, "final")

@@ -1,19 +1,20 @@
 """The selection policy pinned in a search's contract (``parcel_hpc/conf/selection/``), as typed values.
 
-Checked when the contract is built (``propose.specs.build_contract``), so a malformed gate is one
-line and exit 2 before anything is frozen; read back from the frozen contract by every selection
-command and job (``SelectionPolicy.of``), never from a later config.
+Checked when the contract is built (``propose.specs.build_contract`` calls ``pinned_selection``), so
+a malformed gate or baseline is one line and exit 2 before anything is frozen; read back from the
+frozen contract by every selection command and job (``SelectionPolicy.of``), never from a later config.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from parcel_hpc.errors import UsageError
 from parcel_hpc.governance.contract import Contract
+from parcel_hpc.selection.baseline import Baseline, BaselineKind, resolve
 
 SLICE_COLUMNS = ("damage_type", "camera_class", "shipment_bucket")
 
@@ -31,8 +32,7 @@ class SelectionPolicy:
     revision: str
     rerun_tolerance: float
     parity_tolerance: float
-    baseline_name: str
-    baseline_params: Mapping[str, Any]
+    baseline: Baseline
     columns: tuple[str, ...]
     shipment_buckets: int
     gate: GatePolicy
@@ -42,21 +42,19 @@ class SelectionPolicy:
         """The policy a frozen contract pins (checked again: the contract file is read back)."""
         if "selection" not in contract.fields:
             raise UsageError("this search froze before selection was pinned in its contract; select from a search revision launched with this parcel_hpc")
-        return cls.from_mapping(contract["selection"])
+        return cls.from_mapping(contract["selection"], contract["trainer"])
 
     @classmethod
-    def from_mapping(cls, m: Mapping[str, Any]) -> SelectionPolicy:
-        """Validate the ``selection`` group. The baseline's params go to the trainer as a trial's
-        would (a trainer may take parameters the space does not sweep); one it refuses fails the
-        rerun job, and ``select`` shows its error."""
+    def from_mapping(cls, m: Mapping[str, Any], search_trainer: Mapping[str, Any]) -> SelectionPolicy:
+        """Validate the ``selection`` field as pinned (``pinned_selection``); ``search_trainer``: the
+        contract's trainer identity, the baseline's when it pins none of its own."""
         try:
-            slices, gate, baseline = m["slices"], m["gate"], m["baseline"]
+            slices, gate = m["slices"], m["gate"]
             policy = cls(
                 revision=str(m["revision"]),
                 rerun_tolerance=_non_negative("selection.rerun_tolerance", m["rerun_tolerance"]),
                 parity_tolerance=_non_negative("selection.parity_tolerance", m["parity_tolerance"]),
-                baseline_name=str(baseline["name"]),
-                baseline_params=dict(baseline["params"]),
+                baseline=Baseline.pinned(m["baseline"], search_trainer),
                 columns=tuple(slices["columns"]),
                 shipment_buckets=int(slices["shipment_buckets"]),
                 gate=GatePolicy(
@@ -75,12 +73,20 @@ class SelectionPolicy:
             raise UsageError(f"selection.slices.columns={list(policy.columns)} is not a non-empty subset of {list(SLICE_COLUMNS)}; name those columns")
         if policy.shipment_buckets < 1 or policy.gate.min_examples < 1:
             raise UsageError("selection.slices.shipment_buckets and min_examples must be >= 1")
-        if not policy.baseline_name.strip():
-            raise UsageError("selection.baseline.name is empty; name the approved baseline model")
-        for name, value in policy.baseline_params.items():
-            if not isinstance(value, (int, float, str)) or (isinstance(value, float) and not math.isfinite(value)):
-                raise UsageError(f"selection.baseline.params.{name}={value!r} is not a value a trial could take; give a finite number or a string")
         return policy
+
+
+def pinned_selection(m: Mapping[str, Any], search_trainer: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``selection`` group as the contract pins it: the baseline resolved (``baseline.resolve``:
+    its trainer imported and its params checked, or its released artifact read), all of it checked."""
+    if not isinstance(m.get("baseline"), Mapping):
+        raise UsageError("the selection group lacks its baseline; pick one: selection/baseline=logreg_approved (the demo's) or selection/baseline=given")
+    baseline = resolve(m["baseline"], str(search_trainer["target"]))
+    if baseline.kind is BaselineKind.TRAINED and baseline.target == search_trainer["target"]:
+        baseline = replace(baseline, trainer=dict(search_trainer))  # the search's own code, packages trainer.code names included
+    pinned = {**dict(m), "baseline": baseline.to_json(search_trainer)}
+    SelectionPolicy.from_mapping(pinned, search_trainer)
+    return pinned
 
 
 def _non_negative(name: str, value: Any) -> float:
