@@ -25,7 +25,7 @@ class WidthMLP(NumpyMLP):
     parameters = {"width": Param(int), "rate": Param(float), "alpha": Param(float, default=0.0)}
 
     def build(self, params, seed, data):
-        super().build({"lr": params["rate"], "hidden": params["width"], "l2": params.get("alpha", 0.0)}, seed, data)
+        super().build({"lr": params["rate"], "hidden": params["width"], "l2": params["alpha"], "batch_size": 64}, seed, data)
 
 
 class Timid(WidthMLP):
@@ -38,7 +38,14 @@ class Timid(WidthMLP):
 class ReadsUndeclared(WidthMLP):
     def build(self, params, seed, data):
         super().build(params, seed, data)
-        self.depth = params["depth"]  # a parameter it never declared: a KeyError in the rerun job
+        self.depth = params["depth"]  # a parameter it never declared: the launch's preflight finds it
+
+
+class FailsLate(WidthMLP):
+    def step(self):
+        if self.steps_done == 40:  # past the preflight's one step: only the rerun job meets it
+            raise KeyError("depth")
+        return super().step()
 '''
 USER_SPACE = """revision: width-r1
 params:
@@ -243,30 +250,29 @@ def test_an_edited_registered_artifact_is_refused_at_the_launch(root, released, 
 
 
 def test_release_refuses_a_search_never_selected_or_held_in_one_line(root):
-    res = run_launch(root, "held", "selection/baseline=given", "selection.baseline.name=b", "selection.baseline.trainer=width_mlp:ReadsUndeclared")
+    given = ["selection/baseline=given", "selection.baseline.name=b"]
+    res = run_launch(root, "held", *given, "selection.baseline.trainer=width_mlp:ReadsUndeclared")
     # Without params it is refused: it declares width and rate without a default.
     assert res.returncode == 2 and "leaves out rate, width" in res.stderr, res.stderr
-    res = run_launch(
-        root,
-        "held",
-        "selection/baseline=given",
-        "selection.baseline.name=b",
-        "selection.baseline.trainer=width_mlp:ReadsUndeclared",
-        "+selection.baseline.params={width: 0, rate: 0.01}",
-    )
+    res = run_launch(root, "held", *given, "selection.baseline.trainer=width_mlp:ReadsUndeclared", "+selection.baseline.params={width: 0, rate: 0.01}")
+    # Its build reads a parameter it never declared: the preflight finds it before anything is frozen.
+    assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
+    assert "preflight: width_mlp:ReadsUndeclared fails with the baseline b's parameters {rate=0.01, width=0}: KeyError: 'depth'" in res.stderr
+    assert not (root / "runs" / "held").exists()
+    res = run_launch(root, "held", *given, "selection.baseline.trainer=width_mlp:FailsLate", "+selection.baseline.params={width: 0, rate: 0.01}")
     assert res.returncode == 0, res.stderr[-2000:]
     search = root / "runs" / "held"
     never = cli(root, "release", str(search))
     no_traceback(never)
     assert never.returncode == 3 and never.stdout.splitlines() == ["hold:not-selected"], never.stdout
     assert never.stderr.count("\n") == 1 and "run `parcel-hpc select`" in never.stderr
-    # The baseline's own code reads a parameter nobody gave: the rerun job ends in one classified line.
+    # The baseline's own code fails past the preflight's step: the rerun job ends in one classified line.
     sel = cli(root, "select", str(search))
     no_traceback(sel)
     assert sel.returncode == 3 and sel.stdout.splitlines()[0] == "hold:invalid-winner", sel.stdout + sel.stderr
     assert "OUTSIDE" not in sel.stdout
     (why,) = [line for line in sel.stdout.splitlines() if "ended without a result" in line]  # one line, on stdout with the evidence
-    assert "the baseline b's trainer width_mlp:ReadsUndeclared build(params=" in why and why.endswith(")") and "raised KeyError: 'depth'" in why
+    assert "FailsLate training" in why and "raised KeyError: 'depth'" in why, why
     log = next((search / "selection" / "1" / "logs").glob("rerun-*.out")).read_text()
     assert "Traceback" not in log and log.strip().splitlines()[-1].startswith("error: ")
     held = cli(root, "release", str(search))
@@ -276,7 +282,7 @@ def test_release_refuses_a_search_never_selected_or_held_in_one_line(root):
     assert not (search / "release").exists()
 
 
-def test_an_edited_baseline_trainer_is_another_search_and_never_trains_in_its_place(root, tmp_path):
+def test_an_edited_baseline_trainer_is_another_search_and_the_selection_trains_the_frozen_copy(root, tmp_path):
     code = tmp_path / "code"  # a private copy (and a cwd without the shared one): editing it changes no other test's trainer
     code.mkdir()
     (code / "width_mlp.py").write_text(USER_TRAINER)
@@ -289,7 +295,8 @@ def test_an_edited_baseline_trainer_is_another_search_and_never_trains_in_its_pl
         f.write("\n# edited after the launch\n")
     again = launch(args, cwd=tmp_path, data_dir=root / "data", env=private)
     assert again.returncode == 3 and again.stdout.splitlines()[0] == "reject:selection", again.stdout + again.stderr
+    # The selection trains the baseline from the search's own copy of its code, never the edited file.
     sel = parcel_hpc(["select", str(search)], cwd=tmp_path, env=private, timeout=600)
     no_traceback(sel)
-    assert sel.returncode == 3 and sel.stdout.splitlines()[0] == "hold:invalid-winner", sel.stdout + sel.stderr
-    assert "reject:baseline_trainer" in sel.stdout and "a changed baseline is a new search revision" in sel.stdout
+    assert sel.returncode == 3 and sel.stdout.splitlines()[0] == "hold:slice-quality", sel.stdout + sel.stderr
+    assert "baseline timid-approved (trained, width_mlp:Timid)" in sel.stdout and "reject:baseline_trainer" not in sel.stdout
