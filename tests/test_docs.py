@@ -91,6 +91,9 @@ RUN_PAGES: dict[str, Callable[[Path], None]] = {
     "faults-and-inputs.md": _nothing_written,
     "snapshot-format.md": _own_snapshot_valid,
 }
+# A page that goes on where another left off, in the same directory, after it (serving needs the
+# release the whole selection story registers).
+CONTINUED_BY = {"selection-and-release.md": "serving.md"}
 # The same, on the real dev cluster (SLURM_CONF): scripts/test.sh starts one for the slurm-marked tests.
 SLURM_PAGES: dict[str, Callable[[Path], None]] = {"slurm-and-accounting.md": _slurm_story}
 # Pages that only show (```text): why none of their commands is run here.
@@ -137,7 +140,7 @@ def test_no_code_block_escapes_the_run():
     for page in _pages():
         langs = [lang for lang, _ in blocks(page)]
         assert "" not in langs, f"docs/{page}: every code block names its language (```text for what is only shown)"
-        if page not in RUN_PAGES and page not in SLURM_PAGES:
+        if page not in RUN_PAGES and page not in SLURM_PAGES and page not in CONTINUED_BY.values():
             assert set(langs) <= {"text"}, f"docs/{page} has {sorted(set(langs) - {'text'})} blocks no test runs: add it to RUN_PAGES, or make them ```text"
 
 
@@ -145,6 +148,8 @@ def test_no_code_block_escapes_the_run():
 def test_every_code_block_runs(page, tmp_path):
     _run_page(page, tmp_path, _env(keep_slurm=False))
     RUN_PAGES[page](tmp_path)
+    if page in CONTINUED_BY:
+        _run_page(CONTINUED_BY[page], tmp_path, _env(keep_slurm=False))
 
 
 def _slurm_problem() -> str:

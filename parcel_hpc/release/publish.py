@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from parcel_hpc.release import render
 from parcel_hpc.release.packet import REGISTERED, build
 from parcel_hpc.selection.actions import assess, trial_facts
 from parcel_hpc.selection.store import SelectionStore
+from parcel_hpc.trainer import code
 
 NOT_SELECTED = Outcome.hold("not-selected")
 
@@ -62,7 +64,7 @@ def publish(search_dir: str | os.PathLike, registry: str | os.PathLike | None, *
     for name, text in files.items():
         fsio.atomic_write_text(store.release_dir / name, text)
     if outcome == REGISTERED:
-        _register(packet, artifact, files, entry)
+        _register(packet, artifact, files, entry, lambda: code.copy_snapshot(store.search.path, entry, contract["trainer"]))
     store.writer("release").released(
         Released(packet["selection"]["number"], outcome == REGISTERED, outcome, sha256_of(text_json.encode()), packet["registry_path"])
     )
@@ -115,11 +117,15 @@ def _writable(root: Path) -> None:
         raise UsageError(f"registry {root} is not writable ({exc.strerror}); pass --registry DIR, a writable shared directory") from None
 
 
-def _register(packet: dict[str, Any], artifact: bytes, files: dict[str, str], entry: Path) -> None:
+def _register(packet: dict[str, Any], artifact: bytes, files: dict[str, str], entry: Path, copy_code: Callable[[], None]) -> None:
+    """The entry's files, the trainer's code that serves the artifact (``serving.load_release``), then
+    ``registered.json``, exclusively."""
     marker = entry / "registered.json"
     if marker.exists():
         return  # registered by an earlier release of this selection: a registry entry is never rewritten
     fsio.ensure_dir(entry)
+    if not (entry / code.CODE_DIR).exists():
+        copy_code()
     fsio.atomic_write_bytes(entry / "artifact.h5", artifact)
     for name, text in files.items():
         fsio.atomic_write_text(entry / name, text)

@@ -173,6 +173,22 @@ def _copy_digest(top: Path) -> str:
     return _digest([(p.relative_to(top).as_posix(), p) for p in top.rglob("*") if p.is_file()])
 
 
+def copy_snapshot(source_dir: str | os.PathLike, dest_dir: str | os.PathLike, identity: Mapping[str, Any]) -> None:
+    """The search's copy of the trainer's code, copied whole under ``dest_dir`` (a registry entry),
+    checked against its digest: a released artifact then carries the code that serves it."""
+    if not identity.get("code"):
+        return
+    source, dest = snapshot_dir(source_dir, str(identity["source_digest"])), snapshot_dir(dest_dir, str(identity["source_digest"]))
+    if _copy_digest(source) != identity["source_digest"]:
+        raise GovernanceRefusal(Outcome.reject("trainer"), f"the search's copy of the trainer's code ({source}) is not the code its contract pins")
+    tmp = ensure_dir(dest.parent) / f".{dest.name}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        shutil.copytree(source, tmp)
+        os.rename(tmp, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def copy_digest(search_dir: str | os.PathLike, identity: Mapping[str, Any]) -> str:
     """What the copy in the search holds now (a worker's own observation, never the recorded value)."""
     dest = snapshot_dir(search_dir, str(identity["source_digest"]))
