@@ -1,0 +1,199 @@
+"""A search's spend: one figure, one breakdown, what every read command and the packet print.
+
+``search_spend`` (pure) counts each hour once, from the ledger and the budget journal:
+
+- attempts: the trials' own attempts. One the journal holds counts what it settled; one that never
+  reserved (refused at admission, budget_exhausted) its start to end by ``budget.attempt_usage``,
+  the rule settling uses;
+- packing: the gaps between the trials that ran in turn in one job run (a pack), at the job's
+  resources; the pack's start-up before its first trial is not in the ledger (``reconcile`` shows
+  it from sacct as "pack start-up and gaps");
+- selection jobs: the winner's rerun with the baseline, and the final evaluation, each its own
+  start to end times the resources it held;
+- held: the worst case still reserved for attempts that have not settled (running ones, and holds
+  an ended attempt left: ``reconcile`` flags those, ``sync`` settles them).
+
+``total = attempts + packing + selection + held``; cost is priced at the search's rates
+(``budget.rate_per_gpu_hour``, ``rate_per_cpu_hour``). The budget's caps bind ``charged``: the
+journal's used + held (the attempts that reserved, and the held part); packing, selection jobs and
+attempts that never reserved are spent but not reserved. sacct's figure (``reconcile``) is the
+scheduler's account of the same jobs, a reconciliation against this one, never a second spend.
+
+``read_spend`` is the read edge; it never writes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from parcel_hpc.budget import BudgetLedger, Hold, JournalView, Rates, ReservationKey, attempt_usage, hours_between, search_caps
+from parcel_hpc.ledger import Attempt, JobRole, SearchDir, TrialRecord
+from parcel_hpc.lifecycle.settlement import stale_holds
+from parcel_hpc.selection.store import SelectionStore
+
+DECIMALS = 4  # every printed figure: hours and cost, the same rounding everywhere
+JSON_DECIMALS = 6  # micro-hours: the journal's own resolution
+
+
+@dataclass(frozen=True)
+class Hours:
+    gpu_hours: float = 0.0
+    cpu_hours: float = 0.0
+
+    def __add__(self, other: Hours) -> Hours:
+        return Hours(self.gpu_hours + other.gpu_hours, self.cpu_hours + other.cpu_hours)
+
+    def cost(self, rates: Rates) -> float:
+        return rates.cost(self.gpu_hours, self.cpu_hours)
+
+    def to_json(self, rates: Rates) -> dict[str, float]:
+        return {
+            "gpu_hours": round(self.gpu_hours, JSON_DECIMALS),
+            "cpu_hours": round(self.cpu_hours, JSON_DECIMALS),
+            "cost": round(self.cost(rates), JSON_DECIMALS),
+        }
+
+
+@dataclass(frozen=True)
+class Spend:
+    """What a search spent and still holds. The parts add up to the total, by construction."""
+
+    attempts: Hours  # the trials' own attempts, settled or never reserved
+    packing: Hours  # gaps between the trials of a pack, within one job run
+    selection: Hours  # the selection's rerun and final-evaluation jobs
+    held: Hours  # worst case still reserved for attempts that have not settled
+    rates: Rates
+    charged: Hours = field(default_factory=Hours)  # what the caps bind: the journal's used + held
+    stale: int = 0  # holds of ended attempts among ``held`` (``sync`` settles them)
+
+    PARTS = ("attempts", "packing", "selection_jobs", "held")
+
+    @property
+    def parts(self) -> dict[str, Hours]:
+        return dict(zip(self.PARTS, (self.attempts, self.packing, self.selection, self.held)))
+
+    @property
+    def total(self) -> Hours:
+        return self.attempts + self.packing + self.selection + self.held
+
+    @property
+    def cost(self) -> float:
+        return self.total.cost(self.rates)
+
+    def line(self) -> str:
+        """One line, the same in every command: the total, then its parts in GPU-h (in CPU-h for a
+        search that used no GPU)."""
+        t, d = self.total, DECIMALS
+        unit, of = ("GPU-h", lambda h: h.gpu_hours) if t.gpu_hours > 0 else ("CPU-h", lambda h: h.cpu_hours)
+        parts = " + ".join(f"{name.replace('_', ' ')} {of(h):.{d}f}" for name, h in self.parts.items())
+        stale = f"; {self.stale} holds of ended attempts (`parcel-hpc sync` settles them)" if self.stale else ""
+        return f"{t.gpu_hours:.{d}f} GPU-h, {t.cpu_hours:.{d}f} CPU-h, cost {self.cost:.{d}f} ({unit}: {parts}){stale}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **self.total.to_json(self.rates),
+            "parts": {name: h.to_json(self.rates) for name, h in self.parts.items()},
+            "charged": self.charged.to_json(self.rates),
+            "stale_holds": self.stale,
+        }
+
+
+@dataclass(frozen=True)
+class JobHours:
+    """A job that is no trial's attempt (a selection job): its start, end and resources."""
+
+    started: float
+    ended: float
+    gpus: int
+    cpus: int
+
+    @property
+    def hours(self) -> Hours:
+        h = hours_between(self.started, self.ended)
+        return Hours(self.gpus * h, self.cpus * h)
+
+
+def attempt_spend(record: TrialRecord, attempt: Attempt, holds: Mapping[ReservationKey, Hold]) -> tuple[Hours, Hours]:
+    """(used, held) of one attempt (pure): what the journal settled for it, or still holds; one that
+    never reserved, its start to end (nothing while it runs)."""
+    hold = holds.get(ReservationKey(record.trial_id, attempt.number))
+    if hold is not None:
+        if hold.state.is_closed():
+            return Hours(hold.used_gpu_hours, hold.used_cpu_hours), Hours()
+        return Hours(), Hours(hold.reserved_gpu_hours, hold.reserved_cpu_hours)
+    if attempt.started is None or attempt.ended is None:
+        return Hours(), Hours()
+    return Hours(*attempt_usage(record.spec.resources, attempt.started, attempt.ended, attempt.gpus)), Hours()
+
+
+def packing_gaps(records: Iterable[TrialRecord]) -> Hours:
+    """The hours a pack's job held its resources between its trials (pure): within one run of one
+    job (job id and restart count), from each attempt's end to the next one's start."""
+    runs: dict[tuple[str, int], list[tuple[TrialRecord, Attempt]]] = {}
+    for r in records:
+        for a in r.attempts:
+            if a.job_id and a.started is not None:
+                runs.setdefault((a.job_id, a.restart_count), []).append((r, a))
+    total = Hours()
+    for ran in runs.values():
+        ran.sort(key=lambda item: item[1].started or 0.0)
+        for (r, before), (_, after) in zip(ran, ran[1:]):
+            if before.ended is None or after.started is None:
+                continue
+            gap = hours_between(before.ended, after.started)
+            res = r.spec.resources
+            total += Hours(before.gpus_or(int(res.get("gpus", 0))) * gap, int(res.get("cpus", 1)) * gap)
+    return total
+
+
+def search_spend(records: Sequence[TrialRecord], journal: JournalView | None, selection_jobs: Sequence[JobHours], rates: Rates) -> Spend:
+    """The spend of ``records``' trials and of ``selection_jobs`` (pure). Every hold the journal
+    has for those trials counts, whether or not the ledger shows its attempt (the journal is what
+    the caps bind), so ``charged`` is the journal's used + held for them."""
+    holds: Mapping[ReservationKey, Hold] = journal.holds if journal is not None else {}
+    ids = {r.trial_id for r in records}
+    mine = {k: h for k, h in holds.items() if k.trial_id in ids}
+    attempts = held = charged = Hours()
+    for h in mine.values():
+        part = Hours(h.used_gpu_hours, h.used_cpu_hours) if h.state.is_closed() else Hours(h.reserved_gpu_hours, h.reserved_cpu_hours)
+        charged += part
+        if h.state.is_closed():
+            attempts += part
+        else:
+            held += part
+    for r in records:
+        for a in r.attempts:
+            if ReservationKey(r.trial_id, a.number) not in mine:
+                attempts += attempt_spend(r, a, mine)[0]
+    selection = Hours()
+    for job in selection_jobs:
+        selection += job.hours
+    return Spend(attempts, packing_gaps(records), selection, held, rates, charged, len(stale_holds(records, mine)))
+
+
+# --- the read edge ------------------------------------------------------------------------------
+
+
+def selection_jobs(search: SearchDir) -> list[JobHours]:
+    """Every selection job that recorded its result: each frozen selection's rerun, and the final."""
+    store = SelectionStore(search)
+    results = [store.result(n, JobRole.RERUN) for n in store.frozen_numbers()] + [store.result(0, JobRole.FINAL)]
+    out = []
+    for result in results:
+        if result is None:
+            continue
+        job = result["job"]
+        allocated = job.get("facts", {}).get("gpus")  # what its scheduler gave it; older results: the request
+        out.append(
+            JobHours(job["started_at"], job["ended_at"], int(job["resources"]["gpus"] if allocated is None else allocated), int(job["resources"]["cpus"]))
+        )
+    return out
+
+
+def read_spend(search: SearchDir, records: Sequence[TrialRecord] | None = None) -> Spend:
+    """The search's spend, read without writing; ``records``: the caller's, when it has read them
+    (``status`` passes its own, resolved in memory)."""
+    records = list(search.records()) if records is None else records
+    return search_spend(records, BudgetLedger.read(search.path), selection_jobs(search), search_caps(search.contract()).rates)
