@@ -1,5 +1,8 @@
 """A search's one spend (pure): the breakdown adds up, every ending settles, a lost one too."""
 
+import os
+import time
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -9,6 +12,7 @@ from parcel_hpc.accounting.spend import JobHours, search_spend
 from parcel_hpc.budget import BudgetCaps, BudgetLedger, Hold, JournalTotals, JournalView, KeyState, Rates, ReservationKey, SearchBudget
 from parcel_hpc.ledger import AttemptEnd, Event, TrialSpec, fold
 from parcel_hpc.lifecycle.settlement import stale_holds
+from parcel_hpc.worker.jobenv import process_started
 
 RATES = Rates(per_gpu_hour=2.0, per_cpu_hour=0.05)
 RESOURCES = {"gpus": 1, "cpus": 2, "time_limit_min": 10}
@@ -93,9 +97,9 @@ def test_reconcile_flags_a_hold_on_an_ended_attempt_and_names_the_fix():
     assert not [f for f in reconcile("s1", "m", "local executor", [record], [], [], CAPS, settled).flags if f.kind == STALE_HOLD]
 
 
-def test_a_pack_gap_and_a_trial_that_never_reserved_are_counted_once():
-    events = lambda tid, a, b: [  # noqa: E731
-        ev("started", a, attempt=1, job_id="9", gpus=1),
+def test_a_jobs_start_up_a_pack_gap_and_a_trial_that_never_reserved_are_counted_once():
+    events = lambda tid, a, b: [  # noqa: E731  (one process, started at 4 s, runs both trials)
+        ev("started", a, attempt=1, job_id="9", gpus=1, process_started=4.0),
         ev("ended", b, attempt=1, how="completed", metric=0.2),
     ]
     first = fold(spec("t0001"), [ev("submitted", 0, job_id="9"), *events("t0001", 10, 370)])
@@ -103,7 +107,8 @@ def test_a_pack_gap_and_a_trial_that_never_reserved_are_counted_once():
     holds = {ReservationKey("t0001", 1): Hold(KeyState.SETTLED, 1 / 6, 2 / 6, 0.1, 0.2)}  # t0002 never reserved
     spent = search_spend([first, second], JournalView(JournalTotals(), holds), [JobHours(800, 1160, 1, 2)], RATES)
     assert spent.attempts.gpu_hours == pytest.approx(0.1 + 360 / 3600)
-    assert spent.packing.gpu_hours == pytest.approx(6 / 3600) and spent.packing.cpu_hours == pytest.approx(12 / 3600)
+    # 6 s of start-up before the first trial, 6 s between the two: at the job's 1 GPU and 2 CPUs.
+    assert spent.overhead.gpu_hours == pytest.approx(12 / 3600) and spent.overhead.cpu_hours == pytest.approx(24 / 3600)
     assert spent.selection.gpu_hours == pytest.approx(0.1)
     assert spent.charged.gpu_hours == pytest.approx(0.1)  # only the reserved attempt is charged to the cap
     assert spent.line().startswith(f"{spent.total.gpu_hours:.4f} GPU-h, {spent.total.cpu_hours:.4f} CPU-h, cost {spent.cost:.4f}")
@@ -120,7 +125,8 @@ def searches(draw):
         events, t = [ev("submitted", 0, job_id=f"j{draw(st.integers(0, 2))}")], 1.0
         for n in range(1, draw(st.integers(0, 3)) + 1):
             t += draw(st.floats(0, 5000))
-            events.append(ev("started", t, attempt=n, job_id=events[0].data.job_id, gpus=draw(st.sampled_from([None, 0, 1]))))
+            began = draw(st.one_of(st.none(), st.floats(0, t)))
+            events.append(ev("started", t, attempt=n, job_id=events[0].data.job_id, gpus=draw(st.sampled_from([None, 0, 1])), process_started=began))
             if draw(st.booleans()):
                 t += draw(st.floats(0, 5000))
                 how = draw(st.sampled_from([AttemptEnd.INTERRUPTED, AttemptEnd.LOST, AttemptEnd.FAILED]))
@@ -154,3 +160,13 @@ def test_property_the_parts_add_up_to_the_total_and_the_caps_bind_the_journal(se
     assert spent.stale == len(stale_holds(records, holds))
     shown = spent.to_json()
     assert shown["gpu_hours"] == pytest.approx(sum(p["gpu_hours"] for p in shown["parts"].values()), abs=1e-5)
+
+
+def test_a_process_start_is_read_from_proc_and_none_without_it(tmp_path):
+    (tmp_path / "self").mkdir()
+    # A command name with spaces and a parenthesis: fields are counted after its last ")".
+    (tmp_path / "self" / "stat").write_text("42 (a (b) c) S " + " ".join(["0"] * 18) + " 250 0 0\n")
+    (tmp_path / "stat").write_text("cpu 1 2 3\nbtime 1000\n")
+    assert process_started(str(tmp_path)) == pytest.approx(1000 + 250 / os.sysconf("SC_CLK_TCK"))
+    assert process_started(str(tmp_path / "nowhere")) is None
+    assert abs(process_started() - time.time()) < 3600  # this very process, on Linux

@@ -15,7 +15,7 @@ from parcel_hpc.ledger import SearchDir
 from parcel_hpc.testing import launch, parcel_hpc
 
 LINE = re.compile(
-    r"spend\W+(\d+\.\d{4}) GPU-h, (\d+\.\d{4}) CPU-h, cost (\d+\.\d{4}) \((?:GPU|CPU)-h: attempts \S+ \+ packing \S+ \+ selection jobs \S+ \+ held \S+\)"
+    r"spend\W+(\d+\.\d{4}) GPU-h, (\d+\.\d{4}) CPU-h, cost (\d+\.\d{4}) \((?:GPU|CPU)-h: attempts \S+ \+ start up and gaps \S+ \+ selection jobs \S+ \+ held \S+\)"
 )
 
 
@@ -51,7 +51,7 @@ def test_every_read_command_shows_one_spend_whose_parts_add_up(tmp_path, data_di
     first = spends["status"]
     assert all(s == first for s in spends.values()), spends
     parts = first["parts"]
-    assert first["cpu_hours"] > 0 and parts["packing"]["cpu_hours"] > 0  # two trials a job: a gap between them
+    assert first["cpu_hours"] > 0 and parts["start_up_and_gaps"]["cpu_hours"] > 0  # each job's start-up, a gap between its two trials
     assert parts["held"] == {"gpu_hours": 0.0, "cpu_hours": 0.0, "cost": 0.0} and first["stale_holds"] == 0
     for unit in ("gpu_hours", "cpu_hours", "cost"):
         assert first[unit] == pytest.approx(sum(p[unit] for p in parts.values()), abs=1e-5)

@@ -5,18 +5,19 @@
 - attempts: the trials' own attempts. One the journal holds counts what it settled; one that never
   reserved (refused at admission, budget_exhausted) its start to end by ``budget.attempt_usage``,
   the rule settling uses;
-- packing: the gaps between the trials that ran in turn in one job run (a pack), at the job's
-  resources; the pack's start-up before its first trial is not in the ledger (``reconcile`` shows
-  it from sacct as "pack start-up and gaps");
+- start-up and gaps: what a job held no attempt of which ran: from its worker process's start to
+  its first trial (interpreter, imports, unpickling; the ``started`` event records when the process
+  began) and, in a pack, between one trial's end and the next one's start, per run of the job, at
+  its resources. Before the process (the batch script, srun) only sacct sees: ``reconcile``;
 - selection jobs: the winner's rerun with the baseline, and the final evaluation, each its own
   start to end times the resources it held;
 - held: the worst case still reserved for attempts that have not settled (running ones, and holds
   an ended attempt left: ``reconcile`` flags those, ``sync`` settles them).
 
-``total = attempts + packing + selection + held``; cost is priced at the search's rates
+``total = attempts + overhead + selection + held``; cost is priced at the search's rates
 (``budget.rate_per_gpu_hour``, ``rate_per_cpu_hour``). The budget's caps bind ``charged``: the
-journal's used + held (the attempts that reserved, and the held part); packing, selection jobs and
-attempts that never reserved are spent but not reserved. sacct's figure (``reconcile``) is the
+journal's used + held (the attempts that reserved, and the held part); start-up and gaps,
+selection jobs and attempts that never reserved are spent but not reserved. sacct's figure (``reconcile``) is the
 scheduler's account of the same jobs, a reconciliation against this one, never a second spend.
 
 ``read_spend`` is the read edge; it never writes.
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from parcel_hpc.budget import BudgetLedger, Hold, JournalView, Rates, ReservationKey, attempt_usage, hours_between, search_caps
 from parcel_hpc.ledger import Attempt, JobRole, SearchDir, TrialRecord
@@ -61,22 +62,22 @@ class Spend:
     """What a search spent and still holds. The parts add up to the total, by construction."""
 
     attempts: Hours  # the trials' own attempts, settled or never reserved
-    packing: Hours  # gaps between the trials of a pack, within one job run
+    overhead: Hours  # jobs' start-up before their first trial, and a pack's gaps between its trials
     selection: Hours  # the selection's rerun and final-evaluation jobs
     held: Hours  # worst case still reserved for attempts that have not settled
     rates: Rates
     charged: Hours = field(default_factory=Hours)  # what the caps bind: the journal's used + held
     stale: int = 0  # holds of ended attempts among ``held`` (``sync`` settles them)
 
-    PARTS = ("attempts", "packing", "selection_jobs", "held")
+    PARTS = ("attempts", "start_up_and_gaps", "selection_jobs", "held")
 
     @property
     def parts(self) -> dict[str, Hours]:
-        return dict(zip(self.PARTS, (self.attempts, self.packing, self.selection, self.held)))
+        return dict(zip(self.PARTS, (self.attempts, self.overhead, self.selection, self.held)))
 
     @property
     def total(self) -> Hours:
-        return self.attempts + self.packing + self.selection + self.held
+        return self.attempts + self.overhead + self.selection + self.held
 
     @property
     def cost(self) -> float:
@@ -128,9 +129,10 @@ def attempt_spend(record: TrialRecord, attempt: Attempt, holds: Mapping[Reservat
     return Hours(*attempt_usage(record.spec.resources, attempt.started, attempt.ended, attempt.gpus)), Hours()
 
 
-def packing_gaps(records: Iterable[TrialRecord]) -> Hours:
-    """The hours a pack's job held its resources between its trials (pure): within one run of one
-    job (job id and restart count), from each attempt's end to the next one's start."""
+def job_overhead(records: Iterable[TrialRecord]) -> Hours:
+    """The hours jobs held their resources outside any attempt (pure), per run of a job (job id and
+    restart count): from its worker process's start to its first attempt's, and from each
+    attempt's end to the next one's start (a pack runs its trials in turn)."""
     runs: dict[tuple[str, int], list[tuple[TrialRecord, Attempt]]] = {}
     for r in records:
         for a in r.attempts:
@@ -139,12 +141,14 @@ def packing_gaps(records: Iterable[TrialRecord]) -> Hours:
     total = Hours()
     for ran in runs.values():
         ran.sort(key=lambda item: item[1].started or 0.0)
-        for (r, before), (_, after) in zip(ran, ran[1:]):
-            if before.ended is None or after.started is None:
-                continue
-            gap = hours_between(before.ended, after.started)
-            res = r.spec.resources
-            total += Hours(before.gpus_or(int(res.get("gpus", 0))) * gap, int(res.get("cpus", 1)) * gap)
+        first, began = ran[0][1], min((a.process_started for _, a in ran if a.process_started is not None), default=None)
+        idle = [(began, first.started)] if began is not None else []
+        idle += [(before.ended, after.started) for (_, before), (_, after) in zip(ran, ran[1:]) if before.ended is not None]
+        res = ran[0][0].spec.resources
+        gpus, cpus = first.gpus_or(int(res.get("gpus", 0))), int(res.get("cpus", 1))
+        for start, end in idle:
+            h = hours_between(start, cast(float, end))  # every attempt in ``ran`` started
+            total += Hours(gpus * h, cpus * h)
     return total
 
 
@@ -170,7 +174,7 @@ def search_spend(records: Sequence[TrialRecord], journal: JournalView | None, se
     selection = Hours()
     for job in selection_jobs:
         selection += job.hours
-    return Spend(attempts, packing_gaps(records), selection, held, rates, charged, len(stale_holds(records, mine)))
+    return Spend(attempts, job_overhead(records), selection, held, rates, charged, len(stale_holds(records, mine)))
 
 
 # --- the read edge ------------------------------------------------------------------------------
