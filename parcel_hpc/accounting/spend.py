@@ -14,11 +14,12 @@
 - held: the worst case still reserved for attempts that have not settled (running ones, and holds
   an ended attempt left: ``reconcile`` flags those, ``sync`` settles them).
 
-``total = attempts + overhead + selection + held``; cost is priced at the search's rates
-(``budget.rate_per_gpu_hour``, ``rate_per_cpu_hour``). The budget's caps bind ``charged``: the
-journal's used + held (the attempts that reserved, and the held part); start-up and gaps,
-selection jobs and attempts that never reserved are spent but not reserved. sacct's figure (``reconcile``) is the
-scheduler's account of the same jobs, a reconciliation against this one, never a second spend.
+``total = attempts + start-up and gaps + selection jobs + held``; cost is priced at the search's
+rates (``budget.rate_per_gpu_hour``, ``rate_per_cpu_hour``). The budget's caps bind ``charged``:
+the journal's used + held (the attempts that reserved, and what is held); start-up and gaps,
+selection jobs and attempts that never reserved are spent but were never reserved. sacct's figure
+(``reconcile``) is the scheduler's account of the same jobs, a reconciliation against this one,
+never a second spend.
 
 ``read_spend`` is the read edge; it never writes.
 """
@@ -197,7 +198,7 @@ def selection_jobs(search: SearchDir) -> list[JobHours]:
 
 
 def read_spend(search: SearchDir, records: Sequence[TrialRecord] | None = None) -> Spend:
-    """The search's spend, read without writing; ``records``: the caller's, when it has read them
-    (``status`` passes its own, resolved in memory)."""
+    """The search's spend, read without writing; ``records``: the caller's, when it has just read
+    them (``status`` passes them as recorded, before it folds any resolution in memory)."""
     records = list(search.records()) if records is None else records
     return search_spend(records, BudgetLedger.read(search.path), selection_jobs(search), search_caps(search.contract()).rates)
