@@ -5,6 +5,7 @@ import pytest
 
 from parcel_hpc.accounting.account import NO_SEARCH, SearchPart, over_account, over_searches
 from parcel_hpc.accounting.reconcile import AttemptLine, Reconciliation
+from parcel_hpc.accounting.spend import search_spend
 from parcel_hpc.budget import AssociationLimit, LimitKind, Rates, admit_account, render_account, worst_case
 from parcel_hpc.errors import GovernanceRefusal, SchedulerUnavailable
 from parcel_hpc.scheduler.slurm.queue import association_chain, limits_of, parse_associations, parse_shares, parse_tres
@@ -114,8 +115,8 @@ def line(job, hours, user="", partition="low", trial="t0"):
 
 
 def rec(campaign, lines, cap=10.0):
-    spend = {"gpu_hours": {"used": sum(l.gpu_hours for l in lines), "cap": cap, "left": 0.0}, "cost": {"used": 0.0, "cap": 100.0, "left": 0.0}}
-    return Reconciliation(campaign, "miss-cost-r3", "sacct", tuple(lines), (), (), {}, {}, spend)
+    scheduler = {"gpu_hours": {"used": sum(l.gpu_hours for l in lines), "cap": cap, "left": 0.0}, "cost": {"used": 0.0, "cap": 100.0, "left": 0.0}}
+    return Reconciliation(campaign, "miss-cost-r3", "sacct", tuple(lines), (), (), {}, {}, scheduler, search_spend([], None, [], Rates(2.0)))
 
 
 def run(job, hours, user, partition="low", account="parcel"):

@@ -22,11 +22,11 @@ from parcel_hpc.budget import (
     BudgetCaps,
     BudgetLedger,
     BudgetOutcome,
+    JournalTotals,
     KeyState,
     Rates,
     Refusal,
     Reservation,
-    Spend,
     admit_launch,
     attempt_worst_case,
     render_commitment,
@@ -95,7 +95,7 @@ def test_over_gpu_cap_holds_with_exact_overshoot_and_working_fixes():
 
 def test_already_committed_spend_shrinks_what_the_cap_leaves():
     c = worst_case(10, GPUS, CPUS, LIMIT_MIN, RETRIES, Rates(1.5))  # 12 GPU-h
-    spent = Spend(reserved_gpu_hours=5.0, used_gpu_hours=10.0)
+    spent = JournalTotals(reserved_gpu_hours=5.0, used_gpu_hours=10.0)
     assert admit_launch(c, caps(gpu=27.0), spent).ok
     d = admit_launch(c, caps(gpu=26.0), spent)
     assert line(d, "budget.gpu_hours_cap").overshoot == pytest.approx(1.0)

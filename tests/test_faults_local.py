@@ -8,6 +8,9 @@ import subprocess
 import sys
 import time
 
+import pytest
+
+from parcel_hpc.budget import BudgetLedger, KeyState, ReservationKey
 from parcel_hpc.ledger import SearchDir, read_events
 from parcel_hpc.testing import faults, launch, parcel_hpc
 from parcel_hpc.testing.runs import subprocess_env, wait_for
@@ -77,6 +80,11 @@ def test_killed_worker_resumes_from_its_last_good_checkpoint(tmp_path, data_dir)
     rec = sd(tmp_path, "killed").record("t0000")
     assert rec.state.value == "completed", (rec.state, rec.reason)
     assert rec.attempts[0].how.value == "lost" and rec.attempts[1].resumed_from == int(previous.stem.split("-")[1])
+    # The lost attempt's hold was settled with the hours the ledger saw it run: nothing stays held.
+    view = BudgetLedger.read(tmp_path / "runs" / "killed")
+    assert view.totals.reserved_cpu_hours == 0 and {h.state for h in view.holds.values()} == {KeyState.SETTLED}
+    lost = view.holds[ReservationKey("t0000", 1)]
+    assert lost.used_cpu_hours == pytest.approx(rec.attempts[0].hours() * int(rec.spec.resources["cpus"]), abs=1e-6)
     skipped = [e.to_json() for e in sd(tmp_path, "killed").events("t0000") if e.kind.value == "checkpoint_skipped"]
     assert skipped and skipped[0]["path"].endswith(newest.name)
     assert rec.metric == reference(tmp_path, data_dir)[0]

@@ -100,7 +100,7 @@ def test_list_shows_every_search_under_a_root_and_writes_nothing(tmp_path, data_
     assert s["revision"] == "done-r1" and s["trials"] == 4 and s["counts"]["completed"] == 4
     assert s["launcher"] == "ended" and s["best"]["trial_id"].startswith("t")
     ledger = BudgetLedger.read_totals(done)
-    assert s["cpu_hours"]["used"] == pytest.approx(ledger.used_cpu_hours) and s["gpu_hours"]["cap"] == 200.0
+    assert s["spend"]["parts"]["attempts"]["cpu_hours"] == pytest.approx(ledger.used_cpu_hours, abs=1e-6) and s["caps"]["gpu_hours"] == 200.0
     assert time.time() - 600 < s["last_activity"] <= time.time()
     assert found["nothing-r1"]["launcher"] == "none" and found["nothing-r1"]["trials"] == 0
     assert "done-r1" in table.stdout and "ended" in table.stdout
@@ -308,7 +308,7 @@ def test_local_trials_get_distinct_gpus_where_the_machine_has_them(tmp_path, dat
     assert res.returncode == 0, res.stderr[-2000:]
     assert BudgetLedger.read_totals(tmp_path / "runs" / "c-r1").used_gpu_hours == 0.0
     shown = json.loads(parcel_hpc(["status", str(tmp_path / "runs" / "c-r1"), "--json"]).stdout)
-    assert shown["compute"]["gpu_hours"] == 0.0 and shown["compute"]["cpu_hours"] > 0
+    assert shown["spend"]["gpu_hours"] == 0.0 and shown["spend"]["cpu_hours"] > 0
     recon = json.loads(parcel_hpc(["reconcile", str(tmp_path / "runs" / "c-r1"), "--json"]).stdout)["campaigns"][0]
     assert recon["figures"]["gpu_hours"] == 0.0 and recon["figures"]["cpu_hours"] > 0
 

@@ -55,7 +55,7 @@ def test_requeued_job_reconciles_to_the_second_with_waste_by_cause():
     assert rec.trials[0].wall_s == 24 and rec.trials[0].effective
     assert rec.trials[0].queue_wait_s == (1, 69)  # Submit -> Start of every run (Submit resets on requeue)
     assert rec.figures["cost"] == pytest.approx(2.0 * 2 * 24 / 3600 + 0.5 * 24 / 3600)
-    assert rec.spend["gpu_hours"]["left"] == pytest.approx(1.0 - 2 * 24 / 3600)
+    assert rec.scheduler["gpu_hours"]["left"] == pytest.approx(1.0 - 2 * 24 / 3600)
 
 
 def test_flags_running_but_ended_mismatch_and_orphans():

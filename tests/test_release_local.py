@@ -102,7 +102,12 @@ def test_the_whole_story(story):
     packet = json.loads((search / "release" / "packet.json").read_text())
     assert packet["counts"]["completed"] + packet["counts"]["pruned"] == 82
     assert set(packet["counts"]) >= {"completed", "pruned", "failed", "quarantined", "rejected", "budget_exhausted"}
-    assert packet["compute"]["budget"]["used_cpu_hours"] > 0 and packet["compute"]["budget"]["cost"] >= 0
+    # The packet's spend is the one every read command shows, selection jobs included.
+    spend = packet["compute"]["spend"]
+    assert spend["cpu_hours"] > 0 and spend["parts"]["selection_jobs"]["cpu_hours"] > 0 and spend["parts"]["held"]["cpu_hours"] == 0
+    assert spend == json.loads(cli(story, "status", str(search), "--json").stdout)["spend"]
+    assert spend == json.loads(cli(story, "reconcile", str(search), "--json").stdout)["campaigns"][0]["spend"]
+    assert f"Compute: {packet['compute']['line']}." in (search / "release" / "packet.md").read_text()
     lineage = packet["lineage"]
     assert set(lineage) == {"what_ran", "on_what_data", "how_it_ended", "what_it_cost", "what_was_concluded"}
     contract = json.loads((search / "contract.json").read_text())["contract"]

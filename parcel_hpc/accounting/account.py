@@ -110,7 +110,8 @@ class AccountReport:
                     "campaign": p.reconciliation.campaign,
                     "complete": p.reconciliation.complete,
                     "flags": len(p.reconciliation.flags),
-                    "spend": {k: dict(v) for k, v in p.reconciliation.spend.items()},
+                    "spend": p.reconciliation.spend.to_json(),
+                    "scheduler": {k: dict(v) for k, v in p.reconciliation.scheduler.items()},
                     "figures": dict(p.reconciliation.figures),
                 }
                 for p in self.searches

@@ -83,7 +83,7 @@ def render_table(report: AccountReport, console) -> None:
     for col in ("search", "user", "GPU-h used / cap", "cost used / cap", "flags", "complete"):
         searches.add_column(col)
     for p in report.searches:
-        spend = p.reconciliation.spend
+        spend = p.reconciliation.scheduler
         searches.add_row(
             p.path,
             p.user,
@@ -148,11 +148,13 @@ def _plots(report: AccountReport) -> list[tuple[str, str]]:
         out.append((title, png_of(fig)))
     fig, ax = plt.subplots(figsize=(7, 0.5 + 0.5 * max(1, len(report.searches))))
     used = [
-        100 * p.reconciliation.spend["gpu_hours"]["used"] / p.reconciliation.spend["gpu_hours"]["cap"] if p.reconciliation.spend["gpu_hours"]["cap"] else 0.0
+        100 * p.reconciliation.scheduler["gpu_hours"]["used"] / p.reconciliation.scheduler["gpu_hours"]["cap"]
+        if p.reconciliation.scheduler["gpu_hours"]["cap"]
+        else 0.0
         for p in report.searches
     ]
     texts = [
-        f"{p.reconciliation.spend['gpu_hours']['used']:.4g} of {p.reconciliation.spend['gpu_hours']['cap']:g} GPU-h ({u:.3g} %)"
+        f"{p.reconciliation.scheduler['gpu_hours']['used']:.4g} of {p.reconciliation.scheduler['gpu_hours']['cap']:g} GPU-h ({u:.3g} %)"
         for p, u in zip(report.searches, used)
     ]
     hbars(ax, [_short(p.path) for p in report.searches], used, texts)

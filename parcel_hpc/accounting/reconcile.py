@@ -17,11 +17,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import cast
 
-from parcel_hpc.budget import BudgetCaps
+from parcel_hpc.accounting.spend import JobHours, Spend, search_spend
+from parcel_hpc.budget import BudgetCaps, JournalView
 from parcel_hpc.ledger import Attempt, AttemptEnd, Cause, TrialRecord, TrialState
 from parcel_hpc.ledger.events import field_names
 from parcel_hpc.ledger.summary import counts_by_state
 from parcel_hpc.lifecycle.actions import runs_alone
+from parcel_hpc.lifecycle.settlement import StaleHold, stale_holds
 from parcel_hpc.scheduler.slurm.runs import JobRun, runs_by_job
 from parcel_hpc.scheduler.slurm.states import JobState
 
@@ -77,10 +79,13 @@ class TrialLine:
 
 @dataclass(frozen=True)
 class Flag:
-    kind: str  # orphan | running_but_ended | attempt_mismatch | state_mismatch | unknown_to_scheduler
+    kind: str  # orphan | running_but_ended | attempt_mismatch | state_mismatch | unknown_to_scheduler | stale_hold
     trial_id: str
     job_id: str
     detail: str
+
+
+STALE_HOLD = "stale_hold"  # a budget hold left on an attempt that ended: charged to the cap until settled
 
 
 @dataclass(frozen=True)
@@ -102,7 +107,8 @@ class Reconciliation:
     flags: tuple[Flag, ...]
     waste_hours: Mapping[str, float]  # GPU-hours by cause (CPU-hours where a search has no GPUs)
     figures: Mapping[str, float | int | None]
-    spend: Mapping[str, Mapping[str, float]]  # per ceiling: used, cap, left
+    scheduler: Mapping[str, Mapping[str, float]]  # the scheduler's hours per ceiling: used, cap, left
+    spend: Spend  # the search's one spend (ledger and budget journal); ``scheduler`` reconciles against it
     counts: Mapping[str, int] = field(default_factory=dict)
     pending: tuple[Pending, ...] = ()
 
@@ -120,7 +126,8 @@ class Reconciliation:
             "source": self.source,
             "counts": dict(self.counts),
             "figures": dict(self.figures),
-            "spend": {k: dict(v) for k, v in self.spend.items()},
+            "spend": self.spend.to_json(),
+            "scheduler": {k: dict(v) for k, v in self.scheduler.items()},
             "waste_hours": dict(self.waste_hours),
             "flags": [report_row(f) for f in self.flags],
             "trials": [report_row(t) for t in self.trials],
@@ -136,11 +143,15 @@ def reconcile(
     runs: Sequence[JobRun],
     listed: Sequence[JobRun],
     caps: BudgetCaps,
-    ledger_used_gpu_hours: float | None = None,
+    journal: JournalView | None = None,
+    selection_jobs: Sequence[JobHours] = (),
     now: float | None = None,
+    search_path: str = "SEARCH_DIR",
 ) -> Reconciliation:
     """``runs``: the scheduler's runs of every job the ledger recorded; ``listed``: every job
-    the scheduler holds under the search's name or account (orphans are those the ledger lacks).
+    the scheduler holds under the search's name or account (orphans are those the ledger lacks);
+    ``journal``: the search's budget journal (its spend, and the holds ended attempts left);
+    ``selection_jobs``: what the selection's jobs ran (their part of the spend).
 
     A job the scheduler has not filed in full (still active, or its record missing or short within
     ``ACCOUNTING_GRACE_S`` of the ledger's last word on it, by ``now``) is pending, never a flag."""
@@ -213,14 +224,26 @@ def reconcile(
             waste[l.waste] += l.gpu_hours if l.gpus else l.cpu_hours
     counts = counts_by_state(records)
     figures = _figures(lines, trials, total_gpu, total_cpu, caps)
-    spend = {
-        "gpu_hours": {"used": total_gpu, "cap": caps.gpu_hours_cap, "left": caps.gpu_hours_cap - total_gpu},
+    spend = search_spend(records, journal, selection_jobs, caps.rates)
+    scheduler = {
+        # ``spend``: the same hours as the ledger and the journal count them (selection jobs included)
+        "gpu_hours": {"used": total_gpu, "cap": caps.gpu_hours_cap, "left": caps.gpu_hours_cap - total_gpu, "spend": spend.total.gpu_hours},
         "cost": {"used": caps.rates.cost(total_gpu, total_cpu), "cap": caps.cost_cap, "left": caps.cost_cap - caps.rates.cost(total_gpu, total_cpu)},
         "trials": {"used": float(len(records)), "cap": float(caps.max_trials), "left": float(caps.max_trials - len(records))},
     }
-    if ledger_used_gpu_hours is not None:
-        spend["gpu_hours"]["ledger_used"] = ledger_used_gpu_hours
-    return Reconciliation(campaign, objective, source, tuple(lines), trials, tuple(flags), waste, figures, spend, counts, tuple(pending))
+    if journal is not None:
+        flags.extend(_stale_hold(h, search_path) for h in stale_holds(records, journal.holds))
+    return Reconciliation(campaign, objective, source, tuple(lines), trials, tuple(flags), waste, figures, scheduler, spend, counts, tuple(pending))
+
+
+def _stale_hold(h: StaleHold, search_path: str) -> Flag:
+    return Flag(
+        STALE_HOLD,
+        h.key.trial_id,
+        "",
+        f"attempt {h.key.attempt} ended but its budget hold of {h.held_gpu_hours:.4f} GPU-h, {h.held_cpu_hours:.4f} CPU-h is not settled:"
+        f" it is charged to the cap until `parcel-hpc sync {search_path}` settles it",
+    )
 
 
 PACK_OVERHEAD = "pack start-up and gaps"  # ledger_how of a packed job's hours between its trials

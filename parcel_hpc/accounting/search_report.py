@@ -18,6 +18,7 @@ from pathlib import Path
 
 from rich.table import Table
 
+from parcel_hpc.accounting import spend
 from parcel_hpc.accounting.reconcile import AttemptLine, Reconciliation, local_runs, reconcile, report_row
 from parcel_hpc.budget import BudgetLedger, search_caps
 from parcel_hpc.errors import UsageError
@@ -32,7 +33,8 @@ def reconcile_search(search: SearchDir, sacct_file: Path | None = None) -> Recon
     contract = search.contract()
     records = list(search.records())
     caps = search_caps(contract)
-    ledger_used = _ledger_used(search)
+    # The budget journal and the selection's jobs, read only: the search's one spend, and its holds.
+    journal, jobs_run, path = BudgetLedger.read(search.path), spend.selection_jobs(search), str(search.path)
     campaign, objective = contract["search_revision"], contract["metric_revision"]
     if sacct_file is not None:
         try:
@@ -43,10 +45,12 @@ def reconcile_search(search: SearchDir, sacct_file: Path | None = None) -> Recon
         mine = {j for r in records for j in r.jobs}
         # The dump is exported by the search's job name (README): every row the ledger lacks is an orphan.
         listed = [a for a in rows if a.job_id not in mine]
-        return reconcile(campaign, objective, f"sacct-file:{sacct_file}", records, [a for a in rows if a.job_id in mine], listed, caps, ledger_used)
+        return reconcile(
+            campaign, objective, f"sacct-file:{sacct_file}", records, [a for a in rows if a.job_id in mine], listed, caps, journal, jobs_run, search_path=path
+        )
     if not any(r.executor is Executor.SLURM for r in records):
         runs = local_runs(records, launched_by(search))
-        return reconcile(campaign, objective, "local executor", records, runs, [], caps, ledger_used)
+        return reconcile(campaign, objective, "local executor", records, runs, [], caps, journal, jobs_run, search_path=path)
     jobs = sorted({j for r in records for j in r.jobs})
     runs = job_runs(parse_sacct(run_sacct(build_sacct_argv(jobs)), source="sacct")) if jobs else []
     since = _created(search)
@@ -54,7 +58,7 @@ def reconcile_search(search: SearchDir, sacct_file: Path | None = None) -> Recon
     for name in search.slurm_job_names():
         # --allusers: an admin reconciling a colleague's search sees the orphans of every user
         listed += job_runs(parse_sacct(run_sacct(build_sacct_argv([], since=since, name=name, all_users=True)), source="sacct --name"))
-    return reconcile(campaign, objective, "sacct", records, runs, listed, caps, ledger_used, now=time.time())
+    return reconcile(campaign, objective, "sacct", records, runs, listed, caps, journal, jobs_run, now=time.time(), search_path=path)
 
 
 SACCT_FORMAT_HINT = f"--parsable2 --noheader --duplicates --format={SACCT_FORMAT}"
@@ -64,25 +68,21 @@ def _created(search: SearchDir) -> int:
     return int((search.path / "contract.json").stat().st_mtime) - 60
 
 
-def _ledger_used(search: SearchDir) -> float | None:
-    totals = BudgetLedger.read_totals(search.path)  # a read command: never creates or writes the journal
-    return totals.used_gpu_hours if totals is not None else None
-
-
 # --- renderers ---------------------------------------------------------------------------------
 
 
 def render_table(results: Sequence[Reconciliation], console) -> None:
     for rec in results:
         console.print(f"[bold]campaign {rec.campaign}[/] objective {rec.objective}  source: {rec.source}")
-        summary = Table(show_header=True)
+        console.print(f"spend: {rec.spend.line()}", markup=False, highlight=False)
+        summary = Table(title=f"the scheduler's hours ({rec.source}) against the caps", show_header=True)
         for col in ("ceiling", "used", "cap", "left"):
             summary.add_column(col)
-        for name, s in rec.spend.items():
+        for name, s in rec.scheduler.items():
             summary.add_row(name, f"{s['used']:.4f}", f"{s['cap']:.4f}", f"{s['left']:.4f}")
         console.print(summary)
         figs = rec.figures
-        console.print("  ".join(f"{k}={_fmt(v)}" for k, v in figs.items()))
+        console.print(f"the scheduler's figures ({rec.source}): " + "  ".join(f"{k}={_fmt(v)}" for k, v in figs.items()))
         console.print("wasted hours by cause: " + "  ".join(f"{k}={v:.4f}" for k, v in rec.waste_hours.items()))
         if rec.pending:
             waiting = Table(title=f"{len(rec.pending)} jobs not yet accounted in full: figures may still change (rerun, or pass --wait SECONDS)")
@@ -142,7 +142,8 @@ def to_html(results: Sequence[Reconciliation]) -> str:
             f"<h1>campaign {html.escape(rec.campaign)}</h1><p>objective {html.escape(rec.objective)}; source {html.escape(rec.source)}; "
             f"generated {_dt.datetime.now(_dt.UTC).isoformat(timespec='seconds')}</p>"
         )
-        parts.append(_html_table(["ceiling", "used", "cap", "left"], [[k, _fmt(v["used"]), _fmt(v["cap"]), _fmt(v["left"])] for k, v in rec.spend.items()]))
+        parts.append(f"<p id='spend'>spend: {html.escape(rec.spend.line())}</p>")
+        parts.append(_html_table(["ceiling", "used", "cap", "left"], [[k, _fmt(v["used"]), _fmt(v["cap"]), _fmt(v["left"])] for k, v in rec.scheduler.items()]))
         parts.append(_html_table(["figure", "value"], [[k, _fmt(v)] for k, v in rec.figures.items()]))
         for png in _plots(rec):
             parts.append(f"<img alt='plot' src='data:image/png;base64,{png}'>")
@@ -220,7 +221,7 @@ def _plots(rec: Reconciliation) -> list[str]:
             xs.append((end - t0) / 60.0)
             ys.append(acc)
         ax.step(xs, ys, where="post", label="GPU-hours used")
-    cap, top = rec.spend["gpu_hours"]["cap"], rec.spend["gpu_hours"]["used"]
+    cap, top = rec.scheduler["gpu_hours"]["cap"], rec.scheduler["gpu_hours"]["used"]
     if cap_on_scale(top, cap):
         ax.axhline(cap, color="red", linestyle="--", label="cap")
     else:  # the cap drawn to scale would flatten the spend into the axis: say it in words instead

@@ -1,6 +1,6 @@
 """Budgets enforced, not monitored.
 
-Two halves, one vocabulary (``BudgetCaps``, ``Rates``, ``Spend``, ``CapLine``):
+Two halves, one vocabulary (``BudgetCaps``, ``Rates``, ``JournalTotals``, ``CapLine``):
 - admission (pure): ``worst_case`` -> ``Commitment``; ``admit_launch`` -> ``BudgetDecision``
   (``admit`` or ``hold:budget``, with the overshoot and what to change); ``render_commitment``;
   ``admit_account``: the same worst case against the SLURM association's GrpTRESMins and
@@ -8,9 +8,11 @@ Two halves, one vocabulary (``BudgetCaps``, ``Rates``, ``Spend``, ``CapLine``):
 - the reservation journal (``BudgetLedger``): every attempt reserves its worst case before it runs
   and settles what it used after, against caps that concurrent processes on several nodes cannot
   overshoot, with nothing but create-exclusive files on the shared search directory;
-  ``BudgetLedger.read_totals`` reads it without writing (read commands);
+  ``BudgetLedger.read`` (every hold, ``JournalView``) and ``read_totals`` read it without writing
+  (read commands);
 - one search's budget from its frozen contract: ``search_caps``, ``launch_decision``,
-  ``SearchBudget`` (reserve, hold, settle an attempt).
+  ``SearchBudget`` (reserve, hold, settle an attempt), ``attempt_usage`` (what an attempt used:
+  the one rule for settling and for counting).
 
 Must not: dispatch, mark trial states, or measure usage; callers do those with these decisions.
 """
@@ -25,12 +27,15 @@ from parcel_hpc.budget._admission import (
     render_commitment,
     worst_case,
 )
-from parcel_hpc.budget._journal import BudgetLedger, BudgetOutcome, KeyState, Refusal, Reservation, ReservationKey, Settlement
-from parcel_hpc.budget._search import SearchBudget, launch_decision, search_caps
-from parcel_hpc.budget._values import AssociationLimit, BudgetCaps, CapLine, LimitKind, Rates, Spend, hours_between
+from parcel_hpc.budget._journal import BudgetLedger, BudgetOutcome, Hold, JournalView, KeyState, Refusal, Reservation, ReservationKey, Settlement
+from parcel_hpc.budget._search import SearchBudget, attempt_usage, launch_decision, search_caps
+from parcel_hpc.budget._values import AssociationLimit, BudgetCaps, CapLine, JournalTotals, LimitKind, Rates, hours_between
 
 __all__ = [
     "hours_between",
+    "attempt_usage",
+    "Hold",
+    "JournalView",
     "AssociationLimit",
     "LimitKind",
     "admit_account",
@@ -48,7 +53,7 @@ __all__ = [
     "SearchBudget",
     "ReservationKey",
     "Settlement",
-    "Spend",
+    "JournalTotals",
     "admit_launch",
     "attempt_worst_case",
     "launch_decision",

@@ -16,7 +16,19 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from parcel_hpc.budget._values import REL_SLACK, AssociationLimit, BudgetCaps, CapLine, LimitKind, Rates, Spend, check_number, fmt, fmt_minutes, over_cap
+from parcel_hpc.budget._values import (
+    REL_SLACK,
+    AssociationLimit,
+    BudgetCaps,
+    CapLine,
+    JournalTotals,
+    LimitKind,
+    Rates,
+    check_number,
+    fmt,
+    fmt_minutes,
+    over_cap,
+)
 from parcel_hpc.errors import GovernanceRefusal, ParcelError, UsageError
 from parcel_hpc.governance.outcome import Outcome
 
@@ -107,7 +119,7 @@ class BudgetDecision:
             raise GovernanceRefusal(self.outcome, self.message)
 
 
-def admit_launch(commitment: Commitment, caps: BudgetCaps, already_committed: Spend = Spend(), trials_already: int = 0) -> BudgetDecision:
+def admit_launch(commitment: Commitment, caps: BudgetCaps, already_committed: JournalTotals = JournalTotals(), trials_already: int = 0) -> BudgetDecision:
     trials_already = check_number("trials_already", trials_already, integer=True)
     lines = (
         _trials_line(commitment, caps, trials_already),
@@ -132,7 +144,7 @@ def _trials_line(c: Commitment, caps: BudgetCaps, already: int) -> CapLine:
     return CapLine(name, "trials", already, c.trials, cap, f"{head}: {fix}")
 
 
-def _gpu_line(c: Commitment, caps: BudgetCaps, spend: Spend) -> CapLine:
+def _gpu_line(c: Commitment, caps: BudgetCaps, spend: JournalTotals) -> CapLine:
     name, committed, cap = "budget.gpu_hours_cap", spend.committed_gpu_hours, caps.gpu_hours_cap
     if not over_cap(committed, c.gpu_hours, cap):
         return CapLine(name, "GPU-h", committed, c.gpu_hours, cap)
@@ -141,7 +153,7 @@ def _gpu_line(c: Commitment, caps: BudgetCaps, spend: Spend) -> CapLine:
     return CapLine(name, "GPU-h", committed, c.gpu_hours, cap, msg)
 
 
-def _cost_line(c: Commitment, caps: BudgetCaps, spend: Spend) -> CapLine:
+def _cost_line(c: Commitment, caps: BudgetCaps, spend: JournalTotals) -> CapLine:
     name, committed, cap = "budget.cost_cap", spend.committed_cost(c.rates), caps.cost_cap
     if not over_cap(committed, c.cost, cap):
         return CapLine(name, "money", committed, c.cost, cap)

@@ -34,14 +34,14 @@ import os
 import re
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import ClassVar, Literal, cast
 
 from parcel_hpc import fsio
-from parcel_hpc.budget._values import BudgetCaps, CapLine, Spend, check_number, fmt
+from parcel_hpc.budget._values import BudgetCaps, CapLine, JournalTotals, check_number, fmt
 from parcel_hpc.errors import CorruptRecord, ParcelError, UsageError
 
 JOURNAL_VERSION = 1
@@ -122,6 +122,25 @@ class Settlement:
 
 
 @dataclass(frozen=True)
+class Hold:
+    """One attempt's reservation as the journal holds it: its worst case, and what it settled."""
+
+    state: KeyState
+    reserved_gpu_hours: float  # the worst case it reserved
+    reserved_cpu_hours: float
+    used_gpu_hours: float = 0.0  # what it settled (0 while held, and when released)
+    used_cpu_hours: float = 0.0
+
+
+@dataclass(frozen=True)
+class JournalView:
+    """What a reader sees in a search's journal: the running totals and every reservation."""
+
+    totals: JournalTotals
+    holds: Mapping[ReservationKey, Hold]
+
+
+@dataclass(frozen=True)
 class _Totals:
     """Running totals in micro-hours, as stored in every entry."""
 
@@ -134,9 +153,9 @@ class _Totals:
     attempts: int = 0
     trials: int = 0
 
-    def spend(self) -> Spend:
+    def spend(self) -> JournalTotals:
         h = lambda uh: uh / UH_PER_HOUR  # noqa: E731
-        return Spend(
+        return JournalTotals(
             h(self.reserved_gpu_uh),
             h(self.reserved_cpu_uh),
             h(self.used_gpu_uh),
@@ -255,6 +274,11 @@ class _Fold:
         state = KeyState.SETTLED if kind is EntryKind.SETTLE else KeyState.RELEASED
         return t, _Key(state, prior.gpu, prior.cpu, seq, gpu, cpu)
 
+    def view(self) -> JournalView:
+        h = UH_PER_HOUR
+        holds = {k: Hold(v.state, v.gpu / h, v.cpu / h, v.used_gpu_uh / h, v.used_cpu_uh / h) for k, v in self.keys.items()}
+        return JournalView(self.totals.spend(), holds)
+
     def to_json(self) -> dict:
         keys = [[k.trial_id, k.attempt, v.state.value, v.gpu, v.cpu, v.seq, v.used_gpu_uh, v.used_cpu_uh] for k, v in self.keys.items()]
         assert self.caps is not None  # folds are written after entry 0 (open), which carries them
@@ -345,9 +369,16 @@ class BudgetLedger:
             )
 
     @staticmethod
-    def read_totals(search_dir: str | os.PathLike) -> Spend | None:
+    def read_totals(search_dir: str | os.PathLike) -> JournalTotals | None:
         """The journal's totals, read without creating or writing anything; None when the search has
         no journal (nothing was ever reserved). Raises like a reader when the journal is damaged."""
+        view = BudgetLedger.read(search_dir)
+        return view.totals if view is not None else None
+
+    @staticmethod
+    def read(search_dir: str | os.PathLike) -> JournalView | None:
+        """The journal's totals and every reservation, read without writing (read commands); None
+        when the search has no journal."""
         path = _journal_dir(search_dir)
         if not path.is_dir():
             return None
@@ -355,7 +386,7 @@ class BudgetLedger:
         _replay(fold, path)
         if fold.caps is None:
             raise _no_caps_yet(path)
-        return fold.totals.spend()
+        return fold.view()
 
     @property
     def caps(self) -> BudgetCaps:
@@ -385,10 +416,15 @@ class BudgetLedger:
 
         return cast(Reservation | Refusal, self._commit(decide))  # decide's results are one of these
 
-    def settle(self, reservation: Reservation | ReservationKey | tuple[str, int], used_gpu_hours: float, used_cpu_hours: float = 0.0) -> Settlement:
+    def settle(
+        self, reservation: Reservation | ReservationKey | tuple[str, int], used_gpu_hours: float, used_cpu_hours: float = 0.0, *, first_wins: bool = False
+    ) -> Settlement:
         """Record what the attempt used and release the rest of its hold. Usage above the hold is
-        recorded as measured (the hours are spent); later reservations see it."""
-        return self._close(EntryKind.SETTLE, reservation, _uh("used_gpu_hours", used_gpu_hours), _uh("used_cpu_hours", used_cpu_hours))
+        recorded as measured (the hours are spent); later reservations see it. ``first_wins``: a
+        hold someone else already closed (another process saw the same ending) stays as they closed
+        it, and that close is returned, instead of refusing a second, different one."""
+        used = _uh("used_gpu_hours", used_gpu_hours), _uh("used_cpu_hours", used_cpu_hours)
+        return self._close(EntryKind.SETTLE, reservation, *used, first_wins=first_wins)
 
     def release(self, reservation: Reservation | ReservationKey | tuple[str, int]) -> Settlement:
         """Give back the whole hold of an attempt that never started."""
@@ -400,11 +436,11 @@ class BudgetLedger:
         self._refresh()
         return sorted(k.attempt for k, v in self._fold.keys.items() if k.trial_id == trial_id and v.state is KeyState.HELD)
 
-    def totals(self) -> Spend:
+    def totals(self) -> JournalTotals:
         self._refresh()
         return self._fold.totals.spend()
 
-    def verify(self) -> Spend:
+    def verify(self) -> JournalTotals:
         """Replay the journal from scratch, also checking that no entry lies beyond a gap."""
         names = sorted(int(m.group(1)) for m in map(_ENTRY_NAME.match, os.listdir(self.path)) if m)
         if names != list(range(len(names))):
@@ -446,13 +482,12 @@ class BudgetLedger:
                 backoff = min(backoff * 2, 0.05)
         raise ParcelError(f"could not append to {self.path} after {_MAX_TRIES} tries: entries exist that this host cannot read")
 
-    def _close(self, kind: EntryKind, ref: Reservation | ReservationKey | tuple[str, int], gpu: int, cpu: int) -> Settlement:
+    def _close(self, kind: EntryKind, ref: Reservation | ReservationKey | tuple[str, int], gpu: int, cpu: int, first_wins: bool = False) -> Settlement:
         key = ref.key if isinstance(ref, Reservation) else ref if isinstance(ref, ReservationKey) else ReservationKey(*ref)
         want = KeyState.SETTLED if kind is EntryKind.SETTLE else KeyState.RELEASED
 
         def settlement(r: _Key, seq: int) -> Settlement:
-            h = UH_PER_HOUR
-            return Settlement(key, want, r.used_gpu_uh / h, r.used_cpu_uh / h, max(0, r.gpu - r.used_gpu_uh) / h, max(0, r.cpu - r.used_cpu_uh) / h, seq)
+            return Settlement(key, want, *_close_hours(r), seq)
 
         def decide(f: _Fold) -> _Done | _Write:
             prior = f.keys.get(key)
@@ -460,6 +495,8 @@ class BudgetLedger:
                 raise UsageError(f"no reservation for {key} in {self.path}: reserve the attempt before you {kind.value} it")
             if prior.state is want and (kind is EntryKind.RELEASE or (prior.used_gpu_uh, prior.used_cpu_uh) == (gpu, cpu)):
                 return _Done(settlement(prior, prior.seq))  # the same close again: idempotent
+            if prior.state.is_closed() and first_wins:
+                return _Done(Settlement(key, prior.state, *_close_hours(prior), prior.seq))
             if prior.state.is_closed():
                 raise UsageError(
                     f"{key} was already {prior.state.value} at entry {prior.seq} of {self.path}"
@@ -468,6 +505,12 @@ class BudgetLedger:
             return _Write(f.propose(kind, key, gpu, cpu), lambda seq: settlement(_Key(want, prior.gpu, prior.cpu, seq, gpu, cpu), seq))
 
         return cast(Settlement, self._commit(decide))  # decide's results are Settlements
+
+
+def _close_hours(r: _Key) -> tuple[float, float, float, float]:
+    """A closed key's used and released hours (GPU, CPU, GPU, CPU), as a Settlement reports them."""
+    h = UH_PER_HOUR
+    return r.used_gpu_uh / h, r.used_cpu_uh / h, max(0, r.gpu - r.used_gpu_uh) / h, max(0, r.cpu - r.used_cpu_uh) / h
 
 
 def _journal_dir(search_dir: str | os.PathLike) -> Path:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
 from parcel_hpc.budget._admission import BudgetDecision, admit_launch, attempt_worst_case, worst_case
-from parcel_hpc.budget._journal import BudgetLedger, Refusal, Reservation
-from parcel_hpc.budget._values import BudgetCaps, Spend, hours_between
+from parcel_hpc.budget._journal import BudgetLedger, Refusal, Reservation, Settlement
+from parcel_hpc.budget._values import BudgetCaps, JournalTotals, hours_between
 
 
 class ContractFields(Protocol):
@@ -28,7 +28,18 @@ def launch_decision(contract: ContractFields, n_dispatch: int, trials_already: i
     caps = search_caps(contract)
     commitment = worst_case(n_dispatch, int(r["gpus"]), int(r["cpus"]), float(r["time_limit_min"]), int(b["max_retries"]), caps.rates)
     spent = BudgetLedger.read_totals(search_dir) if search_dir is not None else None
-    return admit_launch(commitment, caps, spent if spent is not None else Spend(), trials_already)
+    return admit_launch(commitment, caps, spent if spent is not None else JournalTotals(), trials_already)
+
+
+def attempt_usage(resources: Mapping[str, Any], started: float, ended: float, gpus: int | None = None) -> tuple[float, float]:
+    """(GPU-hours, CPU-hours) an attempt used (pure): start to end (the scheduler's unit of charge),
+    never past its time limit (the scheduler kills it there), times its CPUs and the GPUs the
+    scheduler allocated (``gpus``; None: the request, as reserved; never more than the request).
+    The one rule: settling a hold and counting an attempt that never reserved both use it."""
+    limit_min = resources.get("time_limit_min")
+    hours = hours_between(started, ended) if limit_min is None else min(hours_between(started, ended), float(limit_min) / 60.0)
+    requested = int(resources.get("gpus", 0))
+    return (requested if gpus is None else min(gpus, requested)) * hours, int(resources.get("cpus", 1)) * hours
 
 
 class SearchBudget:
@@ -36,7 +47,7 @@ class SearchBudget:
     read only what was appended since the last call (a worker does, across the trials of its pack)."""
 
     def __init__(self, search_dir: str | os.PathLike, contract: ContractFields) -> None:
-        r = contract["resources"]
+        r = self.resources = contract["resources"]
         self.gpus, self.cpus, self.limit_min = int(r["gpus"]), int(r["cpus"]), float(r["time_limit_min"])
         self.ledger = BudgetLedger(search_dir, search_caps(contract))
 
@@ -47,10 +58,8 @@ class SearchBudget:
     def held(self, trial_id: str) -> list[int]:
         return self.ledger.held(trial_id)
 
-    def settle(self, trial_id: str, attempt: int, started: float, ended: float | None = None, gpus: int | None = None) -> None:
-        """Settle an attempt with the hours it held its resources (start to end, the scheduler's unit
-        of charge); ``gpus``: what the scheduler allocated it (None: the request, as reserved)."""
-        hours = hours_between(started, time.time() if ended is None else ended)
-        hours = min(hours, self.limit_min / 60.0)  # never more than was reserved: the scheduler kills at the limit
-        held = self.gpus if gpus is None else min(gpus, self.gpus)
-        self.ledger.settle((trial_id, attempt), held * hours, self.cpus * hours)
+    def settle(self, trial_id: str, attempt: int, started: float, ended: float, gpus: int | None = None) -> Settlement:
+        """Settle an attempt with what it used (``attempt_usage``); ``gpus``: what the scheduler
+        allocated it. Idempotent across processes: a hold another process already settled (two
+        launchers, ``sync`` and a new attempt may each see the same ending) stays as it was settled."""
+        return self.ledger.settle((trial_id, attempt), *attempt_usage(self.resources, started, ended, gpus), first_wins=True)

@@ -114,7 +114,7 @@ class BudgetCaps:
 
 
 @dataclass(frozen=True)
-class Spend:
+class JournalTotals:
     """Where a search's budget stands. ``reserved`` is held by attempts still running (worst case),
     ``used`` is what settled attempts measured, ``released`` what settling or releasing gave back.
     A cap binds ``reserved + used`` (the committed amount)."""
@@ -130,9 +130,9 @@ class Spend:
 
     def __post_init__(self) -> None:
         for name in ("reserved_gpu_hours", "reserved_cpu_hours", "used_gpu_hours", "used_cpu_hours", "released_gpu_hours", "released_cpu_hours"):
-            object.__setattr__(self, name, check_number(f"Spend.{name}", getattr(self, name)))
+            object.__setattr__(self, name, check_number(f"JournalTotals.{name}", getattr(self, name)))
         for name in ("attempts", "trials"):
-            check_number(f"Spend.{name}", getattr(self, name), integer=True)
+            check_number(f"JournalTotals.{name}", getattr(self, name), integer=True)
 
     @property
     def committed_gpu_hours(self) -> float:

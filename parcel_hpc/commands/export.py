@@ -4,8 +4,10 @@ One row per trial (``--attempts``: per attempt) with typed columns, so ``pandas.
 ``pandas.read_parquet`` give numbers as numbers: ids, every parameter as its own ``params_<name>``
 column (Optuna's ``trials_dataframe`` naming), state and reason, the best and the final validation
 miss-cost, milestones reached, attempts, GPU- and CPU-hours, cost at the search's rates, queue wait,
-and UTC start and end times. Hours are the ledger's: each attempt's start to end, times the CPUs it
-held and the GPUs its scheduler allocated (``reconcile`` has the scheduler's own accounting).
+and UTC start and end times. Hours are the search's spend (``accounting.spend``), attempt by
+attempt: what each settled in the budget journal (one that never reserved: its start to end, times
+the CPUs it held and the GPUs its scheduler allocated), and what is still held; ``reconcile`` has
+the scheduler's own accounting. Pack gaps and selection jobs are no trial's: ``status`` shows them.
 
 Must not write under the search: it reads the ledger and writes only the file it is given.
 """
@@ -16,17 +18,18 @@ import argparse
 import io
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from enum import Enum
 from pathlib import Path
-from typing import Any, BinaryIO, cast
+from typing import Any, BinaryIO
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from parcel_hpc import fsio
-from parcel_hpc.budget import Rates, search_caps
+from parcel_hpc.accounting.spend import attempt_spend
+from parcel_hpc.budget import BudgetLedger, Hold, Rates, ReservationKey, search_caps
 from parcel_hpc.errors import UsageError
 from parcel_hpc.ledger import AttemptEnd, Event, EventKind, SearchDir, TrialRecord, TrialState
 from parcel_hpc.ledger.events import Milestone, Submitted
@@ -54,9 +57,11 @@ TRIAL_COLUMNS = [
     ("step", pa.int64()),
     ("attempts", pa.int64()),
     ("interrupted", pa.int64()),
-    ("gpu_hours", pa.float64()),
+    ("gpu_hours", pa.float64()),  # used by its attempts, as the search's spend counts them (accounting.spend)
     ("cpu_hours", pa.float64()),
     ("cost", pa.float64()),
+    ("held_gpu_hours", pa.float64()),  # worst case still reserved for its attempts that have not settled
+    ("held_cpu_hours", pa.float64()),
     ("queue_wait_s", pa.float64()),  # every attempt's wait from its job's submission (or requeue) to its start
     ("started_at", _TIME),
     ("ended_at", _TIME),
@@ -83,9 +88,11 @@ ATTEMPT_COLUMNS = [
     ("gpus", pa.int64()),
     ("cpus", pa.int64()),
     ("wall_s", pa.float64()),
-    ("gpu_hours", pa.float64()),
+    ("gpu_hours", pa.float64()),  # what it used: what it settled, or its start to end if it never reserved (null: runs)
     ("cpu_hours", pa.float64()),
     ("cost", pa.float64()),
+    ("held_gpu_hours", pa.float64()),  # its worst case, still reserved: it has not settled
+    ("held_cpu_hours", pa.float64()),
     ("queue_wait_s", pa.float64()),
     ("started_at", _TIME),
     ("ended_at", _TIME),
@@ -95,12 +102,14 @@ ATTEMPT_COLUMNS = [
 def table(search: SearchDir, attempts: bool = False) -> pa.Table:
     """The search's rows as one typed table (reads only)."""
     rates = search_caps(search.contract()).rates
+    journal = BudgetLedger.read(search.path)
+    holds = journal.holds if journal is not None else {}
     rows: list[dict[str, Any]] = []
     params: list[dict[str, Any]] = []  # each row's trial parameters
     for tid in search.trial_ids():
         events = search.events(tid)
         record = search.fold(search.spec(tid), events)
-        lines = _attempt_rows(record, events, rates)
+        lines = _attempt_rows(record, events, rates, holds)
         new = lines if attempts else [_trial_row(record, events, lines)]
         rows += new
         params += [dict(record.spec.params)] * len(new)
@@ -127,7 +136,7 @@ def _param_column(values: list[Any]) -> pa.Array:
     return pa.array([None if v is None else json.dumps(v) for v in values], pa.string())
 
 
-def _attempt_rows(record: TrialRecord, events: Sequence[Event], rates: Rates) -> list[dict[str, Any]]:
+def _attempt_rows(record: TrialRecord, events: Sequence[Event], rates: Rates, holds: Mapping[ReservationKey, Hold]) -> list[dict[str, Any]]:
     gpus_asked, cpus = int(record.spec.resources.get("gpus", 0)), int(record.spec.resources.get("cpus", 1))
     submitted = [(e.t, e.data.job_id) for e in events if isinstance(e.data, Submitted)]
     rows = []
@@ -135,9 +144,8 @@ def _attempt_rows(record: TrialRecord, events: Sequence[Event], rates: Rates) ->
     for a in record.attempts:
         wall = (a.ended - a.started) if a.started is not None and a.ended is not None else None
         gpus = a.gpus_or(gpus_asked)
-        hours = a.hours()
-        gpu_h = gpus * hours if hours is not None else None
-        cpu_h = cpus * hours if hours is not None else None
+        used, held = attempt_spend(record, a, holds)  # the search's spend counts it so: the columns add up to it
+        counted = a.ended is not None or ReservationKey(record.trial_id, a.number) in holds  # else it runs, not yet reserved
         wait = None
         if a.started is not None:
             marks = [t for t, job in submitted if job == a.job_id and t <= a.started]
@@ -162,9 +170,11 @@ def _attempt_rows(record: TrialRecord, events: Sequence[Event], rates: Rates) ->
                 "gpus": gpus,
                 "cpus": cpus,
                 "wall_s": wall,
-                "gpu_hours": gpu_h,
-                "cpu_hours": cpu_h,
-                "cost": rates.cost(cast(float, gpu_h), cast(float, cpu_h)) if wall is not None else None,  # wall: started and ended, so hours too
+                "gpu_hours": used.gpu_hours if counted else None,
+                "cpu_hours": used.cpu_hours if counted else None,
+                "cost": used.cost(rates) if counted else None,
+                "held_gpu_hours": held.gpu_hours,
+                "held_cpu_hours": held.cpu_hours,
                 "queue_wait_s": wait,
                 "started_at": _ms(a.started),
                 "ended_at": _ms(a.ended),
@@ -195,6 +205,8 @@ def _trial_row(record: TrialRecord, events: Sequence[Event], attempts: Sequence[
         "gpu_hours": sum(r["gpu_hours"] or 0.0 for r in attempts),
         "cpu_hours": sum(r["cpu_hours"] or 0.0 for r in attempts),
         "cost": sum(r["cost"] or 0.0 for r in attempts),
+        "held_gpu_hours": sum(r["held_gpu_hours"] for r in attempts),
+        "held_cpu_hours": sum(r["held_cpu_hours"] for r in attempts),
         "queue_wait_s": sum(waits) if waits else None,
         "started_at": _ms(min(started)) if started else None,
         "ended_at": _ms(max(ended)) if ended and record.state.is_finished() else None,

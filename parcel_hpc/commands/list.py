@@ -14,6 +14,7 @@ from pathlib import Path
 
 from rich.table import Table
 
+from parcel_hpc.accounting.spend import DECIMALS
 from parcel_hpc.config import configured_search_root
 from parcel_hpc.console import make_console
 from parcel_hpc.ledger.searches import SearchSummary, collect
@@ -39,20 +40,25 @@ def run(args: argparse.Namespace) -> int:
 def render(summaries: Sequence[SearchSummary], root: Path, now: float | None = None) -> Table:
     now = time.time() if now is None else now
     table = Table(title=f"{len(summaries)} searches under {root}")
-    for col in ("search", "trials", "by state", "GPU-h used+held / cap", "cost / cap", "launcher", "last activity", "best"):
+    for col in ("search", "trials", "by state", "GPU-h (held)", "CPU-h", "cost", "charged to the caps: GPU-h, cost", "launcher", "last activity", "best"):
         table.add_column(col)
     for s in summaries:
         if s.problem:
-            table.add_row(_rel(s.path, root), "?", f"[red]{s.problem}[/]", "", "", "", "", "")
+            table.add_row(_rel(s.path, root), "?", f"[red]{s.problem}[/]", "", "", "", "", "", "", "")
             continue
         spend = s.spend
-        gpu = (spend.committed_gpu_hours if spend else 0.0) / s.gpu_hours_cap if s.gpu_hours_cap else 0.0
+        assert spend is not None  # a readable search has one
+        # The search's one spend (``status`` has its parts); the caps bind what the budget journal
+        # charges: the attempts that reserved, and what is still held.
+        total, charged, d = spend.total, spend.charged, DECIMALS
         table.add_row(
             _rel(s.path, root),
             str(s.trials),
             " ".join(f"{state}={n}" for state, n in s.counts.items() if n) or "-",
-            f"{spend.committed_gpu_hours if spend else 0.0:.4g} / {s.gpu_hours_cap:g} ({100 * gpu:.3g} %)",
-            f"{s.cost:.4g} / {s.cost_cap:g}",
+            f"{total.gpu_hours:.{d}f} ({spend.held.gpu_hours:.{d}f})" + (f" [yellow]{spend.stale} stale[/]" if spend.stale else ""),
+            f"{total.cpu_hours:.{d}f}",
+            f"{spend.cost:.{d}f}",
+            f"{charged.gpu_hours:.{d}f} / {s.gpu_hours_cap:g}, {charged.cost(spend.rates):.{d}f} / {s.cost_cap:g}",
             s.launcher.value,
             _ago(s.last_activity, now),
             f"{s.best['trial_id']} {s.best['miss_cost']:.4f}" if s.best else "-",

@@ -23,10 +23,11 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from parcel_hpc.accounting.spend import DECIMALS, read_spend
 from parcel_hpc.console import make_console
 from parcel_hpc.errors import EXIT_PENDING, ParcelError, UsageError
 from parcel_hpc.ledger import LauncherState, RecordView, SearchDir, TrialRecord, TrialState, preview, searches
-from parcel_hpc.ledger.summary import compute_used, counts_by_state
+from parcel_hpc.ledger.summary import counts_by_state
 from parcel_hpc.lifecycle import resolution
 from parcel_hpc.pruning import MilestoneStore
 
@@ -67,6 +68,7 @@ def collect(search: SearchDir, view: RecordView | None = None) -> dict[str, Any]
     contract = search.contract()
     found = [view.record(tid) for tid in search.trial_ids()] if view is not None else list(search.records())
     records, facts = resolution.observe(search, found, resolution.DEFINITE)
+    spend = read_spend(search, records)  # as recorded: a resolution folded here in memory settles nothing
     resolved = {res.trial_id: res for res in resolution.resolve(records, facts, resolution.DEFINITE)}
     records = [_with(search, r, resolved[r.trial_id]) if r.trial_id in resolved else r for r in records]
     decisions = _prune_decisions(search, contract)
@@ -87,7 +89,8 @@ def collect(search: SearchDir, view: RecordView | None = None) -> dict[str, Any]
         # the milestones a trial can reach: those past train.steps never come
         "milestones": [m for m in contract["pruner"]["milestones"] if m <= int(contract["train"]["steps"])],
         "counts": counts_by_state(records),
-        "compute": compute_used(records),
+        "spend": spend.to_json(),
+        "spend_line": spend.line(),
         "scheduler_error": facts.slurm_error,
         "unrecorded_resolutions": len(resolved),
         "trials": trials,
@@ -150,8 +153,7 @@ def render(data: dict[str, Any], console: Console | None = None) -> None:
             prune_txt,
         )
     console.print(table)
-    c = data["compute"]
-    console.print(f"compute used: {c['gpu_hours']:.4f} GPU-h, {c['cpu_hours']:.4f} CPU-h over {c['attempts']} attempts")
+    console.print(f"spend: {data['spend_line']}", markup=False, highlight=False)
 
 
 def to_json(data: dict[str, Any]) -> str:
@@ -219,11 +221,11 @@ def _milestones(t: dict[str, Any], grid: list[int]) -> str:
 
 def _counts_line(data: dict[str, Any]) -> str:
     counts = data["counts"]
-    c = data["compute"]
+    s = data["spend"]
     return (
         time.strftime("%H:%M:%S ")
         + " ".join(f"{k}={v}" for k, v in counts.items() if v)
-        + f" (total {sum(counts.values())}); {c['gpu_hours']:.4f} GPU-h, {c['cpu_hours']:.4f} CPU-h"
+        + f" (total {sum(counts.values())}); {s['gpu_hours']:.{DECIMALS}f} GPU-h, {s['cpu_hours']:.{DECIMALS}f} CPU-h"
     )
 
 

@@ -10,9 +10,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsed
 from rich.progress import Progress as RichProgress
 from rich.table import Table
 
+from parcel_hpc.accounting.spend import read_spend
 from parcel_hpc.budget import render_commitment
 from parcel_hpc.ledger import SearchDir, TrialState
-from parcel_hpc.ledger.summary import best_completed, compute_used, count_states, counts_by_state
+from parcel_hpc.ledger.summary import best_completed, count_states, counts_by_state
 from parcel_hpc.selection.baseline import Baseline
 
 
@@ -130,7 +131,6 @@ def summary(search: SearchDir, wall_s: float) -> Table:
     )
     # A best validation number is not a result yet: selection reruns, gates and releases it.
     table.add_row("next", f"parcel-hpc select {search.path}")
-    used = compute_used(records)
     table.add_row("wall time", f"{wall_s:.1f} s")
-    table.add_row("compute used", f"{used['gpu_hours']:.4f} GPU-h, {used['cpu_hours']:.4f} CPU-h over {used['attempts']} attempts")
+    table.add_row("spend", read_spend(search, records).line())
     return table

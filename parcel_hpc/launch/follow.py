@@ -291,7 +291,7 @@ class Follower:
     def _resolve_vanished(self, record: TrialRecord) -> None:
         """Its job is gone but the ledger says running: record how the scheduler says it ended."""
         records, facts = resolution.observe(self.search, [record], resolution.FOLLOWER, seen_ending=record.jobs[-1:])
-        resolution.record(resolution.resolve(records, facts, resolution.FOLLOWER), self.writer)
+        resolution.record(self.search, resolution.resolve(records, facts, resolution.FOLLOWER), self.writer)
 
     def _refresh(self) -> bool:
         """Ask the scheduler; False while it does not answer (a restarting slurmctld): nothing is

@@ -22,7 +22,7 @@ from parcel_hpc.launch.display import commitment_text
 from parcel_hpc.launch.follow import Follower, account_decision, choose_packing
 from parcel_hpc.launch.pulse import Pulse
 from parcel_hpc.ledger import LauncherState, SearchDir
-from parcel_hpc.lifecycle import resolution
+from parcel_hpc.lifecycle import resolution, settlement
 from parcel_hpc.lifecycle.actions import RetryPolicy
 from parcel_hpc.lifecycle.resubmit import ResubmitPlan, decide
 from parcel_hpc.scheduler.base import LauncherSettings
@@ -60,6 +60,8 @@ def run(search: SearchDir, *, dry_run: bool, wait: bool, console: Console) -> Re
     )
     console.print(render(plan, dry_run))
     decision = verdict = None
+    if not dry_run:
+        settlement.settle_ended(search)  # holds an ended attempt still has are not charged to the resubmission
     if plan.resubmit:
         decision = launch_decision(contract, len(plan.resubmit), len(search.trial_ids()) - len(plan.resubmit), search.path)
         verdict, text = account_decision(account, decision, choose_packing(dispatcher, search, len(plan.resubmit)).size)
@@ -70,7 +72,7 @@ def run(search: SearchDir, *, dry_run: bool, wait: bool, console: Console) -> Re
     if dry_run:
         return plan
     follower = Follower(search, dispatcher, {}, launch_id, contract, console, 0.5, role="resubmit")
-    resolution.record(plan.resolve, follower.writer)
+    resolution.record(search, plan.resolve, follower.writer)
     for tid, reason in plan.give_up:
         follower.writer(tid).gave_up(reason)
     if decision is None or verdict is None:

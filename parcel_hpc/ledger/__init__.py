@@ -8,7 +8,7 @@ and the records folded from them.
     records.py   TrialSpec, Attempt, TrialRecord and ``fold``, the one function from events to a record
     store.py     SearchDir: the layout of a search directory and its create-exclusive claims
     view.py      RecordView: records folded again only when their journals changed (pollers)
-    summary.py   figures over records: counts by state, the best completed trial, compute used
+    summary.py   figures over records: counts by state, the best completed trial
     searches.py  every search under a root and each one's summary (what ``parcel-hpc list`` shows)
 
 Nothing outside this package writes a journal line.

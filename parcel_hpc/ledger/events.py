@@ -128,6 +128,7 @@ class Started:
     restart_count: int = 0  # SLURM_RESTART_COUNT
     cuda_visible_devices: str = ""
     gpus: int | None = None  # GPUs the scheduler allocated to it (None: not said, journals before it was recorded)
+    process_started: float | None = None  # when its job's worker process started (epoch s; None: not said): start-up runs from here
 
 
 @dataclass(frozen=True)

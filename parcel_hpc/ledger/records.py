@@ -86,6 +86,7 @@ class Attempt:
     restart_count: int = 0
     message: str = ""
     gpus: int | None = None  # allocated by the scheduler; None: not recorded (the trial's request then)
+    process_started: float | None = None  # when the worker process it ran in started (None: not recorded)
 
     def hours(self, now: float | None = None) -> float | None:
         """Its start to end in hours (a running one to ``now``); None before it started, or while it
@@ -252,7 +253,15 @@ def fold(spec: TrialSpec, events: Sequence[Event]) -> TrialRecord:
                 # A job is known from its attempt too: a torn "submitted" line loses no job.
                 f.jobs.append(data.job_id)
                 f.executor = f.executor or data.executor
-            f.attempt(n).update(job_id=data.job_id, host=data.host, pid=data.pid, started=ev.t, restart_count=data.restart_count, gpus=data.gpus)
+            f.attempt(n).update(
+                job_id=data.job_id,
+                host=data.host,
+                pid=data.pid,
+                started=ev.t,
+                restart_count=data.restart_count,
+                gpus=data.gpus,
+                process_started=data.process_started,
+            )
             if not f.state.is_finished():
                 f.set(TrialState.RUNNING)
         elif isinstance(data, Resumed):

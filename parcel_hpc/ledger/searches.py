@@ -2,7 +2,7 @@
 
 Owns finding search directories (a ``contract.json`` at most ``MAX_DEPTH`` folders below the root:
 ``<search.root>/<revision>``, or a root of several users' roots) and the summary of one: its
-revision, counts by state, spend against its caps, whether a launcher still follows it, and when
+revision, counts by state, its spend (``accounting.spend``) against its caps, whether a launcher still follows it, and when
 anything was last written.
 
 Whether a launcher is alive is decided from what it wrote (``launcher_state``, pure): a launch
@@ -22,7 +22,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from parcel_hpc.budget import BudgetLedger, Spend, search_caps
+from parcel_hpc.accounting.spend import Spend, read_spend
+from parcel_hpc.budget import search_caps
 from parcel_hpc.errors import ParcelError, UsageError
 from parcel_hpc.ledger import HEARTBEAT_S, Heartbeat, LauncherState, SearchDir
 from parcel_hpc.ledger.journal import journals
@@ -74,10 +75,9 @@ class SearchSummary:
     revision: str
     trials: int
     counts: Mapping[str, int]
-    spend: Spend | None  # the budget journal's totals; None when nothing was ever reserved
+    spend: Spend | None  # the search's one spend (``accounting.spend``); None when it could not be read
     gpu_hours_cap: float
     cost_cap: float
-    cost: float  # money committed (used + still held) at the search's rates
     launcher: LauncherState
     last_activity: float | None  # newest write to a trial journal or launch record (epoch seconds)
     best: dict | None = None  # the best completed trial: id and validation miss-cost
@@ -85,19 +85,13 @@ class SearchSummary:
     users: tuple[str, ...] = field(default=())  # who launched it
 
     def to_json(self) -> dict:
-        spend = self.spend
         return {
             "path": self.path,
             "revision": self.revision,
             "trials": self.trials,
             "counts": dict(self.counts),
-            "gpu_hours": {
-                "used": spend.used_gpu_hours if spend else 0.0,
-                "held": spend.reserved_gpu_hours if spend else 0.0,
-                "cap": self.gpu_hours_cap,
-            },
-            "cpu_hours": {"used": spend.used_cpu_hours if spend else 0.0, "held": spend.reserved_cpu_hours if spend else 0.0},
-            "cost": {"committed": self.cost, "cap": self.cost_cap},
+            "spend": self.spend.to_json() if self.spend is not None else None,
+            "caps": {"gpu_hours": self.gpu_hours_cap, "cost": self.cost_cap},
             "launcher": self.launcher.value,
             "last_activity": self.last_activity,
             "best": self.best,
@@ -135,19 +129,16 @@ def summarize(search: SearchDir, now: float | None = None) -> SearchSummary:
     contract = search.contract()
     caps = search_caps(contract)
     records = list(search.records())
-    spend = BudgetLedger.read_totals(search.path)
     best = best_completed(records)
     launches = search.launches()
-    cost = spend.committed_cost(caps.rates) if spend else 0.0
     return SearchSummary(
         path=str(search.path),
         revision=str(contract["search_revision"]),
         trials=len(records),
         counts=counts_by_state(records),
-        spend=spend,
+        spend=read_spend(search, records),
         gpu_hours_cap=caps.gpu_hours_cap,
         cost_cap=caps.cost_cap,
-        cost=cost,
         launcher=current_launcher(search, now, launches),
         last_activity=_last_write(search),
         best={"trial_id": best.trial_id, "miss_cost": best.metric} if best else None,
@@ -186,4 +177,4 @@ def collect(root: Path, now: float | None = None) -> list[SearchSummary]:
 
 
 def _unreadable(search: SearchDir, problem: str) -> SearchSummary:
-    return SearchSummary(str(search.path), search.path.name, 0, {}, None, 0.0, 0.0, 0.0, LauncherState.NONE, None, problem=problem)
+    return SearchSummary(str(search.path), search.path.name, 0, {}, None, 0.0, 0.0, LauncherState.NONE, None, problem=problem)

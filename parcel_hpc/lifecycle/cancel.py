@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from rich.console import Console
 from rich.table import Table
 
-from parcel_hpc.budget import SearchBudget
 from parcel_hpc.errors import UsageError
 from parcel_hpc.governance import validation
 from parcel_hpc.ledger import Executor, SearchDir, TrialRecord, TrialState
+from parcel_hpc.lifecycle import settlement
 from parcel_hpc.scheduler.base import Dispatcher, LauncherSettings
 from parcel_hpc.scheduler.factory import make_dispatcher
 
@@ -74,7 +74,7 @@ class CancelReport:
 
 
 def run(search: SearchDir, trial_ids: Sequence[str], reason: str, console: Console, wait_s: float = JOB_EXIT_WAIT_S) -> CancelReport:
-    contract = search.contract()  # not a search directory: one line, exit 2
+    search.contract()  # not a search directory: one line, exit 2
     reason = validation.text("--reason", reason or "no reason given", 500)
     known = set(search.trial_ids())
     unknown = sorted(set(trial_ids) - known)
@@ -89,8 +89,10 @@ def run(search: SearchDir, trial_ids: Sequence[str], reason: str, console: Conso
         search.writer(tid, "cancel").cancelled(by, reason, whole)
     dispatcher = _dispatcher(search)
     signalled, alive = _end_jobs(dispatcher, decided.signal, wait_s) if dispatcher is not None else ((), ())
-    settled = _settle(search, contract, [t for t, j in decided.signal if j not in alive and _ran_here_or_on_slurm(search, t)])
-    report = CancelReport(decided, signalled, alive, tuple(settled))
+    now = time.time()
+    gone = {t: now for t, j in decided.signal if j not in alive and _ran_here_or_on_slurm(search, t)}
+    settled = settlement.settle_ended(search, [search.record(t) for t in sorted(gone)], gone_at=gone)
+    report = CancelReport(decided, signalled, alive, tuple((s.key.trial_id, s.key.attempt) for s in settled))
     console.print(render(report, whole))
     return report
 
@@ -125,22 +127,6 @@ def _ran_here_or_on_slurm(search: SearchDir, trial_id: str) -> bool:
     if record.executor is Executor.SLURM or not record.attempts:
         return True
     return record.attempts[-1].host in ("", socket.gethostname())
-
-
-def _settle(search: SearchDir, contract, trial_ids: Iterable[str]) -> list[tuple[str, int]]:
-    """Settle the holds of attempts whose jobs are gone, with the hours the ledger saw them run."""
-    settled = []
-    budget = SearchBudget(search.path, contract)
-    for tid in sorted(set(trial_ids)):
-        record = search.record(tid)
-        attempts = {a.number: a for a in record.attempts}
-        for n in budget.held(tid):
-            a = attempts.get(n)
-            if a is None or a.started is None:
-                continue  # a hold the ledger has no start for: kept (never settle less than was used)
-            budget.settle(tid, n, a.started, a.ended if a.ended is not None else time.time(), gpus=a.gpus)
-            settled.append((tid, n))
-    return settled
 
 
 def render(report: CancelReport, whole: bool) -> Table:

@@ -2,10 +2,12 @@
 
 A trial whose last attempt has no ending while its job is gone is resolved here, and only here:
 ``resolve`` is the pure decision (records + scheduler facts + a policy -> resolutions), ``observe``
-asks the scheduler, ``record`` journals the answer. The writers that own a search record
-resolutions (the launch's follower, ``resubmit``, ``sync``, and a new attempt of the same trial,
-through ``lifecycle.actions.previous_attempt_ending``, which needs no scheduler); ``status`` folds the same resolutions in memory and shows them
-as not yet recorded, because a read command never writes.
+asks the scheduler, ``record`` journals the answer and settles the budget holds of the attempts it
+ended (``lifecycle.settlement``). The writers that own a search record resolutions (the launch's
+follower, ``resubmit``, ``sync``, and a new attempt of the same trial, through
+``lifecycle.actions.previous_attempt_ending``, which needs no scheduler, then settles its hold);
+``status`` folds the same resolutions in memory and shows them as not yet recorded, because a read
+command never writes.
 
 What counts as gone, and what the scheduler's word is worth, depends on who asks (``Policy``):
 - ``status`` and ``sync`` resolve a SLURM job only once sacct holds its final record, and a local
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field, replace
 
 from parcel_hpc.errors import SchedulerUnavailable
 from parcel_hpc.ledger import AttemptEnd, Cause, Ended, Executor, SearchDir, TrialRecord, TrialWriter
+from parcel_hpc.lifecycle import settlement
 from parcel_hpc.scheduler.probe import pid_alive
 from parcel_hpc.scheduler.slurm import queue as slurm
 from parcel_hpc.scheduler.slurm.runs import JobRun, job_runs, runs_by_job
@@ -146,19 +149,25 @@ def observe(
     return fresh, facts
 
 
-def record(resolutions: Iterable[Resolution], writer: Callable[[str], TrialWriter]) -> None:
-    """Journal each resolution through the caller's writer for that trial (never from a read command)."""
-    for res in resolutions:
+def record(search: SearchDir, resolutions: Iterable[Resolution], writer: Callable[[str], TrialWriter]) -> None:
+    """Journal each resolution through the caller's writer for that trial (never from a read
+    command), then settle the budget holds of the attempts it ended."""
+    resolved = list(resolutions)
+    for res in resolved:
         writer(res.trial_id).resolved(res.attempt, res.ending)
+    if resolved:
+        settlement.settle_ended(search, [search.record(tid) for tid in dict.fromkeys(res.trial_id for res in resolved)])
 
 
-def sync(search: SearchDir) -> list[Resolution]:
-    """``parcel-hpc sync``: record every definite resolution, for a search whose launcher has gone."""
+def sync(search: SearchDir) -> tuple[list[Resolution], list[settlement.StaleHold]]:
+    """``parcel-hpc sync``: record every definite resolution, for a search whose launcher has gone,
+    and settle every hold left on an attempt that ended (a writer killed between the two, or an
+    older parcel_hpc that never settled a ``lost``); (resolutions, holds settled)."""
     search.contract()  # not a search directory: one line, exit 2
     records, facts = observe(search, list(search.records()), DEFINITE)
     if facts.slurm_error:
         raise SchedulerUnavailable(facts.slurm_error)
     found = resolve(records, facts, DEFINITE)
     writers: dict[str, TrialWriter] = {}
-    record(found, lambda tid: writers.setdefault(tid, search.writer(tid, "sync")))
-    return found
+    record(search, found, lambda tid: writers.setdefault(tid, search.writer(tid, "sync")))
+    return found, settlement.settle_ended(search)

@@ -16,11 +16,12 @@ from typing import Any
 
 from parcel_hpc import fsio
 from parcel_hpc.accounting import search_report as accounting
-from parcel_hpc.budget import BudgetLedger, hours_between, search_caps
+from parcel_hpc.accounting.spend import read_spend, search_spend
+from parcel_hpc.budget import BudgetLedger, search_caps
 from parcel_hpc.errors import SchedulerUnavailable, UsageError
 from parcel_hpc.governance.outcome import Outcome
 from parcel_hpc.ledger import JobRole, TrialRecord, TrialSpec, fold, read_events
-from parcel_hpc.ledger.summary import compute_used, counts_by_state
+from parcel_hpc.ledger.summary import counts_by_state
 from parcel_hpc.propose.specs import sampler_of, space_of
 from parcel_hpc.selection.actions import Assessment, assess
 from parcel_hpc.selection.candidates import TrialFacts, lineage_problems
@@ -48,7 +49,6 @@ def build(store: SelectionStore, facts: Sequence[TrialFacts], *, sacct: bool = T
     winner_facts = by_id.get(a.frozen["trial_id"])
     result = a.result or {}
     final = store.result(n, JobRole.FINAL)
-    jobs = [r for r in (result, final) if r]
     recorded = {name: _recorded(Path(path)) for name, path in result.get("records", {}).items()}
     # Lineage now, not as frozen: a trial quarantined after an early selection no longer passes.
     lineage_clean = winner_facts is not None and not lineage_problems(winner_facts, contract)
@@ -58,7 +58,7 @@ def build(store: SelectionStore, facts: Sequence[TrialFacts], *, sacct: bool = T
         "search": {"revision": contract["search_revision"], "path": str(search.path), "contract_digest": contract.digest},
         "built_at": time.time(),
         "counts": counts_by_state(records),
-        "compute": _compute(search, contract, records, jobs, sacct),
+        "compute": _compute(search, records, sacct),
         "selection": {
             "number": a.n,
             "trial_id": a.frozen["trial_id"],
@@ -74,7 +74,7 @@ def build(store: SelectionStore, facts: Sequence[TrialFacts], *, sacct: bool = T
             "reasons": list(a.verdict.reasons),
             "decisions": [{"by": d.by, "reason": d.reason, "trial_id": d.trial_id, "lifted": str(d.lifted)} for d in a.decisions],
         },
-        "lineage": _lineage(contract, winner_facts, a, result, final, store.final_plan(), policy),
+        "lineage": _lineage(contract, winner_facts, a, result, final, store.final_plan(), policy, search),
         "rerun": None
         if a.rerun is None
         else {
@@ -157,41 +157,15 @@ def _record_summary(r: TrialRecord) -> dict[str, Any]:
     }
 
 
-def _compute(search, contract, records, jobs: Sequence[Mapping[str, Any]], sacct: bool) -> dict[str, Any]:
-    caps = search_caps(contract)
-    totals = BudgetLedger.read_totals(search.path)
-    ledger = compute_used(records)
-    selection_jobs = {"gpu_hours": 0.0, "cpu_hours": 0.0, "jobs": len(jobs)}
-    for job in jobs:  # the rerun and final jobs: their own wall time times the resources they held
-        hours = hours_between(job["job"]["started_at"], job["job"]["ended_at"])
-        allocated = job["job"].get("facts", {}).get("gpus")  # what its scheduler gave it; older results: the request
-        selection_jobs["gpu_hours"] += int(job["job"]["resources"]["gpus"] if allocated is None else allocated) * hours
-        selection_jobs["cpu_hours"] += int(job["job"]["resources"]["cpus"]) * hours
-    selection_jobs["cost"] = caps.rates.cost(selection_jobs["gpu_hours"], selection_jobs["cpu_hours"])
-    out: dict[str, Any] = {
-        "ledger": {"gpu_hours": ledger["gpu_hours"], "cpu_hours": ledger["cpu_hours"], "attempts": ledger["attempts"]},
-        "selection_jobs": selection_jobs,
-        "total": {
-            "gpu_hours": ledger["gpu_hours"] + selection_jobs["gpu_hours"],
-            "cpu_hours": ledger["cpu_hours"] + selection_jobs["cpu_hours"],
-            "cost": caps.rates.cost(ledger["gpu_hours"] + selection_jobs["gpu_hours"], ledger["cpu_hours"] + selection_jobs["cpu_hours"]),
-        },
-        "budget": None
-        if totals is None
-        else {
-            "used_gpu_hours": totals.used_gpu_hours,
-            "used_cpu_hours": totals.used_cpu_hours,
-            "cost": caps.rates.cost(totals.used_gpu_hours, totals.used_cpu_hours),
-            "gpu_hours_cap": caps.gpu_hours_cap,
-            "cost_cap": caps.cost_cap,
-        },
-        "sacct": None,
-        "sacct_note": "",
-    }
+def _compute(search, records, sacct: bool) -> dict[str, Any]:
+    """The search's one spend (``accounting.spend``: trials, packing, selection jobs, held), and
+    sacct's account of the same jobs beside it as a reconciliation."""
+    spent = read_spend(search, records)
+    out: dict[str, Any] = {"spend": spent.to_json(), "line": spent.line(), "sacct": None, "sacct_note": ""}
     if sacct and search.slurm_job_names():
         try:
             rec = accounting.reconcile_search(search, None)
-            out["sacct"] = {"spend": rec.to_json()["spend"], "flags": len(rec.flags)}
+            out["sacct"] = {"scheduler": rec.to_json()["scheduler"], "flags": len(rec.flags)}
         except SchedulerUnavailable as exc:
             out["sacct_note"] = f"sacct unavailable: {exc}"
     else:
@@ -216,7 +190,7 @@ def _proposed_by(contract, spec: TrialSpec) -> dict[str, Any]:
     }
 
 
-def _lineage(contract, winner_facts: TrialFacts | None, a: Assessment, result, final, plan, policy: SelectionPolicy) -> dict[str, Any]:
+def _lineage(contract, winner_facts: TrialFacts | None, a: Assessment, result, final, plan, policy: SelectionPolicy, search) -> dict[str, Any]:
     """The five questions about the selected trial."""
     if winner_facts is None:
         return {}
@@ -255,7 +229,7 @@ def _lineage(contract, winner_facts: TrialFacts | None, a: Assessment, result, f
             ],
             "jobs": list(r.jobs),
         },
-        "what_it_cost": _trial_cost(r, contract),
+        "what_it_cost": _trial_cost(search, r, contract),
         "what_was_concluded": {
             "scorer": contract["metric_revision"],
             "metric": dict(contract["metric"]),
@@ -276,11 +250,7 @@ def _lineage(contract, winner_facts: TrialFacts | None, a: Assessment, result, f
     }
 
 
-def _trial_cost(r: TrialRecord, contract) -> dict[str, Any]:
-    used = compute_used([r])
-    return {
-        "gpu_hours": used["gpu_hours"],
-        "cpu_hours": used["cpu_hours"],
-        "cost": search_caps(contract).rates.cost(used["gpu_hours"], used["cpu_hours"]),
-        "attempts": used["attempts"],
-    }
+def _trial_cost(search, r: TrialRecord, contract) -> dict[str, Any]:
+    """The winner's own share of the spend, counted as the search's is (``accounting.spend``)."""
+    spent = search_spend([r], BudgetLedger.read(search.path), [], search_caps(contract).rates)
+    return {**spent.to_json(), "attempts": len([a for a in r.attempts if a.started is not None])}

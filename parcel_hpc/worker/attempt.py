@@ -30,6 +30,7 @@ from parcel_hpc.governance.admission import TrialIdentity, admit, check_worker
 from parcel_hpc.governance.contract import Contract
 from parcel_hpc.governance.outcome import Outcome
 from parcel_hpc.ledger import Admitted, AttemptEnd, Cause, Ended, SearchDir, Started, TrialRecord, TrialState
+from parcel_hpc.lifecycle import settlement
 from parcel_hpc.lifecycle.actions import interruption_counts, previous_attempt_ending
 from parcel_hpc.pruning import MilestoneStore, make_pruner
 from parcel_hpc.trainer import (
@@ -106,11 +107,10 @@ class AttemptRun:
         if self.prior.state.is_finished():
             # A late requeue or a duplicate dispatch of a finished trial: it never trains twice.
             return {"trial_id": plan.trial_id, "state": self.prior.state.value, "note": "already finished"}
-        self.started_at = time.time()
         if self.limit_s is not None:
             self.deadline = time.monotonic() + self.limit_s
         self._resolve_unended_attempt()
-        self.ledger.started(self.attempt, self.facts)
+        self.started_at = self.ledger.started(self.attempt, self.facts).t  # the ledger's start: the budget settles what the ledger shows
         self.began = True
         try:
             contract = self.contract = self.search.contract()
@@ -206,6 +206,7 @@ class AttemptRun:
             return
         self.ledger.resolved(last.number, previous_attempt_ending(last, self.facts))
         self.prior = self.search.record(self.plan.trial_id)
+        settlement.settle_ended(self.search, [self.prior])  # its hold, with the hours the ledger saw it run
 
     def _claim(self, ckpt_dir: str, identity: TrialIdentity) -> claims.Claim:
         """Claim the directory; if an earlier attempt of this trial still runs (its node was set down
@@ -328,11 +329,11 @@ class AttemptRun:
     # --- endings ------------------------------------------------------------------------------
     def _end(self, ending: Ended) -> None:
         if not self.ended:
-            self.ledger.ended(self.attempt, ending)
+            ended_at = self.ledger.ended(self.attempt, ending).t
             self.ended = True  # only once it is on disk
             if self.reserved:
                 assert self.budget is not None  # _reserve set it before reserving
-                self.budget.settle(self.plan.trial_id, self.attempt, self.started_at, gpus=self.facts.gpus)
+                self.budget.settle(self.plan.trial_id, self.attempt, self.started_at, ended_at, gpus=self.facts.gpus)
 
     def _fail(self, cause: Cause, exc: BaseException) -> None:
         # A configuration that fails twice with the same class is a result about the design.

@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 from collections.abc import Mapping
+from pathlib import Path
 
 from parcel_hpc.ledger import Cause, Executor, Started
 
@@ -27,6 +28,7 @@ def facts_from_env(env: Mapping[str, str] | None = None) -> Started:
             int(env.get("SLURM_RESTART_COUNT", "0") or 0),
             env.get("CUDA_VISIBLE_DEVICES", ""),
             _slurm_gpus(env),
+            process_started(),
         )
     return Started(
         Executor.LOCAL,
@@ -38,7 +40,21 @@ def facts_from_env(env: Mapping[str, str] | None = None) -> Started:
         0,
         env.get("CUDA_VISIBLE_DEVICES", ""),
         _devices(env.get("CUDA_VISIBLE_DEVICES", "")),  # the local executor sets it for each child: what it handed out
+        process_started(),
     )
+
+
+def process_started(proc: str = "/proc") -> float | None:
+    """When this process started (epoch seconds, to the kernel's boot-time second), from /proc; None
+    where there is no /proc. The job's start-up (interpreter, imports, unpickling) runs from here to
+    its first attempt: spent, though no attempt's."""
+    try:
+        stat = Path(proc, "self", "stat").read_text()
+        ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22, starttime; the command name may hold spaces
+        boot = next(int(line.split()[1]) for line in Path(proc, "stat").read_text().splitlines() if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
 
 
 def _devices(listing: str) -> int:

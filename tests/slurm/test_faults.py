@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from parcel_hpc.ledger import SearchDir, TrialState
+from parcel_hpc.budget import BudgetLedger, KeyState
+from parcel_hpc.ledger import AttemptEnd, SearchDir, TrialState
 from parcel_hpc.testing import finish, launch, parcel_hpc, start_launch
 
 from .cluster import kill_daemon, restart_daemons, sh, wait_for
@@ -42,7 +43,7 @@ def matches_sacct(search: SearchDir) -> dict:
     assert out["flags"] == [], out["flags"]
     lines = [a for a in out["attempts"] if a["trial_id"]]
     assert len(lines) == sum(len([a for a in r.attempts if a.started is not None]) for r in search.records())
-    assert out["spend"]["gpu_hours"]["used"] == pytest.approx(own_gpu_hours(search), abs=1e-9)
+    assert out["scheduler"]["gpu_hours"]["used"] == pytest.approx(own_gpu_hours(search), abs=1e-9)
     return out
 
 
@@ -109,14 +110,16 @@ def test_same_revision_in_two_roots(tmp_path, data_dir, cluster_guard):
         assert listed == own  # the scheduler's name finds exactly this search's jobs
         assert out["flags"] == [], out["flags"]
         assert sorted(a["job_id"] for a in out["attempts"]) == sorted(own)
-        assert out["spend"]["gpu_hours"]["used"] == pytest.approx(own_gpu_hours(search), abs=1e-9)
+        assert out["scheduler"]["gpu_hours"]["used"] == pytest.approx(own_gpu_hours(search), abs=1e-9)
         status = parcel_hpc(["status", str(search.path), "--json"])
         assert status.returncode == 0, status.stderr
         assert {t["trial_id"]: t["state"] for t in json.loads(status.stdout)["trials"]} == {r.trial_id: "completed" for r in search.records()}
 
 
 def test_scontrol_requeue(tmp_path, data_dir, cluster_guard):
-    """An admin requeues a running trial's job: it resumes from its checkpoint, to the same metric."""
+    """An admin requeues a running trial's job: it resumes from its checkpoint, to the same metric,
+    and the attempt the requeue ended (the worker is killed before it can say how: ``lost``,
+    resolved by the next attempt) has its budget hold settled, not held for good."""
     _, names = cluster_guard
     names.append("parcel-requeue")
     search = SearchDir(tmp_path / "runs" / "requeue")
@@ -126,10 +129,47 @@ def test_scontrol_requeue(tmp_path, data_dir, cluster_guard):
     assert finish(proc).returncode == 0
     (record,) = each_in_one_state(search)
     assert len(record.attempts) == 2 and record.attempts[1].resumed_from >= 20, record.attempts
+    assert record.attempts[0].how is AttemptEnd.LOST, record.attempts[0]  # killed by the requeue: resolved by attempt 2
     reference = launch([f"search.root={tmp_path / 'ref'}", "search.revision=requeue", "search.n_trials=1", *SLOW], cwd=tmp_path, data_dir=data_dir)
     assert reference.returncode == 0
     assert record.metric == SearchDir(tmp_path / "ref" / "requeue").record("t0000").metric  # resumed, not restarted
-    matches_sacct(search)
+    out = matches_sacct(search)  # no flags: no stale_hold either
+    view = BudgetLedger.read(search.path)
+    assert view.totals.reserved_gpu_hours == 0 and {h.state for h in view.holds.values()} == {KeyState.SETTLED}, view
+    spend = one_spend(search, out)
+    assert spend["parts"]["held"]["gpu_hours"] == 0 and spend["stale_holds"] == 0
+    assert spend["parts"]["attempts"]["gpu_hours"] == pytest.approx(view.totals.used_gpu_hours, abs=1e-6)
+
+
+def test_a_stale_hold_is_flagged_by_reconcile_and_settled_by_sync(tmp_path, data_dir, cluster_guard):
+    """A hold an older parcel_hpc left on a ``lost`` attempt (its settle entry missing): reconcile
+    flags it and names the fix, and ``sync`` settles it with the hours the ledger saw."""
+    _, names = cluster_guard
+    names.append("parcel-stale")
+    search = SearchDir(tmp_path / "runs" / "stale")
+    assert finish(start(tmp_path, data_dir, "stale", "search.n_trials=1")).returncode == 0
+    settled = one_spend(search, matches_sacct(search))
+    journal = search.path / "budget" / "journal"
+    last = sorted(journal.glob("*.json"))[-1]
+    assert json.loads(last.read_text())["kind"] == "settle"
+    last.unlink()
+    out = reconcile_json(search.path)
+    (flag,) = [f for f in out["flags"] if f["kind"] == "stale_hold"]
+    assert flag["trial_id"] == "t0000" and "attempt 1 ended" in flag["detail"] and f"`parcel-hpc sync {search.path}`" in flag["detail"]
+    assert one_spend(search, out)["stale_holds"] == 1
+    synced = parcel_hpc(["sync", str(search.path)])
+    assert synced.returncode == 0 and "t0000/1: settled the budget hold" in synced.stdout, synced.stdout + synced.stderr
+    assert BudgetLedger.read_totals(search.path).reserved_gpu_hours == 0
+    assert one_spend(search, matches_sacct(search)) == settled  # the same hours as the worker's own settle
+
+
+def one_spend(search: SearchDir, reconciled: dict) -> dict:
+    """The spend list, status and reconcile show: one figure, its parts adding up."""
+    (listed,) = json.loads(parcel_hpc(["list", str(search.path.parent), "--json"]).stdout)["searches"]
+    status = json.loads(parcel_hpc(["status", str(search.path), "--json"]).stdout)["spend"]
+    assert listed["spend"] == status == reconciled["spend"], (listed["spend"], status, reconciled["spend"])
+    assert status["gpu_hours"] == pytest.approx(sum(p["gpu_hours"] for p in status["parts"].values()), abs=1e-5)
+    return status
 
 
 def test_node_drained_while_trials_pending(tmp_path, data_dir, cluster_guard):

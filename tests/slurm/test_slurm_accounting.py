@@ -67,7 +67,7 @@ def test_failed_jobs_and_an_orphan_reconcile_with_sacct(tmp_path, data_dir, clus
     assert all(t["attempts"] == 2 for t in failed)  # tried twice, never a third time
     assert out["waste_hours"]["reproducible_failure"] == pytest.approx(sum(t["gpu_hours"] for t in failed))
     assert out["figures"]["effective_results"] == len(states)  # completed and reproducibly failed both count
-    assert out["spend"]["gpu_hours"]["used"] == pytest.approx(
+    assert out["scheduler"]["gpu_hours"]["used"] == pytest.approx(
         sum(a["gpu_hours"] for a in lines) + sum(a["gpu_hours"] for a in out["attempts"] if not a["trial_id"])
     )
 

@@ -72,6 +72,6 @@ def test_select_decide_evaluate_release_as_slurm_jobs(tmp_path, data_dir, cluste
     assert rel.returncode == 0 and rel.stdout.splitlines()[0] == "release:registered", rel.stdout + rel.stderr
     packet = json.loads((path / "release" / "packet.json").read_text())
     assert packet["compute"]["sacct"] is not None, packet["compute"]["sacct_note"]
-    assert packet["compute"]["sacct"]["spend"]["gpu_hours"]["used"] > 0
+    assert packet["compute"]["sacct"]["scheduler"]["gpu_hours"]["used"] > 0
     assert packet["lineage"]["how_it_ended"]["jobs"] and packet["final"]["final_examples"] > 0
     assert packet["checks"] == {"data": "passed", "reproducible": "passed", "performance": "passed", "parity": "passed", "slices": "decided", "final": "passed"}
