@@ -123,8 +123,12 @@ def summary(search: SearchDir, wall_s: float) -> Table:
         "best validation",
         f"{best.trial_id} miss-cost={best.metric:.4f} ({', '.join(f'{k}={v}' for k, v in best.spec.params.items())})" if best else "none completed",
     )
-    # A best validation number is not a result yet: selection reruns, gates and releases it.
-    table.add_row("next", f"parcel-hpc select {search.path}")
+    # A best validation number is not a result yet: selection reruns, gates and releases it. Without
+    # one there is nothing to select: what failed, and why, comes first.
+    if best is not None:
+        table.add_row("next", f"parcel-hpc select {search.path}")
+    elif records:
+        table.add_row("next", f"parcel-hpc logs {search.path}  (why the trials failed)")
     used = compute_used(records)
     table.add_row("wall time", f"{wall_s:.1f} s")
     table.add_row("compute used", f"{used['gpu_hours']:.4f} GPU-h, {used['cpu_hours']:.4f} CPU-h over {used['attempts']} attempts")

@@ -4,4 +4,5 @@ actions.py     next_action: dispatch, wait, retry, resolve or give up (pure), an
 resolution.py  attempts that never said how they ended: what the scheduler says they did
 resubmit.py    which trials a resubmission reruns, and why (pure)
 cancel.py      stop a search, or some of its trials, for good
+systematic.py  whether the first trials failed alike, so the search stops (pure)
 """
