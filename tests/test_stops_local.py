@@ -10,11 +10,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from parcel_hpc.governance.contract import Contract, load_contract
 from parcel_hpc.governance.outcome import Outcome
 from parcel_hpc.ledger import Attempt, AttemptEnd, Cause, EventKind, SearchDir, TrialRecord, TrialSpec, TrialState, fold
 from parcel_hpc.ledger.events import Ended, Event, Executor, FailureSignature, Started, Submitted, normalized_message
 from parcel_hpc.lifecycle import systematic
 from parcel_hpc.lifecycle.actions import Action, RetryPolicy, next_action
+from parcel_hpc.propose.specs import in_frozen_form
 from parcel_hpc.testing import launch, parcel_hpc
 from parcel_hpc.testing.runs import subprocess_env, wait_for
 
@@ -167,6 +169,14 @@ def test_a_search_with_a_completed_trial_still_points_at_select(tmp_path, data_d
     res = run(tmp_path, data_dir, "fine", "search.n_trials=1")
     assert res.returncode == 0, res.stderr
     assert "parcel-hpc select" in res.stdout
+    # a search frozen before budget.systematic_failures existed is the same search at the default:
+    # a relaunch continues it, and it stops at the value it then had
+    contract = load_contract(tmp_path / "runs" / "fine")
+    assert contract["budget"]["systematic_failures"] == systematic.BEFORE_PINNED
+    legacy = Contract({**contract.fields, "budget": {k: v for k, v in contract["budget"].items() if k != "systematic_failures"}})
+    assert in_frozen_form(contract, legacy).digest == legacy.digest and systematic.threshold(legacy["budget"]) == 3
+    other = Contract({**contract.fields, "budget": {**contract["budget"], "systematic_failures": 5}})
+    assert in_frozen_form(other, legacy) is other  # another value is another contract: refused as before
 
 
 def test_drift_mid_search_stops_it_and_a_relaunch_in_the_matching_environment_runs_the_rest(tmp_path, data_dir):
@@ -182,6 +192,7 @@ def test_drift_mid_search_stops_it_and_a_relaunch_in_the_matching_environment_ru
     assert launcher.returncode == 3, out + err
     lines = [l for l in out.splitlines() if l.strip()]
     assert lines[-1] == "reject:image_digest", out
+    assert "parcel-hpc select" not in out and "relaunch the same command" in out  # trials are left: not select yet
     why = [l for l in err.splitlines() if l.strip()][-1]
     assert why.startswith("reject:image_digest: t0001's worker: reject:image_digest: this worker sees image_digest"), why
     assert "restore the environment and relaunch the same command to run the 3 queued trials" in why

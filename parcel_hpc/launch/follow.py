@@ -419,6 +419,14 @@ class Follower:
             f"waiting for the {running} jobs already running to end[/]"
         )
 
+    def next_step(self) -> str:
+        """What to do once the launch stopped ("" when it did not)."""
+        if self.stop is None:
+            return ""
+        if self.stop.drift:
+            return "restore the environment the contract pins, then relaunch the same command"
+        return f"parcel-hpc logs {self.search.path}  (why the trials failed alike)"
+
     def stop_detail(self) -> str:
         """The stop's text with the count of trials it left queued."""
         assert self.stop is not None  # asked only after a stop

@@ -89,6 +89,8 @@ def run(search: SearchDir, *, dry_run: bool, wait: bool, console: Console) -> Re
         if wait or not dispatcher.can_detach:
             follower.plans = {s.trial_id: plans[s.trial_id] for s in resubmitted}
             follower.follow()
+            if follower.stop is not None:
+                raise GovernanceRefusal(follower.stop.outcome, follower.stop_detail())  # the launch's stop, the same way
             pulse.leaving(LauncherState.ENDED)
         else:
             pulse.leaving(LauncherState.DETACHED)

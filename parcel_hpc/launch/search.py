@@ -177,7 +177,7 @@ class SearchLaunch:
                     report.stopped = str(follower.stop.outcome)
                 if proposer is not None or follower.stop is not None:
                     search.write_launch(launch_id, report.to_json())  # with what it proposed as it went, and why it stopped
-                self.console.print(display.summary(search, time.time() - started))
+                self.console.print(display.summary(search, time.time() - started, follower.next_step()))
                 if follower.stop is not None:
                     # Trials are left queued: the launch stopped before they ended (the pulse says STOPPED).
                     raise GovernanceRefusal(follower.stop.outcome, follower.stop_detail())

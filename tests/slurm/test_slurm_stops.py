@@ -75,6 +75,7 @@ def test_drift_mid_search_stops_it_and_the_same_command_runs_the_rest_once_it_ma
     res = finish(proc, timeout=600)
     assert res.returncode == 3, res.stdout[-3000:] + res.stderr[-3000:]
     assert [l for l in res.stdout.splitlines() if l.strip()][-1] == "reject:image_digest"
+    assert "parcel-hpc select" not in res.stdout
     why = [l for l in res.stderr.splitlines() if l.strip()][-1]
     assert "this worker sees image_digest" in why and "restore the environment and relaunch the same command to run the 5 queued trials" in why, why
     records = {r.trial_id: r for r in search.records()}
