@@ -131,6 +131,7 @@ def test_trials_failing_alike_stop_the_search_and_logs_shows_why(tmp_path, data_
     assert [states[t] for t in ("t0000", "t0001", "t0002")] == [TrialState.FAILED] * 3
     assert all(states[t] is TrialState.QUEUED and not search.record(t).attempts for t in ("t0003", "t0004", "t0005"))  # never ran
     assert search.hold()["outcome"] == "hold:systematic-failure"
+    assert search.launches()[-1]["stopped"] == "hold:systematic-failure"  # the launch record says why it stopped
     # status carries the exception and its message, and the hold
     status = parcel_hpc(["status", str(search.path)])
     assert status.returncode == 0 and "KeyError: 'width_multiplier'" in status.stdout and "hold:systematic-failure" in status.stdout
@@ -196,6 +197,7 @@ def test_drift_mid_search_stops_it_and_a_relaunch_in_the_matching_environment_ru
     why = [l for l in err.splitlines() if l.strip()][-1]
     assert why.startswith("reject:image_digest: t0001's worker: reject:image_digest: this worker sees image_digest"), why
     assert "restore the environment and relaunch the same command to run the 3 queued trials" in why
+    assert search.launches()[-1]["stopped"] == "reject:image_digest" and search.hold() is None  # a stop, not a hold
     records = {r.trial_id: r for r in search.records()}
     assert records["t0000"].state is TrialState.COMPLETED  # it started under the contract and ran on
     assert records["t0001"].state is TrialState.QUEUED and records["t0001"].attempts[-1].how is AttemptEnd.REJECTED
