@@ -87,6 +87,7 @@ class BudgetConf:
     rate_per_cpu_hour: float = MISSING  # money per CPU-hour
     max_retries: int = MISSING  # retries per trial after timeouts, node failures, lost jobs, system cancels
     max_preemptions: int = MISSING  # requeues per trial after preemption (not the trial's fault; counted apart)
+    systematic_failures: int = MISSING  # trials: the first this many results all failing alike stop the search (0: never)
 
 
 @dataclass

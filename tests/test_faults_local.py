@@ -92,19 +92,19 @@ def test_killed_worker_resumes_from_its_last_good_checkpoint(tmp_path, data_dir)
 
 def test_reproducible_failure_is_tried_twice_then_failed(tmp_path, data_dir):
     res = run(tmp_path, data_dir, "boom", "search.n_trials=1", "+space.params.fault={type:choice,values:[raise]}", faults.TRAINER)
-    assert res.returncode == 0, res.stderr
+    assert res.returncode == 3 and "hold:no-result" in res.stdout, res.stderr  # nothing completed: no result
     rec = sd(tmp_path, "boom").record("t0000")
-    assert rec.state.value == "failed" and rec.reason == "exception"
+    assert rec.state.value == "failed" and rec.reason == "exception" and rec.error == "RuntimeError: injected fault: params.fault=raise"
     assert rec.failures == ("exception", "exception") and len(rec.attempts) == 2
     assert "failed=1" in res.stdout  # counted in the summary, never dropped
     again = run(tmp_path, data_dir, "boom", "search.n_trials=1", "+space.params.fault={type:choice,values:[raise]}", faults.TRAINER)
-    assert again.returncode == 0 and "1 already finished" in again.stdout
+    assert again.returncode == 3 and "1 already finished" in again.stdout and "hold:no-result" in again.stdout
     assert len(sd(tmp_path, "boom").record("t0000").attempts) == 2  # not retried again
 
 
 def test_divergence_is_its_own_failure_class(tmp_path, data_dir):
     res = run(tmp_path, data_dir, "nan", "search.n_trials=1", "+space.params.fault={type:choice,values:['nan']}", faults.TRAINER)
-    assert res.returncode == 0, res.stderr
+    assert res.returncode == 3 and "hold:no-result" in res.stdout, res.stderr
     rec = sd(tmp_path, "nan").record("t0000")
     assert rec.state.value == "failed" and rec.reason == "diverged"
 
@@ -173,7 +173,7 @@ def test_full_disk_on_the_checkpoint_root(tmp_path, data_dir):
         leftovers = [p.name for p in root.rglob("*") if p.name.endswith(".tmp")]
     finally:
         subprocess.run(["umount", str(root)], check=True)
-    assert res.returncode == 0, res.stderr
+    assert res.returncode == 3 and "hold:no-result" in res.stdout, res.stderr  # given up: no result
     rec = sd(tmp_path, "full").record("t0000")
     assert rec.state.value == "failed" and rec.cause.value == "retries_exhausted", (rec.state, rec.reason)
     assert rec.failures == () and rec.metric is None  # no failure class: the design was never judged

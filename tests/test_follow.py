@@ -10,10 +10,11 @@ import pytest
 from hydra import compose, initialize_config_module
 from rich.console import Console
 
-from parcel_hpc.errors import SchedulerUnavailable
+from parcel_hpc.errors import GovernanceRefusal, SchedulerUnavailable
+from parcel_hpc.governance.outcome import Outcome
 from parcel_hpc.launch import follow
 from parcel_hpc.launch.search import SearchLaunch, from_hydra
-from parcel_hpc.ledger import SearchDir
+from parcel_hpc.ledger import AttemptEnd, Cause, Ended, SearchDir, Started, TrialState
 from parcel_hpc.lifecycle.resubmit import Resubmission
 from parcel_hpc.testing.dispatchers import FakeDispatcher
 from parcel_hpc.worker import WorkerPlan
@@ -135,3 +136,35 @@ def test_a_scheduler_that_fails_when_asked_for_capacity_gives_every_waiting_clai
         launch(cfg, fake)
     search = SearchDir(tmp_path / "runs" / "fake")
     assert fake.submitted == [] and all((search.trial_dir(t) / "dispatch-1.withdrawn").exists() for t in search.trial_ids())
+
+
+class DriftOnFirstJob(FakeDispatcher):
+    """The first job's worker finds the image changed under the search: it rejects its attempt
+    (drift) and the job ends; the second job is still pending, the rest wait for a slot."""
+
+    def __init__(self, settings, search_path) -> None:
+        super().__init__(settings, slots=2, capacity=2)
+        self.search = SearchDir(search_path)
+
+    def wait(self, seconds: float, at_least: float) -> None:
+        first = self.submitted[0][0]
+        if first.job_id in self.running:
+            writer = self.search.writer(first.trial_id, "a1")
+            writer.started(1, Started(job_id=first.job_id))
+            writer.ended(1, Ended(AttemptEnd.REJECTED, Cause.DRIFT, outcome=Outcome.reject("image_digest"), reason="reject:image_digest: it differs"))
+            self.finish(first.job_id)
+
+
+def test_a_drift_rejection_stops_dispatching_cancels_what_has_not_started_and_gives_back_the_waiting_claims(tmp_path, artifacts):
+    cfg, settings = configured(tmp_path, artifacts, "hydra.launcher.pack_size=1")
+    fake = DriftOnFirstJob(settings, tmp_path / "runs" / "fake")
+    with pytest.raises(GovernanceRefusal) as refused:
+        launch(cfg, fake)
+    assert str(refused.value.outcome) == "reject:image_digest"
+    assert "relaunch the same command to run the 6 queued trials" in refused.value.detail
+    search = SearchDir(tmp_path / "runs" / "fake")
+    first, second = (batch[0] for batch in fake.submitted)
+    assert len(fake.submitted) == 2 and fake.cancelled == [second.job_id]  # pending, never started: cancelled
+    assert {r.state for r in search.records()} == {TrialState.QUEUED}  # nothing ran against anything
+    waiting = set(search.trial_ids()) - {first.trial_id, second.trial_id}
+    assert all((search.trial_dir(t) / "dispatch-1.withdrawn").exists() for t in waiting)  # a relaunch dispatches them at once

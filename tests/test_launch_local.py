@@ -150,7 +150,9 @@ def test_worker_refuses_a_random_split_it_was_pointed_at(tmp_path, data_dir):
     res = run_trial_directly(plan)
     assert res.returncode == 0, res.stderr
     rec = sd.record("t0000")
-    assert rec.state.value == "rejected" and rec.reason == "reject:split_digest"
+    # nothing ran against anything: the attempt is rejected, the trial waits for the right split
+    assert rec.state.value == "queued" and rec.awaiting_environment() and rec.reason.startswith("reject:split_digest: this worker sees split_digest")
+    assert rec.attempts[-1].how.value == "rejected" and str(rec.attempts[-1].outcome) == "reject:split_digest"
     assert not (sd.path / "checkpoints" / "t0000").exists()  # refused before claiming or training
 
 
@@ -163,7 +165,7 @@ def test_worker_refuses_a_newer_image_archive(tmp_path, data_dir):
     res = run_trial_directly(plan_for(sd.spec("t0000"), cfg, sd.contract(), sd.path))
     assert res.returncode == 0, res.stderr
     rec = sd.record("t0000")
-    assert rec.state.value == "rejected" and rec.reason == "reject:image_digest"
+    assert rec.state.value == "queued" and rec.awaiting_environment() and rec.reason.startswith("reject:image_digest: this worker sees image_digest")
 
 
 def test_same_seed_and_params_give_the_same_metric(tmp_path, data_dir):

@@ -59,6 +59,7 @@ def read_commands(search: Path) -> tuple[str, str]:
 # until it is listed here, and then it is run on a read-only mount like the others.
 READ_ARGV = {
     "status": lambda s: ["status", str(s), "--json"],
+    "logs": lambda s: ["logs", str(s), "t0000"],
     "list": lambda s: ["list", str(s.parent), "--json"],
     "export": lambda s: ["export", str(s), "--attempts"],
     "proposals": lambda s: ["proposals", str(s), "--replay", "--json"],

@@ -28,6 +28,7 @@ CFG = {
     "trainer": {"target": "parcel_hpc.trainer.numpy_mlp:NumpyMLP"},
     "checkpoint": {"dir": "runs/parcel-search-r1/checkpoints", "prefix": "{trial_id}"},
     "resources": {"gpus": 1, "cpus": 1, "mem_gb": 1.0, "time_limit_min": 10, "partition": None, "account": None, "qos": None},
+    "budget": {"systematic_failures": 3},
 }
 SLURM = {"kind": "slurm", "job_name": "parcel-parcel-search-r1", "array_parallelism": 16, "signal_delay_s": 60, "setup": [], "additional_parameters": {}}
 
@@ -55,6 +56,14 @@ def test_the_default_config_passes_and_units_become_the_contracts():
     assert cfg["resources"]["mem_gb"] == 0.5 and isinstance(cfg["resources"]["time_limit_min"], int)
     assert launcher == SLURM
     assert CFG["resources"]["mem_gb"] == 1.0  # the caller's config is not changed
+
+
+@pytest.mark.parametrize("value", [-1, 1001, 2.5, True, "3"])
+def test_systematic_failures_is_a_whole_number_of_trials_or_zero_for_never(value):
+    message = refusal(with_value("budget.systematic_failures", value))
+    assert message.startswith("budget.systematic_failures=") and "0..1000" in message
+    for fine in (0, 1, 3):
+        validation.checked(with_value("budget.systematic_failures", fine), SLURM)
 
 
 @pytest.mark.parametrize(

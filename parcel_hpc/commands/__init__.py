@@ -35,6 +35,7 @@ COMMANDS: tuple[Command, ...] = (
     Command("make-snapshot", "write the synthetic parcel snapshot and its splits"),
     Command("check-trainer", "check a trainer against the interface a search relies on (resume, determinism, serving parity)"),
     Command("status", "counts by state and a per-trial table"),
+    Command("logs", "why a trial's attempt ended: its traceback and the scheduler's output files"),
     Command("list", "every search under a root: counts by state, spend against caps, launcher, last activity"),
     Command("export", "the trials as a table for pandas: one row per trial (or --attempts), typed columns"),
     Command("proposals", "how each trial was proposed, and with --replay whether every proposal re-derives exactly"),

@@ -93,6 +93,7 @@ def collect(search: SearchDir, view: RecordView | None = None) -> dict[str, Any]
         "spend_line": spend.line(),
         "scheduler_error": facts.slurm_error,
         "unrecorded_resolutions": len(resolved),
+        "hold": search.hold(),
         "trials": trials,
     }
 
@@ -128,6 +129,8 @@ def render(data: dict[str, Any], console: Console | None = None) -> None:
     console.print("  ".join(f"{k}={v}" for k, v in counts.items()) + f"  (total {sum(counts.values())})")
     if data.get("scheduler_error"):
         console.print(f"[yellow]scheduler not consulted: {data['scheduler_error']}[/]")
+    if data.get("hold"):
+        console.print(f"{data['hold']['outcome']}: {data['hold']['detail']}", style="yellow", markup=False, soft_wrap=True)
     if data.get("unrecorded_resolutions"):
         console.print(f"[yellow]{data['unrecorded_resolutions']} trials' jobs are gone: {UNRECORDED}[/]")
     table = Table()
@@ -149,11 +152,16 @@ def render(data: dict[str, Any], console: Console | None = None) -> None:
             "" if t["milestone"] is None else str(t["milestone"]),
             str(t["attempts"]),
             str(t["interrupted"]),
-            t["reason"][:60],
+            _reason(t)[:100],
             prune_txt,
         )
     console.print(table)
     console.print(f"spend: {data['spend_line']}", markup=False, highlight=False)
+
+
+def _reason(t: dict[str, Any]) -> str:
+    """Why a trial is in its state; a failure with its exception type and message (first line)."""
+    return f"{t['reason']}: {t['error']}" if t.get("error") else t["reason"]
 
 
 def to_json(data: dict[str, Any]) -> str:
@@ -244,7 +252,7 @@ def _changes(seen: dict[str, tuple], data: dict[str, Any]) -> list[str]:
         if t["metric"] is not None:
             what += f" miss-cost {t['metric']:.4f}"
         elif t["state"] not in ("running", "queued") and t["reason"]:
-            what += f": {t['reason'][:80]}"
+            what += f": {_reason(t)[:120]}"
         lines.append(f"{stamp} {t['trial_id']} {what}; milestones {_milestones(t, data['milestones'])}")
     if lines:
         lines.append(_counts_line(data))

@@ -123,6 +123,16 @@ def check_worker(observed: WorkerObservation, contract: Contract) -> Outcome:
     return Outcome.ADMIT
 
 
+def drift_detail(outcome: Outcome, observed: WorkerObservation, contract: Contract) -> str:
+    """What differs, in words, for a ``check_worker`` refusal (pure)."""
+    field = outcome.what
+    if field == "trainer":
+        found, pinned = observed.trainer.get("source_digest", ""), (contract.fields.get("trainer") or {}).get("source_digest", "")
+        return f"the trainer this worker imported (source {str(found)[:19]}) is not the one the contract pins (source {str(pinned)[:19]})"
+    found = {"snapshot_digest": observed.snapshot_digest, "split_digest": observed.split_digest, "image_digest": observed.image_digest}.get(field, "")
+    return f"this worker sees {field} {found[:19]}, the contract pins {str(contract[field])[:19]}"
+
+
 def config_hash(effective: Mapping[str, Any]) -> str:
     """Hash of a trial's effective configuration: equal configurations are one trial."""
     return digest_of(effective)

@@ -38,6 +38,8 @@ class Outcome:
     HOLD_BUDGET: ClassVar[Outcome]
     HOLD_INVALID_WINNER: ClassVar[Outcome]
     HOLD_SLICE_QUALITY: ClassVar[Outcome]
+    HOLD_SYSTEMATIC_FAILURE: ClassVar[Outcome]
+    HOLD_NO_RESULT: ClassVar[Outcome]
     EVALUATE_FINAL: ClassVar[Outcome]
     RELEASE_REGISTERED: ClassVar[Outcome]
 
@@ -91,5 +93,7 @@ Outcome.ADMIT = Outcome(OutcomeKind.ADMIT)
 Outcome.HOLD_BUDGET = Outcome.hold("budget")
 Outcome.HOLD_INVALID_WINNER = Outcome.hold("invalid-winner")
 Outcome.HOLD_SLICE_QUALITY = Outcome.hold("slice-quality")
+Outcome.HOLD_SYSTEMATIC_FAILURE = Outcome.hold("systematic-failure")  # the first trials all failed alike: dispatch stopped
+Outcome.HOLD_NO_RESULT = Outcome.hold("no-result")  # a launch ended with no completed trial in its search
 Outcome.EVALUATE_FINAL = Outcome(OutcomeKind.EVALUATE, "final-holdout")
 Outcome.RELEASE_REGISTERED = Outcome(OutcomeKind.RELEASE, "registered")

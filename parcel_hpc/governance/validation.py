@@ -26,6 +26,7 @@ MAX_PATH = 1024  # characters in a path (Linux allows 4096; ours are short)
 MAX_TIME_MIN = 366 * 24 * 60  # a year and a day: anything longer is a typo
 MAX_MEM_GB = 64 * 1024.0  # 64 TiB per trial: anything larger is a typo
 MAX_PACK_MINUTES = 7 * 24 * 60  # a week of work in one packed job
+MAX_SYSTEMATIC = 1000  # budget.systematic_failures: more first failures alike than this is a typo
 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 NAME_FIX = f"use 1-{MAX_NAME} characters from A-Z a-z 0-9 . _ - starting with a letter or digit, without '..'"
@@ -219,6 +220,7 @@ def checked(cfg: Mapping[str, Any], launcher: Mapping[str, Any]) -> tuple[dict[s
         if not _IDENT_RE.fullmatch(str(param)):
             raise bad(f"space.params.{param}", param, "is not a parameter name", "use a Python identifier of at most 64 characters")
     _check_prefix(cfg["checkpoint"]["prefix"], cfg["space"]["params"])
+    whole("budget.systematic_failures", cfg["budget"]["systematic_failures"], 0, MAX_SYSTEMATIC)
     resources = cfg["resources"]
     resources["mem_gb"] = mem_gb("resources.mem_gb", resources["mem_gb"])
     resources["time_limit_min"] = time_min("resources.time_limit_min", resources["time_limit_min"])

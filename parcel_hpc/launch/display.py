@@ -116,7 +116,8 @@ class Progress:
         self._progress.__exit__(*exc)
 
 
-def summary(search: SearchDir, wall_s: float) -> Table:
+def summary(search: SearchDir, wall_s: float, next_step: str = "") -> Table:
+    """``next_step``: what to do next when the launch stopped before its trials ended."""
     records = list(search.records())
     counts = counts_by_state(records)
     table = Table(title=f"search {search.path.name}: summary", show_header=False)
@@ -129,8 +130,14 @@ def summary(search: SearchDir, wall_s: float) -> Table:
         "best validation",
         f"{best.trial_id} miss-cost={best.metric:.4f} ({', '.join(f'{k}={v}' for k, v in best.spec.params.items())})" if best else "none completed",
     )
-    # A best validation number is not a result yet: selection reruns, gates and releases it.
-    table.add_row("next", f"parcel-hpc select {search.path}")
+    # A best validation number is not a result yet: selection reruns, gates and releases it. Without
+    # one there is nothing to select: what failed, and why, comes first.
+    if next_step:
+        table.add_row("next", next_step)
+    elif best is not None:
+        table.add_row("next", f"parcel-hpc select {search.path}")
+    elif records:
+        table.add_row("next", f"parcel-hpc logs {search.path}  (why the trials failed)")
     table.add_row("wall time", f"{wall_s:.1f} s")
     table.add_row("spend", read_spend(search, records).line())
     return table

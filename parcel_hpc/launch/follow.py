@@ -2,7 +2,10 @@
 until none needs anything, and the one submit-and-record path (the launch and ``resubmit`` use it).
 
 Owns: turning ``next_action`` decisions into dispatch claims, submissions and journal lines; the
-scheduler-outage wait (``OUTAGE_LIMIT_S``); the packing of what it submits.
+scheduler-outage wait (``OUTAGE_LIMIT_S``); the packing of what it submits; stopping (``Stop``) on
+the first worker that finds the environment drifted from the contract, or when the first trials
+fail alike (``lifecycle.systematic``): nothing more is dispatched, jobs not yet started are
+cancelled, and the trials already running are followed to their end.
 Must not: freeze or admit a search's contract (``search.py`` did, before it was made).
 """
 
@@ -10,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import NoReturn
 
 from rich.console import Console
@@ -18,10 +22,11 @@ from parcel_hpc.budget import AssociationLimit, BudgetDecision, admit_account, r
 from parcel_hpc.errors import ReleaseFailed, SchedulerUnavailable
 from parcel_hpc.governance.admission import admit_proposal
 from parcel_hpc.governance.contract import Contract
+from parcel_hpc.governance.outcome import Outcome
 from parcel_hpc.launch import display
 from parcel_hpc.launch.report import LaunchReport
 from parcel_hpc.ledger import RecordView, SearchDir, TrialRecord, TrialSpec, TrialWriter
-from parcel_hpc.lifecycle import resolution
+from parcel_hpc.lifecycle import resolution, systematic
 from parcel_hpc.lifecycle.actions import Action, Next, RetryPolicy, next_action
 from parcel_hpc.lifecycle.resubmit import Resubmission
 from parcel_hpc.propose.proposals import Proposer
@@ -57,6 +62,20 @@ def choose_packing(dispatcher: Dispatcher, search: SearchDir, n_trials: int, sam
     measured = packing.expected_trial_s(search.records()) if by_length else (None, 0)
     limit = float(resources["time_limit_min"])
     return packing.decide(size, n_trials, dispatcher.slots(), limit, minutes, measured, dispatcher.max_job_minutes())
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Why a launch stopped dispatching: its outcome and, for people, what happened and what to do."""
+
+    outcome: Outcome
+    why: str
+    drift: bool  # the environment differs from the contract: the same launch runs the rest once it matches
+
+    def detail(self, queued: int) -> str:
+        if self.drift:
+            return f"{self.why}; dispatching stopped: restore the environment and relaunch the same command to run the {queued} queued trials"
+        return self.why
 
 
 def admitted(spec: TrialSpec, contract: Contract, report: LaunchReport, writer: TrialWriter | None) -> bool:
@@ -106,6 +125,10 @@ class Follower:
         self.plan_of: Callable[[TrialSpec], WorkerPlan] | None = None
         self.report: LaunchReport | None = None
         self.stop_said = False
+        self.stop: Stop | None = None  # set once: nothing more is dispatched
+        self.checks: set[str] = set()  # trials whose dispatch checks whether a failure reproduces
+        self.submitted_jobs: set[str] = set()  # the jobs this launcher submitted (a drift stop reads only theirs)
+        self.systematic_k = systematic.threshold(contract["budget"])
 
     def proposing(self, proposer: Proposer, plan_of: Callable[[TrialSpec], WorkerPlan], report: LaunchReport) -> None:
         """From now on each free slot gets a new proposal, told every result known at that moment."""
@@ -166,7 +189,11 @@ class Follower:
             n = self.search.claim_dispatch(tid, self.launch_id, self.seen_dispatches[tid])
             if n is not None:
                 self.claims[tid] = n
-                self.waiting.append(tid)
+                # Whether a failure reproduces decides whether the search goes on: those checks go first.
+                checks = sum(1 for t in self.waiting if t in self.checks)
+                self.waiting.insert(checks, tid) if nxt.check else self.waiting.append(tid)
+                if nxt.check:
+                    self.checks.add(tid)
         elif nxt.action is Action.GIVE_UP:
             self.writer(tid).gave_up(nxt.reason)
 
@@ -219,6 +246,7 @@ class Follower:
             for s in submitted:
                 self.writer(s.trial_id).submitted(s.job_id, self.dispatcher.name, self.launch_id, exclude_nodes)
                 self.recorded.add(s.trial_id)
+                self.submitted_jobs.add(s.job_id)
 
         try:
             return self.dispatcher.submit([TrialTask([self.plans[tid] for tid in pack]) for pack in packs], record, exclude_nodes=exclude_nodes)
@@ -324,18 +352,20 @@ class Follower:
                 active = 0
                 states = []
                 waiting_records = {}
-                for tid in self.plans:
-                    record = self.view.record(tid)
+                records = {tid: self.view.record(tid) for tid in self.plans}
+                self._check_stop(records)
+                for tid, record in records.items():
                     states.append(record.state)
                     if tid in self.waiting:
                         waiting_records[tid] = record
                         active += 1
                         continue
                     nxt = self._next(record)
-                    if nxt.action is not Action.NONE:
-                        active += 1
-                        self._act(tid, nxt)
-                if self.proposer is not None:
+                    if nxt.action is Action.NONE or (self.stop is not None and nxt.action in (Action.RETRY, Action.DISPATCH)):
+                        continue  # finished, or stopped: nothing more goes out
+                    active += 1
+                    self._act(tid, nxt)
+                if self.proposer is not None and self.stop is None:
                     active += self._propose()
                 self._submit_waiting(waiting_records)
                 progress.update(states, self._total())  # the states read this round
@@ -345,3 +375,60 @@ class Follower:
                 # more than a third of its time reading (the workers it waits for share the machine).
                 spent = time.monotonic() - round_started
                 self.dispatcher.wait(max(self.poll_s, 2.0 * spent), at_least=2.0 * spent)
+
+    # --- stopping ---------------------------------------------------------------------------------
+
+    def _check_stop(self, records: Mapping[str, TrialRecord]) -> None:
+        """Stop on the first drift rejection by a job this launcher submitted (one from before it is what
+        it reruns), or on a systematic failure."""
+        if self.stop is not None:
+            return
+        drifted = [r for r in records.values() if r.awaiting_environment() and r.attempts[-1].job_id in self.submitted_jobs]
+        if drifted:
+            first = min(drifted, key=lambda r: r.attempts[-1].ended or 0.0)
+            outcome = first.attempts[-1].outcome
+            assert outcome is not None  # a drift ending is a rejection: Ended names its outcome
+            self._halt(Stop(outcome, f"{first.trial_id}'s worker: {first.detail}", drift=True), records)
+            return
+        everything = {tid: self.view.record(tid) for tid in self.search.trial_ids()}
+        found = systematic.decide({**everything, **records}.values(), self.systematic_k)
+        if found is not None:
+            self.search.mark_held({**found.to_json(), "detail": found.text(str(self.search.path)), "launch_id": self.launch_id, "at": time.time()})
+            held = self.search.hold()  # the first hold recorded stands (another launcher's, maybe)
+            assert held is not None  # just recorded
+            self._halt(Stop(Outcome.parse(held["outcome"]), str(held["detail"]), drift=False), records)
+
+    def _halt(self, stop: Stop, records: Mapping[str, TrialRecord]) -> None:
+        """Dispatch nothing more: give back the claims of trials waiting for a slot and cancel the jobs
+        none of whose trials has started (they would run against the same problem). Trials already
+        running go on: the follower waits for them, so the ledger says how each ended."""
+        self.stop = stop
+        for tid in self.waiting:
+            self.search.withdraw_dispatch(tid, self.claims.pop(tid), self.launch_id)
+        self.waiting = []
+        by_job: dict[str, list[TrialRecord]] = {}
+        for r in records.values():
+            if r.jobs and not r.state.is_finished() and self.dispatcher.alive(r.trial_id, r.jobs[-1]):
+                by_job.setdefault(r.jobs[-1], []).append(r)
+        unstarted = sorted(job for job, recs in by_job.items() if not any(a.job_id == job for r in recs for a in r.attempts))
+        if unstarted:
+            self.dispatcher.cancel(unstarted)
+        running = len(by_job) - len(unstarted)
+        self.console.print(
+            f"[yellow]{stop.outcome}: dispatching stopped; {len(unstarted)} jobs not yet started cancelled, "
+            f"waiting for the {running} jobs already running to end[/]"
+        )
+
+    def next_step(self) -> str:
+        """What to do once the launch stopped ("" when it did not)."""
+        if self.stop is None:
+            return ""
+        if self.stop.drift:
+            return "restore the environment the contract pins, then relaunch the same command"
+        return f"parcel-hpc logs {self.search.path}  (why the trials failed alike)"
+
+    def stop_detail(self) -> str:
+        """The stop's text with the count of trials it left queued."""
+        assert self.stop is not None  # asked only after a stop
+        queued = sum(1 for tid in self.plans if not self.search.record(tid).state.is_finished())
+        return self.stop.detail(queued)

@@ -13,12 +13,14 @@ import socket
 import threading
 import time
 
+from parcel_hpc.errors import GovernanceRefusal
 from parcel_hpc.ledger import HEARTBEAT_S, Heartbeat, LauncherState, SearchDir
 
 
 class Pulse:
     """``with Pulse(search, launch_id) as pulse: ...; pulse.leaving(LauncherState.ENDED)``; an
-    exception leaves STOPPED."""
+    exception leaves STOPPED, except a refusal after the launch said how it leaves (``hold:no-result``
+    once every trial ended keeps ENDED; a launch that dispatched nothing keeps no word)."""
 
     def __init__(self, search: SearchDir, launch_id: str, beating: bool = True, interval_s: float = HEARTBEAT_S) -> None:
         self.search = search
@@ -26,15 +28,16 @@ class Pulse:
         self.beating = beating  # a dry run writes nothing
         self.interval_s = interval_s
         self.last_word: LauncherState | None = LauncherState.STOPPED  # unless the launch says how it leaves
+        self._said = False  # the launch said how it leaves (``leaving``, ``withdraw``)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat_until_stopped, name=f"heartbeat-{launch_id}", daemon=True)
 
     def leaving(self, how: LauncherState) -> None:
-        self.last_word = how
+        self.last_word, self._said = how, True
 
     def withdraw(self) -> None:
         """Leave no word at all (a launch that dispatched nothing)."""
-        self.last_word = None
+        self.last_word, self._said = None, True
 
     def __enter__(self) -> Pulse:
         if self.beating:
@@ -47,8 +50,8 @@ class Pulse:
             return
         self._stop.set()
         self._thread.join()
-        if exc_type is not None:
-            self._write(LauncherState.STOPPED)
+        if exc_type is not None and not (self._said and issubclass(exc_type, GovernanceRefusal)):
+            self._write(LauncherState.STOPPED)  # interrupted, or failed: whatever it meant to say, it stopped
         elif self.last_word is None:
             self.search.withdraw_heartbeat(self.launch_id)
         else:

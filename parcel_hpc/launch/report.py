@@ -25,6 +25,7 @@ class LaunchReport:
     launcher: dict = field(default_factory=dict)
     packing: dict = field(default_factory=dict)  # the pack size and why
     follows: bool = True  # it follows its trials to the end (search.wait); False: detached
+    stopped: str = ""  # the outcome that stopped its dispatching (a drift rejection, hold:systematic-failure)
     user: str = field(default_factory=getpass.getuser)
     host: str = field(default_factory=socket.gethostname)
     pid: int = field(default_factory=os.getpid)
@@ -44,6 +45,7 @@ class LaunchReport:
             "dry_run": self.dry_run,
             "packing": self.packing,
             "follows": self.follows,
+            "stopped": self.stopped,
             "user": self.user,
             "host": self.host,
             "pid": self.pid,

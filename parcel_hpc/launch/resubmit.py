@@ -21,6 +21,7 @@ from parcel_hpc.governance.outcome import Outcome
 from parcel_hpc.launch.display import commitment_text
 from parcel_hpc.launch.follow import Follower, account_decision, choose_packing
 from parcel_hpc.launch.pulse import Pulse
+from parcel_hpc.launch.search import refuse_held
 from parcel_hpc.ledger import LauncherState, SearchDir
 from parcel_hpc.lifecycle import resolution, settlement
 from parcel_hpc.lifecycle.actions import RetryPolicy
@@ -35,6 +36,7 @@ def run(search: SearchDir, *, dry_run: bool, wait: bool, console: Console) -> Re
     cancelled = search.cancellation()
     if cancelled is not None:
         raise GovernanceRefusal(Outcome.reject("cancelled"), f"{search.path} was cancelled by {cancelled.get('by')}: nothing of it is resubmitted")
+    refuse_held(search)
     recorded = search.last_launcher()
     if recorded is None:
         raise UsageError(f"{search.path} has no dispatched launch to resubmit from; launch the search first")
@@ -89,6 +91,8 @@ def run(search: SearchDir, *, dry_run: bool, wait: bool, console: Console) -> Re
         if wait or not dispatcher.can_detach:
             follower.plans = {s.trial_id: plans[s.trial_id] for s in resubmitted}
             follower.follow()
+            if follower.stop is not None:
+                raise GovernanceRefusal(follower.stop.outcome, follower.stop_detail())  # the launch's stop, the same way
             pulse.leaving(LauncherState.ENDED)
         else:
             pulse.leaving(LauncherState.DETACHED)

@@ -29,7 +29,9 @@ from parcel_hpc.launch import display
 from parcel_hpc.launch.follow import Follower, account_decision, admitted, choose_packing
 from parcel_hpc.launch.pulse import Pulse
 from parcel_hpc.launch.report import LaunchReport
-from parcel_hpc.ledger import LauncherState, SearchDir, TrialSpec
+from parcel_hpc.ledger import LauncherState, SearchDir, TrialSpec, TrialState
+from parcel_hpc.ledger.summary import counts_by_state
+from parcel_hpc.lifecycle import systematic
 from parcel_hpc.propose.proposals import Proposer
 from parcel_hpc.propose.space import normalize
 from parcel_hpc.propose.specs import (
@@ -88,6 +90,7 @@ class SearchLaunch:
         fresh = not (path / "contract.json").exists()
         if not fresh:
             contract = in_frozen_form(contract, load_contract(path))  # a search frozen by an older version continues
+            refuse_held(search)
         if fresh:
             check_policy(contract)
             preflight_checks(cfg, contract)
@@ -148,11 +151,12 @@ class SearchLaunch:
             if not to_dispatch and not to_propose:
                 self.console.print(display.contract_line(frozen, path, created, dry_run))
                 self.console.print(display.nothing_to_do(report))
+                pulse.withdraw()  # it dispatched nothing: the launches before it say how the search stands
                 if not report.dry_run:
                     search.write_launch(launch_id, report.to_json())
                     if cfg["search"]["wait"]:
                         self.console.print(display.summary(search, time.time() - started))
-                pulse.withdraw()  # it dispatched nothing: the launches before it say how the search stands
+                        _require_result(search)
                 return report
             known = set(search.trial_ids()) | set(to_dispatch)
             decision = launch_decision(frozen, len(to_dispatch) + to_propose, len(known) - len(to_dispatch), None if dry_run and fresh else path)
@@ -189,10 +193,16 @@ class SearchLaunch:
                 if proposer is not None:
                     follower.proposing(proposer, lambda spec: plan_for(spec, cfg, frozen, path), report)
                 follower.follow()
-                if proposer is not None:
-                    search.write_launch(launch_id, report.to_json())  # with what it proposed as it went
+                if follower.stop is not None:
+                    report.stopped = str(follower.stop.outcome)
+                if proposer is not None or follower.stop is not None:
+                    search.write_launch(launch_id, report.to_json())  # with what it proposed as it went, and why it stopped
+                self.console.print(display.summary(search, time.time() - started, follower.next_step()))
+                if follower.stop is not None:
+                    # Trials are left queued: the launch stopped before they ended (the pulse says STOPPED).
+                    raise GovernanceRefusal(follower.stop.outcome, follower.stop_detail())
                 pulse.leaving(LauncherState.ENDED)
-                self.console.print(display.summary(search, time.time() - started))
+                _require_result(search)
             else:
                 pulse.leaving(LauncherState.DETACHED)
                 self.console.print(display.detached_text(search, report))
@@ -278,4 +288,26 @@ def _refuse_cancelled(search: SearchDir) -> None:
         raise GovernanceRefusal(
             Outcome.reject("cancelled"),
             f"{search.path} was cancelled by {cancelled.get('by')} ({cancelled.get('reason')}); a cancelled search stays stopped: start a new search.revision",
+        )
+
+
+def refuse_held(search: SearchDir) -> None:
+    """A search whose first trials failed alike stays held: a relaunch (or a resubmit) would only fail them again.
+    Decided from the ledger too, for a hold its launcher died before recording."""
+    held = search.hold()
+    if held is not None:
+        raise GovernanceRefusal(Outcome.parse(held["outcome"]), str(held["detail"]))
+    found = systematic.decide(search.records(), systematic.threshold(search.contract()["budget"]))
+    if found is not None:
+        raise GovernanceRefusal(found.outcome, found.text(str(search.path)))
+
+
+def _require_result(search: SearchDir) -> None:
+    """A launch that ends with trials but none completed has no result: it says so and exits 3
+    (unless its owner cancelled the search: ``cancel`` said so, and that was the point)."""
+    records = list(search.records())
+    if records and not any(r.state is TrialState.COMPLETED for r in records) and search.cancellation() is None:
+        counts = ", ".join(f"{k}={v}" for k, v in counts_by_state(records).items() if v)
+        raise GovernanceRefusal(
+            Outcome.HOLD_NO_RESULT, f"no trial of {search.path} completed ({counts}); `parcel-hpc logs {search.path}` shows why each one failed"
         )

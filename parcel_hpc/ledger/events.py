@@ -13,6 +13,7 @@ from __future__ import annotations
 import enum
 import functools
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
@@ -64,6 +65,7 @@ class Cause(str, enum.Enum):
     UNSAVABLE_STATE = "unsavable_state"  # the trainer's state is not arrays and JSON scalars
     INVALID_PREDICTIONS = "invalid_predictions"  # the trainer's predictions are not one probability per example
     # Governance.
+    DRIFT = "drift"  # the worker's environment differs from the contract: nothing ran, the trial stays queued
     CHECKPOINT_COLLISION = "checkpoint_collision"  # quarantine: two trials on one checkpoint prefix
     RETRIES_EXHAUSTED = "retries_exhausted"
     CANCELLED_BY_OWNER = "cancelled_by_owner"  # `parcel-hpc cancel`: never retried or resubmitted
@@ -175,6 +177,8 @@ class Ended:
     reason: str = ""  # for people: the prune rule, the quarantine, the budget overshoot
     message: str = ""  # the error text of a failure, or who resolved it
     job_id: str = ""
+    error_type: str = ""  # failed: the exception's class name
+    traceback: str = ""  # failed: the worker's traceback (``parcel-hpc logs`` prints it)
 
     def __post_init__(self) -> None:
         how, cause = self.how, self.cause
@@ -188,8 +192,47 @@ class Ended:
             raise ValueError(f"an {how.value} attempt names an infrastructure cause, not {cause!r}")
         if how is AttemptEnd.REJECTED and (self.outcome is None or not self.outcome.is_reject):
             raise ValueError(f"a rejected attempt names its outcome reject:<field>, not {self.outcome!r}")
+        if how is AttemptEnd.REJECTED and cause not in (None, Cause.DRIFT):
+            raise ValueError(f"a rejected attempt's cause is drift or none, not {cause!r}")
+        if cause is Cause.DRIFT and how is not AttemptEnd.REJECTED:
+            raise ValueError(f"only a rejected attempt is drift, not {how.value}")
         if how is AttemptEnd.QUARANTINED and cause is not Cause.CHECKPOINT_COLLISION:
             raise ValueError(f"a quarantined attempt's cause is checkpoint_collision, not {cause!r}")
+
+
+_VOLATILE = (
+    re.compile(r"(['\"])(?:(?!\1).)*\1"),  # quoted values: a parameter's value, a key, a path
+    re.compile(r"(?:[A-Za-z]:)?(?:[\w.~-]*/)+[\w.-]*"),  # paths
+    re.compile(r"\b0x[0-9a-fA-F]+\b|\b[0-9a-fA-F]{8,}\b"),  # addresses, hex ids
+    re.compile(r"[-+]?\d+(?:[._:]\d+)*\.?(?:[eE][-+]?\d+)?"),  # numbers, job ids (123_4), times (12:30)
+)
+
+
+def normalized_message(message: str) -> str:
+    """An error message with what varies between trials of one bug blanked out (quoted values,
+    paths, hex ids, numbers): two trials failing alike give the same text (pure)."""
+    text = " ".join(message.split())
+    for pattern, mark in zip(_VOLATILE, ("'…'", "<path>", "<hex>", "<n>")):
+        text = pattern.sub(mark, text)
+    return text
+
+
+@dataclass(frozen=True)
+class FailureSignature:
+    """What makes two failures the same failure: class, exception type, normalized message."""
+
+    cause: Cause
+    error_type: str
+    message: str  # normalized_message of the error text after its "Type: " prefix
+
+    @classmethod
+    def of(cls, cause: Cause, error_type: str, message: str) -> FailureSignature:
+        """From an attempt's facts; ``message`` as the worker writes it ("Type: text")."""
+        text = message.split(": ", 1)[1] if error_type and message.startswith(f"{error_type}: ") else message
+        return cls(cause, error_type, normalized_message(text))
+
+    def __str__(self) -> str:
+        return " ".join(part for part in (self.cause.value, self.error_type, self.message) if part)
 
 
 @dataclass(frozen=True)

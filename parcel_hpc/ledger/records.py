@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from parcel_hpc.budget._values import hours_between
+from parcel_hpc.governance.outcome import Outcome
 from parcel_hpc.ledger.events import (
     AdmissionRefused,
     Cancelled,
@@ -20,6 +21,7 @@ from parcel_hpc.ledger.events import (
     Event,
     EventKind,
     Executor,
+    FailureSignature,
     GaveUp,
     Milestone,
     Quarantined,
@@ -87,6 +89,8 @@ class Attempt:
     message: str = ""
     gpus: int | None = None  # allocated by the scheduler; None: not recorded (the trial's request then)
     process_started: float | None = None  # when the worker process it ran in started (None: not recorded)
+    error_type: str = ""  # failed: the exception's class name
+    outcome: Outcome | None = None  # rejected: the worker's reject:<field>
 
     def hours(self, now: float | None = None) -> float | None:
         """Its start to end in hours (a running one to ``now``); None before it started, or while it
@@ -97,6 +101,12 @@ class Attempt:
     def gpus_or(self, requested: int) -> int:
         """The GPUs its hours are counted with: what the scheduler allocated, else the request."""
         return requested if self.gpus is None else self.gpus
+
+    def signature(self) -> FailureSignature | None:
+        """What its failure was, to compare with other trials' (None unless it failed)."""
+        if self.how is not AttemptEnd.FAILED or self.cause is None:
+            return None
+        return FailureSignature.of(self.cause, self.error_type, self.message)
 
     def interruption(self) -> Cause | None:
         """The cause, when this attempt spent an infrastructure retry."""
@@ -142,6 +152,16 @@ class TrialRecord:
     def awaiting_retry_after_interruption(self) -> bool:
         return self.state is TrialState.QUEUED and self.cause is not None and self.cause.is_infrastructure()
 
+    def awaiting_environment(self) -> bool:
+        """Queued after a worker found its environment differs from the contract (nothing ran)."""
+        return self.state is TrialState.QUEUED and self.cause is Cause.DRIFT
+
+    @property
+    def error(self) -> str:
+        """The first line of its last failure's error text ("" when no attempt failed)."""
+        failed = [a for a in self.attempts if a.how is AttemptEnd.FAILED]
+        return failed[-1].message.splitlines()[0] if failed and failed[-1].message else ""
+
     @property
     def reason(self) -> str:
         """Why it is in its state, in words derived from the typed fields."""
@@ -166,6 +186,7 @@ class TrialRecord:
             "resumed": self.resumed,
             "reason": self.reason,
             "cause": self.cause.value if self.cause is not None else None,
+            "error": self.error,
             "failures": [c.value for c in self.failures],
             "quarantines": list(self.quarantines),
             "jobs": list(self.jobs),
@@ -300,14 +321,25 @@ def _fold_ending(f: _Fold, ev: Event, data: Ended, tainted: bool) -> None:
         return  # the first specific word on how an attempt ended stands; a bare "lost" yields to the worker's
     superseded = any(k > n and "started" in v for k, v in f.attempts.items())
     how = data.how
-    a.update(ended=ev.t, how=how, cause=data.cause, step=data.step if data.step is not None else a.get("step", 0), message=data.message)
+    a.update(
+        ended=ev.t,
+        how=how,
+        cause=data.cause,
+        step=data.step if data.step is not None else a.get("step", 0),
+        message=data.message,
+        error_type=data.error_type,
+        outcome=data.outcome if how is AttemptEnd.REJECTED else None,
+    )
     if data.step is not None:
         f.step = max(f.step, data.step)
     if f.state.is_finished() or tainted:
         return
     if superseded and how not in (AttemptEnd.COMPLETED, AttemptEnd.PRUNED):
         return  # a stale attempt's interruption after a newer one started changes nothing; its result still counts
-    if how in _TERMINAL_ENDS:
+    if data.cause is Cause.DRIFT:
+        # Nothing ran against anything: the trial waits for a worker whose environment matches.
+        f.set(TrialState.QUEUED, Cause.DRIFT, data.reason or str(data.outcome))
+    elif how in _TERMINAL_ENDS:
         f.set(_TERMINAL_ENDS[how], data.cause, data.reason or str(data.outcome or ""))
         if how is AttemptEnd.COMPLETED:
             f.metric = data.metric

@@ -4,6 +4,7 @@
       contract.json                 frozen once (contract.py)
       identity.json                 the search id its jobs carry on the scheduler (identity.py)
       cancelled.json                who cancelled the whole search, and why (created once: cancel.py)
+      held.json                     why dispatching stopped for good: its first trials failed alike (created once)
       trials/<trial_id>/spec.json   the proposed trial, created exclusively
       trials/<trial_id>/dispatch-<n>.json   the n-th dispatch, claimed exclusively by one launcher
       trials/<trial_id>/journal-*.jsonl     per-writer event journals (journal.py)
@@ -34,6 +35,7 @@ from parcel_hpc.ledger.records import TrialRecord, TrialSpec, fold
 from parcel_hpc.scheduler.identity import IDENTITY_FILE, SearchIdentity
 
 CANCELLED_FILE = "cancelled.json"
+HELD_FILE = "held.json"
 HEARTBEAT_S = 30.0  # how often a working launch says it is alive
 
 
@@ -129,6 +131,21 @@ class SearchDir:
     def mark_cancelled(self, by: str, reason: str, at: float) -> bool:
         """Cancel the whole search for good; False when it already was (the first cancel stands)."""
         return fsio.create_exclusive_json(self.path / CANCELLED_FILE, {"by": by, "reason": reason, "at": at})
+
+    def hold(self) -> dict | None:
+        """The hold that stopped this search's dispatching (``lifecycle.systematic``); None while none did."""
+        path = self.path / HELD_FILE
+        if not path.exists():
+            return None
+        found = fsio.read_json(path)
+        if not isinstance(found, dict) or "outcome" not in found:
+            raise CorruptRecord(f"{path} is not a hold record; restore it (the search stays held: a new search.revision starts afresh)")
+        return found
+
+    def mark_held(self, record: dict[str, Any]) -> bool:
+        """Hold the search for good; False when it already was (the first hold stands). Workers read
+        it before each attempt, so a packed job's trials not yet run do not run either."""
+        return fsio.create_exclusive_json(self.path / HELD_FILE, record)
 
     # --- proposals and claims ---------------------------------------------------------------
     def proposal_path(self, k: int) -> Path:

@@ -5,4 +5,5 @@ resolution.py  attempts that never said how they ended: what the scheduler says 
 resubmit.py    which trials a resubmission reruns, and why (pure)
 settlement.py  budget holds of attempts that ended: found (pure) and settled, whoever saw the end
 cancel.py      stop a search, or some of its trials, for good
+systematic.py  whether the first trials failed alike, so the search stops (pure)
 """

@@ -3,7 +3,8 @@
 Infrastructure interruptions (preemption, node failure, time limit, system cancel, a job that
 vanished) are retried from the trial's checkpoint up to ``max_retries``. A training failure is
 retried once to see whether it reproduces; the second failure of the same class is final (the
-worker records it so). A quarantined trial is rerun cleanly, a bounded number of times.
+worker records it so). A quarantined trial is rerun cleanly, a bounded number of times. A trial
+whose worker found the environment drifted from the contract is rerun as it was: nothing of it ran.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ class Action(enum.Enum):
 class Next:
     action: Action
     reason: str = ""
+    check: bool = False  # a retry that checks whether a training failure reproduces
 
 
 def interruption_counts(record: TrialRecord) -> tuple[int, int]:
@@ -83,9 +85,12 @@ def next_action(record: TrialRecord, *, dispatches: int, job_alive: bool, policy
         if times > MAX_QUARANTINE_RERUNS:
             return Next(Action.GIVE_UP, f"quarantined {times} times")
         return Next(Action.RETRY, "clean rerun after quarantine")
+    if record.awaiting_environment():
+        # Nothing ran: a drift rejection spends no retry (the launch that saw it stopped dispatching).
+        return Next(Action.RETRY, "its worker's environment differed from the contract; rerun now it matches")
     if record.awaiting_failure_check():
         assert record.cause is not None  # awaiting_failure_check() checked it
-        return Next(Action.RETRY, f"checking whether {record.cause.value} reproduces")
+        return Next(Action.RETRY, f"checking whether {record.cause.value} reproduces", check=True)
     limit = policy.exceeded(*interruption_counts(record))
     if limit:
         return Next(Action.GIVE_UP, limit)

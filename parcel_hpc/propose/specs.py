@@ -19,6 +19,7 @@ from parcel_hpc.governance.contract import Contract
 from parcel_hpc.governance.image import image_digest
 from parcel_hpc.governance.outcome import Outcome
 from parcel_hpc.ledger.records import TrialSpec
+from parcel_hpc.lifecycle import systematic
 from parcel_hpc.propose import learning, samplers
 from parcel_hpc.propose.samplers import SamplerName, SamplerSpec
 from parcel_hpc.propose.space import normalize, qmc_points, sample, space_digest
@@ -154,8 +155,21 @@ def space_of(contract: Contract) -> tuple[dict[str, dict[str, Any]], str]:
 
 
 def in_frozen_form(contract: Contract, frozen: Contract) -> Contract:
-    """``contract`` as a search frozen before samplers were pinned wrote it, when it is the same
-    search (random, the same space once normalized), so that search continues; else unchanged."""
+    """``contract`` as a search frozen by an older version wrote it, when it is the same search,
+    so that search continues; else unchanged."""
+    return _before_samplers(_before_systematic_failures(contract, frozen), frozen)
+
+
+def _before_systematic_failures(contract: Contract, frozen: Contract) -> Contract:
+    """A budget frozen before ``systematic_failures`` existed stops at the value it then had."""
+    budget, pinned = contract.fields.get("budget") or {}, frozen.fields.get("budget") or {}
+    if "systematic_failures" in pinned or budget.get("systematic_failures") != systematic.BEFORE_PINNED:
+        return contract
+    return Contract({**contract.fields, "budget": {k: v for k, v in budget.items() if k != "systematic_failures"}})
+
+
+def _before_samplers(contract: Contract, frozen: Contract) -> Contract:
+    """A search frozen before samplers were pinned (random, the same space once normalized)."""
     if "sampler" in frozen.fields or "sampler" not in contract.fields or sampler_of(contract).name is not SamplerName.RANDOM:
         return contract
     if space_of(contract) != space_of(frozen):

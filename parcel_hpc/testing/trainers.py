@@ -6,6 +6,7 @@ Each is the built-in ``NumpyMLP`` with one fault; choose one with
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -130,3 +131,21 @@ class SlowForSomeParams(NumpyMLP):
         if self.slow:
             time.sleep(SLOW_STEP_S)
         return super().step()
+
+
+class MissingParam(NumpyMLP):
+    """Reads a parameter the search's space does not have: every trial fails alike, before a step."""
+
+    def build(self, params: Mapping[str, Any], seed: int, data: TrainingData) -> None:
+        super().build(params, seed, data)
+        self.width = params["width_multiplier"]
+
+
+class FailsEachItsOwnWay(NumpyMLP):
+    """Fails before a step with an exception class of its own per configuration: trials that all
+    fail, none alike."""
+
+    def build(self, params: Mapping[str, Any], seed: int, data: TrainingData) -> None:
+        super().build(params, seed, data)
+        tag = hashlib.sha256(repr(sorted(params.items())).encode()).hexdigest()[:6]
+        raise type(f"Fault{tag.upper()}", (RuntimeError,), {})(f"configuration {tag} is broken its own way")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno
 import time
+import traceback
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -26,7 +27,7 @@ from parcel_hpc.checkpoints import claims
 from parcel_hpc.checkpoints import store as ckpt
 from parcel_hpc.data import Split, read_split
 from parcel_hpc.errors import UsageError
-from parcel_hpc.governance.admission import TrialIdentity, admit, check_worker
+from parcel_hpc.governance.admission import TrialIdentity, admit, check_worker, drift_detail
 from parcel_hpc.governance.contract import Contract
 from parcel_hpc.governance.outcome import Outcome
 from parcel_hpc.ledger import Admitted, AttemptEnd, Cause, Ended, SearchDir, Started, TrialRecord, TrialState
@@ -51,6 +52,7 @@ from parcel_hpc.worker.signals import StepBoundarySignals
 from parcel_hpc.worker.training import LoopCallbacks, step_hooks, train
 
 PREVIOUS_ATTEMPT_WAIT_S = 90.0  # SLURM's KillWait plus slurmd's cleanup, with margin
+TRACEBACK_CHARS = 20_000  # the end of a failure's traceback kept in its journal line (the innermost frames)
 
 
 def _same_trial(exc: claims.CheckpointCollision, plan: WorkerPlan) -> bool:
@@ -185,19 +187,20 @@ class AttemptRun:
         outcome = admit(identity, contract)
         if outcome.is_admit and plan.contract_digest != contract.digest:
             outcome = Outcome.reject("contract_digest")
-        reason = str(outcome)
-        if outcome.is_admit:
-            split = self.split = read_split(plan.split_path)
-            observed, problem = self.cache.observe(plan.snapshot_path, split, plan.image, contract["trainer"], self.search.path)
-            outcome = check_worker(observed, contract)
-            reason = f"{outcome}: {problem}" if problem and outcome == Outcome.reject("trainer") else str(outcome)
-            if outcome.is_admit:
-                self.ledger.admitted(
-                    self.attempt, Admitted(observed.snapshot_digest, observed.split_digest, observed.image_digest, observed.trainer["source_digest"])
-                )
         if not outcome.is_admit:
-            self._end(Ended(AttemptEnd.REJECTED, outcome=outcome, reason=reason))
+            # The plan itself is not of this contract: no environment makes it one.
+            self._end(Ended(AttemptEnd.REJECTED, outcome=outcome, reason=str(outcome)))
             raise StopAttempt(TrialState.REJECTED.value)
+        split = self.split = read_split(plan.split_path)
+        observed, problem = self.cache.observe(plan.snapshot_path, split, plan.image, contract["trainer"], self.search.path)
+        outcome = check_worker(observed, contract)
+        if not outcome.is_admit:
+            # Drift: what this worker opened is not what the contract pins. Nothing ran, so the trial
+            # stays queued for a worker whose environment matches again (the launch stops on it).
+            reason = f"{outcome}: {problem if problem and outcome == Outcome.reject('trainer') else drift_detail(outcome, observed, contract)}"
+            self._end(Ended(AttemptEnd.REJECTED, Cause.DRIFT, outcome=outcome, reason=reason))
+            raise StopAttempt(TrialState.QUEUED.value)
+        self.ledger.admitted(self.attempt, Admitted(observed.snapshot_digest, observed.split_digest, observed.image_digest, observed.trainer["source_digest"]))
 
     def _resolve_unended_attempt(self) -> None:
         """The previous attempt never said how it ended (killed with the node, SIGKILL): say it now."""
@@ -337,7 +340,17 @@ class AttemptRun:
 
     def _fail(self, cause: Cause, exc: BaseException) -> None:
         # A configuration that fails twice with the same class is a result about the design.
-        self._end(Ended(AttemptEnd.FAILED, cause, final=cause in self.prior.failures, step=self.step, message=f"{type(exc).__name__}: {exc}"[:500]))
+        self._end(
+            Ended(
+                AttemptEnd.FAILED,
+                cause,
+                final=cause in self.prior.failures,
+                step=self.step,
+                message=f"{type(exc).__name__}: {exc}"[:500],
+                error_type=type(exc).__name__,
+                traceback="".join(traceback.format_exception(exc))[-TRACEBACK_CHARS:],
+            )
+        )
 
     def interrupt(self, cause: Cause) -> bool:
         """On the scheduler's signal: checkpoint, record, and say whether to requeue."""

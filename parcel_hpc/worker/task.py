@@ -4,7 +4,10 @@ Packing pays process start-up, imports and snapshot loading once for several sho
 trial keeps everything governance sees: its own admission, claim, checkpoint directory, ledger
 events, budget reservation, and its own time limit (the job's limit is the pack's sum, so a packed
 attempt stops itself at its own limit, checkpoints, and waits for its turn again at the end of the
-pack). A trial that fails does not stop the pack: its failure is journaled and the next trial runs.
+pack). A trial that fails does not stop the pack: its failure is journaled and the next trial runs,
+unless the pack's first ``budget.systematic_failures`` attempts all failed alike (``lifecycle.systematic``)
+or its environment drifted from the contract: then the trials left stay queued. A search held for good
+(``held.json``) starts no trial at all.
 
 submitit calls ``checkpoint`` on the job's signal (preemption or time limit): the running attempt
 saves its last consistent state, and the job is requeued with the same trials while any of them is
@@ -24,6 +27,8 @@ from submitit.core.utils import UncompletedJobError
 
 from parcel_hpc.fsio import no_world_writes
 from parcel_hpc.ledger import SearchDir, TrialRecord
+from parcel_hpc.ledger.events import FailureSignature
+from parcel_hpc.lifecycle import systematic
 from parcel_hpc.lifecycle.actions import runs_alone
 from parcel_hpc.worker.attempt import AttemptRun
 from parcel_hpc.worker.cache import WorkerCache
@@ -56,11 +61,17 @@ class TrialTask:
         facts = facts_from_env()
         cache = WorkerCache()
         results = []
+        ran: list[FailureSignature | None] = []  # the failure (None: none) of each attempt this pack ran
         turn = list(self.plans)
         while turn:
             plan = turn.pop(0)
             try:
-                record = SearchDir(Path(plan.search_dir)).record(plan.trial_id) if self.packed else None
+                search = SearchDir(Path(plan.search_dir))
+                if (held := search.hold()) is not None:
+                    # Held after this job was queued (its first trials failed alike): start nothing more.
+                    results.append({"trial_id": plan.trial_id, "state": "skipped", "why": str(held["outcome"])})
+                    continue
+                record = search.record(plan.trial_id) if self.packed else None
                 if record is not None and (why := _not_here(record, facts.job_id)):
                     results.append({"trial_id": plan.trial_id, "state": "skipped", "why": why})
                     continue
@@ -79,6 +90,10 @@ class TrialTask:
                     self._run.release_claim()
                 self._run = None
             results.append(result)
+            if self.packed and (why := self._stops_pack(search, plan.trial_id, ran)):
+                # The trials left stay queued, never run against what stopped it (``_stops_pack``).
+                results += [{"trial_id": p.trial_id, "state": "skipped", "why": why} for p in turn]
+                turn = []
             if result.get("again"):
                 turn.append(plan)  # stopped at its own limit within its retries: resumes after the others
             if pending and self.packed:
@@ -86,6 +101,19 @@ class TrialTask:
                 # pack checkpoints and requeues for the trials it has left (``checkpoint``).
                 signal.raise_signal(pending[0])
         return results if self.packed else results[0]
+
+    @staticmethod
+    def _stops_pack(search: SearchDir, trial_id: str, ran: list[FailureSignature | None]) -> str:
+        """Note how the attempt just run ended; why the pack runs none of its trials left ("" to go on):
+        this environment differs from the contract (every trial would be rejected the same), or its
+        first attempts all failed alike (the follower checks, each alone, whether they reproduce)."""
+        record = search.record(trial_id)
+        if record.awaiting_environment():
+            return f"this worker's environment differs from the contract ({record.detail})"
+        ran.append(record.attempts[-1].signature() if record.attempts else None)
+        if systematic.first_alike(ran, systematic.threshold(search.contract()["budget"])):
+            return "the pack's first trials failed alike"
+        return ""
 
     def checkpoint(self, *_args: Any, **_kwargs: Any) -> submitit.helpers.DelayedSubmission | None:
         """submitit's hook on SIGUSR2: save, record the interruption, requeue while a trial needs it."""

@@ -22,7 +22,7 @@ from typing import Any
 import submitit
 
 from parcel_hpc.errors import UsageError
-from parcel_hpc.ledger import Executor
+from parcel_hpc.ledger import Executor, SearchDir
 from parcel_hpc.scheduler.base import Dispatcher, LauncherSettings, Record, Submitted, submitted_of
 from parcel_hpc.scheduler.packing import job_time_limit_min
 from parcel_hpc.scheduler.probe import pid_alive, runs_submitit
@@ -131,6 +131,11 @@ class LocalDispatcher(Dispatcher):
             f"submitit LocalExecutor: {sum(pack_lengths)} trials in {len(pack_lengths)} child processes (up to {max(pack_lengths, default=0)} each, in turn), "
             f"{self.parallelism} at a time{gpus}, folder {self.folder}"
         )
+
+
+def job_folder(search: SearchDir) -> Path:
+    """Where submitit writes a trial job's files (named by the job id, the child's pid)."""
+    return search.submitit_dir / "local"
 
 
 def machine_gpus(env: Mapping[str, str] | None = None) -> tuple[int, ...]:

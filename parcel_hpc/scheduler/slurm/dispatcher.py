@@ -37,7 +37,6 @@ class SlurmDispatcher(Dispatcher):
         super().__init__(settings)
         self.env = dict(env)
         self.search = search
-        self.folder = search.submitit_dir / "slurm"
         self._max_num_timeout = max_num_timeout
         self._executor: submitit.SlurmExecutor | None = None
         self._queued: dict[str, slurm.QueuedJob] = {}
@@ -60,7 +59,7 @@ class SlurmDispatcher(Dispatcher):
     def executor(self) -> submitit.SlurmExecutor:
         """Built after ``check``: submitit's SlurmExecutor raises a bare RuntimeError without srun."""
         if self._executor is None:
-            self._executor = submitit.SlurmExecutor(folder=str(self.folder / "%j"), max_num_timeout=self._max_num_timeout)
+            self._executor = submitit.SlurmExecutor(folder=str(job_folder(self.search)), max_num_timeout=self._max_num_timeout)
             identity = self.search.identity()
             revision = self.search.contract()["search_revision"] if identity is not None else ""
             self._executor.update_parameters(**sbatch_parameters(self.settings, identity, revision))
@@ -173,6 +172,11 @@ class SlurmDispatcher(Dispatcher):
         if arrays > 1:
             script = f"# {len(pack_lengths)} tasks: {arrays} arrays of at most MaxArraySize={self.limits.max_array_size}; the first:\n{script}"
         return script
+
+
+def job_folder(search: SearchDir) -> Path:
+    """Where submitit writes a trial job's files: a folder per job (``%j``: its id, ``123_4`` for an array task)."""
+    return search.submitit_dir / "slurm" / "%j"
 
 
 def submitit_batch_script(command: str, folder: Path, params: Mapping[str, Any]) -> str:

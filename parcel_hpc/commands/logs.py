@@ -1,0 +1,124 @@
+"""``parcel-hpc logs SEARCH_DIR [TRIAL] [--attempt N]``: how a trial's attempt ended, its traceback
+from the ledger, and the scheduler's output files of its job (local and SLURM alike).
+
+Without TRIAL: one line per failed trial, then the first failed trial in full. Without ``--attempt``:
+the trial's last failed attempt, else its last. A packed job's files hold every trial it ran.
+
+Must not write a byte under the search (``READ_ONLY``).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from rich.console import Console
+
+from parcel_hpc.console import make_console
+from parcel_hpc.errors import UsageError
+from parcel_hpc.ledger import Attempt, AttemptEnd, Ended, Executor, SearchDir, TrialRecord
+from parcel_hpc.scheduler.factory import job_logs
+
+READ_ONLY = True
+
+TAIL_LINES = 200  # of each output file: a trainer's log can be long, the end is what broke
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("search_dir", type=Path)
+    parser.add_argument("trial", nargs="?", metavar="TRIAL", help="a trial id (default: the failed trials, the first in full)")
+    parser.add_argument("--attempt", type=int, metavar="N", help="the attempt number (default: the last failed attempt, else the last)")
+
+
+def run(args: argparse.Namespace) -> int:
+    search = SearchDir(args.search_dir)
+    search.contract()  # not a search directory: one line, exit 2
+    console = make_console()
+    if args.trial is None:
+        if args.attempt is not None:
+            raise UsageError(f"--attempt {args.attempt} needs a TRIAL: `parcel-hpc logs {search.path} TRIAL --attempt {args.attempt}`")
+        failed = [r for r in search.records() if _failed(r.attempts)]
+        if not failed:
+            console.print(f"no trial of {search.path} has a failed attempt; `parcel-hpc logs {search.path} TRIAL` shows any trial's last attempt")
+            return 0
+        for r in failed:
+            last = _failed(r.attempts)[-1]
+            console.print(
+                f"{r.trial_id} {r.state.value}: {last.cause.value if last.cause else ''} {last.message}", markup=False, highlight=False, soft_wrap=True
+            )
+        record = failed[0]
+        console.print()
+    else:
+        ids = search.trial_ids()
+        if args.trial not in ids:
+            known = f"{ids[0]}..{ids[-1]}" if ids else "none yet"
+            raise UsageError(f"trial {args.trial!r} is not in {search.path} (its trials: {known}); `parcel-hpc status {search.path}` lists them")
+        record = search.record(args.trial)
+    show(search, record, _attempt(search, record, args.attempt), console)
+    return 0
+
+
+def _failed(attempts: Sequence[Attempt]) -> list[Attempt]:
+    return [a for a in attempts if a.how is AttemptEnd.FAILED]
+
+
+def _attempt(search: SearchDir, record: TrialRecord, number: int | None) -> Attempt | None:
+    """The attempt asked for (UsageError for one the trial never had), or the default one."""
+    if number is not None:
+        found = [a for a in record.attempts if a.number == number]
+        if not found:
+            have = ", ".join(str(a.number) for a in record.attempts) or "none yet"
+            raise UsageError(f"trial {record.trial_id} has no attempt {number} (its attempts: {have}); pass one of them to --attempt")
+        return found[0]
+    failed = _failed(record.attempts)
+    return failed[-1] if failed else (record.attempts[-1] if record.attempts else None)
+
+
+def _ending(search: SearchDir, trial_id: str, number: int) -> Ended | None:
+    """What the attempt's ``ended`` (else ``resolved``) event says."""
+    endings = [e.data for e in search.events(trial_id) if e.attempt == number and isinstance(e.data, Ended)]
+    return endings[0] if endings else None
+
+
+def show(search: SearchDir, record: TrialRecord, attempt: Attempt | None, console: Console) -> None:
+    def say(text: str) -> None:
+        console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+    tid = record.trial_id
+    if attempt is None:
+        if not record.jobs:
+            say(f"{tid} ({record.state.value}) was never dispatched: nothing ran, no log exists")
+            return
+        job = record.jobs[-1]
+        say(f"{tid} ({record.state.value}): job {job} never started an attempt (the job ended, or waits, before the worker ran)")
+    else:
+        job = attempt.job_id or (record.jobs[-1] if record.jobs else "")
+        how = attempt.how.value if attempt.how is not None else "no ending recorded"
+        cause = f" {attempt.cause.value}" if attempt.cause is not None else ""
+        say(f"{tid} attempt {attempt.number} of {len(record.attempts)}: {how}{cause} (job {job or '?'} on {attempt.host or '?'}); trial {record.state.value}")
+        ending = _ending(search, tid, attempt.number)
+        if ending is not None and ending.traceback:
+            say("--- traceback (from the ledger)")
+            say(ending.traceback.rstrip())
+        elif ending is not None:
+            say(f"--- no traceback recorded: {ending.message or ending.reason or how}")
+    if not job:
+        return
+    shared = [r.trial_id for r in search.records() if job in r.jobs and r.trial_id != tid]
+    if shared:
+        say(f"job {job} ran {len(shared) + 1} trials in turn (a pack: {tid} {' '.join(shared)}): its files hold them all")
+    for path in job_logs(record.executor or Executor.LOCAL, search, job):
+        _tail(path, job, say)
+
+
+def _tail(path: Path, job: str, say: Callable[[str], None]) -> None:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except FileNotFoundError:
+        say(f"--- {path}: not there (submitit writes job {job}'s output there once it starts; a cleaned or moved folder loses it)")
+        return
+    cut = f", its last {TAIL_LINES} of {len(lines)} lines" if len(lines) > TAIL_LINES else ""
+    say(f"--- {path}{cut}")
+    for line in lines[-TAIL_LINES:]:
+        say(line)
