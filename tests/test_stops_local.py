@@ -139,7 +139,7 @@ def test_trials_failing_alike_stop_the_search_and_logs_shows_why(tmp_path, data_
     logs = parcel_hpc(["logs", str(search.path)])
     assert logs.returncode == 0, logs.stderr
     assert "t0000 failed: exception KeyError: 'width_multiplier'" in logs.stdout
-    assert "Traceback (most recent call last)" in logs.stdout and 'self.width = params["width_multiplier"]' in logs.stdout
+    assert "Traceback (most recent call last)" in logs.stdout and 'self.width = self.params["width_multiplier"]' in logs.stdout
     job = search.record("t0000").attempts[-1].job_id
     assert f"submitit/local/{job}_0_log.err" in logs.stdout and f"submitit/local/{job}_0_log.out" in logs.stdout
     err_file = (search.path / "submitit" / "local" / f"{job}_0_log.err").read_text().splitlines()

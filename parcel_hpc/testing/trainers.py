@@ -134,18 +134,28 @@ class SlowForSomeParams(NumpyMLP):
 
 
 class MissingParam(NumpyMLP):
-    """Reads a parameter the search's space does not have: every trial fails alike, before a step."""
+    """Reads, at step ``FAULT_STEP`` (a schedule read late), a parameter nobody declared or gives:
+    past the launch's one-step preflight, every trial fails alike."""
 
     def build(self, params: Mapping[str, Any], seed: int, data: TrainingData) -> None:
         super().build(params, seed, data)
-        self.width = params["width_multiplier"]
+        self.params = dict(params)
+
+    def step(self) -> Mapping[str, float]:
+        if self.steps_done == FAULT_STEP:
+            self.width = self.params["width_multiplier"]
+        return super().step()
 
 
 class FailsEachItsOwnWay(NumpyMLP):
-    """Fails before a step with an exception class of its own per configuration: trials that all
-    fail, none alike."""
+    """Fails at step ``FAULT_STEP`` (past the preflight) with an exception class of its own per
+    configuration: trials that all fail, none alike."""
 
     def build(self, params: Mapping[str, Any], seed: int, data: TrainingData) -> None:
         super().build(params, seed, data)
-        tag = hashlib.sha256(repr(sorted(params.items())).encode()).hexdigest()[:6]
-        raise type(f"Fault{tag.upper()}", (RuntimeError,), {})(f"configuration {tag} is broken its own way")
+        self.tag = hashlib.sha256(repr(sorted(params.items())).encode()).hexdigest()[:6]
+
+    def step(self) -> Mapping[str, float]:
+        if self.steps_done == FAULT_STEP:
+            raise type(f"Fault{self.tag.upper()}", (RuntimeError,), {})(f"configuration {self.tag} is broken its own way")
+        return super().step()
