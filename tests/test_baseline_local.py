@@ -7,10 +7,12 @@ release (exit 3, the hold first), and a user trainer's KeyError inside the rerun
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
 
+from parcel_hpc.errors import UsageError
 from parcel_hpc.governance.image import file_digest
 from parcel_hpc.testing import launch, parcel_hpc
 from parcel_hpc.trainer import BUILTIN
@@ -300,3 +302,39 @@ def test_an_edited_baseline_trainer_is_another_search_and_the_selection_trains_t
     no_traceback(sel)
     assert sel.returncode == 3 and sel.stdout.splitlines()[0] == "hold:slice-quality", sel.stdout + sel.stderr
     assert "baseline timid-approved (trained, width_mlp:Timid)" in sel.stdout and "reject:baseline_trainer" not in sel.stdout
+
+
+def test_a_released_user_model_serves_from_its_registry_entry_with_the_working_tree_gone(root, tmp_path):
+    """The release carries the copy of the user's code that trained it. Python writes bytecode as a
+    user's does (PYTHONDONTWRITEBYTECODE unset): an import from a copy neither changes its digest
+    nor writes into it."""
+    from parcel_hpc.data import load_partition, read_split
+    from parcel_hpc.release import load_release
+
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "width_mlp.py").write_text(USER_TRAINER)
+    private = {"PYTHONPATH": str(code), "PYTHONDONTWRITEBYTECODE": ""}
+    search = root / "runs" / "user-released"
+    user = ["trainer.target=width_mlp:WidthMLP", "space=width_r1", f"hydra.searchpath=[file://{root / 'my_conf'}]"]
+    res = launch(
+        [f"search.root={root / 'runs'}", f"search.revision={search.name}", *SMALL, *user, *WEAK, WEAK_PARAMS], cwd=tmp_path, data_dir=root / "data", env=private
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    for step in (["select", str(search)], ["decide", str(search), "--accept", "--by", "Dana", "--reason", "test"], ["evaluate-final", str(search)]):
+        out = parcel_hpc(step, cwd=tmp_path, env=private, timeout=600)
+        no_traceback(out)
+    rel = parcel_hpc(["release", str(search)], cwd=tmp_path, env=private, timeout=600)
+    assert rel.returncode == 0 and rel.stdout.splitlines()[0] == "release:registered", rel.stdout + rel.stderr
+    entry = Path(json.loads((search / "release" / "packet.json").read_text())["registry_path"])
+    shutil.rmtree(code)  # the working tree gone
+    before = sorted(p.relative_to(entry) for p in entry.rglob("*"))
+    assert any(p.name == "width_mlp.py" for p in before) and not any("__pycache__" in p.parts for p in before)
+    model = load_release(entry, snapshot=root / "data" / "parcels.h5", split=root / "data" / "split-group_r8.json")
+    assert type(model).__module__ == "width_mlp" and str(entry) in sys.modules["width_mlp"].__file__
+    frames = load_partition(root / "data" / "parcels.h5", read_split(root / "data" / "split-group_r8.json"), "validation").images[:6]
+    scores = model.serve(frames)
+    assert scores.shape == (6,) and ((scores >= 0) & (scores <= 1)).all()
+    assert sorted(p.relative_to(entry) for p in entry.rglob("*")) == before  # serving wrote nothing
+    with pytest.raises(UsageError, match="is not an HDF5 file"):  # one line, not a traceback
+        load_release(entry, snapshot=root / "data" / "split-group_r8.json", split=root / "data" / "split-group_r8.json")

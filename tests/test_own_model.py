@@ -181,3 +181,17 @@ def test_editing_or_deleting_the_working_tree_cannot_touch_a_running_search(tmp_
     # The rerun and the baseline imported the copy: the winner reproduced (an invalid winner would
     # say the rerun could not run); whether it beats the baseline per slice is the gate's business.
     assert sel.stdout.splitlines()[:1] in (["evaluate:final-holdout"], ["hold:slice-quality"]), sel.stdout + sel.stderr
+
+
+def test_a_local_package_the_trainer_imports_is_copied_only_when_named(tmp_path, data_dir):
+    env = write_model(tmp_path / "lab", build_check="import mylab_utils")
+    (tmp_path / "lab" / "mylab_utils.py").write_text("SCALE = 1.0\n")
+    args = base_args(tmp_path, "mine", "trainer.target=my_models:Model", "search.n_trials=1")
+    refused = launch(args, cwd=tmp_path, data_dir=data_dir, env=env)
+    assert refused.returncode == 2 and "imports mylab_utils" in refused.stderr and "trainer.code=[mylab_utils]" in refused.stderr, refused.stderr
+    assert not (tmp_path / "runs").exists()
+    ran = launch([*args, "trainer.code=[mylab_utils]"], cwd=tmp_path, data_dir=data_dir, env=env)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    search = SearchDir(tmp_path / "runs" / "mine")
+    copy = snapshot_dir(search.path, search.contract()["trainer"]["source_digest"])
+    assert (copy / "mylab_utils.py").read_text() == "SCALE = 1.0\n" and (copy / "my_models" / "model.py").is_file()

@@ -118,6 +118,9 @@ def _tail(path: Path, job: str, say: Callable[[str], None]) -> None:
     except FileNotFoundError:
         say(f"--- {path}: not there (submitit writes job {job}'s output there once it starts; a cleaned or moved folder loses it)")
         return
+    except OSError as exc:  # unreadable (another user's job folder): say so, never a traceback
+        say(f"--- {path}: cannot be read ({exc.strerror})")
+        return
     cut = f", its last {TAIL_LINES} of {len(lines)} lines" if len(lines) > TAIL_LINES else ""
     say(f"--- {path}{cut}")
     for line in lines[-TAIL_LINES:]:

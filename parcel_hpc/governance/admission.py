@@ -127,8 +127,13 @@ def drift_detail(outcome: Outcome, observed: WorkerObservation, contract: Contra
     """What differs, in words, for a ``check_worker`` refusal (pure)."""
     field = outcome.what
     if field == "trainer":
-        found, pinned = observed.trainer.get("source_digest", ""), (contract.fields.get("trainer") or {}).get("source_digest", "")
-        return f"the trainer this worker imported (source {str(found)[:19]}) is not the one the contract pins (source {str(pinned)[:19]})"
+        pinned = contract.fields.get("trainer") or {}
+        key = next((k for k in pinned if observed.trainer.get(k) != pinned[k]), "source_digest")
+        found, want = observed.trainer.get(key), pinned.get(key)
+        if isinstance(found, Mapping) and isinstance(want, Mapping):  # the distributions: name the first that differs
+            name = next((d for d in want if found.get(d) != want[d]), "")
+            found, want, key = found.get(name), want.get(name), f"{key} {name}"
+        return f"the trainer this worker imported has {key} {str(found)[:40]}, the contract pins {str(want)[:40]}"
     found = {"snapshot_digest": observed.snapshot_digest, "split_digest": observed.split_digest, "image_digest": observed.image_digest}.get(field, "")
     return f"this worker sees {field} {found[:19]}, the contract pins {str(contract[field])[:19]}"
 

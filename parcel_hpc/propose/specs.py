@@ -157,7 +157,16 @@ def space_of(contract: Contract) -> tuple[dict[str, dict[str, Any]], str]:
 def in_frozen_form(contract: Contract, frozen: Contract) -> Contract:
     """``contract`` as a search frozen by an older version wrote it, when it is the same search,
     so that search continues; else unchanged."""
-    return _before_samplers(_before_systematic_failures(contract, frozen), frozen)
+    return _before_code_copies(_before_samplers(_before_systematic_failures(contract, frozen), frozen), frozen)
+
+
+def _before_code_copies(contract: Contract, frozen: Contract) -> Contract:
+    """A trainer pinned before its code was copied with the search (target, unit, source digest
+    only): compared in that form, so the search continues importing it as it did."""
+    trainer, pinned = contract.fields.get("trainer") or {}, frozen.fields.get("trainer") or {}
+    if "code" in pinned or "code" not in trainer:
+        return contract
+    return Contract({**contract.fields, "trainer": {k: v for k, v in trainer.items() if k in pinned}})
 
 
 def _before_systematic_failures(contract: Contract, frozen: Contract) -> Contract:

@@ -59,6 +59,7 @@ def publish(search_dir: str | os.PathLike, registry: str | os.PathLike | None, *
     # The artifact and the registry are checked before anything is written: a packet never says registered in vain.
     artifact = _checked_artifact(packet) if outcome == REGISTERED else b""
     if outcome == REGISTERED:
+        code.check_copy(store.search.path, contract["trainer"])  # the code that serves it goes with it
         _writable(registry_root)
     fsio.ensure_dir(store.release_dir)
     for name, text in files.items():
@@ -124,8 +125,7 @@ def _register(packet: dict[str, Any], artifact: bytes, files: dict[str, str], en
     if marker.exists():
         return  # registered by an earlier release of this selection: a registry entry is never rewritten
     fsio.ensure_dir(entry)
-    if not (entry / code.CODE_DIR).exists():
-        copy_code()
+    copy_code()  # whole or not at all, and kept when a retry finds it
     fsio.atomic_write_bytes(entry / "artifact.h5", artifact)
     for name, text in files.items():
         fsio.atomic_write_text(entry / name, text)

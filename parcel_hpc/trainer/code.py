@@ -19,6 +19,7 @@ import ast
 import hashlib
 import importlib
 import importlib.metadata as metadata
+import importlib.util
 import inspect
 import os
 import shutil
@@ -137,40 +138,68 @@ def freeze(search_dir: str | os.PathLike, identity: Mapping[str, Any]) -> Path |
     if not modules:
         return None
     dest = snapshot_dir(search_dir, str(identity["source_digest"]))
-    if dest.is_dir():
-        return dest
-    roots = code_roots(str(identity["target"]), modules)
+    if not dest.is_dir():
+        files = [item for root in code_roots(str(identity["target"]), modules) for item in root.files()]
+        _copy_whole(
+            files,
+            dest,
+            str(identity["source_digest"]),
+            "the trainer's code changed while the launch copied it; leave it alone while a launch freezes, then relaunch",
+        )
+    return dest
+
+
+def _copy_whole(files: Sequence[tuple[str, Path]], dest: Path, digest: str, changed: str) -> None:
+    """``files`` (path in the copy, source) copied to ``dest`` whole or not at all: each file and
+    directory fsync'd in a temporary directory beside it, the copy's digest checked against
+    ``digest`` (``reject:trainer`` with ``changed`` otherwise), then one rename. A concurrent
+    identical copy that renamed first is as good (its name is its digest)."""
     tmp = ensure_dir(dest.parent) / f".{dest.name}.{uuid.uuid4().hex[:8]}.tmp"
     try:
-        for rel, file in (item for root in roots for item in root.files()):
+        for rel, file in files:
             out = tmp / rel
             out.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(file, out)
             with open(out, "rb+") as f:
                 os.fsync(f.fileno())
         copied = _copy_digest(tmp)
-        if copied != identity["source_digest"]:
-            raise GovernanceRefusal(
-                Outcome.reject("trainer"),
-                f"the trainer's code changed while the launch copied it ({copied} against the frozen {identity['source_digest']}); "
-                "leave it alone while a launch freezes, then relaunch",
-            )
+        if copied != digest:
+            raise GovernanceRefusal(Outcome.reject("trainer"), f"{changed} ({copied} against {digest})")
         for directory in sorted({p.parent for p in tmp.rglob("*")} | {tmp}, key=lambda p: len(p.parts), reverse=True):
             fsync_dir(directory)
         try:
-            os.rename(tmp, dest)  # whole or not at all; a concurrent launch's identical copy may win
+            os.rename(tmp, dest)
         except OSError:
             if not dest.is_dir():
                 raise
         fsync_dir(dest.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return dest
+
+
+def _copy_files(top: Path) -> list[tuple[str, Path]]:
+    """A copy's files as ``CodeRoot.files`` names them: caches and hidden files left out, so the
+    bytecode an import writes into the copy never changes its digest."""
+    out = []
+    for p in top.rglob("*"):
+        rel = p.relative_to(top)
+        if p.is_file() and p.suffix not in _SKIP_SUFFIXES and not any(part in _SKIP_DIRS or part.startswith(".") for part in rel.parts):
+            out.append((rel.as_posix(), p))
+    return out
 
 
 def _copy_digest(top: Path) -> str:
     """The digest of a copy, computed as ``source_digest`` computed it from the working tree."""
-    return _digest([(p.relative_to(top).as_posix(), p) for p in top.rglob("*") if p.is_file()])
+    return _digest(_copy_files(top))
+
+
+def check_copy(search_dir: str | os.PathLike, identity: Mapping[str, Any]) -> None:
+    """``reject:trainer`` unless the search's copy of the trainer's code is the code its contract pins."""
+    if identity.get("code") and copy_digest(search_dir, identity) != identity["source_digest"]:
+        raise GovernanceRefusal(
+            Outcome.reject("trainer"),
+            f"the search's copy of the trainer's code ({snapshot_dir(search_dir, str(identity['source_digest']))}) is not the code its contract pins",
+        )
 
 
 def copy_snapshot(source_dir: str | os.PathLike, dest_dir: str | os.PathLike, identity: Mapping[str, Any]) -> None:
@@ -178,15 +207,12 @@ def copy_snapshot(source_dir: str | os.PathLike, dest_dir: str | os.PathLike, id
     checked against its digest: a released artifact then carries the code that serves it."""
     if not identity.get("code"):
         return
-    source, dest = snapshot_dir(source_dir, str(identity["source_digest"])), snapshot_dir(dest_dir, str(identity["source_digest"]))
-    if _copy_digest(source) != identity["source_digest"]:
-        raise GovernanceRefusal(Outcome.reject("trainer"), f"the search's copy of the trainer's code ({source}) is not the code its contract pins")
-    tmp = ensure_dir(dest.parent) / f".{dest.name}.{uuid.uuid4().hex[:8]}.tmp"
-    try:
-        shutil.copytree(source, tmp)
-        os.rename(tmp, dest)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    dest = snapshot_dir(dest_dir, str(identity["source_digest"]))
+    if not dest.is_dir():
+        source = snapshot_dir(source_dir, str(identity["source_digest"]))
+        _copy_whole(
+            _copy_files(source), dest, str(identity["source_digest"]), f"the search's copy of the trainer's code ({source}) is not the code its contract pins"
+        )
 
 
 def copy_digest(search_dir: str | os.PathLike, identity: Mapping[str, Any]) -> str:
@@ -205,15 +231,20 @@ def import_from_copy(search_dir: str | os.PathLike, identity: Mapping[str, Any])
     dest = snapshot_dir(search_dir, str(identity["source_digest"]))
     if not dest.is_dir():
         raise UsageError(f"trainer.target={target}: the search's copy of its code ({dest}) is missing; the search directory was damaged")
-    if str(dest) not in sys.path:
-        sys.path.insert(0, str(dest))
+    if str(dest) in sys.path:
+        sys.path.remove(str(dest))
+    sys.path.insert(0, str(dest))  # first, ahead of another copy of the same packages loaded before
     names = list(identity["code"])
     for loaded in list(sys.modules):
         mod = sys.modules[loaded]
         if any(loaded == n or loaded.startswith(n + ".") or n.startswith(loaded + ".") for n in names) and not _inside(mod, dest):
             del sys.modules[loaded]
     importlib.invalidate_caches()
-    module = importlib.import_module(module_name)
+    writes, sys.dont_write_bytecode = sys.dont_write_bytecode, True  # a copy (a registry entry) is read, never written
+    try:
+        module = importlib.import_module(module_name)
+    finally:
+        sys.dont_write_bytecode = writes
     if not _inside(module, dest):
         raise UsageError(f"trainer.target={target}: {module_name} imported from {getattr(module, '__file__', '?')}, not from the search's copy {dest}")
     return module
@@ -229,9 +260,27 @@ def _inside(module: Any, top: Path) -> bool:
 def distributions(roots: Sequence[CodeRoot], module: Any) -> dict[str, str]:
     """The installed third-party distributions the trainer's code imports, with their versions:
     read from its import statements (lazy ones inside functions included), so what a trainer
-    imports only in ``build`` counts too. Standard library and the trainer's own packages left out."""
-    own = {r.module.split(".")[0] for r in roots}
+    imports only in ``build`` counts too. Standard library and the trainer's own packages left out.
+    A package it imports that no distribution provides is working-tree code the search would not
+    copy: ``UsageError`` naming it and ``trainer.code``."""
+    own = {r.module.split(".")[0] for r in roots} | {_TOOLKIT}
     files = [f for r in roots for _, f in r.files() if f.suffix == ".py"] or [Path(inspect.getfile(module))]
+    out: dict[str, str] = {}
+    for name in sorted(_imported(files)):
+        top = name.split(".")[0]
+        if top in own or top in sys.stdlib_module_names:
+            continue
+        dists = _packages().get(top, [])
+        if len(dists) > 1:  # a namespace shared by several (google.*): the one that holds this module
+            dists = _owners(name, dists) or dists
+        if not dists:
+            _refuse_uncopied(top)
+        for dist in dists:
+            out[dist] = installed_version(dist)
+    return dict(sorted(out.items()))
+
+
+def _imported(files: Sequence[Path]) -> set[str]:
     names: set[str] = set()
     for file in files:
         try:
@@ -240,14 +289,45 @@ def distributions(roots: Sequence[CodeRoot], module: Any) -> dict[str, str]:
             continue  # it did import: a file it never imports may be anything
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
-                names.update(a.name.split(".")[0] for a in node.names)
+                names.update(a.name for a in node.names)
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names.add(node.module.split(".")[0])
-    out: dict[str, str] = {}
-    for name in sorted(names - own - set(sys.stdlib_module_names)):
-        for dist in _packages().get(name, []):
-            out[dist] = installed_version(dist)
-    return dict(sorted(out.items()))
+                names.add(node.module)
+    return names
+
+
+def _owners(name: str, dists: Sequence[str]) -> list[str]:
+    """The distributions among ``dists`` whose files hold module ``name`` ([] when it cannot be told)."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return []
+    origin = Path(spec.origin).resolve() if spec is not None and spec.origin else None
+    if origin is None:
+        return []
+    found = []
+    for dist in dists:
+        for file in metadata.distribution(dist).files or []:
+            if Path(str(file.locate())).resolve() == origin:
+                found.append(dist)
+                break
+    return found
+
+
+def _refuse_uncopied(top: str) -> None:
+    """An importable package no distribution provides (one on PYTHONPATH, a checkout) would run from
+    the working tree, unpinned: it must be copied with the trainer. One not importable here is an
+    optional import the code guards; it is nothing to pin."""
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return
+    if spec is None:
+        return
+    where = spec.origin or next(iter(spec.submodule_search_locations or []), "?")
+    raise UsageError(
+        f"the trainer's code imports {top} (from {where}), which no installed distribution provides, so the search would run it from "
+        f"the working tree unpinned; add trainer.code=[{top}] to copy it with the trainer, or pip install it"
+    )
 
 
 @cache

@@ -76,7 +76,7 @@ def observed_identity(identity: Mapping[str, Any], search_dir: str | os.PathLike
     runs (never the recorded values): equal to ``identity`` or the attempt is ``reject:trainer``."""
     cls = load_trainer_class(identity, search_dir)
     copied = bool(identity.get("code"))
-    return {
+    found = {
         "target": identity["target"],
         "unit": str(getattr(cls, "unit", "step")),
         "source_digest": _code.copy_digest(search_dir, identity) if copied else _code.module_digest(inspect.getmodule(cls)),
@@ -84,6 +84,7 @@ def observed_identity(identity: Mapping[str, Any], search_dir: str | os.PathLike
         "parameters": _params.signature(getattr(cls, "parameters", None) or {}),
         "distributions": {d: _code.installed_version(d) for d in identity.get("distributions", {})},
     }
+    return {k: found[k] for k in identity if k in found}  # a trainer pinned before code copies pins fewer keys
 
 
 def make_trainer(identity: Mapping[str, Any], search_dir: str | os.PathLike) -> Trainer:
