@@ -110,11 +110,19 @@ def freeze_contract(search_dir: Path, contract: Contract) -> tuple[Contract, boo
     if field_name is not None:
         raise GovernanceRefusal(
             Outcome.reject(field_name),
-            f"{field_name} differs from the contract frozen in {path} "
-            f"(frozen {_short(frozen.fields.get(field_name))}, now {_short(contract.fields.get(field_name))}); "
+            f"{field_name} differs from the contract frozen in {path} ({_where_they_differ(frozen.fields.get(field_name), contract.fields.get(field_name))}); "
             "a changed search needs a new search.revision",
         )
     return frozen, created
+
+
+def _where_they_differ(frozen: Any, now: Any, at: str = "") -> str:
+    """The innermost key whose values differ, in words: ``source_digest: frozen sha256:ab…, now sha256:cd…``."""
+    if isinstance(frozen, Mapping) and isinstance(now, Mapping):
+        for key in sorted(set(frozen) | set(now), key=str):
+            if plain_json(frozen.get(key)) != plain_json(now.get(key)):
+                return _where_they_differ(frozen.get(key), now.get(key), f"{at}.{key}" if at else str(key))
+    return f"{at + ': ' if at else ''}frozen {_short(frozen)}, now {_short(now)}"
 
 
 def load_contract(search_dir: Path) -> Contract:

@@ -85,9 +85,9 @@ def pinned_selection(m: Mapping[str, Any], search_trainer: Mapping[str, Any]) ->
     baseline = resolve(m["baseline"], str(search_trainer["target"]))
     if baseline.kind is BaselineKind.TRAINED and baseline.target == search_trainer["target"]:
         baseline = replace(baseline, trainer=dict(search_trainer))  # the search's own code, packages trainer.code names included
-    elif search_trainer.get("code"):
-        # The packages trainer.code names go with the baseline's copy too: one copy per package's
-        # content, never two differing copies of one package in a selection job.
+    elif search_trainer.get("code") and baseline.trainer.get("code"):
+        # A baseline of your own code: the packages trainer.code names go with its copy too (one copy
+        # per package's content, never two differing copies of one package in a selection job).
         baseline = replace(baseline, trainer=trainer_identity(baseline.target, search_trainer["code"]))
     pinned = {**dict(m), "baseline": baseline.to_json(search_trainer)}
     SelectionPolicy.from_mapping(pinned, search_trainer)
