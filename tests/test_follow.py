@@ -168,3 +168,19 @@ def test_a_drift_rejection_stops_dispatching_cancels_what_has_not_started_and_gi
     assert {r.state for r in search.records()} == {TrialState.QUEUED}  # nothing ran against anything
     waiting = set(search.trial_ids()) - {first.trial_id, second.trial_id}
     assert all((search.trial_dir(t) / "dispatch-1.withdrawn").exists() for t in waiting)  # a relaunch dispatches them at once
+
+
+def test_a_job_another_launcher_recorded_after_the_schedulers_answer_is_waited_for_not_dispatched_again(tmp_path, artifacts, monkeypatch):
+    """Two launchers starting together: the second's squeue answer predates the first's jobs, so it
+    cannot say they are gone. Found in the 500-trial load test: both submitted the same trials."""
+    cfg, settings = configured(tmp_path, artifacts, "search.wait=false", "hydra.launcher.pack_size=1")
+    first = FakeDispatcher(settings, slots=N)
+    launch(cfg, first)
+    search = SearchDir(tmp_path / "runs" / "fake")
+    blind = FakeDispatcher(settings, slots=N)  # sees none of them: its answer came before they were recorded
+    report, _ = launch(cfg, blind)
+    assert blind.submitted == [] and report.dispatched == []
+    assert all(search.dispatch_count(t) == 1 for t in search.trial_ids())
+    monkeypatch.setattr(follow, "LOOK_MARGIN_S", -3600.0)  # the same answer, given an hour after they were recorded: they are gone
+    report, _ = launch(cfg, FakeDispatcher(settings, slots=N))
+    assert sorted(report.dispatched) == search.trial_ids()

@@ -37,6 +37,7 @@ from parcel_hpc.scheduler.base import Dispatcher, Submitted
 from parcel_hpc.worker import TrialTask, WorkerPlan
 
 OUTAGE_LIMIT_S = 900.0  # how long a launch waits for a scheduler that stopped answering
+LOOK_MARGIN_S = 5.0  # hosts' clocks agree within this (NTP); a job recorded this close to a look is not judged by it
 
 
 def account_decision(account: tuple[str, list[AssociationLimit]] | None, decision: BudgetDecision, pack_size: int = 1) -> tuple[BudgetDecision, str]:
@@ -125,6 +126,7 @@ class Follower:
         self.plan_of: Callable[[TrialSpec], WorkerPlan] | None = None
         self.report: LaunchReport | None = None
         self.stop_said = False
+        self.looked_at = 0.0  # when the scheduler was last asked (refresh)
         self.stop: Stop | None = None  # set once: nothing more is dispatched
         self.checks: set[str] = set()  # trials whose dispatch checks whether a failure reproduces
         self.submitted_jobs: set[str] = set()  # the jobs this launcher submitted (a drift stop reads only theirs)
@@ -141,6 +143,7 @@ class Follower:
         return self.writers[trial_id]
 
     def dispatch_initial(self, report: LaunchReport) -> None:
+        self.looked_at = time.time()
         self.dispatcher.refresh()  # an earlier detached launch's jobs may still be queued or running
         self.dispatcher.max_job_minutes()  # asks the scheduler now, before any dispatch is claimed (packing reads it)
         released = self.dispatcher.recover({j for r in self.search.records() for j in r.jobs})
@@ -164,7 +167,7 @@ class Follower:
 
     def _next(self, record: TrialRecord) -> Next:
         tid = record.trial_id
-        alive = bool(record.jobs) and self.dispatcher.alive(tid, record.jobs[-1])
+        alive = bool(record.jobs) and (self.dispatcher.alive(tid, record.jobs[-1]) or self._newer_than_the_look(record))
         if record.state.is_finished() or alive:
             # Nothing to dispatch whatever the claims say (next_action: NONE or WAIT), so a poll does
             # not list every trial's dispatch claims.
@@ -177,6 +180,12 @@ class Follower:
             policy=self.policy,
             dispatch_in_flight=self.search.dispatch_in_flight(tid, self.launch_id, record),
         )
+
+    def _newer_than_the_look(self, record: TrialRecord) -> bool:
+        """Its latest job was recorded after (or just before) the scheduler was last asked, by another
+        launcher of the search: that answer cannot say it is gone, so it is waited for, never
+        dispatched again (two launchers starting together would otherwise each submit it)."""
+        return record.submitted_at is not None and record.submitted_at > self.looked_at - LOOK_MARGIN_S
 
     def _act(self, tid: str, nxt: Next) -> None:
         if nxt.action in (Action.RETRY, Action.DISPATCH) and (cancelled := self.search.cancellation()) is not None:
@@ -324,8 +333,10 @@ class Follower:
     def _refresh(self) -> bool:
         """Ask the scheduler; False while it does not answer (a restarting slurmctld): nothing is
         decided on a stale answer then, and after ``OUTAGE_LIMIT_S`` the launch stops following."""
+        looking = time.time()
         try:
             self.dispatcher.refresh()
+            self.looked_at = looking
         except SchedulerUnavailable as exc:
             now = time.monotonic()
             if self.outage_since is None:

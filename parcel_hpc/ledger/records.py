@@ -121,6 +121,7 @@ class TrialRecord:
     state: TrialState
     attempts: tuple[Attempt, ...] = ()
     jobs: tuple[str, ...] = ()  # every scheduler job id submitted for this trial, in order
+    submitted_at: float | None = None  # when its latest job was recorded submitted (the submitter's clock)
     executor: Executor | None = None  # where its latest job was submitted
     metric: float | None = None  # final validation miss-cost; only a completed trial has one
     step: int = 0  # last step reached
@@ -212,6 +213,7 @@ class _Fold:
     state: TrialState = TrialState.QUEUED
     attempts: dict[int, dict] = field(default_factory=dict)
     jobs: list[str] = field(default_factory=list)
+    submitted_at: float | None = None
     executor: Executor | None = None
     metric: float | None = None
     cause: Cause | None = None
@@ -238,6 +240,7 @@ class _Fold:
             state=self.state,
             attempts=tuple(Attempt(**a) for _, a in sorted(self.attempts.items())),
             jobs=tuple(self.jobs),
+            submitted_at=self.submitted_at,
             executor=self.executor,
             metric=self.metric,
             step=self.step,
@@ -264,6 +267,7 @@ def fold(spec: TrialSpec, events: Sequence[Event]) -> TrialRecord:
         if isinstance(data, Submitted):
             if data.job_id and data.job_id not in f.jobs:
                 f.jobs.append(data.job_id)
+            f.submitted_at = ev.t
             f.executor = data.executor
             if not f.state.is_finished():
                 f.state = TrialState.QUEUED
