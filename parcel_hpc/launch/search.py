@@ -269,17 +269,19 @@ def preflight_checks(cfg: Mapping[str, Any], contract: Contract) -> list[str]:
     (``trainer/preflight.py``): exit 2 with the trainer's own message. What it tried, as words."""
     data = few_examples(load_training_data(cfg["snapshot"]["path"], read_split(cfg["split"]["path"]), cfg["preprocessing"], verify_digest=False))
     seed = int(contract["train"]["seed"])
-    target = contract["trainer"]["target"]
-    cls = trainer_class(target)
+
+    def tried(target: str, trials: list[tuple[str, Mapping[str, Any]]]) -> list[str]:
+        cls = trainer_class(target)
+        preflight(cls, target, declared(cls, target), trials, seed, data)
+        return [what for what, _ in trials]
+
     ends = corners(space_of(contract)[0])
-    trials = [(f"the space's {'low' if i == 0 else 'high'} corner", params) for i, params in enumerate(ends)]
-    preflight(cls, target, declared(cls, target), trials, seed, data)
+    said = tried(contract["trainer"]["target"], [(f"the space's {'low' if i == 0 else 'high'} corner", params) for i, params in enumerate(ends)])
     baseline = Baseline.pinned(contract["selection"]["baseline"], contract["trainer"])
     if baseline.kind is BaselineKind.ARTIFACT:
-        return [what for what, _ in trials]
-    cls = trainer_class(baseline.target)
-    preflight(cls, baseline.target, declared(cls, baseline.target), [(f"the baseline {baseline.name}'s parameters", baseline.params)], seed, data)
-    return [what for what, _ in trials] + [f"the baseline {baseline.name} ({baseline.target})"]
+        return said
+    tried(baseline.target, [(f"the baseline {baseline.name}'s parameters", baseline.params)])
+    return [*said, f"the baseline {baseline.name} ({baseline.target})"]
 
 
 def _refuse_cancelled(search: SearchDir) -> None:

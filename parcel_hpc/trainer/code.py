@@ -55,11 +55,19 @@ class CodeRoot:
         if self.path.is_file():
             yield prefix + self.path.suffix, self.path
             return
-        for file in sorted(self.path.rglob("*")):
-            rel = file.relative_to(self.path)
-            if not file.is_file() or file.suffix in _SKIP_SUFFIXES or any(p in _SKIP_DIRS or p.startswith(".") for p in rel.parts):
-                continue
-            yield f"{prefix}/{rel.as_posix()}", file
+        for rel, file in _tree_files(self.path):
+            yield f"{prefix}/{rel}", file
+
+
+def _tree_files(top: Path) -> list[tuple[str, Path]]:
+    """(path below ``top``, file) for every file a copy holds, sorted: caches, bytecode and hidden
+    files left out, so the bytecode an import writes into a copy never changes its digest."""
+    out = []
+    for file in sorted(top.rglob("*")):
+        rel = file.relative_to(top)
+        if file.is_file() and file.suffix not in _SKIP_SUFFIXES and not any(p in _SKIP_DIRS or p.startswith(".") for p in rel.parts):
+            out.append((rel.as_posix(), file))
+    return out
 
 
 def code_roots(target: str, extra: Sequence[str] = ()) -> list[CodeRoot]:
@@ -177,20 +185,9 @@ def _copy_whole(files: Sequence[tuple[str, Path]], dest: Path, digest: str, chan
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _copy_files(top: Path) -> list[tuple[str, Path]]:
-    """A copy's files as ``CodeRoot.files`` names them: caches and hidden files left out, so the
-    bytecode an import writes into the copy never changes its digest."""
-    out = []
-    for p in top.rglob("*"):
-        rel = p.relative_to(top)
-        if p.is_file() and p.suffix not in _SKIP_SUFFIXES and not any(part in _SKIP_DIRS or part.startswith(".") for part in rel.parts):
-            out.append((rel.as_posix(), p))
-    return out
-
-
 def _copy_digest(top: Path) -> str:
     """The digest of a copy, computed as ``source_digest`` computed it from the working tree."""
-    return _digest(_copy_files(top))
+    return _digest(_tree_files(top))
 
 
 def check_copy(search_dir: str | os.PathLike, identity: Mapping[str, Any]) -> None:
@@ -211,7 +208,7 @@ def copy_snapshot(source_dir: str | os.PathLike, dest_dir: str | os.PathLike, id
     if not dest.is_dir():
         source = snapshot_dir(source_dir, str(identity["source_digest"]))
         _copy_whole(
-            _copy_files(source), dest, str(identity["source_digest"]), f"the search's copy of the trainer's code ({source}) is not the code its contract pins"
+            _tree_files(source), dest, str(identity["source_digest"]), f"the search's copy of the trainer's code ({source}) is not the code its contract pins"
         )
 
 
