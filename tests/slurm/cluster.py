@@ -40,3 +40,12 @@ def restart_daemons() -> None:
     """Start whatever daemon of the dev cluster is not running (the script's own idempotent start)."""
     proc = subprocess.run(["bash", str(REPO / "scripts" / "dev-cluster-up.sh"), str(cluster_base())], capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def what_the_cluster_says(name: str) -> str:
+    """The queue, the accounting and the nodes for jobs named ``name*``: appended to a timeout's
+    message, so a run that failed elsewhere (CI) says where the jobs stood."""
+    queue = [l for l in sh("squeue", "-h", "-a", "-o", "%i|%j|%T|%r|%N|%S", check=False).splitlines() if f"|{name}" in l]
+    acct = sh("sacct", "-n", "-P", "-X", "-D", f"--name={name}", "-S", "now-1hour", "-o", "JobID,State,Reason,NodeList,Restarts,Start,End", check=False)
+    nodes = sh("sinfo", "-N", "-h", "-o", "%N|%T|%E", check=False)
+    return f"squeue: {queue}\nsacct (duplicates too):\n{acct}\nnodes:\n{nodes}"

@@ -11,7 +11,7 @@ import pytest
 from parcel_hpc.ledger.store import SearchDir
 from parcel_hpc.testing import launch, parcel_hpc
 
-from .cluster import sh, wait_for
+from .cluster import sh, wait_for, what_the_cluster_says
 
 pytestmark = pytest.mark.slurm
 
@@ -130,7 +130,12 @@ def test_a_preempted_pack_requeues_without_losing_or_rerunning_a_trial(tmp_path,
 
     node = wait_for(second_running, 180, "the pack's second trial to checkpoint")
     sh("sbatch", "-p", "high", "-w", node, "--gres=gpu:4", "--mem=100M", "-t", "2", "-J", "preemptor", "-o", "/dev/null", "--wrap", "sleep 3")
-    wait_for(lambda: all(sd.record(t).state.is_finished() for t in sd.trial_ids()), 300, "every trial to finish")
+    try:
+        wait_for(lambda: all(sd.record(t).state.is_finished() for t in sd.trial_ids()), 300, "every trial to finish")
+    except AssertionError as exc:
+        ledger = {t: [f"{e.kind.value}@{e.data.job_id if hasattr(e.data, 'job_id') else ''}" for e in sd.events(t)] for t in sd.trial_ids()}
+        logs = "".join(f.read_text()[-3000:] for f in sorted((sd.path / "submitit").rglob("*_log.err")))
+        raise AssertionError(f"{exc}\nledger: {ledger}\n{what_the_cluster_says('parcel-packpre')}\nworker log tail:\n{logs}") from None
     first, second, third = (sd.record(t) for t in ("t0000", "t0001", "t0002"))
     assert [r.state.value for r in (first, second, third)] == ["completed"] * 3
     assert len(first.attempts) == 1 and len(third.attempts) == 1  # neither lost nor run twice

@@ -21,6 +21,11 @@ def overrides(tmp_path, rev, *more):
     return [SLURM, f"search.root={tmp_path / 'runs'}", f"search.revision={rev}", *ONE_A_TASK, *more]
 
 
+# Every trial fails at step 5, a second a step: the first three results (each retried once to see that
+# it reproduces) come long before the twenty tasks, two at a time, could all have started.
+FAILING_ALIKE = ("search.n_trials=20", "train.step_seconds=1.0", "trainer.target=parcel_hpc.testing.trainers:MissingParam")
+
+
 def queued_jobs(name: str) -> list[str]:
     return [line for line in sh("squeue", "-h", "-o", "%i|%j", check=False).splitlines() if f"|{name}" in line]
 
@@ -28,9 +33,7 @@ def queued_jobs(name: str) -> list[str]:
 def test_trials_failing_alike_hold_the_search_and_cancel_the_tasks_not_started(tmp_path, data_dir, cluster_guard):
     _, names = cluster_guard
     names.append("parcel-sysfail")
-    res = launch(
-        overrides(tmp_path, "sysfail", "search.n_trials=8", "trainer.target=parcel_hpc.testing.trainers:MissingParam"), cwd=tmp_path, data_dir=data_dir
-    )
+    res = launch(overrides(tmp_path, "sysfail", *FAILING_ALIKE), cwd=tmp_path, data_dir=data_dir)
     assert res.returncode == 3, res.stdout[-3000:] + res.stderr[-3000:]
     out = [l for l in res.stdout.splitlines() if l.strip()]
     assert out[-1] == "hold:systematic-failure" and "parcel-hpc select" not in res.stdout
@@ -53,9 +56,7 @@ def test_trials_failing_alike_hold_the_search_and_cancel_the_tasks_not_started(t
     err_file = search.path / "submitit" / "slurm" / job / f"{job}_0_log.err"
     assert str(err_file) in logs.stdout and err_file.read_text().splitlines()[-1] in logs.stdout
     # the hold stands for a relaunch of the same contract: nothing more is submitted
-    again = launch(
-        overrides(tmp_path, "sysfail", "search.n_trials=8", "trainer.target=parcel_hpc.testing.trainers:MissingParam"), cwd=tmp_path, data_dir=data_dir
-    )
+    again = launch(overrides(tmp_path, "sysfail", *FAILING_ALIKE), cwd=tmp_path, data_dir=data_dir)
     assert again.returncode == 3 and again.stdout.splitlines()[0] == "hold:systematic-failure", again.stdout + again.stderr
     assert sum(len(r.jobs) for r in search.records()) == sum(len(r.jobs) for r in records)
 
