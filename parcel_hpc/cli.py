@@ -97,7 +97,7 @@ class _ClosedStdoutIsDevnull:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    fsio.no_world_writes()
+    fsio.owner_only_writes()
     args_list = list(sys.argv[1:] if argv is None else argv)
     chosen = next((a for a in args_list if not a.startswith("-")), "")
     real = sys.stdout

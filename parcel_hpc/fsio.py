@@ -7,7 +7,10 @@ Owns the three primitives every record in a search directory is made with:
 - ``append_jsonl`` / ``read_jsonl``: one writer per file, one ``write()`` per record, fsync; the
   reader tolerates a torn last line (a writer killed mid-append) and refuses a torn middle line.
 
-Nothing the toolkit creates is world-writable: files 0o644 (or tighter), directories 0o755.
+Nothing the toolkit creates is writable by anyone but its owner, whatever the umask (a group umask
+0002 in a setgid team directory included): files 0o644 (or tighter), directories 0o755. Others may
+read (admins read other people's searches); a group member who could write could replace a pickle
+a queued job unpickles, and run code as the owner.
 """
 
 from __future__ import annotations
@@ -25,10 +28,11 @@ FILE_MODE = 0o644
 DIR_MODE = 0o755
 
 
-def no_world_writes() -> None:
-    """Drop 'others may write' from this process's umask: files that libraries create for us
-    (submitit's pickles and logs, HDF5 temp files) are never world-writable on a shared filesystem."""
-    os.umask(os.umask(0) | 0o002)
+def owner_only_writes() -> None:
+    """Drop 'group or others may write' from this process's umask, for the files libraries create
+    for us with their own modes: submitit's folder, pickles and submission scripts, HDF5 files, and
+    what the scheduler writes for jobs submitted from here (sbatch passes its umask on to the job)."""
+    os.umask(os.umask(0) | 0o022)
 
 
 def canonical_json(obj: Any) -> str:
@@ -49,7 +53,7 @@ def ensure_dir(path: str | os.PathLike) -> Path:
         try:
             d.mkdir(mode=DIR_MODE)
         except FileExistsError:
-            continue  # another process made it first: it is theirs, and not world-writable either
+            continue  # another process made it first: the search's door checks whose it is
         os.chmod(d, DIR_MODE)
     if not p.is_dir():
         raise UsageError(f"{p} exists and is not a directory; choose another path")

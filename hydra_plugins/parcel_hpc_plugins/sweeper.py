@@ -19,6 +19,7 @@ from hydra.plugins.sweeper import Sweeper
 from omegaconf import DictConfig
 
 from parcel_hpc.errors import exit_on_error
+from parcel_hpc.fsio import owner_only_writes
 from parcel_hpc.launch.search import SearchLaunch, from_hydra
 from parcel_hpc.scheduler.factory import make_dispatcher
 
@@ -32,6 +33,7 @@ class ParcelSweeper(Sweeper):
         self.config = config
 
     def sweep(self, arguments: list[str]) -> Any:
+        owner_only_writes()  # also when a user's own Hydra app runs this sweeper, not our entry point
         with exit_on_error():
             return self._sweep(arguments)
 

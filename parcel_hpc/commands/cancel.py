@@ -11,6 +11,7 @@ from parcel_hpc.console import make_console
 from parcel_hpc.errors import EXIT_PENDING, UsageError
 from parcel_hpc.ledger import SearchDir
 from parcel_hpc.lifecycle import cancel
+from parcel_hpc.ownership import require_own_search
 
 READ_ONLY = False
 
@@ -25,6 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if not args.wait >= 0:  # NaN too
         raise UsageError(f"--wait {args.wait:g} is not a number of seconds >= 0; give seconds to wait for the jobs to end")
+    require_own_search(args.search_dir, launch=False)
     report = cancel.run(SearchDir(args.search_dir), args.trial, args.reason, make_console(), wait_s=args.wait)
     if report.still_alive:
         print(f"pending: {len(report.still_alive)} jobs are still ending; rerun the same cancel to settle their budget", file=sys.stderr)

@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 from parcel_hpc.console import make_console
+from parcel_hpc.ownership import require_own_search
 from parcel_hpc.selection import actions
 
 READ_ONLY = False
@@ -20,5 +21,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    require_own_search(args.search_dir, launch=False)
     a = actions.decide(args.search_dir, by=args.by, reason=args.reason, out=make_console())
     return a.verdict.exit_code

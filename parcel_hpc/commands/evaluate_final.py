@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 from parcel_hpc.console import make_console
+from parcel_hpc.ownership import require_own_search
 from parcel_hpc.selection import actions
 
 READ_ONLY = False
@@ -17,5 +18,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    require_own_search(args.search_dir, launch=False)
     actions.evaluate_final(args.search_dir, console=make_console(stderr=True), out=make_console())
     return 0

@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 from parcel_hpc.console import make_console
+from parcel_hpc.ownership import require_own_search
 from parcel_hpc.release import publish
 
 READ_ONLY = False
@@ -18,5 +19,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    require_own_search(args.search_dir, launch=False)
     packet = publish(args.search_dir, args.registry, out=make_console())
     return 0 if packet["registry_path"] else 3  # held: the outcome was printed first, with the checks

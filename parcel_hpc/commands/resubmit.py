@@ -10,6 +10,7 @@ from pathlib import Path
 from parcel_hpc.console import make_console
 from parcel_hpc.launch import resubmit
 from parcel_hpc.ledger import SearchDir
+from parcel_hpc.ownership import require_own_search
 
 READ_ONLY = False
 
@@ -21,5 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not args.dry_run:  # a dry run changes nothing: anyone who can read the search may ask
+        require_own_search(args.search_dir, launch=False)
     resubmit.run(SearchDir(args.search_dir), dry_run=args.dry_run, wait=args.wait, console=make_console())
     return 0

@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 from parcel_hpc.ledger import JobRole
+from parcel_hpc.ownership import require_own_search
 from parcel_hpc.selection import jobs
 
 READ_ONLY = False
@@ -19,6 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    require_own_search(args.search_dir, launch=False)
     result = jobs.run(args.search_dir, JobRole(args.role), args.selection)
     print(f"{args.role} result {result['digest']}")
     return 0

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from parcel_hpc.ledger import SearchDir
 from parcel_hpc.lifecycle import resolution
+from parcel_hpc.ownership import require_own_search
 
 READ_ONLY = False
 
@@ -18,6 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    require_own_search(args.search_dir, launch=False)
     found, settled = resolution.sync(SearchDir(args.search_dir))
     for res in found:
         assert res.ending.cause is not None  # ending_from_accounting always names a cause

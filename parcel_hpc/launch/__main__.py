@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from parcel_hpc.errors import one_line
-from parcel_hpc.fsio import no_world_writes
+from parcel_hpc.fsio import owner_only_writes
 
 
 @hydra.main(version_base="1.3", config_path="pkg://parcel_hpc.conf", config_name="config")
@@ -39,7 +39,7 @@ def _is_sweep(arg: str) -> bool:
 
 
 def main() -> None:
-    no_world_writes()
+    owner_only_writes()
     if any(a in PRINT_ONLY or a.startswith(("--cfg=", "--info=")) for a in sys.argv[1:]):
         # ``-m --cfg job`` (the documented form) asks Hydra for two modes at once, which it refuses:
         # the composed groups print the same with or without -m, so -m goes, and so do sweep-grammar

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import getpass
 import os
 import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from parcel_hpc.ownership import current_user
 
 
 @dataclass
@@ -26,7 +27,7 @@ class LaunchReport:
     packing: dict = field(default_factory=dict)  # the pack size and why
     follows: bool = True  # it follows its trials to the end (search.wait); False: detached
     stopped: str = ""  # the outcome that stopped its dispatching (a drift rejection, hold:systematic-failure)
-    user: str = field(default_factory=getpass.getuser)
+    user: str = field(default_factory=current_user)  # the uid, never $LOGNAME: anyone sets that
     host: str = field(default_factory=socket.gethostname)
     pid: int = field(default_factory=os.getpid)
     at: float = field(default_factory=time.time)

@@ -18,6 +18,7 @@ from typing import Any, cast
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
+from parcel_hpc import ownership
 from parcel_hpc.budget import BudgetDecision, launch_decision
 from parcel_hpc.console import make_console
 from parcel_hpc.data import read_split
@@ -86,6 +87,7 @@ class SearchLaunch:
             raise UsageError(f"search.n_trials={n_trials} must be >= 0")
         contract = build_contract(cfg)  # validates every input file before anything is written
         search = SearchDir(path)
+        ownership.require_own_search(path, launch=True)  # another user's, or one others may write: refused before reading it
         _refuse_cancelled(search)
         fresh = not (path / "contract.json").exists()
         if not fresh:

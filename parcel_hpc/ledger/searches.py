@@ -15,7 +15,6 @@ Must not write a byte: admins list other people's searches.
 from __future__ import annotations
 
 import os
-import pwd
 import socket
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -28,6 +27,7 @@ from parcel_hpc.errors import ParcelError, UsageError
 from parcel_hpc.ledger import HEARTBEAT_S, Heartbeat, LauncherState, SearchDir
 from parcel_hpc.ledger.journal import journals
 from parcel_hpc.ledger.summary import best_completed, counts_by_state
+from parcel_hpc.ownership import user_name
 from parcel_hpc.scheduler.probe import pid_alive
 
 MAX_DEPTH = 3  # <root>/<user>/<project>/<revision>: deep enough for shared roots, never the whole disk
@@ -56,8 +56,8 @@ def launched_by(search: SearchDir) -> str:
     if users:
         return users[-1]
     try:
-        return pwd.getpwuid((search.path / "contract.json").stat().st_uid).pw_name
-    except (KeyError, OSError):
+        return user_name((search.path / "contract.json").stat().st_uid)
+    except OSError:
         return ""
 
 

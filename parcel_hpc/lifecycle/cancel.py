@@ -11,7 +11,6 @@ an infrastructure interruption, retried like a preemption.
 
 from __future__ import annotations
 
-import getpass
 import socket
 import time
 from collections.abc import Iterable, Sequence
@@ -24,6 +23,7 @@ from parcel_hpc.errors import UsageError
 from parcel_hpc.governance import validation
 from parcel_hpc.ledger import Executor, SearchDir, TrialRecord, TrialState
 from parcel_hpc.lifecycle import settlement
+from parcel_hpc.ownership import current_user
 from parcel_hpc.scheduler.base import Dispatcher, LauncherSettings
 from parcel_hpc.scheduler.factory import make_dispatcher
 
@@ -80,7 +80,7 @@ def run(search: SearchDir, trial_ids: Sequence[str], reason: str, console: Conso
     unknown = sorted(set(trial_ids) - known)
     if unknown:
         raise UsageError(f"--trial {unknown[0]} is not a trial of {search.path}; `parcel-hpc status {search.path}` lists them")
-    by = getpass.getuser()
+    by = current_user()
     whole = not trial_ids
     if whole:
         search.mark_cancelled(by, reason, time.time())  # before any trial event: a launcher checks it first

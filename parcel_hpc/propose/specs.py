@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from parcel_hpc import data
+from parcel_hpc import data, fsio, ownership
 from parcel_hpc.errors import GovernanceRefusal, UsageError
 from parcel_hpc.governance import validation
 from parcel_hpc.governance.admission import config_hash
@@ -38,9 +38,13 @@ def search_path(cfg: Mapping[str, Any]) -> Path:
 
 
 def ensure_writable(search_dir: Path) -> None:
-    """Create the search directory, or say in one line why it cannot be."""
+    """Create the search directory, or say in one line why it cannot be. A directory another user
+    made first, between the launch's door check and here, is refused before anything goes in it."""
+    existed = search_dir.exists()
     try:
-        search_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
+        fsio.ensure_dir(search_dir)
+        if not existed:
+            ownership.require_own_search(search_dir, launch=True)
         with tempfile.TemporaryFile(dir=search_dir):
             pass
     except OSError as exc:

@@ -7,7 +7,6 @@ its outcome as the first line on stdout; progress goes to stderr.
 
 from __future__ import annotations
 
-import getpass
 import os
 import socket
 import time
@@ -24,6 +23,7 @@ from parcel_hpc.governance.outcome import Outcome
 from parcel_hpc.ledger import Admitted, AttemptEnd, JobRole, SearchDir, TrialState
 from parcel_hpc.ledger.events import Milestone
 from parcel_hpc.ledger.selection import Decided, FinalAttempt, Frozen, JobEnded, SelectionRecord, SelectionWriter
+from parcel_hpc.ownership import current_user
 from parcel_hpc.pruning import MilestoneStore
 from parcel_hpc.scheduler.probe import pid_alive
 from parcel_hpc.selection.candidates import Entry, TrialFacts, best_candidate, completed_list, list_digest
@@ -173,7 +173,7 @@ def _freeze(
         "search_revision": contract["search_revision"],
         "contract_digest": contract.digest,
         "frozen_at": time.time(),
-        "by": _who(),
+        "by": current_user(),
         "early": not at_cap,  # before the budget cap: with --now, or a --trial reselection
         "reason": reason,
         "replaces": current,
@@ -282,7 +282,7 @@ def evaluate_final(search_dir, *, console: Console, out: Console) -> dict[str, A
         raise UsageError(f"{store.search.path} has no selection; run `parcel-hpc select` first")
     plan = store.final_plan()  # a search without a plan is bad input, before anything is logged
     writer = store.writer("evaluate-final")
-    who, host, pid = _who(), socket.gethostname(), os.getpid()
+    who, host, pid = current_user(), socket.gethostname(), os.getpid()
 
     def refuse(outcome: Outcome, detail: str) -> GovernanceRefusal:
         writer.final_attempt(FinalAttempt(n, False, outcome, who, host, pid))
@@ -357,10 +357,3 @@ def checked_text(option: str, value: str | None, *, required: bool) -> str:
     if len(text) > MAX_TEXT:
         raise UsageError(f"{option} is {len(text)} characters; keep it to {MAX_TEXT} (link a document for more)")
     return text
-
-
-def _who() -> str:
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):
-        return str(os.getuid())

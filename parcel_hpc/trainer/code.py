@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from parcel_hpc.errors import GovernanceRefusal, UsageError
-from parcel_hpc.fsio import ensure_dir, fsync_dir
+from parcel_hpc.fsio import FILE_MODE, ensure_dir, fsync_dir
 from parcel_hpc.governance.outcome import Outcome
 
 CODE_DIR = "code"  # under the search directory
@@ -166,8 +166,9 @@ def _copy_whole(files: Sequence[tuple[str, Path]], dest: Path, digest: str, chan
     try:
         for rel, file in files:
             out = tmp / rel
-            out.parent.mkdir(parents=True, exist_ok=True)
+            ensure_dir(out.parent)
             shutil.copyfile(file, out)
+            os.chmod(out, FILE_MODE)  # the workers import it: nobody else may write it, whatever the umask
             with open(out, "rb+") as f:
                 os.fsync(f.fileno())
         copied = _copy_digest(tmp)

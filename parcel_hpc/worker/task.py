@@ -25,7 +25,7 @@ from typing import Any
 import submitit
 from submitit.core.utils import UncompletedJobError
 
-from parcel_hpc.fsio import no_world_writes
+from parcel_hpc.fsio import owner_only_writes
 from parcel_hpc.ledger import SearchDir, TrialRecord
 from parcel_hpc.ledger.events import FailureSignature
 from parcel_hpc.lifecycle import systematic
@@ -57,7 +57,7 @@ class TrialTask:
         self.__init__(state["plans"], state.get("own_limits"))  # type: ignore[misc]  # unpickling runs the constructor on the new instance
 
     def __call__(self) -> dict | list[dict]:
-        no_world_writes()
+        owner_only_writes()
         facts = facts_from_env()
         cache = WorkerCache()
         results = []

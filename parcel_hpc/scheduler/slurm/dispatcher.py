@@ -10,7 +10,6 @@ frozen resources; a packed task's time limit is its trials' added up.
 
 from __future__ import annotations
 
-import getpass
 import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -22,6 +21,7 @@ from submitit.slurm import slurm as submitit_slurm
 from parcel_hpc.budget import AssociationLimit
 from parcel_hpc.errors import ReleaseFailed, SchedulerUnavailable
 from parcel_hpc.ledger import Executor, SearchDir
+from parcel_hpc.ownership import current_user
 from parcel_hpc.scheduler.base import Dispatcher, LauncherSettings, Record, Submitted, submitted_of
 from parcel_hpc.scheduler.identity import SearchIdentity, scheduler_name
 from parcel_hpc.scheduler.packing import job_time_limit_min
@@ -77,7 +77,7 @@ class SlurmDispatcher(Dispatcher):
         try:
             resources = self.settings.resources
             return slurm.account_limits(
-                str(resources.get("account") or ""), getpass.getuser(), self.limits.cluster, str(resources.get("partition") or ""), self.env
+                str(resources.get("account") or ""), current_user(), self.limits.cluster, str(resources.get("partition") or ""), self.env
             )
         except SchedulerUnavailable as exc:
             raise SchedulerUnavailable(
