@@ -62,7 +62,7 @@ def _released_once(where: Path) -> None:
     search = where / "runs" / "parcel-search-r1"
     assert json.loads((search / "release" / "packet.json").read_text())
     assert (where / "runs" / "registry" / "parcel-search-r1" / "t0077" / "artifact.h5").is_file()
-    assert (search / "selection" / "final" / "result.json").is_file() and (where / "runs" / "early-r1" / "selection" / "selection-1.json").is_file()
+    assert (search / "final-result.json").is_file() and (where / "runs" / "early-r1" / "selection" / "selection-1.json").is_file()
 
 
 def _nothing_written(where: Path) -> None:

@@ -201,6 +201,16 @@ def test_a_trainer_opening_the_final_record_is_rejected(tmp_path, data_dir):
     assert str(final.resolve()) in rec.detail and rec.attempts[-1].step == 5
 
 
+def test_a_trainer_reading_the_final_record_through_a_program_is_rejected(tmp_path, data_dir):
+    """`cat` opens the file where Python's audit hook cannot see: starting any program from trainer
+    code is refused and rejects the trial, so the read never happens unrecorded."""
+    final = data_dir / "final-group_r8.json"
+    rec = _fault_search(tmp_path, data_dir, "cat", "ReadsProtectedFileThroughAProgram", env={PROTECTED_PATH_ENV: str(final)})
+    assert rec.state.value == "rejected" and rec.detail.startswith("reject:final_partition"), rec.detail
+    assert "started the program cat" in rec.detail and rec.attempts[-1].step == 5
+    assert len(rec.attempts) == 1  # a rejection is final: never retried
+
+
 def test_check_trainer_command(tmp_path, artifacts):
     ok = parcel_hpc(["check-trainer", SGD, "--data", artifacts["dir"], "--param", "lr=0.02", "--param", "hidden=8", "--steps", "4"], env=EXAMPLES_ENV)
     assert ok.returncode == 0, ok.stdout + ok.stderr

@@ -12,6 +12,7 @@ delete another trial's files, or read the clock, host or pid deep inside a decis
 
 Decision table (``decide_claim``; "same holder" = same attempt, job_id, host and pid):
     no claim                                              -> CLAIMED
+    another search's claim (its search id)                -> conflict FOREIGN_SEARCH, never taken over
     other trial_id / config_hash / contract or snapshot   -> conflict (FOREIGN_*), never taken over
     same trial, claim has a HIGHER attempt than ours      -> STALE_ATTEMPT: we are a stale duplicate
                                                              (an old array task, a resubmission that
@@ -77,6 +78,19 @@ class CheckpointCollision(ParcelError):
         return self.theirs.trial if isinstance(self.theirs, ClaimIdentity) else self.theirs
 
     @property
+    def other_search(self) -> str:
+        """The other search that holds the directory, in words; "" when the holder is of this search
+        (or not known to be another's): a quarantine moves only this search's own directories."""
+        theirs, ours = self.theirs, self.ours
+        if isinstance(theirs, ClaimIdentity) and isinstance(ours, ClaimIdentity) and theirs.search_id and ours.search_id:
+            return f"search {theirs.search_id}" if theirs.search_id != ours.search_id else ""
+        mine = ours.trial if isinstance(ours, ClaimIdentity) else ours
+        trial = self.their_trial
+        if isinstance(mine, TrialIdentity) and trial is not None and trial.contract_digest != mine.contract_digest:
+            return f"contract {trial.contract_digest}"
+        return ""
+
+    @property
     def their_attempt(self) -> int | None:
         """The holder's attempt number, when the holder is a claim."""
         return self.theirs.attempt if isinstance(self.theirs, ClaimIdentity) else None
@@ -92,6 +106,7 @@ class ClaimIdentity:
     attempt: int  # 1-based; increases on requeue or resubmission
     host: str  # socket.gethostname() of the claiming process
     pid: int  # os.getpid() of the claiming process
+    search_id: str = ""  # the claiming search's id (identity.json); "" for a search frozen before ids
 
     def __post_init__(self) -> None:
         if not isinstance(self.trial, TrialIdentity):
@@ -109,9 +124,9 @@ class ClaimIdentity:
             raise UsageError("job_id must be a string and host a non-empty string")
 
     @classmethod
-    def here(cls, trial: TrialIdentity, *, job_id: str = "", attempt: int = 1) -> ClaimIdentity:
+    def here(cls, trial: TrialIdentity, *, job_id: str = "", attempt: int = 1, search_id: str = "") -> ClaimIdentity:
         """This process on this host (the one place that reads them)."""
-        return cls(trial, job_id, attempt, socket.gethostname(), os.getpid())
+        return cls(trial, job_id, attempt, socket.gethostname(), os.getpid(), search_id)
 
     def same_holder(self, other: ClaimIdentity | ClaimRecord) -> bool:
         return (self.attempt, self.job_id, self.host, self.pid) == (other.attempt, other.job_id, other.host, other.pid)
@@ -134,15 +149,16 @@ class ClaimRecord:
     time: str  # ISO-8601 UTC of the write
     state: ClaimState
     generation: int  # position in the chain; equals the number in the file name
+    search_id: str = ""  # the claiming search's (ClaimIdentity.search_id)
 
     def __post_init__(self) -> None:
-        ClaimIdentity(self.trial, self.job_id, self.attempt, self.host, self.pid)  # same validation
+        ClaimIdentity(self.trial, self.job_id, self.attempt, self.host, self.pid, self.search_id)  # same validation
         if not isinstance(self.state, ClaimState) or not isinstance(self.generation, int) or self.generation < 0:
             raise UsageError("ClaimRecord needs a ClaimState and a generation >= 0")
 
     @property
     def holder(self) -> ClaimIdentity:
-        return ClaimIdentity(self.trial, self.job_id, self.attempt, self.host, self.pid)
+        return ClaimIdentity(self.trial, self.job_id, self.attempt, self.host, self.pid, self.search_id)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -155,6 +171,7 @@ class ClaimRecord:
             "time": self.time,
             "state": self.state.value,
             "generation": self.generation,
+            "search_id": self.search_id,
         }
 
     @classmethod
@@ -163,7 +180,17 @@ class ClaimRecord:
             if obj["format"] != CLAIM_FORMAT:
                 raise ValueError(f"format {obj['format']!r}")
             trial = TrialIdentity.from_claim_json(obj)
-            return cls(trial, obj["job_id"], obj["attempt"], obj["host"], obj["pid"], obj["time"], ClaimState(obj["state"]), obj["generation"])
+            return cls(
+                trial,
+                obj["job_id"],
+                obj["attempt"],
+                obj["host"],
+                obj["pid"],
+                obj["time"],
+                ClaimState(obj["state"]),
+                obj["generation"],
+                obj.get("search_id", ""),
+            )
         except (KeyError, TypeError, ValueError, UsageError) as exc:
             raise CorruptRecord(f"{where} is not a valid claim ({exc}); move the directory aside with quarantine_move") from None
 
@@ -194,6 +221,8 @@ def decide_claim(existing: ClaimRecord | None, ours: ClaimIdentity, *, holder_al
     """
     if existing is None:
         return ClaimOutcome.CLAIMED
+    if _other_search(existing, ours):
+        return ClaimOutcome.FOREIGN_SEARCH
     field = existing.trial.mismatch(ours.trial)
     if field == "trial_id":
         return ClaimOutcome.FOREIGN_TRIAL
@@ -212,10 +241,17 @@ def decide_claim(existing: ClaimRecord | None, ours: ClaimIdentity, *, holder_al
     return ClaimOutcome.LIVE_HOLDER
 
 
+def _other_search(existing: ClaimRecord, ours: ClaimIdentity) -> bool:
+    """Both claims name their search, and not the same one (a claim from before ids names none)."""
+    return bool(existing.search_id and ours.search_id and existing.search_id != ours.search_id)
+
+
 def describe_conflict(outcome: ClaimOutcome, existing: ClaimRecord, ours: ClaimIdentity) -> str:
     """Pure: the one-line reason for a conflicting outcome."""
     them, us = existing.trial, ours.trial
     holder = f"attempt {existing.attempt} (job {existing.job_id or '-'}, {existing.host} pid {existing.pid})"
+    if _other_search(existing, ours):
+        return f"claimed by trial {them.trial_id} of search {existing.search_id}, we are trial {us.trial_id} of search {ours.search_id}"
     if outcome is ClaimOutcome.FOREIGN_TRIAL:
         return f"claimed by trial {them.trial_id}, we are trial {us.trial_id}"
     if outcome is ClaimOutcome.FOREIGN_CONFIG:
@@ -266,7 +302,17 @@ class Claim:
         current = read_claim(self.ckpt_dir)
         if current is None or not self.record.holder.same_holder(current) or current.state is ClaimState.RELEASED:
             return False
-        nxt = ClaimRecord(current.trial, current.job_id, current.attempt, current.host, current.pid, _iso(clock()), ClaimState.RELEASED, current.generation + 1)
+        nxt = ClaimRecord(
+            current.trial,
+            current.job_id,
+            current.attempt,
+            current.host,
+            current.pid,
+            _iso(clock()),
+            ClaimState.RELEASED,
+            current.generation + 1,
+            current.search_id,
+        )
         return _create_generation(self.ckpt_dir, nxt)
 
 
@@ -293,7 +339,9 @@ def claim_directory(
         if current is not None and identity.same_holder(current) and current.state is ClaimState.HELD:
             return Claim(ckpt_dir, outcome, current, current)  # idempotent: already ours
         gen = 0 if current is None else current.generation + 1
-        mine = ClaimRecord(identity.trial, identity.job_id, identity.attempt, identity.host, identity.pid, _iso(clock()), ClaimState.HELD, gen)
+        mine = ClaimRecord(
+            identity.trial, identity.job_id, identity.attempt, identity.host, identity.pid, _iso(clock()), ClaimState.HELD, gen, identity.search_id
+        )
         if _create_generation(ckpt_dir, mine):
             return Claim(ckpt_dir, outcome, mine, current)
         current = read_generation(ckpt_dir, gen)  # the winner's record, read by name (fresh on NFS)
@@ -305,6 +353,7 @@ def _liveness_matters(existing: ClaimRecord | None, ours: ClaimIdentity) -> bool
     return (
         existing is not None
         and existing.state is ClaimState.HELD
+        and not _other_search(existing, ours)
         and not existing.trial.mismatch(ours.trial)
         and existing.attempt <= ours.attempt
         and not ours.same_holder(existing)

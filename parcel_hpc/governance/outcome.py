@@ -42,6 +42,7 @@ class Outcome:
     HOLD_NO_RESULT: ClassVar[Outcome]
     EVALUATE_FINAL: ClassVar[Outcome]
     RELEASE_REGISTERED: ClassVar[Outcome]
+    REJECT_REGISTRY_ENTRY: ClassVar[Outcome]
 
     def __post_init__(self) -> None:
         if (self.kind is OutcomeKind.ADMIT) != (self.what == ""):
@@ -97,3 +98,4 @@ Outcome.HOLD_SYSTEMATIC_FAILURE = Outcome.hold("systematic-failure")  # the firs
 Outcome.HOLD_NO_RESULT = Outcome.hold("no-result")  # a launch ended with no completed trial in its search
 Outcome.EVALUATE_FINAL = Outcome(OutcomeKind.EVALUATE, "final-holdout")
 Outcome.RELEASE_REGISTERED = Outcome(OutcomeKind.RELEASE, "registered")
+Outcome.REJECT_REGISTRY_ENTRY = Outcome.reject("registry-entry")  # a registry entry that is not this selection's, or not its bytes

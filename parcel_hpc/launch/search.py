@@ -20,6 +20,7 @@ from rich.console import Console
 
 from parcel_hpc import ownership
 from parcel_hpc.budget import BudgetDecision, launch_decision
+from parcel_hpc.checkpoints import owner
 from parcel_hpc.console import make_console
 from parcel_hpc.data import read_split
 from parcel_hpc.errors import GovernanceRefusal, UsageError
@@ -93,6 +94,8 @@ class SearchLaunch:
         if not fresh:
             contract = in_frozen_form(contract, load_contract(path))  # a search frozen by an older version continues
             refuse_held(search)
+        ckpt_root = Path(cfg["checkpoint"]["dir"]).absolute()
+        owner.refuse_foreign(ckpt_root, _dir_owner(search, contract.digest))  # another search's checkpoints: bad input, exit 2
         if fresh:
             check_policy(contract)
             preflight_checks(cfg, contract)
@@ -139,6 +142,7 @@ class SearchLaunch:
                 # The revision's final evaluation plan is fixed when its contract froze (or by the next
                 # launch, when that one died before proposing anything); never added to a search later.
                 write_final_plan(path, frozen, cfg["split"]["path"], read_split(cfg["split"]["path"]).final_digest)
+            owner.mark(ckpt_root, _dir_owner(search, frozen.digest))
         launch_id = time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
         report = LaunchReport(path, launch_id, frozen.digest, dry_run=dry_run, follows=bool(cfg["search"]["wait"]))
 
@@ -284,6 +288,11 @@ def preflight_checks(cfg: Mapping[str, Any], contract: Contract) -> list[str]:
         return said
     tried(baseline.target, [(f"the baseline {baseline.name}'s parameters", baseline.params)])
     return [*said, f"the baseline {baseline.name} ({baseline.target})"]
+
+
+def _dir_owner(search: SearchDir, contract_digest: str) -> owner.DirOwner:
+    identity = search.identity()
+    return owner.DirOwner(str(search.path.absolute()), identity.search_id if identity else "", contract_digest)
 
 
 def _refuse_cancelled(search: SearchDir) -> None:

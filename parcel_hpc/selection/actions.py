@@ -106,6 +106,7 @@ def select(search_dir, *, now: bool, trial: str | None, reason: str, console: Co
     SelectionPolicy.of(contract)
     reason = checked_text("--reason", reason, required=bool(now or trial))
     store = SelectionStore(search)
+    _refuse_if_claimed_elsewhere(store)
     writer = store.writer("select")
     record = store.record()
     current = store.current()
@@ -140,6 +141,18 @@ def select(search_dir, *, now: bool, trial: str | None, reason: str, console: Co
     writer.disposed(n, assessment.verdict.outcome, assessment.verdict.reasons)
     _announce(assessment, out, failure)
     return assessment
+
+
+def _refuse_if_claimed_elsewhere(store: SelectionStore) -> None:
+    """The revision's final claim (beside the contract) outlives its selection's files: a claimed
+    selection whose file is gone was moved aside, and a fresh selection would buy a second final evaluation."""
+    claim = store.final_claim()
+    if claim is not None and not store.selection_path(int(claim["selection"])).exists():
+        raise GovernanceRefusal(
+            FINAL_USED,
+            f"the final partition of this revision was claimed for selection {claim['selection']} ({store.final_claim_path}), whose "
+            f"{store.selection_path(int(claim['selection'])).name} is gone from {store.dir}; restore it. A new selection needs a new search revision",
+        )
 
 
 def _needs_rerun(a: Assessment) -> bool:
@@ -256,8 +269,8 @@ def decide(search_dir, *, by: str, reason: str, out: Console) -> Assessment:
     n = store.current()
     if n is None:
         raise UsageError(f"{store.search.path} has no selection; run `parcel-hpc select` first")
-    if record.sealed is not None:
-        raise GovernanceRefusal(FINAL_USED, "the final evaluation is sealed; a decision can no longer change anything")
+    if record.sealed is not None or store.final_claim() is not None:
+        raise GovernanceRefusal(FINAL_USED, "the final evaluation is claimed; a decision can no longer change anything")
     a = assess(store, record, n)
     if a.verdict.outcome != Outcome.HOLD_SLICE_QUALITY:
         raise UsageError(f"selection {a.n} ({a.frozen['trial_id']}) is {a.verdict.outcome}; a quality decision lifts only {Outcome.HOLD_SLICE_QUALITY}")
@@ -298,6 +311,7 @@ def evaluate_final(search_dir, *, console: Console, out: Console) -> dict[str, A
                 f"the final partition of {plan['search_revision']} was claimed for evaluation on {when} by {claim['by']}@{claim['host']} "
                 f"(selection {claim['selection']}): {why_not}. It is evaluated once: a new search revision needs its own final evaluation plan",
             )
+        _refuse_if_claimed_elsewhere(store)
     a = assess(store, record, n)
     if a.verdict.outcome != Outcome.EVALUATE_FINAL:
         raise refuse(a.verdict.outcome, "; ".join(a.verdict.reasons))

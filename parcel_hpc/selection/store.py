@@ -1,18 +1,20 @@
 """Where a search's selection, its jobs' results, the final evaluation and the release live.
 
     <search>/final-plan.json                     the search revision's final evaluation plan, written when it froze
+    <search>/final-claim.json                    the one final evaluation of this revision (exclusive); it fixes
+                                                 the current selection for good
+    <search>/final-result.json                   its sealed result (exclusive)
     <search>/selection/journal-*.jsonl           the selection's typed events (ledger.selection)
     <search>/selection/selection-<n>.json        the n-th frozen completed list and its chosen trial (exclusive)
     <search>/selection/<n>/rerun/result.json     the rerun job's result (exclusive, written last): names its run
     <search>/selection/<n>/rerun/run-<id>/       one run of the rerun job: {winner,baseline}/ckpt-*.h5 (the selected
                                                  artifact and the baseline's), records/{rerun,baseline}/ (recorded like trials)
     <search>/selection/<n>/logs/                 the jobs' batch scripts and output
-    <search>/selection/final/claim.json          the one final evaluation of this revision (exclusive); it fixes
-                                                 the current selection for good
-    <search>/selection/final/result.json         its sealed result (exclusive)
     <search>/release/packet.{json,md,html}       the release packet
 
 Every record is created exclusively and never rewritten; readers never write. Owns paths, not decisions.
+The final claim and result sit beside the contract, outside ``selection/``, and no command moves
+them: moving ``selection/`` aside and selecting afresh finds the revision's final partition used.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from parcel_hpc.ledger.journal import writer_name
 from parcel_hpc.ledger.selection import SelectionRecord, SelectionWriter, fold_selection, read_selection_events
 
 FINAL_PLAN = "final-plan.json"
+FINAL_CLAIM = "final-claim.json"
+FINAL_RESULT = "final-result.json"
 FINAL_PLAN_FORMAT = "parcel-final-plan/1"
 
 
@@ -128,7 +132,7 @@ class SelectionStore:
         return cast(dict[str, Any], self.result(n, role))["digest"]  # written just above
 
     def result_path(self, n: int, role: JobRole) -> Path:
-        return self.dir / "final" / "result.json" if role is JobRole.FINAL else self.job_dir(n, role) / "result.json"
+        return self.search.path / FINAL_RESULT if role is JobRole.FINAL else self.job_dir(n, role) / "result.json"
 
     def result(self, n: int, role: JobRole) -> dict[str, Any] | None:
         path = self.result_path(n, role)
@@ -143,10 +147,9 @@ class SelectionStore:
     # --- the one final evaluation ---------------------------------------------------------------
     @property
     def final_claim_path(self) -> Path:
-        return self.dir / "final" / "claim.json"
+        return self.search.path / FINAL_CLAIM
 
     def claim_final(self, claim: dict[str, Any]) -> bool:
-        fsio.ensure_dir(self.final_claim_path.parent)
         return fsio.create_exclusive_json(self.final_claim_path, claim)
 
     def final_claim(self) -> dict[str, Any] | None:

@@ -10,6 +10,7 @@ import hashlib
 import json
 import math
 import os
+import subprocess
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -43,6 +44,19 @@ class OpensProtectedFile(NumpyMLP):
             try:
                 with open(os.environ[PROTECTED_PATH_ENV], "rb") as f:
                     f.read(1)
+            except PermissionError:
+                pass
+        return metrics
+
+
+class ReadsProtectedFileThroughAProgram(NumpyMLP):
+    """Reads the final record through ``cat`` at step 5, where Python's audit hook sees no open."""
+
+    def step(self) -> Mapping[str, float]:
+        metrics = super().step()
+        if self.steps_done == FAULT_STEP:
+            try:
+                subprocess.run(["cat", os.environ[PROTECTED_PATH_ENV]], capture_output=True, check=False)
             except PermissionError:
                 pass
         return metrics

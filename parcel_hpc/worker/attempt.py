@@ -57,7 +57,7 @@ TRACEBACK_CHARS = 20_000  # the end of a failure's traceback kept in its journal
 
 def _same_trial(exc: claims.CheckpointCollision, plan: WorkerPlan) -> bool:
     trial = exc.their_trial
-    return trial is not None and trial.trial_id == plan.trial_id and trial.config_hash == plan.config_hash
+    return trial is not None and not exc.other_search and trial.trial_id == plan.trial_id and trial.config_hash == plan.config_hash
 
 
 class StopAttempt(Exception):
@@ -93,7 +93,7 @@ class AttemptRun:
         self.trainer: Trainer | None = None  # set once built; its state is whole between steps
         self.step = 0  # steps the trainer has done
         self.data: TrainingData | None = None
-        self.protected_opens: list[str] = []  # protected files the trainer tried to open
+        self.protected_opens: list[str] = []  # what the trainer tried past the fence (guard.protected_files)
         self.ended = False
         self.began = False  # its started event is on disk
         self.signals = StepBoundarySignals()  # ``pending`` still holds a signal that arrived after the last step
@@ -217,7 +217,9 @@ class AttemptRun:
         deadline = time.monotonic() + PREVIOUS_ATTEMPT_WAIT_S
         while True:
             try:
-                return claims.claim_directory(ckpt_dir, claims.ClaimIdentity.here(identity, job_id=self.facts.job_id, attempt=self.attempt))
+                found = self.search.identity()  # claims name their search: another search's directory is never taken over or moved
+                here = claims.ClaimIdentity.here(identity, job_id=self.facts.job_id, attempt=self.attempt, search_id=found.search_id if found else "")
+                return claims.claim_directory(ckpt_dir, here)
             except claims.CheckpointCollision as exc:
                 theirs = exc.their_attempt
                 if not _same_trial(exc, self.plan) or theirs is None:
@@ -298,7 +300,7 @@ class AttemptRun:
 
     def _final_requests(self) -> list[str]:
         asked = list(self.data.asked_for_final) if self.data is not None else []
-        return asked + [f"opened {path}" for path in self.protected_opens]
+        return asked + list(self.protected_opens)
 
     def _stop_if_final_requested(self) -> None:
         """A trainer that asked for the final partition is rejected, even if it caught the refusal."""

@@ -5,6 +5,10 @@ looking: while armed, a Python-level open (``open``, ``os.open``, ``np.load``, .
 ``final-*.json`` file beside the split or of the snapshot file raises ``PermissionError`` and is
 remembered, and the worker records the trial ``rejected``. It sees what Python's audit hooks see:
 a C library opening a file by itself (h5py given a path) is not seen; that is for the image review.
+A program started from trainer code (``subprocess``, ``os.system``, ``os.exec*``, ``os.spawn*``,
+``os.posix_spawn``) runs without the hook, so what it opens is out of sight: starting one is
+refused and remembered the same way. A forked child keeps the hook; a ``multiprocessing`` child
+started by "spawn" or "forkserver" runs a fresh interpreter without it, and is not seen either.
 
 Must not: be armed outside trainer calls (the toolkit's own loader and digests open these files).
 """
@@ -19,16 +23,24 @@ from contextlib import contextmanager
 from pathlib import Path
 
 FINAL_PATTERN = "final-*.json"
+# Audit events that start another program: it would run outside this process's hook.
+PROGRAM_EVENTS = frozenset({"subprocess.Popen", "os.system", "os.exec", "os.spawn", "os.posix_spawn", "pty.spawn"})
 
 
 class _Fence:
     def __init__(self) -> None:
         self.protected: tuple[str, frozenset[str]] | None = None  # (split directory, files)
-        self.tripped: list[str] = []
+        self.tripped: list[str] = []  # what trainer code tried, in words
         self.installed = False
 
     def __call__(self, event: str, args: tuple) -> None:
-        if event != "open" or self.protected is None or not args or isinstance(args[0], int):
+        if self.protected is None:
+            return
+        if event in PROGRAM_EVENTS:
+            program = _program(event, args)
+            self.tripped.append(f"started the program {program} (what a program opens is out of the fence's sight)")
+            raise PermissionError(f"trainer code may not start a program ({program}) while it trains: the final partition's fence cannot see its opens")
+        if event != "open" or not args or isinstance(args[0], int):
             return
         try:
             path = os.path.realpath(os.fsdecode(args[0]))
@@ -36,8 +48,18 @@ class _Fence:
             return
         split_dir, files = self.protected
         if path in files or (os.path.dirname(path) == split_dir and fnmatch.fnmatch(os.path.basename(path), FINAL_PATTERN)):
-            self.tripped.append(path)
+            self.tripped.append(f"opened {path}")
             raise PermissionError(f"{path} is protected from trainer code: trainers get their data from parcel_hpc.trainer.TrainingData")
+
+
+def _program(event: str, args: tuple) -> str:
+    """The program an audit event starts, in one short line (the event's name when it names none)."""
+    # subprocess.Popen: (executable, args, cwd, env), executable None unless given; os.spawn: (mode, path, ...).
+    found = next((a for a in (args[1:2] if event == "os.spawn" else args[:2]) if a), None)
+    if isinstance(found, (list, tuple)):
+        found = found[0] if found else None
+    text = os.fsdecode(found) if isinstance(found, (str, bytes, os.PathLike)) else event
+    return " ".join(text.split())[:200]
 
 
 _FENCE = _Fence()
@@ -45,7 +67,7 @@ _FENCE = _Fence()
 
 @contextmanager
 def protected_files(split_path: str | os.PathLike, snapshot_path: str | os.PathLike) -> Iterator[list[str]]:
-    """Arm the fence while trainer code runs; yields the list of protected files it tried to open."""
+    """Arm the fence while trainer code runs; yields what it tried ("opened <path>", "started the program ...")."""
     if not _FENCE.installed:
         sys.addaudithook(_FENCE)  # process-wide and permanent; inert while disarmed
         _FENCE.installed = True
@@ -56,3 +78,14 @@ def protected_files(split_path: str | os.PathLike, snapshot_path: str | os.PathL
         yield _FENCE.tripped
     finally:
         _FENCE.protected = None
+
+
+@contextmanager
+def unfenced() -> Iterator[None]:
+    """The toolkit's own code called while trainer code is fenced (a signal handler asking the
+    scheduler why it signalled): its programs and opens are not the trainer's."""
+    protected, _FENCE.protected = _FENCE.protected, None
+    try:
+        yield
+    finally:
+        _FENCE.protected = protected

@@ -5,6 +5,11 @@ are marked quarantined (every attempt so far is tainted), the shared directory a
 milestone reports are moved (never deleted) into ``<search>/quarantine/``, and every prune decision
 that used either trial as a peer is marked invalid. The launcher's retry loop (or ``resubmit``)
 reruns both under the same trial_ids in fresh directories.
+
+A directory held by another search (its claim names another search id, or its checkpoint another
+contract) is that search's: only this trial is quarantined, and nothing of the other's is moved or
+marked. The launch refuses a ``checkpoint.dir`` in use by another search at the door
+(``checkpoints.prefix``); this is the race behind it.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from parcel_hpc.pruning import MilestoneStore
 
 
 def quarantine_collision(search: SearchDir, trial_id: str, attempt: int, exc: claims.CheckpointCollision) -> list[str]:
+    if exc.other_search:
+        return _quarantine_alone(search, trial_id, attempt, f"checkpoint prefix {exc.ckpt_dir} is held by {exc.other_search}, not this search")
     other = _other_trial(exc, trial_id)
     reason = f"checkpoint prefix {exc.ckpt_dir} shared by {trial_id}" + (f" and {other}" if other else "")
     involved = [trial_id] + ([other] if other and other != trial_id else [])
@@ -40,6 +47,16 @@ def quarantine_collision(search: SearchDir, trial_id: str, attempt: int, exc: cl
         _move_reports(search, tid, upto)
         milestones.invalidate_uses_of(tid, reason)
     return involved
+
+
+def _quarantine_alone(search: SearchDir, trial_id: str, attempt: int, reason: str) -> list[str]:
+    """This trial's attempts so far are tainted and it reruns in a directory of this search's own;
+    the directory it found stays where it is, with whoever owns it."""
+    if search.mark_quarantined(trial_id, attempt, reason):
+        search.writer(trial_id, "quarantine").quarantined(reason, attempt, "", [])
+        _move_reports(search, trial_id, attempt)
+        MilestoneStore(search.path, _milestones(search)).invalidate_uses_of(trial_id, reason)
+    return [trial_id]
 
 
 def _other_trial(exc: claims.CheckpointCollision, ours: str) -> str | None:
