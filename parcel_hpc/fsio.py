@@ -7,6 +7,10 @@ Owns the three primitives every record in a search directory is made with:
 - ``append_jsonl`` / ``read_jsonl``: one writer per file, one ``write()`` per record, fsync; the
   reader tolerates a torn last line (a writer killed mid-append) and refuses a torn middle line.
 
+And the one way a file the user names (``export -o``, ``reconcile --html``) is written:
+``write_output``, temp + rename over a regular file or nothing (never a device, FIFO, directory or
+symlink: root must never replace /dev/full), every failure one line.
+
 Nothing the toolkit creates is writable by anyone but its owner, whatever the umask (a group umask
 0002 in a setgid team directory included): files 0o644 (or tighter), directories 0o755. Others may
 read (admins read other people's searches); a group member who could write could replace a pickle
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -100,6 +105,44 @@ def atomic_write_text(path: str | os.PathLike, text: str, mode: int = FILE_MODE)
 
 def atomic_write_json(path: str | os.PathLike, obj: Any, mode: int = FILE_MODE) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n", mode)
+
+
+_NOT_REGULAR = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def check_output(path: str | os.PathLike, flag: str) -> Path:
+    """``path`` as an output file the user named with ``flag``: absent or a regular file, in an
+    existing folder. Called before the work, so a wrong path costs nothing; UsageError otherwise."""
+    path = Path(path)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:  # a folder on the way we may not search, a name too long
+        raise UsageError(f"{flag} {path}: cannot be checked ({exc.strerror}); give a file path in a folder you can write") from None
+    if st is not None and stat.S_ISLNK(st.st_mode):
+        raise UsageError(f"{flag} {path} is a symbolic link (to {os.readlink(path)}); give the path of the file itself")
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        kind = next((name for test, name in _NOT_REGULAR if test(st.st_mode)), "not a regular file")
+        raise UsageError(f"{flag} {path} is {kind}, not a regular file, and is never replaced; give a file path")
+    if not path.absolute().parent.is_dir():
+        raise UsageError(f"{flag} {path}: its folder does not exist; give a file path in an existing folder")
+    return path
+
+
+def write_output(path: str | os.PathLike, data: bytes, flag: str) -> None:
+    """``data`` into the output file ``path`` (``check_output``'s rules), whole or not at all."""
+    path = check_output(path, flag)
+    try:
+        atomic_write_bytes(path, data)
+    except OSError as exc:  # an unwritable folder, a read-only or full filesystem
+        raise UsageError(f"{flag} {path}: cannot be written ({exc.strerror}); give a file path in a folder you can write") from None
 
 
 def create_exclusive(path: str | os.PathLike, data: bytes, mode: int = FILE_MODE) -> bool:

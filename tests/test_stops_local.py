@@ -183,7 +183,7 @@ def test_a_search_with_a_completed_trial_still_points_at_select(tmp_path, data_d
 def test_drift_mid_search_stops_it_and_a_relaunch_in_the_matching_environment_runs_the_rest(tmp_path, data_dir):
     archive = tmp_path / "image.sif"
     archive.write_bytes(b"image one")
-    slow = ("image=archive", f"image.path={archive}", "train.step_seconds=0.05", "train.steps=20")
+    slow = ("image=archive", f"image.path={archive}", "train.step_seconds=0.05", "train.steps=20", "pruner.milestones=[10,20]")
     launcher = _start(tmp_path, data_dir, "drift", "search.n_trials=4", *slow)
     search = SearchDir(tmp_path / "runs" / "drift")
     # the first trial passes its worker's check and trains; then the image changes under the search

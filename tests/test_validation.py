@@ -4,15 +4,22 @@ exit 2, nothing written. SLURM's own units for memory and time are accepted."""
 
 import copy
 import json
+import re
+from pathlib import Path
 
 import h5py
 import pytest
+from hydra import compose, initialize_config_module
 from hypothesis import given
 from hypothesis import strategies as st
+from omegaconf import OmegaConf
 
 from parcel_hpc.errors import UsageError
 from parcel_hpc.governance import validation
 from parcel_hpc.testing import launch, parcel_hpc
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+CONF = Path(validation.__file__).resolve().parents[1] / "conf"
 
 # A composed job config and launcher group, as the sweeper gets them (only what validation reads).
 CFG = {
@@ -131,7 +138,7 @@ def test_any_text_anywhere_with_a_control_character_is_refused():
         ("additional_parameters", {"comment": "mine"}, "set by parcel_hpc itself"),
         ("additional_parameters", {"job-name": "other"}, "set by parcel_hpc itself"),
         ("additional_parameters", {"wckey": "other"}, "set by parcel_hpc itself"),
-        ("additional_parameters", {"exclusive": False}, "is false"),
+        ("additional_parameters", {"contiguous": False}, "is false"),
     ],
 )
 def test_bad_slurm_launcher_values_are_refused(key, value, rule):
@@ -140,7 +147,7 @@ def test_bad_slurm_launcher_values_are_refused(key, value, rule):
 
 
 def test_setup_lines_are_shell_and_extra_options_are_passed():
-    extra = {"constraint": "a100|h100&ib", "exclusive": True, "nice": 10, "nodelist": "n[1-3]"}
+    extra = {"constraint": "a100|h100&ib", "contiguous": True, "nice": 10, "nodelist": "n[1-3]"}
     launcher = {**SLURM, "setup": ["module load cuda/12 && source $HOME/venv/bin/activate"], "additional_parameters": extra}
     assert validation.checked(CFG, launcher)[1] == launcher
     assert validation.checked(with_value("resources.partition", "gpu,gpu-low"), SLURM)[0]["resources"]["partition"] == "gpu,gpu-low"
@@ -153,6 +160,141 @@ def test_a_choice_value_that_names_a_checkpoint_directory_must_be_a_name():
     cfg = with_value("checkpoint.prefix", "{trial_id}/{act}", cfg)
     assert refusal(cfg).startswith("space.params.act.values='../../etc' is not a safe name")
     assert validation.checked(with_value("checkpoint.prefix", "{trial_id}", cfg), SLURM)  # not in the prefix: any text
+
+
+# --- numbers: every one has a range ------------------------------------------------------------
+
+
+def _every_option() -> list[list[str]]:
+    """The default composition, and one with each option of each config group (and the SLURM launcher)."""
+    options = [[f"{p.parent.relative_to(CONF).as_posix()}={p.stem}"] for p in sorted(CONF.rglob("*.yaml")) if p.parent != CONF]
+    return [[], ["hydra/launcher=submitit_slurm"], *options]
+
+
+def _composed(overrides: list[str]) -> dict:
+    with initialize_config_module("parcel_hpc.conf", version_base="1.3"):
+        config = compose("config", overrides=overrides, return_hydra_config=True)
+    launcher = OmegaConf.to_container(config.hydra.launcher, resolve=True)
+    job = OmegaConf.to_container(OmegaConf.masked_copy(config, [k for k in config if k != "hydra"]), resolve=True)
+    return {**job, "hydra": {"launcher": launcher}}
+
+
+def _leaves(node, prefix=""):
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _leaves(v, f"{prefix}{k}.")
+    else:
+        yield prefix.rstrip("."), node
+
+
+COMPOSED = [_composed(o) for o in _every_option()]
+
+
+def test_every_number_of_every_group_option_has_a_range():
+    """A numeric key added to conf/ or config.py without a range in validation.NUMBERS fails here."""
+    unranged = set()
+    for cfg in COMPOSED:
+        for key, _ in validation.numbers(cfg):
+            if validation.rule_for(key) is None and key not in validation.UNITS and not key.startswith(validation.PARAMETERS):
+                unranged.add(key)
+    assert not unranged, f"numeric keys with no range in validation.NUMBERS: {sorted(unranged)}"
+    assert len(COMPOSED) > 25 and any(k == "sampler.n_ei_candidates" for cfg in COMPOSED for k, _ in validation.numbers(cfg))
+
+
+def test_every_range_names_a_key_some_option_has():
+    present = {key for cfg in COMPOSED for key, _ in _leaves(cfg)}
+    parents = {key.rpartition(".")[0] for key in present}
+    stale = [k for k in validation.NUMBERS if k.replace("[]", "") not in present and not (k.endswith(".*") and k[:-2] in parents)]
+    assert not stale, stale
+
+
+def test_every_group_option_passes_its_own_ranges():
+    for cfg in COMPOSED:
+        if "???" not in str(cfg):  # an option that needs a value given (image=archive's path)
+            validation._check_numbers(cfg, cfg["hydra"]["launcher"])
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "range_"),
+    [
+        ("train.steps", -3, "in 1..100000000"),
+        ("train.steps", 2.5, "not a whole number"),
+        ("checkpoint.every_steps", 0, "in 1..100000000"),
+        ("checkpoint.keep_last", 0, "in 1..1000"),
+        ("preprocessing.pool", 0, "in 1..1024"),
+        ("metric.miss_cost", -5.0, "> 0 and <= 1e+12"),
+        ("metric.review_cost", 0.0, "> 0"),
+        ("metric.miss_cost", float("nan"), "not a number"),
+        ("train.step_seconds", float("inf"), "in 0..3600"),
+        ("resources.gpus", -1, "in 0..64"),
+        ("resources.cpus", 0, "in 1..4096"),
+        ("budget.max_trials", 0, "in 1..1000000"),
+        ("budget.cost_cap", -1.0, "in 0..1e+12"),
+        ("budget.max_retries", True, "not a whole number"),
+        ("budget.systematic_failures", 1001, "in 0..1000"),
+        ("pruner.reduction_factor", 1, "in 2..1000"),
+        ("pruner.min_peers", 0, "in 1..1000000"),
+        ("search.n_trials", -1, "in 0..1000000"),
+        ("search.seed", 2**32, "in 0..4294967295"),
+        ("selection.gate.max_recall_drop", 1.5, "in 0..1"),
+        ("selection.gate.min_recall.crushed_corner", 2.0, "in 0..1"),
+        ("selection.parity_tolerance", -1e-6, "in 0..1"),
+        ("selection.slices.shipment_buckets", 0, "in 1..1000000"),
+        ("sampler.n_ei_candidates", 0, "in 1..1000000"),
+        ("sampler.sigma0", 0.0, "> 0 and <= 1e+12, or null"),
+    ],
+)
+def test_a_number_out_of_its_range_is_refused_naming_the_key_the_value_and_the_range(key, value, range_):
+    cfg = _composed([])
+    node = cfg
+    *parents, last = key.split(".")
+    for part in parents:
+        node = node[part]
+    node[last] = value
+    message = refusal(cfg, cfg.pop("hydra")["launcher"])
+    assert message.startswith(f"{key}={value!r} is ") and "; give " in message and range_ in message, message
+
+
+@pytest.mark.parametrize(("key", "value"), [("parallelism", 0), ("signal_delay_s", 0), ("pack_minutes", 0), ("array_parallelism", -1)])
+def test_launcher_numbers_are_ranged(key, value):
+    launcher = {"kind": "local", "parallelism": 2, "signal_delay_s": 30, "pack_size": "auto", "pack_minutes": None, **{key: value}}
+    assert refusal(launcher=launcher).startswith(f"hydra.launcher.{key}={value!r} is out of range; give ")
+
+
+@pytest.mark.parametrize(
+    ("milestones", "kind", "steps", "rule"),
+    [
+        ([20, 10, 41, 82], "asha", 82, "not strictly increasing"),
+        ([10, 10], "none", 82, "not strictly increasing"),
+        ([10, 20, 41, 82], "asha", 40, "goes past train.steps=40"),
+    ],
+)
+def test_milestones_increase_and_an_asha_rule_stays_within_the_steps(milestones, kind, steps, rule):
+    cfg = {**with_value("pruner", {"kind": kind, "revision": "p", "milestones": milestones}), "train": {"steps": steps}}
+    assert refusal(cfg).startswith("pruner.milestones=") and rule in refusal(cfg)
+    validation.checked({**cfg, "pruner": {"kind": "none", "revision": "p", "milestones": [10, 20, 41, 82]}}, SLURM)  # pruner=none only scores there
+
+
+# --- refused sbatch spellings: what the docs say is what validation does ------------------------
+
+
+def _documented_refusals() -> list[str]:
+    """The options docs/slurm-and-accounting.md says are refused: the ones parcel_hpc sets itself
+    and the resources in another spelling (each backticked name in that parenthesis)."""
+    text = " ".join((DOCS / "slurm-and-accounting.md").read_text().split())
+    own = re.search(r"never an option parcel_hpc sets itself \(([^)]*)\)", text)
+    spellings = re.search(r"a resource in another spelling \(([^)]*)\)", text)
+    assert own and spellings, "the docs' list of refused sbatch options moved; point this test at it"
+    named = [w.strip().replace(" ", "-") for w in own.group(1).split(",")]
+    return named + re.findall(r"`([a-z-]+)`", spellings.group(1))
+
+
+@pytest.mark.parametrize("option", sorted({*_documented_refusals(), "tres-per-task", "exclusive", "mincpus"}))
+def test_every_documented_refused_sbatch_option_is_refused(option):
+    for spelled in (option, option.replace("-", "_")):
+        for value in ("gres/gpu:4", True, 4):
+            message = refusal(launcher={**SLURM, "additional_parameters": {spelled: value}})
+            assert message.startswith(f"hydra.launcher.additional_parameters.{spelled}=") and "set by parcel_hpc itself" in message
 
 
 @pytest.mark.parametrize(
@@ -196,6 +338,26 @@ def test_a_name_that_passes_is_safe_everywhere_a_name_goes(text):
     ],
 )
 def test_bad_input_through_the_launch_writes_nothing(tmp_path, data_dir, overrides, needle):
+    res = launch([f"search.root={tmp_path / 'runs'}", *overrides], cwd=tmp_path, data_dir=data_dir)
+    assert res.returncode == 2, (res.stdout, res.stderr)
+    lines = [l for l in res.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], res.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needle"),
+    [
+        (["train.steps=-3"], "train.steps=-3 is out of range; give a whole number in 1..100000000"),
+        (["checkpoint.every_steps=0"], "checkpoint.every_steps=0 is out of range"),
+        (["checkpoint.keep_last=0"], "checkpoint.keep_last=0 is out of range"),
+        (["preprocessing.pool=0"], "preprocessing.pool=0 is out of range"),
+        (["metric.miss_cost=-5"], "metric.miss_cost=-5.0 is out of range; give a number > 0 and <= 1e+12"),
+        (["pruner.milestones=[20,10,41,82]"], "pruner.milestones=[20, 10, 41, 82] is not strictly increasing"),
+        (["hydra/launcher=submitit_slurm", "+hydra.launcher.additional_parameters.tres_per_task=gres/gpu:8"], "set by parcel_hpc itself"),
+    ],
+)
+def test_bad_numbers_through_the_launch_write_nothing(tmp_path, data_dir, overrides, needle):
     res = launch([f"search.root={tmp_path / 'runs'}", *overrides], cwd=tmp_path, data_dir=data_dir)
     assert res.returncode == 2, (res.stdout, res.stderr)
     lines = [l for l in res.stderr.splitlines() if l.strip()]

@@ -20,6 +20,7 @@ from rich.table import Table
 from parcel_hpc.accounting.account import AccountReport, Charge, SearchPart, Total, over_account, over_searches
 from parcel_hpc.accounting.search_report import png_of, pyplot, reconcile_search
 from parcel_hpc.budget import search_caps
+from parcel_hpc.documents import csv_cell
 from parcel_hpc.errors import UsageError
 from parcel_hpc.ledger import SearchDir
 from parcel_hpc.ledger.searches import find_searches, launched_by
@@ -121,7 +122,7 @@ def to_csv(report: AccountReport) -> str:
     w = csv.DictWriter(out, fieldnames=[f.name for f in fields(Charge)], lineterminator="\n")
     w.writeheader()
     for c in report.charges:
-        w.writerow(c.to_json())
+        w.writerow({k: csv_cell(v) for k, v in c.to_json().items()})  # a user or job name is anyone's text
     return out.getvalue()
 
 

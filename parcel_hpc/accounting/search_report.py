@@ -21,6 +21,7 @@ from rich.table import Table
 from parcel_hpc.accounting import spend
 from parcel_hpc.accounting.reconcile import AttemptLine, Reconciliation, local_runs, reconcile, report_row
 from parcel_hpc.budget import BudgetLedger, search_caps
+from parcel_hpc.documents import csv_cell
 from parcel_hpc.errors import UsageError
 from parcel_hpc.ledger import Executor, SearchDir
 from parcel_hpc.ledger.searches import launched_by
@@ -125,7 +126,7 @@ def to_csv(results: Sequence[Reconciliation]) -> str:
     w.writeheader()
     for rec in results:
         for a in rec.attempts:
-            w.writerow({"campaign": rec.campaign, **report_row(a)})
+            w.writerow({k: csv_cell(v) for k, v in {"campaign": rec.campaign, **report_row(a)}.items()})
     return out.getvalue()
 
 

@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 from parcel_hpc import fsio
 from parcel_hpc.accounting.spend import attempt_spend
 from parcel_hpc.budget import BudgetLedger, Hold, Rates, ReservationKey, search_caps
+from parcel_hpc.documents import csv_cell
 from parcel_hpc.errors import UsageError
 from parcel_hpc.ledger import AttemptEnd, Event, EventKind, SearchDir, TrialRecord, TrialState
 from parcel_hpc.ledger.events import Milestone, Submitted
@@ -228,26 +229,31 @@ def write(data: pa.Table, fmt: Format, out: BinaryIO) -> None:
     if fmt is Format.PARQUET:
         pq.write_table(data, out)
     elif fmt is Format.CSV:
-        pacsv.write_csv(_floats_as_written(data), out, pacsv.WriteOptions(quoting_style="needed"))
+        pacsv.write_csv(_as_written(data), out, pacsv.WriteOptions(quoting_style="needed"))
     else:
         for row in data.to_pylist():
             out.write((json.dumps({k: v.isoformat() if hasattr(v, "isoformat") else v for k, v in row.items()}) + "\n").encode())
 
 
-def _floats_as_written(data: pa.Table) -> pa.Table:
-    """Float columns as Python writes floats: pyarrow's CSV writer prints 0.0 as "0", and a column
-    of zeros (no GPU-hours) would then read back as integers."""
+def _as_written(data: pa.Table) -> pa.Table:
+    """Text cells a spreadsheet cannot run (``documents.csv_cell``: a parameter value or a reason
+    is anyone's text), and float columns as Python writes floats: pyarrow's CSV writer prints 0.0
+    as "0", and a column of zeros (no GPU-hours) would then read back as integers."""
     for i, field in enumerate(data.schema):
-        if pa.types.is_floating(field.type):
+        if pa.types.is_string(field.type):
+            text = pa.array([csv_cell(v) for v in data.column(i).to_pylist()], pa.string())
+        elif pa.types.is_floating(field.type):
             text = pa.array([None if v is None else repr(v) for v in data.column(i).to_pylist()], pa.string())
-            data = data.set_column(i, field.name, text)
+        else:
+            continue
+        data = data.set_column(i, field.name, text)
     return data
 
 
 def export(search: SearchDir, fmt: Format, output: Path | None, attempts: bool = False) -> int:
     """Write the table to ``output`` (whole or not at all: temp + rename), else stdout; the number of rows."""
-    if output is not None and (output.is_dir() or not output.absolute().parent.is_dir()):
-        raise UsageError(f"--output {output}: {'is a directory' if output.is_dir() else 'its folder does not exist'}; give a file path in an existing folder")
+    if output is not None:
+        fsio.check_output(output, "--output")
     if output is None and fmt is Format.PARQUET and sys.stdout.isatty():
         raise UsageError("--format parquet is binary: give --output FILE (or redirect stdout to a file)")
     data = table(search, attempts)
@@ -257,7 +263,7 @@ def export(search: SearchDir, fmt: Format, output: Path | None, attempts: bool =
         sys.stdout.buffer.write(buffer.getvalue())
         sys.stdout.flush()
     else:
-        fsio.atomic_write_bytes(output, buffer.getvalue())
+        fsio.write_output(output, buffer.getvalue(), "--output")
     return data.num_rows
 
 

@@ -55,6 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if not args.wait >= 0:  # NaN too
         raise UsageError(f"--wait {args.wait:g} is not a number of seconds >= 0; give seconds to wait, or 0 not to wait")
+    if args.html is not None:
+        fsio.check_output(args.html, "--html")  # before sacct is asked: a wrong path costs nothing
     if args.root is not None or args.account is not None:
         return _many(args)
     if not args.search_dirs:
@@ -131,7 +133,7 @@ def _print_report(
     else:
         as_table(make_console())
     if args.html:
-        fsio.atomic_write_text(args.html, as_html())
+        fsio.write_output(args.html, as_html().encode(), "--html")
         print(f"wrote {args.html}", file=sys.stderr)
     if pending:
         print(f"pending: {pending} jobs are not yet accounted in full; rerun, or pass --wait SECONDS", file=sys.stderr)

@@ -1,10 +1,12 @@
 """Validation at the door: every text that can reach a path, a job name, a batch-script line, a
-scheduler argument or a shell is checked when the config is composed, before anything is written.
+scheduler argument or a shell, and every number, is checked when the config is composed, before
+anything is written.
 
-Owns the rules (control characters, shell characters, names, paths, lengths) and SLURM's own units
-for memory (``4G``, ``100M``) and time (``2:00:00``, ``1-00:00:00``, ``90``). Pure: each refusal is a
-UsageError of one line naming the key, the rule and the fix (exit 2). ``sbatch.py`` applies the same
-rules to what it renders.
+Owns the rules (control characters, shell characters, names, paths, lengths), the range of every
+number in the config (``NUMBERS``: a key with no range there is a test failure) and SLURM's own
+units for memory (``4G``, ``100M``) and time (``2:00:00``, ``1-00:00:00``, ``90``). Pure: each refusal
+is a UsageError of one line naming the key, the rule and the fix (exit 2). ``sbatch.py`` applies
+the same rules to what it renders.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ import os
 import re
 import string
 import unicodedata
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from enum import Enum
 from typing import Any, cast
 
 from parcel_hpc.errors import UsageError
@@ -27,6 +31,9 @@ MAX_TIME_MIN = 366 * 24 * 60  # a year and a day: anything longer is a typo
 MAX_MEM_GB = 64 * 1024.0  # 64 TiB per trial: anything larger is a typo
 MAX_PACK_MINUTES = 7 * 24 * 60  # a week of work in one packed job
 MAX_SYSTEMATIC = 1000  # budget.systematic_failures: more first failures alike than this is a typo
+MAX_STEPS = 10**8  # training steps (and checkpoint cadence, milestones): more is a typo
+MAX_TRIALS = 10**6  # trials in one search
+MAX_SEED = 2**32 - 1  # numpy's seeds
 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 NAME_FIX = f"use 1-{MAX_NAME} characters from A-Z a-z 0-9 . _ - starting with a letter or digit, without '..'"
@@ -49,6 +56,9 @@ RESERVED_OPTIONS = frozenset(
     | {"time", "mem", "cpus-per-task", "gres", "gpus", "partition", "account", "qos"}
     # Also pinned resources in another spelling: they would slip past the contract and the budget.
     | {"ntasks", "ntasks-per-node", "nodes", "gpus-per-node", "gpus-per-task", "gpus-per-socket", "mem-per-cpu", "mem-per-gpu", "cpus-per-gpu"}
+    # ... and what else makes an allocation larger than the contract's: TRES, whole nodes, CPU minimums, layouts.
+    | {"tres-per-task", "tres-per-job", "exclusive", "mincpus", "ntasks-per-core", "ntasks-per-socket", "ntasks-per-gpu"}
+    | {"sockets-per-node", "cores-per-socket", "threads-per-core", "extra-node-info", "time-min"}
 )
 
 
@@ -175,6 +185,156 @@ def time_min(key: str, value: object) -> int:
     return minutes
 
 
+# --- numbers ----------------------------------------------------------------------------------
+
+
+class Number(Enum):
+    WHOLE = "a whole number"
+    REAL = "a number"
+
+
+@dataclass(frozen=True)
+class Range:
+    """What one numeric key may hold: ``lo <= value <= hi`` (``lo < value`` when ``above``), finite."""
+
+    kind: Number
+    lo: float
+    hi: float
+    what: str  # the unit or meaning, shown with the fix
+    above: bool = False  # lo itself is refused (a cost, a scale: 0 is no value)
+    nullable: bool = False  # null leaves the choice to the library
+
+    def check(self, key: str, value: object) -> None:
+        if value is None and self.nullable:
+            return
+        typed = type(value) is int or (self.kind is Number.REAL and type(value) is float)  # bool is an int subclass
+        if not typed or not math.isfinite(cast(float, value)):
+            raise bad(key, value, f"is not {self.kind.value}", self.fix())
+        v = cast(float, value)
+        if v < self.lo or (self.above and v == self.lo) or v > self.hi:
+            raise bad(key, value, "is out of range", self.fix())
+
+    def fix(self) -> str:
+        bounds = f"{int(self.lo)}..{int(self.hi)}" if self.kind is Number.WHOLE else f"{self.lo:g}..{self.hi:g}"
+        if self.above:
+            bounds = f"> {self.lo:g} and <= {self.hi:g}"
+        else:
+            bounds = f"in {bounds}"
+        return f"give {self.kind.value} {bounds}{', or null' if self.nullable else ''} ({self.what})"
+
+
+def _whole(lo: float, hi: float, what: str, nullable: bool = False) -> Range:
+    return Range(Number.WHOLE, lo, hi, what, nullable=nullable)
+
+
+def _real(lo: float, hi: float, what: str, above: bool = False, nullable: bool = False) -> Range:
+    return Range(Number.REAL, lo, hi, what, above, nullable)
+
+
+# Every number the composed config can hold (conf/, config.py, the launcher groups), by dotted key;
+# ``*`` is any key of a mapping, ``[]`` every item of a list. A key absent from the composed config
+# (another sampler's option, the other launcher's) is not checked. tests/test_validation.py fails on
+# a numeric key of any group's option that has no range here.
+NUMBERS: dict[str, Range] = {
+    "search.n_trials": _whole(0, MAX_TRIALS, "trials the search proposes in all"),
+    "search.seed": _whole(0, MAX_SEED, "the space's sampling seed"),
+    "train.steps": _whole(1, MAX_STEPS, "training steps per trial"),
+    "train.seed": _whole(0, MAX_SEED, "the initialisation and batching seed"),
+    "train.step_seconds": _real(0, 3600, "minimum seconds per step; 0 trains at full speed"),
+    "preprocessing.pool": _whole(1, 1024, "pixels per side averaged into one feature"),
+    "metric.miss_cost": _real(0, 1e12, "the cost of one missed damaged parcel", above=True),
+    "metric.review_cost": _real(0, 1e12, "the cost of one needless review", above=True),
+    "resources.gpus": _whole(0, 64, "GPUs per trial"),
+    "resources.cpus": _whole(1, 4096, "CPUs per trial"),
+    "budget.max_trials": _whole(1, MAX_TRIALS, "trials in the whole search"),
+    "budget.gpu_hours_cap": _real(0, 1e9, "GPU-hours, worst case"),
+    "budget.cost_cap": _real(0, 1e12, "money, worst case"),
+    "budget.rate_per_gpu_hour": _real(0, 1e9, "money per GPU-hour"),
+    "budget.rate_per_cpu_hour": _real(0, 1e9, "money per CPU-hour"),
+    "budget.max_retries": _whole(0, 100, "retries per trial"),
+    "budget.max_preemptions": _whole(0, 10000, "requeues per trial after preemption"),
+    "budget.systematic_failures": _whole(0, MAX_SYSTEMATIC, "first results failing alike that stop the search; 0: never"),
+    "checkpoint.every_steps": _whole(1, MAX_STEPS, "training steps between checkpoints"),
+    "checkpoint.keep_last": _whole(1, 1000, "checkpoints kept per trial; the newest is what a resume needs"),
+    "pruner.milestones[]": _whole(1, MAX_STEPS, "training steps, strictly increasing"),
+    "pruner.reduction_factor": _whole(2, 1000, "3 keeps the best third at each milestone"),
+    "pruner.min_peers": _whole(1, MAX_TRIALS, "peers at a milestone before anyone is pruned"),
+    "sampler.n_startup_trials": _whole(0, MAX_TRIALS, "random proposals before the model is used"),
+    "sampler.n_ei_candidates": _whole(1, 10**6, "candidates TPE scores per proposal"),
+    "sampler.sigma0": _real(0, 1e12, "CMA-ES's initial step size", above=True, nullable=True),
+    "sampler.popsize": _whole(1, 10**6, "CMA-ES's population", nullable=True),
+    "selection.rerun_tolerance": _real(0, 1e12, "|rerun - selected| validation miss-cost"),
+    "selection.parity_tolerance": _real(0, 1, "max |serve - predict| per validation image, a probability"),
+    "selection.slices.shipment_buckets": _whole(1, 10**6, "groups the shipments are hashed into"),
+    "selection.slices.min_examples": _whole(1, 10**9, "frames a slice needs to be gated"),
+    "selection.gate.max_recall_drop": _real(0, 1, "a recall"),
+    "selection.gate.max_miss_cost_rise": _real(0, 1e12, "miss-cost per frame"),
+    "selection.gate.min_recall.*": _real(0, 1, "a recall"),
+    "hydra.launcher.parallelism": _whole(1, 4096, "trials at once"),
+    "hydra.launcher.array_parallelism": _whole(1, 10**6, "array tasks running at once"),
+    "hydra.launcher.signal_delay_s": _whole(1, 65535, "seconds before the time limit that the worker is told to checkpoint"),
+    "hydra.launcher.pack_minutes": _real(0, MAX_PACK_MINUTES, "expected work per packed job, minutes", above=True, nullable=True),
+}
+# Numbers with their own form, checked by their own function (SLURM's units; auto or a count).
+UNITS = frozenset({"resources.mem_gb", "resources.time_limit_min", "hydra.launcher.pack_size"})
+# Subtrees whose numbers are a trainer's parameters: their ranges are the space's (propose.space) and
+# the trainer's declaration (trainer.params), checked there.
+PARAMETERS = ("space.params.", "selection.baseline.params.")
+
+
+def numbers(node: Any, prefix: str = "") -> Iterator[tuple[str, object]]:
+    """Every (rule key, value) the table can name in ``node``: each numeric leaf, by dotted key."""
+    if isinstance(node, Mapping):
+        for k, v in node.items():
+            yield from numbers(v, f"{prefix}{k}.")
+    elif isinstance(node, list):
+        for v in node:
+            yield from numbers(v, f"{prefix.rstrip('.')}[].")
+    elif isinstance(node, (int, float)) and not isinstance(node, bool):
+        yield prefix.rstrip("."), node
+
+
+def rule_for(key: str) -> Range | None:
+    """The table's range for a dotted key (``a.b``, ``a.b[]``), a ``*`` entry matching any last key."""
+    if key in NUMBERS:
+        return NUMBERS[key]
+    parent, _, _ = key.rpartition(".")
+    return NUMBERS.get(f"{parent}.*")
+
+
+def _check_numbers(cfg: Mapping[str, Any], launcher: Mapping[str, Any]) -> None:
+    """Each key in ``NUMBERS`` that the config holds, whatever its type, then how numbers relate."""
+    roots = {**cfg, "hydra": {"launcher": launcher}}
+    for key, rule in NUMBERS.items():
+        dotted = key.removesuffix("[]")
+        *parents, last = dotted.split(".")
+        node: Any = roots
+        for part in parents:
+            node = node.get(part) if isinstance(node, Mapping) else None
+        if not isinstance(node, Mapping) or (last != "*" and last not in node):
+            continue
+        if last == "*":
+            for k, v in node.items():
+                rule.check(f"{dotted[:-1]}{k}", v)
+        elif dotted == key:
+            rule.check(key, node[last])
+        elif not isinstance(node[last], list):
+            raise bad(dotted, node[last], "is not a list", rule.fix())
+        else:
+            for i, v in enumerate(node[last]):
+                rule.check(f"{dotted}[{i}]", v)
+    pruner = cfg.get("pruner", {})
+    milestones = pruner.get("milestones", [])
+    if any(b <= a for a, b in zip(milestones, milestones[1:])):
+        raise bad("pruner.milestones", milestones, "is not strictly increasing", "list training steps in increasing order, like [10, 20, 41, 82]")
+    steps = cfg.get("train", {}).get("steps")
+    # Past the last step no trial reports, so a rule that prunes there never prunes (pruner=none only scores).
+    if pruner.get("kind") == "asha" and milestones and steps is not None and milestones[-1] > steps:
+        raise bad(
+            "pruner.milestones", milestones, f"goes past train.steps={steps}, where no trial reports", f"keep every milestone <= {steps}, or use pruner=none"
+        )
+
+
 # --- the composed config ----------------------------------------------------------------------
 
 _NAMES = (
@@ -220,7 +380,7 @@ def checked(cfg: Mapping[str, Any], launcher: Mapping[str, Any]) -> tuple[dict[s
         if not _IDENT_RE.fullmatch(str(param)):
             raise bad(f"space.params.{param}", param, "is not a parameter name", "use a Python identifier of at most 64 characters")
     _check_prefix(cfg["checkpoint"]["prefix"], cfg["space"]["params"])
-    whole("budget.systematic_failures", cfg["budget"]["systematic_failures"], 0, MAX_SYSTEMATIC)
+    _check_numbers(cfg, launcher)
     resources = cfg["resources"]
     resources["mem_gb"] = mem_gb("resources.mem_gb", resources["mem_gb"])
     resources["time_limit_min"] = time_min("resources.time_limit_min", resources["time_limit_min"])
@@ -228,14 +388,6 @@ def checked(cfg: Mapping[str, Any], launcher: Mapping[str, Any]) -> tuple[dict[s
         _check_slurm_launcher(launcher)
     if "pack_size" in launcher:
         pack_option(launcher["pack_size"])
-        minutes = launcher.get("pack_minutes")
-        if minutes is not None and (isinstance(minutes, bool) or not isinstance(minutes, (int, float)) or not 0 < minutes <= MAX_PACK_MINUTES):
-            raise bad(
-                "hydra.launcher.pack_minutes",
-                minutes,
-                f"is not a number of minutes from 0 to {MAX_PACK_MINUTES}",
-                "give the expected work per packed job, like 60",
-            )
     # Last: the keys a user sets are named above, before a value interpolated from them is.
     _every_text(cfg, "")
     _every_text(launcher, "hydra.launcher.")

@@ -13,14 +13,8 @@ from typing import Any
 
 import jinja2
 
+from parcel_hpc.documents import markdown_text
 from parcel_hpc.governance.outcome import Outcome
-
-# HTML-escaped (a reviewer's reason or a parameter can never inject markup); Markdown is left as written.
-_ENV = jinja2.Environment(
-    loader=jinja2.PackageLoader("parcel_hpc.release", "templates"),
-    autoescape=jinja2.select_autoescape(enabled_extensions=("html.j2",), default_for_string=False, default=False),
-    undefined=jinja2.StrictUndefined,
-)
 
 
 def _fmt(value: Any, digits: int = 4) -> str:
@@ -35,8 +29,16 @@ def _when(t: float | None) -> str:
     return "–" if t is None else time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(t))
 
 
-_ENV.filters["fmt"] = _fmt
-_ENV.filters["when"] = _when
+# The page is HTML-escaped and the Markdown escaped as Markdown (documents.markdown_text, every
+# value): a reviewer's reason or a parameter can never inject markup or a link into either.
+def _environment(**options: Any) -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.PackageLoader("parcel_hpc.release", "templates"), undefined=jinja2.StrictUndefined, **options)
+    env.filters.update(fmt=_fmt, when=_when)
+    return env
+
+
+_ENV = _environment(autoescape=jinja2.select_autoescape(enabled_extensions=("html.j2",), default_for_string=False, default=False))
+_MD_ENV = _environment(finalize=markdown_text)
 
 
 def slice_table(packet: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -70,7 +72,7 @@ def slice_table(packet: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def to_markdown(packet: Mapping[str, Any]) -> str:
-    return _ENV.get_template("packet.md.j2").render(p=packet, registered=_registered(packet), rows=slice_table(packet), plots={})
+    return _MD_ENV.get_template("packet.md.j2").render(p=packet, registered=_registered(packet), rows=slice_table(packet), plots={})
 
 
 def to_html(packet: Mapping[str, Any], history: Mapping[str, Any] | None = None) -> str:

@@ -1,0 +1,38 @@
+"""What the toolkit writes for other programs to open: CSV cells a spreadsheet cannot run as a
+formula, Markdown text a viewer cannot run as HTML or follow as a link.
+
+Owns the two rules, one function each, used by every CSV and Markdown writer (``export``,
+``reconcile --csv``, the release packet's ``.md``): ``csv_cell`` and ``markdown_text``. Pure; must
+not decide where a file goes (``fsio.write_output`` does) nor what a terminal shows (``console``).
+"""
+
+from __future__ import annotations
+
+import re
+
+# OWASP's CSV injection rule: a text cell starting with one of these is a formula to a spreadsheet.
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+# A text cell that is one plain decimal number ("-3", "+1.5e-3") is read as that number, never as a
+# formula: it stays as written, like every typed number (a negative float is a number, not a formula).
+_NUMBER_RE = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
+# Markdown (and the HTML it may hold) a value could form: tags and entities, links and images,
+# code spans, table cells, and a backslash that would undo the escapes.
+_MARKDOWN = str.maketrans(
+    {"\\": "\\\\", "&": "&amp;", "<": "&lt;", ">": "&gt;", "[": "\\[", "]": "\\]", "`": "\\`", "|": "\\|", "\r": " ", "\n": " ", "\u2028": " ", "\u2029": " "}
+)
+# Link schemes that run or embed content when followed; http and https are left to link as text.
+_SCHEME_RE = re.compile(r"\b(javascript|vbscript|data|file|blob)(\s*):", re.IGNORECASE)
+
+
+def csv_cell(value: object) -> object:
+    """``value`` as a CSV cell: text a spreadsheet would run gets a leading single quote (OWASP);
+    numbers, numeric text, empty and None are unchanged."""
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS) and not _NUMBER_RE.fullmatch(value):
+        return "'" + value
+    return value
+
+
+def markdown_text(value: object) -> str:
+    """``value`` as literal Markdown text: HTML escaped, no link, image, code span or table cell can
+    start or end in it, one line, and a script scheme (``javascript:``, ``data:``) never reads as one."""
+    return _SCHEME_RE.sub(r"\1\2&#58;", str(value).translate(_MARKDOWN))
