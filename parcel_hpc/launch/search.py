@@ -91,11 +91,14 @@ class SearchLaunch:
         ownership.require_own_search(path, launch=True)  # another user's, or one others may write: refused before reading it
         _refuse_cancelled(search)
         fresh = not (path / "contract.json").exists()
+        ours = contract.digest
         if not fresh:
-            contract = in_frozen_form(contract, load_contract(path))  # a search frozen by an older version continues
+            on_disk = load_contract(path)
+            ours = on_disk.digest  # a relaunch that differs is the freeze's refusal (reject:<field>), not another search
+            contract = in_frozen_form(contract, on_disk)  # a search frozen by an older version continues
             refuse_held(search)
         ckpt_root = Path(cfg["checkpoint"]["dir"]).absolute()
-        owner.refuse_foreign(ckpt_root, _dir_owner(search, contract.digest))  # another search's checkpoints: bad input, exit 2
+        owner.refuse_foreign(ckpt_root, _dir_owner(search, ours))  # another search's checkpoints: bad input, exit 2
         if fresh:
             check_policy(contract)
             preflight_checks(cfg, contract)
