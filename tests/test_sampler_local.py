@@ -148,7 +148,7 @@ def test_random_search_replays_from_seed_and_index(tmp_path, data_dir):
         (["hidden=choice()"], "hidden"),
         (["lr=tag(log,interval(0.1"], "malformed"),
         (["search.seed=1,2"], "search.seed is not a trial parameter"),
-        (["sampler=tpe", "sampler.n_startup_trials=-1"], "must be a whole number >= 0"),
+        (["sampler=tpe", "sampler.n_startup_trials=-1"], "sampler.n_startup_trials=-1 is out of range; give a whole number in 0..1000000"),
     ],
 )
 def test_bad_sampler_or_grammar_is_one_line_before_anything_is_written(tmp_path, data_dir, overrides, message):
