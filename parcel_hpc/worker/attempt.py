@@ -17,7 +17,7 @@ from __future__ import annotations
 import errno
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import cast
@@ -133,7 +133,9 @@ class AttemptRun:
                 self._stop_if_final_requested()
                 if self.step:
                     self.ledger.resumed(self.attempt, self.step)
-                step, value = train(plan, trainer, data, self.step, LoopCallbacks(self._stepped, self._save, self._validated, held.deliver), step_hooks())
+                step, value = train(
+                    plan, trainer, data, self.step, LoopCallbacks(self._stepped, self._save, self._validated, _unfenced(held.deliver)), step_hooks()
+                )
             self._stop_if_final_requested()
             self._end(Ended(AttemptEnd.COMPLETED, metric=value, step=step))
             claim.release()
@@ -360,7 +362,8 @@ class AttemptRun:
             return False  # it already ended (a result, a rejection), or never started: nothing of it to requeue
         if self.trainer is not None and self.store is not None and self.step > 0:
             try:
-                self._save(self.step)  # between steps: the signal was held until the trainer's state was whole
+                with guard.refenced():  # the trainer's state() is trainer code, whoever asks for it
+                    self._save(self.step)  # between steps: the signal was held until the trainer's state was whole
             except claims.CheckpointCollision as exc:
                 self._collided(exc)  # superseded by a newer attempt, or a collision to quarantine
                 return False
@@ -397,3 +400,14 @@ def _failure_class(exc: BaseException) -> Cause:
     if isinstance(exc, InvalidPredictions):
         return Cause.INVALID_PREDICTIONS
     return Cause.EXCEPTION
+
+
+def _unfenced(deliver: Callable[[], None]) -> Callable[[], None]:
+    """The step boundary's delivery of a held signal: its handler is the toolkit's (submitit's
+    checkpoint-and-requeue), so it runs outside the trainer's fence."""
+
+    def boundary() -> None:
+        with guard.unfenced():
+            deliver()
+
+    return boundary

@@ -30,6 +30,7 @@ PROGRAM_EVENTS = frozenset({"subprocess.Popen", "os.system", "os.exec", "os.spaw
 class _Fence:
     def __init__(self) -> None:
         self.protected: tuple[str, frozenset[str]] | None = None  # (split directory, files)
+        self.suspended: tuple[str, frozenset[str]] | None = None  # what ``unfenced`` lifted, for ``refenced``
         self.tripped: list[str] = []  # what trainer code tried, in words
         self.installed = False
 
@@ -82,9 +83,22 @@ def protected_files(split_path: str | os.PathLike, snapshot_path: str | os.PathL
 
 @contextmanager
 def unfenced() -> Iterator[None]:
-    """The toolkit's own code called while trainer code is fenced (a signal handler asking the
-    scheduler why it signalled): its programs and opens are not the trainer's."""
-    protected, _FENCE.protected = _FENCE.protected, None
+    """The toolkit's own code called while trainer code is fenced (the scheduler's signal, handled
+    between steps: submitit requeues the job through ``scontrol``): its programs and opens are not
+    the trainer's. Trainer code it calls in turn goes back behind the fence (``refenced``)."""
+    protected, suspended = _FENCE.protected, _FENCE.suspended
+    _FENCE.protected, _FENCE.suspended = None, protected or suspended
+    try:
+        yield
+    finally:
+        _FENCE.protected, _FENCE.suspended = protected, suspended
+
+
+@contextmanager
+def refenced() -> Iterator[None]:
+    """Trainer code called from inside ``unfenced`` toolkit code (its ``state()`` saved on the
+    scheduler's signal): fenced as in its steps. Outside any fence it stays unfenced."""
+    protected, _FENCE.protected = _FENCE.protected, _FENCE.suspended
     try:
         yield
     finally:
