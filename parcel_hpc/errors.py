@@ -9,6 +9,9 @@
     └── GovernanceRefusal            exit 3: the search refused to go on; carries the outcome string
                                      (an ``Outcome``: ``reject:<field>``, ``hold:budget``)
 
+A PermissionError anywhere (another user's search, an unreadable folder) is bad input too: one
+line naming the path, exit 2.
+
 Not errors: ``EXIT_PENDING`` (4), ``reconcile``'s answer when the scheduler has not filed every job
 in full yet (its report is printed; rerun it, or pass ``--wait SECONDS``).
 
@@ -22,6 +25,7 @@ import contextlib
 import sys
 from collections.abc import Iterator
 
+from parcel_hpc.console import plain  # imports nothing of parcel_hpc either
 from parcel_hpc.governance.outcome import Outcome  # imports nothing of parcel_hpc: errors stays the root
 
 EXIT_PENDING = 4
@@ -63,7 +67,13 @@ class GovernanceRefusal(ParcelError):
 
 
 def one_line(text: str) -> str:
-    return " ".join(part.strip() for part in str(text).splitlines() if part.strip())
+    """A message on one line; what it quotes from records reaches the terminal without its controls."""
+    return " ".join(part.strip() for part in plain(text).splitlines() if part.strip())
+
+
+def permission_line(exc: PermissionError) -> str:
+    where = exc.filename if exc.filename is not None else "a file or folder"
+    return f"{where}: permission denied; run the command as a user its permissions let in (its owner, or one its group may read or write), see `ls -ld {where}`"
 
 
 @contextlib.contextmanager
@@ -79,6 +89,9 @@ def exit_on_error() -> Iterator[None]:
     except ParcelError as exc:
         print(f"error: {one_line(str(exc))}", file=sys.stderr)
         raise SystemExit(exc.exit_code) from None
+    except PermissionError as exc:
+        print(f"error: {one_line(permission_line(exc))}", file=sys.stderr)
+        raise SystemExit(UsageError.exit_code) from None
     except KeyboardInterrupt:
         print("interrupted: trials already dispatched keep running; `parcel-hpc status SEARCH_DIR` tells their state", file=sys.stderr)
         raise SystemExit(130) from None

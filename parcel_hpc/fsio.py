@@ -15,10 +15,17 @@ Nothing the toolkit creates is writable by anyone but its owner, whatever the um
 0002 in a setgid team directory included): files 0o644 (or tighter), directories 0o755. Others may
 read (admins read other people's searches); a group member who could write could replace a pickle
 a queued job unpickles, and run code as the owner.
+
+Every record is read through ``read_bytes`` (``read_json`` and ``read_jsonl`` too), because a
+shared root holds other users' files: only a regular file, never through a symbolic link as its
+last component (a search's own folders are checked by ``ledger.store``), never a FIFO or a device
+(opened non-blocking, so a FIFO cannot hang the reader), at most ``MAX_RECORD_BYTES``, and a JSONL
+line at most ``MAX_LINE_BYTES``, read in chunks that stop at the first line over it.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -31,6 +38,12 @@ from parcel_hpc.errors import CorruptRecord, UsageError
 
 FILE_MODE = 0o644
 DIR_MODE = 0o755
+# A record file, and one line of a journal. A 10,000-trial search's largest record (a launch's
+# summary naming every trial) is a few MB and a journal line (an ending with its traceback) a few
+# kB; anything past these is damaged or hostile, and reading it would cost its size in memory.
+MAX_RECORD_BYTES = 64 * 2**20
+MAX_LINE_BYTES = 4 * 2**20
+_CHUNK = 2**20
 
 
 def owner_only_writes() -> None:
@@ -168,10 +181,49 @@ def create_exclusive_json(path: str | os.PathLike, obj: Any, mode: int = FILE_MO
     return create_exclusive(path, (json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n").encode(), mode)
 
 
-def read_json(path: str | os.PathLike) -> Any:
+def read_bytes(path: str | os.PathLike, limit: int = MAX_RECORD_BYTES, line_limit: int | None = None, follow_links: bool = False) -> bytes:
+    """The whole of the regular file ``path`` (see the module docstring); CorruptRecord naming the
+    file for anything else. ``line_limit``: also refuse a line longer than it, found while reading.
+    ``follow_links``: a file the user named themselves (a split file), which a link may stand for."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_links else os.O_NOFOLLOW)
     try:
-        with open(path, "rb") as f:
-            return json.loads(f.read())
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a symbolic link
+            raise CorruptRecord(f"{path} is a symbolic link, and records are read only from regular files inside the search; remove the link") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise CorruptRecord(f"{path} is not a regular file (a FIFO, device or socket): records are never read from one; remove it")
+        if st.st_size > limit:
+            raise CorruptRecord(f"{path} is {st.st_size} bytes, over the {limit}-byte limit of a record file; it is damaged or not a record: move it aside")
+        return _read_bounded(fd, str(path), limit, line_limit)
+    finally:
+        os.close(fd)
+
+
+def _read_bounded(fd: int, name: str, limit: int, line_limit: int | None) -> bytes:
+    """Read in chunks (the file may grow after fstat): stop at ``limit`` or at a line over ``line_limit``."""
+    chunks: list[bytes] = []
+    size = line = 0  # bytes read; bytes since the last newline
+    while chunk := os.read(fd, _CHUNK):
+        size += len(chunk)
+        if size > limit:
+            raise CorruptRecord(f"{name} is over the {limit}-byte limit of a record file; it is damaged or not a record: move it aside")
+        if line_limit is not None:
+            lengths = [len(part) for part in chunk.split(b"\n")]
+            lengths[0] += line  # the line the last chunk left open goes on
+            if max(lengths) > line_limit:
+                raise CorruptRecord(f"{name} has a line over the {line_limit}-byte limit of a journal line; it is damaged: move the file aside")
+            line = lengths[-1]
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def read_json(path: str | os.PathLike, follow_links: bool = False) -> Any:
+    try:
+        return json.loads(read_bytes(path, follow_links=follow_links))
     except json.JSONDecodeError as exc:
         raise CorruptRecord(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}); move it aside and rerun") from None
     except UnicodeDecodeError:
@@ -194,8 +246,7 @@ def append_jsonl(path: str | os.PathLike, record: dict, fsync: bool = True) -> N
 def read_jsonl(path: str | os.PathLike) -> list[dict]:
     """All whole records; a torn last line (no newline, or not JSON) is skipped."""
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        data = read_bytes(path, line_limit=MAX_LINE_BYTES)
     except FileNotFoundError:
         return []
     return parse_jsonl(data, str(path))

@@ -70,6 +70,7 @@ class AccountReport:
     by_search: tuple[Total, ...]
     by_partition: tuple[Total, ...]
     unknown: tuple[Charge, ...]  # charged to the account, known to no search
+    unreadable: tuple[tuple[str, str], ...] = ()  # (path, problem) of each search under the root that did not read
 
     @property
     def pending(self) -> int:
@@ -117,6 +118,7 @@ class AccountReport:
                 for p in self.searches
             ],
             "charges": [c.to_json() for c in self.charges],
+            "unreadable": [{"path": path, "problem": problem} for path, problem in self.unreadable],
         }
 
 

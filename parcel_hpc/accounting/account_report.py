@@ -11,7 +11,7 @@ import csv
 import datetime as _dt
 import io
 from collections.abc import Sequence
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 import jinja2
@@ -20,10 +20,11 @@ from rich.table import Table
 from parcel_hpc.accounting.account import AccountReport, Charge, SearchPart, Total, over_account, over_searches
 from parcel_hpc.accounting.search_report import png_of, pyplot, reconcile_search
 from parcel_hpc.budget import search_caps
+from parcel_hpc.console import safe
 from parcel_hpc.documents import csv_cell
-from parcel_hpc.errors import UsageError
+from parcel_hpc.errors import AccountingError, SchedulerUnavailable, UsageError
 from parcel_hpc.ledger import SearchDir
-from parcel_hpc.ledger.searches import find_searches, launched_by
+from parcel_hpc.ledger.searches import UNREADABLE, find_searches, launched_by, problem_of
 from parcel_hpc.ledger.selection import JobSubmitted
 from parcel_hpc.scheduler.slurm.runs import job_runs
 from parcel_hpc.scheduler.slurm.sacct import build_sacct_argv, run_sacct
@@ -48,8 +49,20 @@ def parse_since(text: str) -> _dt.datetime:
 
 
 def account_report(root: Path, account: str | None = None, since: _dt.datetime | None = None) -> AccountReport:
-    searches = list(find_searches(root))
-    parts = [SearchPart(str(s.path), launched_by(s), reconcile_search(s)) for s in searches]
+    searches, parts, unreadable = [], [], []
+    for s in find_searches(root):
+        try:
+            parts.append(SearchPart(str(s.path), launched_by(s), reconcile_search(s)))
+        except (SchedulerUnavailable, AccountingError):
+            raise  # the scheduler's fault, not the search's: the report would be wrong for all of them
+        except UNREADABLE as exc:  # one damaged or hostile search never hides the others
+            unreadable.append((str(s.path), problem_of(exc)))
+            continue
+        searches.append(s)
+    return replace(_over(root, account, since, searches, parts), unreadable=tuple(unreadable))
+
+
+def _over(root: Path, account: str | None, since: _dt.datetime | None, searches: list[SearchDir], parts: list[SearchPart]) -> AccountReport:
     if account is None:
         return over_searches(f"root {Path(root).absolute()}", parts)
     if since is None:
@@ -76,7 +89,7 @@ def _selection_jobs(search: SearchDir) -> frozenset[str]:
 def render_table(report: AccountReport, console) -> None:
     t = report.totals()
     console.print(
-        f"[bold]{report.scope}[/]: {len(report.searches)} searches, {t['jobs']} jobs, {t['gpu_hours']:.4f} GPU-h, {t['cpu_hours']:.4f} CPU-h, cost {t['cost']:.4f}"
+        f"[bold]{safe(report.scope)}[/]: {len(report.searches)} searches, {t['jobs']} jobs, {t['gpu_hours']:.4f} GPU-h, {t['cpu_hours']:.4f} CPU-h, cost {t['cost']:.4f}"
     )
     for title, rows in (("by user", report.by_user), ("by search", report.by_search), ("by partition", report.by_partition)):
         console.print(_totals_table(title, rows))
@@ -86,8 +99,8 @@ def render_table(report: AccountReport, console) -> None:
     for p in report.searches:
         spend = p.reconciliation.scheduler
         searches.add_row(
-            p.path,
-            p.user,
+            safe(p.path),
+            safe(p.user),
             f"{spend['gpu_hours']['used']:.4g} / {spend['gpu_hours']['cap']:g}",
             f"{spend['cost']['used']:.4g} / {spend['cost']['cap']:g}",
             str(len(p.reconciliation.flags)),
@@ -99,10 +112,12 @@ def render_table(report: AccountReport, console) -> None:
         for col in ("job", "user", "partition", "state", "GPU-h", "CPU-h"):
             unknown.add_column(col)
         for c in report.unknown[:UNKNOWN_SHOWN]:
-            unknown.add_row(c.job_id, c.user, c.partition, c.state, f"{c.gpu_hours:.4f}", f"{c.cpu_hours:.4f}")
+            unknown.add_row(safe(c.job_id), safe(c.user), safe(c.partition), safe(c.state), f"{c.gpu_hours:.4f}", f"{c.cpu_hours:.4f}")
         if len(report.unknown) > UNKNOWN_SHOWN:
             unknown.caption = f"the first {UNKNOWN_SHOWN}; --json or --csv list them all"
         console.print(unknown)
+    for path, problem in report.unreadable:
+        console.print(f"[red]not read: {safe(path)}: {safe(problem)}[/]")
     if report.flags:
         console.print(f"[yellow]{report.flags} flags in the searches' reconciliations: `parcel-hpc reconcile SEARCH_DIR` shows each[/]")
 
@@ -112,7 +127,7 @@ def _totals_table(title: str, rows: Sequence[Total]) -> Table:
     for col in ("", "jobs", "lines", "GPU-h", "CPU-h", "cost"):
         table.add_column(col)
     for r in rows:
-        table.add_row(r.key, str(r.jobs), str(r.lines), f"{r.gpu_hours:.4f}", f"{r.cpu_hours:.4f}", f"{r.cost:.4f}")
+        table.add_row(safe(r.key), str(r.jobs), str(r.lines), f"{r.gpu_hours:.4f}", f"{r.cpu_hours:.4f}", f"{r.cost:.4f}")
     return table
 
 

@@ -21,6 +21,7 @@ from rich.table import Table
 from parcel_hpc.accounting import spend
 from parcel_hpc.accounting.reconcile import AttemptLine, Reconciliation, local_runs, reconcile, report_row
 from parcel_hpc.budget import BudgetLedger, search_caps
+from parcel_hpc.console import safe
 from parcel_hpc.documents import csv_cell
 from parcel_hpc.errors import UsageError
 from parcel_hpc.ledger import Executor, SearchDir
@@ -74,31 +75,31 @@ def _created(search: SearchDir) -> int:
 
 def render_table(results: Sequence[Reconciliation], console) -> None:
     for rec in results:
-        console.print(f"[bold]campaign {rec.campaign}[/] objective {rec.objective}  source: {rec.source}")
+        console.print(f"[bold]campaign {safe(rec.campaign)}[/] objective {safe(rec.objective)}  source: {safe(rec.source)}")
         console.print(f"spend: {rec.spend.line()}", markup=False, highlight=False)
-        summary = Table(title=f"the scheduler's hours ({rec.source}) against the caps", show_header=True)
+        summary = Table(title=f"the scheduler's hours ({safe(rec.source)}) against the caps", show_header=True)
         for col in ("ceiling", "used", "cap", "left"):
             summary.add_column(col)
         for name, s in rec.scheduler.items():
             summary.add_row(name, f"{s['used']:.4f}", f"{s['cap']:.4f}", f"{s['left']:.4f}")
         console.print(summary)
         figs = rec.figures
-        console.print(f"the scheduler's figures ({rec.source}): " + "  ".join(f"{k}={_fmt(v)}" for k, v in figs.items()))
+        console.print(f"the scheduler's figures ({safe(rec.source)}): " + "  ".join(f"{k}={_fmt(v)}" for k, v in figs.items()))
         console.print("wasted hours by cause: " + "  ".join(f"{k}={v:.4f}" for k, v in rec.waste_hours.items()))
         if rec.pending:
             waiting = Table(title=f"{len(rec.pending)} jobs not yet accounted in full: figures may still change (rerun, or pass --wait SECONDS)")
             for col in ("trial", "job", "why"):
                 waiting.add_column(col)
             for p in rec.pending:
-                waiting.add_row(p.trial_id, p.job_id, p.detail)
+                waiting.add_row(safe(p.trial_id), safe(p.job_id), safe(p.detail))
             console.print(waiting)
         trials = Table(title="per trial")
         for col in ("trial", "state", "attempts", "GPU-h", "CPU-h", "wall s", "cost", "queue wait s", "effective"):
             trials.add_column(col)
         for t in rec.trials:
             trials.add_row(
-                t.trial_id,
-                t.state,
+                safe(t.trial_id),
+                safe(t.state),
                 str(t.attempts),
                 f"{t.gpu_hours:.4f}",
                 f"{t.cpu_hours:.4f}",
@@ -113,7 +114,7 @@ def render_table(results: Sequence[Reconciliation], console) -> None:
             for col in ("kind", "trial", "job", "detail"):
                 flags.add_column(col)
             for f in rec.flags:
-                flags.add_row(f.kind, f.trial_id, f.job_id, f.detail)
+                flags.add_row(safe(f.kind), safe(f.trial_id), safe(f.job_id), safe(f.detail))
             console.print(flags)
         else:
             console.print("no flags: the ledger and the scheduler agree")

@@ -451,7 +451,7 @@ class BudgetLedger:
         fold = _Fold()
         for seq in names:
             path = _entry_path(self.path, seq)
-            _step(fold, path, path.read_bytes())
+            _step(fold, path, fsio.read_bytes(path))
         return fold.totals.spend()
 
     # -- the seam: everything below touches the filesystem ---------------------------------------
@@ -520,7 +520,7 @@ def _journal_dir(search_dir: str | os.PathLike) -> Path:
 def _chains(fold: _Fold, journal: Path) -> bool:
     """Entry ``fold.seq`` is in the journal with the digest and running totals the fold holds."""
     try:
-        data = _entry_path(journal, fold.seq).read_bytes()
+        data = fsio.read_bytes(_entry_path(journal, fold.seq))
         return _digest(data) == fold.digest and json.loads(data).get("totals") == asdict(fold.totals)
     except (FileNotFoundError, ValueError, AttributeError):
         return False
@@ -545,8 +545,8 @@ def _newest_checkpoint(journal: Path) -> _Fold | None:
         return None
     for seq in names:
         try:
-            fold = _Fold.from_json(json.loads(_entry_path(_folds_dir(journal), seq).read_bytes()))
-        except (OSError, ValueError, KeyError, TypeError, UsageError):
+            fold = _Fold.from_json(json.loads(fsio.read_bytes(_entry_path(_folds_dir(journal), seq))))
+        except (OSError, ValueError, KeyError, TypeError, UsageError, CorruptRecord):
             continue
         if fold.seq == seq and _chains(fold, journal):
             return fold
@@ -563,7 +563,7 @@ def _replay(fold: _Fold, journal: Path) -> int:
     while True:
         path = _entry_path(journal, fold.seq + 1)
         try:
-            data = path.read_bytes()
+            data = fsio.read_bytes(path)
         except FileNotFoundError:
             return n
         _step(fold, path, data)

@@ -16,7 +16,7 @@ from rich.table import Table
 
 from parcel_hpc.accounting.spend import DECIMALS
 from parcel_hpc.config import configured_search_root
-from parcel_hpc.console import make_console
+from parcel_hpc.console import make_console, safe
 from parcel_hpc.ledger.searches import SearchSummary, collect
 
 READ_ONLY = True
@@ -39,12 +39,12 @@ def run(args: argparse.Namespace) -> int:
 
 def render(summaries: Sequence[SearchSummary], root: Path, now: float | None = None) -> Table:
     now = time.time() if now is None else now
-    table = Table(title=f"{len(summaries)} searches under {root}")
+    table = Table(title=f"{len(summaries)} searches under {safe(root)}")
     for col in ("search", "trials", "by state", "GPU-h (held)", "CPU-h", "cost", "charged to the caps: GPU-h, cost", "launcher", "last activity", "best"):
         table.add_column(col)
     for s in summaries:
         if s.problem:
-            table.add_row(_rel(s.path, root), "?", f"[red]{s.problem}[/]", "", "", "", "", "", "", "")
+            table.add_row(safe(_rel(s.path, root)), "?", f"[red]{safe(s.problem)}[/]", "", "", "", "", "", "", "")
             continue
         spend = s.spend
         assert spend is not None  # a readable search has one
@@ -52,7 +52,7 @@ def render(summaries: Sequence[SearchSummary], root: Path, now: float | None = N
         # charges: the attempts that reserved, and what is still held.
         total, charged, d = spend.total, spend.charged, DECIMALS
         table.add_row(
-            _rel(s.path, root),
+            safe(_rel(s.path, root)),
             str(s.trials),
             " ".join(f"{state}={n}" for state, n in s.counts.items() if n) or "-",
             f"{total.gpu_hours:.{d}f} ({spend.held.gpu_hours:.{d}f})" + (f" [yellow]{spend.stale} stale[/]" if spend.stale else ""),
@@ -61,7 +61,7 @@ def render(summaries: Sequence[SearchSummary], root: Path, now: float | None = N
             f"{charged.gpu_hours:.{d}f} / {s.gpu_hours_cap:g}, {charged.cost(spend.rates):.{d}f} / {s.cost_cap:g}",
             s.launcher.value,
             _ago(s.last_activity, now),
-            f"{s.best['trial_id']} {s.best['miss_cost']:.4f}" if s.best else "-",
+            f"{safe(s.best['trial_id'])} {s.best['miss_cost']:.4f}" if s.best else "-",
         )
     return table
 

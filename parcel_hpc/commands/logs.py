@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"--attempt {args.attempt} needs a TRIAL: `parcel-hpc logs {search.path} TRIAL --attempt {args.attempt}`")
         failed = [r for r in search.records() if _failed(r.attempts)]
         if not failed:
-            console.print(f"no trial of {search.path} has a failed attempt; `parcel-hpc logs {search.path} TRIAL` shows any trial's last attempt")
+            console.print(f"no trial of {search.path} has a failed attempt; `parcel-hpc logs {search.path} TRIAL` shows any trial's last attempt", markup=False)
             return 0
         for r in failed:
             last = _failed(r.attempts)[-1]

@@ -24,8 +24,8 @@ from rich.table import Table
 from rich.text import Text
 
 from parcel_hpc.accounting.spend import DECIMALS, read_spend
-from parcel_hpc.console import make_console
-from parcel_hpc.errors import EXIT_PENDING, ParcelError, UsageError
+from parcel_hpc.console import make_console, plain, safe
+from parcel_hpc.errors import EXIT_PENDING, ParcelError
 from parcel_hpc.ledger import LauncherState, RecordView, SearchDir, TrialRecord, TrialState, preview, searches
 from parcel_hpc.ledger.summary import counts_by_state
 from parcel_hpc.lifecycle import resolution
@@ -44,15 +44,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--watch", action="store_true", help=f"follow it until it ends (exit 0) or nothing can move it (exit {EXIT_PENDING}); lines when not a terminal"
     )
     parser.add_argument(
-        "--interval", type=float, default=10.0, metavar="SECONDS", help="--watch: seconds between looks (default %(default)s; each look asks squeue once)"
+        "--interval", type=_seconds, default=10.0, metavar="SECONDS", help="--watch: seconds between looks (default %(default)s; each look asks squeue once)"
     )
+
+
+def _seconds(text: str) -> float:
+    """A number of seconds > 0, refused by the parser (one line, exit 2): NaN and inf too."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds > 0; give one such as 10")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
     search = SearchDir(args.search_dir)
     if args.watch:
-        if not 0 < args.interval < float("inf"):  # NaN and inf too
-            raise UsageError(f"--interval {args.interval:g} must be a number of seconds > 0")
         return watch(search, make_console(), args.interval)
     data = collect(search)
     if args.json:
@@ -125,10 +134,10 @@ def _prune_decisions(search: SearchDir, contract) -> dict[str, dict]:
 def render(data: dict[str, Any], console: Console | None = None) -> None:
     console = console or make_console()
     counts = data["counts"]
-    console.print(f"search {data['search']}  contract {data['contract_digest'][:19]}…")
+    console.print(f"search {safe(data['search'])}  contract {data['contract_digest'][:19]}…")
     console.print("  ".join(f"{k}={v}" for k, v in counts.items()) + f"  (total {sum(counts.values())})")
     if data.get("scheduler_error"):
-        console.print(f"[yellow]scheduler not consulted: {data['scheduler_error']}[/]")
+        console.print(f"[yellow]scheduler not consulted: {safe(data['scheduler_error'])}[/]")
     if data.get("hold"):
         console.print(f"{data['hold']['outcome']}: {data['hold']['detail']}", style="yellow", markup=False, soft_wrap=True)
     if data.get("unrecorded_resolutions"):
@@ -144,15 +153,15 @@ def render(data: dict[str, Any], console: Console | None = None) -> None:
             else (f"{prune['action']}@{prune['milestone']}" if prune else "")
         )
         table.add_row(
-            t["trial_id"],
+            safe(t["trial_id"]),
             t["state"],
-            t.get("scheduler", ""),
+            safe(t.get("scheduler", "")),
             "" if t["metric"] is None else f"{t['metric']:.4f}",
             str(t["step"]),
             "" if t["milestone"] is None else str(t["milestone"]),
             str(t["attempts"]),
             str(t["interrupted"]),
-            _reason(t)[:100],
+            safe(_reason(t)[:100]),
             prune_txt,
         )
     console.print(table)
@@ -201,7 +210,8 @@ def watch(search: SearchDir, console: Console, interval_s: float = 10.0, sleep: 
     if stalled:
         console.print(
             f"stalled: {len(waiting)} trials wait, but no job of this search runs or is queued and no launcher follows it (launcher: {launcher.value});"
-            f" rerun the launch, or `parcel-hpc resubmit {search.path}`"
+            f" rerun the launch, or `parcel-hpc resubmit {search.path}`",
+            markup=False,
         )
         return EXIT_PENDING
     return 0
@@ -263,18 +273,20 @@ def _live_view(data: dict[str, Any], launcher: LauncherState, height: int) -> Gr
     active = [t for t in data["trials"] if not TrialState(t["state"]).is_finished()]
     done = [t for t in data["trials"] if TrialState(t["state"]).is_finished()]
     best = min((t for t in done if t["metric"] is not None), key=lambda t: t["metric"], default=None)
-    header = Text(f"search {data['search']}   launcher: {launcher.value}\n{_counts_line(data)}")
+    header = Text(plain(f"search {data['search']}   launcher: {launcher.value}\n{_counts_line(data)}"))
     if best is not None:
-        header.append(f"\nbest so far: {best['trial_id']} miss-cost {best['metric']:.4f}")
+        header.append(plain(f"\nbest so far: {best['trial_id']} miss-cost {best['metric']:.4f}"))
     if data["scheduler_error"]:
-        header.append(f"\nscheduler not consulted: {data['scheduler_error']}", style="yellow")
+        header.append(plain(f"\nscheduler not consulted: {data['scheduler_error']}"), style="yellow")
     table = Table(title=f"{len(active)} trials not finished")
     for col in ("trial", "state", "queue", "milestones", "step", "attempts", "reason"):
         table.add_column(col)
     room = max(3, height - 10)
     for t in active[:room]:
         queue = t["scheduler"] + (f" ({t['queue_reason']})" if t["queue_reason"] else "")
-        table.add_row(t["trial_id"], t["state"], queue, _milestones(t, data["milestones"]), str(t["step"]), str(t["attempts"]), t["reason"][:50])
+        table.add_row(
+            safe(t["trial_id"]), t["state"], safe(queue), _milestones(t, data["milestones"]), str(t["step"]), str(t["attempts"]), safe(t["reason"][:50])
+        )
     if len(active) > room:
         table.caption = f"and {len(active) - room} more"
     return Group(header, table)

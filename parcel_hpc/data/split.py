@@ -218,7 +218,7 @@ def _write_once(path: Path, content: dict[str, Any]) -> None:
 def _read_checked(path: str | os.PathLike, fmt: str) -> dict[str, Any]:
     if not Path(path).is_file():
         raise UsageError(f"split file {path} does not exist; make it with make_group_split()")
-    c = read_json(path)
+    c = read_json(path, follow_links=True)  # the user names it, and may name it by a link
     if not isinstance(c, dict) or c.get("format") != fmt:
         found = c.get("format") if isinstance(c, dict) else type(c).__name__
         raise UsageError(f"{path} is {found!r}, not a {fmt!r} file; pass split-<revision>.json to trials, final-<revision>.json only to the final evaluation")

@@ -5,13 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 from rich.progress import Progress as RichProgress
 from rich.table import Table
 
 from parcel_hpc.accounting.spend import read_spend
 from parcel_hpc.budget import render_commitment
+from parcel_hpc.console import safe
 from parcel_hpc.ledger import SearchDir, TrialState
 from parcel_hpc.ledger.summary import best_completed, count_states, counts_by_state
 from parcel_hpc.selection.baseline import Baseline
@@ -20,10 +20,10 @@ from parcel_hpc.selection.baseline import Baseline
 def contract_line(contract, path: Path, created: bool, dry_run: bool = False) -> str:
     verb = ("would freeze" if dry_run else "froze") if created else "matched frozen"
     trainer = contract.fields.get("trainer") or {}
-    line = f"[bold]{verb}[/] contract {contract.digest[:19]}… in {path} (trainer {trainer.get('target', '?')}, source {str(trainer.get('source_digest', ''))[:15]}…)"
+    line = f"[bold]{verb}[/] contract {contract.digest[:19]}… in {safe(path)} (trainer {safe(trainer.get('target', '?'))}, source {safe(str(trainer.get('source_digest', ''))[:15])}…)"
     if "selection" not in contract.fields:  # frozen before selection was pinned
         return line
-    return f"{line}\n  {escape(Baseline.pinned(contract['selection']['baseline'], trainer).describe())}"
+    return f"{line}\n  {safe(Baseline.pinned(contract['selection']['baseline'], trainer).describe())}"
 
 
 def commitment_text(decision) -> str:
@@ -37,8 +37,8 @@ def dry_run_table(specs, contract) -> Table:
     res = contract["resources"]
     for spec in specs:
         table.add_row(
-            spec.trial_id,
-            ", ".join(f"{k}={v}" for k, v in spec.params.items()),
+            safe(spec.trial_id),
+            safe(", ".join(f"{k}={v}" for k, v in spec.params.items())),
             str(res["gpus"]),
             str(res["cpus"]),
             str(res["mem_gb"]),
@@ -108,7 +108,7 @@ class Progress:
         assert self._progress is not None  # used inside its with block
         self._progress.update(self._task, completed=done, total=total, description=text)
         if not self.console.is_terminal and text != self._last:
-            self.console.print(f"[progress] {done}/{total} finished: {text}")
+            self.console.print(f"[progress] {done}/{total} finished: {text}", markup=False)
         self._last = text
 
     def __exit__(self, *exc) -> None:
@@ -120,7 +120,7 @@ def summary(search: SearchDir, wall_s: float, next_step: str = "") -> Table:
     """``next_step``: what to do next when the launch stopped before its trials ended."""
     records = list(search.records())
     counts = counts_by_state(records)
-    table = Table(title=f"search {search.path.name}: summary", show_header=False)
+    table = Table(title=f"search {safe(search.path.name)}: summary", show_header=False)
     table.add_column("what")
     table.add_column("value")
     table.add_row("trials", str(len(records)))
@@ -128,16 +128,16 @@ def summary(search: SearchDir, wall_s: float, next_step: str = "") -> Table:
     best = best_completed(records)
     table.add_row(
         "best validation",
-        f"{best.trial_id} miss-cost={best.metric:.4f} ({', '.join(f'{k}={v}' for k, v in best.spec.params.items())})" if best else "none completed",
+        safe(f"{best.trial_id} miss-cost={best.metric:.4f} ({', '.join(f'{k}={v}' for k, v in best.spec.params.items())})") if best else "none completed",
     )
     # A best validation number is not a result yet: selection reruns, gates and releases it. Without
     # one there is nothing to select: what failed, and why, comes first.
     if next_step:
-        table.add_row("next", next_step)
+        table.add_row("next", safe(next_step))
     elif best is not None:
-        table.add_row("next", f"parcel-hpc select {search.path}")
+        table.add_row("next", safe(f"parcel-hpc select {search.path}"))
     elif records:
-        table.add_row("next", f"parcel-hpc logs {search.path}  (why the trials failed)")
+        table.add_row("next", safe(f"parcel-hpc logs {search.path}  (why the trials failed)"))
     table.add_row("wall time", f"{wall_s:.1f} s")
-    table.add_row("spend", read_spend(search, records).line())
+    table.add_row("spend", safe(read_spend(search, records).line()))
     return table

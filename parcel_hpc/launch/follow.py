@@ -19,6 +19,7 @@ from typing import NoReturn
 from rich.console import Console
 
 from parcel_hpc.budget import AssociationLimit, BudgetDecision, admit_account, render_account
+from parcel_hpc.console import safe
 from parcel_hpc.errors import ReleaseFailed, SchedulerUnavailable
 from parcel_hpc.governance.admission import admit_proposal
 from parcel_hpc.governance.contract import Contract
@@ -148,7 +149,7 @@ class Follower:
         self.dispatcher.max_job_minutes()  # asks the scheduler now, before any dispatch is claimed (packing reads it)
         released = self.dispatcher.recover({j for r in self.search.records() for j in r.jobs})
         if released:
-            self.console.print(f"released {len(released)} held arrays an earlier launch submitted but never released: {', '.join(released)}")
+            self.console.print(f"released {len(released)} held arrays an earlier launch submitted but never released: {', '.join(released)}", markup=False)
         for tid in self.plans:
             record = self.search.record(tid)
             nxt = self._next(record)
@@ -308,7 +309,7 @@ class Follower:
             self._adopt(made.spec)
             adopted += 1
         if self.proposer.stopped and not self.stop_said:
-            self.console.print(f"[yellow]proposals stopped: {self.proposer.stopped}[/]")
+            self.console.print(f"[yellow]proposals stopped: {safe(self.proposer.stopped)}[/]")
             self.stop_said = True
         return 1 if self.proposer.remaining() > 0 or adopted or self.proposer.unwritten() else 0
 
@@ -341,7 +342,7 @@ class Follower:
             now = time.monotonic()
             if self.outage_since is None:
                 self.outage_since = now
-                self.console.print(f"[yellow]the scheduler is not answering ({exc}); waiting for it: the trials keep running[/]")
+                self.console.print(f"[yellow]the scheduler is not answering ({safe(exc)}); waiting for it: the trials keep running[/]")
             if now - self.outage_since > OUTAGE_LIMIT_S:
                 raise SchedulerUnavailable(
                     f"{exc}; still no answer after {OUTAGE_LIMIT_S:.0f}s: trials already queued keep running, "

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from parcel_hpc.budget import launch_decision
+from parcel_hpc.console import safe
 from parcel_hpc.errors import GovernanceRefusal, SchedulerUnavailable, UsageError
 from parcel_hpc.governance.outcome import Outcome
 from parcel_hpc.launch.display import commitment_text
@@ -87,7 +88,7 @@ def run(search: SearchDir, *, dry_run: bool, wait: bool, console: Console) -> Re
     follower.plans = dict(plans)
     with Pulse(search, launch_id) as pulse:  # list and status --watch see it at work
         resubmitted = follower.resubmit(plan.resubmit, dispatches)
-        console.print(f"resubmitted {len(resubmitted)} trials: " + ", ".join(f"{s.trial_id}->{s.job_id}" for s in resubmitted))
+        console.print(f"resubmitted {len(resubmitted)} trials: " + ", ".join(f"{s.trial_id}->{s.job_id}" for s in resubmitted), markup=False)
         if wait or not dispatcher.can_detach:
             follower.plans = {s.trial_id: plans[s.trial_id] for s in resubmitted}
             follower.follow()
@@ -104,12 +105,14 @@ def render(plan: ResubmitPlan, dry_run: bool) -> Table:
     for col in ("trial", "action", "why", "exclude nodes"):
         table.add_column(col)
     for r in plan.resubmit:
-        table.add_row(r.trial_id, "resubmit", r.reason, ",".join(r.exclude_nodes))
+        table.add_row(safe(r.trial_id), "resubmit", safe(r.reason), safe(",".join(r.exclude_nodes)))
     for tid, why in plan.give_up:
-        table.add_row(tid, "give up", why, "")
+        table.add_row(safe(tid), "give up", safe(why), "")
     for res in plan.resolve:
         assert res.ending.cause is not None  # ending_from_accounting always names a cause
-        table.add_row(res.trial_id, "resolve", f"attempt {res.attempt} of job {res.ending.job_id}: {res.ending.how.value} ({res.ending.cause.value})", "")
+        table.add_row(
+            safe(res.trial_id), "resolve", safe(f"attempt {res.attempt} of job {res.ending.job_id}: {res.ending.how.value} ({res.ending.cause.value})"), ""
+        )
     if not (plan.resubmit or plan.give_up or plan.resolve):
         table.add_row("-", "nothing", f"{len(plan.untouched)} trials need nothing", "")
     return table

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from parcel_hpc.budget._values import hours_between
+from parcel_hpc.governance.admission import check_trial_id
 from parcel_hpc.governance.outcome import Outcome
 from parcel_hpc.ledger.events import (
     AdmissionRefused,
@@ -51,6 +52,7 @@ class TrialSpec:
     def __post_init__(self) -> None:
         if not self.trial_id or not self.config_hash.startswith("sha256:"):
             raise ValueError(f"trial spec needs a trial_id and a sha256 config_hash, got {self.trial_id!r}, {self.config_hash!r}")
+        check_trial_id(self.trial_id)  # it names the trial's folder
 
     def to_json(self) -> dict:
         return {

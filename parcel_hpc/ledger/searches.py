@@ -23,7 +23,7 @@ from pathlib import Path
 
 from parcel_hpc.accounting.spend import Spend, read_spend
 from parcel_hpc.budget import search_caps
-from parcel_hpc.errors import ParcelError, UsageError
+from parcel_hpc.errors import ParcelError, UsageError, permission_line
 from parcel_hpc.ledger import HEARTBEAT_S, Heartbeat, LauncherState, SearchDir
 from parcel_hpc.ledger.journal import journals
 from parcel_hpc.ledger.summary import best_completed, counts_by_state
@@ -31,6 +31,9 @@ from parcel_hpc.ownership import user_name
 from parcel_hpc.scheduler.probe import pid_alive
 
 MAX_DEPTH = 3  # <root>/<user>/<project>/<revision>: deep enough for shared roots, never the whole disk
+# What reading one search of a root may raise when its records are damaged, hostile (JSON of the
+# wrong shape included) or not this user's to read: that search is listed with it, the others shown.
+UNREADABLE = (ParcelError, OSError, ValueError, KeyError, TypeError, AttributeError)
 STALE_AFTER_S = 3 * HEARTBEAT_S  # a working launch that has not written for this long has gone
 
 
@@ -108,15 +111,15 @@ def find_searches(root: Path) -> Iterator[SearchDir]:
     found: list[Path] = []
 
     def walk(d: Path, depth: int) -> None:
-        if (d / "contract.json").is_file():
-            found.append(d)
-            return  # a search's own folders hold no searches
-        if depth >= MAX_DEPTH:
-            return
-        try:
+        try:  # a root shared by several users: list what this user may read, and what is still there
+            if (d / "contract.json").is_file():
+                found.append(d)
+                return  # a search's own folders hold no searches
+            if depth >= MAX_DEPTH:
+                return
             children = sorted(e.path for e in os.scandir(d) if e.is_dir(follow_symlinks=False) and not e.name.startswith("."))
-        except PermissionError:
-            return  # a root shared by several users: list what this user may read
+        except (PermissionError, FileNotFoundError, NotADirectoryError):
+            return
         for child in children:
             walk(Path(child), depth + 1)
 
@@ -171,9 +174,18 @@ def collect(root: Path, now: float | None = None) -> list[SearchSummary]:
     for search in find_searches(root):
         try:
             out.append(summarize(search, now))
-        except (ParcelError, OSError, ValueError) as exc:
-            out.append(_unreadable(search, str(exc) or type(exc).__name__))
+        except UNREADABLE as exc:
+            out.append(_unreadable(search, problem_of(exc)))
     return out
+
+
+def problem_of(exc: Exception) -> str:
+    """Why a search did not read, in one line for its row."""
+    if isinstance(exc, PermissionError):
+        return permission_line(exc)
+    if isinstance(exc, ParcelError | OSError):
+        return str(exc) or type(exc).__name__
+    return f"a record has the wrong shape ({type(exc).__name__}: {exc}): it is damaged; restore it or move it aside"
 
 
 def _unreadable(search: SearchDir, problem: str) -> SearchSummary:

@@ -15,10 +15,16 @@
       checkpoints/, milestones/, prune_decisions/, budget/, quarantine/, submitit/
 
 Owns paths and the create-exclusive claims that make two launchers agree; no decisions.
+
+A shared root holds other users' files, so what is read stays inside the search: a record folder
+(``RECORD_FOLDERS``) or a trial's folder that is a symbolic link is refused (``fsio`` refuses a
+link as a record file itself), and a trial id becomes a path only once ``check_trial_id`` passed
+it, whichever file it came from (a ``spec.json`` naming ``../..`` is damaged, not a trial).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from parcel_hpc import fsio
-from parcel_hpc.errors import CorruptRecord
+from parcel_hpc.errors import CorruptRecord, UsageError
+from parcel_hpc.governance.admission import check_trial_id
 from parcel_hpc.governance.contract import Contract, load_contract
 from parcel_hpc.ledger.events import Event, Executor
 from parcel_hpc.ledger.journal import TrialWriter, read_events
@@ -37,6 +44,9 @@ from parcel_hpc.scheduler.identity import IDENTITY_FILE, SearchIdentity
 CANCELLED_FILE = "cancelled.json"
 HELD_FILE = "held.json"
 HEARTBEAT_S = 30.0  # how often a working launch says it is alive
+# The folders read commands read records from; a link there would lead out of the search
+# (submitit/ and checkpoints/ hold no records read back, and may live elsewhere).
+RECORD_FOLDERS = ("trials", "launches", "budget", "milestones", "off_milestone", "prune_decisions", "proposals", "configs", "quarantine", "selection")
 
 
 class LauncherState(Enum):
@@ -84,7 +94,7 @@ class SearchDir:
         return self.path / "trials"
 
     def trial_dir(self, trial_id: str) -> Path:
-        return self.trials_dir / trial_id
+        return self.trials_dir / check_trial_id(trial_id)
 
     @property
     def submitit_dir(self) -> Path:
@@ -99,6 +109,10 @@ class SearchDir:
         return self.path / "launches"
 
     def contract(self) -> Contract:
+        """The frozen contract: the door of every command, where the record folders are checked too."""
+        for name in RECORD_FOLDERS:
+            if (self.path / name).is_symlink():
+                raise CorruptRecord(f"{self.path / name} is a symbolic link; a search's records stay inside it: replace the link by the folder itself")
         return load_contract(self.path)
 
     def identity(self) -> SearchIdentity | None:
@@ -210,14 +224,28 @@ class SearchDir:
     def spec(self, trial_id: str) -> TrialSpec:
         path = self.trial_dir(trial_id) / "spec.json"
         try:
-            return TrialSpec.from_json(fsio.read_json(path))
-        except (KeyError, ValueError, TypeError) as exc:
+            spec = TrialSpec.from_json(fsio.read_json(path))
+        except (KeyError, ValueError, TypeError, UsageError) as exc:
             raise CorruptRecord(f"{path} is not a trial spec ({exc}); restore it or move the trial aside") from None
+        if spec.trial_id != trial_id:
+            raise CorruptRecord(f"{path} names trial {spec.trial_id!r}, not {trial_id!r}: it was copied from elsewhere; restore it or move the trial aside")
+        return spec
 
     def trial_ids(self) -> list[str]:
-        if not self.trials_dir.exists():
+        """Every trial with a spec. An unreadable trials/ is an error (PermissionError), never 0 trials."""
+        try:
+            with os.scandir(self.trials_dir) as entries:
+                found = [e for e in entries if not e.name.startswith(".")]
+        except FileNotFoundError:
             return []
-        return sorted(p.parent.name for p in self.trials_dir.glob("*/spec.json"))
+        for e in found:
+            if e.is_symlink():
+                raise CorruptRecord(f"{e.path} is a symbolic link; a trial's records stay inside the search: remove the link")
+            try:
+                check_trial_id(e.name)
+            except UsageError:
+                raise CorruptRecord(f"{self.trials_dir} holds {e.name!r}, which is not a trial id; move it out of trials/") from None
+        return sorted(e.name for e in found if e.is_dir(follow_symlinks=False) and os.path.lexists(os.path.join(e.path, "spec.json")))
 
     def events(self, trial_id: str) -> list[Event]:
         return read_events(self.trial_dir(trial_id))

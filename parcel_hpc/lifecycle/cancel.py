@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from rich.console import Console
 from rich.table import Table
 
+from parcel_hpc.console import safe
 from parcel_hpc.errors import UsageError
 from parcel_hpc.governance import validation
 from parcel_hpc.ledger import Executor, SearchDir, TrialRecord, TrialState
@@ -138,7 +139,9 @@ def render(report: CancelReport, whole: bool) -> Table:
     shared = dict(p.shared)
     for tid in p.record:
         if tid in shared:
-            table.add_row(tid, "cancelled", f"job {shared[tid]} runs other trials too: it goes on, this trial stops at its next milestone or never starts")
+            table.add_row(
+                safe(tid), "cancelled", f"job {safe(shared[tid])} runs other trials too: it goes on, this trial stops at its next milestone or never starts"
+            )
             continue
         job = jobs.get(tid)
         how = (
@@ -146,9 +149,9 @@ def render(report: CancelReport, whole: bool) -> Table:
             if job is None
             else f"job {job} " + ("still ending" if job in report.still_alive else "ended" if job in report.signalled else "had already ended")
         )
-        table.add_row(tid, "cancelled", how)
+        table.add_row(safe(tid), "cancelled", safe(how))
     for tid, why in p.untouched:
-        table.add_row(tid, "kept", why)
+        table.add_row(safe(tid), "kept", safe(why))
     if report.settled:
         table.caption = f"budget: settled {len(report.settled)} held attempts with the hours they ran"
     if report.still_alive:

@@ -9,6 +9,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from parcel_hpc.console import safe
 from parcel_hpc.governance.contract import Contract
 from parcel_hpc.ledger import SearchDir
 from parcel_hpc.propose import proposals
@@ -35,7 +36,7 @@ def show(search: SearchDir, *, replay: bool, as_json: bool, console: Console) ->
             if first is None:
                 console.print(f"replay: all {len(replayed)} proposals re-derive exactly ({sampler.describe()})")
             else:
-                console.print(f"[red]replay: proposal {first.index} ({first.trial_id}) differs[/]: {first.difference()}", soft_wrap=True)
+                console.print(f"[red]replay: proposal {first.index} ({safe(first.trial_id)}) differs[/]: {safe(first.difference())}", soft_wrap=True)
     return 1 if first is not None else 0
 
 
@@ -74,5 +75,5 @@ def _table(rows: list[dict], sampler: SamplerSpec) -> Table:
         trial = f"duplicate of {row['duplicate_of']}" if row.get("duplicate_of") else (row["trial"] or "(trial not written yet)")
         told = "-" if row["told"] is None else str(row["told"])
         history = (row["history_digest"] or "(seed, index)")[:19]
-        table.add_row(str(row["index"]), trial, told, history, ", ".join(f"{k}={v}" for k, v in row["params"].items()))
+        table.add_row(str(row["index"]), safe(trial), told, safe(history), safe(", ".join(f"{k}={v}" for k, v in row["params"].items())))
     return table

@@ -17,6 +17,7 @@ from typing import Any, cast
 from rich.console import Console
 from rich.table import Table
 
+from parcel_hpc.console import safe
 from parcel_hpc.errors import GovernanceRefusal, ParcelError, UsageError
 from parcel_hpc.governance.contract import Contract
 from parcel_hpc.governance.outcome import Outcome
@@ -118,7 +119,8 @@ def select(search_dir, *, now: bool, trial: str | None, reason: str, console: Co
         if n not in record.selections:  # the freezing process died before it said so
             writer.frozen(_frozen_event(frozen))
         console.print(
-            f"selection {n} is frozen: {frozen['trial_id'] or 'no trial'} from {len(frozen['completed'])} completed trials (list {frozen['list_digest'][:19]})"
+            f"selection {n} is frozen: {frozen['trial_id'] or 'no trial'} from {len(frozen['completed'])} completed trials (list {frozen['list_digest'][:19]})",
+            markup=False,
         )
     else:
         if record.sealed is not None or store.final_claim() is not None:
@@ -201,7 +203,9 @@ def _freeze(
     if not store.freeze(n, frozen):
         raise UsageError(f"selection {n} was frozen by another process a moment ago; run select again to continue it")
     writer.frozen(_frozen_event(frozen))
-    console.print(f"selection {n} frozen: {frozen['trial_id'] or 'no trial'} from {len(entries)} completed trials, list {frozen['list_digest'][:19]}")
+    console.print(
+        f"selection {n} frozen: {frozen['trial_id'] or 'no trial'} from {len(entries)} completed trials, list {frozen['list_digest'][:19]}", markup=False
+    )
     return n
 
 
@@ -245,7 +249,7 @@ def _announce(a: Assessment, out: Console, failure: str = "") -> None:
         for f in a.gate.findings:
             if not f.passed or f.check == "min_recall":
                 table.add_row(
-                    f"{f.column}={f.value}",
+                    safe(f"{f.column}={f.value}"),
                     f.check,
                     "–" if f.winner is None else f"{f.winner:.3f}",
                     "" if f.baseline is None else f"{f.baseline:.3f}",

@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from parcel_hpc.checkpoints.store import CheckpointStore
+from parcel_hpc.console import safe
 from parcel_hpc.data import GROUP_REVISION, SNAPSHOT_FILENAME, read_split
 from parcel_hpc.errors import UsageError
 from parcel_hpc.governance.admission import TrialIdentity
@@ -136,10 +137,10 @@ def run(target: str, data_dir: Path, params: Mapping[str, Any], *, seed: int, st
     snapshot, split = data_files(data_dir)
     data = load_training_data(snapshot, read_split(split), preprocessing)
     findings = check_trainer(cls, data, params, seed=seed, steps=steps)
-    table = Table(title=f"{target} on {data_dir}", title_justify="left")
+    table = Table(title=f"{safe(target)} on {safe(data_dir)}", title_justify="left")
     for column in ("check", "", "detail"):
         table.add_column(column)
     for f in findings:
-        table.add_row(f.check, "[green]ok[/]" if f.ok else "[red]FAILED[/]", f.detail)
+        table.add_row(safe(f.check), "[green]ok[/]" if f.ok else "[red]FAILED[/]", safe(f.detail))
     console.print(table)
     return all(f.ok for f in findings)
