@@ -118,7 +118,7 @@ def find_searches(root: Path) -> Iterator[SearchDir]:
             if depth >= MAX_DEPTH:
                 return
             children = sorted(e.path for e in os.scandir(d) if e.is_dir(follow_symlinks=False) and not e.name.startswith("."))
-        except (PermissionError, FileNotFoundError, NotADirectoryError):
+        except OSError:  # closed to this user, gone since it was listed, or a kernel folder (/proc/<pid>/net: EINVAL)
             return
         for child in children:
             walk(Path(child), depth + 1)
