@@ -195,3 +195,20 @@ def test_a_local_package_the_trainer_imports_is_copied_only_when_named(tmp_path,
     search = SearchDir(tmp_path / "runs" / "mine")
     copy = snapshot_dir(search.path, search.contract()["trainer"]["source_digest"])
     assert (copy / "mylab_utils.py").read_text() == "SCALE = 1.0\n" and (copy / "my_models" / "model.py").is_file()
+
+
+def test_a_string_parameter_with_markup_is_printed_as_written_through_a_launch(tmp_path, data_dir):
+    """A value from the user's space is text, never rich markup: ``[/]`` (a closing tag with nothing
+    open) crashed the launch's tables before, and ``[bold]`` would have been swallowed."""
+    env = write_model(tmp_path / "lab", extra="{'act': Param(str, default='relu')}")
+    args = base_args(tmp_path, "mine", "trainer.target=my_models:Model", "act=choice('[/]','[bold]x')", "search.n_trials=6")
+    dry = launch([*args, "search.dry_run=true"], cwd=tmp_path, data_dir=data_dir, env=env)
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    assert "act=[/]" in dry.stdout and "act=[bold]x" in dry.stdout, dry.stdout
+    ran = launch(args, cwd=tmp_path, data_dir=data_dir, env=env)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    search = SearchDir(tmp_path / "runs" / "mine")
+    values = sorted(search.spec(t).params["act"] for t in search.trial_ids())
+    assert set(values) == {"[/]", "[bold]x"}, values  # the seed draws both
+    best = next(line for line in ran.stdout.splitlines() if "miss-cost=" in line)
+    assert "act=[/]" in best or "act=[bold]x" in best, ran.stdout
