@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from parcel_hpc.accounting.reconcile import STALE_HOLD, reconcile
-from parcel_hpc.accounting.spend import JobHours, search_spend
+from parcel_hpc.accounting.spend import Hours, JobHours, Spend, search_spend
 from parcel_hpc.budget import BudgetCaps, BudgetLedger, Hold, JournalTotals, JournalView, KeyState, Rates, ReservationKey, SearchBudget
 from parcel_hpc.ledger import AttemptEnd, Event, TrialSpec, fold
 from parcel_hpc.lifecycle.settlement import stale_holds
@@ -170,3 +170,14 @@ def test_a_process_start_is_read_from_proc_and_none_without_it(tmp_path):
     assert process_started(str(tmp_path)) == pytest.approx(1000 + 250 / os.sysconf("SC_CLK_TCK"))
     assert process_started(str(tmp_path / "nowhere")) is None
     assert abs(process_started() - time.time()) < 3600  # this very process, on Linux
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.floats(0, 1e-3), st.floats(0, 1e-3))
+def test_the_printed_line_reads_as_the_json_rounded_once_more(gpu_hours, cpu_hours):
+    # Near a half-way figure (a cost of 0.0000499999 whose JSON reads 0.000050) the text must not
+    # round the raw figure down while the JSON rounds it up: both come from the same micro-hours.
+    spent = Spend(Hours(gpu_hours, cpu_hours), Hours(), Hours(), Hours(), RATES)
+    data = spent.to_json()
+    figures = (f"{data['gpu_hours']:.4f}", f"{data['cpu_hours']:.4f}", f"{data['cost']:.4f}")
+    assert spent.line().startswith(f"{figures[0]} GPU-h, {figures[1]} CPU-h, cost {figures[2]} ")

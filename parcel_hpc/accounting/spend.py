@@ -39,6 +39,12 @@ DECIMALS = 4  # every printed figure: hours and cost, the same rounding everywhe
 JSON_DECIMALS = 6  # micro-hours: the journal's own resolution
 
 
+def shown(figure: float) -> str:
+    """A printed figure, rounded from the JSON's own: rounding the raw figure straight to ``DECIMALS``
+    could print 0.0000 where the JSON's 0.000050 reads 0.0001."""
+    return f"{round(figure, JSON_DECIMALS):.{DECIMALS}f}"
+
+
 @dataclass(frozen=True)
 class Hours:
     gpu_hours: float = 0.0
@@ -87,11 +93,11 @@ class Spend:
     def line(self) -> str:
         """One line, the same in every command: the total, then its parts in GPU-h (in CPU-h for a
         search that used no GPU)."""
-        t, d = self.total, DECIMALS
+        t = self.total
         unit, of = ("GPU-h", lambda h: h.gpu_hours) if t.gpu_hours > 0 else ("CPU-h", lambda h: h.cpu_hours)
-        parts = " + ".join(f"{name.replace('_', ' ')} {of(h):.{d}f}" for name, h in self.parts.items())
+        parts = " + ".join(f"{name.replace('_', ' ')} {shown(of(h))}" for name, h in self.parts.items())
         stale = f"; {self.stale} holds of ended attempts (`parcel-hpc sync` settles them)" if self.stale else ""
-        return f"{t.gpu_hours:.{d}f} GPU-h, {t.cpu_hours:.{d}f} CPU-h, cost {self.cost:.{d}f} ({unit}: {parts}){stale}"
+        return f"{shown(t.gpu_hours)} GPU-h, {shown(t.cpu_hours)} CPU-h, cost {shown(self.cost)} ({unit}: {parts}){stale}"
 
     def to_json(self) -> dict[str, Any]:
         return {

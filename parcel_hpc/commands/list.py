@@ -14,7 +14,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from parcel_hpc.accounting.spend import DECIMALS
+from parcel_hpc.accounting.spend import shown
 from parcel_hpc.config import configured_search_root
 from parcel_hpc.console import make_console, safe
 from parcel_hpc.ledger.searches import SearchSummary, collect
@@ -50,15 +50,15 @@ def render(summaries: Sequence[SearchSummary], root: Path, now: float | None = N
         assert spend is not None  # a readable search has one
         # The search's one spend (``status`` has its parts); the caps bind what the budget journal
         # charges: the attempts that reserved, and what is still held.
-        total, charged, d = spend.total, spend.charged, DECIMALS
+        total, charged = spend.total, spend.charged
         table.add_row(
             safe(_rel(s.path, root)),
             str(s.trials),
             " ".join(f"{state}={n}" for state, n in s.counts.items() if n) or "-",
-            f"{total.gpu_hours:.{d}f} ({spend.held.gpu_hours:.{d}f})" + (f" [yellow]{spend.stale} stale[/]" if spend.stale else ""),
-            f"{total.cpu_hours:.{d}f}",
-            f"{spend.cost:.{d}f}",
-            f"{charged.gpu_hours:.{d}f} / {s.gpu_hours_cap:g}, {charged.cost(spend.rates):.{d}f} / {s.cost_cap:g}",
+            f"{shown(total.gpu_hours)} ({shown(spend.held.gpu_hours)})" + (f" [yellow]{spend.stale} stale[/]" if spend.stale else ""),
+            shown(total.cpu_hours),
+            shown(spend.cost),
+            f"{shown(charged.gpu_hours)} / {s.gpu_hours_cap:g}, {shown(charged.cost(spend.rates))} / {s.cost_cap:g}",
             s.launcher.value,
             _ago(s.last_activity, now),
             f"{safe(s.best['trial_id'])} {s.best['miss_cost']:.4f}" if s.best else "-",

@@ -23,7 +23,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from parcel_hpc.accounting.spend import DECIMALS, read_spend
+from parcel_hpc.accounting.spend import read_spend, shown
 from parcel_hpc.console import make_console, plain, safe
 from parcel_hpc.errors import EXIT_PENDING, ParcelError
 from parcel_hpc.ledger import LauncherState, RecordView, SearchDir, TrialRecord, TrialState, preview, searches
@@ -243,7 +243,7 @@ def _counts_line(data: dict[str, Any]) -> str:
     return (
         time.strftime("%H:%M:%S ")
         + " ".join(f"{k}={v}" for k, v in counts.items() if v)
-        + f" (total {sum(counts.values())}); {s['gpu_hours']:.{DECIMALS}f} GPU-h, {s['cpu_hours']:.{DECIMALS}f} CPU-h"
+        + f" (total {sum(counts.values())}); {shown(s['gpu_hours'])} GPU-h, {shown(s['cpu_hours'])} CPU-h"
     )
 
 
