@@ -161,6 +161,9 @@ class TrainConf:
     steps: int = 82  # training steps per trial
     seed: int = 1234  # initialisation and batching seed, shared by every trial
     step_seconds: float = 0.0  # minimum wall time per step: emulates a heavier model (demos, fault tests)
+    # A positive space parameter that scales step_seconds (a step sleeps step_seconds x its value):
+    # trials of unequal length for tests and benchmarks. Left out of the contract while unset.
+    step_seconds_param: str | None = None
 
 
 @dataclass
@@ -192,6 +195,9 @@ class SubmititLocalConf:
     signal_delay_s: int = 30  # seconds before the time limit that the worker is told to checkpoint
     pack_size: Any = "auto"  # trials one process runs in turn: auto (docs/slurm-and-accounting.md, packed trials) or 1, 2, ...
     pack_minutes: float | None = None  # auto: expected work per process; null: the trials split evenly over the processes
+    dispatch: str = (
+        "auto"  # jobs: each process is handed its trials; slots: each takes the next trial (and proposal) when free; auto: slots where the sampler learns
+    )
 
 
 @dataclass
@@ -204,6 +210,9 @@ class SubmititSlurmConf:
     signal_delay_s: int = 60  # seconds before the time limit that SIGUSR2 arrives
     pack_size: Any = "auto"  # trials one array task runs in turn: auto (docs/slurm-and-accounting.md, packed trials) or 1, 2, ...
     pack_minutes: float = 60.0  # auto: about this much expected work per packed task
+    dispatch: str = (
+        "auto"  # jobs: each array task is handed its trials; slots: each takes the next trial (and proposal) when free; auto: slots where the sampler learns
+    )
     check_account_limits: bool = True  # refuse (hold:budget) a launch whose worst case the account's SLURM association limits cannot hold
     setup: list[str] = field(default_factory=list)  # shell lines run before the worker (module load, ...)
     additional_parameters: dict[str, Any] = field(default_factory=dict)  # extra sbatch options

@@ -13,9 +13,12 @@ from rich.console import Console
 from parcel_hpc.errors import GovernanceRefusal, SchedulerUnavailable
 from parcel_hpc.governance.outcome import Outcome
 from parcel_hpc.launch import follow
+from parcel_hpc.launch.report import LaunchReport
 from parcel_hpc.launch.search import SearchLaunch, from_hydra
 from parcel_hpc.ledger import AttemptEnd, Cause, Ended, SearchDir, Started, TrialState
 from parcel_hpc.lifecycle.resubmit import Resubmission
+from parcel_hpc.propose.proposals import Proposer
+from parcel_hpc.propose.specs import plan_template
 from parcel_hpc.testing.dispatchers import FakeDispatcher
 from parcel_hpc.worker import WorkerPlan
 
@@ -184,3 +187,25 @@ def test_a_job_another_launcher_recorded_after_the_schedulers_answer_is_waited_f
     monkeypatch.setattr(follow, "LOOK_MARGIN_S", -3600.0)  # the same answer, given an hour after they were recorded: they are gone
     report, _ = launch(cfg, FakeDispatcher(settings, slots=N))
     assert sorted(report.dispatched) == search.trial_ids()
+
+
+def test_a_trial_a_slot_proposed_as_the_last_others_ended_keeps_the_launch_following(tmp_path, artifacts):
+    """The round that adopts a slot's last proposals has already counted its trials: adopting them
+    must keep the launch following, or it ends while they run (seen once on SLURM: running=2 at exit)."""
+    cfg, settings = configured(tmp_path, artifacts, "search.wait=false", "sampler=tpe", "search.n_trials=1", "hydra.launcher.dispatch=slots")
+    fake = FakeDispatcher(settings, slots=2)
+    report, _ = launch(cfg, fake)
+    assert [s.slot for batch in fake.submitted for s in batch] == [f"{report.launch_id}-s0"]  # one proposal left: one slot
+    search = SearchDir(tmp_path / "runs" / "fake")
+    contract = search.contract()
+    follower = follow.Follower(search, fake, {}, report.launch_id, contract, Console(file=io.StringIO()), 0.0)
+    follower.slotting(follow.SlotPlan(plan_template(cfg, contract, search.path), 1, 0))
+    follower.proposing(Proposer(search, contract, 1, report.launch_id), lambda spec: None, LaunchReport(search.path, report.launch_id, contract.digest))
+    # What the slot does: propose the last trial, plan it, claim its dispatch, start it.
+    made = Proposer(search, contract, 1, report.launch_id).propose(lambda: [])
+    tid = made.spec.trial_id
+    search.write_plan(tid, WorkerPlan.for_trial(plan_template(cfg, contract, search.path), made.spec).to_json())
+    assert search.claim_dispatch(tid, report.launch_id, 0) == 1
+    assert follower.proposer.remaining() == 0
+    assert follower._propose() == 1 and tid in follower.plans  # adopted now: the launch follows it to its end
+    assert follower._propose() == 0  # nothing more to adopt or propose: its trial is what keeps the launch going

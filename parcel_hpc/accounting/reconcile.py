@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import cast
 
@@ -147,11 +147,13 @@ def reconcile(
     selection_jobs: Sequence[JobHours] = (),
     now: float | None = None,
     search_path: str = "SEARCH_DIR",
+    slot_jobs: Collection[str] = (),
 ) -> Reconciliation:
     """``runs``: the scheduler's runs of every job the ledger recorded; ``listed``: every job
     the scheduler holds under the search's name or account (orphans are those the ledger lacks);
     ``journal``: the search's budget journal (its spend, and the holds ended attempts left);
-    ``selection_jobs``: what the selection's jobs ran (their part of the spend).
+    ``selection_jobs``: what the selection's jobs ran (their part of the spend); ``slot_jobs``: the
+    search's slots (``slots/``), so a slot that ended having taken no trial is a line, never an orphan.
 
     A job the scheduler has not filed in full (still active, or its record missing or short within
     ``ACCOUNTING_GRACE_S`` of the ledger's last word on it, by ``now``) is pending, never a flag."""
@@ -194,6 +196,9 @@ def reconcile(
     orphans: set[str] = set()
     for a in listed:
         if a.job_id not in known and a.job_id not in by_job:
+            if a.job_id in slot_jobs:
+                lines.append(_line("", a, None, "", "", caps))  # a slot that took no trial: its start-up, no orphan
+                continue
             if a.job_id not in orphans:
                 orphans.add(a.job_id)
                 flags.append(

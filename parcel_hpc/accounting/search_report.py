@@ -48,7 +48,17 @@ def reconcile_search(search: SearchDir, sacct_file: Path | None = None) -> Recon
         # The dump is exported by the search's job name (README): every row the ledger lacks is an orphan.
         listed = [a for a in rows if a.job_id not in mine]
         return reconcile(
-            campaign, objective, f"sacct-file:{sacct_file}", records, [a for a in rows if a.job_id in mine], listed, caps, journal, jobs_run, search_path=path
+            campaign,
+            objective,
+            f"sacct-file:{sacct_file}",
+            records,
+            [a for a in rows if a.job_id in mine],
+            listed,
+            caps,
+            journal,
+            jobs_run,
+            search_path=path,
+            slot_jobs=_slot_jobs(search),
         )
     if not any(r.executor is Executor.SLURM for r in records):
         runs = local_runs(records, launched_by(search))
@@ -60,7 +70,13 @@ def reconcile_search(search: SearchDir, sacct_file: Path | None = None) -> Recon
     for name in search.slurm_job_names():
         # --allusers: an admin reconciling a colleague's search sees the orphans of every user
         listed += job_runs(parse_sacct(run_sacct(build_sacct_argv([], since=since, name=name, all_users=True)), source="sacct --name"))
-    return reconcile(campaign, objective, "sacct", records, runs, listed, caps, journal, jobs_run, now=time.time(), search_path=path)
+    return reconcile(
+        campaign, objective, "sacct", records, runs, listed, caps, journal, jobs_run, now=time.time(), search_path=path, slot_jobs=_slot_jobs(search)
+    )
+
+
+def _slot_jobs(search: SearchDir) -> set[str]:
+    return {str(s.get("job_id", "")) for s in search.slot_records()}
 
 
 SACCT_FORMAT_HINT = f"--parsable2 --noheader --duplicates --format={SACCT_FORMAT}"

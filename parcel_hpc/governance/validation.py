@@ -23,6 +23,7 @@ from typing import Any, cast
 
 from parcel_hpc.errors import UsageError
 from parcel_hpc.scheduler.packing import pack_option
+from parcel_hpc.scheduler.slots import dispatch_option
 
 MAX_NAME = 64  # characters in a revision, job, partition, account or qos name
 MAX_JOB_NAME = 80  # a search's job name (the default is parcel-<revision>); the scheduler adds "-<search id>"
@@ -381,6 +382,7 @@ def checked(cfg: Mapping[str, Any], launcher: Mapping[str, Any]) -> tuple[dict[s
             raise bad(f"space.params.{param}", param, "is not a parameter name", "use a Python identifier of at most 64 characters")
     _check_prefix(cfg["checkpoint"]["prefix"], cfg["space"]["params"])
     _check_numbers(cfg, launcher)
+    _check_step_seconds_param(cfg.get("train", {}).get("step_seconds_param"), cfg["space"]["params"])
     resources = cfg["resources"]
     resources["mem_gb"] = mem_gb("resources.mem_gb", resources["mem_gb"])
     resources["time_limit_min"] = time_min("resources.time_limit_min", resources["time_limit_min"])
@@ -388,10 +390,26 @@ def checked(cfg: Mapping[str, Any], launcher: Mapping[str, Any]) -> tuple[dict[s
         _check_slurm_launcher(launcher)
     if "pack_size" in launcher:
         pack_option(launcher["pack_size"])
+    dispatch_option(launcher.get("dispatch"))
     # Last: the keys a user sets are named above, before a value interpolated from them is.
     _every_text(cfg, "")
     _every_text(launcher, "hydra.launcher.")
     return cast(dict[str, Any], cfg), cast(dict[str, Any], launcher)  # _copy made plain dicts of them
+
+
+def _check_step_seconds_param(param: object, params: Mapping[str, Mapping[str, Any]]) -> None:
+    """``train.step_seconds_param`` names a space parameter whose every value is a positive number."""
+    if param is None:
+        return
+    key = "train.step_seconds_param"
+    if param not in params:
+        raise bad(key, param, "is not a space parameter", f"name one of {sorted(params)}, or leave it unset")
+    spec = params[str(param)]
+    values = list(spec.get("values") or [spec.get("low"), spec.get("high")])
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in values):
+        raise bad(
+            key, param, "takes a value that is not a positive number", "name a parameter whose every value is > 0 (a step sleeps step_seconds x its value)"
+        )
 
 
 def _check_prefix(prefix: object, params: Mapping[str, Mapping[str, Any]]) -> None:

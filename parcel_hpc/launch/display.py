@@ -47,13 +47,22 @@ def dry_run_table(specs, contract) -> Table:
     return table
 
 
-def learning_line(sampler, remaining: int, slots: int) -> str:
-    return f"proposing up to {remaining} trials by {sampler.describe()}, each when one of {slots} slots frees (one job a trial), told every result known then"
+def learning_line(sampler, remaining: int, slots: int, slotted: bool = False) -> str:
+    how = "by the slot itself, which runs it" if slotted else "(one job a trial)"
+    return f"proposing up to {remaining} trials by {sampler.describe()}, each when one of {slots} slots frees {how}, told every result known then"
 
 
 def worst_case_line(decision) -> str:
     c = decision.commitment
     return f"worst case: {c.gpu_hours:.2f} GPU-hours, {c.cpu_hours:.2f} CPU-hours, cost {c.cost:.2f} ({c.trials} trials x {c.attempts_per_trial} attempts)"
+
+
+def slots_line(packing, n_trials: int, slots: int, minutes: int) -> str:
+    n = min(slots, n_trials)
+    return (
+        f"slots: up to {n} jobs of {minutes} min each running {n_trials} trials, each slot taking the longest expected trial that fits "
+        f"its time left until none is left (room for {packing.size} at the time limit; {packing.basis})"
+    )
 
 
 def packing_line(packing, n_trials: int) -> str:

@@ -14,10 +14,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from rich.console import Console
 
+from parcel_hpc import fsio
 from parcel_hpc.budget import AssociationLimit, BudgetDecision, admit_account, render_account
 from parcel_hpc.console import safe
 from parcel_hpc.errors import ReleaseFailed, SchedulerUnavailable
@@ -26,18 +27,20 @@ from parcel_hpc.governance.contract import Contract
 from parcel_hpc.governance.outcome import Outcome
 from parcel_hpc.launch import display
 from parcel_hpc.launch.report import LaunchReport
-from parcel_hpc.ledger import RecordView, SearchDir, TrialRecord, TrialSpec, TrialWriter
+from parcel_hpc.ledger import RecordView, SearchDir, TrialRecord, TrialSpec, TrialState, TrialWriter
 from parcel_hpc.lifecycle import resolution, systematic
-from parcel_hpc.lifecycle.actions import Action, Next, RetryPolicy, next_action
+from parcel_hpc.lifecycle.actions import Action, Next, RetryPolicy, next_action, runs_alone
 from parcel_hpc.lifecycle.resubmit import Resubmission
 from parcel_hpc.propose.proposals import Proposer
 from parcel_hpc.propose.samplers import SamplerSpec
 from parcel_hpc.propose.specs import sampler_of, trial_id_of
-from parcel_hpc.scheduler import packing
+from parcel_hpc.scheduler import packing, slots
 from parcel_hpc.scheduler.base import Dispatcher, Submitted
 from parcel_hpc.worker import TrialTask, WorkerPlan
+from parcel_hpc.worker.slot import SlotTask
 
 OUTAGE_LIMIT_S = 900.0  # how long a launch waits for a scheduler that stopped answering
+TAKE_GRACE_S = 60.0  # a slot journals its submission a moment after taking a dispatch: longer, and it died between
 LOOK_MARGIN_S = 5.0  # hosts' clocks agree within this (NTP); a job recorded this close to a look is not judged by it
 
 
@@ -54,8 +57,9 @@ def account_decision(account: tuple[str, list[AssociationLimit]] | None, decisio
 
 
 def choose_packing(dispatcher: Dispatcher, search: SearchDir, n_trials: int, sampler: SamplerSpec | None = None) -> packing.Packing:
-    """How many trials a job of this dispatch runs, from the launcher's options and the search's history."""
-    if sampler is not None and sampler.learns:
+    """How many trials a job of this dispatch runs, from the launcher's options and the search's
+    history (a slot: its time limit, room for that many trials at their limit)."""
+    if sampler is not None and sampler.learns and not uses_slots(dispatcher, sampler):
         return packing.Packing(1, f"one a job: sampler={sampler.name.value} proposes each trial when a slot frees")
     params, resources = dispatcher.settings.params, dispatcher.settings.resources
     size = params.get("pack_size", 1)  # a launch recorded before packing existed resubmits as it ran: one a job
@@ -64,6 +68,22 @@ def choose_packing(dispatcher: Dispatcher, search: SearchDir, n_trials: int, sam
     measured = packing.expected_trial_s(search.records()) if by_length else (None, 0)
     limit = float(resources["time_limit_min"])
     return packing.decide(size, n_trials, dispatcher.slots(), limit, minutes, measured, dispatcher.max_job_minutes())
+
+
+def uses_slots(dispatcher: Dispatcher, sampler: SamplerSpec) -> bool:
+    """Whether this launch's trials run in slots that take them (``hydra.launcher.dispatch``)."""
+    return slots.dispatch_option(dispatcher.settings.params.get("dispatch")).slotted(sampler.learns)
+
+
+@dataclass(frozen=True)
+class SlotPlan:
+    """What every slot of a launch is told: the plan template its proposals' plans are made from, how
+    many proposals the search may have (0: a fixed list), and the most trials a slot runs (0: as
+    many as its time holds)."""
+
+    template: Mapping[str, Any]
+    proposals: int
+    max_trials: int
 
 
 @dataclass(frozen=True)
@@ -130,8 +150,27 @@ class Follower:
         self.looked_at = 0.0  # when the scheduler was last asked (refresh)
         self.stop: Stop | None = None  # set once: nothing more is dispatched
         self.checks: set[str] = set()  # trials whose dispatch checks whether a failure reproduces
-        self.submitted_jobs: set[str] = set()  # the jobs this launcher submitted (a drift stop reads only theirs)
+        self.submitted_jobs: dict[str, float] = {}  # the jobs this launcher submitted, and when (a drift stop reads only theirs)
         self.systematic_k = systematic.threshold(contract["budget"])
+        self.slot_plan: SlotPlan | None = None  # set by ``slotting``: trials go to slots that take them
+        self.queued: dict[str, tuple[int, float]] = {}  # trial -> (its dispatch waiting for a slot, when queued)
+        self.slot_jobs: dict[str, tuple[str, float]] = {}  # live slot -> (its job id, when submitted)
+        self.slot_count = 0  # slots this launcher submitted
+        self.empty_slots = 0  # slots that ended without taking a trial (the churn guard counts them)
+        self.known_before: set[str] = set()  # trials that existed when proposing began (slots propose the rest)
+
+    def slotting(self, plan: SlotPlan) -> None:
+        """From now on admitted dispatches are queued for slots, which take them (and propose)."""
+        self.slot_plan = plan
+        self.known_before = set(self.search.trial_ids())
+
+    def _dispatch_line(self, n_trials: int) -> str:
+        if self.slot_plan is None:
+            return display.packing_line(self.packing, n_trials)
+        return display.slots_line(self.packing, n_trials, self.dispatcher.slots(), self._slot_minutes())
+
+    def _slot_minutes(self) -> int:
+        return slots.slot_minutes(self.packing.size, int(self.dispatcher.settings.resources["time_limit_min"]))
 
     def proposing(self, proposer: Proposer, plan_of: Callable[[TrialSpec], WorkerPlan], report: LaunchReport) -> None:
         """From now on each free slot gets a new proposal, told every result known at that moment."""
@@ -159,10 +198,12 @@ class Follower:
                 nxt = self._next(record)
             self._act(tid, nxt)
         report.dispatched = list(self.waiting)
-        self.packing = choose_packing(self.dispatcher, self.search, len(self.waiting), sampler_of(self.contract))
+        proposals = self.proposer.remaining() if self.proposer is not None and self.slot_plan is not None else 0
+        self.packing = choose_packing(self.dispatcher, self.search, len(self.waiting) + proposals, sampler_of(self.contract))
         report.packing = self.packing.to_json()
-        if self.waiting:
-            self.console.print(display.packing_line(self.packing, len(self.waiting)))
+        work = len(self.waiting) + (self.proposer.remaining() if self.proposer is not None and self.slot_plan is not None else 0)
+        if work:
+            self.console.print(self._dispatch_line(work))
         self._submit_waiting()
         report.jobs = {tid: rec.jobs[-1] for tid in report.dispatched if (rec := self.search.record(tid)).jobs}
 
@@ -183,10 +224,13 @@ class Follower:
         )
 
     def _newer_than_the_look(self, record: TrialRecord) -> bool:
-        """Its latest job was recorded after (or just before) the scheduler was last asked, by another
-        launcher of the search: that answer cannot say it is gone, so it is waited for, never
-        dispatched again (two launchers starting together would otherwise each submit it)."""
-        return record.submitted_at is not None and record.submitted_at > self.looked_at - LOOK_MARGIN_S
+        """Its latest job was submitted after (or just before) the scheduler was last asked: that
+        answer cannot say it is gone, so it is waited for, never dispatched again (two launchers
+        starting together would otherwise each submit it). A job this launcher submitted is judged by
+        its own submission (a slot journals a trial's long after its job was submitted)."""
+        ours = self.submitted_jobs.get(record.jobs[-1])
+        at = ours if ours is not None else record.submitted_at
+        return at is not None and at > self.looked_at - LOOK_MARGIN_S
 
     def _act(self, tid: str, nxt: Next) -> None:
         if nxt.action in (Action.RETRY, Action.DISPATCH) and (cancelled := self.search.cancellation()) is not None:
@@ -209,6 +253,9 @@ class Follower:
 
     def _submit_waiting(self, read: Mapping[str, TrialRecord] | None = None) -> None:
         """``read``: records the caller read this round (each waiting trial's is folded only once)."""
+        if self.slot_plan is not None:
+            self._feed_slots(read or {})
+            return
         if self.waiting and self.search.cancellation() is not None:
             self.waiting = []  # cancelled while they waited for a free slot: never submitted
         if not self.waiting:
@@ -226,6 +273,116 @@ class Follower:
         self.waiting = [tid for tid in self.waiting if tid not in batch]
         if packs:
             self._submit(packs)
+
+    # --- slots ------------------------------------------------------------------------------------
+
+    def _feed_slots(self, read: Mapping[str, TrialRecord]) -> None:
+        """Queue the dispatches claimed this round (a trial that must run alone gets a job of its own),
+        forget those a slot took, and keep as many slots alive as there is work, up to the launcher's."""
+        assert self.slot_plan is not None  # called in slot mode only
+        if self.search.cancellation() is not None:
+            self.waiting = []  # cancelled: the slots see it too and take nothing more
+            return
+        now = time.time()
+        for tid, (n, at) in list(self.queued.items()):
+            record = read[tid] if tid in read else self.view.record(tid)
+            if len(record.jobs) >= n or record.state.is_finished():
+                del self.queued[tid]  # taken, and its submission journaled
+            elif now - at > TAKE_GRACE_S and self.search.dispatch_mark(tid, n, "taken"):
+                del self.queued[tid]  # its slot died between taking and journaling: decided again next round
+        records = {tid: read[tid] if tid in read else self.view.record(tid) for tid in self.waiting}
+        alone = [t for t in self.waiting if not records[t].state.is_finished() and runs_alone(records[t])]
+        for tid in self.waiting:
+            if tid not in alone and not records[tid].state.is_finished():
+                self.search.enqueue(tid, self.claims[tid], self.launch_id)
+                self.queued[tid] = (self.claims[tid], now)
+        self.waiting = alone
+        live = self._live_slots()
+        proposals = self.proposer.remaining() if self.proposer is not None and self.stop is None else 0
+        if any(not self.view.record(t).state.is_finished() for t in self.checks):
+            proposals = 0  # whether a failure reproduces decides whether the search goes on: no fresh slot proposes first
+        work = len(self.queued) + proposals
+        try:
+            capacity = self.dispatcher.capacity()  # may ask the controller: a failure gives the claims back
+        except SchedulerUnavailable as exc:
+            self._give_back(exc, [])
+        own_jobs = min(len(alone), capacity)
+        fresh = max(0, min(self.dispatcher.slots() - live, work - live, capacity - own_jobs))
+        if self.empty_slots > 2 * self.dispatcher.slots() + 2:
+            fresh = 0  # slots keep ending with nothing taken: the follower stops feeding that loop
+            if not self.stop_said and work:
+                self.console.print(f"[yellow]{self.empty_slots} slots ended without taking a trial: no more slots are submitted by this launch[/]")
+                self.stop_said = True
+        if own_jobs:
+            self.waiting = alone[own_jobs:]
+            self._submit([[t] for t in alone[:own_jobs]])
+        if fresh:
+            self._submit_slots(fresh)
+
+    def _live_slots(self) -> int:
+        """This launcher's slots the scheduler still holds (or submitted since it was last asked);
+        a slot that left having taken nothing counts towards the churn guard."""
+        live = {}
+        for name, (job, at) in self.slot_jobs.items():
+            if at > self.looked_at - LOOK_MARGIN_S or self.dispatcher.alive(name, job):
+                live[name] = (job, at)
+            elif not any(job in self.view.record(tid).jobs for tid in self.plans):
+                self.empty_slots += 1
+        self.slot_jobs = live
+        return len(live)
+
+    def _submit_slots(self, n: int) -> None:
+        assert self.slot_plan is not None  # called in slot mode only
+        plan, minutes = self.slot_plan, self._slot_minutes()
+        delay = int(self.dispatcher.settings.params.get("signal_delay_s", 0))
+        names = [f"{self.launch_id}-s{self.slot_count + i}" for i in range(n)]
+        self.slot_count += n
+        tasks = [SlotTask(str(self.search.path), self.launch_id, name, minutes, plan.template, plan.proposals, plan.max_trials, delay) for name in names]
+
+        def record(submitted: Sequence[Submitted]) -> None:
+            for s in submitted:
+                self.search.write_slot(s.slot, {"job_id": s.job_id, "launch_id": self.launch_id, "minutes": minutes, "at": time.time()})
+                self.slot_jobs[s.slot] = (s.job_id, time.time())
+                self.submitted_jobs[s.job_id] = time.time()
+
+        try:
+            self.dispatcher.submit(tasks, record)
+        except SchedulerUnavailable as exc:
+            self._give_back(exc, [])
+
+    def _follow_slots_proposals(self) -> int:
+        """What the slots proposed: each new trial of this launch is followed (retries, the summary);
+        1 while proposals remain, one is between its record and its trial, or one was adopted now
+        (the round counted its trials before), else 0."""
+        assert self.proposer is not None and self.report is not None  # called only after proposing() set them
+        if self.search.cancellation() is not None:
+            return 0
+        orphans = self.proposer.finish_orphans(time.time())
+        for spec in orphans:
+            self._adopt(spec)  # its slot died between the proposal's record and its trial: queued for another
+        for k, twin in self.proposer.duplicates.items():
+            self.report.duplicates.setdefault(trial_id_of(k), twin)
+        self.proposer.stop_if_spent(self.view.record(tid) for tid in self.plans)
+        between = adopted = 0
+        for tid in self.search.trial_ids():
+            if tid in self.plans or tid in self.known_before or tid in self.report.rejected:
+                continue
+            record = self.view.record(tid)
+            if record.state is TrialState.REJECTED and not (self.search.trial_dir(tid) / "plan.json").exists():
+                self.report.rejected[tid] = record.detail  # a slot's admission refused it
+                continue
+            claim = self.search.trial_dir(tid) / "dispatch-1.json"
+            if not claim.exists():
+                between += 1  # a slot is writing it (plan, then claim)
+            elif fsio.read_json(claim).get("launch_id") == self.launch_id:
+                self.plans[tid] = WorkerPlan.load(self.search, tid)
+                self.report.dispatched.append(tid)
+                self.report.proposed += 1
+                adopted += 1
+        if self.proposer.stopped and not self.stop_said:
+            self.console.print(f"[yellow]proposals stopped: {safe(self.proposer.stopped)}[/]")
+            self.stop_said = True
+        return 1 if self.proposer.remaining() > 0 or between or adopted or orphans or self.proposer.unwritten() else 0
 
     def resubmit(self, items: Sequence[Resubmission], dispatches: Mapping[str, int]) -> list[Submitted]:
         """``parcel-hpc resubmit``'s dispatch: claim each trial's next dispatch (one another launcher
@@ -256,7 +413,7 @@ class Follower:
             for s in submitted:
                 self.writer(s.trial_id).submitted(s.job_id, self.dispatcher.name, self.launch_id, exclude_nodes)
                 self.recorded.add(s.trial_id)
-                self.submitted_jobs.add(s.job_id)
+                self.submitted_jobs[s.job_id] = time.time()
 
         try:
             return self.dispatcher.submit([TrialTask([self.plans[tid] for tid in pack]) for pack in packs], record, exclude_nodes=exclude_nodes)
@@ -286,6 +443,8 @@ class Follower:
         or a recorded one still lacks its trial (the launch goes on to follow them), else 0. A slot
         is free while fewer of this launcher's trials are unfinished than it has slots (a trial
         waiting for a retry holds its slot); another launcher's slots are its own."""
+        if self.slot_plan is not None:
+            return self._follow_slots_proposals()
         if self.search.cancellation() is not None:
             return 0
         assert self.proposer is not None and self.report is not None  # called only after proposing() set them
@@ -368,7 +527,7 @@ class Follower:
                 self._check_stop(records)
                 for tid, record in records.items():
                     states.append(record.state)
-                    if tid in self.waiting:
+                    if tid in self.waiting or tid in self.queued:
                         waiting_records[tid] = record
                         active += 1
                         continue
@@ -379,7 +538,7 @@ class Follower:
                     self._act(tid, nxt)
                 if self.proposer is not None and self.stop is None:
                     active += self._propose()
-                self._submit_waiting(waiting_records)
+                self._submit_waiting(records if self.slot_plan is not None else waiting_records)
                 progress.update(states, self._total())  # the states read this round
                 if active == 0:
                     return
@@ -418,10 +577,17 @@ class Follower:
         for tid in self.waiting:
             self.search.withdraw_dispatch(tid, self.claims.pop(tid), self.launch_id)
         self.waiting = []
+        for tid, (n, _) in self.queued.items():
+            self.search.withdraw_dispatch(tid, n, self.launch_id)  # a slot taking it now finds it withdrawn and leaves it
+            self.search.dequeue(tid, n)
+        self.queued = {}
         by_job: dict[str, list[TrialRecord]] = {}
         for r in records.values():
             if r.jobs and not r.state.is_finished() and self.dispatcher.alive(r.trial_id, r.jobs[-1]):
                 by_job.setdefault(r.jobs[-1], []).append(r)
+        for name, (job, _) in self.slot_jobs.items():
+            if self.dispatcher.alive(name, job):
+                by_job.setdefault(job, [])  # a slot running none of these trials: idle or not started
         unstarted = sorted(job for job, recs in by_job.items() if not any(a.job_id == job for r in recs for a in r.attempts))
         if unstarted:
             self.dispatcher.cancel(unstarted)

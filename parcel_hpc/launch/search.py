@@ -28,7 +28,7 @@ from parcel_hpc.governance import validation
 from parcel_hpc.governance.contract import Contract, first_difference, freeze_contract, load_contract
 from parcel_hpc.governance.outcome import Outcome
 from parcel_hpc.launch import display
-from parcel_hpc.launch.follow import Follower, account_decision, admitted, choose_packing
+from parcel_hpc.launch.follow import Follower, SlotPlan, account_decision, admitted, choose_packing, uses_slots
 from parcel_hpc.launch.pulse import Pulse
 from parcel_hpc.launch.report import LaunchReport
 from parcel_hpc.ledger import LauncherState, SearchDir, TrialSpec, TrialState
@@ -43,11 +43,12 @@ from parcel_hpc.propose.specs import (
     history_free_specs,
     in_frozen_form,
     plan_for,
+    plan_template,
     sampler_of,
     search_path,
     space_of,
 )
-from parcel_hpc.scheduler import packing
+from parcel_hpc.scheduler import packing, slots
 from parcel_hpc.scheduler.base import Dispatcher, LauncherSettings
 from parcel_hpc.scheduler.factory import executor_kind
 from parcel_hpc.selection.baseline import Baseline, BaselineKind
@@ -109,10 +110,11 @@ class SearchLaunch:
                 "search.wait=false needs a scheduler: the local executor runs trials as children of this process; use hydra/launcher=submitit_slurm"
             )
         sampler = sampler_of(contract)
-        if not cfg["search"]["wait"] and sampler.learns:
+        slotted = uses_slots(dispatcher, sampler)
+        if not cfg["search"]["wait"] and sampler.learns and not slotted:
             raise UsageError(
                 f"sampler={sampler.name.value} proposes each trial when a slot frees, so its launcher follows the search: drop search.wait=false, "
-                "or draw with sampler=random or sampler=qmc to detach"
+                "run it in slots that propose themselves (hydra.launcher.dispatch=slots), or draw with sampler=random or sampler=qmc to detach"
             )
         max_trials = int(contract["budget"]["max_trials"])
         if n_trials > max_trials:
@@ -180,14 +182,16 @@ class SearchLaunch:
             if report.dry_run:
                 self.console.print(display.dry_run_table(specs, frozen))
                 if to_propose:
-                    self.console.print(display.learning_line(sampler, to_propose, dispatcher.slots()), markup=False, highlight=False, soft_wrap=True)
+                    self.console.print(display.learning_line(sampler, to_propose, dispatcher.slots(), slotted), markup=False, highlight=False, soft_wrap=True)
                 self.console.print(display.worst_case_line(decision))
-                self.console.print(display.packing_line(pack, len(specs)))
+                n = len(specs) + to_propose
+                minutes = slots.slot_minutes(pack.size, int(frozen["resources"]["time_limit_min"]))
+                self.console.print(display.slots_line(pack, n, dispatcher.slots(), minutes) if slotted else display.packing_line(pack, len(specs)))
                 lengths = [len(g) for g in packing.groups(to_dispatch, pack.size)]
                 self.console.print(dispatcher.describe(lengths), soft_wrap=True, markup=False, highlight=False)
                 return report
             if to_propose:
-                self.console.print(display.learning_line(sampler, to_propose, dispatcher.slots()), markup=False, highlight=False, soft_wrap=True)
+                self.console.print(display.learning_line(sampler, to_propose, dispatcher.slots(), slotted), markup=False, highlight=False, soft_wrap=True)
             report.launcher = dispatcher.launch_record()
             search.write_launch(launch_id, report.to_json())
             for tid in to_dispatch:
@@ -196,11 +200,15 @@ class SearchLaunch:
                 search.write_plan(tid, plan_for(search.spec(tid), cfg, frozen, path).to_json())
             plans = {tid: WorkerPlan.load(search, tid) for tid in to_dispatch}
             follower = Follower(search, dispatcher, plans, launch_id, frozen, self.console, self.poll_s)
+            if slotted:
+                # Slots take the admitted trials and, for a sampler that learns, make the proposals.
+                fixed = packing.pack_option(dispatcher.settings.params.get("pack_size")) or 0
+                follower.slotting(SlotPlan(plan_template(cfg, frozen, path), n_trials if proposer is not None else 0, fixed))
+            if proposer is not None and (slotted or cfg["search"]["wait"]):
+                follower.proposing(proposer, lambda spec: plan_for(spec, cfg, frozen, path), report)
             follower.dispatch_initial(report)
             search.write_launch(launch_id, report.to_json())
             if cfg["search"]["wait"]:
-                if proposer is not None:
-                    follower.proposing(proposer, lambda spec: plan_for(spec, cfg, frozen, path), report)
                 follower.follow()
                 if follower.stop is not None:
                     report.stopped = str(follower.stop.outcome)

@@ -7,6 +7,9 @@
       held.json                     why dispatching stopped for good: its first trials failed alike (created once)
       trials/<trial_id>/spec.json   the proposed trial, created exclusively
       trials/<trial_id>/dispatch-<n>.json   the n-th dispatch, claimed exclusively by one launcher
+      trials/<trial_id>/dispatch-<n>.taken  the slot that took a queued dispatch (created once: worker.slot)
+      queue/<trial_id>.<n>          dispatch n waits for a slot (hydra.launcher.dispatch=slots); removed once taken
+      slots/<name>.json             a slot job a launcher submitted: its job id, launch and time limit
       trials/<trial_id>/journal-*.jsonl     per-writer event journals (journal.py)
       configs/<config hash>         which trial owns an effective configuration (dedup)
       proposals/<k>.json            proposal k of a sampler that learns, with what it was told (propose.proposals)
@@ -46,7 +49,7 @@ HELD_FILE = "held.json"
 HEARTBEAT_S = 30.0  # how often a working launch says it is alive
 # The folders read commands read records from; a link there would lead out of the search
 # (submitit/ and checkpoints/ hold no records read back, and may live elsewhere).
-RECORD_FOLDERS = ("trials", "launches", "budget", "milestones", "off_milestone", "prune_decisions", "proposals", "configs", "quarantine", "selection")
+RECORD_FOLDERS = ("trials", "slots", "launches", "budget", "milestones", "off_milestone", "prune_decisions", "proposals", "configs", "quarantine", "selection")
 
 
 class LauncherState(Enum):
@@ -205,6 +208,58 @@ class SearchDir:
         so the next launcher dispatches the trial at once instead of waiting for this one. The claim
         itself stays: dispatches are numbered by count, and a hole would break the numbering."""
         fsio.create_exclusive_json(self.trial_dir(trial_id) / f"dispatch-{n}.withdrawn", {"launch_id": launch_id})
+
+    # --- the slots' queue (worker.slot takes from it) -----------------------------------------
+    @property
+    def queue_dir(self) -> Path:
+        return self.path / "queue"
+
+    def enqueue(self, trial_id: str, n: int, launch_id: str) -> None:
+        """Dispatch ``n`` of a trial (claimed by ``launch_id``) waits for a slot to take it."""
+        fsio.ensure_dir(self.queue_dir)
+        fsio.create_exclusive_json(self.queue_dir / f"{check_trial_id(trial_id)}.{n}", {"launch_id": launch_id, "at": time.time()})
+
+    def queued(self) -> list[tuple[str, int]]:
+        """Every (trial, dispatch) in the queue, in trial order; a name that is no entry is skipped."""
+        try:
+            names = os.listdir(self.queue_dir)
+        except FileNotFoundError:
+            return []
+        out = []
+        for name in names:
+            trial_id, _, n = name.rpartition(".")
+            try:
+                out.append((check_trial_id(trial_id), int(n)))
+            except (UsageError, ValueError):
+                continue  # a temporary file of a write in flight, or something else: not an entry
+        return sorted(out)
+
+    def dequeue(self, trial_id: str, n: int) -> None:
+        """Remove a queue entry once it was taken, withdrawn or given up (another may have removed it first)."""
+        try:
+            os.unlink(self.queue_dir / f"{check_trial_id(trial_id)}.{n}")
+        except FileNotFoundError:
+            pass
+
+    def take_dispatch(self, trial_id: str, n: int, job_id: str, slot: str) -> bool:
+        """A slot takes queued dispatch ``n``; False where another slot took it first."""
+        return fsio.create_exclusive_json(self.trial_dir(trial_id) / f"dispatch-{n}.taken", {"job_id": job_id, "slot": slot, "at": time.time()})
+
+    def dispatch_mark(self, trial_id: str, n: int, mark: str) -> bool:
+        """Whether dispatch ``n`` carries ``mark`` ("taken", "withdrawn")."""
+        return (self.trial_dir(trial_id) / f"dispatch-{n}.{mark}").exists()
+
+    def write_slot(self, name: str, record: dict[str, Any]) -> None:
+        fsio.ensure_dir(self.path / "slots")
+        fsio.create_exclusive_json(self.path / "slots" / f"{check_trial_id(name)}.json", record)
+
+    def slot_records(self) -> list[dict]:
+        folder = self.path / "slots"
+        try:
+            names = sorted(os.listdir(folder))
+        except FileNotFoundError:
+            return []
+        return [fsio.read_json(folder / n) for n in names if n.endswith(".json")]
 
     def dispatch_count(self, trial_id: str) -> int:
         return len(list(self.trial_dir(trial_id).glob("dispatch-*.json")))

@@ -191,6 +191,12 @@ class Proposer:
                 self.duplicates[k] = made.twin
         return out
 
+    def stop_if_spent(self, records: Iterable[TrialRecord]) -> bool:
+        """Stop proposing once a trial's budget reservation was refused: the search's caps are spent."""
+        if not self.stopped and any(r.state is TrialState.BUDGET_EXHAUSTED for r in records):
+            self.stopped = "a trial's budget reservation was refused (budget_exhausted): the search's caps are spent"
+        return bool(self.stopped)
+
     def propose(self, read_records: Callable[[], Iterable[TrialRecord]]) -> Made | None:
         """Proposal k, for a slot the caller has free, from every result known now; None when
         another launcher recorded proposal k first, or when no more may be made (``stopped``). k is
@@ -199,8 +205,7 @@ class Proposer:
         if k >= self.n_trials or self.stopped:
             return None
         records = list(read_records())
-        if any(r.state is TrialState.BUDGET_EXHAUSTED for r in records):
-            self.stopped = "a trial's budget reservation was refused (budget_exhausted): the search's caps are spent"
+        if self.stop_if_spent(records):
             return None
         known = {r.trial_id for r in records}
         # Another launcher's proposals between their record and their trial: told as running.

@@ -93,7 +93,7 @@ def build_contract(cfg: Mapping[str, Any]) -> Contract:
         "image_digest": image_digest(cfg["image"]),
         "image_kind": cfg["image"]["kind"],
         "trainer": trainer,
-        "train": dict(cfg["train"]),
+        "train": {k: v for k, v in cfg["train"].items() if not (k == "step_seconds_param" and v is None)},
         "resources": {k: cfg["resources"][k] for k in PINNED_RESOURCES},
         "budget": dict(cfg["budget"]),
         "pruner": dict(cfg["pruner"]),
@@ -214,19 +214,20 @@ def trial_spec(contract: Contract, index: int, params: dict[str, Any], origin: d
 
 
 def plan_for(spec: TrialSpec, cfg: Mapping[str, Any], contract: Contract, search_dir: Path) -> WorkerPlan:
+    return WorkerPlan.for_trial(plan_template(cfg, contract, search_dir), spec)
+
+
+def plan_template(cfg: Mapping[str, Any], contract: Contract, search_dir: Path) -> dict[str, Any]:
+    """Every field of a worker plan but the trial's own: what a slot makes a proposal's plan from."""
     ck = cfg["checkpoint"]
-    return WorkerPlan(
+    train = contract["train"]
+    return dict(
         search_dir=str(search_dir),
-        trial_id=spec.trial_id,
-        config_hash=spec.config_hash,
         contract_digest=contract.digest,
-        params=dict(spec.params),
-        seed=spec.seed,
         snapshot_path=str(Path(cfg["snapshot"]["path"]).absolute()),
         split_path=str(Path(cfg["split"]["path"]).absolute()),
         image=dict(cfg["image"]),
-        image_digest=spec.image_digest,
-        steps=int(contract["train"]["steps"]),
+        steps=int(train["steps"]),
         metric=contract["metric"],
         preprocessing=contract["preprocessing"],
         pruner=contract["pruner"],
@@ -236,7 +237,8 @@ def plan_for(spec: TrialSpec, cfg: Mapping[str, Any], contract: Contract, search
         keep_last=int(ck["keep_last"]),
         max_retries=int(contract["budget"]["max_retries"]),
         max_preemptions=int(contract["budget"]["max_preemptions"]),
-        step_seconds=float(contract["train"].get("step_seconds", 0.0)),
+        step_seconds=float(train.get("step_seconds", 0.0)),
+        step_seconds_param=str(train.get("step_seconds_param") or ""),
         gpus=int(contract["resources"]["gpus"]),
         cpus=int(contract["resources"]["cpus"]),
         time_limit_min=int(contract["resources"]["time_limit_min"]),

@@ -12,22 +12,39 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from parcel_hpc.budget import AssociationLimit
 from parcel_hpc.ledger import Executor
-from parcel_hpc.worker import TrialTask
+from parcel_hpc.worker import WorkerPlan
+
+
+class Task(Protocol):
+    """What a dispatcher submits, one job each: a ``worker.TrialTask`` (its trials) or a
+    ``worker.slot.SlotTask`` (no trial: it takes them from the search)."""
+
+    plans: tuple[WorkerPlan, ...]
+    own_limits: bool  # each attempt stops at its own limit (the job's is longer)
+    slot: str  # a slot's name; "" for a task handed its trials
+
+    def job_minutes(self, time_limit_min: int) -> int: ...
+
+    def __call__(self) -> Any: ...
 
 
 @dataclass(frozen=True)
 class Submitted:
-    trial_id: str
+    trial_id: str  # "" for a slot
     job_id: str  # the trials of one pack share it
+    slot: str = ""  # a slot's name: it takes its trials, and journals each one's submission itself
 
 
-def submitted_of(tasks: Sequence[TrialTask], job_ids: Sequence[str]) -> list[Submitted]:
-    """Every trial of each task, with its task's job id."""
-    return [Submitted(plan.trial_id, job_id) for task, job_id in zip(tasks, job_ids) for plan in task.plans]
+def submitted_of(tasks: Sequence[Task], job_ids: Sequence[str]) -> list[Submitted]:
+    """Every trial of each task (a slot: its name), with its task's job id."""
+    out = []
+    for task, job_id in zip(tasks, job_ids):
+        out += [Submitted("", job_id, task.slot)] if task.slot else [Submitted(plan.trial_id, job_id) for plan in task.plans]
+    return out
 
 
 @dataclass(frozen=True)
@@ -95,8 +112,8 @@ class Dispatcher(ABC):
         return None
 
     @abstractmethod
-    def submit(self, tasks: Sequence[TrialTask], record: Record, exclude_nodes: Sequence[str] = ()) -> list[Submitted]:
-        """Submit ``tasks``, one job each, its time limit the sum of its trials' (``packing``);
+    def submit(self, tasks: Sequence[Task], record: Record, exclude_nodes: Sequence[str] = ()) -> list[Submitted]:
+        """Submit ``tasks``, one job each, its time limit the task's (``Task.job_minutes``);
         ``record`` is called with the job ids of each trial before any of them can start. Several
         calls of ``record`` are one batch each: what was recorded before a failure is submitted."""
 
@@ -106,7 +123,8 @@ class Dispatcher(ABC):
 
     @abstractmethod
     def alive(self, trial_id: str, job_id: str) -> bool:
-        """Whether the scheduler still holds this job (pending, running, requeued)."""
+        """Whether the scheduler still holds this job (pending, running, requeued); ``trial_id``: a
+        trial of it, or its slot's name."""
 
     @abstractmethod
     def cancel(self, job_ids: Sequence[str]) -> None:

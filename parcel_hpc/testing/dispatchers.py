@@ -13,8 +13,7 @@ from collections.abc import Sequence
 
 from parcel_hpc.errors import SchedulerUnavailable
 from parcel_hpc.ledger import Executor
-from parcel_hpc.scheduler.base import Dispatcher, LauncherSettings, Record, Submitted, submitted_of
-from parcel_hpc.worker import TrialTask
+from parcel_hpc.scheduler.base import Dispatcher, LauncherSettings, Record, Submitted, Task, submitted_of
 
 
 class FakeDispatcher(Dispatcher):
@@ -52,7 +51,7 @@ class FakeDispatcher(Dispatcher):
     def slots(self) -> int:
         return self.n_slots
 
-    def submit(self, tasks: Sequence[TrialTask], record: Record, exclude_nodes: Sequence[str] = ()) -> list[Submitted]:
+    def submit(self, tasks: Sequence[Task], record: Record, exclude_nodes: Sequence[str] = ()) -> list[Submitted]:
         out: list[Submitted] = []
         for task in tasks:
             if self.fail_submit is not None and len(self.submitted) == self.fail_submit[0]:

@@ -1,6 +1,7 @@
 """A task any dispatcher can run that only sleeps: for dispatcher conformance tests.
 
-It has what a dispatcher reads of a ``TrialTask`` (``plans``, each with a ``trial_id``) and is importable by the
+It has what a dispatcher reads of a task (``scheduler.base.Task``: ``plans``, ``slot``, ``own_limits``,
+``job_minutes``) and is importable by the
 worker process that submitit starts, so it pickles by reference like the real task.
 """
 
@@ -21,6 +22,11 @@ class SleepTask:
         self.plans = tuple(SleepPlan(t) for t in (trial_id, *packed_with))  # a pack: several trials, one job
         self.seconds = seconds
         self.started = started  # touched once the job runs, so a test can act on a running job
+        self.own_limits = len(self.plans) > 1
+        self.slot = ""
+
+    def job_minutes(self, time_limit_min: int) -> int:
+        return len(self.plans) * time_limit_min
 
     def __call__(self) -> str:
         if self.started is not None:

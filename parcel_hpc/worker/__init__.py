@@ -1,6 +1,7 @@
 """The per-trial task: admit -> claim -> resume or start -> train -> milestones -> end.
 
 task.py      TrialTask, what submitit pickles and runs: one or more trials in turn (a pack)
+slot.py      SlotTask: a job that takes its trials (and a learning sampler's proposals) in turn
 attempt.py   AttemptRun: one attempt, every transition journaled
 training.py  the training loop around a trainer (steps, checkpoint cadence, validation)
 signals.py   the scheduler's signal, held until the trainer is between steps

@@ -11,8 +11,14 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from parcel_hpc.checkpoints import KEEP_LAST
-from parcel_hpc.ledger import SearchDir
+from parcel_hpc.ledger import SearchDir, TrialSpec
 from parcel_hpc.lifecycle.actions import RetryPolicy
+
+TRIAL_FIELDS = ("trial_id", "config_hash", "params", "seed", "image_digest")
+
+
+def trial_fields(spec: TrialSpec) -> dict[str, Any]:
+    return {"trial_id": spec.trial_id, "config_hash": spec.config_hash, "params": dict(spec.params), "seed": spec.seed, "image_digest": spec.image_digest}
 
 
 @dataclass(frozen=True)
@@ -38,6 +44,7 @@ class WorkerPlan:
     every_steps: int = 10
     keep_last: int = KEEP_LAST
     step_seconds: float = 0.0
+    step_seconds_param: str = ""  # a space parameter scaling step_seconds ("" : none)
     gpus: int = 0
     cpus: int = 1
     time_limit_min: int = 10
@@ -48,6 +55,15 @@ class WorkerPlan:
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> WorkerPlan:
         return cls(**obj)
+
+    @classmethod
+    def for_trial(cls, template: Mapping[str, Any], spec: TrialSpec) -> WorkerPlan:
+        """The plan of ``spec`` from a launch's ``template`` (every field but the trial's own)."""
+        return cls(**{**template, **trial_fields(spec)})
+
+    def template(self) -> dict:
+        """This plan without the trial's own fields: what every trial of its launch shares."""
+        return {k: v for k, v in self.to_json().items() if k not in TRIAL_FIELDS}
 
     @classmethod
     def load(cls, search: SearchDir, trial_id: str) -> WorkerPlan:

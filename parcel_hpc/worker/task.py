@@ -38,6 +38,8 @@ from parcel_hpc.worker.plan import WorkerPlan
 
 
 class TrialTask:
+    slot = ""  # handed its trials: no slot
+
     def __init__(self, plans: Sequence[WorkerPlan], own_limits: bool | None = None) -> None:
         if not plans:
             raise ValueError("a TrialTask needs at least one plan")
@@ -50,6 +52,10 @@ class TrialTask:
     @property
     def packed(self) -> bool:
         return len(self.plans) > 1
+
+    def job_minutes(self, time_limit_min: int) -> int:
+        """Its job's time limit: every trial in it may use its own limit."""
+        return len(self.plans) * int(time_limit_min)
 
     def __getstate__(self) -> dict:
         return {"plans": self.plans, "own_limits": self.own_limits}  # runtime state lives in checkpoints and the ledger
@@ -91,8 +97,8 @@ class TrialTask:
                     self._run.release_claim()
                 self._run = None
             results.append(result)
-            if self.packed and (why := self._stops_pack(search, plan.trial_id, ran)):
-                # The trials left stay queued, never run against what stopped it (``_stops_pack``).
+            if self.packed and (why := stops_turn(search, plan.trial_id, ran)):
+                # The trials left stay queued, never run against what stopped it (``stops_turn``).
                 results += [{"trial_id": p.trial_id, "state": "skipped", "why": why} for p in turn]
                 turn = []
             if result.get("again"):
@@ -103,25 +109,12 @@ class TrialTask:
                 signal.raise_signal(pending[0])
         return results if self.packed else results[0]
 
-    @staticmethod
-    def _stops_pack(search: SearchDir, trial_id: str, ran: list[FailureSignature | None]) -> str:
-        """Note how the attempt just run ended; why the pack runs none of its trials left ("" to go on):
-        this environment differs from the contract (every trial would be rejected the same), or its
-        first attempts all failed alike (the follower checks, each alone, whether they reproduce)."""
-        record = search.record(trial_id)
-        if record.awaiting_environment():
-            return f"this worker's environment differs from the contract ({record.detail})"
-        ran.append(record.attempts[-1].signature() if record.attempts else None)
-        if systematic.first_alike(ran, systematic.threshold(search.contract()["budget"])):
-            return "the pack's first trials failed alike"
-        return ""
-
     def checkpoint(self, *_args: Any, **_kwargs: Any) -> submitit.helpers.DelayedSubmission | None:
         """submitit's hook on SIGUSR2: save, record the interruption, requeue while a trial needs it."""
         run = self._run
         if run is None and not self.packed:
             return submitit.helpers.DelayedSubmission(TrialTask(self.plans, self.own_limits))  # signalled before the attempt began
-        again = run is not None and run.interrupt(_signal_cause(run))
+        again = run is not None and run.interrupt(signal_cause_of(run))
         if run is not None:
             run.release_claim()  # an orderly exit: the requeued job's attempt re-enters the directory
         if again if not self.packed else self._unfinished():  # read after the running trial recorded its interruption
@@ -133,7 +126,20 @@ class TrialTask:
         return any(not search.record(p.trial_id).state.is_finished() for p in self.plans)
 
 
-def _signal_cause(run: AttemptRun) -> Cause:
+def stops_turn(search: SearchDir, trial_id: str, ran: list[FailureSignature | None]) -> str:
+    """Note how the attempt just run ended; why the job (a pack, a slot) runs no more trials ("" to
+    go on): this environment differs from the contract (every trial would be rejected the same), or
+    its first attempts all failed alike (the follower checks, each alone, whether they reproduce)."""
+    record = search.record(trial_id)
+    if record.awaiting_environment():
+        return f"this worker's environment differs from the contract ({record.detail})"
+    ran.append(record.attempts[-1].signature() if record.attempts else None)
+    if systematic.first_alike(ran, systematic.threshold(search.contract()["budget"])):
+        return "the job's first trials failed alike"
+    return ""
+
+
+def signal_cause_of(run: AttemptRun) -> Cause:
     with guard.unfenced():  # delivered between the trainer's steps, while it is fenced: asking scontrol is the toolkit's, not the trainer's
         return signal_cause(run.facts)
 

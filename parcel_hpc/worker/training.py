@@ -64,7 +64,8 @@ def train(plan: WorkerPlan, trainer: Trainer, data: TrainingData, step: int, cal
             hook(plan.params, step)
         calls.stepped(step)
         if plan.step_seconds > 0:
-            time.sleep(max(0.0, plan.step_seconds - (time.monotonic() - step_started)))
+            scale = float(plan.params[plan.step_seconds_param]) if plan.step_seconds_param else 1.0
+            time.sleep(max(0.0, plan.step_seconds * scale - (time.monotonic() - step_started)))
         if step % plan.every_steps == 0 or step == plan.steps:
             calls.save(step)
         if step in milestones or step == plan.steps:

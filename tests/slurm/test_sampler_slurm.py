@@ -1,5 +1,7 @@
-"""A TPE search on the real dev SLURM cluster: each trial proposed when one of the array slots
-frees, submitted as its own job, every proposal replayed exactly afterwards."""
+"""A TPE search on the real dev SLURM cluster dispatched as jobs (``hydra.launcher.dispatch=jobs``):
+each trial proposed by the launcher when one of the array slots frees, submitted as its own job,
+every proposal replayed exactly afterwards. Slots, the default for a learning sampler, are
+tests/slurm/test_slurm_slots.py."""
 
 import json
 
@@ -17,7 +19,14 @@ def test_tpe_search_on_slurm_proposes_into_free_slots_and_replays(tmp_path, data
     _, names = cluster_guard
     names.append("parcel-tpe")
     res = launch(
-        ["hydra/launcher=submitit_slurm", f"search.root={tmp_path / 'runs'}", "search.revision=tpe", "sampler=tpe", "sampler.n_startup_trials=3"]
+        [
+            "hydra/launcher=submitit_slurm",
+            "hydra.launcher.dispatch=jobs",
+            f"search.root={tmp_path / 'runs'}",
+            "search.revision=tpe",
+            "sampler=tpe",
+            "sampler.n_startup_trials=3",
+        ]
         + ["lr=tag(log,interval(0.003,0.3))", "search.n_trials=9", "hydra.launcher.array_parallelism=3", "resources.gpus=1"],
         cwd=tmp_path,
         data_dir=data_dir,
@@ -46,11 +55,19 @@ def test_tpe_search_on_slurm_proposes_into_free_slots_and_replays(tmp_path, data
     assert {r.split("_")[0] for r in rows.split()} == arrays
 
 
-def test_a_learning_sampler_cannot_detach(tmp_path, data_dir):
+def test_a_learning_sampler_dispatched_as_jobs_cannot_detach(tmp_path, data_dir):
     res = launch(
-        ["hydra/launcher=submitit_slurm", f"search.root={tmp_path / 'runs'}", "search.revision=tpe-d", "sampler=tpe", "search.wait=false"],
+        [
+            "hydra/launcher=submitit_slurm",
+            "hydra.launcher.dispatch=jobs",
+            f"search.root={tmp_path / 'runs'}",
+            "search.revision=tpe-d",
+            "sampler=tpe",
+            "search.wait=false",
+        ],
         cwd=tmp_path,
         data_dir=data_dir,
     )
     assert res.returncode == 2 and "sampler=tpe proposes each trial when a slot frees" in res.stderr, res.stderr
+    assert "hydra.launcher.dispatch=slots" in res.stderr  # the fix: slots that propose themselves
     assert res.stderr.strip().count("\n") == 0 and not (tmp_path / "runs" / "tpe-d").exists()

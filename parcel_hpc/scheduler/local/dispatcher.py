@@ -23,10 +23,8 @@ import submitit
 
 from parcel_hpc.errors import UsageError
 from parcel_hpc.ledger import Executor, SearchDir
-from parcel_hpc.scheduler.base import Dispatcher, LauncherSettings, Record, Submitted, submitted_of
-from parcel_hpc.scheduler.packing import job_time_limit_min
+from parcel_hpc.scheduler.base import Dispatcher, LauncherSettings, Record, Submitted, Task, submitted_of
 from parcel_hpc.scheduler.probe import pid_alive, runs_submitit
-from parcel_hpc.worker import TrialTask
 
 WAKE_S = 0.02  # how often a waiting launch asks its children whether one ended
 
@@ -43,7 +41,6 @@ class LocalDispatcher(Dispatcher):
         self.folder = Path(folder)
         self._max_num_timeout = max_num_timeout
         self._executor: submitit.LocalExecutor | None = None
-        self.jobs: dict[str, Any] = {}  # trial_id -> submitit Job of this launch
         wanted = int(settings.resources["gpus"])
         self.devices = machine_gpus() if wanted > 0 else ()
         self.gpus_per_job = wanted if len(self.devices) >= wanted else 0  # 0: CPU only, charged no GPU-hours
@@ -63,8 +60,7 @@ class LocalDispatcher(Dispatcher):
         pass  # this machine is the scheduler
 
     def capacity(self) -> int:
-        running = {str(j.job_id) for j in self.jobs.values() if not j.done()}  # a pack's trials share one job
-        free = self.parallelism - len(running)
+        free = self.parallelism - sum(not job.done() for job, _ in self.held.values())
         return min(free, len(self._free_devices()) // self.gpus_per_job) if self.gpus_per_job else free
 
     def _free_devices(self) -> list[int]:
@@ -74,21 +70,19 @@ class LocalDispatcher(Dispatcher):
     def slots(self) -> int:
         return self.parallelism
 
-    def submit(self, tasks: Sequence[TrialTask], record: Record, exclude_nodes: Sequence[str] = ()) -> list[Submitted]:
+    def submit(self, tasks: Sequence[Task], record: Record, exclude_nodes: Sequence[str] = ()) -> list[Submitted]:
         job_ids = []
         for task in tasks:
             devices = tuple(self._free_devices()[: self.gpus_per_job])
             if len(devices) < self.gpus_per_job:
                 raise UsageError(f"no {self.gpus_per_job} free GPUs for another job: submit at most capacity() jobs")
             self.executor.update_parameters(
-                timeout_min=job_time_limit_min(len(task.plans), int(self.settings.resources["time_limit_min"])),
+                timeout_min=task.job_minutes(int(self.settings.resources["time_limit_min"])),
                 gpus_per_node=len(devices),
                 visible_gpus=devices,
             )
             job = self.executor.submit(task)
             self.held[str(job.job_id)] = (job, devices)
-            for plan in task.plans:
-                self.jobs[plan.trial_id] = job
             job_ids.append(str(job.job_id))
         out = submitted_of(tasks, job_ids)
         record(out)
@@ -108,9 +102,8 @@ class LocalDispatcher(Dispatcher):
         time.sleep(max(0.0, seconds - (time.monotonic() - started)))
 
     def alive(self, trial_id: str, job_id: str) -> bool:
-        job = self.jobs.get(trial_id)
-        if job is not None and str(job.job_id) == job_id:
-            return not job.done()
+        if job_id in self.held:  # this launch's job (a pack's or a slot's trials share it)
+            return not self.held[job_id][0].done()
         return pid_alive(job_id) and runs_submitit(job_id)  # a job of an earlier launch on this machine (not a recycled pid)
 
     def cancel(self, job_ids: Sequence[str]) -> None:

@@ -22,11 +22,10 @@ from parcel_hpc.budget import AssociationLimit
 from parcel_hpc.errors import ReleaseFailed, SchedulerUnavailable
 from parcel_hpc.ledger import Executor, SearchDir
 from parcel_hpc.ownership import current_user
-from parcel_hpc.scheduler.base import Dispatcher, LauncherSettings, Record, Submitted, submitted_of
+from parcel_hpc.scheduler.base import Dispatcher, LauncherSettings, Record, Submitted, Task, submitted_of
 from parcel_hpc.scheduler.identity import SearchIdentity, scheduler_name
 from parcel_hpc.scheduler.packing import job_time_limit_min
 from parcel_hpc.scheduler.slurm import queue as slurm
-from parcel_hpc.worker import TrialTask
 
 
 class SlurmDispatcher(Dispatcher):
@@ -97,7 +96,7 @@ class SlurmDispatcher(Dispatcher):
             self._max_job_minutes = (slurm.max_job_minutes(self.settings.resources.get("partition"), self.env),)
         return self._max_job_minutes[0]
 
-    def submit(self, tasks: Sequence[TrialTask], record: Record, exclude_nodes: Sequence[str] = ()) -> list[Submitted]:
+    def submit(self, tasks: Sequence[Task], record: Record, exclude_nodes: Sequence[str] = ()) -> list[Submitted]:
         out: list[Submitted] = []
         size = self.limits.max_array_size
         parallelism = self.slots()
@@ -108,16 +107,16 @@ class SlurmDispatcher(Dispatcher):
             out += self._submit_array(chunk, record, exclude_nodes, share)
         return out
 
-    def _submit_array(self, tasks: Sequence[TrialTask], record: Record, exclude_nodes: Sequence[str], parallelism: int) -> list[Submitted]:
+    def _submit_array(self, tasks: Sequence[Task], record: Record, exclude_nodes: Sequence[str], parallelism: int) -> list[Submitted]:
         params = self.executor.parameters
         params["array_parallelism"] = parallelism
         extra = params.setdefault("additional_parameters", {})
         if exclude_nodes:
             extra["exclude"] = ",".join(exclude_nodes)
         limit = int(self.settings.resources["time_limit_min"])
-        params["time"] = job_time_limit_min(max(len(t.plans) for t in tasks), limit)
+        params["time"] = max(t.job_minutes(limit) for t in tasks)
         for task in tasks:
-            if params["time"] > job_time_limit_min(len(task.plans), limit):
+            if params["time"] > task.job_minutes(limit):
                 task.own_limits = True  # a shorter task in an array of longer packs: the scheduler warns too late for it
         try:
             jobs = self.executor.submit_array(list(tasks))

@@ -1,0 +1,220 @@
+"""A slot: one job that runs trials one after another, taking each when it is free
+(``hydra.launcher.dispatch=slots``).
+
+A packed job (``task.py``) is handed its trials when it is submitted; a slot takes its next trial
+from the search itself, so a sampler that learns is packed too (the slot asks it, told every
+result known at that moment) and trials of unequal length balance over the slots:
+
+1. a requeued slot first resumes the trial it was running (its job id is that trial's last);
+2. then it takes a queued dispatch (``SearchDir.queued``: trials a launcher admitted and claimed),
+   the longest expected that fits its remaining time (``scheduler.slots.choose``), by creating
+   ``dispatch-<n>.taken`` exclusively; two slots never take one dispatch;
+3. with nothing queued it makes the next proposal of a sampler that learns
+   (``propose.proposals.Proposer``, create-exclusive and replayable as a launcher's), admits it,
+   writes its plan from the launch's template and claims its first dispatch;
+4. it ends when nothing is left that it can run: no allocation idles waiting for work.
+
+Every trial keeps what governance sees (admission, claim, checkpoints, journal, budget): each runs
+as one ``AttemptRun`` with its own time limit, its ``submitted`` event naming this slot's job. The
+slot stops taking trials when the search is held or cancelled, when its environment differs from
+the contract, or when its first attempts failed alike (``task.stops_turn``). On the scheduler's
+signal it checkpoints the running trial and is requeued while work is left.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import submitit
+from submitit.core.utils import UncompletedJobError
+
+from parcel_hpc.fsio import owner_only_writes
+from parcel_hpc.governance.admission import admit_proposal
+from parcel_hpc.ledger import RecordView, SearchDir, Started, TrialRecord, TrialWriter
+from parcel_hpc.ledger.events import FailureSignature
+from parcel_hpc.propose.proposals import Proposer
+from parcel_hpc.scheduler.slots import Queued, choose, expected_s, free_to_take, peers
+from parcel_hpc.worker.attempt import AttemptRun
+from parcel_hpc.worker.cache import WorkerCache
+from parcel_hpc.worker.jobenv import facts_from_env
+from parcel_hpc.worker.plan import WorkerPlan
+from parcel_hpc.worker.task import signal_cause_of, stops_turn
+
+START_MARGIN_S = 10.0  # a trial is started only this long before the scheduler's warning, at the latest
+MAX_LOST_RACES = 64  # proposals another slot recorded first, in a row, before this slot leaves the rest to others
+
+
+class SlotTask:
+    plans: tuple[WorkerPlan, ...] = ()  # a slot is handed no trial: it takes them
+    own_limits = True  # each attempt stops at its own limit: the job's is the slot's
+
+    def __init__(
+        self,
+        search_dir: str,
+        launch_id: str,
+        name: str,
+        minutes: int,
+        template: Mapping[str, Any],
+        proposals: int = 0,
+        max_trials: int = 0,
+        signal_delay_s: int = 0,
+    ) -> None:
+        self.search_dir = search_dir
+        self.launch_id = launch_id
+        self.name = self.slot = name  # unique in its search: slots/<name>.json records its job
+        self.minutes = minutes
+        self.template = dict(template)  # a proposal's plan is this with the trial's own fields
+        self.proposals = proposals  # the launch's n_trials for a sampler that learns; 0 takes only queued trials
+        self.max_trials = max_trials  # hydra.launcher.pack_size when fixed; 0: as many as fit
+        self.signal_delay_s = signal_delay_s
+        self._run: AttemptRun | None = None
+        self._search: SearchDir | None = None
+
+    def job_minutes(self, time_limit_min: int) -> int:
+        return self.minutes
+
+    def _args(self) -> tuple:
+        return (self.search_dir, self.launch_id, self.name, self.minutes, self.template, self.proposals, self.max_trials, self.signal_delay_s)
+
+    def __getstate__(self) -> dict:
+        return {"args": self._args()}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(*state["args"])  # type: ignore[misc]  # unpickling runs the constructor on the new instance
+
+    # --- the slot -------------------------------------------------------------------------------
+    def __call__(self) -> list[dict]:
+        owner_only_writes()
+        began = time.monotonic()
+        deadline = began + 60.0 * self.minutes - self.signal_delay_s - START_MARGIN_S
+        facts = facts_from_env()
+        cache = WorkerCache()
+        search = self._search = SearchDir(Path(self.search_dir))
+        view = RecordView(search)
+        proposer = Proposer(search, search.contract(), self.proposals, self.launch_id) if self.proposals else None
+        results: list[dict] = []
+        ran: list[FailureSignature | None] = []
+        own = [r for r in (view.record(t) for t in search.trial_ids()) if r.jobs and r.jobs[-1] == facts.job_id and not r.state.is_finished()]
+        while True:
+            if search.hold() is not None or search.cancellation() is not None:
+                break  # held (trials failing alike) or cancelled after this slot started: it starts nothing more
+            if self.max_trials and len(results) >= self.max_trials:
+                break
+            record = own.pop(0) if own else self._take(search, view, facts, deadline - time.monotonic(), first=not results)
+            if record is None and proposer is not None:
+                record = self._propose(search, view, facts, proposer, deadline - time.monotonic(), first=not results)
+            if record is None:
+                break
+            results.append(self._attempt(record, facts, cache))
+            if why := stops_turn(search, record.trial_id, ran):
+                results.append({"slot": self.name, "state": "stopped", "why": why})
+                break
+        return results
+
+    def _attempt(self, record: TrialRecord, facts: Started, cache: WorkerCache) -> dict:
+        plan = WorkerPlan.load(SearchDir(Path(self.search_dir)), record.trial_id)
+        try:
+            self._run = AttemptRun(plan, facts, cache, limit_s=60.0 * plan.time_limit_min, prior=record)
+            return self._run.execute()
+        except UncompletedJobError:
+            raise
+        except Exception as exc:  # journaled by the attempt: the slot goes on with the next trial
+            return {"trial_id": plan.trial_id, "state": "failed", "error": f"{type(exc).__name__}: {exc}"[:500]}
+        finally:
+            pending = self._run.signals.pending[:1] if self._run is not None else []
+            if self._run is not None:
+                self._run.release_claim()
+            self._run = None
+            if pending:
+                signal.raise_signal(pending[0])  # the warning came after the trial's last step: requeue now (``checkpoint``)
+
+    def _take(self, search: SearchDir, view: RecordView, facts: Started, remaining_s: float, first: bool) -> TrialRecord | None:
+        """Take a queued dispatch: the longest expected that fits, created exclusively; None when none fits."""
+        records = {tid: view.record(tid) for tid in search.trial_ids()}
+        known = peers(records.values())
+        candidates: list[tuple[Queued, float]] = []
+        for tid, n in search.queued():
+            record = records.get(tid)
+            if record is None:
+                continue  # its spec is not visible here yet
+            taken, withdrawn = search.dispatch_mark(tid, n, "taken"), search.dispatch_mark(tid, n, "withdrawn")
+            latest = search.dispatch_count(tid)
+            if not free_to_take(record, n, taken, withdrawn, latest):
+                if taken or withdrawn or n != latest or record.state.is_finished() or len(record.jobs) >= n:
+                    search.dequeue(tid, n)  # nobody will take it: its entry goes
+                continue
+            limit_s = 60.0 * float(search.plan_json(tid).get("time_limit_min", 10))
+            candidates.append((Queued(tid, n), expected_s(record.spec.params, known, limit_s)))
+        while (pick := choose(candidates, remaining_s, first)) is not None:
+            candidates = [c for c in candidates if c[0] != pick]
+            if self._claim(search, pick, facts):
+                return view.record(pick.trial_id)
+        return None
+
+    def _claim(self, search: SearchDir, queued: Queued, facts: Started) -> bool:
+        """Take dispatch ``queued`` and journal its submission by this slot's job; False when another
+        slot took it first or its launcher withdrew it (a stop) meanwhile."""
+        tid, n = queued.trial_id, queued.dispatch
+        if not search.take_dispatch(tid, n, facts.job_id, self.name):
+            return False
+        search.dequeue(tid, n)
+        if search.dispatch_mark(tid, n, "withdrawn"):
+            return False  # withdrawn as it was taken: the next launch dispatches it
+        TrialWriter(search.trial_dir(tid), "slot").submitted(facts.job_id, facts.executor, self.launch_id)
+        return True
+
+    def _propose(self, search: SearchDir, view: RecordView, facts: Started, proposer: Proposer, remaining_s: float, first: bool) -> TrialRecord | None:
+        """The sampler's next proposal, admitted, planned and taken by this slot; one that does not fit
+        the time left is queued for another slot. None when no more proposals may be made."""
+        contract = proposer.contract
+        for _ in range(MAX_LOST_RACES):
+            if proposer.remaining() == 0:
+                return None
+            made = proposer.propose(lambda: [view.record(t) for t in search.trial_ids()])
+            if made is None:
+                if proposer.stopped:
+                    return None
+                continue  # another slot recorded proposal k first: this one asks for k + 1
+            spec = made.spec
+            if spec is None:
+                continue  # a twin's configuration: a duplicate, never run
+            tid = spec.trial_id
+            outcome = admit_proposal(tid, spec.config_hash, contract)
+            if not outcome.is_admit:
+                TrialWriter(search.trial_dir(tid), "slot").admission_refused(outcome, self.launch_id)
+                continue
+            search.write_plan(tid, WorkerPlan.for_trial(self.template, spec).to_json())
+            n = search.claim_dispatch(tid, self.launch_id, 0)
+            if n is None:
+                continue  # a launcher finishing an orphaned proposal claimed it: it queues it
+            known = peers(view.record(t) for t in search.trial_ids())
+            if not first and expected_s(spec.params, known, 60.0 * float(self.template["time_limit_min"])) > remaining_s:
+                search.enqueue(tid, n, self.launch_id)  # longer than this slot has left: a fresh slot takes it
+                return None
+            search.enqueue(tid, n, self.launch_id)  # queued and taken at once: the queue is the one way in
+            if self._claim(search, Queued(tid, n), facts):
+                return view.record(tid)
+        return None
+
+    # --- the scheduler's signal -----------------------------------------------------------------
+    def checkpoint(self, *_args: Any, **_kwargs: Any) -> submitit.helpers.DelayedSubmission | None:
+        """submitit's hook on SIGUSR2: save and record the running trial, and requeue the slot while
+        that trial or any other work is left (the requeued slot resumes that trial first)."""
+        run = self._run
+        again = False
+        if run is not None:
+            again = run.interrupt(signal_cause_of(run))
+            run.release_claim()
+        if again or self._work_left():
+            return submitit.helpers.DelayedSubmission(SlotTask(*self._args()))
+        return None
+
+    def _work_left(self) -> bool:
+        search = self._search or SearchDir(Path(self.search_dir))
+        if search.hold() is not None or search.cancellation() is not None:
+            return False
+        return bool(search.queued()) or (self.proposals > 0 and len(search.proposal_numbers()) < self.proposals)
