@@ -3,6 +3,8 @@ is never retried or resubmitted, its budget hold is settled, and cancelling agai
 
 import json
 
+import pytest
+
 from parcel_hpc.budget import SearchBudget
 from parcel_hpc.ledger import Cause, SearchDir, TrialState
 from parcel_hpc.testing import finish, launch, parcel_hpc, start_launch, wait_for
@@ -10,8 +12,9 @@ from parcel_hpc.testing import finish, launch, parcel_hpc, start_launch, wait_fo
 SLOW = ["pruner=none", "train.step_seconds=0.1", "hydra.launcher.parallelism=2"]  # about 8 s a trial
 
 
-def start(tmp_path, data_dir, rev: str, n: int):
-    return start_launch([f"search.root={tmp_path / 'runs'}", f"search.revision={rev}", f"search.n_trials={n}", *SLOW], cwd=tmp_path, data_dir=data_dir)
+def start(tmp_path, data_dir, rev: str, n: int, *more: str):
+    argv = [f"search.root={tmp_path / 'runs'}", f"search.revision={rev}", f"search.n_trials={n}", *SLOW, *more]
+    return start_launch(argv, cwd=tmp_path, data_dir=data_dir)
 
 
 def running(search: SearchDir, n: int):
@@ -26,9 +29,10 @@ def journal_lines(search: SearchDir) -> int:
     return sum(len(p.read_text().splitlines()) for p in search.trials_dir.glob("*/journal-*.jsonl"))
 
 
-def test_cancel_stops_a_running_search_for_good(tmp_path, data_dir):
+@pytest.mark.parametrize("dispatch", ["jobs", "slots"])
+def test_cancel_stops_a_running_search_for_good(tmp_path, data_dir, dispatch):
     search = SearchDir(tmp_path / "runs" / "stop")
-    proc = start(tmp_path, data_dir, "stop", 6)
+    proc = start(tmp_path, data_dir, "stop", 6, f"hydra.launcher.dispatch={dispatch}")
     running(search, 2)
     res = parcel_hpc(["cancel", str(search.path), "--reason", "wrong space"], cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
@@ -41,6 +45,7 @@ def test_cancel_stops_a_running_search_for_good(tmp_path, data_dir):
         assert len(r.attempts) <= 1  # never retried after the signal
         assert SearchBudget(search.path, search.contract()).held(r.trial_id) == []  # every hold settled
     assert sum(len(r.attempts) for r in records) == 2  # the four waiting for a slot never started
+    assert not search.queued()  # nothing left for a slot to take
     assert json.loads(search.path.joinpath("cancelled.json").read_text())["reason"] == "wrong space"
 
     lines = journal_lines(search)

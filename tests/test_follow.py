@@ -5,6 +5,7 @@ tests/test_faults_local.py and tests/slurm/test_faults.py."""
 from __future__ import annotations
 
 import io
+import json
 
 import pytest
 from hydra import compose, initialize_config_module
@@ -16,6 +17,7 @@ from parcel_hpc.launch import follow
 from parcel_hpc.launch.report import LaunchReport
 from parcel_hpc.launch.search import SearchLaunch, from_hydra
 from parcel_hpc.ledger import AttemptEnd, Cause, Ended, SearchDir, Started, TrialState
+from parcel_hpc.lifecycle.actions import Action, Next
 from parcel_hpc.lifecycle.resubmit import Resubmission
 from parcel_hpc.propose.proposals import Proposer
 from parcel_hpc.propose.specs import plan_template
@@ -209,3 +211,30 @@ def test_a_trial_a_slot_proposed_as_the_last_others_ended_keeps_the_launch_follo
     assert follower.proposer.remaining() == 0
     assert follower._propose() == 1 and tid in follower.plans  # adopted now: the launch follows it to its end
     assert follower._propose() == 0  # nothing more to adopt or propose: its trial is what keeps the launch going
+
+
+def test_a_queued_dispatch_is_taken_by_the_launcher_before_its_replacement_is_claimed(tmp_path, artifacts):
+    """A launcher that gives up a queued dispatch (its claimer's grace ran out) first takes it the way
+    a slot would: a slot that took it a moment before keeps it, and no slot takes it afterwards."""
+    cfg, settings = configured(tmp_path, artifacts, "search.wait=false", "hydra.launcher.dispatch=slots")
+    fake = FakeDispatcher(settings, slots=2)
+    report, _ = launch(cfg, fake)
+    search = SearchDir(tmp_path / "runs" / "fake")
+    assert sorted(search.queued()) == [(t, 1) for t in sorted(search.trial_ids())]  # queued, no job yet
+    assert search.take_dispatch("t0000", 1, "77_0", "a-slot")  # a slot takes t0000 and has not journaled yet
+    later = follow.Follower(search, fake, {}, "another-launch", search.contract(), Console(file=io.StringIO()), 0.0)
+    for tid in ("t0000", "t0001"):
+        later.seen_dispatches[tid] = 1
+        later._act(tid, Next(Action.DISPATCH))
+    assert search.dispatch_count("t0000") == 1  # the slot's: never replaced under it
+    assert search.dispatch_count("t0001") == 2 and ("t0001", 1) not in search.queued()  # taken back, then replaced
+    assert json.loads((search.trial_dir("t0001") / "dispatch-1.taken").read_text())["slot"] == "launch another-launch"
+
+
+def test_a_detached_slot_launch_makes_room_for_every_trial_at_its_limit(tmp_path, artifacts):
+    cfg, settings = configured(tmp_path, artifacts, "search.wait=false", "hydra.launcher.dispatch=slots", "hydra.launcher.pack_size=1")
+    fake = FakeDispatcher(settings, slots=2)
+    _, printed = launch(cfg, fake)
+    assert "detached: room for all 6 at their limit over the slots" in printed
+    minutes = {json.loads(p.read_text())["minutes"] for p in (tmp_path / "runs" / "fake" / "slots").glob("*.json")}
+    assert minutes == {(6 // 2 + 1) * int(settings.resources["time_limit_min"])}  # 3 each, and one more

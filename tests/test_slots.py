@@ -14,6 +14,7 @@ from parcel_hpc.scheduler import slots
 from parcel_hpc.scheduler.slots import Peer, Queued
 from parcel_hpc.scheduler.slurm.runs import JobRun
 from parcel_hpc.scheduler.slurm.states import JobState
+from parcel_hpc.worker.slot import interrupted_here
 
 
 def spec(tid, **params):
@@ -46,27 +47,28 @@ def test_the_nearest_peers_on_a_log_scale_decide_and_the_limit_caps_them():
     assert slots.expected_s({"lr": 0.15}, many, 600.0) == pytest.approx(14.0)  # the median of its 5 nearest (12..16)
 
 
-def test_the_longest_fitting_trial_is_taken_ties_in_trial_order():
+def test_the_longest_expected_trial_whose_limit_fits_is_taken_ties_in_trial_order():
     a, b, c = Queued("t0002", 1), Queued("t0001", 1), Queued("t0003", 2)
-    assert slots.choose([(a, 30.0), (b, 30.0), (c, 10.0)], 100.0, first=False) == b
-    assert slots.choose([(a, 300.0), (b, 30.0), (c, 10.0)], 100.0, first=False) == b  # 300 s does not fit 100 s
-    assert slots.choose([(a, 300.0), (b, 200.0)], 100.0, first=False) is None  # the slot ends: a fresh one takes them
-    assert slots.choose([(a, 300.0), (b, 200.0)], 100.0, first=True) == a  # a fresh slot's first trial, whatever its length
+    C = slots.Candidate
+    assert slots.choose([C(a, 30.0, 60.0), C(b, 30.0, 60.0), C(c, 10.0, 60.0)], 100.0, first=False) == b
+    assert slots.choose([C(a, 50.0, 300.0), C(b, 30.0, 60.0), C(c, 10.0, 60.0)], 100.0, first=False) == b  # a's limit does not fit 100 s
+    assert slots.choose([C(a, 5.0, 300.0), C(b, 5.0, 200.0)], 100.0, first=False) is None  # the slot ends: a fresh one takes them
+    assert slots.choose([C(a, 5.0, 300.0), C(b, 4.0, 200.0)], 100.0, first=True) == a  # a fresh slot's first trial, whatever its limit
     assert slots.choose([], 100.0, first=True) is None
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.floats(0, 1000), max_size=12), st.floats(0, 1000), st.booleans())
-def test_property_what_is_chosen_fits_and_nothing_fitting_is_longer(lengths, remaining, first):
-    candidates = [(Queued(f"t{i:04d}", 1), s) for i, s in enumerate(lengths)]
+@given(st.lists(st.tuples(st.floats(0, 1000), st.floats(0, 1000)), max_size=12), st.floats(0, 1000), st.booleans())
+def test_property_what_is_chosen_fits_and_nothing_fitting_is_expected_longer(trials, remaining, first):
+    candidates = [slots.Candidate(Queued(f"t{i:04d}", 1), expected, limit) for i, (expected, limit) in enumerate(trials)]
     pick = slots.choose(candidates, remaining, first)
-    fitting = [s for _, s in candidates if first or s <= remaining]
+    fitting = [c for c in candidates if first or c.limit_s <= remaining]
     if not fitting:
         assert pick is None
         return
-    chosen = dict(candidates)[pick]
-    assert chosen == max(fitting)
-    assert pick.trial_id == min(q.trial_id for q, s in candidates if s == chosen)  # ties: the first trial
+    chosen = next(c for c in candidates if c.queued == pick)
+    assert chosen in fitting and chosen.expected_s == max(c.expected_s for c in fitting)
+    assert pick.trial_id == min(c.queued.trial_id for c in fitting if c.expected_s == chosen.expected_s)  # ties: the first trial
 
 
 def test_a_slot_takes_only_the_latest_dispatch_of_a_trial_no_one_took():
@@ -126,3 +128,14 @@ def test_a_slot_that_took_no_trial_is_a_line_in_reconcile_never_an_orphan():
     out = reconcile("s", "m", "test", [done], [ran], [idle, stray], caps, now=9999, slot_jobs={"77_0", "77_1"})
     assert [(f.kind, f.job_id) for f in out.flags] == [("orphan", "88")]  # the idle slot is the search's own
     assert "77_1" in {line.job_id for line in out.attempts if not line.trial_id}
+
+
+def test_a_requeued_slot_resumes_only_the_trial_interrupted_there():
+    def ran(how, **ending):
+        return record("t0001", ev("submitted", 1, job_id="7_0"), ev("started", 2, attempt=1, job_id="7_0"), ev("ended", 3, attempt=1, how=how, **ending))
+
+    assert interrupted_here(ran("interrupted", cause="preempted", step=10), "7_0")
+    assert not interrupted_here(ran("interrupted", cause="preempted", step=10), "7_1")  # another job's
+    assert not interrupted_here(ran("failed", cause="exception"), "7_0")  # its failure check runs alone
+    assert not interrupted_here(ran("lost", cause="lost"), "7_0")  # died without saying how: alone too
+    assert not interrupted_here(record("t0001", ev("submitted", 1, job_id="7_0")), "7_0")  # never started here

@@ -83,6 +83,18 @@ def test_unequal_trials_in_one_slot_run_the_longest_expected_first(tmp_path, dat
     assert reordered  # some trial was taken ahead of an earlier-numbered one
 
 
+def test_a_trial_whose_limit_fits_no_running_slot_waits_for_a_fresh_one(tmp_path, data_dir):
+    """pack_size=1: a slot's job is one trial's time limit, so after its first trial no other fits
+    the time it has left. Each trial waits for a fresh slot and none is started only to be cut short."""
+    res = run(tmp_path, data_dir, "fit", "search.n_trials=4", "hydra.launcher.pack_size=1", "hydra.launcher.parallelism=2", "pruner=none")
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    search = SearchDir(tmp_path / "runs" / "fit")
+    records = list(search.records())
+    assert len(records) == 4 and all(r.state.value == "completed" and len(r.attempts) == 1 for r in records)
+    assert len(search.slot_records()) == 4 and len({r.jobs[0] for r in records}) == 4  # one trial a slot, four slots
+    assert {s["minutes"] for s in search.slot_records()} == {int(search.contract()["resources"]["time_limit_min"])}
+
+
 def test_two_launchers_share_the_queue_and_each_trial_runs_once(tmp_path, data_dir):
     args = [f"search.root={tmp_path / 'runs'}", "search.revision=two", SLOTS, "search.n_trials=12", "hydra.launcher.parallelism=2"]
     first, second = (start_launch(args, cwd=tmp_path, data_dir=data_dir) for _ in range(2))

@@ -125,6 +125,13 @@ class Progress:
         self._progress.__exit__(*exc)
 
 
+def calls_line(calls: dict[str, int], wall_s: float) -> str:
+    """What this launch asked the scheduler, and how often a minute (SLURM rate-limits each user)."""
+    total = sum(calls.values())
+    each = ", ".join(f"{n} {name}" for name, n in sorted(calls.items(), key=lambda c: (-c[1], c[0])))
+    return f"scheduler calls by this launch: {total} ({each}), {60.0 * total / max(wall_s, 1.0):.1f} a minute over {wall_s:.0f} s"
+
+
 def summary(search: SearchDir, wall_s: float, next_step: str = "") -> Table:
     """``next_step``: what to do next when the launch stopped before its trials ended."""
     records = list(search.records())

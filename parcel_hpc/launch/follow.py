@@ -31,7 +31,7 @@ from parcel_hpc.ledger import RecordView, SearchDir, TrialRecord, TrialSpec, Tri
 from parcel_hpc.lifecycle import resolution, systematic
 from parcel_hpc.lifecycle.actions import Action, Next, RetryPolicy, next_action, runs_alone
 from parcel_hpc.lifecycle.resubmit import Resubmission
-from parcel_hpc.propose.proposals import Proposer
+from parcel_hpc.propose.proposals import ORPHAN_AFTER_S, Proposer
 from parcel_hpc.propose.samplers import SamplerSpec
 from parcel_hpc.propose.specs import sampler_of, trial_id_of
 from parcel_hpc.scheduler import packing, slots
@@ -70,6 +70,16 @@ def choose_packing(dispatcher: Dispatcher, search: SearchDir, n_trials: int, sam
     return packing.decide(size, n_trials, dispatcher.slots(), limit, minutes, measured, dispatcher.max_job_minutes())
 
 
+def _detached_slots(chosen: packing.Packing, work: int, dispatcher: Dispatcher) -> packing.Packing:
+    """Detached, no launcher submits a fresh slot: the first ones must hold every trial at its time
+    limit, one more each for the time a slot cannot use at its end (within the partition's MaxTime)."""
+    need = -(-work // max(1, dispatcher.slots())) + 1
+    limit, longest = float(dispatcher.settings.resources["time_limit_min"]), dispatcher.max_job_minutes()
+    fit = packing.MAX_PACK if longest is None else max(1, int(longest // max(limit, 1e-9)))
+    size = min(max(chosen.size, need), fit, packing.MAX_PACK)
+    return chosen if size == chosen.size else packing.Packing(size, f"{chosen.basis}; detached: room for all {work} at their limit over the slots")
+
+
 def uses_slots(dispatcher: Dispatcher, sampler: SamplerSpec) -> bool:
     """Whether this launch's trials run in slots that take them (``hydra.launcher.dispatch``)."""
     return slots.dispatch_option(dispatcher.settings.params.get("dispatch")).slotted(sampler.learns)
@@ -84,6 +94,7 @@ class SlotPlan:
     template: Mapping[str, Any]
     proposals: int
     max_trials: int
+    detached: bool = False  # no launcher follows: the slots first submitted must hold every trial at its limit
 
 
 @dataclass(frozen=True)
@@ -186,7 +197,8 @@ class Follower:
         self.looked_at = time.time()
         self.dispatcher.refresh()  # an earlier detached launch's jobs may still be queued or running
         self.dispatcher.max_job_minutes()  # asks the scheduler now, before any dispatch is claimed (packing reads it)
-        released = self.dispatcher.recover({j for r in self.search.records() for j in r.jobs})
+        known = {j for r in self.search.records() for j in r.jobs} | {str(s.get("job_id", "")) for s in self.search.slot_records()}
+        released = self.dispatcher.recover(known)
         if released:
             self.console.print(f"released {len(released)} held arrays an earlier launch submitted but never released: {', '.join(released)}", markup=False)
         for tid in self.plans:
@@ -200,6 +212,8 @@ class Follower:
         report.dispatched = list(self.waiting)
         proposals = self.proposer.remaining() if self.proposer is not None and self.slot_plan is not None else 0
         self.packing = choose_packing(self.dispatcher, self.search, len(self.waiting) + proposals, sampler_of(self.contract))
+        if self.slot_plan is not None and self.slot_plan.detached:
+            self.packing = _detached_slots(self.packing, len(self.waiting) + proposals, self.dispatcher)
         report.packing = self.packing.to_json()
         work = len(self.waiting) + (self.proposer.remaining() if self.proposer is not None and self.slot_plan is not None else 0)
         if work:
@@ -240,7 +254,14 @@ class Follower:
         if nxt.action is Action.RESOLVE_LOST:
             self._resolve_vanished(self.search.record(tid))
         elif nxt.action in (Action.RETRY, Action.DISPATCH):
-            n = self.search.claim_dispatch(tid, self.launch_id, self.seen_dispatches[tid])
+            seen = self.seen_dispatches[tid]
+            if seen and len(self.view.record(tid).jobs) < seen:
+                # Dispatch ``seen`` never reached a job (its launcher or slot died, or it waits in the
+                # queue): taken here first, so no slot can take it once its replacement is claimed.
+                if not self.search.take_dispatch(tid, seen, "", f"launch {self.launch_id}"):
+                    return  # a slot took it a moment ago: its submission shows next round
+                self.search.dequeue(tid, seen)
+            n = self.search.claim_dispatch(tid, self.launch_id, seen)
             if n is not None:
                 self.claims[tid] = n
                 # Whether a failure reproduces decides whether the search goes on: those checks go first.
@@ -281,14 +302,17 @@ class Follower:
         forget those a slot took, and keep as many slots alive as there is work, up to the launcher's."""
         assert self.slot_plan is not None  # called in slot mode only
         if self.search.cancellation() is not None:
-            self.waiting = []  # cancelled: the slots see it too and take nothing more
+            for tid, (n, _) in self.queued.items():
+                self.search.dequeue(tid, n)  # cancelled: the slots see it too and take nothing more
+            self.waiting, self.queued = [], {}
             return
         now = time.time()
-        for tid, (n, at) in list(self.queued.items()):
+        for tid, (n, _) in list(self.queued.items()):
             record = read[tid] if tid in read else self.view.record(tid)
+            taken = self.search.taken_at(tid, n)
             if len(record.jobs) >= n or record.state.is_finished():
                 del self.queued[tid]  # taken, and its submission journaled
-            elif now - at > TAKE_GRACE_S and self.search.dispatch_mark(tid, n, "taken"):
+            elif taken is not None and now - taken > TAKE_GRACE_S:
                 del self.queued[tid]  # its slot died between taking and journaling: decided again next round
         records = {tid: read[tid] if tid in read else self.view.record(tid) for tid in self.waiting}
         alone = [t for t in self.waiting if not records[t].state.is_finished() and runs_alone(records[t])]
@@ -326,8 +350,8 @@ class Follower:
         for name, (job, at) in self.slot_jobs.items():
             if at > self.looked_at - LOOK_MARGIN_S or self.dispatcher.alive(name, job):
                 live[name] = (job, at)
-            elif not any(job in self.view.record(tid).jobs for tid in self.plans):
-                self.empty_slots += 1
+            elif not any(job in self.view.record(tid).jobs for tid in self.search.trial_ids()):
+                self.empty_slots += 1  # took no trial of this search, whichever launcher's
         self.slot_jobs = live
         return len(live)
 
@@ -373,12 +397,18 @@ class Follower:
                 continue
             claim = self.search.trial_dir(tid) / "dispatch-1.json"
             if not claim.exists():
-                between += 1  # a slot is writing it (plan, then claim)
+                if time.time() - (self.search.trial_dir(tid) / "spec.json").stat().st_mtime < ORPHAN_AFTER_S:
+                    between += 1  # a slot is writing it (plan, then claim)
+                else:
+                    self._adopt(self.search.spec(tid))  # its slot died between its spec and its claim: queued for another
+                    adopted += 1
             elif fsio.read_json(claim).get("launch_id") == self.launch_id:
                 self.plans[tid] = WorkerPlan.load(self.search, tid)
                 self.report.dispatched.append(tid)
                 self.report.proposed += 1
                 adopted += 1
+                if len(record.jobs) < (n := self.search.dispatch_count(tid)):
+                    self.queued[tid] = (n, time.time())  # queued or being taken by a slot: never decided again meanwhile
         if self.proposer.stopped and not self.stop_said:
             self.console.print(f"[yellow]proposals stopped: {safe(self.proposer.stopped)}[/]")
             self.stop_said = True
@@ -527,7 +557,7 @@ class Follower:
                 self._check_stop(records)
                 for tid, record in records.items():
                     states.append(record.state)
-                    if tid in self.waiting or tid in self.queued:
+                    if tid in self.waiting or (tid in self.queued and not record.state.is_finished()):
                         waiting_records[tid] = record
                         active += 1
                         continue
@@ -574,6 +604,8 @@ class Follower:
         none of whose trials has started (they would run against the same problem). Trials already
         running go on: the follower waits for them, so the ledger says how each ended."""
         self.stop = stop
+        if self.slot_plan is not None:
+            self.search.mark_launch_stopped(self.launch_id, str(stop.outcome))  # its slots take and propose nothing more
         for tid in self.waiting:
             self.search.withdraw_dispatch(tid, self.claims.pop(tid), self.launch_id)
         self.waiting = []
@@ -585,9 +617,10 @@ class Follower:
         for r in records.values():
             if r.jobs and not r.state.is_finished() and self.dispatcher.alive(r.trial_id, r.jobs[-1]):
                 by_job.setdefault(r.jobs[-1], []).append(r)
+        busy = {r.jobs[-1] for t in self.search.trial_ids() if (r := self.view.record(t)).jobs and not r.state.is_finished()}
         for name, (job, _) in self.slot_jobs.items():
-            if self.dispatcher.alive(name, job):
-                by_job.setdefault(job, [])  # a slot running none of these trials: idle or not started
+            if job not in busy and self.dispatcher.alive(name, job):
+                by_job.setdefault(job, [])  # a slot running no trial of the search (another launcher's too): idle or not started
         unstarted = sorted(job for job, recs in by_job.items() if not any(a.job_id == job for r in recs for a in r.attempts))
         if unstarted:
             self.dispatcher.cancel(unstarted)

@@ -27,6 +27,7 @@ class LaunchReport:
     packing: dict = field(default_factory=dict)  # the pack size and why
     follows: bool = True  # it follows its trials to the end (search.wait); False: detached
     stopped: str = ""  # the outcome that stopped its dispatching (a drift rejection, hold:systematic-failure)
+    scheduler_calls: dict[str, int] = field(default_factory=dict)  # squeue, sbatch, sacct ... this launch ran, by command
     user: str = field(default_factory=current_user)  # the uid, never $LOGNAME: anyone sets that
     host: str = field(default_factory=socket.gethostname)
     pid: int = field(default_factory=os.getpid)
@@ -47,6 +48,7 @@ class LaunchReport:
             "packing": self.packing,
             "follows": self.follows,
             "stopped": self.stopped,
+            "scheduler_calls": self.scheduler_calls,
             "user": self.user,
             "host": self.host,
             "pid": self.pid,

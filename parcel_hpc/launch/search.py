@@ -203,18 +203,23 @@ class SearchLaunch:
             if slotted:
                 # Slots take the admitted trials and, for a sampler that learns, make the proposals.
                 fixed = packing.pack_option(dispatcher.settings.params.get("pack_size")) or 0
-                follower.slotting(SlotPlan(plan_template(cfg, frozen, path), n_trials if proposer is not None else 0, fixed))
+                slot_plan = SlotPlan(plan_template(cfg, frozen, path), n_trials if proposer is not None else 0, fixed, detached=not cfg["search"]["wait"])
+                follower.slotting(slot_plan)
             if proposer is not None and (slotted or cfg["search"]["wait"]):
                 follower.proposing(proposer, lambda spec: plan_for(spec, cfg, frozen, path), report)
             follower.dispatch_initial(report)
+            report.scheduler_calls = dispatcher.scheduler_calls()
             search.write_launch(launch_id, report.to_json())
             if cfg["search"]["wait"]:
                 follower.follow()
                 if follower.stop is not None:
                     report.stopped = str(follower.stop.outcome)
-                if proposer is not None or follower.stop is not None:
-                    search.write_launch(launch_id, report.to_json())  # with what it proposed as it went, and why it stopped
+                report.scheduler_calls = dispatcher.scheduler_calls()
+                # With what it proposed as it went, why it stopped, and what it asked the scheduler.
+                search.write_launch(launch_id, report.to_json())
                 self.console.print(display.summary(search, time.time() - started, follower.next_step()))
+                if report.scheduler_calls:
+                    self.console.print(display.calls_line(report.scheduler_calls, time.time() - started), markup=False, highlight=False)
                 if follower.stop is not None:
                     # Trials are left queued: the launch stopped before they ended (the pulse says STOPPED).
                     raise GovernanceRefusal(follower.stop.outcome, follower.stop_detail())
@@ -223,6 +228,8 @@ class SearchLaunch:
             else:
                 pulse.leaving(LauncherState.DETACHED)
                 self.console.print(display.detached_text(search, report))
+                if report.scheduler_calls:
+                    self.console.print(display.calls_line(report.scheduler_calls, time.time() - started), markup=False, highlight=False)
             return report
 
     @staticmethod

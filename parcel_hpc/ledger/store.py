@@ -15,6 +15,7 @@
       proposals/<k>.json            proposal k of a sampler that learns, with what it was told (propose.proposals)
       launches/<launch_id>.json     what each launch proposed, admitted, dispatched, deduplicated
       launches/<launch_id>.heartbeat  a launch's latest "alive" (every HEARTBEAT_S), then how it left
+      launches/<launch_id>.stopped    the launch stopped dispatching: its slots take nothing more
       checkpoints/, milestones/, prune_decisions/, budget/, quarantine/, submitit/
 
 Owns paths and the create-exclusive claims that make two launchers agree; no decisions.
@@ -244,6 +245,19 @@ class SearchDir:
     def take_dispatch(self, trial_id: str, n: int, job_id: str, slot: str) -> bool:
         """A slot takes queued dispatch ``n``; False where another slot took it first."""
         return fsio.create_exclusive_json(self.trial_dir(trial_id) / f"dispatch-{n}.taken", {"job_id": job_id, "slot": slot, "at": time.time()})
+
+    def taken_at(self, trial_id: str, n: int) -> float | None:
+        """When a slot (or a launcher giving it up) took dispatch ``n``; None while nobody has."""
+        path = self.trial_dir(trial_id) / f"dispatch-{n}.taken"
+        return float(fsio.read_json(path).get("at", 0.0)) if path.exists() else None
+
+    def mark_launch_stopped(self, launch_id: str, outcome: str) -> None:
+        """A launch stopped dispatching (a drift rejection, a hold): its slots take nothing more."""
+        fsio.ensure_dir(self.launches_dir)
+        fsio.create_exclusive_json(self.launches_dir / f"{launch_id}.stopped", {"outcome": outcome, "at": time.time()})
+
+    def launch_stopped(self, launch_id: str) -> bool:
+        return (self.launches_dir / f"{launch_id}.stopped").exists()
 
     def dispatch_mark(self, trial_id: str, n: int, mark: str) -> bool:
         """Whether dispatch ``n`` carries ``mark`` ("taken", "withdrawn")."""

@@ -90,6 +90,10 @@ class Dispatcher(ABC):
         against, read now; None where jobs are charged to no account (this machine)."""
         return None
 
+    def scheduler_calls(self) -> dict[str, int]:
+        """The scheduler commands this process ran, by name (none where the scheduler is this machine)."""
+        return {}
+
     def wait(self, seconds: float, at_least: float) -> None:
         """Pause between two follow rounds: ``seconds``, or from ``at_least`` on, until one of this
         launch's jobs ends where the dispatcher can tell (the next proposal then goes out at once)."""

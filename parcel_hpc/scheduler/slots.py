@@ -6,11 +6,12 @@ each from the search's queue when it is free (``worker.slot``). What it takes:
 - only a trial it may run now (``free_to_take``): queued by a launcher's dispatch claim, neither
   finished nor taken by another slot, and not one that must run alone (``runs_alone``: the follower
   gives those a job of their own);
-- the longest expected trial that fits the slot's remaining job time (``choose``), ties in trial
-  order: the long trials that decide when a search ends are started first and short ones fill the
-  gaps. A slot that has taken nothing yet takes its first trial whatever its length (a fresh slot's
-  job is at least one trial's time limit long), so a trial that fits no running slot waits for a
-  fresh one and never starts only to be killed;
+- the longest expected trial whose time limit fits the slot's remaining job time (``choose``),
+  ties in trial order: the long trials that decide when a search ends are started first and short
+  ones fill the gaps. Fitting by the limit (the attempt stops itself there) means the slot's own
+  end never cuts a trial short, so it never costs a trial a retry. A slot that has taken nothing
+  yet takes its first trial (a fresh slot's job is at least one trial's time limit long), so a
+  trial that fits no running slot waits for a fresh one and never starts only to be killed;
 - a trial's expected length is the median wall time of its nearest finished attempts in its
   search's parameter space (numbers on a log scale where they are all positive; one in
   ``MIN_PEERS`` of them, at most ``NEIGHBOURS``), capped by its time limit; with fewer than
@@ -113,13 +114,20 @@ def free_to_take(record: TrialRecord, dispatch: int, taken: bool, withdrawn: boo
     return not runs_alone(record)
 
 
-def choose(candidates: Sequence[tuple[Queued, float]], remaining_s: float, first: bool) -> Queued | None:
-    """The longest expected trial that fits ``remaining_s``, ties in trial order; a slot's ``first``
-    trial whatever its length. ``candidates``: (queued trial, its expected seconds)."""
-    fitting = [(q, s) for q, s in candidates if first or s <= remaining_s]
+@dataclass(frozen=True)
+class Candidate:
+    queued: Queued
+    expected_s: float  # what orders the candidates: the longest first
+    limit_s: float  # what must fit the slot's time left: the attempt stops itself there, never the slot
+
+
+def choose(candidates: Sequence[Candidate], remaining_s: float, first: bool) -> Queued | None:
+    """The longest expected trial whose time limit fits ``remaining_s``, ties in trial order; a
+    slot's ``first`` trial whatever its limit (its job is at least one limit long)."""
+    fitting = [c for c in candidates if first or c.limit_s <= remaining_s]
     if not fitting:
         return None
-    return min(fitting, key=lambda c: (-c[1], c[0].trial_id))[0]
+    return min(fitting, key=lambda c: (-c.expected_s, c.queued.trial_id)).queued
 
 
 def slot_minutes(trials_per_slot: int, time_limit_min: int) -> int:

@@ -36,8 +36,9 @@ from parcel_hpc.fsio import owner_only_writes
 from parcel_hpc.governance.admission import admit_proposal
 from parcel_hpc.ledger import RecordView, SearchDir, Started, TrialRecord, TrialWriter
 from parcel_hpc.ledger.events import FailureSignature
+from parcel_hpc.lifecycle.actions import runs_alone
 from parcel_hpc.propose.proposals import Proposer
-from parcel_hpc.scheduler.slots import Queued, choose, expected_s, free_to_take, peers
+from parcel_hpc.scheduler.slots import Candidate, Queued, choose, expected_s, free_to_take, peers
 from parcel_hpc.worker.attempt import AttemptRun
 from parcel_hpc.worker.cache import WorkerCache
 from parcel_hpc.worker.jobenv import facts_from_env
@@ -98,10 +99,10 @@ class SlotTask:
         proposer = Proposer(search, search.contract(), self.proposals, self.launch_id) if self.proposals else None
         results: list[dict] = []
         ran: list[FailureSignature | None] = []
-        own = [r for r in (view.record(t) for t in search.trial_ids()) if r.jobs and r.jobs[-1] == facts.job_id and not r.state.is_finished()]
+        own = [r for r in (view.record(t) for t in search.trial_ids()) if interrupted_here(r, facts.job_id)]
         while True:
-            if search.hold() is not None or search.cancellation() is not None:
-                break  # held (trials failing alike) or cancelled after this slot started: it starts nothing more
+            if search.hold() is not None or search.cancellation() is not None or search.launch_stopped(self.launch_id):
+                break  # held (trials failing alike), cancelled, or its launch stopped (drift): it starts nothing more
             if self.max_trials and len(results) >= self.max_trials:
                 break
             record = own.pop(0) if own else self._take(search, view, facts, deadline - time.monotonic(), first=not results)
@@ -136,7 +137,7 @@ class SlotTask:
         """Take a queued dispatch: the longest expected that fits, created exclusively; None when none fits."""
         records = {tid: view.record(tid) for tid in search.trial_ids()}
         known = peers(records.values())
-        candidates: list[tuple[Queued, float]] = []
+        candidates: list[Candidate] = []
         for tid, n in search.queued():
             record = records.get(tid)
             if record is None:
@@ -148,9 +149,9 @@ class SlotTask:
                     search.dequeue(tid, n)  # nobody will take it: its entry goes
                 continue
             limit_s = 60.0 * float(search.plan_json(tid).get("time_limit_min", 10))
-            candidates.append((Queued(tid, n), expected_s(record.spec.params, known, limit_s)))
+            candidates.append(Candidate(Queued(tid, n), expected_s(record.spec.params, known, limit_s), limit_s))
         while (pick := choose(candidates, remaining_s, first)) is not None:
-            candidates = [c for c in candidates if c[0] != pick]
+            candidates = [c for c in candidates if c.queued != pick]
             if self._claim(search, pick, facts):
                 return view.record(pick.trial_id)
         return None
@@ -162,15 +163,18 @@ class SlotTask:
         if not search.take_dispatch(tid, n, facts.job_id, self.name):
             return False
         search.dequeue(tid, n)
-        if search.dispatch_mark(tid, n, "withdrawn"):
-            return False  # withdrawn as it was taken: the next launch dispatches it
+        if search.dispatch_mark(tid, n, "withdrawn") or search.dispatch_count(tid) != n:
+            return False  # withdrawn, or given up for a newer dispatch, as it was taken: that one runs
         TrialWriter(search.trial_dir(tid), "slot").submitted(facts.job_id, facts.executor, self.launch_id)
         return True
 
     def _propose(self, search: SearchDir, view: RecordView, facts: Started, proposer: Proposer, remaining_s: float, first: bool) -> TrialRecord | None:
-        """The sampler's next proposal, admitted, planned and taken by this slot; one that does not fit
-        the time left is queued for another slot. None when no more proposals may be made."""
+        """The sampler's next proposal, admitted, planned and taken by this slot; None when no more
+        proposals may be made, or a trial's time limit no longer fits the time left (nothing is drawn
+        then: a proposal is never left behind by a slot that ends)."""
         contract = proposer.contract
+        if not first and 60.0 * float(self.template["time_limit_min"]) > remaining_s:
+            return None
         for _ in range(MAX_LOST_RACES):
             if proposer.remaining() == 0:
                 return None
@@ -191,10 +195,6 @@ class SlotTask:
             n = search.claim_dispatch(tid, self.launch_id, 0)
             if n is None:
                 continue  # a launcher finishing an orphaned proposal claimed it: it queues it
-            known = peers(view.record(t) for t in search.trial_ids())
-            if not first and expected_s(spec.params, known, 60.0 * float(self.template["time_limit_min"])) > remaining_s:
-                search.enqueue(tid, n, self.launch_id)  # longer than this slot has left: a fresh slot takes it
-                return None
             search.enqueue(tid, n, self.launch_id)  # queued and taken at once: the queue is the one way in
             if self._claim(search, Queued(tid, n), facts):
                 return view.record(tid)
@@ -218,3 +218,10 @@ class SlotTask:
         if search.hold() is not None or search.cancellation() is not None:
             return False
         return bool(search.queued()) or (self.proposals > 0 and len(search.proposal_numbers()) < self.proposals)
+
+
+def interrupted_here(record: TrialRecord, job_id: str) -> bool:
+    """A trial a requeued slot resumes first: its last attempt ran in this job and was interrupted
+    (preempted, timed out) there. One that failed or ended without saying how is the launcher's to
+    dispatch (alone: ``runs_alone``), never rerun here without a dispatch claim."""
+    return bool(record.jobs) and record.jobs[-1] == job_id and not record.state.is_finished() and bool(record.attempts) and not runs_alone(record)

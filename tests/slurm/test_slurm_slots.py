@@ -9,6 +9,7 @@ import time
 import pytest
 
 from parcel_hpc.ledger.store import SearchDir
+from parcel_hpc.scheduler.slurm.calls import MIN_ROUND_S
 from parcel_hpc.testing import finish, launch, parcel_hpc, start_launch
 
 from .cluster import sh, wait_for, what_the_cluster_says
@@ -125,9 +126,15 @@ def test_tpe_in_slots_by_default_follows_every_trial_to_its_end(tmp_path, data_d
         "hydra.launcher.array_parallelism=3",
         "resources.gpus=1",
     ]
+    began = time.time()
     res = launch(args, cwd=tmp_path, data_dir=data_dir)
+    wall = time.time() - began
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     assert "by the slot itself" in res.stdout and "slots: up to 3 jobs" in res.stdout, res.stdout[-3000:]
+    # What it asked the scheduler is reported, and squeue is asked at most once a follow round.
+    assert "scheduler calls by this launch:" in res.stdout
+    asked = SearchDir(tmp_path / "runs" / "slottpe").launches()[-1]["scheduler_calls"]
+    assert asked["sbatch"] >= 1 and 1 <= asked["squeue"] <= wall / MIN_ROUND_S + 2, (asked, wall)
     sd = SearchDir(tmp_path / "runs" / "slottpe")
     records = {t: sd.record(t) for t in sd.trial_ids()}  # read at once: the launch has returned
     assert len(records) + len(sd.launches()[-1]["duplicates"]) == 9
@@ -135,3 +142,18 @@ def test_tpe_in_slots_by_default_follows_every_trial_to_its_end(tmp_path, data_d
     assert sorted(sd.launches()[-1]["dispatched"]) == sorted(records)  # the launch record follows every trial the slots proposed
     assert {r.jobs[0] for r in records.values()} <= {s["job_id"] for s in sd.slot_records()} and len(sd.slot_records()) <= 3
     assert parcel_hpc(["proposals", str(sd.path), "--replay"]).returncode == 0
+
+
+def test_two_launchers_on_one_search_share_its_slots_each_trial_once(tmp_path, data_dir, cluster_guard):
+    _, names = cluster_guard
+    names.append("parcel-slottwo")
+    args = overrides(tmp_path, "slottwo", "search.n_trials=12", "pruner=none", "resources.gpus=0", "hydra.launcher.array_parallelism=2")
+    first, second = (start_launch(args, cwd=tmp_path, data_dir=data_dir) for _ in range(2))
+    for res in (finish(first, timeout=600), finish(second, timeout=600)):
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    sd = SearchDir(tmp_path / "runs" / "slottwo")
+    records = {t: sd.record(t) for t in sd.trial_ids()}
+    assert len(records) == 12 and all(r.state.is_finished() and len(r.attempts) == 1 and len(r.jobs) == 1 for r in records.values())
+    slot_jobs = {s["job_id"] for s in sd.slot_records()}
+    assert {r.jobs[0] for r in records.values()} <= slot_jobs
+    assert len({s["launch_id"] for s in sd.slot_records()}) <= 2 and not sd.queued()

@@ -8,4 +8,5 @@ _sacct_malformed.py  the error path: which sacct line is bad and why
 states.py            JobState: every SLURM state word, mapped once, and the cause each means
 runs.py              job runs: one per allocation row of ``sacct --duplicates``
 sbatch.py            batch scripts parcel_hpc renders itself (templates/), and ``sbatch``
+calls.py             how often this process asked SLURM, by command (the launch reports it)
 """

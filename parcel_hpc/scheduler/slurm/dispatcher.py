@@ -11,6 +11,7 @@ frozen resources; a packed task's time limit is its trials' added up.
 from __future__ import annotations
 
 import shlex
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from parcel_hpc.ownership import current_user
 from parcel_hpc.scheduler.base import Dispatcher, LauncherSettings, Record, Submitted, Task, submitted_of
 from parcel_hpc.scheduler.identity import SearchIdentity, scheduler_name
 from parcel_hpc.scheduler.packing import job_time_limit_min
+from parcel_hpc.scheduler.slurm import calls
 from parcel_hpc.scheduler.slurm import queue as slurm
 
 
@@ -119,6 +121,7 @@ class SlurmDispatcher(Dispatcher):
             if params["time"] > task.job_minutes(limit):
                 task.own_limits = True  # a shorter task in an array of longer packs: the scheduler warns too late for it
         try:
+            calls.count("sbatch")  # submitit runs it
             jobs = self.executor.submit_array(list(tasks))
         except Exception as exc:  # submitit wraps sbatch's failure text in a generic error
             first = str(exc).strip().splitlines()
@@ -152,6 +155,12 @@ class SlurmDispatcher(Dispatcher):
 
     def alive(self, trial_id: str, job_id: str) -> bool:
         return job_id in self._queued
+
+    def wait(self, seconds: float, at_least: float) -> None:
+        time.sleep(max(seconds, calls.MIN_ROUND_S))  # each round asks squeue: bounded whatever the number of jobs
+
+    def scheduler_calls(self) -> dict[str, int]:
+        return dict(calls.CALLS)
 
     def cancel(self, job_ids: Sequence[str]) -> None:
         slurm.cancel(job_ids, self.env)

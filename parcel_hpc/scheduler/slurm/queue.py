@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from parcel_hpc.budget import AssociationLimit, LimitKind
 from parcel_hpc.errors import SchedulerUnavailable, UsageError
 from parcel_hpc.governance.validation import time_min  # SLURM's time forms, parsed in one place
+from parcel_hpc.scheduler.slurm.calls import count
 
 SQUEUE_FORMAT = "%i|%T|%r|%N"
 
@@ -38,6 +39,7 @@ def check_reachable(env: Mapping[str, str] | None = None, timeout: float = 15.0)
             f"SLURM is not configured here ({'SLURM_CONF=' + env['SLURM_CONF'] if env.get('SLURM_CONF') else 'no SLURM_CONF and no /etc/slurm/slurm.conf'}); source the cluster's env file (scripts/dev-cluster-up.sh prints it) or use hydra/launcher=submitit_local"
         )
     try:
+        count("scontrol")
         proc = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, env=env, timeout=timeout)
         reply = (proc.stdout or proc.stderr).strip()
     except subprocess.TimeoutExpired:
@@ -284,6 +286,7 @@ def cancel(job_ids: Iterable[str], env: Mapping[str, str] | None = None) -> None
 
 
 def _run(argv: list[str], env: Mapping[str, str] | None, timeout: float) -> str:
+    count(argv[0])
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, env=dict(os.environ if env is None else env), timeout=timeout)
     except FileNotFoundError:

@@ -19,6 +19,7 @@ import subprocess
 from collections.abc import Iterable, Mapping
 
 from parcel_hpc.errors import AccountingError, UsageError
+from parcel_hpc.scheduler.slurm.calls import count
 from parcel_hpc.scheduler.slurm.states import JobState
 
 # Every name was checked against Debian's slurm-client 22.05.8 sacct binary (its --helpformat
@@ -118,6 +119,7 @@ def run_sacct(
     run_env = dict(os.environ if env is None else env)
     run_env["TZ"] = "UTC"
     run_env["SLURM_TIME_FORMAT"] = "standard"
+    count("sacct")
     try:
         proc = subprocess.run(
             argv,

@@ -43,6 +43,7 @@ from typing import cast
 from parcel_hpc.errors import ParcelError, SchedulerUnavailable, UsageError
 from parcel_hpc.fsio import atomic_write_text
 from parcel_hpc.governance import validation as check
+from parcel_hpc.scheduler.slurm.calls import count
 
 __all__ = [
     "SCRIPT_MODE",
@@ -346,6 +347,7 @@ def submit(script_path: str | os.PathLike, *, env: Mapping[str, str] | None = No
     """Run ``sbatch --parsable`` on a written script and return the job id (the side-effect edge)."""
     argv = submit_argv(script_path)
     try:
+        count("sbatch")
         proc = subprocess.run(argv, capture_output=True, text=True, env=None if env is None else dict(env), timeout=timeout_s, check=False)
     except FileNotFoundError:
         raise SchedulerUnavailable("sbatch is not on PATH; run this where the Slurm client is installed") from None
