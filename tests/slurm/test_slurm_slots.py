@@ -92,6 +92,7 @@ def test_a_slot_killed_for_good_hands_its_trial_on_counted_once(tmp_path, data_d
         "pruner=none",
         "resources.gpus=0",
         "train.step_seconds=0.3",
+        "train.steps=41",
         "hydra.launcher.array_parallelism=2",
         "+hydra.launcher.additional_parameters.no_requeue=true",
     )
