@@ -36,9 +36,16 @@ def test_an_account_report_totals_every_users_jobs_and_lists_those_no_search_kno
     wait_for(lambda: all_final(name) and "COMPLETED" in sh("sacct", "-j", stray, "-X", "-n", "-o", "State"), 90, "final accounting")
     since = time.strftime("%Y-%m-%d", time.gmtime(time.time() - 86400))
     html = tmp_path / "account.html"
-    out = parcel_hpc(["reconcile", "--account", "parcel", "--since", since, "--root", str(tmp_path / "runs"), "--json", "--html", str(html), "--wait", "60"])
-    assert out.returncode == 0, out.stderr
-    report = json.loads(out.stdout)
+    argv = ["reconcile", "--account", "parcel", "--since", since, "--root", str(tmp_path / "runs"), "--json", "--html", str(html), "--wait", "60"]
+
+    def reported():
+        # `sacct -j` can show the stray job a moment before an account-wide query over the day does.
+        out = parcel_hpc(argv)
+        assert out.returncode == 0, out.stderr
+        report = json.loads(out.stdout)
+        return report if stray in {c["job_id"] for c in report["unknown_jobs"]} else None
+
+    report = wait_for(reported, 60, "the account report to list the stray job")
     assert report["complete"] and report["scope"].startswith("account parcel since ")
     unknown = {c["job_id"] for c in report["unknown_jobs"]}
     ours = {j for r in search.records() for j in r.jobs}
