@@ -117,7 +117,8 @@ class SlotTask:
         return results
 
     def _attempt(self, record: TrialRecord, facts: Started, cache: WorkerCache) -> dict:
-        plan = WorkerPlan.load(SearchDir(Path(self.search_dir)), record.trial_id)
+        assert self._search is not None  # set by __call__ before any attempt
+        plan = WorkerPlan.load(self._search, record.trial_id)
         try:
             self._run = AttemptRun(plan, facts, cache, limit_s=60.0 * plan.time_limit_min, prior=record)
             return self._run.execute()
@@ -137,6 +138,7 @@ class SlotTask:
         """Take a queued dispatch: the longest expected that fits, created exclusively; None when none fits."""
         records = {tid: view.record(tid) for tid in search.trial_ids()}
         known = peers(records.values())
+        limit_s = 60.0 * float(self.template["time_limit_min"])  # the contract pins it: every trial's plan says the same
         candidates: list[Candidate] = []
         for tid, n in search.queued():
             record = records.get(tid)
@@ -148,7 +150,6 @@ class SlotTask:
                 if taken or withdrawn or n != latest or record.state.is_finished() or len(record.jobs) >= n:
                     search.dequeue(tid, n)  # nobody will take it: its entry goes
                 continue
-            limit_s = 60.0 * float(search.plan_json(tid).get("time_limit_min", 10))
             candidates.append(Candidate(Queued(tid, n), expected_s(record.spec.params, known, limit_s), limit_s))
         while (pick := choose(candidates, remaining_s, first)) is not None:
             candidates = [c for c in candidates if c.queued != pick]
