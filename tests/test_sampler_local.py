@@ -16,6 +16,7 @@ from parcel_hpc.ledger.events import Ended
 from parcel_hpc.propose import samplers
 from parcel_hpc.propose.learning import Told, ask, proposal_seed, told_of
 from parcel_hpc.propose.proposals import Proposer
+from parcel_hpc.propose.proposals import load as load_proposal
 from parcel_hpc.propose.space import normalize
 from parcel_hpc.propose.specs import history_free_params, in_frozen_form
 from parcel_hpc.testing import finish, launch, parcel_hpc, start_launch
@@ -217,6 +218,19 @@ def test_a_refused_budget_reservation_stops_the_proposals(tmp_path, data_dir):
     assert search.record("t0002").state is TrialState.BUDGET_EXHAUSTED
     assert proposer.propose(lambda: list(search.records())) is None  # the slot it freed gets no proposal
     assert "budget" in proposer.stopped and proposer.remaining() == 0 and search.proposal_numbers() == [0, 1, 2]
+
+
+def test_a_proposal_whose_trial_appeared_after_the_records_were_read_is_told_as_running(tmp_path, data_dir):
+    res = run(tmp_path, data_dir, *TPE, "search.n_trials=2", rev="race-r1")
+    assert res.returncode == 0, res.stderr
+    search = SearchDir(tmp_path / "runs" / "race-r1")
+    contract = load_contract(search.path)
+    before = list(search.records())  # what another slot read before this proposal's trial spec was written
+    made = Proposer(search, contract, 4, "a").propose(lambda: list(search.records()))
+    assert made.spec.trial_id == "t0002" and (search.trial_dir("t0002") / "spec.json").exists()
+    made = Proposer(search, contract, 4, "b").propose(lambda: before)
+    told = {t.trial_id: t.told for t in load_proposal(search, 3).told}
+    assert made.spec.trial_id == "t0003" and told == {"t0000": told["t0000"], "t0001": told["t0001"], "t0002": Told.RUNNING}
 
 
 def test_the_release_packet_names_the_proposal_and_its_history():

@@ -168,12 +168,26 @@ class Proposer:
         if (self.search.trial_dir(trial_id_of(k)) / "spec.json").exists():
             self._written.add(k)  # a spec is never unwritten: each follow round need not look again
             return None
-        record = load(self.search, k)
+        return self._not_duplicate(load(self.search, k))
+
+    def _not_duplicate(self, record: ProposalRecord) -> ProposalRecord | None:
+        """The record, unless a twin's trial owns its configuration (then remembered as a duplicate)."""
         owner = self.search.config_owner(record.trial(self.contract).config_hash)
         if owner is not None and owner != record.trial_id:
-            self.duplicates[k] = owner
+            self.duplicates[record.index] = owner
             return None
         return record
+
+    def _not_in(self, k: int, known: set[str]) -> list[ProposalRecord]:
+        """Proposals before k whose trial the records read do not hold. Whether its spec exists is not
+        asked: one written since the records were read would be told neither as a result nor as running."""
+        out = []
+        for j in self.search.proposal_numbers():
+            if j < k and trial_id_of(j) not in known and j not in self.duplicates:
+                record = self._not_duplicate(load(self.search, j))
+                if record is not None:
+                    out.append(record)
+        return out
 
     def finish_orphans(self, now: float) -> list[TrialSpec]:
         """Trials of recorded proposals whose launcher died before writing them, written from the
@@ -209,8 +223,7 @@ class Proposer:
             return None
         known = {r.trial_id for r in records}
         # Another launcher's proposals between their record and their trial: told as running.
-        unwritten = [u for j in range(k) if trial_id_of(j) not in known and (u := self._unwritten(j)) is not None]
-        pending = [learning.ToldTrial(u.trial_id, learning.Told.RUNNING, dict(u.params), proposal=u.index) for u in unwritten]
+        pending = [learning.ToldTrial(u.trial_id, learning.Told.RUNNING, dict(u.params), proposal=u.index) for u in self._not_in(k, known)]
         told = learning.told_of(records, pending)
         told = json.loads(fsio.canonical_json([t.to_json() for t in told]))  # exactly what the record will say
         seed = learning.proposal_seed(int(self.contract["search_seed"]), k)
