@@ -10,6 +10,9 @@
   slots) of the same run (<= 1.15x), and against static packing of the same trials (<= 0.8x).
 - SLURM (only where ``scontrol ping`` answers): TPE in 12 slots against random (packed jobs), 1
   GPU a task; wall time and GPU-hours (``parcel-hpc status --json``). Target <= 1.2x each.
+- SLURM: TPE in 12 slots with ``pruner=none`` (every trial trained to the end, as the peer's are)
+  against hydra-optuna-sweeper's TPE asking 12 trials at a time over hydra-submitit-launcher's
+  ``submitit_slurm`` with the same limits (``peer_optuna.py``); wall time, target <= 0.35x.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from _suite import Figure, env, launch, main  # noqa: E402
+from peer_optuna import peer_python_optuna, run_peer  # noqa: E402
 
 SLOTS = "hydra.launcher.dispatch=slots"
 TPE = ("sampler=tpe",)
@@ -100,18 +104,36 @@ def run(repeats: int = 2, trials: int = 82, slurm_slots: int = 12) -> list[Figur
 
 def slurm(repeats: int, trials: int, slots: int) -> list[Figure]:
     common = ("hydra/launcher=submitit_slurm", f"search.n_trials={trials}", f"hydra.launcher.array_parallelism={slots}", "resources.gpus=1")
-    walls, hours, samples = [], [], []
+    # The peer's jobs ask what ours do: 1 GPU, 1 GB, a 10-minute limit, at most `slots` at once.
+    peer_launcher = ("hydra/launcher=submitit_slurm", f"hydra.launcher.array_parallelism={slots}", "hydra.launcher.gres=gpu:1", "hydra.launcher.mem_gb=1")
+    python = peer_python_optuna()
+    walls, hours, against_peer, samples = [], [], [], []
     for i in range(repeats):
         with tempfile.TemporaryDirectory() as root:
             r_wall, r_status = timed(root, f"random-{i}", *common, f"search.seed={i}")
             t_wall, t_status = timed(root, f"tpe-{i}", *common, f"search.seed={i}", *TPE, SLOTS)
+            # Every trial trained to the end, as the peer's are (it does not prune).
+            full_wall, _ = timed(root, f"tpe-full-{i}", *common, f"search.seed={i}", *TPE, SLOTS, "pruner=none")
+            peer = run_peer(python, Path(root, "peer"), i, trials, slots, overrides=(*peer_launcher, "hydra.launcher.timeout_min=10"))
             walls.append(t_wall / r_wall)
             hours.append(t_status["spend"]["gpu_hours"] / r_status["spend"]["gpu_hours"])
-            samples.append({"random_s": r_wall, "tpe_s": t_wall, "random_gpu_h": r_status["spend"]["gpu_hours"], "tpe_gpu_h": t_status["spend"]["gpu_hours"]})
+            against_peer.append(full_wall / peer["wall_s"])
+            samples.append(
+                {
+                    "random_s": r_wall,
+                    "tpe_s": t_wall,
+                    "tpe_no_pruning_s": full_wall,
+                    "peer_s": peer["wall_s"],
+                    "random_gpu_h": r_status["spend"]["gpu_hours"],
+                    "tpe_gpu_h": t_status["spend"]["gpu_hours"],
+                }
+            )
     note = f"{slots} array tasks at once, 1 GPU each"
+    peer_name = f"hydra-optuna-sweeper (TPE, n_jobs={slots}) on submitit_slurm, array_parallelism={slots}"
     return [
         Figure(f"SLURM, {trials} trials, {slots} slots: TPE wall", "sampler=random, packed array tasks", walls, 1.2, note=note, samples={"runs": samples}),
         Figure(f"SLURM, {trials} trials, {slots} slots: TPE GPU-hours", "sampler=random, packed array tasks", hours, 1.2, note=note),
+        Figure(f"SLURM, {trials} trials, {slots} slots: TPE wall, no pruning", peer_name, against_peer, 0.35, note=note),
     ]
 
 

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 import venv
+from collections.abc import Sequence
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -63,9 +64,12 @@ def default_snapshot() -> Path:
     return data
 
 
-def run_peer(python: str, workdir: Path, seed: int, n_trials: int = 82, n_jobs: int = 2, snapshot_dir: Path | None = None) -> dict:
+def run_peer(
+    python: str, workdir: Path, seed: int, n_trials: int = 82, n_jobs: int = 2, snapshot_dir: Path | None = None, overrides: Sequence[str] = ()
+) -> dict:
     """One peer search into ``workdir/sweep``: its wall time, and per trial (in trial-number order) the
-    objective (nan for a failed trial), the params, the seconds its task function took, and when it ran."""
+    objective (nan for a failed trial), the params, the seconds its task function took, and when it ran.
+    ``overrides``: Hydra's, after ours (e.g. ``hydra/launcher=submitit_slurm`` and its limits)."""
     workdir = Path(workdir).resolve()
     sweep = workdir / "sweep"
     if sweep.exists():  # results of an earlier search would be read as this one's
@@ -80,6 +84,7 @@ def run_peer(python: str, workdir: Path, seed: int, n_trials: int = 82, n_jobs: 
         f"hydra.sweeper.sampler.seed={seed}",
         f"hydra.sweeper.n_trials={n_trials}",
         f"hydra.sweeper.n_jobs={n_jobs}",
+        *overrides,
     ]
     t0, at = time.perf_counter(), time.time()
     done = subprocess.run(argv, cwd=workdir, env=env(), capture_output=True, text=True)

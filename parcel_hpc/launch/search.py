@@ -187,8 +187,9 @@ class SearchLaunch:
                 n = len(specs) + to_propose
                 minutes = slots.slot_minutes(pack.size, int(frozen["resources"]["time_limit_min"]))
                 self.console.print(display.slots_line(pack, n, dispatcher.slots(), minutes) if slotted else display.packing_line(pack, len(specs)))
-                lengths = [len(g) for g in packing.groups(to_dispatch, pack.size)]
-                self.console.print(dispatcher.describe(lengths), soft_wrap=True, markup=False, highlight=False)
+                # A slot's job is room for pack.size trials at the limit: the --time its array asks for.
+                lengths = [pack.size] * min(dispatcher.slots(), n) if slotted else [len(g) for g in packing.groups(to_dispatch, pack.size)]
+                self.console.print(dispatcher.describe(lengths, slotted), soft_wrap=True, markup=False, highlight=False)
                 return report
             if to_propose:
                 self.console.print(display.learning_line(sampler, to_propose, dispatcher.slots(), slotted), markup=False, highlight=False, soft_wrap=True)

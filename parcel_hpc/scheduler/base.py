@@ -135,5 +135,6 @@ class Dispatcher(ABC):
         """Ask the scheduler to end these jobs."""
 
     @abstractmethod
-    def describe(self, pack_lengths: Sequence[int]) -> str:
-        """What submitting jobs of these many trials each would do (the dry run prints it)."""
+    def describe(self, pack_lengths: Sequence[int], slots: bool = False) -> str:
+        """What submitting jobs of these many trials each would do (the dry run prints it); with
+        ``slots``, jobs that take trials in turn, with room for these many at the time limit."""

@@ -87,7 +87,7 @@ class FakeDispatcher(Dispatcher):
             self.cancelled.append(job)
             self.running.pop(job, None)
 
-    def describe(self, pack_lengths: Sequence[int]) -> str:
+    def describe(self, pack_lengths: Sequence[int], slots: bool = False) -> str:
         return f"fake: {len(pack_lengths)} jobs"
 
     def wait(self, seconds: float, at_least: float) -> None:

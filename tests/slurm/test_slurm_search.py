@@ -5,6 +5,7 @@ Every scenario drives the real entry points (the launch, parcel-hpc status/resub
 real scheduler (sbatch of a competing job, scontrol on nodes, scancel)."""
 
 import json
+import re
 
 import pytest
 
@@ -304,6 +305,13 @@ def test_dry_run_submits_nothing_and_shows_the_batch_script(tmp_path, data_dir):
         assert line in res.stdout
     assert "worst case: 5.00 GPU-hours" in res.stdout  # 5 trials x (1 + 2 retries) x 2 GPUs x 10 min
     assert "parcel-dry" not in sh("squeue", "-h", "-o", "%j")
+    assert not (tmp_path / "runs" / "dry").exists()
+    # A learning sampler runs in slots (dispatch=auto): the script is the slots' array, at a slot's --time.
+    res = slurm_launch(tmp_path, data_dir, "dry", "sampler=tpe", "search.n_trials=20", "search.dry_run=true", "hydra.launcher.array_parallelism=4")
+    assert res.returncode == 0, res.stderr
+    minutes = int(re.search(r"slots: up to 4 jobs of (\d+) min each running 20 trials", res.stdout).group(1))
+    assert minutes >= 10 and f"#SBATCH --time={minutes}\n" in res.stdout and "#SBATCH --array=0-3%4" in res.stdout, res.stdout
+    assert "# 4 slots: array tasks that each take trials in turn" in res.stdout
     assert not (tmp_path / "runs" / "dry").exists()
 
 

@@ -11,6 +11,7 @@ import pytest
 from parcel_hpc.ledger.store import SearchDir
 from parcel_hpc.scheduler.slurm.calls import MIN_ROUND_S
 from parcel_hpc.testing import finish, launch, parcel_hpc, start_launch
+from parcel_hpc.testing.slots import taken_longest_first
 
 from .cluster import sh, wait_for, what_the_cluster_says
 
@@ -158,3 +159,43 @@ def test_two_launchers_on_one_search_share_its_slots_each_trial_once(tmp_path, d
     slot_jobs = {s["job_id"] for s in sd.slot_records()}
     assert {r.jobs[0] for r in records.values()} <= slot_jobs
     assert len({s["launch_id"] for s in sd.slot_records()}) <= 2 and not sd.queued()
+
+
+def test_unequal_trials_run_longest_first_and_a_trial_that_fits_no_slot_waits_for_a_fresh_one(tmp_path, data_dir, cluster_guard):
+    """One slot at a time. lr scales each step's sleep (train.step_seconds_param), so 0.1 trains about
+    10x longer than 0.01: from the journals, once peers had finished the slot took the longest expected
+    trial first. Then ``pack_size=1``: a slot's job is one trial's time limit, so after its first
+    trial no other fits the time it has left, and each waits for a fresh slot rather than starting to be cut short."""
+    _, names = cluster_guard
+    names += ["parcel-slotlong", "parcel-slotfit"]
+    unequal = ("lr=choice(0.01,0.1)", "train.step_seconds=1.0", "train.step_seconds_param=lr", "pruner=none", "train.steps=20", "resources.gpus=0")
+    res = launch(
+        overrides(tmp_path, "slotlong", *unequal, "search.n_trials=8", "hydra.launcher.array_parallelism=1"),
+        cwd=tmp_path,
+        data_dir=data_dir,
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    sd = SearchDir(tmp_path / "runs" / "slotlong")
+    records = list(sd.records())
+    assert len(records) == 8 and all(r.state.value == "completed" and len(r.attempts) == 1 for r in records)
+    assert len(sd.slot_records()) == 1 and {r.jobs[0] for r in records} == {sd.slot_records()[0]["job_id"]}
+    assert {r.spec.params["lr"] for r in records} == {0.01, 0.1}
+    early, reordered = taken_longest_first(sd)
+    assert not early and reordered, early
+
+    res = launch(
+        overrides(tmp_path, "slotfit", "search.n_trials=3", "pruner=none", "resources.gpus=0", "hydra.launcher.pack_size=1"), cwd=tmp_path, data_dir=data_dir
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    sd = SearchDir(tmp_path / "runs" / "slotfit")
+    records = list(sd.records())
+    assert len(records) == 3 and all(r.state.value == "completed" and len(r.attempts) == 1 for r in records)
+    limit = int(sd.contract()["resources"]["time_limit_min"])
+    assert len(sd.slot_records()) == 3 and {s["minutes"] for s in sd.slot_records()} == {limit}  # one trial a slot
+    assert len({r.jobs[0] for r in records}) == 3
+
+    def limits():  # what the scheduler was asked for, once slurmdbd has filed all three
+        rows = sh("sacct", "-n", "-X", "-P", "-o", "JobID,TimelimitRaw", "-j", ",".join(r.jobs[0] for r in records)).split()
+        return {row.split("|")[1] for row in rows} if len(rows) == 3 else None
+
+    assert wait_for(limits, 60, "sacct to file the three slots") == {str(limit)}

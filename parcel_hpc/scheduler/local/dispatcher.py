@@ -113,17 +113,19 @@ class LocalDispatcher(Dispatcher):
             if pid_alive(job_id) and runs_submitit(job_id):
                 os.kill(int(job_id), signal.SIGINT)
 
-    def describe(self, pack_lengths: Sequence[int]) -> str:
+    def describe(self, pack_lengths: Sequence[int], slots: bool = False) -> str:
         wanted = int(self.settings.resources["gpus"])
         gpus = (
             f", {self.gpus_per_job} of this machine's GPUs {list(self.devices)} each"
             if self.gpus_per_job
             else (f", on the CPU: this machine has {len(self.devices)} GPUs, a trial asks for {wanted} (no GPU-hours are charged)" if wanted else "")
         )
-        return (
-            f"submitit LocalExecutor: {sum(pack_lengths)} trials in {len(pack_lengths)} child processes (up to {max(pack_lengths, default=0)} each, in turn), "
-            f"{self.parallelism} at a time{gpus}, folder {self.folder}"
+        jobs = (
+            f"{len(pack_lengths)} slot processes, each taking trials in turn"
+            if slots
+            else f"{sum(pack_lengths)} trials in {len(pack_lengths)} child processes (up to {max(pack_lengths, default=0)} each, in turn)"
         )
+        return f"submitit LocalExecutor: {jobs}, {self.parallelism} at a time{gpus}, folder {self.folder}"
 
 
 def job_folder(search: SearchDir) -> Path:

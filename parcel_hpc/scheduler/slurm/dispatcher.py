@@ -165,7 +165,7 @@ class SlurmDispatcher(Dispatcher):
     def cancel(self, job_ids: Sequence[str]) -> None:
         slurm.cancel(job_ids, self.env)
 
-    def describe(self, pack_lengths: Sequence[int]) -> str:
+    def describe(self, pack_lengths: Sequence[int], slots: bool = False) -> str:
         params = dict(self.executor.parameters)
         params["map_count"] = min(len(pack_lengths), self.limits.max_array_size)
         params["time"] = job_time_limit_min(max(pack_lengths, default=1), int(self.settings.resources["time_limit_min"]))
@@ -174,7 +174,9 @@ class SlurmDispatcher(Dispatcher):
         script = submitit_batch_script(command, self.executor.folder, params)
         if self.search.identity() is None:
             script = f"# job name and comment gain this search's id (-<12 hex digits>) when its contract freezes\n{script}"
-        if max(pack_lengths, default=1) > 1:
+        if slots:
+            script = f"# {len(pack_lengths)} slots: array tasks that each take trials in turn while --time lasts (room for {max(pack_lengths, default=1)} at the limit)\n{script}"
+        elif max(pack_lengths, default=1) > 1:
             script = f"# {sum(pack_lengths)} trials in {len(pack_lengths)} array tasks, up to {max(pack_lengths)} each in turn\n{script}"
         arrays = -(-len(pack_lengths) // self.limits.max_array_size)
         if arrays > 1:
