@@ -51,7 +51,7 @@ def test_a_packed_search_keeps_every_trial_governed_and_gives_the_same_results(t
     assert out["flags"] == [] and out["complete"]
     trials = [a for a in out["attempts"] if a["trial_id"]]
     overhead = [a for a in out["attempts"] if not a["trial_id"]]
-    assert len(trials) == 8 and len(overhead) == 2 and all(a["ledger_how"] == "pack start-up and gaps" for a in overhead)
+    assert len(trials) == 8 and len(overhead) == 2 and all(a["ledger_how"] == "start-up and gaps" for a in overhead)
     assert {a["job_id"] for a in overhead} == jobs
 
 

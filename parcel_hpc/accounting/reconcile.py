@@ -251,7 +251,7 @@ def _stale_hold(h: StaleHold, search_path: str) -> Flag:
     )
 
 
-PACK_OVERHEAD = "pack start-up and gaps"  # ledger_how of a packed job's hours between its trials
+PACK_OVERHEAD = "start-up and gaps"  # ledger_how of the hours of a pack or slot between its trials
 
 
 def _packed_job(

@@ -45,6 +45,11 @@ def all_finished(sd: SearchDir, n: int, rev: str, timeout: float) -> None:
         raise AssertionError(f"{exc}\nledger: {ledger}\n{what_the_cluster_says(f'parcel-{rev}')}\nworker log tail:\n{logs}") from None
 
 
+def reconciled(sd: SearchDir) -> dict | None:
+    out = parcel_hpc(["reconcile", str(sd.path), "--json"])
+    return json.loads(out.stdout)["campaigns"][0] if out.returncode == 0 else None
+
+
 def test_detached_tpe_slots_propose_alone_and_a_preempted_slot_resumes_its_trial(tmp_path, data_dir, cluster_guard):
     _, names = cluster_guard
     names += ["parcel-slotpre", "preemptor"]
@@ -74,12 +79,7 @@ def test_detached_tpe_slots_propose_alone_and_a_preempted_slot_resumes_its_trial
     reference = SearchDir(tmp_path / "runs" / "slotpre-ref").record("t0000")
     assert reference.spec.params == first.spec.params and first.metric == reference.metric
 
-    def reconciled():
-        out = parcel_hpc(["reconcile", str(sd.path), "--json"])
-        campaign = json.loads(out.stdout)["campaigns"][0] if out.returncode == 0 else None
-        return campaign if campaign and campaign["complete"] and not campaign["flags"] else None
-
-    out = wait_for(reconciled, 120, "a reconciliation without flags")
+    out = wait_for(lambda: (c := reconciled(sd)) and c["complete"] and not c["flags"] and c, 120, "a reconciliation without flags")
     assert out["waste_hours"]["preemption"] > 0
 
 
@@ -182,6 +182,13 @@ def test_unequal_trials_run_longest_first_and_a_trial_that_fits_no_slot_waits_fo
     assert {r.spec.params["lr"] for r in records} == {0.01, 0.1}
     early, reordered = taken_longest_first(sd)
     assert not early and reordered, early
+    # The admins' view: sacct's time of the slot's job is its trials' attempts and one line of start-up and gaps.
+    recon = wait_for(lambda: (out := reconciled(sd)) and out["complete"] and out, 120, "a complete reconciliation")
+    assert not recon["flags"], recon["flags"]
+    lines = recon["attempts"]
+    assert sorted(l["trial_id"] for l in lines if l["trial_id"]) == sorted(r.trial_id for r in records)
+    overhead = [l for l in lines if not l["trial_id"]]
+    assert len(overhead) == 1 and overhead[0]["ledger_how"] == "start-up and gaps" and overhead[0]["elapsed_s"] >= 0
 
     res = launch(
         overrides(tmp_path, "slotfit", "search.n_trials=3", "pruner=none", "resources.gpus=0", "hydra.launcher.pack_size=1"), cwd=tmp_path, data_dir=data_dir
