@@ -4,6 +4,7 @@ command line, TPE proposals made as slots free, each recorded and replayed exact
 import json
 import os
 import re
+import time
 
 import pytest
 import yaml
@@ -15,7 +16,7 @@ from parcel_hpc.ledger import AttemptEnd, SearchDir, TrialRecord, TrialSpec, Tri
 from parcel_hpc.ledger.events import Ended
 from parcel_hpc.propose import samplers
 from parcel_hpc.propose.learning import Told, ask, proposal_seed, told_of
-from parcel_hpc.propose.proposals import Proposer
+from parcel_hpc.propose.proposals import LEASE_S, Proposer
 from parcel_hpc.propose.proposals import load as load_proposal
 from parcel_hpc.propose.space import normalize
 from parcel_hpc.propose.specs import history_free_params, in_frozen_form
@@ -231,6 +232,27 @@ def test_a_proposal_whose_trial_appeared_after_the_records_were_read_is_told_as_
     made = Proposer(search, contract, 4, "b").propose(lambda: before)
     told = {t.trial_id: t.told for t in load_proposal(search, 3).told}
     assert made.spec.trial_id == "t0003" and told == {"t0000": told["t0000"], "t0001": told["t0001"], "t0002": Told.RUNNING}
+
+
+def test_proposals_are_drawn_one_at_a_time_and_a_dead_askers_lease_is_set_aside(tmp_path, data_dir):
+    res = run(tmp_path, data_dir, *TPE, "search.n_trials=2", rev="lease-r1")
+    assert res.returncode == 0, res.stderr
+    search = SearchDir(tmp_path / "runs" / "lease-r1")
+    contract = load_contract(search.path)
+    proposals_dir = search.path / "proposals"
+    assert sorted(p.name for p in proposals_dir.iterdir()) == ["000000.json", "000001.json"]  # no lease left behind
+    # Another asker is drawing proposal 2: this one waits for its record rather than drawing it too.
+    assert search.lease_proposal(2, {"launch_id": "other"})
+    asker = Proposer(search, contract, 4, "b")
+    assert asker.propose(lambda: list(search.records())) is None and asker.waiting and search.proposal_numbers() == [0, 1]
+    # That asker died: once its lease is older than LEASE_S, it is set aside and proposal 2 drawn.
+    old = time.time() - LEASE_S - 1
+    os.utime(proposals_dir / "000002.asking", (old, old))
+    made = asker.propose(lambda: list(search.records()))
+    assert made.spec.trial_id == "t0002" and not asker.waiting
+    names = sorted(p.name for p in proposals_dir.iterdir())
+    assert names[:3] == ["000000.json", "000001.json", "000002.asking." + names[2].split(".")[-1]] and names[3:] == ["000002.json"]
+    assert json.loads((proposals_dir / names[2]).read_text())["launch_id"] == "other"  # it says whose it was
 
 
 def test_the_release_packet_names_the_proposal_and_its_history():

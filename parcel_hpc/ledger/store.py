@@ -174,6 +174,35 @@ class SearchDir:
         fsio.ensure_dir(self.path / "proposals")
         return fsio.create_exclusive_json(self.proposal_path(k), record)
 
+    def _lease_path(self, k: int) -> Path:
+        return self.path / "proposals" / f"{k:06d}.asking"
+
+    def lease_proposal(self, k: int, holder: dict[str, Any]) -> bool:
+        """Draw proposal ``k`` alone: ``proposals/<k>.asking``, created exclusively. Proposals are
+        drawn one at a time (each is told the one before), so an asker that loses this waits for
+        ``k``'s record instead of drawing it too. False while another asker holds it."""
+        fsio.ensure_dir(self.path / "proposals")
+        return fsio.create_exclusive_json(self._lease_path(k), holder)
+
+    def proposal_lease_age(self, k: int) -> float | None:
+        """Seconds since proposal ``k``'s lease was taken; None when no one holds it."""
+        try:
+            return time.time() - os.stat(self._lease_path(k)).st_mtime
+        except FileNotFoundError:
+            return None
+
+    def drop_proposal_lease(self, k: int, aside: bool = False) -> None:
+        """Proposal ``k``'s lease, removed once its record is written (or, ``aside``, kept beside as
+        ``<k>.asking.<time>``: an asker presumed dead, whose lease says who it was)."""
+        path = self._lease_path(k)
+        try:
+            if aside:
+                os.rename(path, path.with_name(f"{path.name}.{time.time_ns()}"))
+            else:
+                os.unlink(path)
+        except FileNotFoundError:
+            pass  # another asker moved it first
+
     def proposal_numbers(self) -> list[int]:
         d = self.path / "proposals"
         return sorted(int(p.stem) for p in d.glob("*.json") if p.stem.isdigit()) if d.exists() else []

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -66,12 +67,21 @@ def plan(records: Iterable[TrialRecord], trial_ids: Sequence[str] = ()) -> Cance
     return CancelPlan(tuple(record), tuple(signal), tuple(untouched), shared)
 
 
+def idle_slots(slot_records: Iterable[Mapping[str, Any]], signal: Sequence[tuple[str, str]]) -> tuple[str, ...]:
+    """The job of every slot that runs none of the trials being signalled: one still pending, or
+    between trials. Each would start or go on only to see the cancellation and leave (pure)."""
+    running = {job for _, job in signal}
+    jobs = (str(s.get("job_id", "")) for s in slot_records)
+    return tuple(dict.fromkeys(j for j in jobs if j and j not in running))
+
+
 @dataclass(frozen=True)
 class CancelReport:
     plan: CancelPlan
     signalled: tuple[str, ...]  # job ids asked to end
     still_alive: tuple[str, ...]  # job ids still held by the scheduler when cancel stopped waiting
     settled: tuple[tuple[str, int], ...]  # (trial, attempt) budget holds settled
+    slots_ended: tuple[str, ...] = ()  # jobs of slots that ran no cancelled trial, asked to end
 
 
 def run(search: SearchDir, trial_ids: Sequence[str], reason: str, console: Console, wait_s: float = JOB_EXIT_WAIT_S) -> CancelReport:
@@ -89,11 +99,13 @@ def run(search: SearchDir, trial_ids: Sequence[str], reason: str, console: Conso
     for tid in decided.record:
         search.writer(tid, "cancel").cancelled(by, reason, whole)
     dispatcher = _dispatcher(search)
-    signalled, alive = _end_jobs(dispatcher, decided.signal, wait_s) if dispatcher is not None else ((), ())
+    idle = idle_slots(search.slot_records(), decided.signal) if whole else ()
+    signalled, alive = _end_jobs(dispatcher, [*decided.signal, *(("", j) for j in idle)], wait_s) if dispatcher is not None else ((), ())
     now = time.time()
     gone = {t: now for t, j in decided.signal if j not in alive and _ran_here_or_on_slurm(search, t)}
     settled = settlement.settle_ended(search, [search.record(t) for t in sorted(gone)], gone_at=gone)
-    report = CancelReport(decided, signalled, alive, tuple((s.key.trial_id, s.key.attempt) for s in settled))
+    slots_ended = tuple(j for j in idle if j in signalled)
+    report = CancelReport(decided, signalled, alive, tuple((s.key.trial_id, s.key.attempt) for s in settled), slots_ended)
     console.print(render(report, whole))
     return report
 
@@ -154,6 +166,8 @@ def render(report: CancelReport, whole: bool) -> Table:
         table.add_row(safe(tid), "kept", safe(why))
     if report.settled:
         table.caption = f"budget: settled {len(report.settled)} held attempts with the hours they ran"
+    if report.slots_ended:
+        table.caption = (table.caption + "; " if table.caption else "") + f"{len(report.slots_ended)} slots running no trial were ended"
     if report.still_alive:
         table.caption = (table.caption or "") + f"; {len(report.still_alive)} jobs are still ending: rerun cancel to settle their budget"
     return table

@@ -14,6 +14,8 @@ one freed slot gets one proposal.
 from __future__ import annotations
 
 import json
+import os
+import socket
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -30,6 +32,9 @@ from parcel_hpc.propose.specs import history_free_params, sampler_of, space_of, 
 
 PROPOSAL_FORMAT = "parcel-proposal/1"
 ORPHAN_AFTER_S = 60.0
+# A proposal is drawn in well under a second (Optuna's TPE told 10,000 trials: about 1 s); a lease
+# held longer than this without its record is a dead asker's.
+LEASE_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -148,6 +153,7 @@ class Proposer:
         self.duplicates: dict[int, str] = {}  # proposal -> the trial that owns its configuration
         self._written: set[int] = set()  # proposals whose trial spec exists
         self.stopped = ""  # why no more proposals are made before n_trials (the budget)
+        self.waiting = False  # the last ``propose`` found another asker drawing the same proposal
 
     def next_index(self) -> int:
         """The next proposal's number (after the highest recorded: one moved aside leaves a hole, never a clash)."""
@@ -213,11 +219,39 @@ class Proposer:
 
     def propose(self, read_records: Callable[[], Iterable[TrialRecord]]) -> Made | None:
         """Proposal k, for a slot the caller has free, from every result known now; None when
-        another launcher recorded proposal k first, or when no more may be made (``stopped``). k is
-        read before the records, so a proposal recorded since is either seen here or wins k."""
+        another asker is drawing proposal k now (``waiting``: ask again once it is recorded), when
+        another recorded it first, or when no more may be made (``stopped``). k is leased before
+        the records are read, so every proposal before k is recorded and either seen or told running."""
+        self.waiting = False
         k = self.next_index()
         if k >= self.n_trials or self.stopped:
             return None
+        if not self._lease(k):
+            self.waiting = not self.search.proposal_path(k).exists()  # recorded already: k + 1 is free to ask
+            return None
+        try:
+            return self._draw(k, read_records)
+        finally:
+            self.search.drop_proposal_lease(k)
+
+    def _lease(self, k: int) -> bool:
+        """Whether this asker now holds proposal k's lease; a lease older than ``LEASE_S`` whose
+        proposal was never recorded is a dead asker's, and is set aside."""
+        holder = {"launch_id": self.launch_id, "host": socket.gethostname(), "pid": os.getpid(), "at": time.time()}
+        if not self.search.lease_proposal(k, holder):
+            age = self.search.proposal_lease_age(k)
+            if age is not None and age < LEASE_S:
+                return False
+            if age is not None:
+                self.search.drop_proposal_lease(k, aside=True)
+            if not self.search.lease_proposal(k, holder):
+                return False
+        if self.search.proposal_path(k).exists():  # recorded (and its lease dropped) since k was read
+            self.search.drop_proposal_lease(k)
+            return False
+        return True
+
+    def _draw(self, k: int, read_records: Callable[[], Iterable[TrialRecord]]) -> Made | None:
         records = list(read_records())
         if self.stop_if_spent(records):
             return None

@@ -23,6 +23,7 @@ signal it checkpoints the running trial and is requeued while work is left.
 
 from __future__ import annotations
 
+import random
 import signal
 import time
 from collections.abc import Mapping
@@ -46,6 +47,7 @@ from parcel_hpc.worker.plan import WorkerPlan
 from parcel_hpc.worker.task import signal_cause_of, stops_turn
 
 START_MARGIN_S = 10.0  # a trial is started only this long before the scheduler's warning, at the latest
+LEASE_POLL_S = 0.05  # how often a slot waiting for another's proposal looks again (jittered)
 MAX_LOST_RACES = 64  # proposals another slot recorded first, in a row, before this slot leaves the rest to others
 
 
@@ -107,7 +109,7 @@ class SlotTask:
                 break
             record = own.pop(0) if own else self._take(search, view, facts, deadline - time.monotonic(), first=not results)
             if record is None and proposer is not None:
-                record = self._propose(search, view, facts, proposer, deadline - time.monotonic(), first=not results)
+                record = self._propose(search, view, facts, proposer, deadline, first=not results)
             if record is None:
                 break
             results.append(self._attempt(record, facts, cache))
@@ -169,21 +171,25 @@ class SlotTask:
         TrialWriter(search.trial_dir(tid), "slot").submitted(facts.job_id, facts.executor, self.launch_id)
         return True
 
-    def _propose(self, search: SearchDir, view: RecordView, facts: Started, proposer: Proposer, remaining_s: float, first: bool) -> TrialRecord | None:
+    def _propose(self, search: SearchDir, view: RecordView, facts: Started, proposer: Proposer, deadline: float, first: bool) -> TrialRecord | None:
         """The sampler's next proposal, admitted, planned and taken by this slot; None when no more
         proposals may be made, or a trial's time limit no longer fits the time left (nothing is drawn
         then: a proposal is never left behind by a slot that ends)."""
         contract = proposer.contract
-        if not first and 60.0 * float(self.template["time_limit_min"]) > remaining_s:
-            return None
-        for _ in range(MAX_LOST_RACES):
-            if proposer.remaining() == 0:
+        limit_s = 60.0 * float(self.template["time_limit_min"])
+        lost = 0
+        while lost < MAX_LOST_RACES:
+            if proposer.remaining() == 0 or (not first and limit_s > deadline - time.monotonic()):
                 return None
             made = proposer.propose(lambda: [view.record(t) for t in search.trial_ids()])
             if made is None:
                 if proposer.stopped:
                     return None
-                continue  # another slot recorded proposal k first: this one asks for k + 1
+                if proposer.waiting:
+                    time.sleep(random.uniform(0.5, 1.5) * LEASE_POLL_S)  # another slot draws proposal k: this one asks for k + 1 once it is recorded
+                else:
+                    lost += 1  # another asker recorded proposal k first: this one asks for k + 1
+                continue
             spec = made.spec
             if spec is None:
                 continue  # a twin's configuration: a duplicate, never run

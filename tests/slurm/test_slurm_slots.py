@@ -206,3 +206,20 @@ def test_unequal_trials_run_longest_first_and_a_trial_that_fits_no_slot_waits_fo
         return {row.split("|")[1] for row in rows} if len(rows) == 3 else None
 
     assert wait_for(limits, 60, "sacct to file the three slots") == {str(limit)}
+
+
+def test_cancelling_a_detached_slot_search_ends_its_pending_slots(tmp_path, data_dir, cluster_guard):
+    """The slots of a detached TPE launch wait in the queue (``--begin`` an hour on): no launcher is
+    left to withdraw them, so ``cancel`` ends them itself rather than leave each to start and leave."""
+    _, names = cluster_guard
+    names.append("parcel-slotcancel")
+    args = overrides(tmp_path, "slotcancel", *TPE, "search.n_trials=4", "search.wait=false", "resources.gpus=0", "hydra.launcher.array_parallelism=2")
+    res = launch([*args, "+hydra.launcher.additional_parameters.begin=now+3600"], cwd=tmp_path, data_dir=data_dir)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    sd = SearchDir(tmp_path / "runs" / "slotcancel")
+    jobs = {s["job_id"] for s in sd.slot_records()}
+    assert len(jobs) == 2 and not sd.trial_ids()  # both pending, nothing proposed yet
+    out = parcel_hpc(["cancel", str(sd.path), "--reason", "wrong space"])
+    assert out.returncode == 0 and "2 slots running no trial were ended" in out.stdout, out.stdout + out.stderr
+    assert not [n for n in sh("squeue", "-h", "-o", "%j").split() if n.startswith("parcel-slotcancel")]
+    assert not sd.trial_ids()  # no slot started to propose
