@@ -244,12 +244,15 @@ def test_proposals_are_drawn_one_at_a_time_and_a_dead_askers_lease_is_set_aside(
     # Another asker is drawing proposal 2: this one waits for its record rather than drawing it too.
     assert search.lease_proposal(2, {"launch_id": "other"})
     asker = Proposer(search, contract, 4, "b")
-    assert asker.propose(lambda: list(search.records())) is None and asker.waiting and search.proposal_numbers() == [0, 1]
+    assert asker.propose(lambda: list(search.records())) is None and asker.waiting == 2 and search.proposal_numbers() == [0, 1]
+    began = time.monotonic()
+    asker.await_record(2, began + 0.5, 0.05)
+    assert time.monotonic() - began >= 0.5  # neither recorded nor released: it waited until told to stop
     # That asker died: once its lease is older than LEASE_S, it is set aside and proposal 2 drawn.
     old = time.time() - LEASE_S - 1
     os.utime(proposals_dir / "000002.asking", (old, old))
     made = asker.propose(lambda: list(search.records()))
-    assert made.spec.trial_id == "t0002" and not asker.waiting
+    assert made.spec.trial_id == "t0002" and asker.waiting is None
     names = sorted(p.name for p in proposals_dir.iterdir())
     assert names[:3] == ["000000.json", "000001.json", "000002.asking." + names[2].split(".")[-1]] and names[3:] == ["000002.json"]
     assert json.loads((proposals_dir / names[2]).read_text())["launch_id"] == "other"  # it says whose it was

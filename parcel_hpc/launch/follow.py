@@ -490,7 +490,7 @@ class Follower:
                 break
             made = self.proposer.propose(lambda: [self.view.record(tid) for tid in self.search.trial_ids()])
             if made is None:
-                if self.proposer.waiting:
+                if self.proposer.waiting is not None:
                     break  # another launcher is drawing proposal k: this slot asks again next round
                 continue  # another launcher recorded proposal k first (for a slot of its own): this slot takes k + 1
             self.report.proposed += 1

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import socket
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -153,7 +154,7 @@ class Proposer:
         self.duplicates: dict[int, str] = {}  # proposal -> the trial that owns its configuration
         self._written: set[int] = set()  # proposals whose trial spec exists
         self.stopped = ""  # why no more proposals are made before n_trials (the budget)
-        self.waiting = False  # the last ``propose`` found another asker drawing the same proposal
+        self.waiting: int | None = None  # the proposal another asker was drawing when ``propose`` last asked for it
 
     def next_index(self) -> int:
         """The next proposal's number (after the highest recorded: one moved aside leaves a hole, never a clash)."""
@@ -222,17 +223,26 @@ class Proposer:
         another asker is drawing proposal k now (``waiting``: ask again once it is recorded), when
         another recorded it first, or when no more may be made (``stopped``). k is leased before
         the records are read, so every proposal before k is recorded and either seen or told running."""
-        self.waiting = False
+        self.waiting = None
         k = self.next_index()
         if k >= self.n_trials or self.stopped:
             return None
         if not self._lease(k):
-            self.waiting = not self.search.proposal_path(k).exists()  # recorded already: k + 1 is free to ask
+            self.waiting = None if self.search.proposal_path(k).exists() else k  # recorded already: k + 1 is free to ask
             return None
         try:
             return self._draw(k, read_records)
         finally:
             self.search.drop_proposal_lease(k)
+
+    def await_record(self, k: int, until: float, poll_s: float) -> None:
+        """Sleep until proposal k is recorded, its lease is gone or stale, or the monotonic ``until``:
+        two stats a look, not a listing of ``proposals/``, however many slots wait."""
+        while time.monotonic() < until and not self.search.proposal_path(k).exists():
+            age = self.search.proposal_lease_age(k)
+            if age is None or age >= LEASE_S:
+                return
+            time.sleep(random.uniform(0.5, 1.5) * poll_s)
 
     def _lease(self, k: int) -> bool:
         """Whether this asker now holds proposal k's lease; a lease older than ``LEASE_S`` whose

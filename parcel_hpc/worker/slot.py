@@ -23,7 +23,6 @@ signal it checkpoints the running trial and is requeued while work is left.
 
 from __future__ import annotations
 
-import random
 import signal
 import time
 from collections.abc import Mapping
@@ -185,8 +184,8 @@ class SlotTask:
             if made is None:
                 if proposer.stopped:
                     return None
-                if proposer.waiting:
-                    time.sleep(random.uniform(0.5, 1.5) * LEASE_POLL_S)  # another slot draws proposal k: this one asks for k + 1 once it is recorded
+                if proposer.waiting is not None:  # another slot draws proposal k: this one asks for k + 1 once it is recorded
+                    proposer.await_record(proposer.waiting, deadline, LEASE_POLL_S)
                 else:
                     lost += 1  # another asker recorded proposal k first: this one asks for k + 1
                 continue
