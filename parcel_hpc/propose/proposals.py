@@ -33,9 +33,10 @@ from parcel_hpc.propose.specs import history_free_params, sampler_of, space_of, 
 
 PROPOSAL_FORMAT = "parcel-proposal/1"
 ORPHAN_AFTER_S = 60.0
-# A proposal is drawn in well under a second (Optuna's TPE told 10,000 trials: about 1 s); a lease
-# held longer than this without its record is a dead asker's.
-LEASE_S = 120.0
+# A proposal is drawn in about a second at most (Optuna's TPE told 10,000 trials); a lease held
+# longer than this without its record is a dead asker's (a slot killed mid-draw), and the others
+# wait this long for it at worst.
+LEASE_S = 30.0
 
 
 @dataclass(frozen=True)
