@@ -32,5 +32,5 @@ def pytest_collection_modifyitems(config, items):
         if "slurm" in item.keywords or "scale" in item.keywords:
             item.add_marker(pytest.mark.xdist_group("cluster"))
         if "scale" in item.keywords and not selected_scale:
-            item.add_marker(pytest.mark.skip(reason="run apart: bash scripts/test.sh -m scale tests/scale (about 10 minutes on 2 cores)"))
+            item.add_marker(pytest.mark.skip(reason="run apart: bash scripts/test.sh -m scale tests/scale (about 18 minutes on 2 cores)"))
     return (yield)

@@ -107,6 +107,8 @@ def run(search: SearchDir, trial_ids: Sequence[str], reason: str, console: Conso
     slots_ended = tuple(j for j in idle if j in signalled)
     report = CancelReport(decided, signalled, alive, tuple((s.key.trial_id, s.key.attempt) for s in settled), slots_ended)
     console.print(render(report, whole))
+    if slots_ended:
+        console.print(f"{len(slots_ended)} slots running no trial were ended: {', '.join(slots_ended)}", markup=False, highlight=False, soft_wrap=True)
     return report
 
 
@@ -166,8 +168,6 @@ def render(report: CancelReport, whole: bool) -> Table:
         table.add_row(safe(tid), "kept", safe(why))
     if report.settled:
         table.caption = f"budget: settled {len(report.settled)} held attempts with the hours they ran"
-    if report.slots_ended:
-        table.caption = (table.caption + "; " if table.caption else "") + f"{len(report.slots_ended)} slots running no trial were ended"
     if report.still_alive:
         table.caption = (table.caption or "") + f"; {len(report.still_alive)} jobs are still ending: rerun cancel to settle their budget"
     return table
