@@ -14,9 +14,10 @@ from parcel_hpc.governance.contract import Contract, load_contract
 from parcel_hpc.governance.outcome import Outcome
 from parcel_hpc.ledger import AttemptEnd, SearchDir, TrialRecord, TrialSpec, TrialState
 from parcel_hpc.ledger.events import Ended
+from parcel_hpc.propose import proposals as proposals_module
 from parcel_hpc.propose import samplers
 from parcel_hpc.propose.learning import Told, ask, proposal_seed, told_of
-from parcel_hpc.propose.proposals import LEASE_S, Proposer
+from parcel_hpc.propose.proposals import Proposer
 from parcel_hpc.propose.proposals import load as load_proposal
 from parcel_hpc.propose.space import normalize
 from parcel_hpc.propose.specs import history_free_params, in_frozen_form
@@ -234,7 +235,7 @@ def test_a_proposal_whose_trial_appeared_after_the_records_were_read_is_told_as_
     assert made.spec.trial_id == "t0003" and told == {"t0000": told["t0000"], "t0001": told["t0001"], "t0002": Told.RUNNING}
 
 
-def test_proposals_are_drawn_one_at_a_time_and_a_dead_askers_lease_is_set_aside(tmp_path, data_dir):
+def test_proposals_are_drawn_one_at_a_time_and_a_dead_askers_lease_is_drawn_over(tmp_path, data_dir, monkeypatch):
     res = run(tmp_path, data_dir, *TPE, "search.n_trials=2", rev="lease-r1")
     assert res.returncode == 0, res.stderr
     search = SearchDir(tmp_path / "runs" / "lease-r1")
@@ -243,19 +244,25 @@ def test_proposals_are_drawn_one_at_a_time_and_a_dead_askers_lease_is_set_aside(
     assert sorted(p.name for p in proposals_dir.iterdir()) == ["000000.json", "000001.json"]  # no lease left behind
     # Another asker is drawing proposal 2: this one waits for its record rather than drawing it too.
     assert search.lease_proposal(2, {"launch_id": "other"})
+    monkeypatch.setattr(proposals_module, "LEASE_S", 0.5)
     asker = Proposer(search, contract, 4, "b")
     assert asker.propose(lambda: list(search.records())) is None and asker.waiting == 2 and search.proposal_numbers() == [0, 1]
+    # That asker died: its lease stays as it was for LEASE_S by this asker's clock, and proposal 2 is drawn over it.
     began = time.monotonic()
-    asker.await_record(2, began + 0.5, 0.05)
-    assert time.monotonic() - began >= 0.5  # neither recorded nor released: it waited until told to stop
-    # That asker died: once its lease is older than LEASE_S, it is set aside and proposal 2 drawn.
-    old = time.time() - LEASE_S - 1
-    os.utime(proposals_dir / "000002.asking", (old, old))
+    asker.await_record(2, 0.05)
+    assert time.monotonic() - began >= 0.4
     made = asker.propose(lambda: list(search.records()))
     assert made.spec.trial_id == "t0002" and asker.waiting is None
-    names = sorted(p.name for p in proposals_dir.iterdir())
-    assert names[:3] == ["000000.json", "000001.json", "000002.asking." + names[2].split(".")[-1]] and names[3:] == ["000002.json"]
-    assert json.loads((proposals_dir / names[2]).read_text())["launch_id"] == "other"  # it says whose it was
+    assert sorted(p.name for p in proposals_dir.iterdir()) == ["000000.json", "000001.json", "000002.asking", "000002.json"]
+    assert json.loads((proposals_dir / "000002.asking").read_text())["launch_id"] == "other"  # never removed by another: it says whose it was
+    # A lease taken again (a live asker, a new file) restarts the wait: only one left unchanged is overdue.
+    assert search.lease_proposal(3, {"launch_id": "other"})
+    assert asker.propose(lambda: list(search.records())) is None and asker.waiting == 3
+    time.sleep(0.3)
+    os.unlink(proposals_dir / "000003.asking")
+    assert search.lease_proposal(3, {"launch_id": "third"})
+    time.sleep(0.3)
+    assert asker.propose(lambda: list(search.records())) is None and asker.waiting == 3  # 0.6 s since the first, 0.3 s since this one
 
 
 def test_the_release_packet_names_the_proposal_and_its_history():

@@ -14,7 +14,7 @@ from parcel_hpc.scheduler import slots
 from parcel_hpc.scheduler.slots import Peer, Queued
 from parcel_hpc.scheduler.slurm.runs import JobRun
 from parcel_hpc.scheduler.slurm.states import JobState
-from parcel_hpc.worker.slot import interrupted_here
+from parcel_hpc.worker.slot import left_here
 
 
 def spec(tid, **params):
@@ -130,12 +130,21 @@ def test_a_slot_that_took_no_trial_is_a_line_in_reconcile_never_an_orphan():
     assert "77_1" in {line.job_id for line in out.attempts if not line.trial_id}
 
 
-def test_a_requeued_slot_resumes_only_the_trial_interrupted_there():
+def test_a_requeued_slot_runs_first_only_the_trial_left_there():
     def ran(how, **ending):
         return record("t0001", ev("submitted", 1, job_id="7_0"), ev("started", 2, attempt=1, job_id="7_0"), ev("ended", 3, attempt=1, how=how, **ending))
 
-    assert interrupted_here(ran("interrupted", cause="preempted", step=10), "7_0")
-    assert not interrupted_here(ran("interrupted", cause="preempted", step=10), "7_1")  # another job's
-    assert not interrupted_here(ran("failed", cause="exception"), "7_0")  # its failure check runs alone
-    assert not interrupted_here(ran("lost", cause="lost"), "7_0")  # died without saying how: alone too
-    assert not interrupted_here(record("t0001", ev("submitted", 1, job_id="7_0")), "7_0")  # never started here
+    assert left_here(ran("interrupted", cause="preempted", step=10), "7_0")
+    assert not left_here(ran("interrupted", cause="preempted", step=10), "7_1")  # another job's
+    assert not left_here(ran("failed", cause="exception"), "7_0")  # its failure check runs alone
+    assert not left_here(ran("lost", cause="lost"), "7_0")  # died without saying how: alone too
+    assert left_here(record("t0001", ev("submitted", 1, job_id="7_0")), "7_0")  # taken here, the warning came before it started
+
+
+def test_a_whole_cancel_ends_only_the_slots_running_none_of_its_trials():
+    from parcel_hpc.lifecycle.cancel import idle_slots
+
+    slot_records = [{"job_id": "7_0"}, {"job_id": "7_1"}, {"job_id": ""}, {"job_id": "7_1"}, {"job_id": "9"}]
+    # 7_0 runs t0001 (ended through its trial); 7_1 is pending twice recorded; 9 waits between trials
+    assert idle_slots(slot_records, [("t0001", "7_0")]) == ("7_1", "9")
+    assert idle_slots(slot_records, [("t0001", "7_0"), ("t0002", "7_1"), ("t0003", "9")]) == ()

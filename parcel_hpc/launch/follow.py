@@ -70,7 +70,7 @@ def choose_packing(dispatcher: Dispatcher, search: SearchDir, n_trials: int, sam
     return packing.decide(size, n_trials, dispatcher.slots(), limit, minutes, measured, dispatcher.max_job_minutes())
 
 
-def _detached_slots(chosen: packing.Packing, work: int, dispatcher: Dispatcher) -> packing.Packing:
+def detached_slots(chosen: packing.Packing, work: int, dispatcher: Dispatcher) -> packing.Packing:
     """Detached, no launcher submits a fresh slot: the first ones must hold every trial at its time
     limit, one more each for the time a slot cannot use at its end (within the partition's MaxTime)."""
     need = -(-work // max(1, dispatcher.slots())) + 1
@@ -213,7 +213,7 @@ class Follower:
         proposals = self.proposer.remaining() if self.proposer is not None and self.slot_plan is not None else 0
         self.packing = choose_packing(self.dispatcher, self.search, len(self.waiting) + proposals, sampler_of(self.contract))
         if self.slot_plan is not None and self.slot_plan.detached:
-            self.packing = _detached_slots(self.packing, len(self.waiting) + proposals, self.dispatcher)
+            self.packing = detached_slots(self.packing, len(self.waiting) + proposals, self.dispatcher)
         report.packing = self.packing.to_json()
         work = len(self.waiting) + (self.proposer.remaining() if self.proposer is not None and self.slot_plan is not None else 0)
         if work:

@@ -28,7 +28,7 @@ from parcel_hpc.governance import validation
 from parcel_hpc.governance.contract import Contract, first_difference, freeze_contract, load_contract
 from parcel_hpc.governance.outcome import Outcome
 from parcel_hpc.launch import display
-from parcel_hpc.launch.follow import Follower, SlotPlan, account_decision, admitted, choose_packing, uses_slots
+from parcel_hpc.launch.follow import Follower, SlotPlan, account_decision, admitted, choose_packing, detached_slots, uses_slots
 from parcel_hpc.launch.pulse import Pulse
 from parcel_hpc.launch.report import LaunchReport
 from parcel_hpc.ledger import LauncherState, SearchDir, TrialSpec, TrialState
@@ -173,6 +173,8 @@ class SearchLaunch:
             decision = launch_decision(frozen, len(to_dispatch) + to_propose, len(known) - len(to_dispatch), None if dry_run and fresh else path)
             self._require_budget(decision)
             pack = choose_packing(dispatcher, search, len(to_dispatch) + to_propose, sampler)
+            if slotted and not cfg["search"]["wait"]:
+                pack = detached_slots(pack, len(to_dispatch) + to_propose, dispatcher)  # as the follower sizes them
             verdict, account_text = account_decision(account, decision, pack.size)
             self._require_budget(verdict, account_text)
             self.console.print(display.contract_line(frozen, path, created, dry_run))

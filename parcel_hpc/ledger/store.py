@@ -184,24 +184,22 @@ class SearchDir:
         fsio.ensure_dir(self.path / "proposals")
         return fsio.create_exclusive_json(self._lease_path(k), holder)
 
-    def proposal_lease_age(self, k: int) -> float | None:
-        """Seconds since proposal ``k``'s lease was taken; None when no one holds it."""
+    def proposal_lease(self, k: int) -> tuple[int, int] | None:
+        """Proposal ``k``'s lease as (inode, mtime in ns): what tells a lease taken again from one
+        left in place; None when no one holds it."""
         try:
-            return time.time() - os.stat(self._lease_path(k)).st_mtime
+            st = os.stat(self._lease_path(k))
         except FileNotFoundError:
             return None
+        return st.st_ino, st.st_mtime_ns
 
-    def drop_proposal_lease(self, k: int, aside: bool = False) -> None:
-        """Proposal ``k``'s lease, removed once its record is written (or, ``aside``, kept beside as
-        ``<k>.asking.<time>``: an asker presumed dead, whose lease says who it was)."""
-        path = self._lease_path(k)
+    def drop_proposal_lease(self, k: int) -> None:
+        """The lease this asker took on proposal ``k``, removed once its record is written (never
+        another asker's: a lease is drawn over when overdue, not removed)."""
         try:
-            if aside:
-                os.rename(path, path.with_name(f"{path.name}.{time.time_ns()}"))
-            else:
-                os.unlink(path)
+            os.unlink(self._lease_path(k))
         except FileNotFoundError:
-            pass  # another asker moved it first
+            pass
 
     def proposal_numbers(self) -> list[int]:
         d = self.path / "proposals"

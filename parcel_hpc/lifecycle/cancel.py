@@ -99,10 +99,19 @@ def run(search: SearchDir, trial_ids: Sequence[str], reason: str, console: Conso
     for tid in decided.record:
         search.writer(tid, "cancel").cancelled(by, reason, whole)
     dispatcher = _dispatcher(search)
-    idle = idle_slots(search.slot_records(), decided.signal) if whole else ()
+    # Slots outlive their launcher only where the scheduler runs them (a local launcher stops its own).
+    idle = idle_slots(search.slot_records(), decided.signal) if whole and dispatcher is not None and dispatcher.can_detach else ()
     signalled, alive = _end_jobs(dispatcher, [*decided.signal, *(("", j) for j in idle)], wait_s) if dispatcher is not None else ((), ())
     now = time.time()
     gone = {t: now for t, j in decided.signal if j not in alive and _ran_here_or_on_slurm(search, t)}
+    if whole:
+        # A trial a slot took or proposed after the records above were read: cancelled too, and settled
+        # when its slot is one of those just ended.
+        late = plan(search.records())
+        for tid in late.record:
+            search.writer(tid, "cancel").cancelled(by, reason, whole)
+        gone.update({t: now for t, j in late.signal if j in signalled and j not in alive})
+        decided = CancelPlan(decided.record + late.record, decided.signal + late.signal, decided.untouched, decided.shared)
     settled = settlement.settle_ended(search, [search.record(t) for t in sorted(gone)], gone_at=gone)
     slots_ended = tuple(j for j in idle if j in signalled)
     report = CancelReport(decided, signalled, alive, tuple((s.key.trial_id, s.key.attempt) for s in settled), slots_ended)

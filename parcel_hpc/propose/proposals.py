@@ -33,9 +33,9 @@ from parcel_hpc.propose.specs import history_free_params, sampler_of, space_of, 
 
 PROPOSAL_FORMAT = "parcel-proposal/1"
 ORPHAN_AFTER_S = 60.0
-# A proposal is drawn in about a second at most (Optuna's TPE told 10,000 trials); a lease held
-# longer than this without its record is a dead asker's (a slot killed mid-draw), and the others
-# wait this long for it at worst.
+# A proposal is drawn in about a second at most (Optuna's TPE told 10,000 trials); a lease seen
+# unchanged this long without its record is a dead or stalled asker's (a slot killed mid-draw), and
+# the others wait this long for it at worst.
 LEASE_S = 30.0
 
 
@@ -156,6 +156,7 @@ class Proposer:
         self._written: set[int] = set()  # proposals whose trial spec exists
         self.stopped = ""  # why no more proposals are made before n_trials (the budget)
         self.waiting: int | None = None  # the proposal another asker was drawing when ``propose`` last asked for it
+        self._lease_seen: tuple[int, tuple[int, int], float] | None = None  # (k, its lease's inode and mtime, when first seen so)
 
     def next_index(self) -> int:
         """The next proposal's number (after the highest recorded: one moved aside leaves a hole, never a clash)."""
@@ -228,39 +229,44 @@ class Proposer:
         k = self.next_index()
         if k >= self.n_trials or self.stopped:
             return None
-        if not self._lease(k):
-            self.waiting = None if self.search.proposal_path(k).exists() else k  # recorded already: k + 1 is free to ask
+        if self.search.cancellation() is not None:
+            self.stopped = "the search was cancelled"
+            return None
+        holder = {"launch_id": self.launch_id, "host": socket.gethostname(), "pid": os.getpid(), "at": time.time()}
+        held = self.search.lease_proposal(k, holder)
+        if not held and self.search.proposal_lease(k) is None:
+            held = self.search.lease_proposal(k, holder)  # released since: its record is written, or its asker gave up
+        if self.search.proposal_path(k).exists():  # recorded (and its lease dropped) since k was read: ask for k + 1
+            if held:
+                self.search.drop_proposal_lease(k)
+            return None
+        if not held and not self._overdue(k):
+            self.waiting = k
             return None
         try:
-            return self._draw(k, read_records)
+            return self._draw(k, read_records)  # a lease left unchanged for LEASE_S is drawn over, never broken
         finally:
-            self.search.drop_proposal_lease(k)
+            if held:
+                self.search.drop_proposal_lease(k)
 
-    def await_record(self, k: int, until: float, poll_s: float) -> None:
-        """Sleep until proposal k is recorded, its lease is gone or stale, or the monotonic ``until``:
-        two stats a look, not a listing of ``proposals/``, however many slots wait."""
-        while time.monotonic() < until and not self.search.proposal_path(k).exists():
-            age = self.search.proposal_lease_age(k)
-            if age is None or age >= LEASE_S:
-                return
+    def await_record(self, k: int, poll_s: float) -> None:
+        """Sleep until proposal k is recorded, its lease is gone, or the lease is overdue: two stats a
+        look, not a listing of ``proposals/``, however many slots wait."""
+        while not self.search.proposal_path(k).exists() and not self._overdue(k):
             time.sleep(random.uniform(0.5, 1.5) * poll_s)
 
-    def _lease(self, k: int) -> bool:
-        """Whether this asker now holds proposal k's lease; a lease older than ``LEASE_S`` whose
-        proposal was never recorded is a dead asker's, and is set aside."""
-        holder = {"launch_id": self.launch_id, "host": socket.gethostname(), "pid": os.getpid(), "at": time.time()}
-        if not self.search.lease_proposal(k, holder):
-            age = self.search.proposal_lease_age(k)
-            if age is not None and age < LEASE_S:
-                return False
-            if age is not None:
-                self.search.drop_proposal_lease(k, aside=True)
-            if not self.search.lease_proposal(k, holder):
-                return False
-        if self.search.proposal_path(k).exists():  # recorded (and its lease dropped) since k was read
-            self.search.drop_proposal_lease(k)
-            return False
-        return True
+    def _overdue(self, k: int) -> bool:
+        """Whether proposal k's lease is gone, or has stayed unchanged for ``LEASE_S`` by this asker's
+        own clock (never the file's time against this host's: NFS clocks differ). An overdue lease is
+        a dead or stalled asker's: k is drawn without it, and the record's create-exclusive write
+        keeps one draw should both finish."""
+        seen = self.search.proposal_lease(k)
+        if seen is None:
+            return True
+        now = time.monotonic()
+        if self._lease_seen is None or self._lease_seen[:2] != (k, seen):
+            self._lease_seen = (k, seen, now)
+        return now - self._lease_seen[2] >= LEASE_S
 
     def _draw(self, k: int, read_records: Callable[[], Iterable[TrialRecord]]) -> Made | None:
         records = list(read_records())

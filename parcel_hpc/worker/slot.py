@@ -34,7 +34,8 @@ from submitit.core.utils import UncompletedJobError
 
 from parcel_hpc.fsio import owner_only_writes
 from parcel_hpc.governance.admission import admit_proposal
-from parcel_hpc.ledger import RecordView, SearchDir, Started, TrialRecord, TrialWriter
+from parcel_hpc.governance.contract import Contract
+from parcel_hpc.ledger import RecordView, SearchDir, Started, TrialRecord, TrialSpec, TrialWriter
 from parcel_hpc.ledger.events import FailureSignature
 from parcel_hpc.lifecycle.actions import runs_alone
 from parcel_hpc.propose.proposals import Proposer
@@ -43,6 +44,7 @@ from parcel_hpc.worker.attempt import AttemptRun
 from parcel_hpc.worker.cache import WorkerCache
 from parcel_hpc.worker.jobenv import facts_from_env
 from parcel_hpc.worker.plan import WorkerPlan
+from parcel_hpc.worker.signals import StepBoundarySignals
 from parcel_hpc.worker.task import signal_cause_of, stops_turn
 
 START_MARGIN_S = 10.0  # a trial is started only this long before the scheduler's warning, at the latest
@@ -74,6 +76,7 @@ class SlotTask:
         self.max_trials = max_trials  # hydra.launcher.pack_size when fixed; 0: as many as fit
         self.signal_delay_s = signal_delay_s
         self._run: AttemptRun | None = None
+        self._taken = ""  # a trial this slot took whose attempt has not started: a requeue runs it first
         self._search: SearchDir | None = None
 
     def job_minutes(self, time_limit_min: int) -> int:
@@ -100,7 +103,7 @@ class SlotTask:
         proposer = Proposer(search, search.contract(), self.proposals, self.launch_id) if self.proposals else None
         results: list[dict] = []
         ran: list[FailureSignature | None] = []
-        own = [r for r in (view.record(t) for t in search.trial_ids()) if interrupted_here(r, facts.job_id)]
+        own = [r for r in (view.record(t) for t in search.trial_ids()) if left_here(r, facts.job_id)]
         while True:
             if search.hold() is not None or search.cancellation() is not None or search.launch_stopped(self.launch_id):
                 break  # held (trials failing alike), cancelled, or its launch stopped (drift): it starts nothing more
@@ -122,6 +125,7 @@ class SlotTask:
         plan = WorkerPlan.load(self._search, record.trial_id)
         try:
             self._run = AttemptRun(plan, facts, cache, limit_s=60.0 * plan.time_limit_min, prior=record)
+            self._taken = ""
             return self._run.execute()
         except UncompletedJobError:
             raise
@@ -168,43 +172,52 @@ class SlotTask:
         if search.dispatch_mark(tid, n, "withdrawn") or search.dispatch_count(tid) != n:
             return False  # withdrawn, or given up for a newer dispatch, as it was taken: that one runs
         TrialWriter(search.trial_dir(tid), "slot").submitted(facts.job_id, facts.executor, self.launch_id)
+        self._taken = tid
         return True
 
     def _propose(self, search: SearchDir, view: RecordView, facts: Started, proposer: Proposer, deadline: float, first: bool) -> TrialRecord | None:
         """The sampler's next proposal, admitted, planned and taken by this slot; None when no more
         proposals may be made, or a trial's time limit no longer fits the time left (nothing is drawn
         then: a proposal is never left behind by a slot that ends)."""
-        contract = proposer.contract
         limit_s = 60.0 * float(self.template["time_limit_min"])
+        for spec in proposer.finish_orphans(time.time()):  # their asker died between record and trial (a detached search has no launcher to)
+            if (record := self._take_proposed(search, view, facts, proposer.contract, spec)) is not None:
+                return record
         lost = 0
         while lost < MAX_LOST_RACES:
             if proposer.remaining() == 0 or (not first and limit_s > deadline - time.monotonic()):
                 return None
-            made = proposer.propose(lambda: [view.record(t) for t in search.trial_ids()])
+            # The scheduler's warning waits until the proposal is recorded, its trial written and taken:
+            # a slot preempted in between would leave a record or a trial no one dispatches.
+            with StepBoundarySignals() as held:
+                made = proposer.propose(lambda: [view.record(t) for t in search.trial_ids()])
+                record = self._take_proposed(search, view, facts, proposer.contract, made.spec) if made is not None and made.spec is not None else None
+                held.deliver()  # a requeue now resumes the trial just taken first (``left_here``)
+            if record is not None:
+                return record
             if made is None:
                 if proposer.stopped:
                     return None
                 if proposer.waiting is not None:  # another slot draws proposal k: this one asks for k + 1 once it is recorded
-                    proposer.await_record(proposer.waiting, deadline, LEASE_POLL_S)
+                    proposer.await_record(proposer.waiting, LEASE_POLL_S)
                 else:
                     lost += 1  # another asker recorded proposal k first: this one asks for k + 1
-                continue
-            spec = made.spec
-            if spec is None:
-                continue  # a twin's configuration: a duplicate, never run
-            tid = spec.trial_id
-            outcome = admit_proposal(tid, spec.config_hash, contract)
-            if not outcome.is_admit:
-                TrialWriter(search.trial_dir(tid), "slot").admission_refused(outcome, self.launch_id)
-                continue
-            search.write_plan(tid, WorkerPlan.for_trial(self.template, spec).to_json())
-            n = search.claim_dispatch(tid, self.launch_id, 0)
-            if n is None:
-                continue  # a launcher finishing an orphaned proposal claimed it: it queues it
-            search.enqueue(tid, n, self.launch_id)  # queued and taken at once: the queue is the one way in
-            if self._claim(search, Queued(tid, n), facts):
-                return view.record(tid)
-        return None
+        return None  # lost MAX_LOST_RACES draws in a row: the other slots make the proposals left
+
+    def _take_proposed(self, search: SearchDir, view: RecordView, facts: Started, contract: Contract, spec: TrialSpec) -> TrialRecord | None:
+        """A new proposal's trial admitted, planned, queued and taken by this slot; None when refused
+        or when a launcher adopting an orphaned proposal claimed its dispatch first (it queues it)."""
+        tid = spec.trial_id
+        outcome = admit_proposal(tid, spec.config_hash, contract)
+        if not outcome.is_admit:
+            TrialWriter(search.trial_dir(tid), "slot").admission_refused(outcome, self.launch_id)
+            return None
+        search.write_plan(tid, WorkerPlan.for_trial(self.template, spec).to_json())
+        n = search.claim_dispatch(tid, self.launch_id, 0)
+        if n is None:
+            return None
+        search.enqueue(tid, n, self.launch_id)  # queued and taken at once: the queue is the one way in
+        return view.record(tid) if self._claim(search, Queued(tid, n), facts) else None
 
     # --- the scheduler's signal -----------------------------------------------------------------
     def checkpoint(self, *_args: Any, **_kwargs: Any) -> submitit.helpers.DelayedSubmission | None:
@@ -215,7 +228,7 @@ class SlotTask:
         if run is not None:
             again = run.interrupt(signal_cause_of(run))
             run.release_claim()
-        if again or self._work_left():
+        if again or self._taken or self._work_left():
             return submitit.helpers.DelayedSubmission(SlotTask(*self._args()))
         return None
 
@@ -226,8 +239,10 @@ class SlotTask:
         return bool(search.queued()) or (self.proposals > 0 and len(search.proposal_numbers()) < self.proposals)
 
 
-def interrupted_here(record: TrialRecord, job_id: str) -> bool:
-    """A trial a requeued slot resumes first: its last attempt ran in this job and was interrupted
-    (preempted, timed out) there. One that failed or ended without saying how is the launcher's to
-    dispatch (alone: ``runs_alone``), never rerun here without a dispatch claim."""
-    return bool(record.jobs) and record.jobs[-1] == job_id and not record.state.is_finished() and bool(record.attempts) and not runs_alone(record)
+def left_here(record: TrialRecord, job_id: str) -> bool:
+    """A trial a requeued slot runs first: this job took it last, and either its attempt was
+    interrupted (preempted, timed out) here or the scheduler's warning came before it started. One
+    that failed or ended without saying how is the launcher's to dispatch (alone: ``runs_alone``),
+    never rerun here without a dispatch claim."""
+    mine = bool(record.jobs) and record.jobs[-1] == job_id and not record.state.is_finished()
+    return mine and (not record.attempts or not runs_alone(record))
