@@ -6,6 +6,14 @@
 set -euo pipefail
 source "$(dirname "$0")/_env.sh"
 cd "$ROOT"
+# torch for the PyTorch example's tests (examples/parcel_cnn): the CPU build of the version they were
+# measured with. PyPI's torch is the CUDA build, gigabytes more, for nothing a CPU uses.
+TORCH_CPU=2.13.0
+if ! python -c "import torch, sys; sys.exit(torch.__version__ != '$TORCH_CPU+cpu')" 2>/dev/null; then
+  echo "[setup] installing torch $TORCH_CPU (CPU build) for the CNN example's tests" >&2
+  python -m pip install -q "torch==$TORCH_CPU+cpu" 2>/dev/null \
+    || python -m pip install -q "torch==$TORCH_CPU" --index-url https://download.pytorch.org/whl/cpu
+fi
 ruff check .
 ruff format --check .
 vulture  # paths and confidence in pyproject.toml; framework-called names in vulture_allowlist.py
@@ -28,6 +36,12 @@ if ! command -v chromium >/dev/null 2>&1; then
     || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
 fi
 export PARCEL_REQUIRE_CHROMIUM=1  # the HTML checks fail, not skip, without it
+# A C compiler builds the stand-in for the GPU driver's NVML library (tests/fakes/fake_nvml.c).
+if ! command -v cc >/dev/null 2>&1; then
+  echo "[setup] installing gcc (the tests build a fake NVML library)" >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gcc libc6-dev >/dev/null 2>&1 \
+    || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gcc libc6-dev >/dev/null; }
+fi
 # Two workers: the cluster tests mostly wait on the scheduler, so they run on one worker (their
 # xdist_group, tests/conftest.py) while the CPU-bound local tests take the other.
 python -m pytest -n "${PARCEL_TEST_WORKERS:-2}" --dist loadgroup "$@"

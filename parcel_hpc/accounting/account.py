@@ -34,12 +34,18 @@ class Total:
     key: str  # a user, a search's path, or a partition
     jobs: int
     lines: int  # accounting lines: a job run, or one trial's share of a packed run
-    gpu_hours: float
+    gpu_hours: float  # allocated
     cpu_hours: float
     cost: float  # of the runs a search priced
+    gpu_hours_used: float = 0.0  # allocated x the workers' mean utilization, where they read one
+    gpu_hours_unread: float = 0.0  # allocated GPU-hours with no utilization reading: neither used nor idle
+
+    @property
+    def gpu_hours_idle(self) -> float:
+        return self.gpu_hours - self.gpu_hours_used - self.gpu_hours_unread
 
     def to_json(self) -> dict:
-        return report_row(self)
+        return report_row(self) | {"gpu_hours_idle": self.gpu_hours_idle}
 
 
 @dataclass(frozen=True)
@@ -56,6 +62,7 @@ class Charge:
     gpu_hours: float
     cpu_hours: float
     cost: float | None  # None: no search prices it
+    gpu_hours_used: float | None = None  # gpu_hours x its worker's utilization (None: no reading)
 
     def to_json(self) -> dict:
         return report_row(self)
@@ -158,7 +165,19 @@ def over_account(
 
 
 def _charge(line: AttemptLine, part: SearchPart) -> Charge:
-    return Charge(line.job_id, line.user or part.user, line.partition, "", part.path, line.state, line.start, line.gpu_hours, line.cpu_hours, line.cost)
+    return Charge(
+        line.job_id,
+        line.user or part.user,
+        line.partition,
+        "",
+        part.path,
+        line.state,
+        line.start,
+        line.gpu_hours,
+        line.cpu_hours,
+        line.cost,
+        line.gpu_hours_used,
+    )
 
 
 def _report(scope: str, parts: Sequence[SearchPart], charges: Sequence[Charge], unknown: Sequence[Charge]) -> AccountReport:
@@ -185,6 +204,8 @@ def _totals(charges: Sequence[Charge], key) -> tuple[Total, ...]:
             sum(c.gpu_hours for c in cs),
             sum(c.cpu_hours for c in cs),
             sum(c.cost or 0.0 for c in cs),
+            sum(c.gpu_hours_used or 0.0 for c in cs),
+            sum(c.gpu_hours for c in cs if c.gpu_hours_used is None),
         )
         for k, cs in groups.items()
     ]

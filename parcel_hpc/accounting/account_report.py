@@ -124,10 +124,11 @@ def render_table(report: AccountReport, console) -> None:
 
 def _totals_table(title: str, rows: Sequence[Total]) -> Table:
     table = Table(title=title)
-    for col in ("", "jobs", "lines", "GPU-h", "CPU-h", "cost"):
+    for col in ("", "jobs", "lines", "GPU-h", "used", "idle", "no reading", "CPU-h", "cost"):
         table.add_column(col)
     for r in rows:
-        table.add_row(safe(r.key), str(r.jobs), str(r.lines), f"{r.gpu_hours:.4f}", f"{r.cpu_hours:.4f}", f"{r.cost:.4f}")
+        gpus = (f"{r.gpu_hours_used:.4f}", f"{r.gpu_hours_idle:.4f}", f"{r.gpu_hours_unread:.4f}")
+        table.add_row(safe(r.key), str(r.jobs), str(r.lines), f"{r.gpu_hours:.4f}", *gpus, f"{r.cpu_hours:.4f}", f"{r.cost:.4f}")
     return table
 
 

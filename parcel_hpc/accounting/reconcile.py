@@ -62,6 +62,11 @@ class AttemptLine:
     waste: str  # a WASTE_CAUSES entry, or "" for useful hours
     partition: str = ""
     user: str = ""  # who submitted the job (sacct's User; the launch's user on the local executor)
+    # What the matched attempt's worker read of its GPUs (worker/devices.py); used = the scheduler's
+    # allocated GPU-hours x that utilization (None: no reading, neither used nor idle).
+    device: str = ""
+    gpu_utilization: float | None = None
+    gpu_hours_used: float | None = None
 
 
 @dataclass(frozen=True)
@@ -354,6 +359,7 @@ def _filing_lag(job: str, job_runs: Sequence[JobRun], started_runs: Sequence[Job
 
 
 def _line(tid: str, a: JobRun, led, how: str, waste: str, caps: BudgetCaps) -> AttemptLine:
+    use = led.device_use if led is not None else None
     return AttemptLine(
         tid,
         a.job_id,
@@ -375,6 +381,9 @@ def _line(tid: str, a: JobRun, led, how: str, waste: str, caps: BudgetCaps) -> A
         waste,
         a.partition,
         a.user,
+        ",".join(use.devices) if use is not None else "",
+        use.utilization if use is not None else None,
+        a.gpu_hours * use.utilization if use is not None and use.utilization is not None else None,
     )
 
 

@@ -93,6 +93,8 @@ def render_table(results: Sequence[Reconciliation], console) -> None:
     for rec in results:
         console.print(f"[bold]campaign {safe(rec.campaign)}[/] objective {safe(rec.objective)}  source: {safe(rec.source)}")
         console.print(f"spend: {rec.spend.line()}", markup=False, highlight=False)
+        if rec.spend.gpus.allocated:
+            console.print(f"GPUs (the ledger's hours, the workers' utilization): {rec.spend.gpus.line()}", markup=False, highlight=False)
         summary = Table(title=f"the scheduler's hours ({safe(rec.source)}) against the caps", show_header=True)
         for col in ("ceiling", "used", "cap", "left"):
             summary.add_column(col)
@@ -161,6 +163,8 @@ def to_html(results: Sequence[Reconciliation]) -> str:
             f"generated {_dt.datetime.now(_dt.UTC).isoformat(timespec='seconds')}</p>"
         )
         parts.append(f"<p id='spend'>spend: {html.escape(rec.spend.line())}</p>")
+        if rec.spend.gpus.allocated:
+            parts.append(f"<p id='gpu-use'>GPUs (the ledger's hours, the workers' utilization): {html.escape(rec.spend.gpus.line())}</p>")
         parts.append(_html_table(["ceiling", "used", "cap", "left"], [[k, _fmt(v["used"]), _fmt(v["cap"]), _fmt(v["left"])] for k, v in rec.scheduler.items()]))
         parts.append(_html_table(["figure", "value"], [[k, _fmt(v)] for k, v in rec.figures.items()]))
         for png in _plots(rec):

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from parcel_hpc.budget import BudgetLedger, Hold, JournalView, Rates, ReservationKey, attempt_usage, hours_between, search_caps
-from parcel_hpc.ledger import Attempt, JobRole, SearchDir, TrialRecord
+from parcel_hpc.ledger import Attempt, DeviceUse, JobRole, SearchDir, TrialRecord
 from parcel_hpc.lifecycle.settlement import stale_holds
 from parcel_hpc.selection.store import SelectionStore
 
@@ -65,6 +65,41 @@ class Hours:
 
 
 @dataclass(frozen=True)
+class GpuUse:
+    """The attempts' GPU-hours in jobstats' words: allocated (each attempt's hours times the GPUs it
+    was granted, the spend's own figure), used (allocated times the mean utilization its worker
+    read), idle (the rest). ``unread``: allocated hours with no utilization reading, neither used
+    nor idle."""
+
+    allocated: float = 0.0
+    used: float = 0.0
+    unread: float = 0.0
+
+    @property
+    def idle(self) -> float:
+        return self.allocated - self.used - self.unread
+
+    def __add__(self, other: GpuUse) -> GpuUse:
+        return GpuUse(self.allocated + other.allocated, self.used + other.used, self.unread + other.unread)
+
+    @classmethod
+    def of(cls, gpu_hours: float, use: DeviceUse | None) -> GpuUse:
+        """One attempt's (pure)."""
+        if gpu_hours <= 0:
+            return cls()
+        if use is None or use.utilization is None:
+            return cls(gpu_hours, 0.0, gpu_hours)
+        return cls(gpu_hours, gpu_hours * use.utilization)
+
+    def line(self) -> str:
+        unread = f", {shown(self.unread)} without a utilization reading" if self.unread else ""
+        return f"allocated {shown(self.allocated)} GPU-h: used {shown(self.used)}, idle {shown(self.idle)}{unread}"
+
+    def to_json(self) -> dict[str, float]:
+        return {k: round(v, JSON_DECIMALS) for k, v in (("allocated", self.allocated), ("used", self.used), ("idle", self.idle), ("unread", self.unread))}
+
+
+@dataclass(frozen=True)
 class Spend:
     """What a search spent and still holds. The parts add up to the total, by construction."""
 
@@ -75,6 +110,7 @@ class Spend:
     rates: Rates
     charged: Hours = field(default_factory=Hours)  # what the caps bind: the journal's used + held
     stale: int = 0  # holds of ended attempts among ``held`` (``sync`` settles them)
+    gpus: GpuUse = field(default_factory=GpuUse)  # the attempts' GPU-hours: allocated, used, idle
 
     PARTS = ("attempts", "start_up_and_gaps", "selection_jobs", "held")
 
@@ -105,6 +141,7 @@ class Spend:
             "parts": {name: h.to_json(self.rates) for name, h in self.parts.items()},
             "charged": self.charged.to_json(self.rates),
             "stale_holds": self.stale,
+            "gpu_use": self.gpus.to_json(),
         }
 
 
@@ -174,14 +211,17 @@ def search_spend(records: Sequence[TrialRecord], journal: JournalView | None, se
             attempts += part
         else:
             held += part
+    gpus = GpuUse()
     for r in records:
         for a in r.attempts:
+            used = attempt_spend(r, a, mine)[0]
+            gpus += GpuUse.of(used.gpu_hours, a.device_use)
             if ReservationKey(r.trial_id, a.number) not in mine:
-                attempts += attempt_spend(r, a, mine)[0]
+                attempts += used
     selection = Hours()
     for job in selection_jobs:
         selection += job.hours
-    return Spend(attempts, job_overhead(records), selection, held, rates, charged, len(stale_holds(records, mine)))
+    return Spend(attempts, job_overhead(records), selection, held, rates, charged, len(stale_holds(records, mine)), gpus)
 
 
 # --- the read edge ------------------------------------------------------------------------------

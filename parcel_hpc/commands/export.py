@@ -28,7 +28,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from parcel_hpc import fsio
-from parcel_hpc.accounting.spend import attempt_spend
+from parcel_hpc.accounting.spend import GpuUse, attempt_spend
 from parcel_hpc.budget import BudgetLedger, Hold, Rates, ReservationKey, search_caps
 from parcel_hpc.documents import csv_cell
 from parcel_hpc.errors import UsageError
@@ -45,6 +45,15 @@ class Format(Enum):
 
 
 _TIME = pa.timestamp("ms", tz="UTC")
+
+# What an attempt used of its GPUs (worker/devices.py), in jobstats' words: gpu_hours is what was allocated.
+GPU_USE_COLUMNS = [
+    ("device", pa.string()),  # what its (last) attempt ran on: GPU names, or "cpu"
+    ("gpu_peak_memory_bytes", pa.int64()),  # torch.cuda.max_memory_allocated, the largest of its attempts'
+    ("gpu_utilization", pa.float64()),  # mean busy fraction NVML read (null: no reading)
+    ("gpu_hours_used", pa.float64()),  # gpu_hours x utilization (null: an attempt with GPU-hours had no reading)
+    ("gpu_hours_idle", pa.float64()),  # gpu_hours - gpu_hours_used
+]
 
 TRIAL_COLUMNS = [
     ("trial_id", pa.string()),
@@ -63,6 +72,7 @@ TRIAL_COLUMNS = [
     ("cost", pa.float64()),
     ("held_gpu_hours", pa.float64()),  # worst case still reserved for its attempts that have not settled
     ("held_cpu_hours", pa.float64()),
+    *GPU_USE_COLUMNS,
     ("queue_wait_s", pa.float64()),  # every attempt's wait from its job's submission (or requeue) to its start
     ("started_at", _TIME),
     ("ended_at", _TIME),
@@ -94,6 +104,7 @@ ATTEMPT_COLUMNS = [
     ("cost", pa.float64()),
     ("held_gpu_hours", pa.float64()),  # its worst case, still reserved: it has not settled
     ("held_cpu_hours", pa.float64()),
+    *GPU_USE_COLUMNS,
     ("queue_wait_s", pa.float64()),
     ("started_at", _TIME),
     ("ended_at", _TIME),
@@ -123,6 +134,16 @@ def table(search: SearchDir, attempts: bool = False) -> pa.Table:
     ordered.update({f"params_{p}": _param_column([row.get(p) for row in params]) for p in sorted({k for row in params for k in row})})
     ordered.update({n: data[n] for n in names[cut:]})
     return pa.table(ordered)
+
+
+def _mean(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
+
+
+def _all_read(values: list[float | None]) -> float | None:
+    """The sum, or null where one attempt with GPU-hours had no utilization reading (0.0: none had GPU-hours)."""
+    return None if any(v is None for v in values) else sum(v for v in values if v is not None)
 
 
 def _param_column(values: list[Any]) -> pa.Array:
@@ -156,6 +177,8 @@ def _attempt_rows(record: TrialRecord, events: Sequence[Event], rates: Rates, ho
         if a.ended is not None and a.job_id:
             previous_end[a.job_id] = a.ended
         result = a.how is AttemptEnd.COMPLETED and record.state is TrialState.COMPLETED and a.number > record.tainted_upto
+        use, gpu = a.device_use, GpuUse.of(used.gpu_hours, a.device_use)
+        read = counted and not gpu.unread
         rows.append(
             {
                 "trial_id": record.trial_id,
@@ -176,6 +199,11 @@ def _attempt_rows(record: TrialRecord, events: Sequence[Event], rates: Rates, ho
                 "cost": used.cost(rates) if counted else None,
                 "held_gpu_hours": held.gpu_hours,
                 "held_cpu_hours": held.cpu_hours,
+                "device": ",".join(use.devices) if use is not None else None,
+                "gpu_peak_memory_bytes": use.peak_memory_bytes if use is not None else None,
+                "gpu_utilization": use.utilization if use is not None else None,
+                "gpu_hours_used": gpu.used if read else None,
+                "gpu_hours_idle": gpu.idle if read else None,
                 "queue_wait_s": wait,
                 "started_at": _ms(a.started),
                 "ended_at": _ms(a.ended),
@@ -208,6 +236,11 @@ def _trial_row(record: TrialRecord, events: Sequence[Event], attempts: Sequence[
         "cost": sum(r["cost"] or 0.0 for r in attempts),
         "held_gpu_hours": sum(r["held_gpu_hours"] for r in attempts),
         "held_cpu_hours": sum(r["held_cpu_hours"] for r in attempts),
+        "device": next((r["device"] for r in reversed(attempts) if r["device"]), None),
+        "gpu_peak_memory_bytes": max((r["gpu_peak_memory_bytes"] for r in attempts if r["gpu_peak_memory_bytes"] is not None), default=None),
+        "gpu_utilization": _mean([r["gpu_utilization"] for r in attempts]),
+        "gpu_hours_used": _all_read([r["gpu_hours_used"] for r in attempts if r["gpu_hours"]]),
+        "gpu_hours_idle": _all_read([r["gpu_hours_idle"] for r in attempts if r["gpu_hours"]]),
         "queue_wait_s": sum(waits) if waits else None,
         "started_at": _ms(min(started)) if started else None,
         "ended_at": _ms(max(ended)) if ended and record.state.is_finished() else None,

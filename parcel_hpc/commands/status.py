@@ -27,6 +27,7 @@ from parcel_hpc.accounting.spend import read_spend, shown
 from parcel_hpc.console import make_console, plain, safe
 from parcel_hpc.errors import EXIT_PENDING, ParcelError
 from parcel_hpc.ledger import LauncherState, RecordView, SearchDir, TrialRecord, TrialState, preview, searches
+from parcel_hpc.ledger.events import encode_payload
 from parcel_hpc.ledger.summary import counts_by_state
 from parcel_hpc.lifecycle import resolution
 from parcel_hpc.pruning import MilestoneStore
@@ -89,6 +90,7 @@ def collect(search: SearchDir, view: RecordView | None = None) -> dict[str, Any]
         row["scheduler"] = queued.state.lower() if queued is not None else ""
         row["queue_reason"] = queued.reason if queued is not None and queued.state == "PENDING" else ""
         row["prune"] = decisions.get(r.trial_id)
+        row["device_use"] = last_device_use(r)
         if r.trial_id in resolved:
             row["unrecorded"] = UNRECORDED
         trials.append(row)
@@ -100,6 +102,7 @@ def collect(search: SearchDir, view: RecordView | None = None) -> dict[str, Any]
         "counts": counts_by_state(records),
         "spend": spend.to_json(),
         "spend_line": spend.line(),
+        "gpu_line": spend.gpus.line() if spend.gpus.allocated else "",
         "scheduler_error": facts.slurm_error,
         "unrecorded_resolutions": len(resolved),
         "hold": search.hold(),
@@ -166,6 +169,23 @@ def render(data: dict[str, Any], console: Console | None = None) -> None:
         )
     console.print(table)
     console.print(f"spend: {data['spend_line']}", markup=False, highlight=False)
+    if data["gpu_line"]:
+        console.print(f"GPUs: {data['gpu_line']}; {_devices_seen(data['trials'])}", markup=False, highlight=False)
+
+
+def last_device_use(record: TrialRecord) -> dict[str, Any] | None:
+    """What the trial's last attempt that said so used of its devices, as JSON."""
+    use = next((a.device_use for a in reversed(record.attempts) if a.device_use is not None), None)
+    return None if use is None else encode_payload(use, drop_empty=False)
+
+
+def _devices_seen(trials: list[dict[str, Any]]) -> str:
+    """Which devices the trials ran on and their largest peak memory, in words."""
+    uses = [t["device_use"] for t in trials if t.get("device_use")]
+    names = sorted({name for u in uses for name in u["devices"]})
+    peaks = [u["peak_memory_bytes"] for u in uses if u["peak_memory_bytes"] is not None]
+    peak = f", peak memory {max(peaks) / 2**30:.2f} GiB" if peaks else ""
+    return f"on {', '.join(names) or 'devices not recorded'}{peak}"
 
 
 def _reason(t: dict[str, Any]) -> str:

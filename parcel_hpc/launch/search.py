@@ -12,6 +12,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -53,7 +54,7 @@ from parcel_hpc.scheduler.base import Dispatcher, LauncherSettings
 from parcel_hpc.scheduler.factory import executor_kind
 from parcel_hpc.selection.baseline import Baseline, BaselineKind
 from parcel_hpc.selection.store import write_final_plan
-from parcel_hpc.trainer import code, load_training_data, trainer_class
+from parcel_hpc.trainer import Devices, code, load_training_data, trainer_class
 from parcel_hpc.trainer.params import declared
 from parcel_hpc.trainer.preflight import corners, few_examples, preflight
 from parcel_hpc.worker import WorkerPlan
@@ -295,6 +296,7 @@ def preflight_checks(cfg: Mapping[str, Any], contract: Contract) -> list[str]:
     baseline's trainer with its params, on a few examples, before the first freeze
     (``trainer/preflight.py``): exit 2 with the trainer's own message. What it tried, as words."""
     data = few_examples(load_training_data(cfg["snapshot"]["path"], read_split(cfg["split"]["path"]), cfg["preprocessing"], verify_digest=False))
+    data = replace(data, devices=Devices(int(cfg["resources"]["gpus"])))  # the trials' grant, tried on this machine's CPU
     seed = int(contract["train"]["seed"])
 
     def tried(target: str, trials: list[tuple[str, Mapping[str, Any]]]) -> list[str]:

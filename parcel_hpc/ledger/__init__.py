@@ -14,7 +14,7 @@ and the records folded from them.
 Nothing outside this package writes a journal line.
 """
 
-from parcel_hpc.ledger.events import Admitted, Cause, Ended, Event, EventKind, Executor, Started
+from parcel_hpc.ledger.events import Admitted, Cause, DeviceUse, Ended, Event, EventKind, Executor, Started
 from parcel_hpc.ledger.journal import TrialWriter, preview, read_events
 from parcel_hpc.ledger.records import Attempt, TrialRecord, TrialSpec, fold
 from parcel_hpc.ledger.selection import JobRole
@@ -30,6 +30,7 @@ __all__ = [
     "Attempt",
     "AttemptEnd",
     "Cause",
+    "DeviceUse",
     "Ended",
     "Event",
     "EventKind",

@@ -31,6 +31,7 @@ class EventKind(str, enum.Enum):
     RESUMED = "resumed"  # ... from a checkpoint at this step
     MILESTONE = "milestone"  # a validation value (a milestone, or the final step)
     CHECKPOINT_SKIPPED = "checkpoint_skipped"  # a corrupt checkpoint was passed over on resume
+    DEVICE_USE = "device_use"  # what the attempt used of its GPUs, just before it ended
     ENDED = "ended"  # the attempt itself said how it ended
     RESOLVED = "resolved"  # an owner of the search said how a silent attempt ended, from scheduler facts
     QUARANTINED = "quarantined"  # the trial shared a checkpoint directory: its attempts so far are tainted
@@ -64,6 +65,7 @@ class Cause(str, enum.Enum):
     OUT_OF_MEMORY = "out_of_memory"
     UNSAVABLE_STATE = "unsavable_state"  # the trainer's state is not arrays and JSON scalars
     INVALID_PREDICTIONS = "invalid_predictions"  # the trainer's predictions are not one probability per example
+    DEVICES_NOT_GRANTED = "devices_not_granted"  # the trainer asked for more GPUs than the attempt was granted
     # Governance.
     DRIFT = "drift"  # the worker's environment differs from the contract: nothing ran, the trial stays queued
     CHECKPOINT_COLLISION = "checkpoint_collision"  # quarantine: two trials on one checkpoint prefix
@@ -71,7 +73,7 @@ class Cause(str, enum.Enum):
     CANCELLED_BY_OWNER = "cancelled_by_owner"  # `parcel-hpc cancel`: never retried or resubmitted
 
     def is_training_failure(self) -> bool:
-        return self in (Cause.EXCEPTION, Cause.DIVERGED, Cause.OUT_OF_MEMORY, Cause.UNSAVABLE_STATE, Cause.INVALID_PREDICTIONS)
+        return self in (Cause.EXCEPTION, Cause.DIVERGED, Cause.OUT_OF_MEMORY, Cause.UNSAVABLE_STATE, Cause.INVALID_PREDICTIONS, Cause.DEVICES_NOT_GRANTED)
 
     def is_infrastructure(self) -> bool:
         return self in _INFRASTRUCTURE
@@ -154,6 +156,23 @@ class Milestone:
     value: float
     is_milestone: bool = True  # False: the final step off the milestone grid (never a peer)
     train: Mapping[str, float] | None = None  # the trainer's metrics of this step (loss, ...)
+
+
+@dataclass(frozen=True)
+class DeviceUse:
+    """What an attempt used of the devices it was granted, read by its worker (``worker/devices.py``)."""
+
+    devices: tuple[str, ...] = ()  # one name per granted GPU ("NVIDIA H200"); ("cpu",) when it was granted none
+    peak_memory_bytes: int | None = None  # torch.cuda.max_memory_allocated, the largest of its devices (None: not read)
+    utilization: float | None = None  # mean GPU utilization in 0..1 over NVML's samples (None: NVML did not answer)
+    samples: int = 0  # NVML readings behind ``utilization``
+    frameworks: Mapping[str, str] | None = None  # the versions the trainer ran with: {"torch": "2.13.0+cpu", "cuda": "12.8"}
+
+    def __post_init__(self) -> None:
+        if self.utilization is not None and not 0.0 <= self.utilization <= 1.0:
+            raise ValueError(f"utilization is a fraction in 0..1, not {self.utilization!r}")
+        if self.peak_memory_bytes is not None and self.peak_memory_bytes < 0:
+            raise ValueError(f"peak memory is bytes, not {self.peak_memory_bytes!r}")
 
 
 @dataclass(frozen=True)
@@ -257,7 +276,7 @@ class Cancelled:
     whole_search: bool = False  # the search was cancelled, not only this trial
 
 
-Payload = Submitted | AdmissionRefused | Started | Admitted | Resumed | Milestone | CheckpointSkipped | Ended | Quarantined | GaveUp | Cancelled
+Payload = Submitted | AdmissionRefused | Started | Admitted | Resumed | Milestone | CheckpointSkipped | DeviceUse | Ended | Quarantined | GaveUp | Cancelled
 
 PAYLOADS: Mapping[EventKind, type] = {
     EventKind.SUBMITTED: Submitted,
@@ -267,6 +286,7 @@ PAYLOADS: Mapping[EventKind, type] = {
     EventKind.RESUMED: Resumed,
     EventKind.MILESTONE: Milestone,
     EventKind.CHECKPOINT_SKIPPED: CheckpointSkipped,
+    EventKind.DEVICE_USE: DeviceUse,
     EventKind.ENDED: Ended,
     EventKind.RESOLVED: Ended,
     EventKind.QUARANTINED: Quarantined,
@@ -274,7 +294,7 @@ PAYLOADS: Mapping[EventKind, type] = {
     EventKind.CANCELLED: Cancelled,
 }
 _ENUM_FIELDS: Mapping[str, Callable[[Any], Any]] = {"how": AttemptEnd, "cause": Cause, "state": TrialState, "executor": Executor, "outcome": Outcome.parse}
-_TUPLE_FIELDS = ("exclude_nodes", "with_trials")
+_TUPLE_FIELDS = ("exclude_nodes", "with_trials", "devices")
 
 
 def encode_payload(data: Any, *, drop_empty: bool) -> dict:

@@ -26,6 +26,7 @@ from parcel_hpc.ledger.events import (
     Cancelled,
     Cause,
     CheckpointSkipped,
+    DeviceUse,
     Ended,
     Event,
     EventKind,
@@ -107,6 +108,9 @@ class TrialWriter:
 
     def checkpoint_skipped(self, attempt: int, path: str, reason: str) -> Event:
         return self._append(EventKind.CHECKPOINT_SKIPPED, CheckpointSkipped(path, reason), attempt)
+
+    def device_use(self, attempt: int, use: DeviceUse) -> Event:
+        return self._append(EventKind.DEVICE_USE, use, attempt)
 
     def ended(self, attempt: int, ending: Ended) -> Event:
         return self._append(EventKind.ENDED, ending, attempt)

@@ -18,6 +18,7 @@ from parcel_hpc.ledger.events import (
     AdmissionRefused,
     Cancelled,
     Cause,
+    DeviceUse,
     Ended,
     Event,
     EventKind,
@@ -93,6 +94,7 @@ class Attempt:
     process_started: float | None = None  # when the worker process it ran in started (None: not recorded)
     error_type: str = ""  # failed: the exception's class name
     outcome: Outcome | None = None  # rejected: the worker's reject:<field>
+    device_use: DeviceUse | None = None  # what it used of its GPUs, as its worker read it (None: not recorded)
 
     def hours(self, now: float | None = None) -> float | None:
         """Its start to end in hours (a running one to ``now``); None before it started, or while it
@@ -291,6 +293,8 @@ def fold(spec: TrialSpec, events: Sequence[Event]) -> TrialRecord:
             )
             if not f.state.is_finished():
                 f.set(TrialState.RUNNING)
+        elif isinstance(data, DeviceUse):
+            f.attempt(n)["device_use"] = data
         elif isinstance(data, Resumed):
             f.attempt(n)["resumed_from"] = data.step
             f.resumed += 1

@@ -56,6 +56,7 @@ from parcel_hpc.trainer import FINAL_PARTITION_OUTCOME, Trainer, TrainerState, T
 from parcel_hpc.trainer.base import checked_probabilities
 from parcel_hpc.worker import WorkerPlan, guard
 from parcel_hpc.worker.cache import WorkerCache
+from parcel_hpc.worker.devices import running_on
 from parcel_hpc.worker.jobenv import facts_from_env
 from parcel_hpc.worker.training import LoopCallbacks, train
 
@@ -253,7 +254,8 @@ def _parity(trainer: Trainer, images: np.ndarray, scores: np.ndarray, tolerance:
 
 
 def _serving_estimate(trainer: Trainer, images: np.ndarray) -> dict[str, Any]:
-    """Per image, on this job's CPU: median latency over repeated batches and peak traced memory."""
+    """Per image, on the device the trainer serves from: median latency over repeated batches and the
+    peak memory Python traced (a GPU's own memory is not in it)."""
     batch = images[:SERVING_BATCH]
     trainer.serve(batch[:1])  # warm caches and lazy initialisation
     times = []
@@ -271,6 +273,7 @@ def _serving_estimate(trainer: Trainer, images: np.ndarray) -> dict[str, Any]:
         "latency_ms_per_image": 1000.0 * statistics.median(times) / len(batch),
         "peak_memory_bytes_per_image": peak / len(batch),
         "batch": int(len(batch)),
+        "device": running_on(),  # where it was measured: the GPU the trainer put its model on, else the CPU
         "cpu": platform.machine(),
         "threads": os.environ.get("OMP_NUM_THREADS", ""),
         "host": platform.node(),

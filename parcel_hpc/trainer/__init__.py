@@ -6,13 +6,15 @@ guarantees. ``NumpyMLP`` (``trainer=numpy_mlp``) is the built-in reference imple
 """
 
 from parcel_hpc.trainer.base import Diverged, InvalidPredictions, Trainer, TrainerState, UnsavableState
-from parcel_hpc.trainer.data import FINAL_PARTITION_OUTCOME, Examples, FinalPartitionRefused, TrainingData, load_training_data
+from parcel_hpc.trainer.data import FINAL_PARTITION_OUTCOME, Devices, DevicesNotGranted, Examples, FinalPartitionRefused, TrainingData, load_training_data
 from parcel_hpc.trainer.params import Param
 from parcel_hpc.trainer.target import BUILTIN, build_params, make_trainer, trainer_class, trainer_identity
 
 __all__ = [
     "BUILTIN",
     "FINAL_PARTITION_OUTCOME",
+    "Devices",
+    "DevicesNotGranted",
     "Diverged",
     "Examples",
     "FinalPartitionRefused",

@@ -3,7 +3,8 @@
 ``check_trainer`` builds a trainer on real data and checks, in order: finite step metrics;
 one probability per example; a state that a checkpoint holds (through the real h5py checkpoint
 format); a resume that continues exactly (the preempted-trial guarantee); two builds with the same
-seed that agree; serving parity (raw images through ``serve`` against ``predict``); and no request
+seed that agree (each trainer checked with process-wide generators of its own, as in its own
+worker, so a state that leaves out torch's or numpy's global generator is named); serving parity (raw images through ``serve`` against ``predict``); and no request
 for the final partition. ``parcel-hpc check-trainer`` prints the findings; the tests run it
 against every trainer this project ships.
 
@@ -12,11 +13,13 @@ Must not: write anything outside its own temporary directory.
 
 from __future__ import annotations
 
+import os
 import tempfile
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from rich.console import Console
@@ -27,11 +30,15 @@ from parcel_hpc.console import safe
 from parcel_hpc.data import GROUP_REVISION, SNAPSHOT_FILENAME, read_split
 from parcel_hpc.errors import UsageError
 from parcel_hpc.governance.admission import TrialIdentity
+from parcel_hpc.trainer import rng
 from parcel_hpc.trainer.base import Trainer, TrainerState, checked_probabilities, finite_metrics
-from parcel_hpc.trainer.data import TrainingData, load_training_data
+from parcel_hpc.trainer.data import Devices, TrainingData, load_training_data
 from parcel_hpc.trainer.target import build_params, trainer_class
 
 PARITY_TOLERANCE = 1e-9  # serve() against predict(): the same model, the same features, up to float noise
+FRESH_PROCESS_SEED = 20_261_204  # each checked trainer's process-wide generators start from this plus its number
+T = TypeVar("T")
+RNGs = tuple[rng.Arrays, rng.Scalars]
 
 
 @dataclass(frozen=True)
@@ -49,37 +56,34 @@ def check_trainer(cls: type[Trainer], data: TrainingData, params: Mapping[str, A
         findings.append(Finding(check, ok, detail))
         return ok
 
+    callers_rngs = rng.save()
     try:
-        first = _built(cls, params, seed, data)
+        first = _Worker(cls, params, seed, data, process=1)
         metrics = {}
         for step in range(1, steps + 1):
-            metrics = finite_metrics(first.step(), step)
+            metrics = finite_metrics(first.run(first.trainer.step), step)
         if not found("step", True, f"{steps} {cls.unit}s, last metrics {metrics}"):
             return findings
-        scores = checked_probabilities(first.predict("validation"), len(data.validation), "validation", steps)
-        checked_probabilities(first.predict("train"), len(data.train), "train", steps)
+        scores = first.run(lambda: checked_probabilities(first.trainer.predict("validation"), len(data.validation), "validation", steps))
+        first.run(lambda: checked_probabilities(first.trainer.predict("train"), len(data.train), "train", steps))
         found("predict", True, f"{len(scores)} validation probabilities in [{scores.min():.3f}, {scores.max():.3f}]")
 
-        restored = _built(cls, params, seed, data)
-        restored.load_state(_through_checkpoint(first.state()))
+        state = _through_checkpoint(first.run(first.trainer.state))
+        at_state = first.rngs
+        restored = _Worker(cls, params, seed, data, process=2)
+        restored.run(partial(restored.trainer.load_state, state))
         found("state", True, "saved and read back through an h5py checkpoint")
-        for _ in range(steps):
-            first.step()
-            restored.step()
-        same = np.array_equal(first.predict("validation"), restored.predict("validation"))
+        expected = first.after(steps)
+        same = np.array_equal(expected, restored.after(steps))
         if not found(
             "resume",
             same,
-            "resumed trainer predicts exactly as the uninterrupted one"
-            if same
-            else "a resumed trainer drifts from the uninterrupted one: put everything that decides the next step (optimizer moments, RNG state, counters) in state()",
+            "resumed trainer predicts exactly as the uninterrupted one" if same else _drift(cls, params, seed, data, state, at_state, expected, steps),
         ):
             return findings
 
-        again = _built(cls, params, seed, data)
-        for _ in range(2 * steps):
-            again.step()
-        same = np.array_equal(first.predict("validation"), again.predict("validation"))
+        again = _Worker(cls, params, seed, data, process=3)
+        same = np.array_equal(expected, again.after(2 * steps))
         if not found(
             "determinism",
             same,
@@ -87,13 +91,15 @@ def check_trainer(cls: type[Trainer], data: TrainingData, params: Mapping[str, A
         ):
             return findings
 
-        served = checked_probabilities(first.serve(data.validation.images), len(data.validation), "serve", 2 * steps)
-        gap = float(np.max(np.abs(served - first.predict("validation"))))
+        served = first.run(lambda: checked_probabilities(first.trainer.serve(data.validation.images), len(data.validation), "serve", 2 * steps))
+        gap = float(np.max(np.abs(served - expected)))
         if not found("serving parity", gap <= PARITY_TOLERANCE, f"serve(raw images) vs predict: max difference {gap:.3g} (tolerance {PARITY_TOLERANCE:g})"):
             return findings
     except Exception as exc:  # the trainer's own error is the finding
         found("error", False, f"{type(exc).__name__}: {exc}")
         return findings
+    finally:
+        rng.restore(*callers_rngs)
     found(
         "final partition",
         not data.asked_for_final,
@@ -102,10 +108,52 @@ def check_trainer(cls: type[Trainer], data: TrainingData, params: Mapping[str, A
     return findings
 
 
-def _built(cls: type[Trainer], params: Mapping[str, Any], seed: int, data: TrainingData) -> Trainer:
-    trainer = cls()
-    trainer.build(build_params(trainer, params), seed, data)
-    return trainer
+class _Worker:
+    """A trainer as in a worker process of its own: the global generators it draws from are its own,
+    swapped in around each call, so two trainers checked side by side never draw from each other's."""
+
+    def __init__(self, cls: type[Trainer], params: Mapping[str, Any], seed: int, data: TrainingData, *, process: int) -> None:
+        rng.reseed(FRESH_PROCESS_SEED + process)  # a fresh process's generators: a trainer must seed what it uses
+        self.rngs = rng.save()
+        self.trainer = cls()
+        self.run(lambda: self.trainer.build(build_params(self.trainer, params), seed, data))
+
+    def run(self, call: Callable[[], T]) -> T:
+        rng.restore(*self.rngs)
+        try:
+            return call()
+        finally:
+            self.rngs = rng.save()
+
+    def after(self, steps: int) -> np.ndarray:
+        """Its validation predictions after ``steps`` more steps."""
+        for _ in range(steps):
+            self.run(self.trainer.step)
+        return np.asarray(self.run(lambda: self.trainer.predict("validation")))
+
+
+def _drift(
+    cls: type[Trainer], params: Mapping[str, Any], seed: int, data: TrainingData, state: TrainerState, at_state: RNGs, expected: np.ndarray, steps: int
+) -> str:
+    """Why a resumed trainer drifts: the process-wide generator its state left out, where putting
+    that one back (as it was when ``state()`` was taken) makes the resume exact."""
+    for generator in rng.process_rngs():
+        probe = _Worker(cls, params, seed, data, process=4)
+        probe.run(partial(probe.trainer.load_state, state))
+        probe.rngs = _with(probe.rngs, at_state, generator)
+        if np.array_equal(expected, probe.after(steps)):
+            return (
+                f"a resumed trainer drifts from the uninterrupted one: state() leaves out {generator.words}; "
+                "save it (parcel_hpc.trainer.torch.pack saves every process-wide generator)"
+            )
+    return "a resumed trainer drifts from the uninterrupted one: put everything that decides the next step (optimizer moments, RNG state, counters) in state()"
+
+
+def _with(rngs: RNGs, saved: RNGs, generator: rng.ProcessRNG) -> RNGs:
+    """``rngs`` with ``generator`` as ``saved`` holds it."""
+    arrays = {k: v for k, v in rngs[0].items() if not k.startswith(generator.name)} | {k: v for k, v in saved[0].items() if k.startswith(generator.name)}
+    scalars = {k: v for k, v in rngs[1].items() if not k.startswith(generator.name)} | {k: v for k, v in saved[1].items() if k.startswith(generator.name)}
+    return arrays, scalars
 
 
 def _through_checkpoint(state: TrainerState) -> TrainerState:
@@ -135,7 +183,8 @@ def run(target: str, data_dir: Path, params: Mapping[str, Any], *, seed: int, st
     """``parcel-hpc check-trainer``: load the snapshot and split in ``data_dir``, check, print; all passed?"""
     cls = trainer_class(target)
     snapshot, split = data_files(data_dir)
-    data = load_training_data(snapshot, read_split(split), preprocessing)
+    # On the GPUs CUDA_VISIBLE_DEVICES names, as a worker given them would run; none named: the CPU.
+    data = replace(load_training_data(snapshot, read_split(split), preprocessing), devices=Devices.from_env(None, os.environ.get("CUDA_VISIBLE_DEVICES", "")))
     findings = check_trainer(cls, data, params, seed=seed, steps=steps)
     table = Table(title=f"{safe(target)} on {safe(data_dir)}", title_justify="left")
     for column in ("check", "", "detail"):

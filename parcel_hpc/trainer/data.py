@@ -27,6 +27,37 @@ FINAL_PARTITION_OUTCOME = Outcome.reject("final_partition")
 SPLITS = ("train", "validation")
 
 
+class DevicesNotGranted(RuntimeError):
+    """A trainer asked for more GPUs than the scheduler granted its attempt: the trial fails ``devices_not_granted``."""
+
+
+@dataclass(frozen=True)
+class Devices:
+    """The GPUs an attempt was granted: ``count`` of them, bound to ``visible`` where they are this process's.
+
+    ``visible`` holds the scheduler's names (``CUDA_VISIBLE_DEVICES``: indices or UUIDs). It is empty
+    where none is granted, and where they are granted but not here: the launch's preflight and
+    ``check-trainer`` build the trainer on the login node's CPU with the count the search will get.
+    """
+
+    count: int = 0
+    visible: tuple[str, ...] = ()
+
+    def require(self, n: int) -> None:
+        """``DevicesNotGranted`` when ``n`` devices are more than the grant."""
+        if n > self.count:
+            raise DevicesNotGranted(
+                f"the trainer asks for {n} GPU{'s' if n != 1 else ''} and the attempt was granted {self.count}; "
+                "raise resources.gpus or ask for fewer (a trainer uses only what the scheduler gave it)"
+            )
+
+    @classmethod
+    def from_env(cls, granted: int | None, cuda_visible_devices: str) -> Devices:
+        """What a worker was given: the scheduler's count where it says one, else the visible devices."""
+        visible = tuple(d.strip() for d in cuda_visible_devices.split(",") if d.strip() and d.strip() != "-1")
+        return cls(len(visible) if granted is None else int(granted), visible)
+
+
 class FinalPartitionRefused(GovernanceRefusal):
     """A trainer asked for the protected final partition."""
 
@@ -63,6 +94,7 @@ class TrainingData:
     validation: Examples
     preprocessing: Preprocessor  # apply it to raw images in a serving path; keep its ``arrays()`` in the state
     split_revision: str
+    devices: Devices = Devices()  # the GPUs this attempt may use (parcel_hpc.trainer.torch.device picks them)
     _asked_for_final: list[str] = field(default_factory=list, repr=False, compare=False)
 
     def partition(self, name: str) -> Examples:

@@ -30,12 +30,14 @@ from parcel_hpc.errors import UsageError
 from parcel_hpc.governance.admission import TrialIdentity, admit, check_worker, drift_detail
 from parcel_hpc.governance.contract import Contract
 from parcel_hpc.governance.outcome import Outcome
-from parcel_hpc.ledger import Admitted, AttemptEnd, Cause, Ended, SearchDir, Started, TrialRecord, TrialState
+from parcel_hpc.ledger import Admitted, AttemptEnd, Cause, DeviceUse, Ended, SearchDir, Started, TrialRecord, TrialState
 from parcel_hpc.lifecycle import settlement
 from parcel_hpc.lifecycle.actions import interruption_counts, previous_attempt_ending
 from parcel_hpc.pruning import MilestoneStore, make_pruner
 from parcel_hpc.trainer import (
     FINAL_PARTITION_OUTCOME,
+    Devices,
+    DevicesNotGranted,
     Diverged,
     InvalidPredictions,
     Trainer,
@@ -47,6 +49,7 @@ from parcel_hpc.trainer import (
 )
 from parcel_hpc.worker import guard, quarantine
 from parcel_hpc.worker.cache import WorkerCache
+from parcel_hpc.worker.devices import UtilizationSampler, device_use
 from parcel_hpc.worker.plan import WorkerPlan
 from parcel_hpc.worker.signals import StepBoundarySignals
 from parcel_hpc.worker.training import LoopCallbacks, step_hooks, train
@@ -102,6 +105,7 @@ class AttemptRun:
         self.started_at = 0.0
         self.contract: Contract | None = None
         self.split: Split | None = None  # read once, by admission
+        self.sampler: UtilizationSampler | None = None  # from the build to the end: what it used of its GPUs
 
     # --- the attempt --------------------------------------------------------------------------
     def execute(self) -> dict:
@@ -124,7 +128,9 @@ class AttemptRun:
             claim = self.claim = self._claim(ckpt_dir, identity)
             self.store = ckpt.CheckpointStore(ckpt_dir, identity, keep_last=plan.keep_last, claim=claim)
             # Admission hashed the snapshot and read the split a moment ago: neither is done twice.
-            data = self.data = self.cache.training_data(plan.snapshot_path, cast(Split, self.split), plan.preprocessing)  # _admit read it
+            data = self.cache.training_data(plan.snapshot_path, cast(Split, self.split), plan.preprocessing)  # _admit read it
+            data = self.data = replace(data, devices=Devices.from_env(self.facts.gpus, self.facts.cuda_visible_devices))
+            self.sampler = UtilizationSampler(data.devices.visible).start()
             trainer = make_trainer(contract["trainer"], self.search.path)
             with guard.protected_files(plan.split_path, plan.snapshot_path) as self.protected_opens, self.signals as held:
                 trainer.build(build_params(trainer, plan.params), plan.seed, data)
@@ -336,11 +342,23 @@ class AttemptRun:
     # --- endings ------------------------------------------------------------------------------
     def _end(self, ending: Ended) -> None:
         if not self.ended:
+            self._record_device_use()
             ended_at = self.ledger.ended(self.attempt, ending).t
             self.ended = True  # only once it is on disk
             if self.reserved:
                 assert self.budget is not None  # _reserve set it before reserving
                 self.budget.settle(self.plan.trial_id, self.attempt, self.started_at, ended_at, gpus=self.facts.gpus)
+
+    def _record_device_use(self) -> None:
+        """Once, just before the ending, for an attempt that got as far as its trainer's build."""
+        if self.sampler is not None and self.data is not None:
+            self.sampler.stop()
+            try:
+                use = device_use(self.data.devices.count, self.sampler)
+            except Exception:  # the CUDA error that ended the attempt can fail the reading too: the ending matters more
+                use = DeviceUse(("unknown",) * max(1, self.data.devices.count))
+            self.ledger.device_use(self.attempt, use)
+            self.sampler = None
 
     def _fail(self, cause: Cause, exc: BaseException) -> None:
         # A configuration that fails twice with the same class is a result about the design.
@@ -393,8 +411,10 @@ def _failure_class(exc: BaseException) -> Cause:
     """The failure class of an exception out of the trainer or the loop."""
     if isinstance(exc, Diverged):
         return Cause.DIVERGED
-    if isinstance(exc, MemoryError):
+    if isinstance(exc, MemoryError) or any(c.__name__ == "OutOfMemoryError" for c in type(exc).__mro__):  # torch.cuda's, without importing torch
         return Cause.OUT_OF_MEMORY
+    if isinstance(exc, DevicesNotGranted):
+        return Cause.DEVICES_NOT_GRANTED
     if isinstance(exc, UnsavableState):
         return Cause.UNSAVABLE_STATE
     if isinstance(exc, InvalidPredictions):

@@ -3,37 +3,20 @@ milestone pruning applies, and trials preempted by a high-priority job are reque
 their checkpoints and end with exactly the metric of an uninterrupted run."""
 
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
-from parcel_hpc.data import read_split
-from parcel_hpc.governance.metric import MissCost
 from parcel_hpc.ledger import SearchDir
 from parcel_hpc.testing import launch
-from parcel_hpc.trainer import build_params, load_training_data
 
 from .cluster import sh, wait_for
+from .examples import preempted_and_resumed, running_past, uninterrupted_metric
 
 pytestmark = pytest.mark.slurm
 
 ROOT = Path(__file__).resolve().parents[2]
 TARGET = "parcel_sgd:SGDTrainer"
-
-
-def uninterrupted_metric(artifacts_dir: Path, params, seed=1234, steps=82) -> float:
-    sys.path.insert(0, str(ROOT / "examples"))
-    try:
-        from parcel_sgd import SGDTrainer
-    finally:
-        sys.path.remove(str(ROOT / "examples"))
-    data = load_training_data(artifacts_dir / "parcels.h5", read_split(artifacts_dir / "split-group_r8.json"), {"revision": "stats-r1", "pool": 4})
-    trainer = SGDTrainer()
-    trainer.build(build_params(trainer, params), seed, data)
-    for _ in range(steps):
-        trainer.step()
-    return MissCost("miss-cost-r3", 5.0, 1.0)(trainer.predict("validation"), data.validation.labels)
 
 
 def test_example_trainer_array_search_prunes_and_resumes_after_preemption(tmp_path, data_dir, cluster_guard):
@@ -49,16 +32,7 @@ def test_example_trainer_array_search_prunes_and_resumes_after_preemption(tmp_pa
     assert res.returncode == 0, res.stderr
     search = SearchDir(tmp_path / "runs" / "sgd")
 
-    def a_running_trial_past_step_10():
-        for tid in search.trial_ids():
-            rec = search.record(tid)
-            ckpts = sorted((search.path / "checkpoints" / tid).glob("ckpt-*.h5"))
-            started = [e for e in search.events(tid) if e.kind.value == "started"]
-            if rec.state.value == "running" and ckpts and int(ckpts[-1].stem.split("-")[1]) >= 10 and started:
-                return started[-1].data.node
-        return None
-
-    node = wait_for(a_running_trial_past_step_10, 180, "a running trial with a checkpoint at step >= 10")
+    node = wait_for(lambda: running_past(search, 10), 180, "a running trial with a checkpoint at step >= 10")
     # A high-priority job wanting all of that node's GPUs preempts every trial on it.
     sh("sbatch", "-p", "high", "-w", node, "--gres=gpu:4", "--mem=100M", "-t", "2", "-J", "preemptor", "-o", "/dev/null", "--wrap", "sleep 3")
     wait_for(lambda: all(search.record(t).state.is_finished() for t in search.trial_ids()), 420, "every trial to finish")
@@ -66,15 +40,10 @@ def test_example_trainer_array_search_prunes_and_resumes_after_preemption(tmp_pa
     records = list(search.records())
     states = [r.state.value for r in records]
     assert "pruned" in states and "completed" in states and set(states) <= {"pruned", "completed"}, states
-    preempted = [r for r in records if any(a.cause is not None and a.cause.value == "preempted" for a in r.attempts)]
-    assert preempted, [(r.trial_id, [(a.how, a.cause) for a in r.attempts]) for r in records]
-    for r in preempted:
-        interrupted = next(a for a in r.attempts if a.cause is not None and a.cause.value == "preempted")
-        resumed = r.attempts[r.attempts.index(interrupted) + 1]
-        assert resumed.resumed_from == interrupted.step > 0  # saved at the step boundary after the signal
+    preempted_and_resumed(records)
     for r in records:
         if r.state.value == "completed":
-            assert r.metric == uninterrupted_metric(data_dir, r.spec.params), r.trial_id
+            assert r.metric == uninterrupted_metric(TARGET, data_dir, r.spec.params, 82), r.trial_id
 
 
 def test_a_working_tree_edited_mid_search_and_a_requeue_cannot_touch_the_search(tmp_path, data_dir, cluster_guard):
@@ -119,6 +88,6 @@ def test_a_working_tree_edited_mid_search_and_a_requeue_cannot_touch_the_search(
     requeued = records[tid]
     assert len(requeued.attempts) >= 2 and requeued.attempts[-1].resumed_from > 0, requeued.attempts
     for r in records.values():
-        assert r.metric == uninterrupted_metric(data_dir, r.spec.params), r.trial_id
+        assert r.metric == uninterrupted_metric(TARGET, data_dir, r.spec.params, 82), r.trial_id
     again = launch(args[:-1] + ["search.n_trials=5"], cwd=tmp_path, data_dir=data_dir, env=env)
     assert again.returncode == 3 and again.stdout.splitlines()[0] == "reject:trainer", again.stdout + again.stderr

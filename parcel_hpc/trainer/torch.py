@@ -1,0 +1,213 @@
+"""PyTorch trainers' state, RNGs and devices: the tensor-to-array code every PyTorch user would write.
+
+``pack`` turns the ``state_dict`` of each stateful object (modules, optimizers, LR schedulers, AMP
+grad scalers), the step counter and every random generator a PyTorch step can draw from (Python's
+``random``, numpy's global generator, torch's CPU generator, torch's CUDA generator of each device,
+and any ``torch.Generator`` of your own, such as a sampler's) into a ``TrainerState``; ``unpack``
+puts them back, so ``unpack(pack())`` continues exactly. ``device`` and ``devices`` bind a trainer
+to the GPUs its attempt was granted, and refuse more; ``deterministic`` turns on the settings that
+make a resumed trial end with the uninterrupted one's metric.
+
+Optional: ``pip install parcel_hpc[torch]``. Nothing else in parcel_hpc imports torch; the
+conformance check reads ``TORCH_RNGS`` (``rng.process_rngs``) only where a trainer already has.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from parcel_hpc.trainer import rng
+from parcel_hpc.trainer.base import TrainerState, UnsavableState
+from parcel_hpc.trainer.data import TrainingData
+
+STEP = "step"
+_SKELETON = "torch/skeleton"  # scalars key: each state_dict's structure, tensors replaced by array names
+_TENSOR = "__tensor__"
+_PAIRS = "__pairs__"  # a dict whose keys are not all strings (an optimizer's state is keyed by parameter index)
+_TUPLE = "__tuple__"  # JSON has lists only; Adam's betas are a tuple
+# dtypes numpy cannot hold: kept as same-width integers, bit for bit, and viewed back on load.
+_BIT_VIEWS = {torch.bfloat16: torch.int16, torch.float8_e4m3fn: torch.uint8, torch.float8_e5m2: torch.uint8}
+
+
+class Stateful(Protocol):
+    def state_dict(self) -> Mapping[str, Any]: ...
+
+    def load_state_dict(self, state_dict: Any, /) -> Any: ...
+
+
+# --- state ----------------------------------------------------------------------------------------
+
+
+def pack(
+    stateful: Mapping[str, Stateful],
+    *,
+    step: int,
+    generators: Mapping[str, torch.Generator] | None = None,
+    arrays: Mapping[str, np.ndarray] | None = None,
+    scalars: Mapping[str, Any] | None = None,
+) -> TrainerState:
+    """The whole state: each object's ``state_dict`` under its name, the step, every RNG, and your own extras.
+
+    ``pack({"model": model, "optimizer": opt}, step=n, generators={"sampler": g})``. Tensors become
+    arrays named ``<name>/<path>`` (on the CPU, bit for bit); everything else in a ``state_dict``
+    (learning rates, betas, a grad scaler's scale) rides in the scalars as JSON.
+    """
+    out_arrays: dict[str, np.ndarray] = dict(arrays or {})
+    skeleton = {name: _flatten(obj.state_dict(), name, out_arrays) for name, obj in stateful.items()}
+    rng_arrays, rng_scalars = rng.save()
+    for name, gen in (generators or {}).items():
+        rng_arrays[f"rng/generator/{name}"] = gen.get_state().numpy()
+    out_scalars = dict(scalars or {}) | rng_scalars | {STEP: int(step), _SKELETON: skeleton}
+    return TrainerState(out_arrays | rng_arrays, out_scalars)
+
+
+def unpack(state: TrainerState, stateful: Mapping[str, Stateful], *, generators: Mapping[str, torch.Generator] | None = None, rngs: bool = True) -> int:
+    """Load what ``pack`` saved into ``stateful`` and ``generators``, restore the global RNGs; the step.
+
+    Call it after building the model and optimizer exactly as for a fresh start: ``load_state_dict``
+    moves each tensor to where its parameter lives (the GPU a resumed attempt was granted may be
+    another index than before). ``rngs=False`` leaves the global generators alone.
+    """
+    skeleton = state.scalars[_SKELETON]
+    for name, obj in stateful.items():
+        if name not in skeleton:
+            raise KeyError(f"the state holds no {name!r}; it holds {', '.join(sorted(skeleton))}")
+        obj.load_state_dict(_unflatten(skeleton[name], state.arrays))
+    for name, gen in (generators or {}).items():
+        gen.set_state(torch.from_numpy(np.array(state.arrays[f"rng/generator/{name}"], dtype=np.uint8)))
+    if rngs:
+        rng.restore(state.arrays, state.scalars)
+    return int(state.scalars[STEP])
+
+
+def _flatten(value: Any, path: str, arrays: dict[str, np.ndarray]) -> Any:
+    """``value`` as JSON, each tensor moved into ``arrays`` and replaced by its name there."""
+    if isinstance(value, torch.Tensor):
+        arrays[path] = _to_array(value, path)
+        return {_TENSOR: path, "dtype": str(value.dtype).removeprefix("torch."), "device": value.device.type}
+    if isinstance(value, Mapping):
+        if all(isinstance(k, str) for k in value) and not {_TENSOR, _PAIRS, _TUPLE} & set(value):
+            return {k: _flatten(v, f"{path}/{k}", arrays) for k, v in value.items()}
+        return {_PAIRS: [[k, _flatten(v, f"{path}/{k}", arrays)] for k, v in value.items()]}
+    if isinstance(value, (list, tuple)):
+        items = [_flatten(v, f"{path}/{i}", arrays) for i, v in enumerate(value)]
+        return {_TUPLE: items} if isinstance(value, tuple) else items
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise UnsavableState(f"{path} is a {type(value).__name__}; a state_dict for parcel_hpc holds tensors, numbers, strings, lists and dicts")
+
+
+def _unflatten(value: Any, arrays: Mapping[str, np.ndarray]) -> Any:
+    if isinstance(value, Mapping) and _TENSOR in value:
+        return _to_tensor(arrays[value[_TENSOR]], value["dtype"])
+    if isinstance(value, Mapping) and _PAIRS in value:
+        return {k: _unflatten(v, arrays) for k, v in value[_PAIRS]}
+    if isinstance(value, Mapping) and _TUPLE in value:
+        return tuple(_unflatten(v, arrays) for v in value[_TUPLE])
+    if isinstance(value, Mapping):
+        return {k: _unflatten(v, arrays) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_unflatten(v, arrays) for v in value]
+    return value
+
+
+def _to_array(tensor: torch.Tensor, path: str) -> np.ndarray:
+    t = tensor.detach()
+    if t.is_sparse or t.is_quantized:
+        raise UnsavableState(f"{path} is a sparse or quantized tensor; convert it to a dense one in state_dict()")
+    view = _BIT_VIEWS.get(t.dtype)
+    t = t.cpu().contiguous()
+    return (t.view(view) if view is not None else t).numpy().copy()
+
+
+def _to_tensor(array: np.ndarray, dtype_name: str) -> torch.Tensor:
+    dtype = getattr(torch, dtype_name)
+    tensor = torch.from_numpy(np.array(array, copy=True))
+    return tensor.view(dtype) if dtype in _BIT_VIEWS else tensor
+
+
+# --- random generators ----------------------------------------------------------------------------
+
+
+def _save_torch() -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    return {"rng/torch": torch.get_rng_state().numpy()}, {}
+
+
+def _restore_torch(arrays: Mapping[str, np.ndarray], scalars: Mapping[str, Any]) -> None:
+    if "rng/torch" in arrays:
+        torch.set_rng_state(torch.from_numpy(np.array(arrays["rng/torch"], dtype=np.uint8)))
+
+
+def _save_torch_cuda() -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return {}, {}  # saving would start CUDA in a trainer that never used it
+    return {f"rng/torch_cuda/{i}": s.numpy() for i, s in enumerate(torch.cuda.get_rng_state_all())}, {}
+
+
+def _restore_torch_cuda(arrays: Mapping[str, np.ndarray], scalars: Mapping[str, Any]) -> None:
+    saved = sorted((int(k.rsplit("/", 1)[1]), v) for k, v in arrays.items() if k.startswith("rng/torch_cuda/"))
+    if saved and torch.cuda.is_available():
+        # Index i is this process's i-th visible device, whichever physical GPU the resumed attempt got.
+        for i, s in saved[: torch.cuda.device_count()]:
+            torch.cuda.set_rng_state(torch.from_numpy(np.array(s, dtype=np.uint8)), i)
+
+
+TORCH_RNGS = (
+    rng.ProcessRNG(
+        "rng/torch",
+        "torch's CPU generator (torch.get_rng_state: dropout, torch.rand, a DataLoader without a generator)",
+        _save_torch,
+        _restore_torch,
+        torch.manual_seed,
+    ),
+    rng.ProcessRNG(
+        "rng/torch_cuda",
+        "torch's CUDA generators (torch.cuda.get_rng_state_all: dropout on a GPU)",
+        _save_torch_cuda,
+        _restore_torch_cuda,
+        torch.cuda.manual_seed_all,
+    ),
+)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, numpy's and torch's global generators (CUDA's of every device too) from ``seed``."""
+    rng.reseed(seed)
+
+
+# --- devices --------------------------------------------------------------------------------------
+
+
+def devices(data: TrainingData, count: int) -> list[torch.device]:
+    """``count`` GPUs of the attempt's grant (``cuda:0`` .. ``cuda:count-1``, as CUDA_VISIBLE_DEVICES
+    numbers them); ``DevicesNotGranted`` when that is more than the grant. Where the grant is not
+    this process's (the launch's preflight, ``check-trainer``), the CPU stands in for each."""
+    data.devices.require(count)
+    if not data.devices.visible:
+        return [torch.device("cpu")] * count
+    seen = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if seen < count:
+        why = "a CPU build: install a CUDA build in the worker image" if torch.version.cuda is None else "check the node's driver with nvidia-smi"
+        raise RuntimeError(f"the attempt was granted GPUs {','.join(data.devices.visible)} and torch {torch.__version__} sees {seen}; {why}")
+    return [torch.device("cuda", i) for i in range(count)]
+
+
+def device(data: TrainingData) -> torch.device:
+    """The attempt's first granted GPU, or the CPU when it was granted none."""
+    return devices(data, 1)[0] if data.devices.count else torch.device("cpu")
+
+
+def deterministic() -> None:
+    """Deterministic kernels, so a resumed trial repeats the uninterrupted one's arithmetic.
+
+    On CUDA, cuBLAS needs a fixed workspace (set here before its first use) and cuDNN's autotuner
+    is off; an op without a deterministic kernel raises rather than drift.
+    """
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
