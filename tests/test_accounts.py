@@ -1,11 +1,13 @@
 """Accounts, with plain values: SLURM association limits read from recorded sacctmgr/sshare text,
 the launch's worst case admitted against them, and the account-wide totals of many searches."""
 
+from dataclasses import replace
+
 import pytest
 
 from parcel_hpc.accounting.account import NO_SEARCH, SearchPart, over_account, over_searches
 from parcel_hpc.accounting.reconcile import AttemptLine, Reconciliation
-from parcel_hpc.accounting.spend import search_spend
+from parcel_hpc.accounting.spend import GpuUse, search_spend
 from parcel_hpc.budget import AssociationLimit, LimitKind, Rates, admit_account, render_account, worst_case
 from parcel_hpc.errors import GovernanceRefusal, SchedulerUnavailable
 from parcel_hpc.scheduler.slurm.queue import association_chain, limits_of, parse_associations, parse_shares, parse_tres
@@ -151,6 +153,15 @@ def test_totals_over_searches_by_user_search_and_partition():
     assert [(t.key, t.gpu_hours) for t in report.by_search] == [("/r/bo/b-r1", 4.0), ("/r/ana/a-r1", 3.0)]
     assert {t.key: t.gpu_hours for t in report.by_partition} == {"low": 5.0, "high": 2.0}
     assert report.totals()["gpu_hours"] == 7.0 and report.unknown == ()
+
+
+def test_totals_split_gpu_hours_into_used_and_idle_and_count_those_without_a_reading_apart():
+    read = replace(line("10", 1.0, "ana"), device="NVIDIA H200", gpu_utilization=0.25, gpu_hours_used=0.25, gpu_hours_idle=0.75)
+    unread = line("11", 2.0, "ana")  # its worker read no utilization: neither used nor idle
+    report = over_searches("root /r", [SearchPart("/r/ana/a-r1", "ana", rec("a-r1", [read, unread]))])
+    (ana,) = report.by_user
+    assert ana.gpu_use == GpuUse(3.0, 0.25, 2.0) and ana.gpu_use.idle == pytest.approx(0.75)
+    assert ana.to_json()["gpu_use"] == report.totals()["gpu_use"] == {"allocated": 3.0, "used": 0.25, "idle": 0.75, "unread": 2.0}
 
 
 def test_an_account_report_attributes_known_jobs_to_their_search_and_lists_the_rest():

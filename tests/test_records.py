@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from parcel_hpc import fsio
 from parcel_hpc.errors import CorruptRecord
-from parcel_hpc.ledger import Ended, Event, Executor, RecordView, SearchDir, TrialSpec, TrialState, TrialWriter, fold, read_events
+from parcel_hpc.ledger import DeviceUse, Ended, Event, Executor, RecordView, SearchDir, TrialSpec, TrialState, TrialWriter, fold, read_events
 from parcel_hpc.ledger.events import Cause
 from parcel_hpc.ledger.states import AttemptEnd
 from parcel_hpc.lifecycle.actions import Action, RetryPolicy, next_action
@@ -233,6 +233,19 @@ def test_journals_written_before_the_typed_ledger_still_fold(tmp_path):
     (tmp_path / "journal-old.jsonl").write_text("\n".join(lines) + "\n")
     rec = fold(SPEC, read_events(tmp_path))
     assert rec.state is TrialState.REJECTED and rec.reason == "reject:image_digest"
+    assert rec.attempts[0].device_use is None  # written before workers recorded it: not recorded, not "cpu"
+
+
+def test_what_an_attempt_used_of_its_gpus_is_journaled_and_folded_onto_that_attempt(tmp_path):
+    use = DeviceUse(("NVIDIA H200",), peak_memory_bytes=3 * 2**30, utilization=0.82, samples=41, frameworks={"torch": "2.13.0", "cuda": "12.8"})
+    writer = TrialWriter(tmp_path, "a1", clock=iter([1.0, 2.0, 3.0, 4.0, 5.0]).__next__)
+    writer.started(1, ev("started", 0).data)
+    writer.ended(1, Ended(AttemptEnd.INTERRUPTED, Cause.PREEMPTED, step=40))
+    writer.started(2, ev("started", 0).data)
+    writer.device_use(2, use)
+    writer.ended(2, Ended(AttemptEnd.COMPLETED, metric=0.3, step=82))
+    first, second = fold(SPEC, read_events(tmp_path)).attempts
+    assert first.device_use is None and second.device_use == use  # read back exactly: the tuple, the mapping
 
 
 def _slurm_run(job_id, state, node="n2", attempt=0):

@@ -11,9 +11,10 @@ a job no search knows has hours but no cost. No I/O here: ``run.py`` asks sacct 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from parcel_hpc.accounting.reconcile import AttemptLine, Reconciliation, report_row
+from parcel_hpc.accounting.spend import GpuUse
 from parcel_hpc.budget import Rates
 from parcel_hpc.scheduler.slurm.runs import JobRun
 
@@ -37,15 +38,10 @@ class Total:
     gpu_hours: float  # allocated
     cpu_hours: float
     cost: float  # of the runs a search priced
-    gpu_hours_used: float = 0.0  # allocated x the workers' mean utilization, where they read one
-    gpu_hours_unread: float = 0.0  # allocated GPU-hours with no utilization reading: neither used nor idle
-
-    @property
-    def gpu_hours_idle(self) -> float:
-        return self.gpu_hours - self.gpu_hours_used - self.gpu_hours_unread
+    gpu_use: GpuUse = field(default_factory=GpuUse)  # those GPU-hours used, idle, and without a reading
 
     def to_json(self) -> dict:
-        return report_row(self) | {"gpu_hours_idle": self.gpu_hours_idle}
+        return report_row(self) | {"gpu_use": self.gpu_use.to_json()}
 
 
 @dataclass(frozen=True)
@@ -63,6 +59,7 @@ class Charge:
     cpu_hours: float
     cost: float | None  # None: no search prices it
     gpu_hours_used: float | None = None  # gpu_hours x its worker's utilization (None: no reading)
+    gpu_hours_idle: float | None = None  # gpu_hours - gpu_hours_used (None: no reading)
 
     def to_json(self) -> dict:
         return report_row(self)
@@ -100,6 +97,7 @@ class AccountReport:
             "cpu_hours": sum(c.cpu_hours for c in self.charges),
             "cost": sum(c.cost or 0.0 for c in self.charges),
             "unknown_gpu_hours": sum(c.gpu_hours for c in self.unknown),
+            "gpu_use": gpu_use(self.charges).to_json(),
         }
 
     def to_json(self) -> dict:
@@ -177,6 +175,7 @@ def _charge(line: AttemptLine, part: SearchPart) -> Charge:
         line.cpu_hours,
         line.cost,
         line.gpu_hours_used,
+        line.gpu_hours_idle,
     )
 
 
@@ -192,6 +191,11 @@ def _report(scope: str, parts: Sequence[SearchPart], charges: Sequence[Charge], 
     )
 
 
+def gpu_use(charges: Iterable[Charge]) -> GpuUse:
+    """The charges' GPU-hours used, idle and without a reading (a job no search knows has none)."""
+    return sum((GpuUse.of_line(c.gpu_hours, c.gpu_hours_used) for c in charges), GpuUse())
+
+
 def _totals(charges: Sequence[Charge], key) -> tuple[Total, ...]:
     groups: dict[str, list[Charge]] = {}
     for c in charges:
@@ -204,8 +208,7 @@ def _totals(charges: Sequence[Charge], key) -> tuple[Total, ...]:
             sum(c.gpu_hours for c in cs),
             sum(c.cpu_hours for c in cs),
             sum(c.cost or 0.0 for c in cs),
-            sum(c.gpu_hours_used or 0.0 for c in cs),
-            sum(c.gpu_hours for c in cs if c.gpu_hours_used is None),
+            gpu_use(cs),
         )
         for k, cs in groups.items()
     ]

@@ -17,7 +17,7 @@ from pathlib import Path
 import jinja2
 from rich.table import Table
 
-from parcel_hpc.accounting.account import AccountReport, Charge, SearchPart, Total, over_account, over_searches
+from parcel_hpc.accounting.account import AccountReport, Charge, SearchPart, Total, gpu_use, over_account, over_searches
 from parcel_hpc.accounting.search_report import png_of, pyplot, reconcile_search
 from parcel_hpc.budget import search_caps
 from parcel_hpc.console import safe
@@ -91,6 +91,9 @@ def render_table(report: AccountReport, console) -> None:
     console.print(
         f"[bold]{safe(report.scope)}[/]: {len(report.searches)} searches, {t['jobs']} jobs, {t['gpu_hours']:.4f} GPU-h, {t['cpu_hours']:.4f} CPU-h, cost {t['cost']:.4f}"
     )
+    gpus = gpu_use(report.charges)
+    if gpus.allocated:
+        console.print(f"GPUs (the scheduler's hours, the workers' utilization): {gpus.line()}", markup=False, highlight=False)
     for title, rows in (("by user", report.by_user), ("by search", report.by_search), ("by partition", report.by_partition)):
         console.print(_totals_table(title, rows))
     searches = Table(title="searches: spend against caps")
@@ -127,7 +130,7 @@ def _totals_table(title: str, rows: Sequence[Total]) -> Table:
     for col in ("", "jobs", "lines", "GPU-h", "used", "idle", "no reading", "CPU-h", "cost"):
         table.add_column(col)
     for r in rows:
-        gpus = (f"{r.gpu_hours_used:.4f}", f"{r.gpu_hours_idle:.4f}", f"{r.gpu_hours_unread:.4f}")
+        gpus = (f"{r.gpu_use.used:.4f}", f"{r.gpu_use.idle:.4f}", f"{r.gpu_use.unread:.4f}")
         table.add_row(safe(r.key), str(r.jobs), str(r.lines), f"{r.gpu_hours:.4f}", *gpus, f"{r.cpu_hours:.4f}", f"{r.cost:.4f}")
     return table
 

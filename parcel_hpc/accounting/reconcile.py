@@ -17,7 +17,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import cast
 
-from parcel_hpc.accounting.spend import JobHours, Spend, search_spend
+from parcel_hpc.accounting.spend import GpuUse, JobHours, Spend, search_spend
 from parcel_hpc.budget import BudgetCaps, JournalView
 from parcel_hpc.ledger import Attempt, AttemptEnd, Cause, TrialRecord, TrialState
 from parcel_hpc.ledger.events import field_names
@@ -63,10 +63,11 @@ class AttemptLine:
     partition: str = ""
     user: str = ""  # who submitted the job (sacct's User; the launch's user on the local executor)
     # What the matched attempt's worker read of its GPUs (worker/devices.py); used = the scheduler's
-    # allocated GPU-hours x that utilization (None: no reading, neither used nor idle).
+    # allocated GPU-hours x that utilization, idle the rest (None: no reading, neither used nor idle).
     device: str = ""
     gpu_utilization: float | None = None
     gpu_hours_used: float | None = None
+    gpu_hours_idle: float | None = None
 
 
 @dataclass(frozen=True)
@@ -360,6 +361,7 @@ def _filing_lag(job: str, job_runs: Sequence[JobRun], started_runs: Sequence[Job
 
 def _line(tid: str, a: JobRun, led, how: str, waste: str, caps: BudgetCaps) -> AttemptLine:
     use = led.device_use if led is not None else None
+    used, idle = GpuUse.of(a.gpu_hours, use).columns()
     return AttemptLine(
         tid,
         a.job_id,
@@ -383,7 +385,8 @@ def _line(tid: str, a: JobRun, led, how: str, waste: str, caps: BudgetCaps) -> A
         a.user,
         ",".join(use.devices) if use is not None else "",
         use.utilization if use is not None else None,
-        a.gpu_hours * use.utilization if use is not None and use.utilization is not None else None,
+        used,
+        idle,
     )
 
 

@@ -91,6 +91,15 @@ class GpuUse:
             return cls(gpu_hours, 0.0, gpu_hours)
         return cls(gpu_hours, gpu_hours * use.utilization)
 
+    @classmethod
+    def of_line(cls, gpu_hours: float, used: float | None) -> GpuUse:
+        """A report line's, from its ``columns`` (used None: the line had no reading)."""
+        return cls(gpu_hours, used or 0.0, gpu_hours if used is None else 0.0)
+
+    def columns(self) -> tuple[float | None, float | None]:
+        """(used, idle) for a line's columns: None where an hour had no reading (unknown, never 0)."""
+        return (None, None) if self.unread else (self.used, self.idle)
+
     def line(self) -> str:
         unread = f", {shown(self.unread)} without a utilization reading" if self.unread else ""
         return f"allocated {shown(self.allocated)} GPU-h: used {shown(self.used)}, idle {shown(self.idle)}{unread}"

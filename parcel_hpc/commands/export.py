@@ -50,7 +50,7 @@ _TIME = pa.timestamp("ms", tz="UTC")
 GPU_USE_COLUMNS = [
     ("device", pa.string()),  # what its (last) attempt ran on: GPU names, or "cpu"
     ("gpu_peak_memory_bytes", pa.int64()),  # torch.cuda.max_memory_allocated, the largest of its attempts'
-    ("gpu_utilization", pa.float64()),  # mean busy fraction NVML read (null: no reading)
+    ("gpu_utilization", pa.float64()),  # mean busy fraction NVML read, a trial's weighted by GPU-hours (null: no reading)
     ("gpu_hours_used", pa.float64()),  # gpu_hours x utilization (null: an attempt with GPU-hours had no reading)
     ("gpu_hours_idle", pa.float64()),  # gpu_hours - gpu_hours_used
 ]
@@ -136,9 +136,12 @@ def table(search: SearchDir, attempts: bool = False) -> pa.Table:
     return pa.table(ordered)
 
 
-def _mean(values: list[float | None]) -> float | None:
-    known = [v for v in values if v is not None]
-    return sum(known) / len(known) if known else None
+def _utilization(attempts: Sequence[dict[str, Any]]) -> float | None:
+    """The attempts' utilization weighted by their GPU-hours: a trial whose every attempt read one has
+    gpu_hours_used = gpu_hours x it, as each attempt has."""
+    read = [(r["gpu_utilization"], r["gpu_hours"] or 0.0) for r in attempts if r["gpu_utilization"] is not None]
+    hours = sum(h for _, h in read)
+    return sum(u * h for u, h in read) / hours if hours else None
 
 
 def _all_read(values: list[float | None]) -> float | None:
@@ -177,8 +180,8 @@ def _attempt_rows(record: TrialRecord, events: Sequence[Event], rates: Rates, ho
         if a.ended is not None and a.job_id:
             previous_end[a.job_id] = a.ended
         result = a.how is AttemptEnd.COMPLETED and record.state is TrialState.COMPLETED and a.number > record.tainted_upto
-        use, gpu = a.device_use, GpuUse.of(used.gpu_hours, a.device_use)
-        read = counted and not gpu.unread
+        use = a.device_use
+        gpu_used, gpu_idle = GpuUse.of(used.gpu_hours, use).columns() if counted else (None, None)
         rows.append(
             {
                 "trial_id": record.trial_id,
@@ -202,8 +205,8 @@ def _attempt_rows(record: TrialRecord, events: Sequence[Event], rates: Rates, ho
                 "device": ",".join(use.devices) if use is not None else None,
                 "gpu_peak_memory_bytes": use.peak_memory_bytes if use is not None else None,
                 "gpu_utilization": use.utilization if use is not None else None,
-                "gpu_hours_used": gpu.used if read else None,
-                "gpu_hours_idle": gpu.idle if read else None,
+                "gpu_hours_used": gpu_used,
+                "gpu_hours_idle": gpu_idle,
                 "queue_wait_s": wait,
                 "started_at": _ms(a.started),
                 "ended_at": _ms(a.ended),
@@ -238,7 +241,7 @@ def _trial_row(record: TrialRecord, events: Sequence[Event], attempts: Sequence[
         "held_cpu_hours": sum(r["held_cpu_hours"] for r in attempts),
         "device": next((r["device"] for r in reversed(attempts) if r["device"]), None),
         "gpu_peak_memory_bytes": max((r["gpu_peak_memory_bytes"] for r in attempts if r["gpu_peak_memory_bytes"] is not None), default=None),
-        "gpu_utilization": _mean([r["gpu_utilization"] for r in attempts]),
+        "gpu_utilization": _utilization(attempts),
         "gpu_hours_used": _all_read([r["gpu_hours_used"] for r in attempts if r["gpu_hours"]]),
         "gpu_hours_idle": _all_read([r["gpu_hours_idle"] for r in attempts if r["gpu_hours"]]),
         "queue_wait_s": sum(waits) if waits else None,

@@ -169,8 +169,12 @@ class DeviceUse:
     frameworks: Mapping[str, str] | None = None  # the versions the trainer ran with: {"torch": "2.13.0+cpu", "cuda": "12.8"}
 
     def __post_init__(self) -> None:
+        if not self.devices:
+            raise ValueError('a device use names its devices: ("cpu",) when the attempt was granted no GPU')
         if self.utilization is not None and not 0.0 <= self.utilization <= 1.0:
             raise ValueError(f"utilization is a fraction in 0..1, not {self.utilization!r}")
+        if (self.utilization is None) != (self.samples == 0):
+            raise ValueError(f"a utilization is the mean of its samples: {self.utilization!r} from {self.samples} samples")
         if self.peak_memory_bytes is not None and self.peak_memory_bytes < 0:
             raise ValueError(f"peak memory is bytes, not {self.peak_memory_bytes!r}")
 

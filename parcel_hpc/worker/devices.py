@@ -6,10 +6,12 @@ ctypes and sampled once a second on a thread for utilization: no ``nvidia-smi``,
 program while trainer code runs trips the final partition's fence (``guard.py``), whatever thread
 starts it. Where neither answers (no GPU, no driver), the record says so: utilization None, never 0.
 
-Which NVML device a granted GPU is: ``CUDA_VISIBLE_DEVICES`` names it by UUID (``GPU-...``,
-``MIG-...``: exact) or by index, taken as NVML's index. That holds where the process sees the
-machine's numbering (the local executor's hand-out, SLURM without cgroup device constraints);
-under ``ConstrainDevices=yes`` SLURM renumbers from 0 and an index may name another GPU's counters.
+Which NVML device a granted GPU is (``nvml_key``): ``CUDA_VISIBLE_DEVICES`` names it by UUID
+(``GPU-...``, ``MIG-...``: exact) or by index, taken as NVML's index among the GPUs this process
+sees. NVML numbers them in PCI bus order; CUDA does too under ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, and
+its default (fastest first) agrees on a node of alike GPUs. Best effort, not checked: where the two
+orders differ, an index reads another granted GPU's counters; a UUID prefix (CUDA accepts one)
+finds no device, and NVML gives no utilization for a MIG instance: no reading, never a guess.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 from parcel_hpc.ledger import DeviceUse
 
 SAMPLE_PERIOD_S = 1.0
+NVML_LIBRARY = "libnvidia-ml.so.1"  # the driver's, found on the loader's path
 _NVML_SUCCESS = 0
 
 
@@ -38,10 +41,10 @@ class Nvml:
         self.lib = lib
 
     @classmethod
-    def load(cls) -> Nvml | None:
+    def load(cls, library: str = NVML_LIBRARY) -> Nvml | None:
         """NVML initialised, or None where the driver's library is missing or refuses."""
         try:
-            lib = ctypes.CDLL("libnvidia-ml.so.1")
+            lib = ctypes.CDLL(library)
             return cls(lib) if lib.nvmlInit_v2() == _NVML_SUCCESS else None
         except (OSError, AttributeError):
             return None
@@ -49,10 +52,11 @@ class Nvml:
     def handle(self, name: str) -> Any | None:
         """The device ``CUDA_VISIBLE_DEVICES`` calls ``name`` (an index or a UUID); None if NVML knows none."""
         handle = ctypes.c_void_p()
-        if name.isdigit():
-            found = self.lib.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(int(name)), ctypes.byref(handle))
+        key = nvml_key(name)
+        if isinstance(key, int):
+            found = self.lib.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(key), ctypes.byref(handle))
         else:
-            found = self.lib.nvmlDeviceGetHandleByUUID(name.encode(), ctypes.byref(handle))
+            found = self.lib.nvmlDeviceGetHandleByUUID(key.encode(), ctypes.byref(handle))
         return handle if found == _NVML_SUCCESS else None
 
     def utilization(self, handle: Any) -> float | None:
@@ -107,6 +111,12 @@ class UtilizationSampler:
         if self.nvml is not None:
             self.nvml.shutdown()
             self.nvml = None
+
+
+def nvml_key(entry: str) -> int | str:
+    """How NVML finds the GPU a ``CUDA_VISIBLE_DEVICES`` entry names: by index (a number), else by UUID."""
+    entry = entry.strip()
+    return int(entry) if entry.isdigit() else entry
 
 
 def mean_utilization(readings: Sequence[float]) -> float | None:
