@@ -42,6 +42,9 @@ def uninterrupted(artifacts):
     finally:
         sys.path.remove(ENV["PYTHONPATH"])
     data = load_training_data(artifacts["snapshot_path"], read_split(artifacts["split_path"]), {"revision": "stats-r1", "pool": 4})
+    # The workers' thread count (subprocess_env gives them OMP_NUM_THREADS=1 unless it is set): a
+    # convolution's reductions split over other threads round otherwise, and the metrics differ.
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
 
     def reference(params, steps=240, seed=1234):
         trainer = ParcelCNN()

@@ -3,6 +3,7 @@ a running trial to preempt, and the check that each preempted attempt's successo
 stopped."""
 
 import importlib
+import os
 import sys
 from pathlib import Path
 
@@ -23,6 +24,9 @@ def uninterrupted_metric(target: str, artifacts_dir: Path, params, steps: int, s
     finally:
         sys.path.remove(str(EXAMPLES))
     data = load_training_data(artifacts_dir / "parcels.h5", read_split(artifacts_dir / "split-group_r8.json"), {"revision": "stats-r1", "pool": 4})
+    torch = sys.modules.get("torch")
+    if torch is not None:  # the jobs' thread count (the launch passes OMP_NUM_THREADS, 1 unless set): other threads round otherwise
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     trainer = cls()
     trainer.build(build_params(trainer, params), seed, data)
     for _ in range(steps):
