@@ -48,6 +48,7 @@ class TrialTask:
         # this task needs (a pack; a single trial in an array of packs). Otherwise the scheduler warns.
         self.own_limits = len(self.plans) > 1 if own_limits is None else own_limits
         self._run: AttemptRun | None = None
+        self._requeued = False  # the scheduler's signal asked for a requeue: this run starts no further trial
 
     @property
     def packed(self) -> bool:
@@ -70,7 +71,9 @@ class TrialTask:
         results = []
         ran: list[FailureSignature | None] = []  # the failure (None: none) of each attempt this pack ran
         turn = list(self.plans)
-        while turn:
+        while turn and not self._requeued:
+            # (After a requeue was asked, the scheduler ends this run within seconds: a trial started
+            # then would die without saying how, and its requeued run would leave it to run alone.)
             plan = turn.pop(0)
             try:
                 search = SearchDir(Path(plan.search_dir))
@@ -118,6 +121,7 @@ class TrialTask:
         if run is not None:
             run.release_claim()  # an orderly exit: the requeued job's attempt re-enters the directory
         if again if not self.packed else self._unfinished():  # read after the running trial recorded its interruption
+            self._requeued = True
             return submitit.helpers.DelayedSubmission(TrialTask(self.plans, self.own_limits))
         return None  # submitit then ends the job without requeue
 
