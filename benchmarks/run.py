@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _suite import Figure, print_table  # noqa: E402
 
-BENCHES = ("checkpoints", "local", "pruning", "sampler", "rss", "ledger", "reconcile", "scale", "faults", "slurm", "slots", "torch")
+BENCHES = ("checkpoints", "local", "pruning", "sampler", "rss", "ledger", "reconcile", "scale", "faults", "slurm", "slots", "torch", "report")
 
 
 def main() -> None:

@@ -15,6 +15,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from parcel_hpc.checkpoints import KEEP_LAST
+from parcel_hpc.governance.release_target import DEFAULT_ALIAS, DEFAULT_MODEL_NAME
 
 
 @dataclass
@@ -144,6 +145,16 @@ class SelectionConf:
 
 
 @dataclass
+class ReleaseConf:
+    """Where ``parcel-hpc release`` registers the selected artifact (governance/release_target.py)."""
+
+    registry: str = "folder"  # folder: <search.root>/registry (or release --registry DIR); mlflow: the MLflow Model Registry
+    model_name: str = DEFAULT_MODEL_NAME  # mlflow: the registered model each release adds a version to
+    alias: str = DEFAULT_ALIAS  # mlflow: moved to each version a release registers; "" moves none
+    tracking_uri: str | None = None  # mlflow: the tracking server; null reads MLFLOW_TRACKING_URI when release runs
+
+
+@dataclass
 class SearchConf:
     revision: str = "parcel-search-r1"  # the search lives at <root>/<revision>
     root: str = "runs"  # shared directory
@@ -181,6 +192,7 @@ class ParcelConf:
     checkpoint: CheckpointConf = field(default_factory=CheckpointConf)
     pruner: PrunerConf = field(default_factory=PrunerConf)
     selection: SelectionConf = field(default_factory=SelectionConf)
+    release: ReleaseConf = field(default_factory=ReleaseConf)
     search: SearchConf = field(default_factory=SearchConf)
     train: TrainConf = field(default_factory=TrainConf)
 

@@ -58,7 +58,7 @@ def test_a_stray_param_says_how_to_give_exactly_yours():
 
 
 def _entry(tmp_path, packet=None):
-    """A registry entry as release._register writes it."""
+    """A registry entry as release.folder.write_entry writes it."""
     entry = tmp_path / "registry" / "r1" / "t0007"
     entry.mkdir(parents=True)
     (entry / "artifact.h5").write_bytes(b"released bytes")

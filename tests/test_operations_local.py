@@ -246,7 +246,7 @@ def test_export_refuses_an_output_it_cannot_write_before_reading_anything(tmp_pa
 
 
 def test_a_parameter_of_mixed_kinds_exports_as_json_text_and_others_keep_their_type():
-    from parcel_hpc.commands.export import _param_column
+    from parcel_hpc.accounting.trials import _param_column
 
     assert _param_column([64, "auto"]).to_pylist() == ["64", '"auto"']
     assert _param_column([True, 0]).to_pylist() == ["true", "0"]

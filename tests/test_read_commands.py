@@ -62,6 +62,7 @@ READ_ARGV = {
     "logs": lambda s: ["logs", str(s), "t0000"],
     "list": lambda s: ["list", str(s.parent), "--json"],
     "export": lambda s: ["export", str(s), "--attempts"],
+    "report": lambda s: ["report", str(s), "--html", str(s.parent.parent / "report.html")],  # beside the search root
     "proposals": lambda s: ["proposals", str(s), "--replay", "--json"],
     "reconcile": lambda s: ["reconcile", str(s), "--sacct-file", str(SAMPLES / "recorded_dev_cluster.txt"), "--json"],
 }
@@ -80,6 +81,8 @@ def test_every_read_only_command_of_the_registry_changes_nothing_on_a_read_only_
             assert again.returncode == 0, (name, again.stderr)
             if name != "list":  # list says how long ago the search last moved
                 assert again.stdout == before_out[name].stdout, name
+        journal = parcel_hpc(["export", str(search), "--to", "optuna-journal", str(tmp_path / "ro.journal")])  # Optuna's lock sits beside the file
+        assert journal.returncode == 0 and "4 trials added" in journal.stderr, journal.stderr
     assert tree(search) == before
 
 

@@ -8,12 +8,12 @@ import pytest
 from browser import check_html_plots
 
 from parcel_hpc import fsio
-from parcel_hpc.accounting.account_report import hbars
 from parcel_hpc.accounting.reconcile import reconcile
 from parcel_hpc.accounting.search_report import cap_on_scale
 from parcel_hpc.budget import BudgetCaps, Rates
 from parcel_hpc.governance.contract import Contract, freeze_contract
 from parcel_hpc.ledger import Event, SearchDir, TrialSpec, fold
+from parcel_hpc.plotting import hbars
 from parcel_hpc.scheduler.slurm.runs import job_runs
 from parcel_hpc.scheduler.slurm.sacct_parse import parse_sacct
 from parcel_hpc.testing import parcel_hpc

@@ -13,12 +13,13 @@ import io
 from collections.abc import Sequence
 from dataclasses import fields, replace
 from pathlib import Path
+from typing import Any
 
 import jinja2
 from rich.table import Table
 
 from parcel_hpc.accounting.account import AccountReport, Charge, SearchPart, Total, gpu_use, over_account, over_searches
-from parcel_hpc.accounting.search_report import png_of, pyplot, reconcile_search
+from parcel_hpc.accounting.search_report import reconcile_search
 from parcel_hpc.budget import search_caps
 from parcel_hpc.console import safe
 from parcel_hpc.documents import csv_cell
@@ -26,6 +27,7 @@ from parcel_hpc.errors import AccountingError, SchedulerUnavailable, UsageError
 from parcel_hpc.ledger import SearchDir
 from parcel_hpc.ledger.searches import UNREADABLE, find_searches, launched_by, problem_of
 from parcel_hpc.ledger.selection import JobSubmitted
+from parcel_hpc.plotting import hbars, png_of, pyplot, wrapped
 from parcel_hpc.scheduler.slurm.runs import job_runs
 from parcel_hpc.scheduler.slurm.sacct import build_sacct_argv, run_sacct
 from parcel_hpc.scheduler.slurm.sacct_parse import parse_sacct
@@ -150,23 +152,24 @@ def to_html(report: AccountReport) -> str:
     return _ENV.get_template("account.html.j2").render(
         report=report,
         totals=report.totals(),
-        plots=_plots(report),
+        plots=[(title, png_of(fig)) for title, fig in figures(report)],
         shown=UNKNOWN_SHOWN,
         generated=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
     )
 
 
-def _plots(report: AccountReport) -> list[tuple[str, str]]:
+def figures(report: AccountReport) -> list[tuple[str, Any]]:
+    """The page's figures, by title (tests check each one's text stays inside it)."""
     plt = pyplot()
     out = []
     for title, rows in (("GPU-hours by user", report.by_user), ("GPU-hours by search", report.by_search), ("GPU-hours by partition", report.by_partition)):
-        fig, ax = plt.subplots(figsize=(7, 0.5 + 0.4 * max(1, len(rows))))
+        fig, ax = plt.subplots(figsize=(7, 1.2 + 0.4 * max(1, len(rows))))  # the title and tick labels, then a bar each
         labels = [_short(r.key) for r in rows]
         values = [r.gpu_hours for r in rows]
         hbars(ax, labels, values, [f"{v:.4g} GPU-h" for v in values])
         ax.set_title(title)
-        out.append((title, png_of(fig)))
-    fig, ax = plt.subplots(figsize=(7, 0.5 + 0.5 * max(1, len(report.searches))))
+        out.append((title, fig))
+    fig, ax = plt.subplots(figsize=(7, 1.8 + 0.5 * max(1, len(report.searches))))  # and a wrapped axis label
     used = [
         100 * p.reconciliation.scheduler["gpu_hours"]["used"] / p.reconciliation.scheduler["gpu_hours"]["cap"]
         if p.reconciliation.scheduler["gpu_hours"]["cap"]
@@ -178,25 +181,10 @@ def _plots(report: AccountReport) -> list[tuple[str, str]]:
         for p, u in zip(report.searches, used)
     ]
     hbars(ax, [_short(p.path) for p in report.searches], used, texts)
-    ax.set_xlabel("% of the search's GPU-hour cap used (axis fitted to the largest: small shares stay visible)")
+    ax.set_xlabel(wrapped("% of the search's GPU-hour cap used (axis fitted to the largest: small shares stay visible)", fig))
     ax.set_title("spend against each search's cap")
-    out.append(("spend against caps", png_of(fig)))
+    out.append(("spend against caps", fig))
     return out
-
-
-def hbars(ax, labels: list[str], values: list[float], texts: list[str]) -> None:
-    """Horizontal bars, each labelled with its value in words, on an axis fitted to the largest
-    value (a share of a large cap stays readable however small); a plot with nothing says so."""
-    if not labels:
-        ax.text(0.5, 0.5, "nothing to show", ha="center", va="center", transform=ax.transAxes)
-        ax.set_yticks([])
-        return
-    top = max(values) or 1.0
-    ax.barh(labels, values, color="#4477aa")
-    ax.set_xlim(0, top * 1.6)  # room for the labels
-    for i, (v, text) in enumerate(zip(values, texts)):
-        ax.text(v + top * 0.02, i, text, va="center", fontsize=8)
-    ax.invert_yaxis()
 
 
 def _short(path: str, room: int = 40) -> str:

@@ -6,7 +6,6 @@ The edge of the accounting package: the only place that runs sacct for a search 
 
 from __future__ import annotations
 
-import base64
 import csv
 import datetime as _dt
 import html
@@ -26,6 +25,7 @@ from parcel_hpc.documents import csv_cell
 from parcel_hpc.errors import UsageError
 from parcel_hpc.ledger import Executor, SearchDir
 from parcel_hpc.ledger.searches import launched_by
+from parcel_hpc.plotting import png_of, pyplot
 from parcel_hpc.scheduler.slurm.runs import job_runs
 from parcel_hpc.scheduler.slurm.sacct import SACCT_FORMAT, build_sacct_argv, run_sacct
 from parcel_hpc.scheduler.slurm.sacct_parse import parse_sacct
@@ -204,26 +204,6 @@ def cap_on_scale(used: float, cap: float) -> bool:
     """Whether a cap drawn on the spend's own axis leaves the spend readable: within 20x of it.
     Beyond that the curve would flatten into the axis, so the plot says the cap in words."""
     return cap <= 20 * used
-
-
-def pyplot():
-    """matplotlib's pyplot on the Agg backend: imported only when an HTML report plots (it is slow
-    to import), and with no display backend (a login node has none)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def png_of(fig) -> str:
-    """The figure as a base64 PNG for an ``<img src="data:...">`` (the page opens with no network); closes it."""
-    buf = io.BytesIO()
-    fig.tight_layout()
-    fig.savefig(buf, format="png", dpi=90)
-    pyplot().close(fig)
-    return base64.b64encode(buf.getvalue()).decode()
 
 
 def _plots(rec: Reconciliation) -> list[str]:

@@ -1,4 +1,6 @@
-"""``parcel-hpc export``: a search's trials as a table for pandas (CSV, Parquet or JSON lines).
+"""``parcel-hpc export``: a search's trials as a table for pandas (CSV, Parquet or JSON lines), or
+where researchers already look (``--to mlflow``: ``integrations/mlflow/runs.py``; ``--to
+optuna-journal FILE``: ``integrations/optuna_journal.py``).
 
 One row per trial (``--attempts``: per attempt) with typed columns, so ``pandas.read_csv`` and
 ``pandas.read_parquet`` give numbers as numbers: ids, every parameter as its own ``params_<name>``
@@ -17,23 +19,25 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import sys
-from collections.abc import Mapping, Sequence
 from enum import Enum
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from parcel_hpc import fsio
-from parcel_hpc.accounting.spend import GpuUse, attempt_spend
-from parcel_hpc.budget import BudgetLedger, Hold, Rates, ReservationKey, search_caps
+from parcel_hpc.accounting.trials import table
 from parcel_hpc.documents import csv_cell
 from parcel_hpc.errors import UsageError
-from parcel_hpc.ledger import AttemptEnd, Event, EventKind, SearchDir, TrialRecord, TrialState
-from parcel_hpc.ledger.events import Milestone, Submitted
+from parcel_hpc.governance.release_target import ReleaseTarget, tracking_uri
+from parcel_hpc.integrations.mlflow.client import shown
+from parcel_hpc.integrations.mlflow.runs import export_runs
+from parcel_hpc.integrations.optuna_journal import export_journal
+from parcel_hpc.ledger import SearchDir
 
 READ_ONLY = True
 
@@ -42,223 +46,6 @@ class Format(Enum):
     CSV = "csv"
     PARQUET = "parquet"
     JSONL = "jsonl"
-
-
-_TIME = pa.timestamp("ms", tz="UTC")
-
-# What an attempt used of its GPUs (worker/devices.py), in jobstats' words: gpu_hours is what was allocated.
-GPU_USE_COLUMNS = [
-    ("device", pa.string()),  # what its (last) attempt ran on: GPU names, or "cpu"
-    ("gpu_peak_memory_bytes", pa.int64()),  # torch.cuda.max_memory_allocated, the largest of its attempts'
-    ("gpu_utilization", pa.float64()),  # mean busy fraction NVML read, a trial's weighted by GPU-hours (null: no reading)
-    ("gpu_hours_used", pa.float64()),  # gpu_hours x utilization (null: an attempt with GPU-hours had no reading)
-    ("gpu_hours_idle", pa.float64()),  # gpu_hours - gpu_hours_used
-]
-
-TRIAL_COLUMNS = [
-    ("trial_id", pa.string()),
-    ("index", pa.int64()),
-    ("state", pa.string()),
-    ("reason", pa.string()),
-    ("final_metric", pa.float64()),  # a completed trial's validation miss-cost
-    ("best_metric", pa.float64()),  # the lowest miss-cost it reported at any milestone or at its end
-    ("milestones_reached", pa.int64()),
-    ("last_milestone", pa.float64()),  # the step of the last milestone reported (NaN: none)
-    ("step", pa.int64()),
-    ("attempts", pa.int64()),
-    ("interrupted", pa.int64()),
-    ("gpu_hours", pa.float64()),  # used by its attempts, as the search's spend counts them (accounting.spend)
-    ("cpu_hours", pa.float64()),
-    ("cost", pa.float64()),
-    ("held_gpu_hours", pa.float64()),  # worst case still reserved for its attempts that have not settled
-    ("held_cpu_hours", pa.float64()),
-    *GPU_USE_COLUMNS,
-    ("queue_wait_s", pa.float64()),  # every attempt's wait from its job's submission (or requeue) to its start
-    ("started_at", _TIME),
-    ("ended_at", _TIME),
-    ("executor", pa.string()),
-    ("jobs", pa.string()),  # scheduler job ids, in order, space-separated
-    ("seed", pa.int64()),
-    ("config_hash", pa.string()),
-    ("proposed_by", pa.string()),  # the sampler (lineage: the trial's spec)
-    ("proposal", pa.int64()),  # a learning sampler's proposal number (null: drawn from seed and index)
-    ("history_digest", pa.string()),  # what that proposal was told (parcel-hpc proposals --replay)
-]
-
-ATTEMPT_COLUMNS = [
-    ("trial_id", pa.string()),
-    ("attempt", pa.int64()),
-    ("job_id", pa.string()),
-    ("host", pa.string()),
-    ("how", pa.string()),  # how it ended; empty while it runs
-    ("cause", pa.string()),
-    ("trial_state", pa.string()),
-    ("metric", pa.float64()),  # its final metric when it completed the trial
-    ("step", pa.int64()),
-    ("resumed_from", pa.int64()),
-    ("gpus", pa.int64()),
-    ("cpus", pa.int64()),
-    ("wall_s", pa.float64()),
-    ("gpu_hours", pa.float64()),  # what it used: what it settled, or its start to end if it never reserved (null: runs)
-    ("cpu_hours", pa.float64()),
-    ("cost", pa.float64()),
-    ("held_gpu_hours", pa.float64()),  # its worst case, still reserved: it has not settled
-    ("held_cpu_hours", pa.float64()),
-    *GPU_USE_COLUMNS,
-    ("queue_wait_s", pa.float64()),
-    ("started_at", _TIME),
-    ("ended_at", _TIME),
-]
-
-
-def table(search: SearchDir, attempts: bool = False) -> pa.Table:
-    """The search's rows as one typed table (reads only)."""
-    rates = search_caps(search.contract()).rates
-    journal = BudgetLedger.read(search.path)
-    holds = journal.holds if journal is not None else {}
-    rows: list[dict[str, Any]] = []
-    params: list[dict[str, Any]] = []  # each row's trial parameters
-    for tid in search.trial_ids():
-        events = search.events(tid)
-        record = search.fold(search.spec(tid), events)
-        lines = _attempt_rows(record, events, rates, holds)
-        new = lines if attempts else [_trial_row(record, events, lines)]
-        rows += new
-        params += [dict(record.spec.params)] * len(new)
-    columns = ATTEMPT_COLUMNS if attempts else TRIAL_COLUMNS
-    data = {name: pa.array([r[name] for r in rows], type=kind) for name, kind in columns}
-    # The parameters right after the identity columns; pyarrow infers each one's type (ints stay ints).
-    names = [name for name, _ in columns]
-    cut = names.index("attempt" if attempts else "trial_id") + 1
-    ordered = {n: data[n] for n in names[:cut]}
-    ordered.update({f"params_{p}": _param_column([row.get(p) for row in params]) for p in sorted({k for row in params for k in row})})
-    ordered.update({n: data[n] for n in names[cut:]})
-    return pa.table(ordered)
-
-
-def _utilization(attempts: Sequence[dict[str, Any]]) -> float | None:
-    """The attempts' utilization weighted by their GPU-hours: a trial whose every attempt read one has
-    gpu_hours_used = gpu_hours x it, as each attempt has."""
-    read = [(r["gpu_utilization"], r["gpu_hours"] or 0.0) for r in attempts if r["gpu_utilization"] is not None]
-    hours = sum(h for _, h in read)
-    return sum(u * h for u, h in read) / hours if hours else None
-
-
-def _all_read(values: list[float | None]) -> float | None:
-    """The sum, or null where one attempt with GPU-hours had no utilization reading (0.0: none had GPU-hours)."""
-    return None if any(v is None for v in values) else sum(v for v in values if v is not None)
-
-
-def _param_column(values: list[Any]) -> pa.Array:
-    """One parameter's column, typed as pyarrow infers it (ints stay ints, floats floats); a choice
-    of mixed kinds (``[64, "auto"]``, ``[true, 0]``) or of lists is JSON text, one cell each."""
-    try:
-        column = pa.array(values)
-        if not pa.types.is_nested(column.type):
-            return column
-    except (pa.ArrowInvalid, pa.ArrowTypeError):
-        pass
-    return pa.array([None if v is None else json.dumps(v) for v in values], pa.string())
-
-
-def _attempt_rows(record: TrialRecord, events: Sequence[Event], rates: Rates, holds: Mapping[ReservationKey, Hold]) -> list[dict[str, Any]]:
-    gpus_asked, cpus = int(record.spec.resources.get("gpus", 0)), int(record.spec.resources.get("cpus", 1))
-    submitted = [(e.t, e.data.job_id) for e in events if isinstance(e.data, Submitted)]
-    rows = []
-    previous_end: dict[str, float] = {}  # job id -> when its last attempt ended (a requeue waits from there)
-    for a in record.attempts:
-        wall = (a.ended - a.started) if a.started is not None and a.ended is not None else None
-        gpus = a.gpus_or(gpus_asked)
-        used, held = attempt_spend(record, a, holds)  # the search's spend counts it so: the columns add up to it
-        counted = a.ended is not None or ReservationKey(record.trial_id, a.number) in holds  # else it runs, not yet reserved
-        wait = None
-        if a.started is not None:
-            marks = [t for t, job in submitted if job == a.job_id and t <= a.started]
-            if a.job_id in previous_end:
-                marks.append(previous_end[a.job_id])  # a requeued job waits again from its last run's end
-            wait = a.started - max(marks) if marks else None
-        if a.ended is not None and a.job_id:
-            previous_end[a.job_id] = a.ended
-        result = a.how is AttemptEnd.COMPLETED and record.state is TrialState.COMPLETED and a.number > record.tainted_upto
-        use = a.device_use
-        gpu_used, gpu_idle = GpuUse.of(used.gpu_hours, use).columns() if counted else (None, None)
-        rows.append(
-            {
-                "trial_id": record.trial_id,
-                "attempt": a.number,
-                "job_id": a.job_id,
-                "host": a.host,
-                "how": a.how.value if a.how is not None else "",
-                "cause": a.cause.value if a.cause is not None else "",
-                "trial_state": record.state.value,
-                "metric": record.metric if result else None,
-                "step": a.step,
-                "resumed_from": a.resumed_from,
-                "gpus": gpus,
-                "cpus": cpus,
-                "wall_s": wall,
-                "gpu_hours": used.gpu_hours if counted else None,
-                "cpu_hours": used.cpu_hours if counted else None,
-                "cost": used.cost(rates) if counted else None,
-                "held_gpu_hours": held.gpu_hours,
-                "held_cpu_hours": held.cpu_hours,
-                "device": ",".join(use.devices) if use is not None else None,
-                "gpu_peak_memory_bytes": use.peak_memory_bytes if use is not None else None,
-                "gpu_utilization": use.utilization if use is not None else None,
-                "gpu_hours_used": gpu_used,
-                "gpu_hours_idle": gpu_idle,
-                "queue_wait_s": wait,
-                "started_at": _ms(a.started),
-                "ended_at": _ms(a.ended),
-            }
-        )
-    return rows
-
-
-def _trial_row(record: TrialRecord, events: Sequence[Event], attempts: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    valid = [e.data for e in events if e.kind is EventKind.MILESTONE and not (0 < e.attempt <= record.tainted_upto)]
-    values = [m.value for m in valid if isinstance(m, Milestone)] + ([record.metric] if record.metric is not None else [])
-    reached = {m.step for m in valid if isinstance(m, Milestone) and m.is_milestone}
-    waits = [r["queue_wait_s"] for r in attempts if r["queue_wait_s"] is not None]
-    started = [a.started for a in record.attempts if a.started is not None]
-    ended = [a.ended for a in record.attempts if a.ended is not None]
-    return {
-        "trial_id": record.trial_id,
-        "index": record.spec.index,
-        "state": record.state.value,
-        "reason": record.reason,
-        "final_metric": record.metric,
-        "best_metric": min(values) if values else None,
-        "milestones_reached": len(reached),
-        "last_milestone": record.milestone,
-        "step": record.step,
-        "attempts": len(record.attempts),
-        "interrupted": record.interrupted,
-        "gpu_hours": sum(r["gpu_hours"] or 0.0 for r in attempts),
-        "cpu_hours": sum(r["cpu_hours"] or 0.0 for r in attempts),
-        "cost": sum(r["cost"] or 0.0 for r in attempts),
-        "held_gpu_hours": sum(r["held_gpu_hours"] for r in attempts),
-        "held_cpu_hours": sum(r["held_cpu_hours"] for r in attempts),
-        "device": next((r["device"] for r in reversed(attempts) if r["device"]), None),
-        "gpu_peak_memory_bytes": max((r["gpu_peak_memory_bytes"] for r in attempts if r["gpu_peak_memory_bytes"] is not None), default=None),
-        "gpu_utilization": _utilization(attempts),
-        "gpu_hours_used": _all_read([r["gpu_hours_used"] for r in attempts if r["gpu_hours"]]),
-        "gpu_hours_idle": _all_read([r["gpu_hours_idle"] for r in attempts if r["gpu_hours"]]),
-        "queue_wait_s": sum(waits) if waits else None,
-        "started_at": _ms(min(started)) if started else None,
-        "ended_at": _ms(max(ended)) if ended and record.state.is_finished() else None,
-        "executor": record.executor.value if record.executor is not None else "",
-        "jobs": " ".join(record.jobs),
-        "seed": record.spec.seed,
-        "config_hash": record.spec.config_hash,
-        "proposed_by": (record.spec.origin or {}).get("sampler", ""),
-        "proposal": (record.spec.origin or {}).get("proposal"),
-        "history_digest": (record.spec.origin or {}).get("history_digest", ""),
-    }
-
-
-def _ms(t: float | None) -> int | None:
-    return None if t is None else int(round(t * 1000))
 
 
 def write(data: pa.Table, fmt: Format, out: BinaryIO) -> None:
@@ -303,15 +90,66 @@ def export(search: SearchDir, fmt: Format, output: Path | None, attempts: bool =
     return data.num_rows
 
 
+class Target(Enum):
+    MLFLOW = "mlflow"
+    OPTUNA_JOURNAL = "optuna-journal"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("search_dir", type=Path)
     parser.add_argument("--format", choices=[f.value for f in Format], default=Format.CSV.value, help="default %(default)s")
     parser.add_argument("--attempts", action="store_true", help="one row per attempt instead of per trial")
     parser.add_argument("--output", "-o", type=Path, metavar="FILE", help="write here instead of stdout")
+    parser.add_argument(
+        "--to",
+        nargs="+",
+        metavar=("TARGET", "URI|FILE"),
+        help="instead of a table: `mlflow [URI]`, one MLflow run per trial under one per search (URI: else MLFLOW_TRACKING_URI, else the "
+        "contract's release.tracking_uri); `optuna-journal FILE`, an Optuna journal `optuna-dashboard FILE` opens. Exporting again adds nothing",
+    )
+    parser.add_argument("--experiment", metavar="NAME", help="--to mlflow: the experiment (default: the search's revision)")
+
+
+def _target(args: argparse.Namespace) -> tuple[Target, str | None]:
+    """``--to`` checked: the target and its one argument (exit 2, one line, otherwise)."""
+    kinds = ", ".join(t.value for t in Target)
+    name, *rest = args.to
+    if name not in {t.value for t in Target}:
+        raise UsageError(f"--to {name} is not an export target; give one of {kinds}")
+    target = Target(name)
+    if len(rest) > 1 or (target is Target.OPTUNA_JOURNAL and not rest):
+        raise UsageError("--to takes `mlflow [URI]` or `optuna-journal FILE`")
+    if args.output is not None or args.attempts or args.format != Format.CSV.value:
+        raise UsageError("--to writes runs or a journal, not a table: leave out --format, --attempts and --output")
+    if args.experiment is not None and target is not Target.MLFLOW:
+        raise UsageError("--experiment names an MLflow experiment: use it with --to mlflow")
+    return target, rest[0] if rest else None
 
 
 def run(args: argparse.Namespace) -> int:
-    rows = export(SearchDir(args.search_dir), Format(args.format), args.output, args.attempts)
+    search = SearchDir(args.search_dir)
+    if args.to:
+        target, where = _target(args)
+        contract = search.contract()  # not a search directory: one line, exit 2, before any server is asked
+        if target is Target.MLFLOW:
+            uri = tracking_uri(where, os.environ, ReleaseTarget.of(contract).tracking_uri)
+            done = export_runs(search, uri, args.experiment)
+            print(
+                f"exported {done.created + done.updated + done.unchanged} trials to MLflow at {shown(uri)}, experiment {done.experiment!r} "
+                f"(parent run {done.parent_run_id}): {done.created} created, {done.updated} updated, {done.unchanged} unchanged",
+                file=sys.stderr,
+            )
+        else:
+            wrote = export_journal(search, Path(str(where)))
+            print(
+                f"exported to {where}, study {wrote.study_name!r} (optuna-dashboard {where}): {wrote.added} trials added, "
+                f"{wrote.present} there already, {wrote.unfinished} not finished (a later export adds them)",
+                file=sys.stderr,
+            )
+        return 0
+    if args.experiment is not None:
+        raise UsageError("--experiment names an MLflow experiment: use it with --to mlflow")
+    rows = export(search, Format(args.format), args.output, args.attempts)
     if args.output is not None:
         print(f"wrote {rows} rows to {args.output}", file=sys.stderr)
     return 0

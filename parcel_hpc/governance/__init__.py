@@ -7,4 +7,5 @@ outcome.py     Outcome: every ``admit`` / ``reject:*`` / ``hold:*`` / ``evaluate
 validation.py  validation at the door: every text that can reach a path, a job name or a script
 image.py       the worker image digest: which software a trial ran with
 metric.py      the miss-cost metric, by pinned revision
+release_target.py  where release registers (folder or MLflow): checked, and what of it the contract pins
 """

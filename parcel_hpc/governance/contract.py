@@ -41,6 +41,7 @@ PINNED_ORDER = (
     "budget",
     "pruner",
     "selection",
+    "release",
 )
 
 

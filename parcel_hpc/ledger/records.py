@@ -261,6 +261,12 @@ class _Fold:
         )
 
 
+def counted_milestones(record: TrialRecord, events: Sequence[Event]) -> list[tuple[float, Milestone]]:
+    """(when, what) its attempts reported at each step, in order, except from attempts that ran in a
+    quarantined directory: those say nothing about the design (the exports' learning curves)."""
+    return [(e.t, e.data) for e in events if isinstance(e.data, Milestone) and not (0 < e.attempt <= record.tainted_upto)]
+
+
 def fold(spec: TrialSpec, events: Sequence[Event]) -> TrialRecord:
     """The trial's record from its ordered events (pure)."""
     f = _Fold(spec)

@@ -124,6 +124,12 @@ class SearchDir:
         path = self.path / IDENTITY_FILE
         return SearchIdentity.from_json(fsio.read_json(path)) if path.exists() else None
 
+    def key(self) -> str:
+        """What names this search in another tool (an MLflow tag, an Optuna study): its id, else its
+        contract's digest (a search frozen before ids)."""
+        identity = self.identity()
+        return identity.search_id if identity is not None else self.contract().digest
+
     def ensure_identity(self, contract_digest: str) -> SearchIdentity:
         """Write the search id once (two launchers racing on a new search agree on the first)."""
         path = self.path / IDENTITY_FILE

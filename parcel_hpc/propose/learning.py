@@ -101,7 +101,7 @@ def ask(
     from optuna.trial import create_trial
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # a fresh study per proposal would say so each time
-    distributions = {name: _distribution(spec) for name, spec in sorted(space.items())}
+    distributions = optuna_distributions(space)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # experimental-feature and independent-sampling notices, once per proposal
         study = optuna.create_study(direction="minimize", sampler=sampler_for(sampler, seed))
@@ -123,6 +123,12 @@ def ask(
         state = dict(study.trials[-1].system_attrs)  # what the sampler wrote to the trial it asked for
     params = {name: rounded(space[name], asked.params[name]) for name in sorted(space)}
     return params, _json_safe(state)
+
+
+def optuna_distributions(space: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The space (``propose.space``) as Optuna's distributions, by parameter name: what a sampler
+    asks from, and what an exported journal or the search report's importance reads."""
+    return {name: _distribution(spec) for name, spec in sorted(space.items())}
 
 
 def _distribution(spec: Mapping[str, Any]) -> Any:

@@ -18,6 +18,7 @@ from parcel_hpc.governance.admission import config_hash
 from parcel_hpc.governance.contract import Contract
 from parcel_hpc.governance.image import image_digest
 from parcel_hpc.governance.outcome import Outcome
+from parcel_hpc.governance.release_target import ReleaseTarget
 from parcel_hpc.ledger.records import TrialSpec
 from parcel_hpc.lifecycle import systematic
 from parcel_hpc.propose import learning, samplers
@@ -99,6 +100,9 @@ def build_contract(cfg: Mapping[str, Any]) -> Contract:
         "pruner": dict(cfg["pruner"]),
         "selection": selection,
     }
+    release = ReleaseTarget.from_config(cfg.get("release")).pinned()
+    if release is not None:  # the folder default is left out: contracts frozen before the option compare as they did
+        fields["release"] = release
     try:
         return Contract(fields)
     except ValueError:  # canonical JSON refuses NaN and infinity

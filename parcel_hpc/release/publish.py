@@ -1,21 +1,20 @@
 """``parcel-hpc release``: write the packet beside the search, and register the selected artifact
 only when the data, reproducibility, performance, parity, slice and final checks passed or were
-decided. A registry entry is written whole (files first, ``registered.json`` last, exclusively).
+decided, in the registry the contract pins (``governance.release_target``): the folder registry
+(``folder.py``) or MLflow's (``mlflow_registry.py``).
 
 A search with no selection, or one whose selection holds (the hold ``select`` or ``decide``
 recorded), is refused with that outcome before anything is written; a selection already
-registered is said again and never written twice. An entry found in the registry is trusted only
-when it is this one (``entry_problem``: it names this search, this selection, its trial and the
-artifact the final evaluation scored, and its bytes are those): a shared registry is writable by
-others, so anything else is ``reject:registry-entry`` before a byte is written."""
+registered is said again and never written twice. What a registry holds for this selection is
+trusted only when it is this one (it names this search, this selection, its trial and the artifact
+the final evaluation scored, and its bytes are those): a shared registry is writable by others, so
+anything else is ``reject:registry-entry`` before a byte is written. A registry that cannot be
+written or does not answer is one line (exit 2), before anything is written."""
 
 from __future__ import annotations
 
 import os
-import stat
-import tempfile
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,30 +22,130 @@ from rich.console import Console
 
 from parcel_hpc import fsio
 from parcel_hpc.errors import CorruptRecord, GovernanceRefusal, UsageError
-from parcel_hpc.governance.contract import Contract, digest_of, sha256_of
-from parcel_hpc.governance.image import file_digest
+from parcel_hpc.governance.contract import Contract, sha256_of
 from parcel_hpc.governance.outcome import Outcome
+from parcel_hpc.governance.release_target import RegistryKind, ReleaseTarget
+from parcel_hpc.integrations.mlflow.client import shown
 from parcel_hpc.ledger import JobRole, SearchDir
 from parcel_hpc.ledger.selection import Released
-from parcel_hpc.release import render
+from parcel_hpc.release import folder, render
+from parcel_hpc.release.folder import Registration
+from parcel_hpc.release.mlflow_registry import MlflowRegistry
 from parcel_hpc.release.packet import REGISTERED, build
 from parcel_hpc.selection.actions import assess, trial_facts
 from parcel_hpc.selection.store import SelectionStore
 from parcel_hpc.trainer import code
 
 NOT_SELECTED = Outcome.hold("not-selected")
-MARKER = "registered.json"
 
 
-@dataclass(frozen=True)
-class Registration:
-    """What ``registered.json`` says, and what a found entry must say to be this selection's."""
+def publish(
+    search_dir: str | os.PathLike,
+    registry: str | os.PathLike | None,
+    *,
+    out: Console,
+    sacct: bool = True,
+    environ: Mapping[str, str] = os.environ,
+    tracking_uri: str | None = None,
+) -> dict[str, Any]:
+    """``registry``: the folder registry's root (``--registry DIR``); ``tracking_uri``: an MLflow
+    server given to the command (``--tracking-uri``), before ``MLFLOW_TRACKING_URI`` and the contract's."""
+    store = SelectionStore(SearchDir(Path(search_dir)))
+    contract = store.search.contract()  # not a search directory: one line, exit 2
+    target = ReleaseTarget.of(contract)
+    if target.kind is RegistryKind.MLFLOW and registry is not None:
+        raise UsageError("--registry DIR is the folder registry's; this search registers in MLflow (its contract pins release.registry=mlflow): leave it out")
+    already = _refuse_unreleasable(store)
+    if already is not None:
+        return _said_again(store, contract, target, already, out, environ, tracking_uri)
+    facts = trial_facts(store.search, contract)
+    packet = build(store, facts, sacct=sacct)
+    outcome = Outcome.parse(packet["outcome"])
+    registered = outcome == REGISTERED
+    # Where it goes, and for MLflow a server that answers, before anything is written.
+    mlflow: MlflowRegistry | None = None
+    if target.kind is RegistryKind.FOLDER:
+        registry_root = Path(os.path.abspath(registry)) if registry else store.search.path.parent / "registry"
+        entry = registry_root / packet["search"]["revision"] / packet["selection"]["trial_id"]
+        packet["registry_path"] = str(entry) if registered else ""
+    else:
+        uri = target.uri(environ, tracking_uri) if registered else (target.tracking_uri or "")
+        packet["registry"] = {"kind": target.kind.value, "tracking_uri": shown(uri), "model_name": target.model_name, "alias": target.alias}
+        packet["registry_path"] = f"models:/{target.model_name}" if registered else ""  # the version: the ledger's Released
+    text_json = fsio.canonical_json(packet)
+    files = {
+        "packet.json": text_json + "\n",
+        "packet.md": render.to_markdown(packet),
+        "packet.html": render.to_html(packet, {"curves": {f.record.trial_id: list(f.curve) for f in facts if f.curve}}),
+    }
+    # The artifact and the registry are checked before anything is written: a packet never says registered in vain.
+    artifact = _checked_artifact(packet) if registered else b""
+    expected = _expected(store, contract, packet["selection"]["number"])
+    found = None
+    if registered:
+        assert expected is not None  # registered: the final check passed, so its result exists
+        code.check_copy(store.search.path, contract["trainer"])  # the code that serves it goes with it
+        if target.kind is RegistryKind.FOLDER:
+            folder.check_writable(registry_root)
+            folder.check_found(entry, expected, contract["trainer"])
+        else:
+            mlflow = MlflowRegistry(uri, target)
+            found = mlflow.checked(expected)
 
-    contract_digest: str  # the search's contract
-    search_id: str  # the search directory's own id (identity.json); "" for a search frozen before ids
-    selection: int
-    trial_id: str
-    artifact_sha256: str  # the artifact the rerun checked and the final evaluation scored
+    def copy_code(destination: Path) -> None:
+        code.copy_snapshot(store.search.path, destination, contract["trainer"])
+
+    location = packet["registry_path"]
+    if mlflow is not None:  # the version is the commit point: the packet is written once it exists
+        assert expected is not None
+        location = mlflow.register(packet, artifact, files, expected, contract["trainer"], copy_code, found)
+    fsio.ensure_dir(store.release_dir)
+    for name, text in files.items():
+        fsio.atomic_write_text(store.release_dir / name, text)
+    if registered and mlflow is None:
+        assert expected is not None
+        folder.write_entry(packet, artifact, files, entry, expected, contract["trainer"], copy_code)
+    store.writer("release").released(Released(packet["selection"]["number"], registered, outcome, sha256_of(text_json.encode()), location))
+    out.print(str(outcome), markup=False)
+    out.print(f"  packet: {store.release_dir / 'packet.html'} (.json, .md)", markup=False)
+    for name, verdict in packet["checks"].items():
+        out.print(f"  {name}: {verdict}", markup=False)
+    if not registered:
+        out.print("  the artifact stays out of the registry until every check passed or was decided", markup=False)
+    elif mlflow is None:
+        out.print(f"  registered: {location}", markup=False)
+    else:
+        out.print(f"  registered: {location} at {mlflow.shown}" + (f" (alias {target.alias})" if target.alias else ""), markup=False)
+    return packet
+
+
+def _said_again(
+    store: SelectionStore, contract: Contract, target: ReleaseTarget, already: Released, out: Console, environ: Mapping[str, str], tracking_uri: str | None
+) -> dict[str, Any]:
+    """A selection registered already: checked to be still this release's, said again, never written twice."""
+    expected = _expected(store, contract, already.selection)
+    released = store.release_dir / "packet.json"
+    if target.kind is RegistryKind.MLFLOW:
+        mlflow = MlflowRegistry(target.uri(environ, tracking_uri), target)
+        version = mlflow.found(expected) if expected is not None else None
+        if expected is None or version is None or mlflow.location(version.version) != already.registry_path:
+            raise mlflow.refuse(f"{already.registry_path}: {'this selection has no final result' if expected is None else 'it is not there now'}")
+        if (problem := mlflow.problem(version, expected)) is not None:
+            raise mlflow.refuse(problem)
+        where = f"{already.registry_path} at {mlflow.shown}"  # the alias is left where it is: another release may have moved it since
+    else:
+        registered = Path(already.registry_path) / "packet.json"
+        if not registered.is_file():
+            raise CorruptRecord(
+                f"selection {already.selection} was registered at {already.registry_path}, which holds no packet.json now; restore that registry entry"
+            )
+        problem = "this selection has no final result" if expected is None else folder.entry_problem(Path(already.registry_path), expected, contract["trainer"])
+        if problem:  # the entry changed since this search registered it: never say registered for it
+            raise folder.refuse_entry(Path(already.registry_path), problem)
+        released, where = registered, already.registry_path
+    out.print(str(REGISTERED), markup=False)
+    out.print(f"  already registered: {where} (selection {already.selection}); a registry entry is never rewritten", markup=False)
+    return fsio.read_json(released)
 
 
 def _expected(store: SelectionStore, contract: Contract, n: int) -> Registration | None:
@@ -56,103 +155,6 @@ def _expected(store: SelectionStore, contract: Contract, n: int) -> Registration
         return None
     identity = store.search.identity()
     return Registration(contract.digest, identity.search_id if identity else "", n, str(final["trial_id"]), str(final["winner"]["artifact_sha256"]))
-
-
-def entry_problem(entry: Path, expected: Registration, trainer: dict[str, Any]) -> str | None:
-    """Why the registry entry at ``entry`` is not ``expected``'s (None: it is, byte for byte). Only
-    regular files count: a link could point at anything."""
-    marker, artifact = entry / MARKER, entry / "artifact.h5"
-    if not _regular(marker):
-        return f"{marker} is not a regular file"
-    try:
-        found = fsio.read_json(marker)
-    except CorruptRecord as exc:
-        return str(exc)
-    if not isinstance(found, dict):
-        return f"{marker} is not a registration"
-    for key, value in asdict(expected).items():
-        if found.get(key) != value:
-            return f"{marker} names {key}={found.get(key)!r}, this release is {value!r}"
-    if not _regular(artifact) or file_digest(artifact) != expected.artifact_sha256:
-        return f"{artifact} is not the artifact the final evaluation scored ({expected.artifact_sha256})"
-    packet = entry / "packet.json"
-    if not _regular(packet) or digest_of(fsio.read_json(packet)) != found.get("packet_digest"):
-        return f"{packet} is not the packet {marker} registered"
-    if trainer.get("code") and code.copy_digest(entry, trainer) != trainer["source_digest"]:
-        return f"the trainer's code in {entry} is not the code the contract pins ({trainer['source_digest']})"
-    return None
-
-
-def _regular(path: Path) -> bool:
-    try:
-        return stat.S_ISREG(os.lstat(path).st_mode)
-    except OSError:
-        return False
-
-
-def _refuse_entry(entry: Path, problem: str) -> GovernanceRefusal:
-    return GovernanceRefusal(
-        Outcome.REJECT_REGISTRY_ENTRY,
-        f"the registry entry {entry} is not this release's: {problem}; nothing was registered. Whoever wrote it, "
-        "move it aside (or pass --registry DIR, a registry only you can write) and release again",
-    )
-
-
-def publish(search_dir: str | os.PathLike, registry: str | os.PathLike | None, *, out: Console, sacct: bool = True) -> dict[str, Any]:
-    store = SelectionStore(SearchDir(Path(search_dir)))
-    contract = store.search.contract()  # not a search directory: one line, exit 2
-    already = _refuse_unreleasable(store)
-    if already is not None:
-        registered = Path(already.registry_path) / "packet.json"
-        if not registered.is_file():
-            raise CorruptRecord(
-                f"selection {already.selection} was registered at {already.registry_path}, which holds no packet.json now; restore that registry entry"
-            )
-        expected = _expected(store, contract, already.selection)
-        problem = "this selection has no final result" if expected is None else entry_problem(Path(already.registry_path), expected, contract["trainer"])
-        if problem:  # the entry changed since this search registered it: never say registered for it
-            raise _refuse_entry(Path(already.registry_path), problem)
-        out.print(str(REGISTERED), markup=False)
-        out.print(f"  already registered: {already.registry_path} (selection {already.selection}); a registry entry is never rewritten", markup=False)
-        return fsio.read_json(registered)
-    facts = trial_facts(store.search, contract)
-    packet = build(store, facts, sacct=sacct)
-    outcome = Outcome.parse(packet["outcome"])
-    registry_root = Path(os.path.abspath(registry)) if registry else store.search.path.parent / "registry"
-    entry = registry_root / packet["search"]["revision"] / packet["selection"]["trial_id"]
-    packet["registry_path"] = str(entry) if outcome == REGISTERED else ""
-    text_json = fsio.canonical_json(packet)
-    files = {
-        "packet.json": text_json + "\n",
-        "packet.md": render.to_markdown(packet),
-        "packet.html": render.to_html(packet, {"curves": {f.record.trial_id: list(f.curve) for f in facts if f.curve}}),
-    }
-    # The artifact and the registry are checked before anything is written: a packet never says registered in vain.
-    artifact = _checked_artifact(packet) if outcome == REGISTERED else b""
-    expected = _expected(store, contract, packet["selection"]["number"])
-    if outcome == REGISTERED:
-        assert expected is not None  # registered: the final check passed, so its result exists
-        code.check_copy(store.search.path, contract["trainer"])  # the code that serves it goes with it
-        _writable(registry_root)
-        _check_found(entry, expected, contract["trainer"])
-    fsio.ensure_dir(store.release_dir)
-    for name, text in files.items():
-        fsio.atomic_write_text(store.release_dir / name, text)
-    if outcome == REGISTERED:
-        assert expected is not None
-        _register(packet, artifact, files, entry, expected, contract["trainer"], lambda: code.copy_snapshot(store.search.path, entry, contract["trainer"]))
-    store.writer("release").released(
-        Released(packet["selection"]["number"], outcome == REGISTERED, outcome, sha256_of(text_json.encode()), packet["registry_path"])
-    )
-    out.print(str(outcome), markup=False)
-    out.print(f"  packet: {store.release_dir / 'packet.html'} (.json, .md)", markup=False)
-    for name, verdict in packet["checks"].items():
-        out.print(f"  {name}: {verdict}", markup=False)
-    if outcome == REGISTERED:
-        out.print(f"  registered: {entry}", markup=False)
-    else:
-        out.print("  the artifact stays out of the registry until every check passed or was decided", markup=False)
-    return packet
 
 
 def _refuse_unreleasable(store: SelectionStore) -> Released | None:
@@ -182,40 +184,3 @@ def _checked_artifact(packet: dict[str, Any]) -> bytes:
     if sha256_of(data) != checked:
         raise CorruptRecord(f"the selected artifact {source} is missing or is not the one that was checked ({checked}); restore it before releasing")
     return data
-
-
-def _writable(root: Path) -> None:
-    try:
-        fsio.ensure_dir(root)
-        with tempfile.TemporaryFile(dir=root):
-            pass
-    except OSError as exc:
-        raise UsageError(f"registry {root} is not writable ({exc.strerror}); pass --registry DIR, a writable shared directory") from None
-
-
-def _check_found(entry: Path, expected: Registration, trainer: dict[str, Any]) -> None:
-    """An entry already there must be this selection's (an earlier release that died before it
-    journaled); an entry directory without a marker is rewritten, its code copy checked after."""
-    if os.path.lexists(entry / MARKER):
-        problem = entry_problem(entry, expected, trainer)
-        if problem:
-            raise _refuse_entry(entry, problem)
-
-
-def _register(
-    packet: dict[str, Any], artifact: bytes, files: dict[str, str], entry: Path, expected: Registration, trainer: dict[str, Any], copy_code: Callable[[], None]
-) -> None:
-    """The entry's files, the trainer's code that serves the artifact (``serving.load_release``), then
-    ``registered.json``, exclusively."""
-    marker = entry / MARKER
-    if os.path.lexists(marker):
-        return  # registered by an earlier release of this selection (``_check_found``): never rewritten
-    fsio.ensure_dir(entry)
-    copy_code()  # whole or not at all, and kept when a retry finds it
-    if trainer.get("code") and code.copy_digest(entry, trainer) != trainer["source_digest"]:  # a copy found there is kept: it must be ours
-        raise _refuse_entry(entry, f"the trainer's code in it is not the code the contract pins ({trainer['source_digest']})")
-    fsio.atomic_write_bytes(entry / "artifact.h5", artifact)
-    for name, text in files.items():
-        fsio.atomic_write_text(entry / name, text)
-    if not fsio.create_exclusive_json(marker, {**asdict(expected), "packet_digest": digest_of(packet)}):
-        _check_found(entry, expected, trainer)  # written by someone else a moment ago

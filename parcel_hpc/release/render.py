@@ -5,8 +5,6 @@ Pure formatting of the packet's JSON value: nothing here reads the search direct
 
 from __future__ import annotations
 
-import base64
-import io
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -15,6 +13,7 @@ import jinja2
 
 from parcel_hpc.documents import markdown_text
 from parcel_hpc.governance.outcome import Outcome
+from parcel_hpc.plotting import png_of, pyplot
 
 
 def _fmt(value: Any, digits: int = 4) -> str:
@@ -84,18 +83,8 @@ def _registered(packet: Mapping[str, Any]) -> bool:
 
 
 def _plots(packet: Mapping[str, Any], history: Mapping[str, Any]) -> dict[str, str]:
-    import matplotlib  # local: slow to import, and only the HTML page plots
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # after use("Agg"): no display on a login node
-
+    plt = pyplot()
     out = {}
-
-    def png(fig) -> str:
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
-        plt.close(fig)
-        return base64.b64encode(buf.getvalue()).decode()
 
     counts = packet["counts"]
     fig, ax = plt.subplots(figsize=(6.4, 2.6))
@@ -104,7 +93,7 @@ def _plots(packet: Mapping[str, Any], history: Mapping[str, Any]) -> dict[str, s
     ax.invert_yaxis()
     ax.set_xlabel("trials")
     ax.set_title("trials by final state")
-    out["counts"] = png(fig)
+    out["counts"] = png_of(fig)
 
     rows = [r for r in slice_table(packet) if r["winner_recall"] is not None and r["slice"] != "overall=all"]
     if rows:
@@ -119,7 +108,7 @@ def _plots(packet: Mapping[str, Any], history: Mapping[str, Any]) -> dict[str, s
         ax.set_ylabel("recall (validation)")
         ax.set_title("recall by slice: selected vs baseline (red: failed the gate)")
         ax.legend(loc="lower right")
-        out["slices"] = png(fig)
+        out["slices"] = png_of(fig)
 
     curves = history.get("curves") or {}
     if curves:
@@ -135,5 +124,5 @@ def _plots(packet: Mapping[str, Any], history: Mapping[str, Any]) -> dict[str, s
         ax.set_xlabel("step")
         ax.set_ylabel("validation miss-cost")
         ax.set_title(f"every trial's milestones; {winner} in red")
-        out["curves"] = png(fig)
+        out["curves"] = png_of(fig)
     return out

@@ -41,7 +41,7 @@ OWN = (
     "give your own baseline from the empty group: selection/baseline=given selection.baseline.name=NAME "
     "selection.baseline.trainer=PACKAGE.MODULE:NAME '+selection.baseline.params={...}'"
 )
-RELEASED_FILES = ("registered.json", "packet.json", "artifact.h5")  # a registry entry, as release._register writes it
+RELEASED_FILES = ("registered.json", "packet.json", "artifact.h5")  # a registry entry, as release.folder.write_entry writes it
 
 
 class BaselineKind(str, enum.Enum):
