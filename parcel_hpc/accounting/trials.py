@@ -109,9 +109,7 @@ def trial_rows(search: SearchDir) -> Iterator[TrialRows]:
     rates = search_caps(search.contract()).rates
     journal = BudgetLedger.read(search.path)
     holds = journal.holds if journal is not None else {}
-    for tid in search.trial_ids():
-        events = search.events(tid)
-        record = search.fold(search.spec(tid), events)
+    for record, events in search.histories():
         lines = _attempt_rows(record, events, rates, holds)
         yield TrialRows(record, events, _trial_row(record, events, lines), lines)
 

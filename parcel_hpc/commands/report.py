@@ -30,10 +30,7 @@ READ_ONLY = True
 def read(search: SearchDir) -> SearchFacts:
     """The report's values, read without writing."""
     contract = search.contract()
-    trials = []
-    for tid in search.trial_ids():
-        events = search.events(tid)
-        trials.append((search.fold(search.spec(tid), events), events))
+    trials = list(search.histories())
     journal = BudgetLedger.read(search.path)
     spend = search_spend([r for r, _ in trials], journal, selection_jobs(search), search_caps(contract).rates)
     return facts_of(contract["search_revision"], space_of(contract)[0], trials, journal.holds if journal is not None else {}, spend.line())

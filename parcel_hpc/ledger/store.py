@@ -375,8 +375,14 @@ class SearchDir:
         return n
 
     def records(self) -> Iterator[TrialRecord]:
+        for record, _ in self.histories():
+            yield record
+
+    def histories(self) -> Iterator[tuple[TrialRecord, list[Event]]]:
+        """Every trial's record with the events it was folded from (each journal read once), in trial order."""
         for tid in self.trial_ids():
-            yield self.record(tid)
+            events = self.events(tid)
+            yield self.fold(self.spec(tid), events), events
 
     def writer(self, trial_id: str, role: str) -> TrialWriter:
         """The one way to add to a trial's history (a new journal file for this process and role)."""

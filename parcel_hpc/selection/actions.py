@@ -22,7 +22,7 @@ from parcel_hpc.errors import GovernanceRefusal, ParcelError, UsageError
 from parcel_hpc.governance.contract import Contract
 from parcel_hpc.governance.outcome import Outcome
 from parcel_hpc.ledger import Admitted, AttemptEnd, JobRole, SearchDir, TrialState
-from parcel_hpc.ledger.events import Milestone
+from parcel_hpc.ledger.records import counted_milestones
 from parcel_hpc.ledger.selection import Decided, FinalAttempt, Frozen, JobEnded, SelectionRecord, SelectionWriter
 from parcel_hpc.ownership import current_user
 from parcel_hpc.pruning import MilestoneStore
@@ -47,17 +47,15 @@ def trial_facts(search: SearchDir, contract: Contract) -> list[TrialFacts]:
     invalidated peer, and its validation curve; each trial's journals are read once."""
     milestones = MilestoneStore(search.path, contract["pruner"]["milestones"], readonly=True)
     out = []
-    for tid in search.trial_ids():
-        events = search.events(tid)
-        record = search.fold(search.spec(tid), events)
+    for record, events in search.histories():
         admitted = None
         if record.state is TrialState.COMPLETED:
             scored = next((a.number for a in reversed(record.attempts) if a.how is AttemptEnd.COMPLETED), None)
             admitted = next((e.data for e in events if isinstance(e.data, Admitted) and e.attempt == scored), None)
         invalid = tuple(
-            f"milestone {d.decision.milestone} used {inv.invalid_peer}" for d in milestones.decisions(tid) if not d.valid for inv in d.invalidations
+            f"milestone {d.decision.milestone} used {inv.invalid_peer}" for d in milestones.decisions(record.trial_id) if not d.valid for inv in d.invalidations
         )
-        curve = sorted({e.data.step: e.data.value for e in events if isinstance(e.data, Milestone) and e.attempt > record.tainted_upto}.items())
+        curve = sorted({m.step: m.value for _, m in counted_milestones(record, events)}.items())
         out.append(TrialFacts(record, admitted, invalid, tuple(curve)))
     return out
 
