@@ -26,7 +26,7 @@ from parcel_hpc.governance.image import file_digest
 from parcel_hpc.governance.outcome import Outcome
 from parcel_hpc.governance.release_target import ReleaseTarget
 from parcel_hpc.integrations.mlflow.client import answering, connect, shown
-from parcel_hpc.release.folder import Registration, write_entry
+from parcel_hpc.release.folder import Registration
 
 EXPERIMENT = "parcel-releases"
 ENTRY = "entry"  # the folder entry's path among the run's artifacts
@@ -109,18 +109,10 @@ class MlflowRegistry:
             raise self.refuse(problem)
         return version
 
-    def register(
-        self,
-        packet: Mapping[str, Any],
-        artifact: bytes,
-        files: dict[str, str],
-        expected: Registration,
-        trainer: dict[str, Any],
-        copy_code: Callable[[Path], None],
-        found: Any | None,
-    ) -> str:
-        """This selection's version (``found``: the one ``checked`` found; else created), the alias moved to it."""
-        version = found if found is not None else self._create(packet, artifact, files, expected, trainer, copy_code)
+    def register(self, packet: Mapping[str, Any], expected: Registration, write_entry: Callable[[Path], None], found: Any | None) -> str:
+        """This selection's version (``found``: the one ``checked`` found; else created from the
+        folder entry ``write_entry`` writes to the directory it is given), the alias moved to it."""
+        version = found if found is not None else self._create(packet, expected, write_entry)
         self.point_alias(version.version)
         return self.location(version.version)
 
@@ -129,15 +121,7 @@ class MlflowRegistry:
             with answering(self.uri, f"did not move the alias {self.target.alias} to {self.location(version)}", "; the version is registered: release again"):
                 self.client.set_registered_model_alias(self.target.model_name, self.target.alias, version)
 
-    def _create(
-        self,
-        packet: Mapping[str, Any],
-        artifact: bytes,
-        files: dict[str, str],
-        expected: Registration,
-        trainer: dict[str, Any],
-        copy_code: Callable[[Path], None],
-    ) -> Any:
+    def _create(self, packet: Mapping[str, Any], expected: Registration, write_entry: Callable[[Path], None]) -> Any:
         client, name = self.client, self.target.model_name
         after = "; no model version was created: release again"
         with answering(self.uri, "failed before the version was created", after):
@@ -147,7 +131,7 @@ class MlflowRegistry:
         try:
             with tempfile.TemporaryDirectory() as tmp:
                 entry = Path(tmp) / ENTRY
-                write_entry(dict(packet), artifact, files, entry, expected, trainer, copy_code)
+                write_entry(entry)
                 with answering(self.uri, "did not take the release's files", after):
                     client.log_artifacts(run.info.run_id, str(entry), ENTRY)
                     back = Path(client.download_artifacts(run.info.run_id, f"{ENTRY}/artifact.h5", str(Path(tmp) / "back")))

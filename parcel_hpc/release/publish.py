@@ -92,19 +92,22 @@ def publish(
             mlflow = MlflowRegistry(uri, target)
             found = mlflow.checked(expected)
 
-    def copy_code(destination: Path) -> None:
-        code.copy_snapshot(store.search.path, destination, contract["trainer"])
+    def write_entry(destination: Path) -> None:
+        """The registry entry (code, artifact, packet, marker) in ``destination``: the folder's, or what an MLflow version holds."""
+        assert expected is not None  # registered: the final check passed, so its result exists
+        folder.write_entry(
+            packet, artifact, files, destination, expected, contract["trainer"], lambda to: code.copy_snapshot(store.search.path, to, contract["trainer"])
+        )
 
     location = packet["registry_path"]
     if mlflow is not None:  # the version is the commit point: the packet is written once it exists
         assert expected is not None
-        location = mlflow.register(packet, artifact, files, expected, contract["trainer"], copy_code, found)
+        location = mlflow.register(packet, expected, write_entry, found)
     fsio.ensure_dir(store.release_dir)
     for name, text in files.items():
         fsio.atomic_write_text(store.release_dir / name, text)
     if registered and mlflow is None:
-        assert expected is not None
-        folder.write_entry(packet, artifact, files, entry, expected, contract["trainer"], copy_code)
+        write_entry(entry)
     store.writer("release").released(Released(packet["selection"]["number"], registered, outcome, sha256_of(text_json.encode()), location))
     out.print(str(outcome), markup=False)
     out.print(f"  packet: {store.release_dir / 'packet.html'} (.json, .md)", markup=False)
