@@ -3,7 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from parcel_hpc.data import make_default_artifacts
+from parcel_hpc.data import make_default_artifacts, read_split
+from parcel_hpc.trainer import TrainingData, load_training_data
 
 
 @pytest.fixture(scope="session")
@@ -13,6 +14,12 @@ def artifacts(tmp_path_factory) -> dict:
     paths = make_default_artifacts(out, seed=0)
     paths["dir"] = str(out)
     return paths
+
+
+@pytest.fixture(scope="module")
+def training_data(artifacts) -> TrainingData:
+    """The default snapshot's training data as a trainer is given it (stats_r1 preprocessing), once per module."""
+    return load_training_data(artifacts["snapshot_path"], read_split(artifacts["split_path"]), {"revision": "stats-r1", "pool": 4})
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@ and the CPU: a 12-trial search that prunes, completed metrics equal to an uninte
 process, a trial signalled mid-run that resumes to exactly that metric, and select, the one final
 evaluation and the release, whose packet names torch's version and the trainer's digest."""
 
+import functools
 import json
 import os
 import signal
@@ -11,15 +12,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from reference import reference_run
 
 torch = pytest.importorskip("torch")  # the [torch] extra; scripts/test.sh installs it
 
-from parcel_hpc.data import read_split  # noqa: E402
-from parcel_hpc.governance.metric import MissCost  # noqa: E402
 from parcel_hpc.ledger import SearchDir  # noqa: E402
 from parcel_hpc.testing import launch, parcel_hpc  # noqa: E402
 from parcel_hpc.testing.runs import subprocess_env, wait_for  # noqa: E402
-from parcel_hpc.trainer import build_params, load_training_data  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {"PYTHONPATH": str(ROOT / "examples")}
@@ -35,25 +34,8 @@ CNN = [
 
 @pytest.fixture(scope="module")
 def uninterrupted(artifacts):
-    """The validation miss-cost a trial's params reach in ``steps`` uninterrupted steps, in this process."""
-    sys.path.insert(0, ENV["PYTHONPATH"])
-    try:
-        from parcel_cnn import ParcelCNN
-    finally:
-        sys.path.remove(ENV["PYTHONPATH"])
-    data = load_training_data(artifacts["snapshot_path"], read_split(artifacts["split_path"]), {"revision": "stats-r1", "pool": 4})
-    # The workers' thread count (subprocess_env gives them OMP_NUM_THREADS=1 unless it is set): a
-    # convolution's reductions split over other threads round otherwise, and the metrics differ.
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-
-    def reference(params, steps=240, seed=1234):
-        trainer = ParcelCNN()
-        trainer.build(build_params(trainer, params), seed, data)
-        for _ in range(steps):
-            trainer.step()
-        return MissCost("miss-cost-r3", 5.0, 1.0)(trainer.predict("validation"), data.validation.labels)
-
-    return reference
+    """The validation miss-cost a trial's params reach in 240 uninterrupted steps, in this process."""
+    return functools.partial(reference_run("parcel_cnn:ParcelCNN", artifacts["snapshot_path"], artifacts["split_path"]), steps=240)
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,7 @@
 executor: milestones and pruning apply to it, and a trial signalled mid-run resumes to exactly the
 metric of an uninterrupted run."""
 
+import functools
 import os
 import signal
 import subprocess
@@ -9,13 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from reference import reference_run
 
-from parcel_hpc.data import read_split
-from parcel_hpc.governance.metric import MissCost
 from parcel_hpc.ledger import SearchDir
 from parcel_hpc.testing import launch
 from parcel_hpc.testing.runs import subprocess_env, wait_for
-from parcel_hpc.trainer import build_params, load_training_data, trainer_identity
+from parcel_hpc.trainer import trainer_identity
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = "parcel_sgd:SGDTrainer"
@@ -25,22 +25,7 @@ ENV = {"PYTHONPATH": str(ROOT / "examples")}
 @pytest.fixture(scope="module")
 def uninterrupted(artifacts):
     """The metric a trial's params reach in 82 uninterrupted steps, computed in this process."""
-    sys.path.insert(0, str(ROOT / "examples"))
-    try:
-        from parcel_sgd import SGDTrainer
-    finally:
-        sys.path.remove(str(ROOT / "examples"))
-    data = load_training_data(artifacts["snapshot_path"], read_split(artifacts["split_path"]), {"revision": "stats-r1", "pool": 4})
-    metric = MissCost("miss-cost-r3", 5.0, 1.0)
-
-    def reference(params, seed=1234, steps=82):
-        trainer = SGDTrainer()
-        trainer.build(build_params(trainer, params), seed, data)
-        for _ in range(steps):
-            trainer.step()
-        return metric(trainer.predict("validation"), data.validation.labels)
-
-    return reference
+    return functools.partial(reference_run(TARGET, artifacts["snapshot_path"], artifacts["split_path"]), steps=82)
 
 
 def test_a_search_with_the_example_trainer_prunes_and_completes(tmp_path, data_dir, uninterrupted, monkeypatch):

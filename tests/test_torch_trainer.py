@@ -13,9 +13,8 @@ import pytest
 
 torch = pytest.importorskip("torch")  # the [torch] extra; scripts/test.sh installs it, so CI runs these
 
-from parcel_hpc.data import read_split  # noqa: E402
 from parcel_hpc.testing import parcel_hpc  # noqa: E402
-from parcel_hpc.trainer import Devices, DevicesNotGranted, TrainerState, UnsavableState, build_params, load_training_data  # noqa: E402
+from parcel_hpc.trainer import Devices, DevicesNotGranted, TrainerState, UnsavableState, build_params  # noqa: E402
 from parcel_hpc.trainer import torch as parcel_torch  # noqa: E402
 from parcel_hpc.trainer.conformance import _through_checkpoint, check_trainer  # noqa: E402
 from parcel_hpc.trainer.preflight import few_examples  # noqa: E402
@@ -23,11 +22,6 @@ from parcel_hpc.trainer.preflight import few_examples  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 CNN_CONF = ROOT / "examples" / "parcel_cnn" / "conf"
 CNN_PARAMS = {"lr": 0.03, "width": 8, "depth": 2, "dropout": 0.3, "batch_size": 32, "optimizer": "sgd"}
-
-
-@pytest.fixture(scope="module")
-def training_data(artifacts):
-    return load_training_data(artifacts["snapshot_path"], read_split(artifacts["split_path"]), {"revision": "stats-r1", "pool": 4})
 
 
 @pytest.fixture

@@ -29,11 +29,6 @@ SGD = "parcel_sgd:SGDTrainer"
 EXAMPLES_ENV = {"PYTHONPATH": str(ROOT / "examples")}
 
 
-@pytest.fixture(scope="module")
-def training_data(artifacts):
-    return load_training_data(artifacts["snapshot_path"], read_split(artifacts["split_path"]), {"revision": "stats-r1", "pool": 4})
-
-
 @pytest.fixture
 def sgd_on_path(monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "examples"))

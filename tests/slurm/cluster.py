@@ -19,6 +19,13 @@ def sh(*argv: str, check: bool = True, timeout: float = 60) -> str:
 
 
 REPO = Path(__file__).resolve().parents[2]
+PREEMPTOR = "preemptor"  # the job name preempt() submits: a cluster_guard's names list it to clean it up
+
+
+def preempt(node: str, claim: str = "--gres=gpu:4") -> None:
+    """A high-priority job on ``node`` claiming ``claim`` (all of the node's GPUs; ``--exclusive``: all of
+    it) preempts every trial running there."""
+    sh("sbatch", "-p", "high", "-w", node, claim, "--mem=100M", "-t", "2", "-J", PREEMPTOR, "-o", "/dev/null", "--wrap", "sleep 3")
 
 
 def cluster_base() -> Path:

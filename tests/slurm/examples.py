@@ -1,37 +1,8 @@
-"""What the example trainers' SLURM tests share: an uninterrupted reference run in this process,
-a running trial to preempt, and the check that each preempted attempt's successor resumed where it
-stopped."""
+"""What the example trainers' SLURM tests share: a running trial to preempt, and the check that each
+preempted attempt's successor resumed where it stopped (the uninterrupted reference run is
+tests/reference.py's)."""
 
-import importlib
-import os
-import sys
-from pathlib import Path
-
-from parcel_hpc.data import read_split
-from parcel_hpc.governance.metric import MissCost
 from parcel_hpc.ledger import SearchDir
-from parcel_hpc.trainer import build_params, load_training_data
-
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-
-
-def uninterrupted_metric(target: str, artifacts_dir: Path, params, steps: int, seed: int = 1234) -> float:
-    """The validation miss-cost ``target`` (an examples/ trainer) reaches in ``steps`` uninterrupted steps."""
-    module, _, name = target.partition(":")
-    sys.path.insert(0, str(EXAMPLES))
-    try:
-        cls = getattr(importlib.import_module(module), name)
-    finally:
-        sys.path.remove(str(EXAMPLES))
-    data = load_training_data(artifacts_dir / "parcels.h5", read_split(artifacts_dir / "split-group_r8.json"), {"revision": "stats-r1", "pool": 4})
-    torch = sys.modules.get("torch")
-    if torch is not None:  # the jobs' thread count (the launch passes OMP_NUM_THREADS, 1 unless set): other threads round otherwise
-        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    trainer = cls()
-    trainer.build(build_params(trainer, params), seed, data)
-    for _ in range(steps):
-        trainer.step()
-    return MissCost("miss-cost-r3", 5.0, 1.0)(trainer.predict("validation"), data.validation.labels)
 
 
 def running_past(search: SearchDir, step: int) -> str | None:

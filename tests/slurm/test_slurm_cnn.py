@@ -8,18 +8,20 @@ import pytest
 
 torch = pytest.importorskip("torch")  # the [torch] extra; scripts/test.sh installs it
 
+from reference import EXAMPLES, reference_run  # noqa: E402
+
 from parcel_hpc.ledger import SearchDir  # noqa: E402
 from parcel_hpc.testing import launch  # noqa: E402
 
-from .cluster import sh, wait_for  # noqa: E402
-from .examples import EXAMPLES, preempted_and_resumed, running_past, uninterrupted_metric  # noqa: E402
+from .cluster import PREEMPTOR, preempt, wait_for  # noqa: E402
+from .examples import preempted_and_resumed, running_past  # noqa: E402
 
 pytestmark = pytest.mark.slurm
 
 
 def test_a_cnn_array_search_prunes_and_resumes_after_preemption_with_exact_metrics(tmp_path, data_dir, cluster_guard):
     _, names = cluster_guard
-    names += ["parcel-cnn", "preemptor"]
+    names += ["parcel-cnn", PREEMPTOR]
     cnn = ["trainer.target=parcel_cnn:ParcelCNN", f"hydra.searchpath=[file://{EXAMPLES / 'parcel_cnn' / 'conf'}]", "space=cnn_r1"]
     cnn += ["selection/baseline=cnn_approved", "pruner=asha_cnn_r1", "train.steps=240", "search.seed=4", "width=choice(8,16)"]
     res = launch(
@@ -34,16 +36,17 @@ def test_a_cnn_array_search_prunes_and_resumes_after_preemption_with_exact_metri
 
     node = wait_for(lambda: running_past(search, 50), 240, "a running trial with a checkpoint at step >= 50")
     # A high-priority job wanting the whole node preempts every trial on it.
-    sh("sbatch", "-p", "high", "-w", node, "--exclusive", "--mem=100M", "-t", "2", "-J", "preemptor", "-o", "/dev/null", "--wrap", "sleep 3")
+    preempt(node, "--exclusive")
     wait_for(lambda: all(search.record(t).state.is_finished() for t in search.trial_ids()), 600, "every trial to finish")
 
     records = list(search.records())
     states = [r.state.value for r in records]
     assert len(records) == 12 and set(states) <= {"pruned", "completed"} and "completed" in states, states
     preempted_and_resumed(records)
+    reference = reference_run("parcel_cnn:ParcelCNN", data_dir / "parcels.h5", data_dir / "split-group_r8.json")
     for r in records:
         if r.state.value == "completed":
-            assert r.metric == uninterrupted_metric("parcel_cnn:ParcelCNN", data_dir, r.spec.params, 240), r.trial_id
+            assert r.metric == reference(r.spec.params, 240), r.trial_id
         else:  # pruned: ties never prune, so some peer at that milestone was strictly better
             ended = [e.data for e in search.events(r.trial_id) if e.kind.value == "ended" and e.data.how.value == "pruned"][-1]
             peers = [

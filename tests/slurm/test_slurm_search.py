@@ -12,7 +12,7 @@ import pytest
 from parcel_hpc.ledger.store import SearchDir
 from parcel_hpc.testing import launch, parcel_hpc
 
-from .cluster import sh, wait_for, what_the_cluster_says
+from .cluster import PREEMPTOR, preempt, sh, wait_for, what_the_cluster_says
 
 pytestmark = pytest.mark.slurm
 
@@ -109,7 +109,7 @@ def test_a_preempted_pack_requeues_without_losing_or_rerunning_a_trial(tmp_path,
     """Three trials in one array task; the second is preempted mid-way: the first (finished) is not
     run again, the second resumes from its checkpoint, the third (not started) runs once."""
     _, names = cluster_guard
-    names += ["parcel-packpre", "preemptor"]
+    names += ["parcel-packpre", PREEMPTOR]
     res = slurm_launch(
         tmp_path,
         data_dir,
@@ -130,7 +130,7 @@ def test_a_preempted_pack_requeues_without_losing_or_rerunning_a_trial(tmp_path,
         return started[-1].data.node if ck and int(ck[-1].stem.split("-")[1]) >= 10 and started else None
 
     node = wait_for(second_running, 180, "the pack's second trial to checkpoint")
-    sh("sbatch", "-p", "high", "-w", node, "--gres=gpu:4", "--mem=100M", "-t", "2", "-J", "preemptor", "-o", "/dev/null", "--wrap", "sleep 3")
+    preempt(node)
     try:
         wait_for(lambda: all(sd.record(t).state.is_finished() for t in sd.trial_ids()), 300, "every trial to finish")
     except AssertionError as exc:
@@ -177,12 +177,12 @@ def test_a_search_larger_than_max_array_size_is_split_into_arrays(tmp_path, data
 
 def test_preempted_trial_resumes_to_the_uninterrupted_metric(tmp_path, data_dir, cluster_guard):
     _, names = cluster_guard
-    names += ["parcel-preempt", "preemptor"]
+    names += ["parcel-preempt", PREEMPTOR]
     res = slurm_launch(tmp_path, data_dir, "preempt", "search.n_trials=1", "pruner=none", "search.wait=false", "resources.gpus=4", "train.step_seconds=0.35")
     assert res.returncode == 0, res.stderr
     job, node = running_at(tmp_path, "preempt", 10)
     # A high-priority job wanting the same node's GPUs preempts the trial.
-    sh("sbatch", "-p", "high", "-w", node, "--gres=gpu:4", "--mem=100M", "-t", "2", "-J", "preemptor", "-o", "/dev/null", "--wrap", "sleep 3")
+    preempt(node)
     rec = wait_finished(tmp_path, "preempt", 240)
     assert rec.state.value == "completed", (rec.state, rec.reason)
     first, last = rec.attempts[0], rec.attempts[-1]

@@ -13,7 +13,7 @@ from parcel_hpc.scheduler.slurm.calls import MIN_ROUND_S
 from parcel_hpc.testing import finish, launch, parcel_hpc, start_launch
 from parcel_hpc.testing.slots import taken_longest_first
 
-from .cluster import sh, wait_for, what_the_cluster_says
+from .cluster import PREEMPTOR, preempt, sh, wait_for, what_the_cluster_says
 
 pytestmark = pytest.mark.slurm
 
@@ -52,7 +52,7 @@ def reconciled(sd: SearchDir) -> dict | None:
 
 def test_detached_tpe_slots_propose_alone_and_a_preempted_slot_resumes_its_trial(tmp_path, data_dir, cluster_guard):
     _, names = cluster_guard
-    names += ["parcel-slotpre", "preemptor"]
+    names += ["parcel-slotpre", PREEMPTOR]
     args = overrides(tmp_path, "slotpre", *TPE, "search.n_trials=4", "pruner=none", "search.wait=false", "resources.gpus=4", "train.step_seconds=0.15")
     res = launch([*args, "hydra.launcher.array_parallelism=2"], cwd=tmp_path, data_dir=data_dir)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
@@ -60,7 +60,7 @@ def test_detached_tpe_slots_propose_alone_and_a_preempted_slot_resumes_its_trial
     assert "by the slot itself" in res.stdout
     sd = SearchDir(tmp_path / "runs" / "slotpre")
     job, node = checkpointed(sd, "t0000", 10)
-    sh("sbatch", "-p", "high", "-w", node, "--gres=gpu:4", "--mem=100M", "-t", "2", "-J", "preemptor", "-o", "/dev/null", "--wrap", "sleep 3")
+    preempt(node)
     all_finished(sd, 4, "slotpre", 300)
     records = {t: sd.record(t) for t in sd.trial_ids()}
     assert all(r.state.value == "completed" for r in records.values()), {t: r.state for t, r in records.items()}

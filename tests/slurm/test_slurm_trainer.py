@@ -6,12 +6,13 @@ import shutil
 from pathlib import Path
 
 import pytest
+from reference import reference_run
 
 from parcel_hpc.ledger import SearchDir
 from parcel_hpc.testing import launch
 
-from .cluster import sh, wait_for
-from .examples import preempted_and_resumed, running_past, uninterrupted_metric
+from .cluster import PREEMPTOR, preempt, sh, wait_for
+from .examples import preempted_and_resumed, running_past
 
 pytestmark = pytest.mark.slurm
 
@@ -21,7 +22,7 @@ TARGET = "parcel_sgd:SGDTrainer"
 
 def test_example_trainer_array_search_prunes_and_resumes_after_preemption(tmp_path, data_dir, cluster_guard):
     _, names = cluster_guard
-    names += ["parcel-sgd", "preemptor"]
+    names += ["parcel-sgd", PREEMPTOR]
     res = launch(
         ["hydra/launcher=submitit_slurm", f"search.root={tmp_path / 'runs'}", "search.revision=sgd", f"trainer.target={TARGET}", "search.n_trials=12"]
         + ["hydra.launcher.array_parallelism=12", "resources.gpus=1", "train.step_seconds=0.25", "search.wait=false"],
@@ -34,16 +35,17 @@ def test_example_trainer_array_search_prunes_and_resumes_after_preemption(tmp_pa
 
     node = wait_for(lambda: running_past(search, 10), 180, "a running trial with a checkpoint at step >= 10")
     # A high-priority job wanting all of that node's GPUs preempts every trial on it.
-    sh("sbatch", "-p", "high", "-w", node, "--gres=gpu:4", "--mem=100M", "-t", "2", "-J", "preemptor", "-o", "/dev/null", "--wrap", "sleep 3")
+    preempt(node)
     wait_for(lambda: all(search.record(t).state.is_finished() for t in search.trial_ids()), 420, "every trial to finish")
 
     records = list(search.records())
     states = [r.state.value for r in records]
     assert "pruned" in states and "completed" in states and set(states) <= {"pruned", "completed"}, states
     preempted_and_resumed(records)
+    reference = reference_run(TARGET, data_dir / "parcels.h5", data_dir / "split-group_r8.json")
     for r in records:
         if r.state.value == "completed":
-            assert r.metric == uninterrupted_metric(TARGET, data_dir, r.spec.params, 82), r.trial_id
+            assert r.metric == reference(r.spec.params, 82), r.trial_id
 
 
 def test_a_working_tree_edited_mid_search_and_a_requeue_cannot_touch_the_search(tmp_path, data_dir, cluster_guard):
@@ -87,7 +89,8 @@ def test_a_working_tree_edited_mid_search_and_a_requeue_cannot_touch_the_search(
     assert {r.state.value for r in records.values()} == {"completed"}, {t: (r.state.value, r.reason) for t, r in records.items()}
     requeued = records[tid]
     assert len(requeued.attempts) >= 2 and requeued.attempts[-1].resumed_from > 0, requeued.attempts
+    reference = reference_run(TARGET, data_dir / "parcels.h5", data_dir / "split-group_r8.json")
     for r in records.values():
-        assert r.metric == uninterrupted_metric(TARGET, data_dir, r.spec.params, 82), r.trial_id
+        assert r.metric == reference(r.spec.params, 82), r.trial_id
     again = launch(args[:-1] + ["search.n_trials=5"], cwd=tmp_path, data_dir=data_dir, env=env)
     assert again.returncode == 3 and again.stdout.splitlines()[0] == "reject:trainer", again.stdout + again.stderr
