@@ -8,10 +8,11 @@ of them). ``parcel-hpc --help`` lists every command from the registry's one-line
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from collections.abc import Collection, Sequence
-from typing import Any, TextIO
+from typing import Any, NoReturn, TextIO
 
 from parcel_hpc import fsio
 from parcel_hpc.commands import BY_NAME, COMMANDS
@@ -96,9 +97,19 @@ class _ClosedStdoutIsDevnull:
         return getattr(self._out, name)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    if argv is not None:  # in-process (tests): exit by SystemExit
+        _run(list(argv))
+    try:
+        _run(sys.argv[1:])
+    except SystemExit as done:  # the process itself: its output is said, leave without tearing down
+        if isinstance(done.code, str):
+            print(done.code, file=sys.stderr)
+        _leave(done.code if isinstance(done.code, int) else 1 if done.code else 0)
+
+
+def _run(args_list: list[str]) -> NoReturn:
     fsio.owner_only_writes()
-    args_list = list(sys.argv[1:] if argv is None else argv)
     chosen = next((a for a in args_list if not a.startswith("-")), "")
     real = sys.stdout
     sys.stdout = _ClosedStdoutIsDevnull(real)
@@ -113,6 +124,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     finally:
         sys.stdout = real
     raise SystemExit(code)
+
+
+def _leave(code: int) -> NoReturn:
+    """Exit now, skipping the interpreter's teardown: pyarrow's native thread pools, torn down at
+    exit while a worker still runs, abort a finished command now and then with 'terminate called
+    without an active exception' (exit 134; apache/arrow#34314, seen in CI on `reconcile --json`)."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (BrokenPipeError, ValueError):  # the reader left, or the stream was closed
+            pass
+    os._exit(code)
 
 
 if __name__ == "__main__":
