@@ -1,14 +1,18 @@
 """What the toolkit writes for other programs to open: CSV cells a spreadsheet cannot run as a
 formula, Markdown text a viewer cannot run as HTML or follow as a link.
 
-Owns the two rules, one function each, used by every CSV and Markdown writer (``export``,
-``reconcile --csv``, the release packet's ``.md``): ``csv_cell`` and ``markdown_text``. Pure; must
+Owns the two rules, used by every CSV and Markdown writer (``export``, ``reconcile --csv``, the
+release packet's ``.md``): ``csv_cell`` (and ``csv_cells``, the same rule over a column of a
+million cells) and ``markdown_text``. Pure; must
 not decide where a file goes (``fsio.write_output`` does) nor what a terminal shows (``console``).
 """
 
 from __future__ import annotations
 
 import re
+
+import pyarrow as pa
+import pyarrow.compute as pc
 
 # OWASP's CSV injection rule: a text cell starting with one of these is a formula to a spreadsheet.
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
@@ -30,6 +34,15 @@ def csv_cell(value: object) -> object:
     if isinstance(value, str) and value.startswith(FORMULA_STARTS) and not _NUMBER_RE.fullmatch(value):
         return "'" + value
     return value
+
+
+def csv_cells(column: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """``csv_cell`` over a column of text, in Arrow (one pass, no Python object per cell)."""
+    starts = pc.starts_with(column, FORMULA_STARTS[0])
+    for start in FORMULA_STARTS[1:]:
+        starts = pc.or_(starts, pc.starts_with(column, start))
+    risky = pc.and_(starts, pc.invert(pc.match_substring_regex(column, f"^(?:{_NUMBER_RE.pattern})$")))
+    return pc.if_else(risky, pc.binary_join_element_wise("'", column, ""), column)
 
 
 def markdown_text(value: object) -> str:

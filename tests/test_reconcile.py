@@ -63,10 +63,14 @@ def test_flags_running_but_ended_mismatch_and_orphans():
     mine = [a for a in runs if a.job_id == "24"]
     orphans = [a for a in runs if a.job_id == "48"]
     rec = reconcile("s1", "m", "test", [fold(spec("t0002"), STILL_RUNNING)], mine, orphans, CAPS)
-    kinds = sorted(f.kind for f in rec.flags)
-    assert kinds == ["attempt_mismatch", "orphan", "running_but_ended"]
-    assert next(f for f in rec.flags if f.kind == "orphan").job_id == "48"
-    assert next(f for f in rec.flags if f.kind == "running_but_ended").detail.endswith("NODE_FAIL")
+    flags = list(rec.all_flags())
+    assert sorted(f.kind for f in flags) == ["attempt_mismatch", "orphan", "running_but_ended"] and rec.flag_count == 3
+    orphan = next(f for f in flags if f.kind == "orphan")
+    assert (orphan.job_id, orphan.detail) == (
+        "48",
+        f"job 48 ({orphans[0].state.text}, {orphans[0].node_list}) runs under the search's name but the ledger does not know it",
+    )
+    assert next(f for f in flags if f.kind == "running_but_ended").detail.endswith("NODE_FAIL")
     assert rec.waste_hours["node_failure"] == pytest.approx(4 * 2 / 3600)
 
 
@@ -82,7 +86,7 @@ def test_a_run_the_worker_has_not_reported_yet_is_pending_then_a_mismatch():
     late = reconcile("s1", "m", "test", [fold(spec("t0002"), STILL_RUNNING)], mine, [], CAPS, now=started + 3600)
     assert "attempt_mismatch" in {f.kind for f in late.flags}
     assert [p.detail for p in late.pending] == ["the scheduler still has job 24 RUNNING: its hours are not final"]  # still pending: it runs
-    assert late.to_json()["complete"] is False
+    assert json.loads(b"".join(late.json_chunks()))["complete"] is False
 
 
 def test_a_job_sacct_has_not_filed_is_pending_within_the_grace_then_unknown():
@@ -99,7 +103,7 @@ def test_a_job_sacct_has_not_filed_is_pending_within_the_grace_then_unknown():
 def test_a_finished_filed_search_is_complete():
     runs = job_runs(parse_sacct(sample("requeue_duplicates.txt")))
     rec = reconcile("s1", "m", "test", [fold(spec("t0001"), PREEMPTED_THEN_DONE)], runs, [], CAPS, now=2e9)
-    assert rec.complete and rec.pending == () and rec.to_json()["pending"] == []
+    assert rec.complete and rec.pending == () and json.loads(b"".join(rec.json_chunks()))["pending"] == []
 
 
 def test_state_mismatch_is_flagged():

@@ -10,7 +10,7 @@ a job no search knows has hours but no cost. No I/O here: ``run.py`` asks sacct 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from parcel_hpc.accounting.reconcile import AttemptLine, Reconciliation, report_row
@@ -87,7 +87,7 @@ class AccountReport:
 
     @property
     def flags(self) -> int:
-        return sum(len(p.reconciliation.flags) for p in self.searches)
+        return sum(p.reconciliation.flag_count for p in self.searches)
 
     def totals(self) -> dict:
         return {
@@ -115,7 +115,7 @@ class AccountReport:
                     "user": p.user,
                     "campaign": p.reconciliation.campaign,
                     "complete": p.reconciliation.complete,
-                    "flags": len(p.reconciliation.flags),
+                    "flags": p.reconciliation.flag_count,
                     "spend": p.reconciliation.spend.to_json(),
                     "scheduler": {k: dict(v) for k, v in p.reconciliation.scheduler.items()},
                     "figures": dict(p.reconciliation.figures),
@@ -129,7 +129,7 @@ class AccountReport:
 
 def over_searches(scope: str, parts: Sequence[SearchPart]) -> AccountReport:
     """Every run each search's reconciliation counted (its ledger's jobs and the orphans under its name)."""
-    charges = [_charge(line, part) for part in parts for line in part.reconciliation.attempts if line.elapsed_s or line.start is not None]
+    charges = [_charge(line, part) for part in parts for line in _lines(part.reconciliation) if line.elapsed_s or line.start is not None]
     return _report(scope, parts, charges, ())
 
 
@@ -145,8 +145,8 @@ def over_account(
     ``other_jobs``: search path -> job ids it submitted outside its trials (its selection's)."""
     owner: dict[str, str] = {}
     for part in parts:
-        for line in part.reconciliation.attempts:
-            owner.setdefault(line.job_id, part.path)
+        for job in part.reconciliation.lines().column("job_id").to_pylist():
+            owner.setdefault(job, part.path)
     for path, jobs in (other_jobs or {}).items():
         for job in jobs:
             owner.setdefault(job, path)
@@ -160,6 +160,11 @@ def over_account(
             unknown.append(charge)
     involved = {c.search for c in charges}
     return _report(scope, [p for p in parts if p.path in involved], charges, unknown)
+
+
+def _lines(rec: Reconciliation) -> Iterator[AttemptLine]:
+    for batch in rec.lines().to_batches():
+        yield from (AttemptLine(**row) for row in batch.to_pylist())
 
 
 def _charge(line: AttemptLine, part: SearchPart) -> Charge:

@@ -108,7 +108,7 @@ def render_table(report: AccountReport, console) -> None:
             safe(p.user),
             f"{spend['gpu_hours']['used']:.4g} / {spend['gpu_hours']['cap']:g}",
             f"{spend['cost']['used']:.4g} / {spend['cost']['cap']:g}",
-            str(len(p.reconciliation.flags)),
+            str(p.reconciliation.flag_count),
             "yes" if p.reconciliation.complete else "pending",
         )
     console.print(searches)

@@ -1,22 +1,29 @@
 """Reconcile a search's ledger with the scheduler's accounting (pure).
 
-Input: the trial records (what the ledger believes), the scheduler's job runs (sacct rows, or the
-local executor's own records), the jobs listed under the search's name or account (for orphans),
-and the caps. Output: a ``Reconciliation`` with one line per job run and per trial, the flags an
-admin must look at, hours wasted by cause, and the campaign figures. No I/O here; ``run.py`` asks
-sacct and writes reports.
+Input: the trial records (what the ledger believes), the scheduler's runs of the ledger's jobs
+(sacct rows, or the local executor's own records), the runs listed under the search's name (as
+columns: an exported dump holds every orphan of a month), and the caps. Output: a
+``Reconciliation`` with one line per job run and per trial, the flags an admin must look at, hours
+wasted by cause, and the campaign figures. The ledger's jobs are matched run by run to its
+attempts; the jobs it does not know stay columns (``columns.py``) into the printed report. No I/O
+here; ``search_report.py`` asks sacct and writes reports.
 
 Usage is the scheduler's: GPU-hours = AllocTRES gres/gpu x ElapsedRaw, per job run, to the second.
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections import Counter
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from itertools import islice
 from typing import cast
 
+import pyarrow as pa
+
+from parcel_hpc.accounting import columns
 from parcel_hpc.accounting.spend import GpuUse, JobHours, Spend, search_spend
 from parcel_hpc.budget import BudgetCaps, JournalView
 from parcel_hpc.ledger import Attempt, AttemptEnd, Cause, TrialRecord, TrialState
@@ -24,7 +31,7 @@ from parcel_hpc.ledger.events import field_names
 from parcel_hpc.ledger.summary import counts_by_state
 from parcel_hpc.lifecycle.actions import runs_alone
 from parcel_hpc.lifecycle.settlement import StaleHold, stale_holds
-from parcel_hpc.scheduler.slurm.runs import JobRun, runs_by_job
+from parcel_hpc.scheduler.slurm.runs import JobRun, runs_by_job, runs_table
 from parcel_hpc.scheduler.slurm.states import JobState
 
 SECONDS_PER_HOUR = 3600.0
@@ -91,6 +98,7 @@ class Flag:
     detail: str
 
 
+ORPHAN = {"kind": "orphan", "trial_id": ""}  # what every orphan's flag says besides its job and detail
 STALE_HOLD = "stale_hold"  # a budget hold left on an attempt that ended: charged to the cap until settled
 
 
@@ -117,14 +125,33 @@ class Reconciliation:
     spend: Spend  # the search's one spend (ledger and budget journal); ``scheduler`` reconciles against it
     counts: Mapping[str, int] = field(default_factory=dict)
     pending: tuple[Pending, ...] = ()
+    # The lines of the jobs the ledger does not know (orphans, slots that took no trial) and one
+    # flag per orphan, as columns (columns.LINE_SCHEMA, columns.FLAG_SCHEMA): they may be a month's.
+    other_lines: pa.Table = field(default_factory=columns.LINE_SCHEMA.empty_table)
+    orphans: pa.Table = field(default_factory=columns.FLAG_SCHEMA.empty_table)
 
     @property
     def complete(self) -> bool:
         """Every job of the search is filed in full: the figures are final."""
         return not self.pending
 
-    def to_json(self) -> dict:
-        return {
+    @property
+    def flag_count(self) -> int:
+        return len(self.flags) + self.orphans.num_rows
+
+    def all_flags(self, limit: int | None = None) -> Iterator[Flag]:
+        """The ledger's flags, then the orphans' (the first ``limit`` in all)."""
+        orphans = self.orphans.slice(0, None if limit is None else max(0, limit - len(self.flags))).to_pylist()
+        return islice((*self.flags, *(Flag("orphan", "", o["job_id"], o["detail"]) for o in orphans)), limit)
+
+    def lines(self) -> pa.Table:
+        """Every line, the ledger's jobs' first, as columns (columns.LINE_SCHEMA)."""
+        mine = pa.Table.from_pylist([report_row(a) for a in self.attempts], schema=columns.LINE_SCHEMA)
+        return pa.concat_tables([mine, self.other_lines]) if self.other_lines.num_rows else mine
+
+    def json_chunks(self) -> Iterator[bytes]:
+        """The report as one JSON object, written a slice of lines at a time."""
+        head = {
             "campaign": self.campaign,
             "complete": self.complete,
             "pending": [report_row(p) for p in self.pending],
@@ -135,10 +162,13 @@ class Reconciliation:
             "spend": self.spend.to_json(),
             "scheduler": {k: dict(v) for k, v in self.scheduler.items()},
             "waste_hours": dict(self.waste_hours),
-            "flags": [report_row(f) for f in self.flags],
             "trials": [report_row(t) for t in self.trials],
-            "attempts": [report_row(a) for a in self.attempts],
         }
+        yield json.dumps(head)[:-1].encode() + b',"flags":'
+        yield from columns.json_array([columns.json_list_items([report_row(f) for f in self.flags]), *columns.json_items(self.orphans, ORPHAN)])
+        yield b',"attempts":'
+        yield from columns.json_array(columns.json_items(self.lines()))
+        yield b"}"
 
 
 def reconcile(
@@ -147,7 +177,7 @@ def reconcile(
     source: str,
     records: Sequence[TrialRecord],
     runs: Sequence[JobRun],
-    listed: Sequence[JobRun],
+    listed: pa.Table | Sequence[JobRun],
     caps: BudgetCaps,
     journal: JournalView | None = None,
     selection_jobs: Sequence[JobHours] = (),
@@ -155,8 +185,9 @@ def reconcile(
     search_path: str = "SEARCH_DIR",
     slot_jobs: Collection[str] = (),
 ) -> Reconciliation:
-    """``runs``: the scheduler's runs of every job the ledger recorded; ``listed``: every job
-    the scheduler holds under the search's name or account (orphans are those the ledger lacks);
+    """``runs``: the scheduler's runs of every job the ledger recorded; ``listed``: the runs
+    (``runs.run_table`` columns, or records) of every job the scheduler holds under the search's name (orphans
+    are those the ledger lacks);
     ``journal``: the search's budget journal (its spend, and the holds ended attempts left);
     ``selection_jobs``: what the selection's jobs ran (their part of the spend); ``slot_jobs``: the
     search's slots (``slots/``), so a slot that ended having taken no trial is a line, never an orphan.
@@ -198,19 +229,11 @@ def reconcile(
                     flags.append(Flag("state_mismatch", tid, job, problem))
             lines.append(_line(tid, a, led, how, _waste(rec, led, a), caps))
 
-    known = set(owners)
-    orphans: set[str] = set()
-    for a in listed:
-        if a.job_id not in known and a.job_id not in by_job:
-            if a.job_id in slot_jobs:
-                lines.append(_line("", a, None, "", "", caps))  # a slot that took no trial: its start-up, no orphan
-                continue
-            if a.job_id not in orphans:
-                orphans.add(a.job_id)
-                flags.append(
-                    Flag("orphan", "", a.job_id, f"job {a.job_id} ({a.state.text}, {a.node_list}) runs under the search's name but the ledger does not know it")
-                )
-            lines.append(_line("", a, None, "", "", caps))
+    # The jobs the ledger does not know: a slot that took no trial is a line (its start-up), the
+    # rest are orphans, a line per run and a flag per job.
+    listed = listed if isinstance(listed, pa.Table) else runs_table(listed)
+    others = columns.other_lines(listed, owners.keys() | by_job.keys(), caps.rates)
+    orphans = columns.orphan_flags(others, slot_jobs)
     for r in records:
         for job in r.jobs:
             if job in by_job:
@@ -227,8 +250,9 @@ def reconcile(
     for line in lines:
         by_trial_lines.setdefault(line.trial_id, []).append(line)
     trials = tuple(_trial_line(r, by_trial_lines.get(r.trial_id, [])) for r in records)  # grouped once: linear in the lines
-    total_gpu = sum(l.gpu_hours for l in lines)
-    total_cpu = sum(l.cpu_hours for l in lines)
+    other = columns.totals(others)
+    total_gpu = sum(l.gpu_hours for l in lines) + other["gpu_hours"]
+    total_cpu = sum(l.cpu_hours for l in lines) + other["cpu_hours"]
     waste = {c: 0.0 for c in WASTE_CAUSES}
     for l in lines:
         if l.waste:
@@ -244,7 +268,9 @@ def reconcile(
     }
     if journal is not None:
         flags.extend(_stale_hold(h, search_path) for h in stale_holds(records, journal.holds))
-    return Reconciliation(campaign, objective, source, tuple(lines), trials, tuple(flags), waste, figures, scheduler, spend, counts, tuple(pending))
+    return Reconciliation(
+        campaign, objective, source, tuple(lines), trials, tuple(flags), waste, figures, scheduler, spend, counts, tuple(pending), others, orphans
+    )
 
 
 def _stale_hold(h: StaleHold, search_path: str) -> Flag:

@@ -6,29 +6,28 @@ The edge of the accounting package: the only place that runs sacct for a search 
 
 from __future__ import annotations
 
-import csv
 import datetime as _dt
 import html
-import io
 import time
-from collections.abc import Sequence
-from dataclasses import fields
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from rich.table import Table
 
-from parcel_hpc.accounting import spend
-from parcel_hpc.accounting.reconcile import AttemptLine, Reconciliation, local_runs, reconcile, report_row
+from parcel_hpc.accounting import columns, spend
+from parcel_hpc.accounting.reconcile import Reconciliation, local_runs, reconcile
 from parcel_hpc.budget import BudgetLedger, search_caps
 from parcel_hpc.console import safe
-from parcel_hpc.documents import csv_cell
 from parcel_hpc.errors import UsageError
 from parcel_hpc.ledger import Executor, SearchDir
 from parcel_hpc.ledger.searches import launched_by
 from parcel_hpc.plotting import png_of, pyplot
-from parcel_hpc.scheduler.slurm.runs import job_runs
+from parcel_hpc.scheduler.slurm.runs import job_runs, run_table, runs_table
 from parcel_hpc.scheduler.slurm.sacct import SACCT_FORMAT, build_sacct_argv, run_sacct
-from parcel_hpc.scheduler.slurm.sacct_parse import parse_sacct
+from parcel_hpc.scheduler.slurm.sacct_parse import parse_sacct, parse_sacct_file
 
 
 def reconcile_search(search: SearchDir, sacct_file: Path | None = None) -> Reconciliation:
@@ -40,20 +39,18 @@ def reconcile_search(search: SearchDir, sacct_file: Path | None = None) -> Recon
     campaign, objective = contract["search_revision"], contract["metric_revision"]
     if sacct_file is not None:
         try:
-            data = Path(sacct_file).read_bytes()
+            rows = run_table(parse_sacct_file(sacct_file, source=str(sacct_file)))
         except OSError as exc:
             raise UsageError(f"cannot read --sacct-file {sacct_file}: {exc.strerror}; export it with `sacct {SACCT_FORMAT_HINT}`") from None
-        rows = job_runs(parse_sacct(data, source=str(sacct_file)))
-        mine = {j for r in records for j in r.jobs}
+        ours = pc.is_in(rows.column("job_id"), value_set=pa.array(sorted({j for r in records for j in r.jobs}), pa.string()))
         # The dump is exported by the search's job name (README): every row the ledger lacks is an orphan.
-        listed = [a for a in rows if a.job_id not in mine]
         return reconcile(
             campaign,
             objective,
             f"sacct-file:{sacct_file}",
             records,
-            [a for a in rows if a.job_id in mine],
-            listed,
+            job_runs(rows.filter(ours)),
+            rows.filter(pc.invert(ours)),
             caps,
             journal,
             jobs_run,
@@ -66,10 +63,12 @@ def reconcile_search(search: SearchDir, sacct_file: Path | None = None) -> Recon
     jobs = sorted({j for r in records for j in r.jobs})
     runs = job_runs(parse_sacct(run_sacct(build_sacct_argv(jobs)), source="sacct")) if jobs else []
     since = _created(search)
-    listed = []
-    for name in search.slurm_job_names():
-        # --allusers: an admin reconciling a colleague's search sees the orphans of every user
-        listed += job_runs(parse_sacct(run_sacct(build_sacct_argv([], since=since, name=name, all_users=True)), source="sacct --name"))
+    # --allusers: an admin reconciling a colleague's search sees the orphans of every user
+    named = (
+        run_table(parse_sacct(run_sacct(build_sacct_argv([], since=since, name=name, all_users=True)), source="sacct --name"))
+        for name in search.slurm_job_names()
+    )
+    listed = pa.concat_tables([runs_table([]), *named])
     return reconcile(
         campaign, objective, "sacct", records, runs, listed, caps, journal, jobs_run, now=time.time(), search_path=path, slot_jobs=_slot_jobs(search)
     )
@@ -87,6 +86,8 @@ def _created(search: SearchDir) -> int:
 
 
 # --- renderers ---------------------------------------------------------------------------------
+
+ROWS_SHOWN = 200  # flags and lines a terminal or page lists (JSON and CSV list them all)
 
 
 def render_table(results: Sequence[Reconciliation], console) -> None:
@@ -127,26 +128,33 @@ def render_table(results: Sequence[Reconciliation], console) -> None:
                 "yes" if t.effective else "no",
             )
         console.print(trials)
-        if rec.flags:
-            flags = Table(title=f"{len(rec.flags)} flags")
+        if rec.flag_count:
+            flags = Table(title=f"{rec.flag_count} flags")
             for col in ("kind", "trial", "job", "detail"):
                 flags.add_column(col)
-            for f in rec.flags:
+            for f in rec.all_flags(ROWS_SHOWN):
                 flags.add_row(safe(f.kind), safe(f.trial_id), safe(f.job_id), safe(f.detail))
+            if rec.flag_count > ROWS_SHOWN:
+                flags.caption = f"the first {ROWS_SHOWN}; --json or --csv list them all"
             console.print(flags)
         else:
             console.print("no flags: the ledger and the scheduler agree")
 
 
-def to_csv(results: Sequence[Reconciliation]) -> str:
-    out = io.StringIO()
-    names = ["campaign"] + [f.name for f in fields(AttemptLine)]
-    w = csv.DictWriter(out, fieldnames=names, lineterminator="\n")
-    w.writeheader()
+def csv_chunks(results: Sequence[Reconciliation]) -> Iterator[bytes]:
+    """One CSV row per line (job run, or a trial's share of a packed one), a slice at a time."""
+    yield (",".join(["campaign", *columns.LINE_SCHEMA.names]) + "\n").encode()
     for rec in results:
-        for a in rec.attempts:
-            w.writerow({k: csv_cell(v) for k, v in {"campaign": rec.campaign, **report_row(a)}.items()})
-    return out.getvalue()
+        yield from columns.csv_text(rec.lines(), {"campaign": rec.campaign})
+
+
+def json_chunks(results: Sequence[Reconciliation]) -> Iterator[bytes]:
+    """``{"campaigns": [...]}``, a slice of lines at a time."""
+    yield b'{"campaigns":['
+    for i, rec in enumerate(results):
+        yield b"," if i else b""
+        yield from rec.json_chunks()
+    yield b"]}"
 
 
 def to_html(results: Sequence[Reconciliation]) -> str:
@@ -177,8 +185,9 @@ def to_html(results: Sequence[Reconciliation]) -> str:
         parts.append(
             "<h2>flags</h2>"
             + (
-                _html_table(["kind", "trial", "job", "detail"], [[f.kind, f.trial_id, f.job_id, f.detail] for f in rec.flags])
-                if rec.flags
+                _html_table(["kind", "trial", "job", "detail"], [[f.kind, f.trial_id, f.job_id, f.detail] for f in rec.all_flags(ROWS_SHOWN)])
+                + _more(rec.flag_count)
+                if rec.flag_count
                 else "<p>none: the ledger and the scheduler agree</p>"
             )
         )
@@ -189,12 +198,17 @@ def to_html(results: Sequence[Reconciliation]) -> str:
                 [[t.trial_id, t.state, t.attempts, _fmt(t.gpu_hours), _fmt(t.cpu_hours), t.wall_s, _fmt(t.cost), t.effective] for t in rec.trials],
             )
         )
+        shown = rec.lines().slice(0, ROWS_SHOWN).to_pylist()
         parts.append(
             "<h2>attempts</h2>"
             + _html_table(
                 ["trial", "job", "run", "state", "node", "elapsed s", "GPU-h", "queue wait s", "waste"],
-                [[a.trial_id, a.job_id, a.run, a.state, a.node, a.elapsed_s, _fmt(a.gpu_hours), a.queue_wait_s, a.waste] for a in rec.attempts],
+                [
+                    [a["trial_id"], a["job_id"], a["run"], a["state"], a["node"], a["elapsed_s"], _fmt(a["gpu_hours"]), a["queue_wait_s"], a["waste"]]
+                    for a in shown
+                ],
             )
+            + _more(len(rec.attempts) + rec.other_lines.num_rows)
         )
     parts.append("</body></html>")
     return "".join(parts)
@@ -213,15 +227,14 @@ def _plots(rec: Reconciliation) -> list[str]:
     def emit(fig) -> None:
         pngs.append(png_of(fig))
 
-    ended = sorted((a.end, a.gpu_hours) for a in rec.attempts if a.end is not None)
+    lines = rec.lines()
+    ends = pc.cast(lines.column("end"), pa.float64()).to_numpy(zero_copy_only=False)
+    ended = ~np.isnan(ends)
+    order = np.argsort(ends[ended], kind="stable")
     fig, ax = plt.subplots(figsize=(6, 3.2))
-    if ended:
-        t0 = ended[0][0]
-        xs, ys, acc = [], [], 0.0
-        for end, h in ended:
-            acc += h
-            xs.append((end - t0) / 60.0)
-            ys.append(acc)
+    if ended.any():
+        xs = (ends[ended][order] - ends[ended][order][0]) / 60.0
+        ys = np.cumsum(lines.column("gpu_hours").to_numpy()[ended][order])
         ax.step(xs, ys, where="post", label="GPU-hours used")
     cap, top = rec.scheduler["gpu_hours"]["cap"], rec.scheduler["gpu_hours"]["used"]
     if cap_on_scale(top, cap):
@@ -245,6 +258,10 @@ def _plots(rec: Reconciliation) -> list[str]:
     bars("GPU-hours per trial", [t.trial_id for t in rec.trials], [t.gpu_hours for t in rec.trials], rotation=90, labelsize=6)
     bars("wasted hours by cause", list(rec.waste_hours), list(rec.waste_hours.values()), rotation=45)
     return pngs
+
+
+def _more(count: int) -> str:
+    return f"<p>the first {ROWS_SHOWN} of {count}; --json or --csv list them all</p>" if count > ROWS_SHOWN else ""
 
 
 def _html_table(head: list[str], rows: list[list]) -> str:

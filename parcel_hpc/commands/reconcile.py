@@ -14,15 +14,14 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
 from parcel_hpc import fsio
-from parcel_hpc.accounting import account_report, search_report
-from parcel_hpc.config import configured_search_root
+from parcel_hpc.accounting import search_report
 from parcel_hpc.console import make_console
 from parcel_hpc.errors import EXIT_PENDING, UsageError
 from parcel_hpc.ledger import SearchDir
@@ -72,8 +71,8 @@ def run(args: argparse.Namespace) -> int:
     return _print_report(
         args,
         pending,
-        lambda: {"campaigns": [r.to_json() for r in results]},
-        lambda: search_report.to_csv(results),
+        lambda: search_report.json_chunks(results),
+        lambda: search_report.csv_chunks(results),
         lambda console: search_report.render_table(results, console),
         lambda: search_report.to_html(results),
     )
@@ -81,6 +80,11 @@ def run(args: argparse.Namespace) -> int:
 
 def _many(args: argparse.Namespace) -> int:
     """``--root`` / ``--account``: the admin's report over many searches."""
+    # Imported here: Hydra (the configured root) and the account report's page cost a search's
+    # reconcile a quarter of a second it does not need.
+    from parcel_hpc.accounting import account_report
+    from parcel_hpc.config import configured_search_root
+
     if args.search_dirs or args.sacct_file is not None:
         raise UsageError("--root and --account report over every search they find: give no SEARCH_DIR and no --sacct-file with them")
     if args.account is not None and args.since is None:
@@ -98,8 +102,8 @@ def _many(args: argparse.Namespace) -> int:
     return _print_report(
         args,
         pending,
-        report.to_json,
-        lambda: account_report.to_csv(report),
+        lambda: [json.dumps(report.to_json()).encode()],  # one line: json's C encoder (indent is pure Python)
+        lambda: [account_report.to_csv(report).encode()],
         lambda console: account_report.render_table(report, console),
         lambda: account_report.to_html(report),
     )
@@ -120,16 +124,20 @@ def _reconciled(one_pass: Callable[[], tuple[Any, int]], wait_s: float, retry: b
 def _print_report(
     args: argparse.Namespace,
     pending: int,
-    as_json: Callable[[], Any],
-    as_csv: Callable[[], str],
+    as_json: Callable[[], Iterable[bytes]],
+    as_csv: Callable[[], Iterable[bytes]],
     as_table: Callable[[Console], None],
     as_html: Callable[[], str],
 ) -> int:
     """The report in the form asked for (and ``--html`` beside it); exit 4 while jobs are pending."""
-    if args.json:
-        print(json.dumps(as_json()))  # one line: json's C encoder (indent is pure Python)
-    elif args.csv:
-        print(as_csv(), end="")
+    if args.json or args.csv:
+        sys.stdout.flush()
+        out = sys.stdout.buffer
+        for chunk in as_json() if args.json else as_csv():  # written as made: a month's lines are never all held
+            out.write(chunk)
+        if args.json:
+            out.write(b"\n")
+        out.flush()
     else:
         as_table(make_console())
     if args.html:

@@ -165,7 +165,7 @@ def _compute(search, records, sacct: bool) -> dict[str, Any]:
     if sacct and search.slurm_job_names():
         try:
             rec = accounting.reconcile_search(search, None)
-            out["sacct"] = {"scheduler": rec.to_json()["scheduler"], "flags": len(rec.flags)}
+            out["sacct"] = {"scheduler": {k: dict(v) for k, v in rec.scheduler.items()}, "flags": rec.flag_count}
         except SchedulerUnavailable as exc:
             out["sacct_note"] = f"sacct unavailable: {exc}"
     else:

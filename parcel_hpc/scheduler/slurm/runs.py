@@ -1,6 +1,6 @@
 """Job runs: one per allocation row of ``sacct --duplicates``, numbered within their job.
 
-Owns: the ``JobRun`` record, the columnar ``run_table`` it is built from, and
+Owns: the ``JobRun`` record, the columnar ``run_table`` it is built from (``RUN_SCHEMA``), and
 ``totals_by_job``, the per-job sums reconciliation reads. A requeued job (REQUEUED,
 PREEMPTED or NODE_FAIL rows, then its final row) yields several runs of one job id;
 array tasks are jobs of their own ("29_3"), keyed by the id as submitted, not by JobIDRaw
@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from parcel_hpc.errors import AccountingError
-from parcel_hpc.scheduler.slurm.sacct_parse import SacctTable
+from parcel_hpc.scheduler.slurm.sacct_parse import SCHEMA, SacctTable
 from parcel_hpc.scheduler.slurm.states import JobState
 
 _SECONDS_PER_HOUR = 3600.0
@@ -60,10 +60,12 @@ RUN_COLUMNS = (
     "line",
 )
 
+_DERIVED = {"attempt": pa.int32(), "is_last": pa.bool_(), "gpu_hours": pa.float64(), "cpu_hours": pa.float64(), "queue_wait_s": pa.int64()}
+RUN_SCHEMA = pa.schema([(name, _DERIVED[name] if name in _DERIVED else SCHEMA.field(name).type) for name in RUN_COLUMNS])
 _ALLOCATION_COLUMNS = [c for c in RUN_COLUMNS if c not in ("attempt", "is_last", "gpu_hours", "cpu_hours", "queue_wait_s")]
 _TOTALS_COLUMNS = ["job_id", "base_job_id", "array_task", "state", "exit_status", "submit", "start", "end", "elapsed_s", "gpus", "cpus", "line"]
 
-__all__ = ["RUN_COLUMNS", "JobRun", "job_runs", "run_table", "runs_by_job", "totals_by_job"]
+__all__ = ["RUN_COLUMNS", "RUN_SCHEMA", "JobRun", "job_runs", "run_table", "runs_by_job", "runs_table", "totals_by_job"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,9 +168,10 @@ def _ordered_allocations(sacct: SacctTable, columns: list[str]) -> tuple[pa.Tabl
     return t, np.arange(n) - group_start, is_last
 
 
-def job_runs(sacct: SacctTable) -> list[JobRun]:
-    """Every run as a validated record, grouped by job id in run order."""
-    cols = run_table(sacct).to_pydict()
+def job_runs(sacct: SacctTable | pa.Table) -> list[JobRun]:
+    """Every run (of the dump, or of these ``run_table`` rows) as a validated record, grouped by job
+    id in run order."""
+    cols = (run_table(sacct) if isinstance(sacct, SacctTable) else sacct).to_pydict()
     return [
         JobRun(
             job_id=cols["job_id"][i],
@@ -193,6 +196,17 @@ def job_runs(sacct: SacctTable) -> list[JobRun]:
         )
         for i in range(len(cols["job_id"]))
     ]
+
+
+def runs_table(runs: Sequence[JobRun]) -> pa.Table:
+    """Records back as ``run_table`` columns (a test's runs, or none)."""
+    rows = [
+        dataclasses.asdict(r)
+        | {"state": r.state.code, "state_text": r.state.text, "job_name": "", "billing": 0, "is_last": True}
+        | {"gpu_hours": r.gpu_hours, "cpu_hours": r.cpu_hours, "queue_wait_s": r.queue_wait_s}
+        for r in runs
+    ]
+    return pa.Table.from_pylist(rows, schema=RUN_SCHEMA)
 
 
 def totals_by_job(source: SacctTable | pa.Table) -> pa.Table:

@@ -1,6 +1,6 @@
 """Parse sacct's ``--parsable2`` text into columns, without a Python object per line.
 
-Owns: ``parse_sacct`` and ``SacctTable``, the columnar view every accounting computation
+Owns: ``parse_sacct`` (of sacct's output, or ``parse_sacct_file`` of a dump) and ``SacctTable``, the columnar view every accounting computation
 reads. Must not: run sacct, group job runs or price anything (``runs.py`` does that), or
 skip a line it cannot read — a malformed line raises AccountingError naming the source and
 its 1-based line number.
@@ -22,6 +22,7 @@ import os
 import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -92,7 +93,7 @@ SCHEMA = pa.schema(
     ]
 )
 
-__all__ = ["SCHEMA", "SacctTable", "parse_sacct"]
+__all__ = ["SCHEMA", "SacctTable", "parse_sacct", "parse_sacct_file"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,9 +134,32 @@ def parse_sacct(data: bytes, *, source: str = "<sacct>", tz: str = "UTC") -> Sac
     body = _without_trailing_newlines(body)
     if len(body) == 0:
         return SacctTable(SCHEMA.empty_table(), source)
+    return _parse(pa.py_buffer(body), lambda: body, first_line, source, tz)
+
+
+def parse_sacct_file(path: str | os.PathLike, *, source: str, tz: str = "UTC") -> SacctTable:
+    """``parse_sacct`` of a dump on disk, read by pyarrow in blocks: a month's dump is never held
+    whole in memory (the text is read again only to name a malformed line). Raises OSError when
+    the file cannot be read."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        head = f.read(4096)
+        f.seek(max(0, size - 4096))
+        tail = f.read()
+    if len(tail) - len(tail.rstrip(b"\r\n")) > 2 or len(head) == size:  # blank lines at the end, or small: as bytes
+        return parse_sacct(Path(path).read_bytes(), source=source, tz=tz)
+    header_end = len(head) - len(_split_header(memoryview(head), source)[0])
+    first_line = 1 if header_end == 0 else 2
+    stream = pa.OSFile(str(path))
+    stream.seek(header_end)
+    return _parse(stream, lambda: _without_trailing_newlines(memoryview(Path(path).read_bytes())[header_end:]), first_line, source, tz)
+
+
+def _parse(source_text: pa.Buffer | pa.NativeFile, text: Callable[[], memoryview], first_line: int, source: str, tz: str) -> SacctTable:
+    """Read and derive; ``text()`` is the body again, only to name the line of an error."""
     try:
         raw = pacsv.read_csv(
-            pa.py_buffer(body),
+            source_text,
             # 4 MiB blocks: fewer, larger chunks make every compute call after this cheaper.
             read_options=pacsv.ReadOptions(column_names=list(SACCT_FIELDS), block_size=_BLOCK_BYTES),
             parse_options=pacsv.ParseOptions(delimiter="|", quote_char=False, ignore_empty_lines=False),
@@ -147,12 +171,12 @@ def parse_sacct(data: bytes, *, source: str = "<sacct>", tz: str = "UTC") -> Sac
             ),
         )
     except (pa.ArrowException, ValueError) as exc:
-        raise_malformed(body, source, first_line, None, str(exc))
+        raise_malformed(text(), source, first_line, None, str(exc))
         raise AssertionError("unreachable") from exc  # pragma: no cover
-    return SacctTable(_derive(raw, body, source, first_line, tz), source)
+    return SacctTable(_derive(raw, text, source, first_line, tz), source)
 
 
-def _derive(raw: pa.Table, body: memoryview, source: str, first_line: int, tz: str) -> pa.Table:
+def _derive(raw: pa.Table, text: Callable[[], memoryview], source: str, first_line: int, tz: str) -> pa.Table:
     # pyarrow.compute releases the GIL but runs each call on one core: derive row ranges in
     # parallel threads (like the CSV reader itself), then stitch the chunks back in order.
     n = raw.num_rows
@@ -167,7 +191,7 @@ def _derive(raw: pa.Table, body: memoryview, source: str, first_line: int, tz: s
             derived = [f.result() for f in futures]
     if problems:
         row, what = min(problems)
-        raise_malformed(body, source, first_line, row, what)
+        raise_malformed(text(), source, first_line, row, what)
     line = pa.array(np.arange(first_line, first_line + n, dtype=np.int64))
     columns = []
     for field in SCHEMA:
