@@ -152,7 +152,7 @@ def test_totals_over_searches_by_user_search_and_partition():
     assert [(t.key, t.gpu_hours) for t in report.by_user] == [("bo", 4.0), ("ana", 3.0)]
     assert [(t.key, t.gpu_hours) for t in report.by_search] == [("/r/bo/b-r1", 4.0), ("/r/ana/a-r1", 3.0)]
     assert {t.key: t.gpu_hours for t in report.by_partition} == {"low": 5.0, "high": 2.0}
-    assert report.totals()["gpu_hours"] == 7.0 and report.unknown == ()
+    assert report.totals()["gpu_hours"] == 7.0 and report.unknown.num_rows == 0
 
 
 def test_totals_split_gpu_hours_into_used_and_idle_and_count_those_without_a_reading_apart():
@@ -168,8 +168,10 @@ def test_an_account_report_attributes_known_jobs_to_their_search_and_lists_the_r
     a = SearchPart("/r/ana/a-r1", "ana", rec("a-r1", [line("10", 1.0, "ana")]))
     runs = [run("10", 1, "ana"), run("30", 5, "carl", "high"), run("31", 2, "ana")]
     report = over_account("account parcel since 2026-11-01", [a], runs, {"/r/ana/a-r1": Rates(3.0)})
-    assert [c.job_id for c in report.unknown] == ["30", "31"] and {c.search for c in report.unknown} == {NO_SEARCH}
+    assert report.unknown.column("job_id").to_pylist() == ["30", "31"] and set(report.unknown.column("search").to_pylist()) == {NO_SEARCH}
+    assert report.unknown.column("cost").null_count == 2  # no search prices them
     assert {t.key: t.gpu_hours for t in report.by_user} == {"carl": 5.0, "ana": 3.0}
+    assert [(t.key, t.jobs, t.gpu_hours) for t in report.by_account] == [("parcel", 3, 8.0)]
     known = next(t for t in report.by_search if t.key == "/r/ana/a-r1")
     assert known.gpu_hours == 1.0 and known.cost == pytest.approx(3.0)  # priced at its own search's rates
     assert report.totals()["unknown_gpu_hours"] == 7.0

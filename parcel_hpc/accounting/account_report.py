@@ -7,28 +7,26 @@ sacct for every job charged to the account, and renders. Reads only, like every 
 
 from __future__ import annotations
 
-import csv
 import datetime as _dt
-import io
-from collections.abc import Sequence
-from dataclasses import fields, replace
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import jinja2
 from rich.table import Table
 
-from parcel_hpc.accounting.account import AccountReport, Charge, SearchPart, Total, gpu_use, over_account, over_searches
-from parcel_hpc.accounting.search_report import reconcile_search
+from parcel_hpc.accounting import columns
+from parcel_hpc.accounting.account import CHARGE_SCHEMA, AccountReport, SearchPart, Total, gpu_use, over_account, over_searches
+from parcel_hpc.accounting.search_report import ROWS_SHOWN, reconcile_search
 from parcel_hpc.budget import search_caps
 from parcel_hpc.console import safe
-from parcel_hpc.documents import csv_cell
 from parcel_hpc.errors import AccountingError, SchedulerUnavailable, UsageError
 from parcel_hpc.ledger import SearchDir
 from parcel_hpc.ledger.searches import UNREADABLE, find_searches, launched_by, problem_of
 from parcel_hpc.ledger.selection import JobSubmitted
 from parcel_hpc.plotting import hbars, png_of, pyplot, wrapped
-from parcel_hpc.scheduler.slurm.runs import job_runs
+from parcel_hpc.scheduler.slurm.runs import run_table
 from parcel_hpc.scheduler.slurm.sacct import build_sacct_argv, run_sacct
 from parcel_hpc.scheduler.slurm.sacct_parse import parse_sacct
 from parcel_hpc.selection.store import SelectionStore
@@ -38,7 +36,6 @@ _ENV = jinja2.Environment(
     autoescape=jinja2.select_autoescape(enabled_extensions=("html.j2",), default=True),
     undefined=jinja2.StrictUndefined,
 )
-UNKNOWN_SHOWN = 200  # unknown jobs a terminal or page lists in full (JSON and CSV list them all)
 
 
 def parse_since(text: str) -> _dt.datetime:
@@ -70,7 +67,7 @@ def _over(root: Path, account: str | None, since: _dt.datetime | None, searches:
     if since is None:
         raise UsageError("--account needs --since DATE: the report covers the account's jobs from then (sacct would start at today's midnight)")
     argv = build_sacct_argv([], since=since, account=account, all_users=True, truncate=True)
-    runs = job_runs(parse_sacct(run_sacct(argv), source=f"sacct --accounts={account}"))
+    runs = run_table(parse_sacct(run_sacct(argv), source=f"sacct --accounts={account}"))
     # Only searches that ran on SLURM can own an account's jobs (a local job id is a pid).
     slurm = [(s, p) for s, p in zip(searches, parts) if p.reconciliation.source.startswith("sacct")]
     rates = {p.path: search_caps(s.contract()).rates for s, p in slurm}
@@ -96,7 +93,7 @@ def render_table(report: AccountReport, console) -> None:
     gpus = gpu_use(report.charges)
     if gpus.allocated:
         console.print(f"GPUs (the scheduler's hours, the workers' utilization): {gpus.line()}", markup=False, highlight=False)
-    for title, rows in (("by user", report.by_user), ("by search", report.by_search), ("by partition", report.by_partition)):
+    for title, rows in (("by user", report.by_user), ("by search", report.by_search), ("by partition", report.by_partition), ("by account", report.by_account)):
         console.print(_totals_table(title, rows))
     searches = Table(title="searches: spend against caps")
     for col in ("search", "user", "GPU-h used / cap", "cost used / cap", "flags", "complete"):
@@ -112,14 +109,14 @@ def render_table(report: AccountReport, console) -> None:
             "yes" if p.reconciliation.complete else "pending",
         )
     console.print(searches)
-    if report.unknown:
-        unknown = Table(title=f"{len(report.unknown)} jobs charged to the account that no search knows ({t['unknown_gpu_hours']:.4f} GPU-h)")
+    if report.unknown.num_rows:
+        unknown = Table(title=f"{report.unknown.num_rows} jobs charged to the account that no search knows ({t['unknown_gpu_hours']:.4f} GPU-h)")
         for col in ("job", "user", "partition", "state", "GPU-h", "CPU-h"):
             unknown.add_column(col)
-        for c in report.unknown[:UNKNOWN_SHOWN]:
-            unknown.add_row(safe(c.job_id), safe(c.user), safe(c.partition), safe(c.state), f"{c.gpu_hours:.4f}", f"{c.cpu_hours:.4f}")
-        if len(report.unknown) > UNKNOWN_SHOWN:
-            unknown.caption = f"the first {UNKNOWN_SHOWN}; --json or --csv list them all"
+        for c in report.unknown.slice(0, ROWS_SHOWN).to_pylist():
+            unknown.add_row(safe(c["job_id"]), safe(c["user"]), safe(c["partition"]), safe(c["state"]), f"{c['gpu_hours']:.4f}", f"{c['cpu_hours']:.4f}")
+        if report.unknown.num_rows > ROWS_SHOWN:
+            unknown.caption = f"the first {ROWS_SHOWN}; --json or --csv list them all"
         console.print(unknown)
     for path, problem in report.unreadable:
         console.print(f"[red]not read: {safe(path)}: {safe(problem)}[/]")
@@ -137,14 +134,10 @@ def _totals_table(title: str, rows: Sequence[Total]) -> Table:
     return table
 
 
-def to_csv(report: AccountReport) -> str:
-    """One row per job run, with the search it belongs to (or none)."""
-    out = io.StringIO()
-    w = csv.DictWriter(out, fieldnames=[f.name for f in fields(Charge)], lineterminator="\n")
-    w.writeheader()
-    for c in report.charges:
-        w.writerow({k: csv_cell(v) for k, v in c.to_json().items()})  # a user or job name is anyone's text
-    return out.getvalue()
+def csv_chunks(report: AccountReport) -> Iterator[bytes]:
+    """One CSV row per job run, with the search it belongs to (or none), a slice at a time."""
+    yield (",".join(CHARGE_SCHEMA.names) + "\n").encode()
+    yield from columns.csv_text(report.charges)
 
 
 def to_html(report: AccountReport) -> str:
@@ -153,7 +146,7 @@ def to_html(report: AccountReport) -> str:
         report=report,
         totals=report.totals(),
         plots=[(title, png_of(fig)) for title, fig in figures(report)],
-        shown=UNKNOWN_SHOWN,
+        unknown=report.unknown.slice(0, ROWS_SHOWN).to_pylist(),
         generated=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
     )
 

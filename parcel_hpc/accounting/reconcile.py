@@ -69,6 +69,7 @@ class AttemptLine:
     waste: str  # a WASTE_CAUSES entry, or "" for useful hours
     partition: str = ""
     user: str = ""  # who submitted the job (sacct's User; the launch's user on the local executor)
+    account: str = ""  # the SLURM account it was charged to ("" on the local executor)
     # What the matched attempt's worker read of its GPUs (worker/devices.py); used = the scheduler's
     # allocated GPU-hours x that utilization, idle the rest (None: no reading, neither used nor idle).
     device: str = ""
@@ -409,6 +410,7 @@ def _line(tid: str, a: JobRun, led, how: str, waste: str, caps: BudgetCaps) -> A
         waste,
         a.partition,
         a.user,
+        a.account,
         ",".join(use.devices) if use is not None else "",
         use.utilization if use is not None else None,
         used,

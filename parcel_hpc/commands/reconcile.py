@@ -11,7 +11,6 @@ Must not write under a search: admins reconcile searches they cannot write to.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -102,8 +101,8 @@ def _many(args: argparse.Namespace) -> int:
     return _print_report(
         args,
         pending,
-        lambda: [json.dumps(report.to_json()).encode()],  # one line: json's C encoder (indent is pure Python)
-        lambda: [account_report.to_csv(report).encode()],
+        report.json_chunks,
+        lambda: account_report.csv_chunks(report),
         lambda console: account_report.render_table(report, console),
         lambda: account_report.to_html(report),
     )
