@@ -106,7 +106,7 @@ class AccountReport:
             "gpu_use": gpu_use(self.charges).to_json(),
         }
 
-    def json_chunks(self) -> Iterator[bytes]:
+    def json_chunks(self) -> Iterator[columns.Text]:
         """The report as one JSON object, the runs written a slice at a time."""
         head = {
             "scope": self.scope,

@@ -51,6 +51,7 @@ LINE_SCHEMA = pa.schema(
     ]
 )
 FLAG_SCHEMA = pa.schema([("job_id", pa.string()), ("detail", pa.string())])
+Text = bytes | memoryview  # what the writers yield: a view of Arrow's buffer where one will do
 SLICE_ROWS = 1 << 16  # rows written at a time: the text of one slice is all that is held
 _ESCAPED = '[\\x00-\\x1f"\\\\]'  # what JSON escapes: left to json.dumps, on the rare column that has one
 
@@ -58,8 +59,7 @@ _ESCAPED = '[\\x00-\\x1f"\\\\]'  # what JSON escapes: left to json.dumps, on the
 def other_lines(runs: pa.Table, known: Collection[str], rates: Rates) -> pa.Table:
     """The report lines (``LINE_SCHEMA``) of the runs (``runs.run_table`` columns) whose job the
     ledger does not know: the scheduler's hours priced at the search's rates, nothing matched."""
-    if known:
-        runs = runs.filter(pc.invert(pc.is_in(runs.column("job_id"), value_set=pa.array(list(known), pa.string()))))
+    runs = without(runs, pc.is_in(runs.column("job_id"), value_set=pa.array(list(known), pa.string())))
     n = runs.num_rows
     gpu_h, cpu_h = runs.column("gpu_hours"), runs.column("cpu_hours")
     cost = pc.add(pc.multiply(gpu_h, rates.per_gpu_hour), pc.multiply(cpu_h, rates.per_cpu_hour))
@@ -98,13 +98,13 @@ def other_lines(runs: pa.Table, known: Collection[str], rates: Rates) -> pa.Tabl
 def orphan_flags(lines: pa.Table, own: Collection[str]) -> pa.Table:
     """One flag (``FLAG_SCHEMA``) per job of ``lines`` that is not the search's ``own`` (its slots),
     told by its first run: the ledger does not know it, yet it runs under the search's name."""
-    if own:
-        lines = lines.filter(pc.invert(pc.is_in(lines.column("job_id"), value_set=pa.array(list(own), pa.string()))))
+    lines = without(lines, pc.is_in(lines.column("job_id"), value_set=pa.array(list(own), pa.string())))
     if not lines.num_rows:
         return FLAG_SCHEMA.empty_table()
-    codes = pc.dictionary_encode(lines.column("job_id")).combine_chunks().indices.to_numpy(zero_copy_only=False)
-    _, first = np.unique(codes, return_index=True)
-    firsts = lines.take(pa.array(np.sort(first)))
+    # A job's runs are together (runs.run_table groups them): its first is where the job id changes.
+    job = lines.column("job_id")
+    changed = pc.not_equal(job.slice(1), job.slice(0, len(job) - 1))
+    firsts = lines.filter(pa.chunked_array([pa.array([True]), *changed.chunks]))
     job = firsts.column("job_id")
     detail = pc.binary_join_element_wise(
         "job ", job, " (", firsts.column("state"), ", ", firsts.column("node"), ") runs under the search's name but the ledger does not know it", ""
@@ -112,12 +112,17 @@ def orphan_flags(lines: pa.Table, own: Collection[str]) -> pa.Table:
     return pa.table([job, detail], schema=FLAG_SCHEMA)
 
 
+def without(table: pa.Table, drop: pa.ChunkedArray | pa.Array) -> pa.Table:
+    """The rows ``drop`` does not mark; the table itself, not a copy, when it marks none."""
+    return table.filter(pc.invert(drop)) if pc.any(drop).as_py() else table
+
+
 def totals(lines: pa.Table) -> Mapping[str, float]:
     """gpu_hours, cpu_hours and cost summed over the lines."""
     return {name: float(pc.sum(lines.column(name)).as_py() or 0.0) for name in ("gpu_hours", "cpu_hours", "cost")}
 
 
-def json_items(table: pa.Table, constants: Mapping[str, object] | None = None) -> Iterator[bytes]:
+def json_items(table: pa.Table, constants: Mapping[str, object] | None = None) -> Iterator[Text]:
     """The rows as JSON objects, each followed by a comma, a slice of rows at a time: the text of a
     JSON array's items (the caller drops the last comma). ``constants`` come first in each object."""
     head = "".join(f"{json.dumps(k)}:{json.dumps(v)}," for k, v in (constants or {}).items())
@@ -152,16 +157,17 @@ def json_list_items(rows: Sequence[object]) -> bytes:
     return b"".join(json.dumps(row).encode() + b"," for row in rows)
 
 
-def json_array(items: Iterable[bytes]) -> Iterator[bytes]:
+def json_array(items: Iterable[Text]) -> Iterator[Text]:
     """A JSON array from chunks of items that each end in a comma (``json_items``): the last comma
     is dropped, so one chunk is held back."""
     yield b"["
-    held = b""
+    held: Text = b""
     for chunk in items:
         if chunk:
             yield held
             held = chunk
-    yield held[:-1] + b"]"
+    yield held[:-1]
+    yield b"]"
 
 
 def _append(pieces: list[str | pa.ChunkedArray], piece: str | pa.ChunkedArray) -> None:
@@ -199,8 +205,9 @@ def _dumped(column: pa.ChunkedArray) -> pa.ChunkedArray:
     return pa.chunked_array([pa.array([json.dumps(v) for v in column.to_pylist()], pa.string())])
 
 
-def _text_of(rows: pa.ChunkedArray | pa.Array) -> bytes:
-    """The rows' text end to end: the data buffer between the first and last offsets."""
+def _text_of(rows: pa.ChunkedArray | pa.Array) -> Text:
+    """The rows' text end to end: the data buffer between the first and last offsets (a view of
+    Arrow's buffer, not a copy, when the rows are one chunk)."""
     chunks = rows.chunks if isinstance(rows, pa.ChunkedArray) else [rows]
     out = []
     for chunk in chunks:
@@ -208,5 +215,5 @@ def _text_of(rows: pa.ChunkedArray | pa.Array) -> bytes:
             continue
         _, offsets, data = chunk.buffers()
         bounds = np.frombuffer(offsets, dtype=np.int32, count=len(chunk) + 1, offset=chunk.offset * 4)
-        out.append(memoryview(data)[bounds[0] : bounds[-1]].tobytes())
-    return b"".join(out)
+        out.append(memoryview(data)[bounds[0] : bounds[-1]])
+    return out[0] if len(out) == 1 else b"".join(out)

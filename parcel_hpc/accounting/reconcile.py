@@ -150,7 +150,7 @@ class Reconciliation:
         mine = pa.Table.from_pylist([report_row(a) for a in self.attempts], schema=columns.LINE_SCHEMA)
         return pa.concat_tables([mine, self.other_lines]) if self.other_lines.num_rows else mine
 
-    def json_chunks(self) -> Iterator[bytes]:
+    def json_chunks(self) -> Iterator[columns.Text]:
         """The report as one JSON object, written a slice of lines at a time."""
         head = {
             "campaign": self.campaign,

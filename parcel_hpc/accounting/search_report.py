@@ -50,7 +50,7 @@ def reconcile_search(search: SearchDir, sacct_file: Path | None = None) -> Recon
             f"sacct-file:{sacct_file}",
             records,
             job_runs(rows.filter(ours)),
-            rows.filter(pc.invert(ours)),
+            columns.without(rows, ours),
             caps,
             journal,
             jobs_run,
@@ -148,7 +148,7 @@ def csv_chunks(results: Sequence[Reconciliation]) -> Iterator[bytes]:
         yield from columns.csv_text(rec.lines(), {"campaign": rec.campaign})
 
 
-def json_chunks(results: Sequence[Reconciliation]) -> Iterator[bytes]:
+def json_chunks(results: Sequence[Reconciliation]) -> Iterator[columns.Text]:
     """``{"campaigns": [...]}``, a slice of lines at a time."""
     yield b'{"campaigns":['
     for i, rec in enumerate(results):

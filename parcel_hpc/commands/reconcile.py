@@ -123,8 +123,8 @@ def _reconciled(one_pass: Callable[[], tuple[Any, int]], wait_s: float, retry: b
 def _print_report(
     args: argparse.Namespace,
     pending: int,
-    as_json: Callable[[], Iterable[bytes]],
-    as_csv: Callable[[], Iterable[bytes]],
+    as_json: Callable[[], Iterable[bytes | memoryview]],
+    as_csv: Callable[[], Iterable[bytes | memoryview]],
     as_table: Callable[[Console], None],
     as_html: Callable[[], str],
 ) -> int:
