@@ -373,9 +373,9 @@ def test_every_single_bit_flip_is_detected(tmp_path):
         assert len(store.problems) == 1, pos
 
 
-def test_a_body_written_and_read_in_many_chunks_has_the_whole_body_digest_and_each_chunk_is_checked(tmp_path, monkeypatch):
-    """Saves and loads hash chunk by chunk; the digest is still xxh3-128 of the whole body (files
-    from before and after read alike), and damage in any chunk is found."""
+def test_a_body_read_in_many_chunks_has_the_whole_body_digest_and_each_chunk_is_checked(tmp_path, monkeypatch):
+    """Loads hash the body chunk by chunk as it is read; the digest is still xxh3-128 of the whole
+    body (files from before and after read alike), and damage in any chunk is found."""
     import xxhash
 
     from parcel_hpc.checkpoints import format as ckpt_format

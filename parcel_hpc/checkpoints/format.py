@@ -12,9 +12,8 @@ One integrity pass at disk speed (format v2): the body digest is xxh3-128 ("xxh3
 sha256 on this kind of machine (README, dependencies). It detects damage (torn writes, bit rot,
 truncation); it is not a signature, and a checkpoint is not an artifact anyone publishes (the
 release registry stays sha256). On save, HDF5 (h5py's low-level API) lays out the datasets
-(allocated, never filled), then the arrays are written at their offsets a chunk at a time, each
-chunk hashed right after its write while still in the CPU cache: only the few KiB of HDF5 metadata
-are read back. On load, the body is read into one buffer a few MiB at a time, each chunk hashed
+(allocated, never filled), then each array is written at its offset and hashed right after, from
+memory: only the few KiB of HDF5 metadata are read back. On load, the body is read into one buffer a few MiB at a time, each chunk hashed
 as it arrives (one pass over memory, no zero fill first), and the arrays are views of that
 verified buffer at the indexed offsets: HDF5 is not opened at all.
 Files of format v1 (tree sha256 bodies, no index) still load, through HDF5 after the same check.
@@ -47,7 +46,7 @@ CKPT_FORMAT_VERSION = 2
 _READABLE_VERSIONS = (1, 2)
 _BODY_DIGEST = "xxh3-128"
 _V1_CHUNK = 8 << 20  # format v1's tree sha256 chunk
-_CHUNK = 2 << 20  # written or read, then hashed while it is still in the CPU cache
+_CHUNK = 2 << 20  # read, then hashed while it is still in the CPU cache
 _ARRAY_KINDS = "biufc"  # numbers and bools: bytes that hash the same on every host
 _SECTIONS = ("optimizer", "params")
 
@@ -321,8 +320,9 @@ def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
 
 
 def _write_hashing(fd: int, regions: Sequence[tuple[int, np.ndarray]], block: int) -> tuple[str, int]:
-    """Write the arrays at their offsets and digest the body in file order, in one pass: each chunk
-    hashed right after its write, still in the CPU cache; the HDF5 metadata between them read back."""
+    """Write the arrays at their offsets and digest the body in file order, in one pass: each array
+    hashed right after its write (a small one still in the CPU cache); the HDF5 metadata between
+    them read back."""
     length = max(0, os.fstat(fd).st_size - block)  # HDF5 sized the file to its last allocation at close
     h = xxhash.xxh3_128()
     at = block
@@ -335,10 +335,8 @@ def _write_hashing(fd: int, regions: Sequence[tuple[int, np.ndarray]], block: in
         if arr is None:
             break
         data = _bytes_of(arr)
-        for start in range(0, len(data), _CHUNK):
-            chunk = data[start : start + _CHUNK]
-            _pwrite_all(fd, chunk, offset + start)
-            h.update(chunk)
+        _pwrite_all(fd, data, offset)  # whole: written in 2 MiB pieces, a 256 MiB save measured 5x slower
+        h.update(data)
         at = offset + arr.nbytes
     return f"{_BODY_DIGEST}:{h.hexdigest()}", length
 
