@@ -373,6 +373,44 @@ def test_every_single_bit_flip_is_detected(tmp_path):
         assert len(store.problems) == 1, pos
 
 
+def test_a_body_read_in_many_chunks_has_the_whole_body_digest_and_each_chunk_is_checked(tmp_path, monkeypatch):
+    """Loads hash the body chunk by chunk as it is read; the digest is still xxh3-128 of the whole
+    body (files from before and after read alike), and damage in any chunk is found."""
+    import xxhash
+
+    from parcel_hpc.checkpoints import format as ckpt_format
+
+    monkeypatch.setattr(ckpt_format, "_CHUNK", 64)
+    store = CheckpointStore(tmp_path, T7, keep_last=5)
+    save(store, 1)
+    last = save(store, 2)
+    ckpt = store.load_latest()
+    assert_same(ckpt, 2)
+    original = last.read_bytes()
+    assert ckpt.meta["body_digest"] == "xxh3-128:" + xxhash.xxh3_128(original[ckpt.meta["block"] :]).hexdigest()
+    for pos in range(ckpt.meta["block"], len(original), 997):
+        damaged = bytearray(original)
+        damaged[pos] ^= 0x01
+        last.write_bytes(bytes(damaged))
+        assert_same(store.load_latest(), 1)
+        assert "body digest mismatch" in store.problems[0].reason, pos
+
+
+def test_an_old_checkpoint_whose_removal_a_crash_undid_is_passed_over_and_pruned_again(tmp_path):
+    """Pruning does not fsync the directory: after a crash an old file may be back. It is older than
+    the durable new one, so resume never picks it, and the next save removes it."""
+    store = CheckpointStore(tmp_path, T7, keep_last=1)
+    old = save(store, 1)
+    old_bytes = old.read_bytes()
+    save(store, 2)
+    assert not old.exists()
+    old.write_bytes(old_bytes)
+    assert_same(store.load_latest(), 2)
+    assert store.problems == ()
+    save(store, 3)
+    assert [s for s, _ in step_files(tmp_path)] == [3]
+
+
 def test_many_arrays_get_a_larger_header_block_and_load_without_hdf5(tmp_path, monkeypatch):
     """The header indexes every dataset; with hundreds of arrays it outgrows 2 KiB and the user
     block doubles. Loading reads the verified bytes at the indexed offsets: HDF5 is not opened."""

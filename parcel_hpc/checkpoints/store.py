@@ -117,8 +117,9 @@ class CheckpointStore:
         kept = [p for s, p in files if s <= step]
         for path in kept[: max(0, len(kept) - self.keep_last)]:
             _unlink_quietly(path)
-        if newer or len(kept) > self.keep_last:
+        if newer:  # durable, or a crash could bring the abandoned timeline back as the newest
             fsync_dir(self.ckpt_dir)
+        # A removal needs no fsync: a crash can only leave an old file, which the next prune removes.
 
 
 def step_files(ckpt_dir: str | os.PathLike) -> list[tuple[int, Path]]:
