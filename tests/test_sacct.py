@@ -507,6 +507,23 @@ def test_threaded_derivation_equals_single_threaded(monkeypatch):
     assert len(job_runs(SacctTable(single, "big"))) == 80_000
 
 
+def test_allocations_only_keeps_the_runs_and_still_checks_every_step_line(monkeypatch):
+    from parcel_hpc.scheduler.slurm import sacct_parse as parse_module
+
+    monkeypatch.setattr(parse_module, "_BLOCK_BYTES", 1 << 16)  # many blocks, several in flight
+    lines = big_dump(30_000)
+    data = ("\n".join(lines) + "\n").encode()
+    every = parse_sacct(data, source="big")
+    runs = parse_sacct(data, source="big", allocations_only=True)
+    assert runs.table.equals(every.allocations()) and len(runs) < len(every)
+    assert job_runs(runs) == job_runs(every)
+    step = next(i for i, line in enumerate(lines) if i > 20_000 and ".batch|" in line)
+    fields = lines[step].split("|")
+    lines[step] = "|".join([*fields[:4], "x", *fields[5:]])  # a step's ExitCode
+    with pytest.raises(AccountingError, match=rf"^big:{step + 1}: ExitCode"):
+        parse_sacct(("\n".join(lines) + "\n").encode(), source="big", allocations_only=True)
+
+
 def test_bad_line_in_the_second_thread_is_named(monkeypatch):
     from parcel_hpc.scheduler.slurm import sacct_parse as parse_module
 

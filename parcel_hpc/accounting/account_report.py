@@ -67,7 +67,7 @@ def _over(root: Path, account: str | None, since: _dt.datetime | None, searches:
     if since is None:
         raise UsageError("--account needs --since DATE: the report covers the account's jobs from then (sacct would start at today's midnight)")
     argv = build_sacct_argv([], since=since, account=account, all_users=True, truncate=True)
-    runs = run_table(parse_sacct(run_sacct(argv), source=f"sacct --accounts={account}"))
+    runs = run_table(parse_sacct(run_sacct(argv), source=f"sacct --accounts={account}", allocations_only=True))
     # Only searches that ran on SLURM can own an account's jobs (a local job id is a pid).
     slurm = [(s, p) for s, p in zip(searches, parts) if p.reconciliation.source.startswith("sacct")]
     rates = {p.path: search_caps(s.contract()).rates for s, p in slurm}

@@ -39,7 +39,7 @@ def reconcile_search(search: SearchDir, sacct_file: Path | None = None) -> Recon
     campaign, objective = contract["search_revision"], contract["metric_revision"]
     if sacct_file is not None:
         try:
-            rows = run_table(parse_sacct_file(sacct_file, source=str(sacct_file)))
+            rows = run_table(parse_sacct_file(sacct_file, source=str(sacct_file), allocations_only=True))
         except OSError as exc:
             raise UsageError(f"cannot read --sacct-file {sacct_file}: {exc.strerror}; export it with `sacct {SACCT_FORMAT_HINT}`") from None
         ours = pc.is_in(rows.column("job_id"), value_set=pa.array(sorted({j for r in records for j in r.jobs}), pa.string()))
@@ -61,11 +61,11 @@ def reconcile_search(search: SearchDir, sacct_file: Path | None = None) -> Recon
         runs = local_runs(records, launched_by(search))
         return reconcile(campaign, objective, "local executor", records, runs, [], caps, journal, jobs_run, search_path=path)
     jobs = sorted({j for r in records for j in r.jobs})
-    runs = job_runs(parse_sacct(run_sacct(build_sacct_argv(jobs)), source="sacct")) if jobs else []
+    runs = job_runs(parse_sacct(run_sacct(build_sacct_argv(jobs)), source="sacct", allocations_only=True)) if jobs else []
     since = _created(search)
     # --allusers: an admin reconciling a colleague's search sees the orphans of every user
     named = (
-        run_table(parse_sacct(run_sacct(build_sacct_argv([], since=since, name=name, all_users=True)), source="sacct --name"))
+        run_table(parse_sacct(run_sacct(build_sacct_argv([], since=since, name=name, all_users=True)), source="sacct --name", allocations_only=True))
         for name in search.slurm_job_names()
     )
     listed = pa.concat_tables([runs_table([]), *named])

@@ -145,7 +145,7 @@ def observe(
             if r.executor is Executor.SLURM and r.jobs and not r.state.is_finished() and (every_gone_job or needs_resolution(r)) and facts.job_gone(r)
         ]
         if asked:
-            facts = replace(facts, runs=runs_by_job(job_runs(parse_sacct(run_sacct(build_sacct_argv(asked)), source="sacct"))))
+            facts = replace(facts, runs=runs_by_job(job_runs(parse_sacct(run_sacct(build_sacct_argv(asked)), source="sacct", allocations_only=True))))
     return fresh, facts
 
 

@@ -9,8 +9,10 @@ How it stays fast (1,000,000 lines in under about twice pyarrow's own CSV time; 
 benchmarks/bench_sacct.py): pyarrow's CSV reader splits the text with explicit column types;
 State, ExitCode and AllocTRES are dictionary-encoded afterwards so each distinct value is
 interpreted once, not once per line; pyarrow.compute splits the job ids (JobIDRaw's number is
-read straight from the string buffer with numpy); the rows are derived in parallel threads
-(pyarrow releases the GIL). Detection is vectorized; only when something is wrong does
+read straight from the string buffer with numpy); the text is read a 4 MiB block at a time and
+each block derived in a thread while the next is read (pyarrow releases the GIL), so a dump is
+never held whole, and a caller that needs only the jobs' own rows (``allocations_only``: every
+reconcile) keeps a third of them. Detection is vectorized; only when something is wrong does
 ``_malformed`` find the line and say what is wrong with it, so every error message comes from
 one place.
 """
@@ -20,8 +22,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -59,7 +62,6 @@ assert tuple(_READ_TYPES) == SACCT_FIELDS
 _NULL_TIMES = list(NULL_TIMES)
 _MAX_DIGITS = MAX_DIGITS
 _THREADS = min(8, os.cpu_count() or 1)
-_MIN_ROWS_PER_THREAD = 50_000  # below this, a thread costs more than it saves
 _BLOCK_BYTES = 4 << 20
 
 SCHEMA = pa.schema(
@@ -118,48 +120,78 @@ class SacctTable:
     def allocations(self, columns: list[str] | None = None) -> pa.Table:
         """The allocation rows only (one per job run), in source order; all columns by default."""
         table = self.table if columns is None else self.table.select(columns)
-        return table.filter(self.table.column("is_allocation"))
+        mask = self.table.column("is_allocation")
+        return table if pc.all(mask).as_py() is not False else table.filter(mask)  # parsed allocations_only: as it is
 
 
-def parse_sacct(data: bytes, *, source: str = "<sacct>", tz: str = "UTC") -> SacctTable:
+def parse_sacct(data: bytes, *, source: str = "<sacct>", tz: str = "UTC", allocations_only: bool = False) -> SacctTable:
     """Parse ``sacct --parsable2 --noheader --format=SACCT_FORMAT`` output.
 
     ``tz`` is the zone the times were printed in (``run_sacct`` makes it UTC). A header line
     is accepted only if it names exactly ``SACCT_FIELDS``. Raises AccountingError on any
-    malformed line, naming ``source`` and the line.
+    malformed line, naming ``source`` and the line. ``allocations_only``: every line is checked,
+    only the jobs' own rows (one per run) are kept, a third of a dump's lines.
     """
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise UsageError(f"parse_sacct needs bytes, got {type(data).__name__}; read the file in binary mode")
     body, first_line = _split_header(memoryview(data), source)
     body = _without_trailing_newlines(body)
-    if len(body) == 0:
-        return SacctTable(SCHEMA.empty_table(), source)
-    return _parse(pa.py_buffer(body), lambda: body, first_line, source, tz)
+    return _parse(pa.BufferReader(pa.py_buffer(body)), lambda: body, first_line, source, tz, allocations_only)
 
 
-def parse_sacct_file(path: str | os.PathLike, *, source: str, tz: str = "UTC") -> SacctTable:
-    """``parse_sacct`` of a dump on disk, read by pyarrow in blocks: a month's dump is never held
-    whole in memory (the text is read again only to name a malformed line). Raises OSError when
-    the file cannot be read."""
+def parse_sacct_file(path: str | os.PathLike, *, source: str, tz: str = "UTC", allocations_only: bool = False) -> SacctTable:
+    """``parse_sacct`` of a dump on disk, read by pyarrow a block at a time: a month's dump is never
+    held whole in memory (the text is read again only to name a malformed line). Raises OSError
+    when the file cannot be read."""
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         head = f.read(4096)
         f.seek(max(0, size - 4096))
         tail = f.read()
     if len(tail) - len(tail.rstrip(b"\r\n")) > 2 or len(head) == size:  # blank lines at the end, or small: as bytes
-        return parse_sacct(Path(path).read_bytes(), source=source, tz=tz)
+        return parse_sacct(Path(path).read_bytes(), source=source, tz=tz, allocations_only=allocations_only)
     header_end = len(head) - len(_split_header(memoryview(head), source)[0])
-    first_line = 1 if header_end == 0 else 2
     stream = pa.OSFile(str(path))
     stream.seek(header_end)
-    return _parse(stream, lambda: _without_trailing_newlines(memoryview(Path(path).read_bytes())[header_end:]), first_line, source, tz)
+
+    def text() -> memoryview:
+        return _without_trailing_newlines(memoryview(Path(path).read_bytes())[header_end:])
+
+    return _parse(stream, text, 1 if header_end == 0 else 2, source, tz, allocations_only)
 
 
-def _parse(source_text: pa.Buffer | pa.NativeFile, text: Callable[[], memoryview], first_line: int, source: str, tz: str) -> SacctTable:
-    """Read and derive; ``text()`` is the body again, only to name the line of an error."""
-    try:
-        raw = pacsv.read_csv(
-            source_text,
+def _parse(stream: pa.NativeFile, text: Callable[[], memoryview], first_line: int, source: str, tz: str, allocations_only: bool) -> SacctTable:
+    """Read the text a block at a time and derive each block's columns in a thread as the next is
+    read (pyarrow.compute releases the GIL but runs each call on one core); ``text()`` is the body
+    again, only to name the line of an error."""
+    derived: list[pa.Table] = []
+    problems: list[tuple[int, str]] = []  # (first bad row, what), from every thread
+    with ThreadPoolExecutor(max_workers=_THREADS, thread_name_prefix="parse_sacct") as pool:
+        pending: deque[Future[pa.Table]] = deque()
+        try:
+            row0 = 0
+            for batch in _batches(stream):
+                pending.append(pool.submit(_derive_block, batch, row0, first_line, tz, problems, allocations_only))
+                row0 += batch.num_rows
+                if len(pending) > _THREADS:  # a few blocks in flight: the text read ahead stays bounded
+                    derived.append(pending.popleft().result())
+                if problems:  # the first bad block is known: the rest need not be read
+                    break
+        except (pa.ArrowException, ValueError) as exc:
+            raise_malformed(text(), source, first_line, None, str(exc))
+        derived += [f.result() for f in pending]
+    if problems:
+        row, what = min(problems)
+        raise_malformed(text(), source, first_line, row, what)
+    return SacctTable(pa.concat_tables([SCHEMA.empty_table(), *derived]), source)
+
+
+def _batches(stream: pa.NativeFile) -> Iterator[pa.RecordBatch]:
+    if stream.size() == stream.tell():  # no text, no rows (pyarrow would ask for a first line)
+        return iter(())
+    return iter(
+        pacsv.open_csv(
+            stream,
             # 4 MiB blocks: fewer, larger chunks make every compute call after this cheaper.
             read_options=pacsv.ReadOptions(column_names=list(SACCT_FIELDS), block_size=_BLOCK_BYTES),
             parse_options=pacsv.ParseOptions(delimiter="|", quote_char=False, ignore_empty_lines=False),
@@ -170,36 +202,18 @@ def _parse(source_text: pa.Buffer | pa.NativeFile, text: Callable[[], memoryview
                 quoted_strings_can_be_null=False,
             ),
         )
-    except (pa.ArrowException, ValueError) as exc:
-        raise_malformed(text(), source, first_line, None, str(exc))
-        raise AssertionError("unreachable") from exc  # pragma: no cover
-    return SacctTable(_derive(raw, text, source, first_line, tz), source)
+    )
 
 
-def _derive(raw: pa.Table, text: Callable[[], memoryview], source: str, first_line: int, tz: str) -> pa.Table:
-    # pyarrow.compute releases the GIL but runs each call on one core: derive row ranges in
-    # parallel threads (like the CSV reader itself), then stitch the chunks back in order.
-    n = raw.num_rows
-    parts = max(1, min(_THREADS, n // _MIN_ROWS_PER_THREAD))
-    bounds = [n * i // parts for i in range(parts + 1)]
-    problems: list[tuple[int, str]] = []  # (first bad row, what), from every thread
-    if parts == 1:
-        derived = [_derive_rows(raw, 0, tz, problems)]
-    else:
-        with ThreadPoolExecutor(max_workers=parts, thread_name_prefix="parse_sacct") as pool:
-            futures = [pool.submit(_derive_rows, raw.slice(lo, hi - lo), lo, tz, problems) for lo, hi in zip(bounds[:-1], bounds[1:])]
-            derived = [f.result() for f in futures]
-    if problems:
-        row, what = min(problems)
-        raise_malformed(text(), source, first_line, row, what)
-    line = pa.array(np.arange(first_line, first_line + n, dtype=np.int64))
-    columns = []
-    for field in SCHEMA:
-        if field.name == "line":
-            columns.append(line)
-        else:
-            columns.append(pa.chunked_array([c for d in derived for c in d[field.name].chunks], type=field.type))
-    return pa.Table.from_arrays(columns, schema=SCHEMA)
+def _derive_block(batch: pa.RecordBatch, row0: int, first_line: int, tz: str, problems: list[tuple[int, str]], allocations_only: bool) -> pa.Table:
+    """One block's SCHEMA columns (its allocation rows only, if asked); bad rows go to ``problems``."""
+    raw = pa.Table.from_batches([batch])
+    columns = _derive_rows(raw, row0, tz, problems)
+    if not columns:
+        return SCHEMA.empty_table()
+    columns["line"] = pa.chunked_array([pa.array(np.arange(first_line + row0, first_line + row0 + raw.num_rows, dtype=np.int64))])
+    table = pa.Table.from_arrays([pc.cast(columns[f.name], f.type) for f in SCHEMA], schema=SCHEMA)
+    return table.filter(table.column("is_allocation")) if allocations_only else table
 
 
 def _derive_rows(raw: pa.Table, row0: int, tz: str, problems: list[tuple[int, str]]) -> dict[str, pa.ChunkedArray]:
