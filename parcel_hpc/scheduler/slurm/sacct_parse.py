@@ -1,7 +1,7 @@
 """Parse sacct's ``--parsable2`` text into columns, without a Python object per line.
 
-Owns: ``parse_sacct`` (of sacct's output, or ``parse_sacct_file`` of a dump) and ``SacctTable``, the columnar view every accounting computation
-reads. Must not: run sacct, group job runs or price anything (``runs.py`` does that), or
+Owns: ``parse_sacct`` (of sacct's output, or ``parse_sacct_file`` of a dump) and ``SacctTable``,
+the columnar view every accounting computation reads. Must not: run sacct, group job runs or price anything (``runs.py`` does that), or
 skip a line it cannot read — a malformed line raises AccountingError naming the source and
 its 1-based line number.
 
