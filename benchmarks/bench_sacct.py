@@ -165,7 +165,8 @@ if sys.argv[1] == 'baseline':
     c.read_csv(pa.py_buffer(data), read_options=c.ReadOptions(autogenerate_column_names=True),
                parse_options=c.ParseOptions(delimiter='|', quote_char=False))
 else:
-    from parcel_hpc.accounting import parse_sacct, totals_by_job
+    from parcel_hpc.scheduler.slurm.runs import totals_by_job
+    from parcel_hpc.scheduler.slurm.sacct_parse import parse_sacct
     totals_by_job(parse_sacct(data, source='bench'))
 print(next(l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM:')))
 """

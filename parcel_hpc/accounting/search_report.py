@@ -22,7 +22,7 @@ from parcel_hpc.accounting.reconcile import Reconciliation, local_runs, reconcil
 from parcel_hpc.budget import BudgetLedger, search_caps
 from parcel_hpc.console import safe
 from parcel_hpc.errors import UsageError
-from parcel_hpc.ledger import Executor, SearchDir
+from parcel_hpc.ledger import Executor, SearchDir, collector_paused
 from parcel_hpc.ledger.searches import launched_by
 from parcel_hpc.plotting import png_of, pyplot
 from parcel_hpc.scheduler.slurm.runs import job_runs, run_table, runs_table
@@ -30,6 +30,7 @@ from parcel_hpc.scheduler.slurm.sacct import SACCT_FORMAT, build_sacct_argv, run
 from parcel_hpc.scheduler.slurm.sacct_parse import parse_sacct, parse_sacct_file
 
 
+@collector_paused()
 def reconcile_search(search: SearchDir, sacct_file: Path | None = None) -> Reconciliation:
     contract = search.contract()
     records = list(search.records())

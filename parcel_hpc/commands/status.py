@@ -26,7 +26,7 @@ from rich.text import Text
 from parcel_hpc.accounting.spend import read_spend, shown
 from parcel_hpc.console import make_console, plain, safe
 from parcel_hpc.errors import EXIT_PENDING, ParcelError
-from parcel_hpc.ledger import LauncherState, RecordView, SearchDir, TrialRecord, TrialState, preview, searches
+from parcel_hpc.ledger import LauncherState, RecordView, SearchDir, TrialRecord, TrialState, collector_paused, preview, searches
 from parcel_hpc.ledger.events import encode_payload
 from parcel_hpc.ledger.summary import counts_by_state
 from parcel_hpc.lifecycle import resolution
@@ -72,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+@collector_paused()
 def collect(search: SearchDir, view: RecordView | None = None) -> dict[str, Any]:
     """Everything ``status`` shows. Reads only: a search the caller cannot write to gives the same
     answer. ``view``: read through it (``--watch`` folds only the trials whose journals changed)."""

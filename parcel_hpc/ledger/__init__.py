@@ -19,11 +19,12 @@ from parcel_hpc.ledger.journal import TrialWriter, preview, read_events
 from parcel_hpc.ledger.records import Attempt, TrialRecord, TrialSpec, fold
 from parcel_hpc.ledger.selection import JobRole
 from parcel_hpc.ledger.states import AttemptEnd, TrialState
-from parcel_hpc.ledger.store import HEARTBEAT_S, Heartbeat, LauncherState, SearchDir
+from parcel_hpc.ledger.store import HEARTBEAT_S, Heartbeat, LauncherState, SearchDir, collector_paused
 from parcel_hpc.ledger.view import RecordView
 
 __all__ = [
     "HEARTBEAT_S",
+    "collector_paused",
     "Heartbeat",
     "LauncherState",
     "Admitted",

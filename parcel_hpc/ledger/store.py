@@ -28,9 +28,11 @@ it, whichever file it came from (a ``spec.json`` naming ``../..`` is damaged, no
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -66,6 +68,21 @@ class LauncherState(Enum):
 
     def is_alive(self) -> bool:
         return self is LauncherState.FOLLOWING
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic collector off for a while: reading a search makes many objects that live on
+    and hold no cycles, and its full passes over them find nothing (a fifth of a 100,000-trial
+    ``status`` or ``reconcile``: benchmarks/bench_scale.py). Scoped to one read, never a whole
+    process: ``--watch`` reads again and again, and what it drops between reads is collected."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 @dataclass(frozen=True)
@@ -374,9 +391,10 @@ class SearchDir:
             n += 1
         return n
 
-    def records(self) -> Iterator[TrialRecord]:
-        for record, _ in self.histories():
-            yield record
+    def records(self) -> list[TrialRecord]:
+        """Every trial's record, in trial order (folded with the collector paused)."""
+        with collector_paused():
+            return [record for record, _ in self.histories()]
 
     def histories(self) -> Iterator[tuple[TrialRecord, list[Event]]]:
         """Every trial's record with the events it was folded from (each journal read once), in trial order."""
