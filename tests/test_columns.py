@@ -6,6 +6,8 @@ import io
 import json
 import math
 import re
+import subprocess
+import sys
 from importlib import resources
 from pathlib import Path
 
@@ -14,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from rich.console import Console
+from test_reconcile import _search
 
 from parcel_hpc.accounting import columns
 from parcel_hpc.accounting.reconcile import reconcile
@@ -24,6 +27,7 @@ from parcel_hpc.errors import AccountingError
 from parcel_hpc.scheduler.slurm.runs import job_runs, run_table
 from parcel_hpc.scheduler.slurm.sacct import SACCT_FIELDS
 from parcel_hpc.scheduler.slurm.sacct_parse import parse_sacct, parse_sacct_file
+from parcel_hpc.testing.runs import subprocess_env
 
 SAMPLES = Path(resources.files("parcel_hpc.testing") / "samples")
 RATES = Rates(per_gpu_hour=2.0, per_cpu_hour=0.5)
@@ -57,7 +61,9 @@ def test_json_items_read_back_as_the_values(values, slice_rows):
         text_ = b"".join(columns.json_array(columns.json_items(table, {"campaign": 'c"1'})))
     finally:
         columns.SLICE_ROWS = original
-    assert json.loads(text_) == [{"campaign": 'c"1', **row} for row in table.to_pylist()]
+    read = json.loads(text_)
+    assert read == [{"campaign": 'c"1', **row} for row in table.to_pylist()]
+    assert all(isinstance(row["f"], float) for row in read if row["f"] is not None)  # 3.0 stays a float, not 3
 
 
 @settings(max_examples=200, deadline=None)
@@ -103,6 +109,18 @@ def test_orphans_are_one_flag_per_job_told_by_its_first_run_and_slots_are_lines_
     assert columns.totals(lines)["cost"] == pytest.approx(sum(RATES.cost(r.gpu_hours, r.cpu_hours) for r in job_runs(runs)))
 
 
+def test_a_job_whose_runs_are_apart_is_one_orphan_and_a_run_without_gpus_used_and_idled_none():
+    runs = run_table(parse_sacct((SAMPLES / "recorded_dev_cluster.txt").read_bytes()))  # with and without GPUs
+    assert {0, 2} <= set(runs.column("gpus").to_pylist())
+    apart = pa.concat_tables([runs, runs.slice(0, 1)])  # its first run listed again, under another name
+    lines = columns.other_lines(apart, set(), RATES)
+    flags = columns.orphan_flags(lines, set())
+    assert flags.column("job_id").to_pylist() == list(dict.fromkeys(runs.column("job_id").to_pylist()))
+    for row in lines.to_pylist():
+        want = None if row["gpus"] else 0.0  # as spend.GpuUse.columns says of an unread line
+        assert row["gpu_hours_used"] == row["gpu_hours_idle"] == want
+
+
 def test_a_month_of_orphans_prints_the_first_rows_and_streams_every_one(tmp_path):
     dump = _grown(tmp_path, "recorded_dev_cluster.txt", 30)
     listed = run_table(parse_sacct_file(dump, source=str(dump)))
@@ -118,6 +136,23 @@ def test_a_month_of_orphans_prints_the_first_rows_and_streams_every_one(tmp_path
     assert sum(a["gpu_hours"] for a in report["attempts"]) == pytest.approx(rec.scheduler["gpu_hours"]["used"])
     table = list(csv.DictReader(io.StringIO(b"".join(csv_chunks([rec])).decode())))
     assert len(table) == listed.num_rows and {r["campaign"] for r in table} == {"s1"}
+
+
+@pytest.mark.parametrize("form", ["--json", "--csv"])
+def test_a_reader_that_leaves_early_still_gets_the_page_and_the_exit_code(tmp_path, form):
+    """``reconcile --json --html page | head -c 100``: the page is written and the command exits
+    as it would have, though its output went nowhere after the first bytes."""
+    dump = _grown(tmp_path, "recorded_dev_cluster.txt", 200)  # far more text than a pipe holds
+    search = _search(tmp_path)
+    page = tmp_path / "page.html"
+    argv = [sys.executable, "-m", "parcel_hpc", "reconcile", str(search.path), "--sacct-file", str(dump), form, "--html", str(page)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=subprocess_env(None, None))
+    assert proc.stdout is not None and proc.stderr is not None
+    head = proc.stdout.read(100)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 0, err
+    assert len(head) == 100 and page.is_file() and f"wrote {page}" in err and "Traceback" not in err
 
 
 def _grown(tmp_path: Path, name: str, times: int, header: bool = False, tail: bytes = b"") -> Path:
@@ -136,7 +171,7 @@ def _grown(tmp_path: Path, name: str, times: int, header: bool = False, tail: by
 
 
 @pytest.mark.parametrize("header", [False, True])
-@pytest.mark.parametrize("tail", [b"", b"\n\n\n", b"\r\n"])
+@pytest.mark.parametrize("tail", [b"", b"\n", b"\n\n\n", b"\r\n", b"\r\n\r\n"])
 def test_a_dump_read_from_disk_in_blocks_parses_as_its_bytes(tmp_path, header, tail):
     dump = _grown(tmp_path, "recorded_dev_cluster.txt", 40, header, tail)
     assert dump.stat().st_size > 8192  # read in blocks, not as bytes

@@ -4,7 +4,8 @@ An account's month holds hundreds of thousands of jobs no search knows; a search
 few thousand at most. So the ledger's lines stay records (``reconcile.AttemptLine``: matching them
 to attempts is per-trial logic), and the rest stay columns from the parse to the printed text:
 ``other_lines`` makes their report lines from the scheduler's runs, ``orphan_flags`` their flags,
-and ``json_items`` / ``csv_text`` write them in slices, never a Python object per row.
+and ``json_items`` / ``csv_text`` write them in slices, without a Python object per row (but for
+the rare column whose values JSON must escape or cannot write as numbers: json writes those).
 """
 
 from __future__ import annotations
@@ -65,6 +66,9 @@ def other_lines(runs: pa.Table, known: Collection[str], rates: Rates) -> pa.Tabl
     cost = pc.add(pc.multiply(gpu_h, rates.per_gpu_hour), pc.multiply(cpu_h, rates.per_cpu_hour))
     empty = pa.repeat("", n)
     none_int, none_float = pa.nulls(n, pa.int64()), pa.nulls(n, pa.float64())
+    # No worker read these runs' GPUs: their GPU-hours are neither used nor idle (null), and a run
+    # without GPUs used and idled none (0.0), as spend.GpuUse.columns says of every line.
+    unread = pc.if_else(pc.greater(runs.column("gpus"), 0), none_float, pa.repeat(0.0, n))
     columns = {
         "trial_id": empty,
         "job_id": runs.column("job_id"),
@@ -89,8 +93,8 @@ def other_lines(runs: pa.Table, known: Collection[str], rates: Rates) -> pa.Tabl
         "account": runs.column("account"),
         "device": empty,
         "gpu_utilization": none_float,
-        "gpu_hours_used": none_float,
-        "gpu_hours_idle": none_float,
+        "gpu_hours_used": unread,
+        "gpu_hours_idle": unread,
     }
     return pa.table([pc.cast(columns[f.name], f.type) for f in LINE_SCHEMA], schema=LINE_SCHEMA)
 
@@ -101,10 +105,11 @@ def orphan_flags(lines: pa.Table, own: Collection[str]) -> pa.Table:
     lines = without(lines, pc.is_in(lines.column("job_id"), value_set=pa.array(list(own), pa.string())))
     if not lines.num_rows:
         return FLAG_SCHEMA.empty_table()
-    # A job's runs are together (runs.run_table groups them): its first is where the job id changes.
-    job = lines.column("job_id")
-    changed = pc.not_equal(job.slice(1), job.slice(0, len(job) - 1))
-    firsts = lines.filter(pa.chunked_array([pa.array([True]), *changed.chunks]))
+    # A job's first run is the first row with its id: dictionary codes are numbered in order of
+    # first appearance, so a row is a first exactly where its code exceeds every code before it
+    # (linear, and right even where a job's runs are not together: listed under two names).
+    codes = pc.dictionary_encode(lines.column("job_id").combine_chunks()).indices.to_numpy()
+    firsts = lines.filter(pa.array(codes > np.maximum.accumulate(np.r_[-1, codes[:-1]])))
     job = firsts.column("job_id")
     detail = pc.binary_join_element_wise(
         "job ", job, " (", firsts.column("state"), ", ", firsts.column("node"), ") runs under the search's name but the ledger does not know it", ""
@@ -193,6 +198,8 @@ def _json_values(column: pa.ChunkedArray) -> str | pa.ChunkedArray:
         if not pc.all(pc.is_finite(column)).as_py():  # NaN or infinity: no JSON number; json writes them as Python does
             return _dumped(column)
         text = pc.cast(column, pa.string())
+        # Arrow writes 3.0 as "3", which a reader takes for an int: a float stays one, as json writes it.
+        text = pc.if_else(pc.match_substring_regex(text, "^-?[0-9]+$"), pc.binary_join_element_wise(text, ".0", ""), text)
     elif pa.types.is_boolean(kind):
         text = pc.if_else(column, "true", "false")
     else:

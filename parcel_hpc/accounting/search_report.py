@@ -42,7 +42,7 @@ def reconcile_search(search: SearchDir, sacct_file: Path | None = None) -> Recon
         try:
             rows = run_table(parse_sacct_file(sacct_file, source=str(sacct_file), allocations_only=True))
         except OSError as exc:
-            raise UsageError(f"cannot read --sacct-file {sacct_file}: {exc.strerror}; export it with `sacct {SACCT_FORMAT_HINT}`") from None
+            raise UsageError(f"cannot read --sacct-file {sacct_file}: {exc.strerror or exc}; export it with `sacct {SACCT_FORMAT_HINT}`") from None
         ours = pc.is_in(rows.column("job_id"), value_set=pa.array(sorted({j for r in records for j in r.jobs}), pa.string()))
         # The dump is exported by the search's job name (README): every row the ledger lacks is an orphan.
         return reconcile(

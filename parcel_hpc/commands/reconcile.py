@@ -11,6 +11,7 @@ Must not write under a search: admins reconcile searches they cannot write to.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -132,11 +133,13 @@ def _print_report(
     if args.json or args.csv:
         sys.stdout.flush()
         out = sys.stdout.buffer
-        for chunk in as_json() if args.json else as_csv():  # written as made: a month's lines are never all held
-            out.write(chunk)
-        if args.json:
-            out.write(b"\n")
-        out.flush()
+        try:
+            for chunk in as_json() if args.json else as_csv():  # written as made: a month's lines are never all held
+                out.write(chunk)
+            out.write(b"\n" if args.json else b"")
+            out.flush()
+        except BrokenPipeError:  # the reader left (`| head`): the page and the exit code still follow
+            os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())
     else:
         as_table(make_console())
     if args.html:

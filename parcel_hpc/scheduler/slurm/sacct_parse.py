@@ -141,23 +141,24 @@ def parse_sacct(data: bytes, *, source: str = "<sacct>", tz: str = "UTC", alloca
 
 def parse_sacct_file(path: str | os.PathLike, *, source: str, tz: str = "UTC", allocations_only: bool = False) -> SacctTable:
     """``parse_sacct`` of a dump on disk, read by pyarrow a block at a time: a month's dump is never
-    held whole in memory (the text is read again only to name a malformed line). Raises OSError
-    when the file cannot be read."""
+    held whole in memory (the text is read again only to name a malformed line; a dump under 4 KiB,
+    or one ending in blank lines, is read as bytes). Raises OSError when the file cannot be read."""
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         head = f.read(4096)
         f.seek(max(0, size - 4096))
         tail = f.read()
-    if len(tail) - len(tail.rstrip(b"\r\n")) > 2 or len(head) == size:  # blank lines at the end, or small: as bytes
+    last_line_ended = tail.removesuffix(b"\n").removesuffix(b"\r")
+    if len(head) == size or last_line_ended.endswith((b"\n", b"\r")):  # small, or blank lines at the end: as bytes
         return parse_sacct(Path(path).read_bytes(), source=source, tz=tz, allocations_only=allocations_only)
     header_end = len(head) - len(_split_header(memoryview(head), source)[0])
-    stream = pa.OSFile(str(path))
-    stream.seek(header_end)
 
     def text() -> memoryview:
         return _without_trailing_newlines(memoryview(Path(path).read_bytes())[header_end:])
 
-    return _parse(stream, text, 1 if header_end == 0 else 2, source, tz, allocations_only)
+    with pa.OSFile(str(path)) as stream:
+        stream.seek(header_end)
+        return _parse(stream, text, 1 if header_end == 0 else 2, source, tz, allocations_only)
 
 
 def _parse(stream: pa.NativeFile, text: Callable[[], memoryview], first_line: int, source: str, tz: str, allocations_only: bool) -> SacctTable:
@@ -177,9 +178,9 @@ def _parse(stream: pa.NativeFile, text: Callable[[], memoryview], first_line: in
                     derived.append(pending.popleft().result())
                 if problems:  # the first bad block is known: the rest need not be read
                     break
+            derived += [f.result() for f in pending]
         except (pa.ArrowException, ValueError) as exc:
             raise_malformed(text(), source, first_line, None, str(exc))
-        derived += [f.result() for f in pending]
     if problems:
         row, what = min(problems)
         raise_malformed(text(), source, first_line, row, what)
