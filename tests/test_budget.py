@@ -279,11 +279,14 @@ def test_read_totals_writes_nothing(tmp_path):
     assert tree_listing(tmp_path) == before
 
     empty = tmp_path / "empty"
-    (empty / "budget" / "journal").mkdir(parents=True)  # a journal whose opener died before entry 0
+    (empty / "budget" / "journal").mkdir(parents=True)  # a journal being opened, or whose opener died before entry 0
     before = tree_listing(empty)
-    with pytest.raises(UsageError, match="has no caps yet"):
-        BudgetLedger.read_totals(empty)
+    assert BudgetLedger.read_totals(empty) is None  # nothing reserved yet: a read command goes on
     assert tree_listing(empty) == before
+    with pytest.raises(UsageError, match="has no caps yet"):
+        BudgetLedger(empty)  # a writer must bring the caps
+    opened = BudgetLedger(empty, caps(gpu=3.0))  # the next launch opens it
+    assert BudgetLedger.read_totals(empty) == opened.totals()
 
 
 def test_a_damaged_entry_is_named(tmp_path):

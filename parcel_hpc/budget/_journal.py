@@ -378,12 +378,16 @@ class BudgetLedger:
     @staticmethod
     def read(search_dir: str | os.PathLike) -> JournalView | None:
         """The journal's totals and every reservation, read without writing (read commands); None
-        when the search has no journal."""
+        when the search has no journal, or one with no entry yet: a launch that is opening it this
+        moment (`status --watch` of a search starting) has reserved nothing, as has an opener that
+        died before entry 0 (the next launch writes it)."""
         path = _journal_dir(search_dir)
         if not path.is_dir():
             return None
         fold = _newest_checkpoint(path) or _Fold()
         _replay(fold, path)
+        if fold.seq < 0:
+            return None
         if fold.caps is None:
             raise _no_caps_yet(path)
         return fold.view()
