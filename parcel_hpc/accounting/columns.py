@@ -63,7 +63,7 @@ def other_lines(runs: pa.Table, known: Collection[str], rates: Rates) -> pa.Tabl
     runs = without(runs, pc.is_in(runs.column("job_id"), value_set=pa.array(list(known), pa.string())))
     n = runs.num_rows
     gpu_h, cpu_h = runs.column("gpu_hours"), runs.column("cpu_hours")
-    cost = pc.add(pc.multiply(gpu_h, rates.per_gpu_hour), pc.multiply(cpu_h, rates.per_cpu_hour))
+    cost = pa.array(rates.cost(gpu_h.to_numpy(), cpu_h.to_numpy()), pa.float64())  # the one price formula, over columns
     empty = pa.repeat("", n)
     none_int, none_float = pa.nulls(n, pa.int64()), pa.nulls(n, pa.float64())
     # No worker read these runs' GPUs: their GPU-hours are neither used nor idle (null), and a run
