@@ -6,7 +6,6 @@ import io
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,7 +23,7 @@ from parcel_hpc.launch.pulse import Pulse
 from parcel_hpc.ledger import Heartbeat, LauncherState, SearchDir
 from parcel_hpc.ledger.searches import launcher_state
 from parcel_hpc.scheduler.local.dispatcher import machine_gpus
-from parcel_hpc.testing import faults, launch, parcel_hpc, start_launch
+from parcel_hpc.testing import faults, launch, parcel_hpc, runs, start_launch
 from parcel_hpc.worker.training import STEP_HOOK_ENV
 
 FAST = ["pruner=none", "train.steps=10", "checkpoint.every_steps=5"]
@@ -180,22 +179,21 @@ def test_watch_says_stalled_when_nothing_can_move_the_search(tmp_path, data_dir)
     while not (search.trials_dir.exists() and any(r.state.value == "completed" for r in search.records())):
         assert time.time() < deadline, "no trial completed"
         time.sleep(0.2)
+    workers = runs.descendants(proc.pid)  # its workers die with it, as on a lost login node
     proc.send_signal(signal.SIGKILL)
     proc.wait(30)
-    _kill_children(search.path)  # its workers die with it, as on a lost login node
+    _kill(workers)
     watched = parcel_hpc(["status", str(search.path), "--watch", "--interval", "0.2"], timeout=120)
     assert watched.returncode == 4, watched.stdout + watched.stderr
     assert "stalled:" in watched.stdout and "launcher: gone" in watched.stdout
 
 
-def _kill_children(search: Path) -> None:
-    out = subprocess.run(["pgrep", "-f", str(search)], capture_output=True, text=True).stdout.split()
-    for pid in out:
-        if int(pid) != os.getpid():
-            try:
-                os.kill(int(pid), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+def _kill(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     time.sleep(0.5)
 
 

@@ -81,3 +81,42 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str, every: flo
             return value
         time.sleep(every)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (children, their children, ...), read from /proc: the
+    processes a test started through ``pid``, found by parentage, never by name or command line."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat_text = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue  # exited meanwhile
+        ppid = int(stat_text.rsplit(")", 1)[1].split()[1])  # after the command name, which may hold spaces
+        parents.setdefault(ppid, []).append(int(entry))
+    found: list[int] = []
+    pending = [pid]
+    while pending:
+        children = parents.get(pending.pop(), [])
+        found.extend(children)
+        pending.extend(children)
+    return found
+
+
+def own_daemon_pid(base: Path, name: str) -> int | None:
+    """The live pid of the dev cluster daemon ``name`` (``slurmctld``, ``slurmd-n2``) that
+    scripts/dev-cluster-up.sh started in ``base``: read from its pid file and checked as that script
+    checks it (the process's name, and ``base`` in its command line or environment: pids are reused).
+    None when it does not run."""
+    try:
+        pid = int((base / "run" / "pids" / f"{name}.pid").read_text().strip())
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+        marks = Path(f"/proc/{pid}/cmdline").read_bytes() + Path(f"/proc/{pid}/environ").read_bytes()
+    except (OSError, ValueError):
+        return None
+    if state in ("Z", "X") or comm != name.split("-", 1)[0] or f"{base}/".encode() not in marks:
+        return None
+    return pid

@@ -33,14 +33,15 @@ def cluster_base() -> Path:
     return Path(os.environ["SLURM_CONF"]).parent.parent
 
 
-def kill_daemon(command_line: str, sig: int = signal.SIGKILL) -> None:
-    """Kill the dev cluster's daemon whose command line starts with ``command_line`` (``slurmctld -D``,
-    ``slurmd -D -N n2``) and wait until it has exited."""
-    pids = [int(p) for p in sh("pgrep", "-f", f"^{command_line}( |$)", check=False).split()]
-    assert pids, f"no process runs {command_line!r}"
-    for pid in pids:
-        os.kill(pid, sig)
-    wait_for(lambda: not sh("pgrep", "-f", f"^{command_line}( |$)", check=False).strip(), 30, f"{command_line} to exit")
+def kill_daemon(name: str, sig: int = signal.SIGKILL) -> None:
+    """Kill this dev cluster's daemon ``name`` (``slurmctld``, ``slurmdbd``, ``slurmd-n2``: the pid file
+    scripts/dev-cluster-up.sh wrote under BASE/run/pids/) and wait until it has exited. Found by its
+    pid file and checked to be that daemon of this BASE, never by name: another cluster's daemons of
+    the same name run on the same machine."""
+    pid = runs.own_daemon_pid(cluster_base(), name)
+    assert pid is not None, f"the dev cluster at {cluster_base()} runs no {name}"
+    os.kill(pid, sig)
+    wait_for(lambda: runs.own_daemon_pid(cluster_base(), name) is None, 30, f"{name} (pid {pid}) to exit")
 
 
 def restart_daemons() -> None:

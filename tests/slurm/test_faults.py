@@ -216,7 +216,7 @@ def test_slurmd_killed_mid_trial(tmp_path, data_dir, cluster_guard):
     search = SearchDir(tmp_path / "runs" / "slurmd")
     proc = start(tmp_path, data_dir, "slurmd", "search.n_trials=1", "train.step_seconds=0.2")
     _, node = first_started(search, min_step=10)
-    kill_daemon(f"slurmd -D -N {node}")
+    kill_daemon(f"slurmd-{node}")
     try:
         wait_for(lambda: search.record("t0000").step >= 30, 60, "training to go on without slurmd")
     finally:
@@ -234,7 +234,7 @@ def test_slurmctld_restarted_mid_search(tmp_path, data_dir, cluster_guard):
     search = SearchDir(tmp_path / "runs" / "ctld")
     proc = start(tmp_path, data_dir, "ctld", "search.n_trials=3", "train.step_seconds=0.3", "hydra.launcher.array_parallelism=3")
     first_started(search, min_step=5)
-    kill_daemon("slurmctld -D", signal.SIGTERM)
+    kill_daemon("slurmctld", signal.SIGTERM)
     down_at = time.monotonic()
     try:
         wait_for(lambda: search.record("t0000").step >= 40, 60, "training to go on without slurmctld")
@@ -258,7 +258,7 @@ def test_slurmdbd_down_during_reconcile(tmp_path, data_dir, cluster_guard):
     assert res.returncode == 0, res.stderr
     search = SearchDir(tmp_path / "runs" / "dbd")
     before = sorted((str(p), p.stat().st_mtime_ns) for p in search.path.rglob("*"))
-    kill_daemon("slurmdbd -D")
+    kill_daemon("slurmdbd")
     try:
         down = parcel_hpc(["reconcile", str(search.path), "--json"], timeout=120)
     finally:
