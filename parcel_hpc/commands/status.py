@@ -87,7 +87,9 @@ def collect(search: SearchDir, view: RecordView | None = None) -> dict[str, Any]
     for r in records:
         row = r.to_json()
         last_job = r.jobs[-1] if r.jobs else ""
-        queued = facts.queued.get(last_job)
+        # The queue's word on the job, where that job will still run this trial (a requeued pack
+        # passes a trial whose attempt died unannounced: it waits for a job of its own).
+        queued = facts.queued.get(last_job) if facts.runs_again(r) else None
         row["scheduler"] = queued.state.lower() if queued is not None else ""
         row["queue_reason"] = queued.reason if queued is not None and queued.state == "PENDING" else ""
         row["prune"] = decisions.get(r.trial_id)

@@ -82,6 +82,11 @@ class Cause(str, enum.Enum):
         """Spends a retry: an infrastructure ending that was not a newer attempt taking over."""
         return self.is_infrastructure() and self is not Cause.SUPERSEDED
 
+    def interrupts(self) -> bool:
+        """Ends an attempt without a result and without a word on the design: the infrastructure,
+        or its owner's cancel (a cancelled trial's running attempt is interrupted, never failed)."""
+        return self.is_infrastructure() or self is Cause.CANCELLED_BY_OWNER
+
 
 _INFRASTRUCTURE = frozenset(
     {
@@ -211,8 +216,10 @@ class Ended:
             raise ValueError(f"only a completed attempt carries a metric ({how.value} has {self.metric!r})")
         if how is AttemptEnd.FAILED and (cause is None or not cause.is_training_failure()):
             raise ValueError(f"a failed attempt names its failure class, not {cause!r}")
-        if how.is_infrastructure() and (cause is None or not cause.is_infrastructure()):
-            raise ValueError(f"an {how.value} attempt names an infrastructure cause, not {cause!r}")
+        if how is AttemptEnd.INTERRUPTED and (cause is None or not cause.interrupts()):
+            raise ValueError(f"an interrupted attempt names an infrastructure cause or its owner's cancel, not {cause!r}")
+        if how is AttemptEnd.LOST and (cause is None or not cause.is_infrastructure()):
+            raise ValueError(f"a lost attempt names an infrastructure cause, not {cause!r}")
         if how is AttemptEnd.REJECTED and (self.outcome is None or not self.outcome.is_reject):
             raise ValueError(f"a rejected attempt names its outcome reject:<field>, not {self.outcome!r}")
         if how is AttemptEnd.REJECTED and cause not in (None, Cause.DRIFT):

@@ -81,6 +81,7 @@ class Attempt:
     number: int
     job_id: str = ""
     host: str = ""
+    node: str = ""  # the scheduler's name of the node it ran on (SLURMD_NODENAME; "" on the local executor)
     pid: int = 0
     started: float | None = None
     ended: float | None = None
@@ -291,6 +292,7 @@ def fold(spec: TrialSpec, events: Sequence[Event]) -> TrialRecord:
             f.attempt(n).update(
                 job_id=data.job_id,
                 host=data.host,
+                node=data.node,
                 pid=data.pid,
                 started=ev.t,
                 restart_count=data.restart_count,

@@ -37,14 +37,19 @@ UNREADABLE = (ParcelError, OSError, ValueError, KeyError, TypeError, AttributeEr
 STALE_AFTER_S = 3 * HEARTBEAT_S  # a working launch that has not written for this long has gone
 
 
-def launcher_state(launches: Sequence[Mapping], beats: Mapping[str, Heartbeat], now: float, host: str, alive: Callable[[int], bool]) -> LauncherState:
-    """What became of the search's launches (pure): any that works on it now wins; else the newest
-    heartbeat says how its launch left, or, its word gone stale or its pid dead, that it is gone.
+def launcher_state(
+    launches: Sequence[Mapping], beats: Mapping[str, Heartbeat], now: float, host: str, alive: Callable[[int], bool], cancelled: bool = False
+) -> LauncherState:
+    """What became of the search's launches (pure): any that works on it now wins; else a cancelled
+    search says so (whatever its last launch's word was: detached, ended); else the newest heartbeat
+    says how its launch left, or, its word gone stale or its pid dead, that it is gone.
     ``alive(pid)`` is asked only for a launch on this ``host``; other hosts' clocks are trusted to
     agree with this one's within NTP's error, far below ``STALE_AFTER_S``."""
     for beat in beats.values():
         if beat.state is LauncherState.FOLLOWING and now - beat.at < STALE_AFTER_S and (beat.host != host or alive(beat.pid)):
             return LauncherState.FOLLOWING
+    if cancelled:
+        return LauncherState.CANCELLED
     if beats:
         newest = max(beats.values(), key=lambda b: b.at)
         return LauncherState.GONE if newest.state is LauncherState.FOLLOWING else newest.state
@@ -69,7 +74,8 @@ def current_launcher(search: SearchDir, now: float | None = None, launches: Sequ
     heartbeats say now (this host's pids are checked)."""
     now = time.time() if now is None else now
     launches = search.launches() if launches is None else launches
-    return launcher_state(launches, search.heartbeats(), now, socket.gethostname(), lambda pid: pid_alive(str(pid)))
+    cancelled = search.cancellation() is not None
+    return launcher_state(launches, search.heartbeats(), now, socket.gethostname(), lambda pid: pid_alive(str(pid)), cancelled)
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,7 @@ class LauncherState(Enum):
     DETACHED = "detached"  # the last launch submitted and left (search.wait=false): the jobs run on the scheduler alone
     STOPPED = "stopped"  # the last launch stopped before its trials ended: interrupted, refused, scheduler gone
     GONE = "gone"  # the last launch stopped writing without a last word (killed, its node lost)
+    CANCELLED = "cancelled"  # the search was cancelled (`parcel-hpc cancel`): no launcher dispatches anything of it again
     NONE = "none"  # no launch ever dispatched anything
     UNKNOWN = "unknown"  # its last launch was by a version that wrote no heartbeat
 

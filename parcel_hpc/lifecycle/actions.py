@@ -110,6 +110,12 @@ def runs_alone(record: TrialRecord) -> bool:
     return last is None or last.how is not AttemptEnd.INTERRUPTED
 
 
+def skipped_in_turn(record: TrialRecord) -> bool:
+    """Whether a job that runs trials in turn (a pack, a slot) passes this trial by, requeued or not:
+    an attempt of it ran, and its next run must be a job of its own (``runs_alone``)."""
+    return bool(record.attempts) and runs_alone(record)
+
+
 def previous_attempt_ending(last: Attempt, facts: Started) -> Ended:
     """A new attempt found the previous one without an ending: SLURM requeued it, or it was lost."""
     requeued = facts.executor is Executor.SLURM and facts.restart_count > last.restart_count

@@ -4,7 +4,10 @@ Order is what makes it safe to rerun and safe against a launcher still at work: 
 recorded first (``cancelled.json`` for the whole search, a ``cancelled`` event per trial), so no
 launcher, worker or ``resubmit`` starts anything for those trials after that moment (a worker
 started late sees a finished trial and exits before it trains); only then are the jobs signalled,
-and once they have left the scheduler their budget holds are settled with the hours they ran.
+and once they have left the scheduler each attempt they cut off is recorded ``interrupted`` by its
+owner's cancel (``resolution``: sacct's word on its run, when a node failure ended it first) and its
+budget hold settled with the hours it ran. A job still ending when cancel stops waiting is left to
+``sync`` (or cancel again).
 A trial that ended before the cancel keeps its ending. A ``scancel`` by hand is not this: it stays
 an infrastructure interruption, retried like a preemption.
 """
@@ -23,8 +26,8 @@ from rich.table import Table
 from parcel_hpc.console import safe
 from parcel_hpc.errors import UsageError
 from parcel_hpc.governance import validation
-from parcel_hpc.ledger import Executor, SearchDir, TrialRecord, TrialState
-from parcel_hpc.lifecycle import settlement
+from parcel_hpc.ledger import Executor, SearchDir, TrialRecord, TrialState, TrialWriter
+from parcel_hpc.lifecycle import resolution, settlement
 from parcel_hpc.ownership import current_user
 from parcel_hpc.scheduler.base import Dispatcher, LauncherSettings
 from parcel_hpc.scheduler.factory import make_dispatcher
@@ -93,11 +96,16 @@ def run(search: SearchDir, trial_ids: Sequence[str], reason: str, console: Conso
         raise UsageError(f"--trial {unknown[0]} is not a trial of {search.path}; `parcel-hpc status {search.path}` lists them")
     by = current_user()
     whole = not trial_ids
+    writers: dict[str, TrialWriter] = {}
+
+    def writer(tid: str) -> TrialWriter:
+        return writers.setdefault(tid, search.writer(tid, "cancel"))
+
     if whole:
         search.mark_cancelled(by, reason, time.time())  # before any trial event: a launcher checks it first
     decided = plan(search.records(), trial_ids)
     for tid in decided.record:
-        search.writer(tid, "cancel").cancelled(by, reason, whole)
+        writer(tid).cancelled(by, reason, whole)
     dispatcher = _dispatcher(search)
     # Slots outlive their launcher only where the scheduler runs them (a local launcher stops its own).
     idle = idle_slots(search.slot_records(), decided.signal) if whole and dispatcher is not None and dispatcher.can_detach else ()
@@ -109,13 +117,25 @@ def run(search: SearchDir, trial_ids: Sequence[str], reason: str, console: Conso
         # when its slot is one of those just ended.
         late = plan(search.records())
         for tid in late.record:
-            search.writer(tid, "cancel").cancelled(by, reason, whole)
+            writer(tid).cancelled(by, reason, whole)
         gone.update({t: now for t, j in late.signal if j in signalled and j not in alive})
         decided = CancelPlan(decided.record + late.record, decided.signal + late.signal, decided.untouched, decided.shared)
-    settled = settlement.settle_ended(search, [search.record(t) for t in sorted(gone)], gone_at=gone)
+    # An attempt whose job is gone says how it ended now: interrupted by its owner's cancel (never a
+    # failure), or what sacct says of its run when something else ended it first (a node failure).
+    # No attempt of a cancelled trial is left running in the ledger.
+    ended = {j for t, j in decided.signal if t in gone and j not in alive}
+    settled, unasked = [], ""
+    try:
+        records, facts = resolution.observe(search, [search.record(t) for t in sorted(gone)], resolution.RESUBMIT, seen_ending=ended)
+        settled = resolution.record(search, resolution.resolve(records, facts, resolution.RESUBMIT), writer)
+    except UsageError as exc:  # accounting unreachable: the cancel stands; sync records the endings later
+        unasked = f"how the attempts it cut off ended is not recorded ({exc}); `parcel-hpc sync {search.path}` records it once the scheduler answers"
+    settled += settlement.settle_ended(search, [search.record(t) for t in sorted(gone)], gone_at=gone)
     slots_ended = tuple(j for j in idle if j in signalled)
     report = CancelReport(decided, signalled, alive, tuple((s.key.trial_id, s.key.attempt) for s in settled), slots_ended)
     console.print(render(report, whole))
+    if unasked:
+        console.print(unasked, markup=False, highlight=False, soft_wrap=True)
     if slots_ended:
         console.print(f"{len(slots_ended)} slots running no trial were ended: {', '.join(slots_ended)}", markup=False, highlight=False, soft_wrap=True)
     return report

@@ -1,18 +1,27 @@
 """Attempts that never said how they ended: how the scheduler (or the next attempt) says they did.
 
-A trial whose last attempt has no ending while its job is gone is resolved here, and only here:
-``resolve`` is the pure decision (records + scheduler facts + a policy -> resolutions), ``observe``
-asks the scheduler, ``record`` journals the answer and settles the budget holds of the attempts it
-ended (``lifecycle.settlement``). The writers that own a search record resolutions (the launch's
-follower, ``resubmit``, ``sync``, and a new attempt of the same trial, through
+A trial whose last attempt has no ending while the run it ran in is over is resolved here, and only
+here: ``resolve`` is the pure decision (records + scheduler facts + a policy -> resolutions),
+``observe`` asks the scheduler, ``record`` journals the answer and settles the budget holds of the
+attempts it ended (``lifecycle.settlement``). The writers that own a search record resolutions (the
+launch's follower, ``resubmit``, ``sync``, ``cancel``, and a new attempt of the same trial, through
 ``lifecycle.actions.previous_attempt_ending``, which needs no scheduler, then settles its hold);
 ``status`` folds the same resolutions in memory and shows them as not yet recorded, because a read
 command never writes.
 
-What counts as gone, and what the scheduler's word is worth, depends on who asks (``Policy``):
-- ``status`` and ``sync`` resolve a SLURM job only once sacct holds its final record, and a local
-  job only when its worker's process is gone from this very host: the answer must be definite.
-- ``resubmit`` resolves every job gone from the queue, with sacct's cause when it has one.
+An attempt's run is over when its job left the queue, or as soon as the scheduler requeued the job
+after the attempt began (squeue's restart count passed the attempt's: a node failure, a preemption
+without warning, an admin's requeue); its ending is read from sacct's record of that very run (the
+attempt's ``restart_count``), never from the job's later runs. A job requeued that way reruns a
+trial of its own, but a job that runs trials in turn (a pack, a slot) passes by a trial whose
+attempt died unannounced (``actions.skipped_in_turn``): that trial waits for a job of its own
+(``SchedulerFacts.runs_again``), which ``resubmit`` gives it at once. A cancelled trial's attempt
+ended by the cancel is ``interrupted`` with its owner's cause, never a failure.
+
+What counts as over, and what the scheduler's word is worth, depends on who asks (``Policy``):
+- ``status`` and ``sync`` resolve a SLURM attempt only once sacct holds the record of its run, and
+  a local job only when its worker's process is gone from this very host: the answer must be definite.
+- ``resubmit`` resolves every attempt whose run is over, with sacct's cause when it has one.
 - the launch's follower resolves the jobs its own dispatcher saw end, as ``lost``: it never waits
   on accounting (slurmdbd may lag or be down while trials run).
 """
@@ -20,12 +29,14 @@ What counts as gone, and what the scheduler's word is worth, depends on who asks
 from __future__ import annotations
 
 import socket
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from parcel_hpc.errors import SchedulerUnavailable
-from parcel_hpc.ledger import AttemptEnd, Cause, Ended, Executor, SearchDir, TrialRecord, TrialWriter
+from parcel_hpc.ledger import AttemptEnd, Cause, Ended, Executor, SearchDir, TrialRecord, TrialState, TrialWriter
 from parcel_hpc.lifecycle import settlement
+from parcel_hpc.lifecycle.actions import skipped_in_turn
 from parcel_hpc.scheduler.probe import pid_alive
 from parcel_hpc.scheduler.slurm import queue as slurm
 from parcel_hpc.scheduler.slurm.runs import JobRun, job_runs, runs_by_job
@@ -36,7 +47,7 @@ from parcel_hpc.scheduler.slurm.sacct_parse import parse_sacct
 @dataclass(frozen=True)
 class Policy:
     ask_accounting: bool  # ask sacct how vanished SLURM jobs ended
-    require_final_record: bool  # resolve a SLURM job only once sacct has its final record
+    require_final_record: bool  # resolve a SLURM attempt only once sacct has the record of its run
 
 
 DEFINITE = Policy(ask_accounting=True, require_final_record=True)  # status, sync
@@ -61,6 +72,7 @@ class SchedulerFacts:
     runs: Mapping[str, Sequence[JobRun]] = field(default_factory=dict)  # sacct runs per job id, in order
     seen_ending: frozenset[str] = frozenset()  # jobs the caller's own dispatcher saw end
     slurm_error: str = ""  # squeue did not answer: no SLURM job is resolved
+    turn_jobs: frozenset[str] = frozenset()  # jobs that run trials in turn: packs (several trials list them) and slots
 
     def job_gone(self, record: TrialRecord) -> bool:
         job = record.jobs[-1]
@@ -73,40 +85,82 @@ class SchedulerFacts:
             return job not in self.local_alive
         return last.host == self.host and job not in self.local_alive and str(last.pid) not in self.local_alive
 
+    def requeued_since(self, record: TrialRecord) -> bool:
+        """The scheduler requeued the trial's job after its last attempt began there: the run that
+        attempt ran in has ended, though the job waits or runs again (squeue counts the restarts)."""
+        last = record.attempts[-1] if record.attempts else None
+        if record.executor is not Executor.SLURM or last is None or last.started is None or last.job_id != record.jobs[-1]:
+            return False
+        queued = self.queued.get(last.job_id)
+        return queued is not None and queued.restarts > last.restart_count
 
-def final_run(runs: Sequence[JobRun]) -> JobRun | None:
-    """sacct's final record of a job: its last run, once it ended."""
-    last = runs[-1] if runs else None
-    return last if last is not None and not last.state.is_active() else None
+    def attempt_over(self, record: TrialRecord) -> bool:
+        """The run the trial's last attempt ran in has ended: its job is gone, or requeued since."""
+        return bool(record.jobs) and (self.job_gone(record) or self.requeued_since(record))
+
+    def runs_again(self, record: TrialRecord) -> bool:
+        """Its latest job, still held by the scheduler, runs the trial or will: a job of its own
+        does, one that runs trials in turn passes it by once its attempt there died unannounced."""
+        if not record.jobs or self.job_gone(record):
+            return False
+        return not (self.attempt_over(record) and record.jobs[-1] in self.turn_jobs and skipped_in_turn(record))
 
 
-def ending_from_accounting(record: TrialRecord, job: str, runs: Sequence[JobRun]) -> Ended:
-    """How the last attempt ended, from sacct's final record of its job (``lost`` without one)."""
-    last = final_run(runs)
-    message = f"resolved from the scheduler: {last.state.text if last is not None else 'gone from the queue'}"
-    cause = (last.state.cause() if last is not None else None) or Cause.LOST
+def attempt_run(record: TrialRecord, runs: Sequence[JobRun]) -> JobRun | None:
+    """sacct's record of the run of its job the trial's last attempt ran in (the requeue count it
+    started with), once that run is over; None while it runs or before sacct filed it."""
+    number = record.attempts[-1].restart_count if record.attempts else 0
+    own = [run for run in runs if run.attempt == number]
+    return own[-1] if own and not own[-1].state.is_active() else None
+
+
+def ending_from_accounting(record: TrialRecord, job: str, runs: Sequence[JobRun], requeued: bool = False) -> Ended:
+    """How the last attempt ended, from sacct's record of its run (``lost`` without one).
+    ``requeued``: its job is held again (``SchedulerFacts.requeued_since``): the attempt is ``lost``,
+    so a job that runs trials in turn leaves it to a job of its own (``actions.runs_alone``)."""
+    run = attempt_run(record, runs)
+    if run is not None:
+        said = run.state.text + (f" on {run.node_list}" if run.node_list and run.node_list != "None assigned" else "")
+    else:
+        said = "requeued by the scheduler" if requeued else "gone from the queue"
+    message = f"resolved from the scheduler: {said}"
+    cause = run.state.cause() if run is not None else None
+    if record.state is TrialState.CANCELLED and cause in (None, Cause.CANCELLED):
+        # The cancel's own scancel (or an end no record explains): its owner's cancel ended it.
+        return Ended(AttemptEnd.INTERRUPTED, Cause.CANCELLED_BY_OWNER, job_id=job, message=f"{message}; its trial was cancelled by its owner")
+    cause = cause or (Cause.REQUEUED_BY_SCHEDULER if requeued else Cause.LOST)
     if cause.is_training_failure():
         return Ended(AttemptEnd.FAILED, cause, final=cause in record.failures, job_id=job, message=message)
+    if requeued:
+        return Ended(AttemptEnd.LOST, cause, job_id=job, message=f"{message}; its job was requeued")
     return Ended(AttemptEnd.LOST if cause is Cause.LOST else AttemptEnd.INTERRUPTED, cause, job_id=job, message=message)
 
 
 def needs_resolution(record: TrialRecord) -> bool:
-    """An open trial whose last attempt never said how it ended."""
-    return not record.state.is_finished() and bool(record.jobs) and bool(record.attempts) and record.attempts[-1].how is None
+    """A trial whose last attempt never said how it ended: an open one, or one finished meanwhile
+    (a cancel ends a trial whose attempt its job then ended)."""
+    return bool(record.jobs) and bool(record.attempts) and record.attempts[-1].how is None
 
 
 def resolve(records: Iterable[TrialRecord], facts: SchedulerFacts, policy: Policy) -> list[Resolution]:
     """The resolutions the scheduler's facts call for under ``policy`` (pure)."""
     out = []
     for r in records:
-        if not (needs_resolution(r) and facts.job_gone(r)):
+        if not (needs_resolution(r) and facts.attempt_over(r)):
             continue
         job = r.jobs[-1]
         runs = facts.runs.get(job, ())
-        if r.executor is Executor.SLURM and policy.require_final_record and job not in facts.seen_ending and final_run(runs) is None:
-            continue  # gone from the queue, but sacct has not filed how yet: no definite answer
-        out.append(Resolution(r.trial_id, r.attempts[-1].number, ending_from_accounting(r, job, runs if policy.ask_accounting else ())))
+        if r.executor is Executor.SLURM and policy.require_final_record and job not in facts.seen_ending and attempt_run(r, runs) is None:
+            continue  # its run is over, but sacct has not filed how yet: no definite answer
+        ending = ending_from_accounting(r, job, runs if policy.ask_accounting else (), requeued=not facts.job_gone(r))
+        out.append(Resolution(r.trial_id, r.attempts[-1].number, ending))
     return out
+
+
+def turn_jobs(records: Iterable[TrialRecord], slot_jobs: Iterable[str] = ()) -> frozenset[str]:
+    """The jobs that run trials in turn: listed by more than one trial (a pack), or a slot's (pure)."""
+    listed = Counter(job for r in records for job in dict.fromkeys(r.jobs))
+    return frozenset(job for job, n in listed.items() if n > 1) | frozenset(j for j in slot_jobs if j)
 
 
 # --- the edge: ask the scheduler, record the answer ----------------------------------------------
@@ -120,9 +174,10 @@ def observe(
     The queue is read before the records are read again: an attempt that said how it ended before
     its job left the queue is then seen as ended, never resolved as lost. sacct is asked (when the
     policy says so) about the jobs of attempts to resolve, or with ``every_gone_job`` about every
-    open trial's job that left the queue (``resubmit`` reads node failures and causes from it).
+    open trial whose run is over (``resubmit`` reads node failures and causes from it).
+    ``records``: every trial of the search where the caller has them (which jobs are packs).
     """
-    open_records = [r for r in records if not r.state.is_finished() and r.jobs]
+    open_records = [r for r in records if r.jobs and (not r.state.is_finished() or needs_resolution(r))]
     queued: dict[str, slurm.QueuedJob] = {}
     error = ""
     if any(r.executor is Executor.SLURM for r in open_records):
@@ -137,26 +192,33 @@ def observe(
     by_id = {r.trial_id: r for r in records}
     by_id.update((r.trial_id, search.record(r.trial_id)) for r in open_records)
     fresh = list(by_id.values())
-    facts = SchedulerFacts(socket.gethostname(), queued, local_alive, seen_ending=frozenset(seen_ending), slurm_error=error)
+    turns = turn_jobs(records, (str(s.get("job_id", "")) for s in search.slot_records())) if open_records else frozenset()
+    facts = SchedulerFacts(socket.gethostname(), queued, local_alive, seen_ending=frozenset(seen_ending), slurm_error=error, turn_jobs=turns)
     if policy.ask_accounting:
         asked = [
             r.jobs[-1]
             for r in fresh
-            if r.executor is Executor.SLURM and r.jobs and not r.state.is_finished() and (every_gone_job or needs_resolution(r)) and facts.job_gone(r)
+            if r.executor is Executor.SLURM and r.jobs and (needs_resolution(r) or (every_gone_job and not r.state.is_finished())) and facts.attempt_over(r)
         ]
         if asked:
-            facts = replace(facts, runs=runs_by_job(job_runs(parse_sacct(run_sacct(build_sacct_argv(asked)), source="sacct", allocations_only=True))))
+            facts = replace(facts, runs=accounted_runs(asked))
     return fresh, facts
 
 
-def record(search: SearchDir, resolutions: Iterable[Resolution], writer: Callable[[str], TrialWriter]) -> None:
+def accounted_runs(job_ids: Iterable[str]) -> dict[str, list[JobRun]]:
+    """sacct's runs of these jobs (every requeued run), by job id."""
+    return runs_by_job(job_runs(parse_sacct(run_sacct(build_sacct_argv(job_ids)), source="sacct", allocations_only=True)))
+
+
+def record(search: SearchDir, resolutions: Iterable[Resolution], writer: Callable[[str], TrialWriter]) -> list[settlement.StaleHold]:
     """Journal each resolution through the caller's writer for that trial (never from a read
-    command), then settle the budget holds of the attempts it ended."""
+    command), then settle the budget holds of the attempts it ended; the holds settled."""
     resolved = list(resolutions)
     for res in resolved:
         writer(res.trial_id).resolved(res.attempt, res.ending)
-    if resolved:
-        settlement.settle_ended(search, [search.record(tid) for tid in dict.fromkeys(res.trial_id for res in resolved)])
+    if not resolved:
+        return []
+    return settlement.settle_ended(search, [search.record(tid) for tid in dict.fromkeys(res.trial_id for res in resolved)])
 
 
 def sync(search: SearchDir) -> tuple[list[Resolution], list[settlement.StaleHold]]:

@@ -62,15 +62,18 @@ def decide(
         if rec.trial_id in in_flight:
             untouched.append((rec.trial_id, "another launcher is dispatching it right now"))
             continue
-        if not facts.job_gone(rec):
+        if not facts.attempt_over(rec):
             untouched.append((rec.trial_id, f"job {job} is still queued or running"))
             continue
         for res in resolution.resolve([rec], facts, resolution.RESUBMIT):
             resolve.append(res)
             rec = fold(rec.spec, [*events[rec.trial_id], preview(res.attempt, res.ending, now)])
+        if facts.runs_again(rec):
+            untouched.append((rec.trial_id, f"job {job} was requeued by the scheduler: its next run resumes the trial"))
+            continue
         nxt = next_action(rec, dispatches=dispatches.get(rec.trial_id, 0), job_alive=False, policy=policy)
         if nxt.action in (Action.RETRY, Action.DISPATCH):
-            why = _why(rec.cause.value if rec.cause is not None else "lost", facts.runs.get(job, ()), nxt.reason)
+            why = _why(rec.cause.value if rec.cause is not None else "lost", resolution.attempt_run(rec, facts.runs.get(job, ())), nxt.reason)
             resubmit.append(Resubmission(rec.trial_id, why, _failed_nodes(rec.jobs, facts.runs)))
         elif nxt.action is Action.GIVE_UP:
             give_up.append((rec.trial_id, nxt.reason))
@@ -79,8 +82,9 @@ def decide(
     return ResubmitPlan(tuple(resolve), tuple(resubmit), tuple(give_up), tuple(untouched))
 
 
-def _why(cause: str, runs: Sequence[JobRun], action: str) -> str:
-    seen = runs[-1].state.text if runs else "gone from the queue"
+def _why(cause: str, run: JobRun | None, action: str) -> str:
+    """Why a trial is resubmitted: its cause and what sacct says of the run its last attempt ran in."""
+    seen = run.state.text if run is not None else "gone from the queue"
     return f"{cause} ({seen}); {action}".strip("; ")
 
 

@@ -29,7 +29,7 @@ from parcel_hpc.fsio import owner_only_writes
 from parcel_hpc.ledger import SearchDir, TrialRecord
 from parcel_hpc.ledger.events import Cause, FailureSignature
 from parcel_hpc.lifecycle import systematic
-from parcel_hpc.lifecycle.actions import runs_alone
+from parcel_hpc.lifecycle.actions import skipped_in_turn
 from parcel_hpc.worker import guard
 from parcel_hpc.worker.attempt import AttemptRun
 from parcel_hpc.worker.cache import WorkerCache
@@ -155,6 +155,6 @@ def _not_here(record: TrialRecord, job_id: str) -> str:
         return "finished"
     if record.jobs and job_id and record.jobs[-1] != job_id:
         return f"dispatched since as job {record.jobs[-1]}"
-    if record.attempts and runs_alone(record):
+    if skipped_in_turn(record):
         return "its last attempt ended without saying how: it runs alone"
     return ""

@@ -17,7 +17,9 @@ from parcel_hpc.errors import SchedulerUnavailable, UsageError
 from parcel_hpc.governance.validation import time_min  # SLURM's time forms, parsed in one place
 from parcel_hpc.scheduler.slurm.calls import count
 
-SQUEUE_FORMAT = "%i|%T|%r|%N"
+# --Format, not --format: only it prints the restart count. A "|" suffix and no width: whole values.
+SQUEUE_FIELDS = ("JobArrayID", "State", "RestartCnt", "Reason", "NodeList")
+SQUEUE_FORMAT = ",".join(f"{name}:|" for name in SQUEUE_FIELDS[:-1]) + f",{SQUEUE_FIELDS[-1]}:"
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,7 @@ class QueuedJob:
     state: str  # PENDING, RUNNING, REQUEUED, ...
     reason: str
     nodes: str
+    restarts: int = 0  # how often the scheduler requeued it (SLURM_RESTART_COUNT of its next run)
 
 
 def check_reachable(env: Mapping[str, str] | None = None, timeout: float = 15.0) -> None:
@@ -253,11 +256,17 @@ def account_limits(account: str, user: str, cluster: str, partition: str = "", e
 
 
 def squeue_argv(job_name: str) -> list[str]:
-    return ["squeue", "--noheader", "--array", f"--name={job_name}", f"--format={SQUEUE_FORMAT}"]
+    return ["squeue", "--noheader", "--array", f"--name={job_name}", f"--Format={SQUEUE_FORMAT}"]
 
 
 def parse_squeue(text: str) -> dict[str, QueuedJob]:
-    return {parts[0]: QueuedJob(*parts) for parts in _pipe_rows(text, 4, "squeue")}
+    """``squeue --Format`` (``SQUEUE_FIELDS``) -> the jobs by id (pure)."""
+    out = {}
+    for job, state, restarts, reason, nodes in _pipe_rows(text, len(SQUEUE_FIELDS), "squeue"):
+        if not restarts.strip().isdigit():
+            raise SchedulerUnavailable(f"squeue printed a restart count {restarts!r} for job {job}; check that it matches SLURM 22.05+")
+        out[job.strip()] = QueuedJob(job.strip(), state.strip(), reason.strip(), nodes.strip(), int(restarts))
+    return out
 
 
 def queued_jobs(job_name: str, env: Mapping[str, str] | None = None) -> dict[str, QueuedJob]:
