@@ -1,5 +1,6 @@
-"""``parcel-hpc logs SEARCH_DIR [TRIAL] [--attempt N]``: how a trial's attempt ended, its traceback
-from the ledger, and the scheduler's output files of its job (local and SLURM alike).
+"""``parcel-hpc logs SEARCH_DIR [TRIAL] [--attempt N]``: how a trial's attempt ended, where it ran,
+what the scheduler's accounting says of its run (SLURM: sacct's state and node), its traceback from
+the ledger, and the scheduler's output files of its job (local and SLURM alike).
 
 Without TRIAL: one line per failed trial, then the first failed trial in full. Without ``--attempt``:
 the trial's last failed attempt, else its last. A packed job's files hold every trial it ran.
@@ -18,6 +19,7 @@ from rich.console import Console
 from parcel_hpc.console import make_console
 from parcel_hpc.errors import UsageError
 from parcel_hpc.ledger import Attempt, AttemptEnd, Ended, Executor, SearchDir, TrialRecord
+from parcel_hpc.lifecycle import resolution
 from parcel_hpc.scheduler.factory import job_logs
 
 READ_ONLY = True
@@ -96,7 +98,10 @@ def show(search: SearchDir, record: TrialRecord, attempt: Attempt | None, consol
         job = attempt.job_id or (record.jobs[-1] if record.jobs else "")
         how = attempt.how.value if attempt.how is not None else "no ending recorded"
         cause = f" {attempt.cause.value}" if attempt.cause is not None else ""
-        say(f"{tid} attempt {attempt.number} of {len(record.attempts)}: {how}{cause} (job {job or '?'} on {attempt.host or '?'}); trial {record.state.value}")
+        where = f"node {attempt.node} (host {attempt.host or '?'})" if attempt.node and attempt.node != attempt.host else attempt.host or "?"
+        say(f"{tid} attempt {attempt.number} of {len(record.attempts)}: {how}{cause} (job {job or '?'} on {where}); trial {record.state.value}")
+        if record.executor is Executor.SLURM and job:
+            say(scheduler_word(job, attempt.restart_count))
         ending = _ending(search, tid, attempt.number)
         if ending is not None and ending.traceback:
             say("--- traceback (from the ledger)")
@@ -110,6 +115,20 @@ def show(search: SearchDir, record: TrialRecord, attempt: Attempt | None, consol
         say(f"job {job} ran {len(shared) + 1} trials in turn (a pack: {tid} {' '.join(shared)}): its files hold them all")
     for path in job_logs(record.executor or Executor.LOCAL, search, job):
         _tail(path, job, say)
+
+
+def scheduler_word(job: str, run: int) -> str:
+    """What sacct says of run ``run`` of ``job`` (the run an attempt ran in: its requeue count):
+    its state, node and length; or, in words, why it cannot say (logs goes on without it)."""
+    try:
+        runs = [r for r in resolution.accounted_runs([job]).get(job, []) if r.attempt == run]
+    except UsageError as exc:  # sacct unreachable or refusing: the ledger's word and the files still show
+        return f"--- the scheduler: sacct did not answer ({exc})"
+    if not runs:
+        return f"--- the scheduler: sacct has no record of run {run} of job {job} yet"
+    last = runs[-1]
+    ran = f"{last.elapsed_s} s so far" if last.state.is_active() else f"{last.elapsed_s} s"
+    return f"--- the scheduler (sacct): job {job} run {run} {last.state.text} on {last.node_list or '?'}, {ran}"
 
 
 def _tail(path: Path, job: str, say: Callable[[str], None]) -> None:
