@@ -25,6 +25,7 @@ from parcel_hpc.accounting import search_report
 from parcel_hpc.console import make_console
 from parcel_hpc.errors import EXIT_PENDING, UsageError
 from parcel_hpc.ledger import SearchDir
+from parcel_hpc.scheduler.slurm import queue as slurm
 
 READ_ONLY = True
 RETRY_S = 5.0  # between passes while --wait lasts and jobs are pending
@@ -34,7 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("search_dirs", type=Path, nargs="*", metavar="SEARCH_DIR")
     parser.add_argument("--root", type=Path, metavar="ROOT", help="every search under ROOT, totalled by user, search and partition")
     parser.add_argument(
-        "--account", metavar="NAME", help="every job charged to this SLURM account (all users) since --since, matched to the searches under --root"
+        "--account",
+        metavar="NAME",
+        help="every job charged to this SLURM account (all users) since --since, matched to the searches under --root; an account sacctmgr does not know is refused",
     )
     parser.add_argument("--since", metavar="DATE", help="with --account: from this date (YYYY-MM-DD or ISO date and time; UTC unless it says)")
     parser.add_argument("--sacct-file", type=Path, help="an exported `sacct --parsable2 --noheader --duplicates` dump instead of calling sacct")
@@ -92,6 +95,8 @@ def _many(args: argparse.Namespace) -> int:
     if args.account is None and args.since is not None:
         raise UsageError("--since goes with --account NAME")
     since = account_report.parse_since(args.since) if args.since is not None else None
+    if args.account is not None:
+        _require_known_account(args.account)  # a misspelt account would read as an idle one: 0 jobs
     root = args.root if args.root is not None else configured_search_root()
 
     def one_pass() -> tuple[Any, int]:
@@ -107,6 +112,17 @@ def _many(args: argparse.Namespace) -> int:
         lambda console: account_report.render_table(report, console),
         lambda: account_report.to_html(report),
     )
+
+
+NAMES_SHOWN = 20  # of the accounts an unknown --account is told to choose from
+
+
+def _require_known_account(account: str) -> None:
+    """UsageError (one line, exit 2) unless the accounting database has an association for ``account``."""
+    known = slurm.known_accounts()
+    if account not in known:
+        shown = ", ".join(known[:NAMES_SHOWN]) + (f" and {len(known) - NAMES_SHOWN} more (sacctmgr show accounts)" if len(known) > NAMES_SHOWN else "")
+        raise UsageError(f"--account {account} is not an account SLURM knows; give one of {shown or 'none: the accounting database has no account'}")
 
 
 def _reconciled(one_pass: Callable[[], tuple[Any, int]], wait_s: float, retry: bool = True) -> tuple[Any, int]:

@@ -124,6 +124,7 @@ class SearchLaunch:
                 f"search.n_trials={n_trials} exceeds budget.max_trials={max_trials}; lower search.n_trials to {max_trials} or start a new search revision with a larger budget",
             )
         account = dispatcher.account_limits()  # an unknown account is refused here, before anything is written
+        dispatcher.max_job_minutes()  # and an unknown partition (packing reads the limit later)
         if fresh and n_trials:
             # Hold before freezing: a held first launch must leave the caps free to change.
             first = launch_decision(contract, n_trials, 0, None)

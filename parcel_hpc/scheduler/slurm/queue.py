@@ -113,9 +113,13 @@ def parse_partitions(text: str) -> list[Partition]:
 
 
 def max_job_minutes(partition: str | None, env: Mapping[str, str] | None = None) -> float | None:
-    """The longest --time the partition(s) accept (the default partition without one); None: no limit."""
+    """The longest --time the partition(s) accept (the default partition without one); None: no
+    limit. A partition the controller does not have is bad input (UsageError, one line)."""
     parts = parse_partitions(_run(["scontrol", "--all", "show", "partition"], env, 30.0))  # hidden ones too
-    wanted = [p for p in parts if (p.name in partition.split(",") if partition else p.default)]
+    names = partition.split(",") if partition else []
+    if unknown := [name for name in names if name not in {p.name for p in parts}]:
+        raise UsageError(f"resources.partition={unknown[0]} is not a partition of this cluster; give one of {', '.join(sorted(p.name for p in parts))}")
+    wanted = [p for p in parts if (p.name in names if partition else p.default)]
     limits = [p.max_minutes for p in wanted if p.max_minutes is not None]
     return min(limits) if limits else None
 
@@ -253,6 +257,16 @@ def account_limits(account: str, user: str, cluster: str, partition: str = "", e
     chain = association_chain(account, user, assocs)
     accounts = sorted({assoc.account for assoc, _ in chain})
     return account, limits_of(chain, parse_shares(_run(shares_argv(accounts), env, 30.0)))
+
+
+def accounts_argv() -> list[str]:
+    # withdeleted: an account removed since still has the jobs charged to it before
+    return ["sacctmgr", "--noheader", "--parsable2", "show", "associations", "withdeleted", "format=Account"]
+
+
+def known_accounts(env: Mapping[str, str] | None = None) -> list[str]:
+    """Every account with an association in the accounting database, sorted (read-only)."""
+    return sorted({line.strip() for line in _run(accounts_argv(), env, 30.0).splitlines() if line.strip()})
 
 
 def squeue_argv(job_name: str) -> list[str]:
