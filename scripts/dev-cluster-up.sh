@@ -10,7 +10,8 @@
 #   slurmctld, and NODES slurmd (n1..nN, each Gres=gpu:GPUS_PER_NODE).
 # Idempotent: daemons that already run (PIDs in BASE/run/pids/) are left alone,
 # so a second call is a quick health check; data under BASE survives
-# dev-cluster-down.sh, so a restart skips database initialisation.
+# dev-cluster-down.sh, so a restart skips database initialisation, and the knobs
+# it was started with (BASE/knobs.env) are its defaults next time.
 #
 # Knobs (environment): NODES=3 CPUS_PER_NODE=4 MEM_PER_NODE=4000 (MB)
 #   GPUS_PER_NODE=4 PORT_BASE=16817 DB_PORT=13306 SKIP_APT=0 READY_TIMEOUT=60 (s)
@@ -36,6 +37,13 @@ phase_done() {
 BASE=${1:-/tmp/parcel-slurm}
 [[ $BASE == /* ]] || BASE="$PWD/$BASE"
 BASE=${BASE%/}
+# Knobs the environment does not give are this BASE's own from its last start: a restart (the tests'
+# restart_daemons) brings back this cluster on its own ports, never on the defaults another may use.
+if [[ -f $BASE/knobs.env ]]; then
+  while IFS='=' read -r knob value; do
+    if [[ $knob =~ ^(NODES|CPUS_PER_NODE|MEM_PER_NODE|GPUS_PER_NODE|PORT_BASE|DB_PORT)$ && -z ${!knob:-} ]]; then printf -v "$knob" '%s' "$value"; fi
+  done <"$BASE/knobs.env"
+fi
 NODES=${NODES:-3}
 CPUS_PER_NODE=${CPUS_PER_NODE:-4}
 MEM_PER_NODE=${MEM_PER_NODE:-4000}
@@ -299,6 +307,8 @@ write_conf() {
 write_conf "$BASE/etc/slurm.conf" 644 render_slurm_conf
 write_conf "$BASE/etc/gres.conf" 644 render_gres_conf
 write_conf "$BASE/etc/slurmdbd.conf" 600 render_slurmdbd_conf
+printf '%s\n' "NODES=$NODES" "CPUS_PER_NODE=$CPUS_PER_NODE" "MEM_PER_NODE=$MEM_PER_NODE" "GPUS_PER_NODE=$GPUS_PER_NODE" \
+  "PORT_BASE=$PORT_BASE" "DB_PORT=$DB_PORT" >"$BASE/knobs.env"
 cat >"$BASE/env.sh" <<EOF
 # source me: points Slurm clients (sinfo, sbatch, sacct, submitit) at the dev cluster in $BASE
 export SLURM_CONF=$SLURM_CONF

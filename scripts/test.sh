@@ -19,8 +19,11 @@ ruff format --check .
 vulture  # paths and confidence in pyproject.toml; framework-called names in vulture_allowlist.py
 mypy  # files and settings in pyproject.toml
 started_cluster=0
+BASE=${PARCEL_SLURM_BASE:-/tmp/parcel-slurm}
+# A SLURM_CONF left in the shell by another dev cluster is never the one to test on: the fault tests
+# kill and restart the daemons of the cluster they run against. PARCEL_SLURM_BASE names this one's.
+if [ -n "${PARCEL_SLURM_BASE:-}" ] && [ "${SLURM_CONF:-}" != "$BASE/etc/slurm.conf" ]; then unset SLURM_CONF; fi
 if [ -z "${SLURM_CONF:-}" ] || ! scontrol ping >/dev/null 2>&1; then
-  BASE=${PARCEL_SLURM_BASE:-/tmp/parcel-slurm}
   bash scripts/dev-cluster-up.sh "$BASE"
   # shellcheck disable=SC1091
   source "$BASE/env.sh"

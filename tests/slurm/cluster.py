@@ -44,6 +44,13 @@ def kill_daemon(name: str, sig: int = signal.SIGKILL) -> None:
     wait_for(lambda: runs.own_daemon_pid(cluster_base(), name) is None, 30, f"{name} (pid {pid}) to exit")
 
 
+def daemons(base: Path) -> dict[str, int]:
+    """The live daemons of the dev cluster in ``base``, by the name of their pid file, checked as
+    ``kill_daemon`` checks them."""
+    names = sorted(p.stem for p in (base / "run" / "pids").glob("*.pid"))
+    return {name: pid for name in names if (pid := runs.own_daemon_pid(base, name)) is not None}
+
+
 def restart_daemons() -> None:
     """Start whatever daemon of the dev cluster is not running (the script's own idempotent start)."""
     proc = subprocess.run(["bash", str(REPO / "scripts" / "dev-cluster-up.sh"), str(cluster_base())], capture_output=True, text=True, timeout=180)
