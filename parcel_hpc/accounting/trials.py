@@ -204,7 +204,7 @@ def _attempt_rows(record: TrialRecord, events: Sequence[Event], rates: Rates, ho
                 "gpu_hours_idle": gpu_idle,
                 "queue_wait_s": wait,
                 "started_at": _ms(a.started),
-                "ended_at": _ms(a.ended),
+                "ended_at": _ms(end),  # where its hours end (Attempt.counted_end)
             }
         )
     return rows
@@ -216,7 +216,7 @@ def _trial_row(record: TrialRecord, events: Sequence[Event], attempts: Sequence[
     reached = {m.step for m in valid if m.is_milestone}
     waits = [r["queue_wait_s"] for r in attempts if r["queue_wait_s"] is not None]
     started = [a.started for a in record.attempts if a.started is not None]
-    ended = [a.ended for a in record.attempts if a.ended is not None]
+    ended = [end for a in record.attempts if (end := a.counted_end()) is not None]
     return {
         "trial_id": record.trial_id,
         "index": record.spec.index,
