@@ -187,6 +187,8 @@ def test_an_allocation_above_the_request_counts_the_request_everywhere():
     filed = run("5", 0, 0, 380, JobState.COMPLETED, gpus=4)
     (settled,) = run_spends([fold(spec("t0001"), events + [accounted(filed, 400, 1)])]).values()
     assert (settled.attempts + settled.rest).gpu_hours == pytest.approx(380 / 3600)
+    (flag,) = reconcile("s1", "m", "sacct", [record], [filed], [], CAPS).flags  # and reconcile says sacct charged more
+    assert flag.kind is FlagKind.HOURS_MISMATCH and "allocated 4 GPUs where the search asked for 1" in flag.detail
     assert attempt_usage(RESOURCES, 0, 3600, 4) == (1.0, 2.0)
 
 

@@ -363,34 +363,49 @@ _RECORD_FIELDS = ("start", "end", "elapsed_s", "gpus", "cpus")  # what a run's h
 
 
 def _recorded_runs(records: Sequence[TrialRecord], by_job: Mapping[str, Sequence[JobRun]]) -> list[Flag]:
-    """A flag for every run the ledger recorded that sacct's record of it now contradicts (pure):
-    other times or hours, or no such run filed."""
+    """A flag for every run of the ledger's jobs whose hours the ledger counts otherwise than sacct
+    (pure): a recorded run sacct's record now contradicts (other times or hours, or no such run
+    filed), and a run allocated more GPUs than the search asked for (the spend counts the request:
+    ``budget.counted_gpus``)."""
     sharers: dict[str, list[str]] = {}
-    recorded: dict[tuple[str, int], tuple[Accounted, int]] = {}
+    asked: dict[str, int] = {}
+    recorded: dict[tuple[str, int], Accounted] = {}
     for r in records:
         for job in dict.fromkeys(r.jobs):
             sharers.setdefault(job, []).append(r.trial_id)
+            asked.setdefault(job, int(r.spec.resources.get("gpus", 0)))
         for run in r.accounted:
-            recorded.setdefault(run.key, (run, int(r.spec.resources.get("gpus", 0))))
+            recorded.setdefault(run.key, run)
     flags = []
-    for (job, k), (run, requested) in recorded.items():
-        if job not in by_job:
-            continue  # the scheduler has no accounting for the job at all: unknown_to_scheduler says it
-        ours = _hours(run_hours(run, requested))
-        filed = next((f for a in by_job[job] if a.attempt == k and (f := a.accounted()) is not None), None)
-        who = ",".join(sharers.get(job, ()))
-        if filed is None:
-            flags.append(Flag(FlagKind.HOURS_MISMATCH, who, job, f"the ledger recorded run {k} ({ours}); sacct has filed no run {k} of this job"))
-        elif any(getattr(filed, f) != getattr(run, f) for f in _RECORD_FIELDS):
-            theirs = _hours(Hours(filed.gpus * filed.elapsed_s / 3600.0, filed.cpus * filed.elapsed_s / 3600.0))
-            flags.append(
-                Flag(
-                    FlagKind.HOURS_MISMATCH,
-                    who,
-                    job,
-                    f"the ledger recorded run {k} as {ours}, from {run.start} to {run.end}; sacct says {theirs}, from {filed.start} to {filed.end}",
+    for job, runs in by_job.items():
+        who, requested = ",".join(sharers.get(job, ())), asked.get(job)
+        filed = {a.attempt: f for a in runs if (f := a.accounted()) is not None}
+        for k, run in sorted((k, run) for (j, k), run in recorded.items() if j == job):
+            ours = _hours(run_hours(run, requested or 0))
+            theirs = filed.get(k)
+            if theirs is None:
+                flags.append(Flag(FlagKind.HOURS_MISMATCH, who, job, f"the ledger recorded run {k} ({ours}); sacct has filed no run {k} of this job"))
+            elif any(getattr(theirs, f) != getattr(run, f) for f in _RECORD_FIELDS):
+                flags.append(
+                    Flag(
+                        FlagKind.HOURS_MISMATCH,
+                        who,
+                        job,
+                        f"the ledger recorded run {k} as {ours}, from {run.start} to {run.end};"
+                        f" sacct says {_hours(run_hours(theirs, theirs.gpus))}, from {theirs.start} to {theirs.end}",
+                    )
                 )
-            )
+        for k, theirs in sorted(filed.items()):
+            if requested is not None and theirs.gpus > requested:
+                flags.append(
+                    Flag(
+                        FlagKind.HOURS_MISMATCH,
+                        who,
+                        job,
+                        f"run {k} was allocated {theirs.gpus} GPUs where the search asked for {requested}: sacct charges"
+                        f" {_hours(run_hours(theirs, theirs.gpus))}, the spend counts {_hours(run_hours(theirs, requested))}",
+                    )
+                )
     return flags
 
 

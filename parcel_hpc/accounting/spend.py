@@ -253,7 +253,6 @@ class RunSpend:
     key: tuple[str, int]
     attempts: Hours  # its attempts' hours (every attempt's figure, held or not)
     rest: Hours  # start-up and gaps: what the job held no attempt of which ran
-    recorded: Accounted | None  # the scheduler's record of it, when recorded
     provisional: bool  # ``rest`` is the ledger's estimate: a SLURM run whose record is not recorded yet
 
 
@@ -276,10 +275,10 @@ def run_spends(records: Iterable[TrialRecord]) -> dict[tuple[str, int], RunSpend
             used += attempt_hours(r, a) or Hours()
         if key in recorded:
             run, owner = recorded[key]
-            out[key] = RunSpend(key, used, run_hours(run, int(owner.spec.resources.get("gpus", 0))) - used, run, False)
+            out[key] = RunSpend(key, used, run_hours(run, int(owner.spec.resources.get("gpus", 0))) - used, False)
         else:
             slurm = any(r.executor is Executor.SLURM for r, _ in attempts)
-            out[key] = RunSpend(key, used, _estimated_rest(attempts), None, slurm)
+            out[key] = RunSpend(key, used, _estimated_rest(attempts), slurm)
     return out
 
 
