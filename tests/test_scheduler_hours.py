@@ -334,3 +334,10 @@ def test_list_and_reconcile_root_print_one_charged_to_the_caps_figure(tmp_path):
     texts = [listed.export_text(), over.export_text()]
     assert all(expected in text for text in texts), texts
     assert f"{rec.scheduler['gpu_hours']['used']:.4g} / 100" not in texts[1]  # sacct's total is not a figure against the caps
+
+
+def test_a_run_is_recorded_only_once_sacct_filed_it_in_full():
+    filed = run("6", 0, 100, 160, JobState.COMPLETED)
+    assert filed.accounted() is not None
+    for unfiled in (run("6", 0, 100, 160, JobState.RUNNING), run("6", 0, 100, 160, JobState.COMPLETED, gpus=0, cpus=0)):
+        assert unfiled.accounted() is None, unfiled  # still running, or ended before its AllocTRES was written

@@ -116,8 +116,9 @@ class JobRun:
 
     def accounted(self) -> Accounted | None:
         """This run as the ledger records it (``Accounted``), once sacct filed it in full: it started,
-        it ended, its state is final. None before."""
-        if self.start is None or self.end is None or self.state.is_active():
+        it ended, its state is final and its allocation is known (slurmdbd can list a finished job
+        a moment before its AllocTRES: every run holds a CPU). None before."""
+        if self.start is None or self.end is None or self.state.is_active() or self.cpus == 0:
             return None
         return Accounted(self.job_id, self.attempt, self.start, self.end, min(self.elapsed_s, self.end - self.start), self.gpus, self.cpus, self.node_list)
 
