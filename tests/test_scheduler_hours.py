@@ -88,14 +88,14 @@ def node_down_pack():
 def test_a_lost_attempt_counts_to_its_runs_end_once_the_scheduler_recorded_it():
     first, second, runs = node_down_pack()
     provisional = search_spend([fold(spec("t0001"), first), fold(spec("t0002"), second)], None, [], RATES)
-    assert provisional.attempts.gpu_hours == pytest.approx((8 + 251 + 38) / 3600)  # charged until the loss was noticed
-    assert provisional.provisional.gpu_hours == pytest.approx((251 + 2 + 1) / 3600)  # the lost attempt, and both runs' start-up and gaps
+    assert provisional.attempts.gpu_hours == pytest.approx((8 + 251 + 38) / 3600, abs=1e-6)  # charged until the loss was noticed
+    assert provisional.provisional.gpu_hours == pytest.approx((251 + 2 + 1) / 3600, abs=1e-6)  # the lost attempt, and both runs' start-up and gaps
     assert "provisional" in provisional.line()
     records = [fold(spec(t), evs + [accounted(r, 1400 + i, 9000 + i) for i, r in enumerate(runs)]) for t, evs in (("t0001", first), ("t0002", second))]
     settled = search_spend(records, None, [], RATES)
-    assert settled.total.gpu_hours == pytest.approx((25 + 42) / 3600)  # sacct's two runs, to the second
-    assert settled.total.cpu_hours == pytest.approx(2 * (25 + 42) / 3600)
-    assert settled.attempts.gpu_hours == pytest.approx((8 + 14 + 38) / 3600)  # the lost one 1011 -> 1025, the node failure
+    assert settled.total.gpu_hours == pytest.approx((25 + 42) / 3600, abs=1e-6)  # sacct's two runs, to the second
+    assert settled.total.cpu_hours == pytest.approx(2 * (25 + 42) / 3600, abs=1e-6)
+    assert settled.attempts.gpu_hours == pytest.approx((8 + 14 + 38) / 3600, abs=1e-6)  # the lost one 1011 -> 1025, the node failure
     assert settled.provisional == Hours() and "provisional" not in settled.line()
     assert records[1].attempts[0].counted_end() == 1025.0 and records[1].attempts[0].settled_by_scheduler()
 
@@ -105,8 +105,8 @@ def test_reconcile_settles_what_sacct_filed_and_the_ledger_did_not_record_in_mem
     records = [fold(spec("t0001"), first), fold(spec("t0002"), second)]
     rec = reconcile("s1", "m", "sacct", records, runs, [], CAPS, now=5000.0)
     assert rec.unrecorded == (("31", 0), ("31", 1))
-    assert rec.spend.total.gpu_hours == pytest.approx(rec.scheduler["gpu_hours"]["used"]) == pytest.approx(67 / 3600)
-    assert rec.flags == () and rec.waste_hours["node_failure"] == pytest.approx(14 / 3600)
+    assert rec.spend.total.gpu_hours == pytest.approx(rec.scheduler["gpu_hours"]["used"]) == pytest.approx(67 / 3600, abs=1e-6)
+    assert rec.flags == () and rec.waste_hours["node_failure"] == pytest.approx(14 / 3600, abs=1e-6)
     assert [(a.trial_id, a.run, a.elapsed_s) for a in rec.attempts] == [("t0001", 0, 8), ("t0002", 0, 14), ("", 0, 3), ("t0002", 1, 38), ("", 1, 4)]
 
 
@@ -139,7 +139,7 @@ def test_a_settled_hold_is_restated_to_the_schedulers_figure_and_reconcile_says_
     assert flag.kind is FlagKind.STALE_HOLD and flag.trial_id == "t0002" and "`parcel-hpc sync /runs/s1` restates it" in flag.detail
     recorded = [fold(spec(t), evs + [accounted(r, 1400 + i, 9000 + i) for i, r in enumerate(runs)]) for t, evs in (("t0001", first), ("t0002", second))]
     (stale,) = stale_holds(recorded, view.holds)
-    assert stale.settled and stale.charged.gpu_hours == pytest.approx(251 / 3600, abs=1e-6) and stale.used.gpu_hours == pytest.approx(14 / 3600)
+    assert stale.settled and stale.charged.gpu_hours == pytest.approx(251 / 3600, abs=1e-6) and stale.used.gpu_hours == pytest.approx(14 / 3600, abs=1e-6)
     entries = lambda: sorted((tmp_path / "budget" / "journal").glob("*.json"))  # noqa: E731
     restated = budget.restate("t0002", 1, stale.used.gpu_hours, stale.used.cpu_hours)
     again = budget.restate("t0002", 1, stale.used.gpu_hours, stale.used.cpu_hours)  # the same figure again writes nothing
@@ -182,11 +182,11 @@ def test_an_allocation_above_the_request_counts_the_request_everywhere():
         ev("ended", 370, attempt=1, how="completed", metric=0.2),
     ]
     record = fold(spec("t0001"), events)
-    assert attempt_spend(record, record.attempts[0], {}).used.gpu_hours == pytest.approx(360 / 3600)
-    assert search_spend([record], None, [], RATES).overhead.gpu_hours == pytest.approx(6 / 3600)
+    assert attempt_spend(record, record.attempts[0], {}).used.gpu_hours == pytest.approx(360 / 3600, abs=1e-6)
+    assert search_spend([record], None, [], RATES).overhead.gpu_hours == pytest.approx(6 / 3600, abs=1e-6)
     filed = run("5", 0, 0, 380, JobState.COMPLETED, gpus=4)
     (settled,) = run_spends([fold(spec("t0001"), events + [accounted(filed, 400, 1)])]).values()
-    assert (settled.attempts + settled.rest).gpu_hours == pytest.approx(380 / 3600)
+    assert (settled.attempts + settled.rest).gpu_hours == pytest.approx(380 / 3600, abs=1e-6)
     (flag,) = reconcile("s1", "m", "sacct", [record], [filed], [], CAPS).flags  # and reconcile says sacct charged more
     assert flag.kind is FlagKind.HOURS_MISMATCH and "allocated 4 GPUs where the search asked for 1" in flag.detail
     assert attempt_usage(RESOURCES, 0, 3600, 4) == (1.0, 2.0)

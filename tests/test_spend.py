@@ -57,7 +57,7 @@ def test_every_ending_leaves_a_stale_hold_to_settle_with_the_hours_the_ledger_sa
         record = ended("t0001", how)
         (found,) = stale_holds([record], {ReservationKey("t0001", 1): held()})
         assert (found.key, found.settled, found.charged) == (ReservationKey("t0001", 1), False, Hours(1 / 6, 2 / 6)), how
-        assert found.used == Hours(1 / 6, 2 / 6), how  # 1 s to 1800 s, never past the 10-minute limit
+        assert found.used == Hours(round(1 / 6, 6), round(2 / 6, 6)), how  # 1 s to 1800 s, never past the 10-minute limit (micro-hours)
 
 
 def test_a_lost_attempt_resolved_by_the_next_one_settles_and_a_running_one_does_not():
@@ -66,13 +66,13 @@ def test_a_lost_attempt_resolved_by_the_next_one_settles_and_a_running_one_does_
     assert stale_holds([running], {ReservationKey("t0001", 1): held()}) == []
     lost = fold(spec("t0001"), events + [ev("resolved", 301, attempt=1, how="lost", cause="requeued_by_scheduler")])
     (found,) = stale_holds([lost], {ReservationKey("t0001", 1): held()})
-    assert found.used.gpu_hours == pytest.approx(300 / 3600)
+    assert found.used.gpu_hours == pytest.approx(300 / 3600, abs=1e-6)
     settled = {ReservationKey("t0001", 1): Hold(KeyState.SETTLED, 1 / 6, 2 / 6, 0.1, 0.2)}
     assert stale_holds([lost], settled) == []  # settled once: nothing left
     never_started = fold(spec("t0001"), [ev("submitted", 0, job_id="7"), ev("resolved", 5, attempt=1, how="lost", cause="lost")])
     assert stale_holds([never_started], {ReservationKey("t0001", 1): held()}) == []  # no start: hours unknown, kept
     gone = stale_holds([running], {ReservationKey("t0001", 1): held()}, gone_at={"t0001": 60.0})
-    assert [h.used.gpu_hours for h in gone] == [pytest.approx(59 / 3600)]  # cancel: its job is gone
+    assert [h.used.gpu_hours for h in gone] == [pytest.approx(59 / 3600, abs=1e-6)]  # cancel: its job is gone
 
 
 def test_settling_is_idempotent_across_processes_and_capped_at_the_time_limit(tmp_path):

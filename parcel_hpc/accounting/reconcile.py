@@ -32,8 +32,8 @@ from typing import cast
 import pyarrow as pa
 
 from parcel_hpc.accounting import columns
-from parcel_hpc.accounting.spend import GpuUse, Hours, JobHours, Spend, StaleHold, run_hours, search_spend, shown, stale_holds
-from parcel_hpc.budget import BudgetCaps, JournalView, attempt_usage
+from parcel_hpc.accounting.spend import GpuUse, Hours, JobHours, Spend, StaleHold, attempt_hours, run_hours, search_spend, shown, stale_holds
+from parcel_hpc.budget import BudgetCaps, JournalView
 from parcel_hpc.ledger import Attempt, AttemptEnd, Cause, Executor, TrialRecord, TrialState
 from parcel_hpc.ledger.events import Accounted, field_names
 from parcel_hpc.ledger.summary import counts_by_state
@@ -490,7 +490,7 @@ def _split(a: JobRun, ran: Sequence[tuple[TrialRecord, Attempt]], caps: BudgetCa
         assert led.started is not None and a.start is not None  # callers pass started attempts of a run that started
         end = led.counted_end()
         end = end if end is not None else max(led.started, run_end)
-        hours = Hours(*attempt_usage(rec.spec.resources, led.started, end, led.gpus))  # spend.attempt_hours, or to the run's end so far
+        hours = cast(Hours, attempt_hours(rec, led, until=end))  # the spend's figure, or to the run's end so far: never None with ``until``
         # Its times as the report shows them: whole seconds within the run (hosts' clocks may differ by a little).
         start_s = min(max(round(led.started), a.start), run_end)
         end_s = max(start_s, min(round(end), run_end))

@@ -201,14 +201,18 @@ class JobHours:
         return Hours(self.gpus * h, self.cpus * h)
 
 
-def attempt_hours(record: TrialRecord, attempt: Attempt) -> Hours | None:
+def attempt_hours(record: TrialRecord, attempt: Attempt, until: float | None = None) -> Hours | None:
     """What one attempt used (pure): its start to ``Attempt.counted_end`` (the one rule), never past
     its time limit, times the GPUs it was allocated (``budget.counted_gpus``) and its CPUs; the
-    formula its worker settles with (``budget.attempt_usage``). None while it runs."""
+    formula its worker settles with (``budget.attempt_usage``), in the journal's micro-hours, so an
+    attempt counts exactly what its hold settled. While it runs: to ``until`` when given (its job
+    seen gone, its run's end so far), else None."""
     end = attempt.counted_end()
+    end = end if end is not None else until
     if attempt.started is None or end is None:
         return None
-    return Hours(*attempt_usage(record.spec.resources, attempt.started, end, attempt.gpus))
+    gpu, cpu = attempt_usage(record.spec.resources, attempt.started, end, attempt.gpus)
+    return Hours(round(gpu, JSON_DECIMALS), round(cpu, JSON_DECIMALS))
 
 
 def is_provisional(record: TrialRecord, attempt: Attempt) -> bool:
@@ -361,15 +365,9 @@ def stale_holds(records: Iterable[TrialRecord], holds: Mapping[ReservationKey, H
             if hold is None or a.started is None:
                 continue
             if hold.state is KeyState.HELD:
-                end = a.counted_end()
-                end = end if end is not None else gone_at.get(r.trial_id)
-                if end is None:
-                    continue  # it runs
-                out.append(
-                    StaleHold(
-                        key, Hours(*attempt_usage(r.spec.resources, a.started, end, a.gpus)), Hours(hold.reserved_gpu_hours, hold.reserved_cpu_hours), False
-                    )
-                )
+                used = attempt_hours(r, a, until=gone_at.get(r.trial_id))
+                if used is not None:  # else it runs
+                    out.append(StaleHold(key, used, Hours(hold.reserved_gpu_hours, hold.reserved_cpu_hours), False))
             elif hold.state is KeyState.SETTLED and a.run is not None:
                 restated = attempt_hours(r, a)
                 charged = Hours(hold.used_gpu_hours, hold.used_cpu_hours)
