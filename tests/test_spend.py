@@ -7,11 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from parcel_hpc.accounting.reconcile import STALE_HOLD, reconcile
-from parcel_hpc.accounting.spend import Hours, JobHours, Spend, search_spend
+from parcel_hpc.accounting.reconcile import FlagKind, reconcile
+from parcel_hpc.accounting.spend import Hours, JobHours, Spend, search_spend, stale_holds
 from parcel_hpc.budget import BudgetCaps, BudgetLedger, Hold, JournalTotals, JournalView, KeyState, Rates, ReservationKey, SearchBudget
 from parcel_hpc.ledger import AttemptEnd, Event, TrialSpec, fold
-from parcel_hpc.lifecycle.settlement import stale_holds
 from parcel_hpc.worker.jobenv import process_started
 
 RATES = Rates(per_gpu_hour=2.0, per_cpu_hour=0.05)
@@ -57,22 +56,23 @@ def test_every_ending_leaves_a_stale_hold_to_settle_with_the_hours_the_ledger_sa
     for how in AttemptEnd:
         record = ended("t0001", how)
         (found,) = stale_holds([record], {ReservationKey("t0001", 1): held()})
-        assert (found.key, found.started, found.ended, found.gpus) == (ReservationKey("t0001", 1), 1.0, 1800.0, 1), how
+        assert (found.key, found.settled, found.charged) == (ReservationKey("t0001", 1), False, Hours(1 / 6, 2 / 6)), how
+        assert found.used == Hours(round(1 / 6, 6), round(2 / 6, 6)), how  # 1 s to 1800 s, never past the 10-minute limit (micro-hours)
 
 
 def test_a_lost_attempt_resolved_by_the_next_one_settles_and_a_running_one_does_not():
     events = [ev("submitted", 0, job_id="7"), ev("started", 1, attempt=1, job_id="7", gpus=1)]
     running = fold(spec("t0001"), events)
     assert stale_holds([running], {ReservationKey("t0001", 1): held()}) == []
-    lost = fold(spec("t0001"), events + [ev("resolved", 900, attempt=1, how="lost", cause="requeued_by_scheduler")])
+    lost = fold(spec("t0001"), events + [ev("resolved", 301, attempt=1, how="lost", cause="requeued_by_scheduler")])
     (found,) = stale_holds([lost], {ReservationKey("t0001", 1): held()})
-    assert found.ended == 900.0
+    assert found.used.gpu_hours == pytest.approx(300 / 3600, abs=1e-6)
     settled = {ReservationKey("t0001", 1): Hold(KeyState.SETTLED, 1 / 6, 2 / 6, 0.1, 0.2)}
     assert stale_holds([lost], settled) == []  # settled once: nothing left
     never_started = fold(spec("t0001"), [ev("submitted", 0, job_id="7"), ev("resolved", 5, attempt=1, how="lost", cause="lost")])
     assert stale_holds([never_started], {ReservationKey("t0001", 1): held()}) == []  # no start: hours unknown, kept
     gone = stale_holds([running], {ReservationKey("t0001", 1): held()}, gone_at={"t0001": 60.0})
-    assert [h.ended for h in gone] == [60.0]  # cancel: its job is gone
+    assert [h.used.gpu_hours for h in gone] == [pytest.approx(59 / 3600, abs=1e-6)]  # cancel: its job is gone
 
 
 def test_settling_is_idempotent_across_processes_and_capped_at_the_time_limit(tmp_path):
@@ -89,12 +89,12 @@ def test_reconcile_flags_a_hold_on_an_ended_attempt_and_names_the_fix():
     record = ended("t0001", AttemptEnd.LOST, kind="resolved")
     journal = JournalView(JournalTotals(), {ReservationKey("t0001", 1): held()})
     rec = reconcile("s1", "miss-cost-r3", "local executor", [record], [], [], CAPS, journal, search_path="/runs/s1")
-    (flag,) = [f for f in rec.flags if f.kind == STALE_HOLD]
+    (flag,) = [f for f in rec.flags if f.kind is FlagKind.STALE_HOLD]
     assert flag.trial_id == "t0001" and "attempt 1" in flag.detail and "0.1667 GPU-h" in flag.detail
     assert "`parcel-hpc sync /runs/s1`" in flag.detail
     assert rec.spend.held.gpu_hours == pytest.approx(1 / 6) and rec.spend.stale == 1
     settled = JournalView(journal.totals, {ReservationKey("t0001", 1): Hold(KeyState.SETTLED, 1 / 6, 2 / 6, 0.1, 0.2)})
-    assert not [f for f in reconcile("s1", "m", "local executor", [record], [], [], CAPS, settled).flags if f.kind == STALE_HOLD]
+    assert not [f for f in reconcile("s1", "m", "local executor", [record], [], [], CAPS, settled).flags if f.kind is FlagKind.STALE_HOLD]
 
 
 def test_a_jobs_start_up_a_pack_gap_and_a_trial_that_never_reserved_are_counted_once():

@@ -18,7 +18,9 @@ from rich.table import Table
 
 from parcel_hpc.accounting import columns
 from parcel_hpc.accounting.account import CHARGE_SCHEMA, AccountReport, SearchPart, Total, gpu_use, over_account, over_searches
+from parcel_hpc.accounting.reconcile import Reconciliation
 from parcel_hpc.accounting.search_report import ROWS_SHOWN, reconcile_search
+from parcel_hpc.accounting.spend import shown
 from parcel_hpc.budget import search_caps
 from parcel_hpc.console import safe
 from parcel_hpc.errors import AccountingError, SchedulerUnavailable, UsageError
@@ -96,17 +98,17 @@ def render_table(report: AccountReport, console) -> None:
     for title, rows in (("by user", report.by_user), ("by search", report.by_search), ("by partition", report.by_partition), ("by account", report.by_account)):
         console.print(_totals_table(title, rows))
     searches = Table(title="searches: spend against caps")
-    for col in ("search", "user", "GPU-h used / cap", "cost used / cap", "flags", "complete"):
+    for col in ("search", "user", "GPU-h", "charged to the caps: GPU-h, cost", "flags", "complete"):
         searches.add_column(col)
     for p in report.searches:
-        spend = p.reconciliation.scheduler
+        rec = p.reconciliation
         searches.add_row(
             safe(p.path),
             safe(p.user),
-            f"{spend['gpu_hours']['used']:.4g} / {spend['gpu_hours']['cap']:g}",
-            f"{spend['cost']['used']:.4g} / {spend['cost']['cap']:g}",
-            str(p.reconciliation.flag_count),
-            "yes" if p.reconciliation.complete else "pending",
+            shown(rec.spend.total.gpu_hours),
+            charged_line(rec),
+            str(rec.flag_count),
+            "yes" if rec.complete else "pending",
         )
     console.print(searches)
     if report.unknown.num_rows:
@@ -122,6 +124,11 @@ def render_table(report: AccountReport, console) -> None:
         console.print(f"[red]not read: {safe(path)}: {safe(problem)}[/]")
     if report.flags:
         console.print(f"[yellow]{report.flags} flags in the searches' reconciliations: `parcel-hpc reconcile SEARCH_DIR` shows each[/]")
+
+
+def charged_line(rec: Reconciliation) -> str:
+    """A search's one "charged to the caps" figure, as ``parcel-hpc list`` prints it (``Spend.charged_line``)."""
+    return rec.spend.charged_line(rec.scheduler["gpu_hours"]["cap"], rec.scheduler["cost"]["cap"])
 
 
 def _totals_table(title: str, rows: Sequence[Total]) -> Table:
@@ -144,6 +151,7 @@ def to_html(report: AccountReport) -> str:
     """One self-contained page (plots inlined as PNG data URIs: it opens with no network)."""
     return _ENV.get_template("account.html.j2").render(
         report=report,
+        charged=charged_line,
         totals=report.totals(),
         plots=[(title, png_of(fig)) for title, fig in figures(report)],
         unknown=report.unknown.slice(0, ROWS_SHOWN).to_pylist(),
@@ -163,18 +171,11 @@ def figures(report: AccountReport) -> list[tuple[str, Any]]:
         ax.set_title(title)
         out.append((title, fig))
     fig, ax = plt.subplots(figsize=(7, 1.8 + 0.5 * max(1, len(report.searches))))  # and a wrapped axis label
-    used = [
-        100 * p.reconciliation.scheduler["gpu_hours"]["used"] / p.reconciliation.scheduler["gpu_hours"]["cap"]
-        if p.reconciliation.scheduler["gpu_hours"]["cap"]
-        else 0.0
-        for p in report.searches
-    ]
-    texts = [
-        f"{p.reconciliation.scheduler['gpu_hours']['used']:.4g} of {p.reconciliation.scheduler['gpu_hours']['cap']:g} GPU-h ({u:.3g} %)"
-        for p, u in zip(report.searches, used)
-    ]
+    charged = [(p.reconciliation.spend.charged.gpu_hours, p.reconciliation.scheduler["gpu_hours"]["cap"]) for p in report.searches]
+    used = [100 * c / cap if cap else 0.0 for c, cap in charged]
+    texts = [f"{shown(c)} of {cap:g} GPU-h charged ({u:.3g} %)" for (c, cap), u in zip(charged, used)]
     hbars(ax, [_short(p.path) for p in report.searches], used, texts)
-    ax.set_xlabel(wrapped("% of the search's GPU-hour cap used (axis fitted to the largest: small shares stay visible)", fig))
+    ax.set_xlabel(wrapped("% of the search's GPU-hour cap charged (axis fitted to the largest: small shares stay visible)", fig))
     ax.set_title("spend against each search's cap")
     out.append(("spend against caps", fig))
     return out

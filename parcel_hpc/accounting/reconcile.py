@@ -9,6 +9,13 @@ attempts; the jobs it does not know stay columns (``columns.py``) into the print
 here; ``search_report.py`` asks sacct and writes reports.
 
 Usage is the scheduler's: GPU-hours = AllocTRES gres/gpu x ElapsedRaw, per job run, to the second.
+A job that ran one trial is that trial's, run by run; a pack's runs are split as the spend splits
+them (``accounting.spend``): each attempt its own hours (its start to ``Attempt.counted_end``), the
+rest one line of the job ("start-up and gaps"), so the lines of a run add up to sacct's. The runs sacct filed that the
+ledger has not recorded yet are settled here in memory (``TrialRecord.with_runs``: a read command
+writes nothing) and listed as ``unrecorded``; a run the ledger recorded is compared with sacct's
+record of it, and any difference above rounding is a flag (``FlagKind.HOURS_MISMATCH``), so "no
+flags" is a statement that can fail.
 """
 
 from __future__ import annotations
@@ -18,19 +25,19 @@ import statistics
 from collections import Counter
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from enum import Enum
 from itertools import islice
 from typing import cast
 
 import pyarrow as pa
 
 from parcel_hpc.accounting import columns
-from parcel_hpc.accounting.spend import GpuUse, JobHours, Spend, search_spend
+from parcel_hpc.accounting.spend import GpuUse, Hours, JobHours, Spend, StaleHold, attempt_hours, run_hours, search_spend, shown, stale_holds
 from parcel_hpc.budget import BudgetCaps, JournalView
-from parcel_hpc.ledger import Attempt, AttemptEnd, Cause, TrialRecord, TrialState
-from parcel_hpc.ledger.events import field_names
+from parcel_hpc.ledger import Attempt, AttemptEnd, Cause, Executor, TrialRecord, TrialState
+from parcel_hpc.ledger.events import Accounted, field_names
 from parcel_hpc.ledger.summary import counts_by_state
 from parcel_hpc.lifecycle.actions import runs_alone
-from parcel_hpc.lifecycle.settlement import StaleHold, stale_holds
 from parcel_hpc.scheduler.slurm.runs import JobRun, runs_by_job, runs_table
 from parcel_hpc.scheduler.slurm.states import JobState
 
@@ -38,13 +45,53 @@ SECONDS_PER_HOUR = 3600.0
 # slurmdbd files a job's last record a moment after the job ends (seconds, a minute when busy).
 # Within this long of the ledger's last word on a job, a missing or short record is lag, not a fault.
 ACCOUNTING_GRACE_S = 300.0
-WASTE_CAUSES = ("preemption", "node_failure", "timeout", "cancelled", "no_space", "lost", "quarantine", "reproducible_failure", "pruned")
+
+
+class Waste(str, Enum):
+    """Why a run's hours bought no result (``USEFUL``: they did)."""
+
+    USEFUL = ""
+    PREEMPTION = "preemption"
+    NODE_FAILURE = "node_failure"
+    TIMEOUT = "timeout"
+    CANCELLED = "cancelled"
+    NO_SPACE = "no_space"
+    LOST = "lost"
+    QUARANTINE = "quarantine"
+    REPRODUCIBLE_FAILURE = "reproducible_failure"
+    PRUNED = "pruned"
+
+
+WASTE_CAUSES = tuple(w for w in Waste if w is not Waste.USEFUL)  # the causes ``waste_hours`` totals, in this order
+# The waste an interruption's cause means. A run's ending means what its SLURM state's cause means
+# (``JobState.cause``, the one state table): BOOT_FAIL is a node failure, DEADLINE a time limit.
+WASTE_OF_CAUSE = {
+    Cause.NODE_FAIL: Waste.NODE_FAILURE,
+    Cause.PREEMPTED: Waste.PREEMPTION,
+    Cause.TIMEOUT: Waste.TIMEOUT,
+    Cause.CANCELLED: Waste.CANCELLED,
+    Cause.CANCELLED_BY_OWNER: Waste.CANCELLED,
+    Cause.NO_SPACE: Waste.NO_SPACE,
+}
+
+
+class FlagKind(str, Enum):
+    """What an admin must look at in a reconciliation."""
+
+    ORPHAN = "orphan"  # a job under the search's name the ledger does not know
+    RUNNING_BUT_ENDED = "running_but_ended"  # the ledger believes an attempt runs; its run ended
+    ATTEMPT_MISMATCH = "attempt_mismatch"  # sacct's runs that started and the ledger's attempts differ in number
+    STATE_MISMATCH = "state_mismatch"  # the ledger's ending and the scheduler's state disagree
+    UNKNOWN_TO_SCHEDULER = "unknown_to_scheduler"  # a job the ledger recorded that the scheduler has no accounting for
+    STALE_HOLD = "stale_hold"  # a budget hold that does not charge what its attempt used: `sync` settles or restates it
+    HOURS_MISMATCH = "hours_mismatch"  # the ledger's record of a run and sacct's differ
 
 
 def report_row(line: object) -> dict:
-    """A report line's fields (flat values: ``asdict``'s deep copy costs seconds on a million-line dump)."""
+    """A report line's fields (flat values: ``asdict``'s deep copy costs seconds on a million-line
+    dump), Enums as their text."""
     cls: type = type(line)
-    return {name: getattr(line, name) for name in field_names(cls)}
+    return {name: v.value if isinstance(v := getattr(line, name), Enum) else v for name in field_names(cls)}
 
 
 @dataclass(frozen=True)
@@ -66,7 +113,7 @@ class AttemptLine:
     queue_wait_s: int | None
     ledger_attempt: int | None  # the ledger's attempt number this run was matched to
     ledger_how: str  # how the ledger says that attempt ended ("" while it thinks it runs)
-    waste: str  # a WASTE_CAUSES entry, or "" for useful hours
+    waste: Waste  # why these hours bought no result (USEFUL: they did)
     partition: str = ""
     user: str = ""  # who submitted the job (sacct's User; the launch's user on the local executor)
     account: str = ""  # the SLURM account it was charged to ("" on the local executor)
@@ -93,14 +140,13 @@ class TrialLine:
 
 @dataclass(frozen=True)
 class Flag:
-    kind: str  # orphan | running_but_ended | attempt_mismatch | state_mismatch | unknown_to_scheduler | stale_hold
+    kind: FlagKind
     trial_id: str
     job_id: str
     detail: str
 
 
-ORPHAN = {"kind": "orphan", "trial_id": ""}  # what every orphan's flag says besides its job and detail
-STALE_HOLD = "stale_hold"  # a budget hold left on an attempt that ended: charged to the cap until settled
+ORPHAN = {"kind": FlagKind.ORPHAN.value, "trial_id": ""}  # what every orphan's flag says besides its job and detail
 
 
 @dataclass(frozen=True)
@@ -130,6 +176,8 @@ class Reconciliation:
     # flag per orphan, as columns (columns.LINE_SCHEMA, columns.FLAG_SCHEMA): they may be a month's.
     other_lines: pa.Table = field(default_factory=columns.LINE_SCHEMA.empty_table)
     orphans: pa.Table = field(default_factory=columns.FLAG_SCHEMA.empty_table)
+    unrecorded: tuple[tuple[str, int], ...] = ()  # (job, run) sacct filed and the ledger has not recorded: settled here, provisional elsewhere
+    search_path: str = "SEARCH_DIR"  # where the search lives (the fixes the report names)
 
     @property
     def complete(self) -> bool:
@@ -143,7 +191,7 @@ class Reconciliation:
     def all_flags(self, limit: int | None = None) -> Iterator[Flag]:
         """The ledger's flags, then the orphans' (the first ``limit`` in all)."""
         orphans = self.orphans.slice(0, None if limit is None else max(0, limit - len(self.flags))).to_pylist()
-        return islice((*self.flags, *(Flag("orphan", "", o["job_id"], o["detail"]) for o in orphans)), limit)
+        return islice((*self.flags, *(Flag(FlagKind.ORPHAN, "", o["job_id"], o["detail"]) for o in orphans)), limit)
 
     def lines(self) -> pa.Table:
         """Every line, the ledger's jobs' first, as columns (columns.LINE_SCHEMA)."""
@@ -161,6 +209,7 @@ class Reconciliation:
             "counts": dict(self.counts),
             "figures": dict(self.figures),
             "spend": self.spend.to_json(),
+            "unrecorded": [{"job_id": job, "run": run} for job, run in self.unrecorded],
             "scheduler": {k: dict(v) for k, v in self.scheduler.items()},
             "waste_hours": dict(self.waste_hours),
             "trials": [report_row(t) for t in self.trials],
@@ -194,14 +243,17 @@ def reconcile(
     search's slots (``slots/``), so a slot that ended having taken no trial is a line, never an orphan.
 
     A job the scheduler has not filed in full (still active, or its record missing or short within
-    ``ACCOUNTING_GRACE_S`` of the ledger's last word on it, by ``now``) is pending, never a flag."""
+    ``ACCOUNTING_GRACE_S`` of the ledger's last word on it, by ``now``) is pending, never a flag.
+    A run of a SLURM trial's job that sacct filed and the ledger has not recorded is settled here,
+    in memory (``unrecorded``); one it recorded is compared with sacct's record."""
+    by_job = runs_by_job(runs)
+    flags: list[Flag] = _recorded_runs(records, by_job)
+    records, unrecorded = _settled(records, by_job)
     by_trial = {r.trial_id: r for r in records}
     owners: dict[str, list[str]] = {}
     for r in records:
         for job in dict.fromkeys(r.jobs):
             owners.setdefault(job, []).append(r.trial_id)
-    by_job = runs_by_job(runs)
-    flags: list[Flag] = []
     lines: list[AttemptLine] = []
     pending: list[Pending] = []
 
@@ -217,17 +269,19 @@ def reconcile(
         if lag:
             pending.append(Pending(tid, job, lag))
         if rec is not None and len(started_runs) != len(ledger_attempts) and not lag.startswith(_COUNT_LAG):
-            flags.append(Flag("attempt_mismatch", tid, job, f"sacct shows {len(started_runs)} runs that started, the ledger {len(ledger_attempts)} attempts"))
+            flags.append(
+                Flag(FlagKind.ATTEMPT_MISMATCH, tid, job, f"sacct shows {len(started_runs)} runs that started, the ledger {len(ledger_attempts)} attempts")
+            )
         matched = dict(zip((a.attempt for a in started_runs), ledger_attempts))
         for a in job_runs:
             led = matched.get(a.attempt)
-            how = led.how.value if led is not None and led.how is not None else ""
             if led is not None and (flag := _running_but_ended(tid, led, a)):
                 flags.append(flag)
             if led is not None and led.how is not None:
                 problem = _state_mismatch(led.how, a.state)
                 if problem:
-                    flags.append(Flag("state_mismatch", tid, job, problem))
+                    flags.append(Flag(FlagKind.STATE_MISMATCH, tid, job, problem))
+            how = led.how.value if led is not None and led.how is not None else ""
             lines.append(_line(tid, a, led, how, _waste(rec, led, a), caps))
 
     # The jobs the ledger does not know: a slot that took no trial is a line (its start-up), the
@@ -245,7 +299,7 @@ def reconcile(
             if now is not None and (last is None or now - last < ACCOUNTING_GRACE_S):
                 pending.append(Pending(r.trial_id, job, "the scheduler has filed no record of this job yet"))
             else:
-                flags.append(Flag("unknown_to_scheduler", r.trial_id, job, "the ledger recorded this job but the scheduler has no accounting for it"))
+                flags.append(Flag(FlagKind.UNKNOWN_TO_SCHEDULER, r.trial_id, job, "the ledger recorded this job but the scheduler has no accounting for it"))
 
     by_trial_lines: dict[str, list[AttemptLine]] = {}
     for line in lines:
@@ -254,10 +308,10 @@ def reconcile(
     other = columns.totals(others)
     total_gpu = sum(l.gpu_hours for l in lines) + other["gpu_hours"]
     total_cpu = sum(l.cpu_hours for l in lines) + other["cpu_hours"]
-    waste = {c: 0.0 for c in WASTE_CAUSES}
+    waste = {c.value: 0.0 for c in WASTE_CAUSES}
     for l in lines:
-        if l.waste:
-            waste[l.waste] += l.gpu_hours if l.gpus else l.cpu_hours
+        if l.waste is not Waste.USEFUL:
+            waste[l.waste.value] += l.gpu_hours if l.gpus else l.cpu_hours
     counts = counts_by_state(records)
     figures = _figures(lines, trials, total_gpu, total_cpu, caps)
     spend = search_spend(records, journal, selection_jobs, caps.rates)
@@ -270,21 +324,110 @@ def reconcile(
     if journal is not None:
         flags.extend(_stale_hold(h, search_path) for h in stale_holds(records, journal.holds))
     return Reconciliation(
-        campaign, objective, source, tuple(lines), trials, tuple(flags), waste, figures, scheduler, spend, counts, tuple(pending), others, orphans
+        campaign,
+        objective,
+        source,
+        tuple(lines),
+        trials,
+        tuple(flags),
+        waste,
+        figures,
+        scheduler,
+        spend,
+        counts,
+        tuple(pending),
+        others,
+        orphans,
+        tuple(unrecorded),
+        search_path,
     )
+
+
+def _settled(records: Sequence[TrialRecord], by_job: Mapping[str, Sequence[JobRun]]) -> tuple[list[TrialRecord], list[tuple[str, int]]]:
+    """The SLURM trials' records with every run sacct filed that they have not recorded, settled in
+    memory (pure); and those runs (job, run)."""
+    out: list[TrialRecord] = []
+    unrecorded: dict[tuple[str, int], None] = {}
+    for r in records:
+        if r.executor is not Executor.SLURM:
+            out.append(r)
+            continue
+        held = {a.key for a in r.accounted}
+        new = [filed for job in r.jobs for run in by_job.get(job, ()) if (filed := run.accounted()) is not None and filed.key not in held]
+        out.append(r.with_runs(new) if new else r)
+        unrecorded.update((f.key, None) for f in new)
+    return out, list(unrecorded)
+
+
+_RECORD_FIELDS = ("start", "end", "elapsed_s", "gpus", "cpus")  # what a run's hours and its lost attempts' end depend on
+
+
+def _recorded_runs(records: Sequence[TrialRecord], by_job: Mapping[str, Sequence[JobRun]]) -> list[Flag]:
+    """A flag for every run of the ledger's jobs whose hours the ledger counts otherwise than sacct
+    (pure): a recorded run sacct's record now contradicts (other times or hours, or no such run
+    filed), and a run allocated more GPUs than the search asked for (the spend counts the request:
+    ``budget.counted_gpus``)."""
+    sharers: dict[str, list[str]] = {}
+    asked: dict[str, int] = {}
+    recorded: dict[tuple[str, int], Accounted] = {}
+    for r in records:
+        for job in dict.fromkeys(r.jobs):
+            sharers.setdefault(job, []).append(r.trial_id)
+            asked.setdefault(job, int(r.spec.resources.get("gpus", 0)))
+        for run in r.accounted:
+            recorded.setdefault(run.key, run)
+    flags = []
+    for job, runs in by_job.items():
+        who, requested = ",".join(sharers.get(job, ())), asked.get(job)
+        filed = {a.attempt: f for a in runs if (f := a.accounted()) is not None}
+        for k, run in sorted((k, run) for (j, k), run in recorded.items() if j == job):
+            ours = _hours(run_hours(run, requested or 0))
+            theirs = filed.get(k)
+            if theirs is None:
+                flags.append(Flag(FlagKind.HOURS_MISMATCH, who, job, f"the ledger recorded run {k} ({ours}); sacct has filed no run {k} of this job"))
+            elif any(getattr(theirs, f) != getattr(run, f) for f in _RECORD_FIELDS):
+                flags.append(
+                    Flag(
+                        FlagKind.HOURS_MISMATCH,
+                        who,
+                        job,
+                        f"the ledger recorded run {k} as {ours}, from {run.start} to {run.end};"
+                        f" sacct says {_hours(run_hours(theirs, theirs.gpus))}, from {theirs.start} to {theirs.end}",
+                    )
+                )
+        for k, theirs in sorted(filed.items()):
+            if requested is not None and theirs.gpus > requested:
+                flags.append(
+                    Flag(
+                        FlagKind.HOURS_MISMATCH,
+                        who,
+                        job,
+                        f"run {k} was allocated {theirs.gpus} GPUs where the search asked for {requested}: sacct charges"
+                        f" {_hours(run_hours(theirs, theirs.gpus))}, the spend counts {_hours(run_hours(theirs, requested))}",
+                    )
+                )
+    return flags
+
+
+def _hours(h: Hours) -> str:
+    return f"{shown(h.gpu_hours)} GPU-h, {shown(h.cpu_hours)} CPU-h"
 
 
 def _stale_hold(h: StaleHold, search_path: str) -> Flag:
-    return Flag(
-        STALE_HOLD,
-        h.key.trial_id,
-        "",
-        f"attempt {h.key.attempt} ended but its budget hold of {h.held_gpu_hours:.4f} GPU-h, {h.held_cpu_hours:.4f} CPU-h is not settled:"
-        f" it is charged to the cap until `parcel-hpc sync {search_path}` settles it",
-    )
+    if h.settled:
+        detail = (
+            f"attempt {h.key.attempt} is charged {_hours(h.charged)} to the caps; the scheduler's record of its run gives it {_hours(h.used)}:"
+            f" `parcel-hpc sync {search_path}` restates it"
+        )
+    else:
+        detail = (
+            f"attempt {h.key.attempt} ended but its budget hold of {_hours(h.charged)} is not settled:"
+            f" it is charged to the cap until `parcel-hpc sync {search_path}` settles it"
+        )
+    return Flag(FlagKind.STALE_HOLD, h.key.trial_id, "", detail)
 
 
-PACK_OVERHEAD = "start-up and gaps"  # ledger_how of the hours of a pack or slot between its trials
+PACK_OVERHEAD = "start-up and gaps"  # ledger_how of the hours of a job run that no attempt of it ran in
 
 
 def _packed_job(
@@ -297,9 +440,8 @@ def _packed_job(
     flags: list[Flag],
     pending: list[Pending],
 ) -> None:
-    """One job that ran several trials in turn: each run's hours go to the attempts that ran in it
-    (by the ledger's start and end of each, within the run), the rest (start-up, imports, the gaps
-    between trials) to one line of the job itself, so the lines still add up to sacct's hours."""
+    """One job that ran several trials in turn: each run's attempts matched by restart count, its
+    hours split among them (``_split``)."""
     pack = ",".join(r.trial_id for r in recs)
     by_run: dict[int, list[tuple[TrialRecord, Attempt]]] = {}
     for r in recs:
@@ -319,37 +461,56 @@ def _packed_job(
     unheard = [a.attempt for a in started_runs if a.attempt not in by_run and any(_work_for(r, cast(int, a.start)) for r in recs)]  # started_runs: start is set
     if (unfiled or unheard) and not lag.startswith(_COUNT_LAG):
         flags.append(
-            Flag("attempt_mismatch", pack, job, f"sacct shows {len(started_runs)} runs that started, the ledger heard from runs {sorted(by_run)} of this pack")
+            Flag(
+                FlagKind.ATTEMPT_MISMATCH,
+                pack,
+                job,
+                f"sacct shows {len(started_runs)} runs that started, the ledger heard from runs {sorted(by_run)} of this pack",
+            )
         )
     for a in job_runs:
         ran = by_run.get(a.attempt, []) if a.start is not None else []
-        used = 0
-        run_end = a.end if a.end is not None else (a.start or 0) + a.elapsed_s  # sacct's elapsed so far, while it runs
-        for i, (rec, led) in enumerate(ran):
-            assert a.start is not None and led.started is not None  # ran is empty unless the run started; by_run holds started attempts only
-            last = i == len(ran) - 1
-            start = min(max(int(led.started), a.start), run_end)
-            end = max(start, min(int(led.ended) if led.ended is not None else run_end, run_end))
-            ended = a.end is not None or led.ended is not None
-            # Attempts before the last ended while the job went on: the job's state is the last one's.
-            # Only the first waited in the queue; the others waited for their turn in the job.
-            state = a.state if last else JobState.COMPLETED
-            part = replace(a, submit=a.submit if i == 0 else start, start=start, end=end if ended else None, elapsed_s=end - start, state=state)
-            used += part.elapsed_s
-            how = led.how.value if led.how is not None else ""
+        for rec, led in ran:
             if flag := _running_but_ended(rec.trial_id, led, a):
                 flags.append(flag)
             # No state_mismatch here: the job's state is the pack's (a pack goes on past a failed trial,
             # and may be signalled between two trials), each trial's own ending is the worker's word.
-            lines.append(_line(rec.trial_id, part, led, how, _waste(rec, led, part), caps))
-        rest = replace(a, elapsed_s=max(0, a.elapsed_s - used))
-        lines.append(_line("", rest, None, PACK_OVERHEAD, "", caps))
+        _split(a, ran, caps, lines)
+
+
+def _split(a: JobRun, ran: Sequence[tuple[TrialRecord, Attempt]], caps: BudgetCaps, lines: list[AttemptLine]) -> None:
+    """One run's lines, as the spend counts its hours: each attempt that ran in it its own (its
+    start to its counted end: ``spend.attempt_hours``; one still running, to the run's end so far),
+    and the rest (start-up, imports, a pack's gaps, the moments after the last trial) one line of
+    the job itself, so that the run's lines add up to sacct's hours."""
+    run_end = a.end if a.end is not None else (a.start or 0) + a.elapsed_s  # sacct's elapsed so far, while it runs
+    parts = Hours()
+    seconds = 0
+    for i, (rec, led) in enumerate(ran):
+        assert led.started is not None and a.start is not None  # callers pass started attempts of a run that started
+        end = led.counted_end()
+        end = end if end is not None else max(led.started, run_end)
+        hours = cast(Hours, attempt_hours(rec, led, until=end))  # the spend's figure, or to the run's end so far: never None with ``until``
+        # Its times as the report shows them: whole seconds within the run (hosts' clocks may differ by a little).
+        start_s = min(max(round(led.started), a.start), run_end)
+        end_s = max(start_s, min(round(end), run_end))
+        # Attempts before the last ended while the job went on: the job's state is the last one's.
+        # Only the first waited in the queue; the others waited for their turn in the job.
+        state = a.state if i == len(ran) - 1 else JobState.COMPLETED
+        ended = a.end is not None or led.ended is not None
+        part = replace(a, submit=a.submit if i == 0 else start_s, start=start_s, end=end_s if ended else None, elapsed_s=end_s - start_s, state=state)
+        how = led.how.value if led.how is not None else ""
+        lines.append(_line(rec.trial_id, part, led, how, _waste(rec, led, part), caps, hours))
+        parts += hours
+        seconds += end_s - start_s
+    rest = Hours(a.gpu_hours, a.cpu_hours) - parts
+    lines.append(_line("", replace(a, elapsed_s=max(0, a.elapsed_s - seconds)), None, PACK_OVERHEAD, Waste.USEFUL, caps, rest))
 
 
 def _running_but_ended(trial_id: str, led: Attempt, a: JobRun) -> Flag | None:
     """The ledger still believes this attempt runs, while the scheduler says its run ended."""
     if led.how is None and a.state.is_terminal():
-        return Flag("running_but_ended", trial_id, a.job_id, f"the ledger believes attempt {led.number} runs; the scheduler says {a.state.text}")
+        return Flag(FlagKind.RUNNING_BUT_ENDED, trial_id, a.job_id, f"the ledger believes attempt {led.number} runs; the scheduler says {a.state.text}")
     return None
 
 
@@ -386,9 +547,11 @@ def _filing_lag(job: str, job_runs: Sequence[JobRun], started_runs: Sequence[Job
     return ""
 
 
-def _line(tid: str, a: JobRun, led, how: str, waste: str, caps: BudgetCaps) -> AttemptLine:
+def _line(tid: str, a: JobRun, led, how: str, waste: Waste, caps: BudgetCaps, hours: Hours | None = None) -> AttemptLine:
+    """A report line of run ``a`` (or of its part ``hours``: an attempt's share, or the rest)."""
+    hours = Hours(a.gpu_hours, a.cpu_hours) if hours is None else hours
     use = led.device_use if led is not None else None
-    used, idle = GpuUse.of(a.gpu_hours, use).columns()
+    used, idle = GpuUse.of(hours.gpu_hours, use).columns()
     return AttemptLine(
         tid,
         a.job_id,
@@ -401,9 +564,9 @@ def _line(tid: str, a: JobRun, led, how: str, waste: str, caps: BudgetCaps) -> A
         a.elapsed_s,
         a.gpus,
         a.cpus,
-        a.gpu_hours,
-        a.cpu_hours,
-        caps.rates.cost(a.gpu_hours, a.cpu_hours),
+        hours.gpu_hours,
+        hours.cpu_hours,
+        hours.cost(caps.rates),
         a.queue_wait_s,
         led.number if led is not None else None,
         how,
@@ -418,30 +581,32 @@ def _line(tid: str, a: JobRun, led, how: str, waste: str, caps: BudgetCaps) -> A
     )
 
 
-def _waste(rec: TrialRecord | None, led, a: JobRun) -> str:
-    """Why this run's hours bought no result (empty: they did)."""
+def waste_of_state(state: JobState) -> Waste | None:
+    """The waste a run's ending in ``state`` means by itself: its cause's, from the one state table
+    (``JobState.cause``); None where the state says nothing of why."""
+    cause = state.cause()
+    return WASTE_OF_CAUSE.get(cause) if cause is not None else None
+
+
+def _waste(rec: TrialRecord | None, led, a: JobRun) -> Waste:
+    """Why this run's hours bought no result (USEFUL: they did). The scheduler's state says it first
+    (what its cause means, by the one table), then the ledger's cause for the attempt."""
     if rec is None:
-        return ""
+        return Waste.USEFUL
     if led is not None and (led.how is AttemptEnd.QUARANTINED or led.number <= rec.tainted_upto):
-        return "quarantine"
-    cause = led.cause if led is not None else None
-    if a.state is JobState.NODE_FAIL or cause is Cause.NODE_FAIL:
-        return "node_failure"
-    if a.state is JobState.PREEMPTED or cause is Cause.PREEMPTED:
-        return "preemption"
-    if cause is Cause.TIMEOUT or a.state is JobState.TIMEOUT:
-        return "timeout"
-    if cause is Cause.CANCELLED or a.state.is_cancelled():
-        return "cancelled"
-    if cause is Cause.NO_SPACE:
-        return "no_space"
+        return Waste.QUARANTINE
+    by_state = waste_of_state(a.state)
+    if by_state is not None:
+        return by_state
+    if led is not None and led.cause in WASTE_OF_CAUSE:
+        return WASTE_OF_CAUSE[led.cause]
     if led is not None and led.how is AttemptEnd.LOST:
-        return "lost"
+        return Waste.LOST
     if rec.state is TrialState.FAILED:
-        return "reproducible_failure"
+        return Waste.REPRODUCIBLE_FAILURE
     if rec.state is TrialState.PRUNED:
-        return "pruned"
-    return ""
+        return Waste.PRUNED
+    return Waste.USEFUL
 
 
 def _state_mismatch(how: AttemptEnd, state: JobState) -> str:

@@ -95,6 +95,8 @@ def render_table(results: Sequence[Reconciliation], console) -> None:
     for rec in results:
         console.print(f"[bold]campaign {safe(rec.campaign)}[/] objective {safe(rec.objective)}  source: {safe(rec.source)}")
         console.print(f"spend: {rec.spend.line()}", markup=False, highlight=False)
+        if rec.unrecorded:
+            console.print(unrecorded_line(rec), markup=False, highlight=False)
         if rec.spend.gpus.allocated:
             console.print(f"GPUs (the ledger's hours, the workers' utilization): {rec.spend.gpus.line()}", markup=False, highlight=False)
         summary = Table(title=f"the scheduler's hours ({safe(rec.source)}) against the caps", show_header=True)
@@ -134,12 +136,20 @@ def render_table(results: Sequence[Reconciliation], console) -> None:
             for col in ("kind", "trial", "job", "detail"):
                 flags.add_column(col)
             for f in rec.all_flags(ROWS_SHOWN):
-                flags.add_row(safe(f.kind), safe(f.trial_id), safe(f.job_id), safe(f.detail))
+                flags.add_row(safe(f.kind.value), safe(f.trial_id), safe(f.job_id), safe(f.detail))
             if rec.flag_count > ROWS_SHOWN:
                 flags.caption = f"the first {ROWS_SHOWN}; --json or --csv list them all"
             console.print(flags)
         else:
             console.print("no flags: the ledger and the scheduler agree")
+
+
+def unrecorded_line(rec: Reconciliation) -> str:
+    """What this report settled that the ledger has not recorded yet."""
+    return (
+        f"{len(rec.unrecorded)} runs sacct has filed are not recorded in the ledger yet: this report settles them at sacct's hours;"
+        f" `parcel-hpc status` and `list` count them provisionally until the launch following the search or `parcel-hpc sync {rec.search_path}` records them"
+    )
 
 
 def csv_chunks(results: Sequence[Reconciliation]) -> Iterator[bytes]:
@@ -172,6 +182,8 @@ def to_html(results: Sequence[Reconciliation]) -> str:
             f"generated {_dt.datetime.now(_dt.UTC).isoformat(timespec='seconds')}</p>"
         )
         parts.append(f"<p id='spend'>spend: {html.escape(rec.spend.line())}</p>")
+        if rec.unrecorded:
+            parts.append(f"<p id='unrecorded'>{html.escape(unrecorded_line(rec))}</p>")
         if rec.spend.gpus.allocated:
             parts.append(f"<p id='gpu-use'>GPUs (the ledger's hours, the workers' utilization): {html.escape(rec.spend.gpus.line())}</p>")
         parts.append(_html_table(["ceiling", "used", "cap", "left"], [[k, _fmt(v["used"]), _fmt(v["cap"]), _fmt(v["left"])] for k, v in rec.scheduler.items()]))
@@ -186,7 +198,7 @@ def to_html(results: Sequence[Reconciliation]) -> str:
         parts.append(
             "<h2>flags</h2>"
             + (
-                _html_table(["kind", "trial", "job", "detail"], [[f.kind, f.trial_id, f.job_id, f.detail] for f in rec.all_flags(ROWS_SHOWN)])
+                _html_table(["kind", "trial", "job", "detail"], [[f.kind.value, f.trial_id, f.job_id, f.detail] for f in rec.all_flags(ROWS_SHOWN)])
                 + _more(rec.flag_count)
                 if rec.flag_count
                 else "<p>none: the ledger and the scheduler agree</p>"

@@ -2,24 +2,35 @@
 
 ``search_spend`` (pure) counts each hour once, from the ledger and the budget journal:
 
-- attempts: the trials' own attempts. One the journal holds counts what it settled; one that never
-  reserved (refused at admission, budget_exhausted) its start to end by ``budget.attempt_usage``,
-  the rule settling uses;
-- start-up and gaps: what a job held no attempt of which ran: from its worker process's start to
-  its first trial (interpreter, imports, unpickling; the ``started`` event records when the process
-  began) and, in a pack, between one trial's end and the next one's start, per run of the job, at
-  its resources. Before the process (the batch script, srun) only sacct sees: ``reconcile``;
+- attempts: the trials' own attempts, each from its start to its end as ``Attempt.counted_end``
+  gives it (the one rule): its own end when its worker said how it ended; for one that did not
+  (lost, resolved by someone else) the end of its run as the scheduler recorded it (the node
+  failure's moment), else where the ledger noticed the loss, a provisional figure. One the
+  journal settled counts what it settled (the same rule: ``budget.attempt_usage``); one that never
+  reserved (refused at admission, budget_exhausted), its figure by the same rule;
+- start-up and gaps: what a job held no attempt of which ran, per run of the job: once the
+  scheduler's record of the run is recorded (``Accounted``: sacct's start, end and hours), the
+  run's hours less its attempts' (the batch script, the interpreter, a pack's gaps, the moments
+  after the last trial); until then, from its worker process's start to its first trial and
+  between one trial's end and the next one's start, provisionally;
 - selection jobs: the winner's rerun with the baseline, and the final evaluation, each its own
   start to end times the resources it held;
 - held: the worst case still reserved for attempts that have not settled (running ones, and holds
   an ended attempt left: ``reconcile`` flags those, ``sync`` settles them).
 
-``total = attempts + start-up and gaps + selection jobs + held``; cost is priced at the search's
-rates (``budget.rate_per_gpu_hour``, ``rate_per_cpu_hour``). The budget's caps bind ``charged``:
-the journal's used + held (the attempts that reserved, and what is held); start-up and gaps,
-selection jobs and attempts that never reserved are spent but were never reserved. sacct's figure
-(``reconcile``) is the scheduler's account of the same jobs, a reconciliation against this one,
-never a second spend.
+``total = attempts + start-up and gaps + selection jobs + held``, so once every run is recorded the
+trials' hours are sacct's to the second. ``provisional``: the part of the total counted by the
+ledger's clock because the scheduler's record of its run is not recorded yet (a SLURM search; the
+local executor has no accounting, its ledger is the record); the launch's follower records runs as
+sacct files them, ``sync`` and ``resubmit`` too, and ``reconcile`` settles at read time what sacct
+filed. Cost is priced at the search's rates. The budget's caps bind ``charged``: the journal's used
++ held (the attempts that reserved, and what is held), the one "charged to the caps" figure
+(``charged_line``); start-up and gaps, selection jobs and attempts that never reserved are spent
+but were never reserved. GPUs are counted once, by ``budget.counted_gpus``.
+
+``stale_holds`` (pure) finds holds that do not charge what their attempt used: held for an attempt
+that ended, or settled before the scheduler's record of its run changed its end (restated);
+``lifecycle.settlement`` settles and restates them, ``reconcile`` flags them.
 
 ``read_spend`` is the read edge; it never writes.
 """
@@ -30,13 +41,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from parcel_hpc.budget import BudgetLedger, Hold, JournalView, Rates, ReservationKey, attempt_usage, hours_between, search_caps
-from parcel_hpc.ledger import Attempt, DeviceUse, JobRole, SearchDir, TrialRecord
-from parcel_hpc.lifecycle.settlement import stale_holds
+from parcel_hpc.budget import BudgetLedger, Hold, JournalView, KeyState, Rates, ReservationKey, attempt_usage, counted_gpus, hours_between, search_caps
+from parcel_hpc.ledger import Attempt, DeviceUse, Executor, JobRole, SearchDir, TrialRecord
+from parcel_hpc.ledger.events import Accounted
 from parcel_hpc.selection.store import SelectionStore
 
 DECIMALS = 4  # every printed figure: hours and cost, the same rounding everywhere
 JSON_DECIMALS = 6  # micro-hours: the journal's own resolution
+ROUNDING_H = 0.5 * 10**-DECIMALS  # two figures closer than this print the same: a difference above it is one
 
 
 def shown(figure: float) -> str:
@@ -52,6 +64,13 @@ class Hours:
 
     def __add__(self, other: Hours) -> Hours:
         return Hours(self.gpu_hours + other.gpu_hours, self.cpu_hours + other.cpu_hours)
+
+    def __sub__(self, other: Hours) -> Hours:
+        return Hours(self.gpu_hours - other.gpu_hours, self.cpu_hours - other.cpu_hours)
+
+    def differs(self, other: Hours) -> bool:
+        """Whether the two differ by more than printing rounds away, in GPU- or CPU-hours."""
+        return abs(self.gpu_hours - other.gpu_hours) > ROUNDING_H or abs(self.cpu_hours - other.cpu_hours) > ROUNDING_H
 
     def cost(self, rates: Rates) -> float:
         return rates.cost(self.gpu_hours, self.cpu_hours)
@@ -118,8 +137,9 @@ class Spend:
     held: Hours  # worst case still reserved for attempts that have not settled
     rates: Rates
     charged: Hours = field(default_factory=Hours)  # what the caps bind: the journal's used + held
-    stale: int = 0  # holds of ended attempts among ``held`` (``sync`` settles them)
+    stale: int = 0  # holds that do not charge what their attempt used (``sync`` settles or restates them)
     gpus: GpuUse = field(default_factory=GpuUse)  # the attempts' GPU-hours: allocated, used, idle
+    provisional: Hours = field(default_factory=Hours)  # of the total: counted by the ledger's clock until the scheduler's record of the run is recorded
 
     PARTS = ("attempts", "start_up_and_gaps", "selection_jobs", "held")
 
@@ -137,18 +157,30 @@ class Spend:
 
     def line(self) -> str:
         """One line, the same in every command: the total, then its parts in GPU-h (in CPU-h for a
-        search that used no GPU)."""
+        search that used no GPU), and what of it is provisional."""
         t = self.total
         unit, of = ("GPU-h", lambda h: h.gpu_hours) if t.gpu_hours > 0 else ("CPU-h", lambda h: h.cpu_hours)
         parts = " + ".join(f"{name.replace('_', ' ')} {shown(of(h))}" for name, h in self.parts.items())
-        stale = f"; {self.stale} holds of ended attempts (`parcel-hpc sync` settles them)" if self.stale else ""
-        return f"{shown(t.gpu_hours)} GPU-h, {shown(t.cpu_hours)} CPU-h, cost {shown(self.cost)} ({unit}: {parts}){stale}"
+        stale = f"; {self.stale} budget holds that do not charge what their attempt used (`parcel-hpc sync` settles them)" if self.stale else ""
+        provisional = (
+            f"; {shown(of(self.provisional))} {unit} of it provisional: counted by the ledger's clock until the scheduler's record of those runs"
+            " is recorded (the launch records it, or `parcel-hpc sync`)"
+            if self.provisional.differs(Hours())
+            else ""
+        )
+        return f"{shown(t.gpu_hours)} GPU-h, {shown(t.cpu_hours)} CPU-h, cost {shown(self.cost)} ({unit}: {parts}){provisional}{stale}"
+
+    def charged_line(self, gpu_hours_cap: float, cost_cap: float) -> str:
+        """What the budget's caps bind, against them: the one "charged to the caps" figure (``list``
+        and ``reconcile --root`` print it)."""
+        return f"{shown(self.charged.gpu_hours)} / {gpu_hours_cap:g} GPU-h, {shown(self.charged.cost(self.rates))} / {cost_cap:g}"
 
     def to_json(self) -> dict[str, Any]:
         return {
             **self.total.to_json(self.rates),
             "parts": {name: h.to_json(self.rates) for name, h in self.parts.items()},
             "charged": self.charged.to_json(self.rates),
+            "provisional": self.provisional.to_json(self.rates),
             "stale_holds": self.stale,
             "gpu_use": self.gpus.to_json(),
         }
@@ -169,39 +201,105 @@ class JobHours:
         return Hours(self.gpus * h, self.cpus * h)
 
 
-def attempt_spend(record: TrialRecord, attempt: Attempt, holds: Mapping[ReservationKey, Hold]) -> tuple[Hours, Hours]:
-    """(used, held) of one attempt (pure): what the journal settled for it, or still holds; one that
-    never reserved, its start to end (nothing while it runs)."""
+def attempt_hours(record: TrialRecord, attempt: Attempt, until: float | None = None) -> Hours | None:
+    """What one attempt used (pure): its start to ``Attempt.counted_end`` (the one rule), never past
+    its time limit, times the GPUs it was allocated (``budget.counted_gpus``) and its CPUs; the
+    formula its worker settles with (``budget.attempt_usage``), in the journal's micro-hours, so an
+    attempt counts exactly what its hold settled. While it runs: to ``until`` when given (its job
+    seen gone, its run's end so far), else None."""
+    end = attempt.counted_end()
+    end = end if end is not None else until
+    if attempt.started is None or end is None:
+        return None
+    gpu, cpu = attempt_usage(record.spec.resources, attempt.started, end, attempt.gpus)
+    return Hours(round(gpu, JSON_DECIMALS), round(cpu, JSON_DECIMALS))
+
+
+def is_provisional(record: TrialRecord, attempt: Attempt) -> bool:
+    """Its end is the ledger's noticing of a loss, until the scheduler's record of its run is
+    recorded (a SLURM job; the local executor keeps no other record)."""
+    return record.executor is Executor.SLURM and not attempt.settled_by_scheduler()
+
+
+@dataclass(frozen=True)
+class AttemptSpend:
+    used: Hours  # what it used (settled, or never reserved); nothing while it runs
+    held: Hours  # its worst case, still reserved: it has not settled
+    provisional: bool = False  # ``used`` ends where the ledger noticed its loss: the scheduler's record may change it
+
+
+def attempt_spend(record: TrialRecord, attempt: Attempt, holds: Mapping[ReservationKey, Hold]) -> AttemptSpend:
+    """What one attempt used and still holds (pure): a hold still held counts its worst case; a
+    closed one what it settled, or, once the scheduler's record of its run is recorded, its figure
+    by that record (``sync`` restates the journal to it: ``stale_holds``); one that never
+    reserved, its figure."""
     hold = holds.get(ReservationKey(record.trial_id, attempt.number))
-    if hold is not None:
-        if hold.state.is_closed():
-            return Hours(hold.used_gpu_hours, hold.used_cpu_hours), Hours()
-        return Hours(), Hours(hold.reserved_gpu_hours, hold.reserved_cpu_hours)
-    if attempt.started is None or attempt.ended is None:
-        return Hours(), Hours()
-    return Hours(*attempt_usage(record.spec.resources, attempt.started, attempt.ended, attempt.gpus)), Hours()
+    if hold is not None and not hold.state.is_closed():
+        return AttemptSpend(Hours(), Hours(hold.reserved_gpu_hours, hold.reserved_cpu_hours))
+    used = attempt_hours(record, attempt)
+    provisional = used is not None and is_provisional(record, attempt)
+    if hold is not None and (used is None or attempt.run is None or hold.state is KeyState.RELEASED):
+        return AttemptSpend(Hours(hold.used_gpu_hours, hold.used_cpu_hours), Hours(), provisional)
+    return AttemptSpend(used or Hours(), Hours(), provisional)
 
 
-def job_overhead(records: Iterable[TrialRecord]) -> Hours:
-    """The hours jobs held their resources outside any attempt (pure), per run of a job (job id and
-    restart count): from its worker process's start to its first attempt's, and from each
-    attempt's end to the next one's start (a pack runs its trials in turn)."""
-    runs: dict[tuple[str, int], list[tuple[TrialRecord, Attempt]]] = {}
+def run_hours(run: Accounted, requested_gpus: int) -> Hours:
+    """The hours of a run as the scheduler charged it: its elapsed seconds times what it allocated
+    (GPUs by ``budget.counted_gpus``)."""
+    h = run.elapsed_s / 3600.0
+    return Hours(counted_gpus(run.gpus, requested_gpus) * h, run.cpus * h)
+
+
+@dataclass(frozen=True)
+class RunSpend:
+    """One run of one job (its job id and restart count), as the spend counts it."""
+
+    key: tuple[str, int]
+    attempts: Hours  # its attempts' hours (every attempt's figure, held or not)
+    rest: Hours  # start-up and gaps: what the job held no attempt of which ran
+    provisional: bool  # ``rest`` is the ledger's estimate: a SLURM run whose record is not recorded yet
+
+
+def run_spends(records: Iterable[TrialRecord]) -> dict[tuple[str, int], RunSpend]:
+    """Every run of every job of ``records`` (pure), whether an attempt ran in it or only the
+    scheduler's record says it ran (a requeued pack that found its trials done)."""
+    ran: dict[tuple[str, int], list[tuple[TrialRecord, Attempt]]] = {}
+    recorded: dict[tuple[str, int], tuple[Accounted, TrialRecord]] = {}
     for r in records:
         for a in r.attempts:
             if a.job_id and a.started is not None:
-                runs.setdefault((a.job_id, a.restart_count), []).append((r, a))
+                ran.setdefault((a.job_id, a.restart_count), []).append((r, a))
+        for run in r.accounted:
+            recorded.setdefault(run.key, (run, r))
+    out = {}
+    for key in dict.fromkeys([*ran, *recorded]):
+        attempts = sorted(ran.get(key, []), key=lambda item: cast(float, item[1].started))  # ran holds started attempts only
+        used = Hours()
+        for r, a in attempts:
+            used += attempt_hours(r, a) or Hours()
+        if key in recorded:
+            run, owner = recorded[key]
+            out[key] = RunSpend(key, used, run_hours(run, int(owner.spec.resources.get("gpus", 0))) - used, False)
+        else:
+            slurm = any(r.executor is Executor.SLURM for r, _ in attempts)
+            out[key] = RunSpend(key, used, _estimated_rest(attempts), slurm)
+    return out
+
+
+def _estimated_rest(ran: Sequence[tuple[TrialRecord, Attempt]]) -> Hours:
+    """A run's start-up and gaps by the ledger's clock: from its worker process's start to its first
+    attempt's, and from each attempt's end to the next one's start (a pack runs its trials in turn)."""
+    first = ran[0][1]
+    began = min((a.process_started for _, a in ran if a.process_started is not None), default=None)
+    idle = [(began, cast(float, first.started))] if began is not None else []
+    ends = [a.counted_end() for _, a in ran]
+    idle += [(end, cast(float, after.started)) for end, (_, after) in zip(ends, ran[1:]) if end is not None]  # every attempt in ``ran`` started
+    res = ran[0][0].spec.resources
+    gpus, cpus = first.gpus_or(int(res.get("gpus", 0))), int(res.get("cpus", 1))
     total = Hours()
-    for ran in runs.values():
-        ran.sort(key=lambda item: item[1].started or 0.0)
-        first, began = ran[0][1], min((a.process_started for _, a in ran if a.process_started is not None), default=None)
-        idle = [(began, first.started)] if began is not None else []
-        idle += [(before.ended, after.started) for (_, before), (_, after) in zip(ran, ran[1:]) if before.ended is not None]
-        res = ran[0][0].spec.resources
-        gpus, cpus = first.gpus_or(int(res.get("gpus", 0))), int(res.get("cpus", 1))
-        for start, end in idle:
-            h = hours_between(start, cast(float, end))  # every attempt in ``ran`` started
-            total += Hours(gpus * h, cpus * h)
+    for start, end in idle:
+        h = hours_between(start, end)
+        total += Hours(gpus * h, cpus * h)
     return total
 
 
@@ -212,25 +310,75 @@ def search_spend(records: Sequence[TrialRecord], journal: JournalView | None, se
     holds: Mapping[ReservationKey, Hold] = journal.holds if journal is not None else {}
     ids = {r.trial_id for r in records}
     mine = {k: h for k, h in holds.items() if k.trial_id in ids}
-    attempts = held = charged = Hours()
+    attempts = held = charged = provisional = Hours()
     for h in mine.values():
-        part = Hours(h.used_gpu_hours, h.used_cpu_hours) if h.state.is_closed() else Hours(h.reserved_gpu_hours, h.reserved_cpu_hours)
-        charged += part
-        if h.state.is_closed():
-            attempts += part
-        else:
-            held += part
+        charged += Hours(h.used_gpu_hours, h.used_cpu_hours) if h.state.is_closed() else Hours(h.reserved_gpu_hours, h.reserved_cpu_hours)
+        if not h.state.is_closed():
+            held += Hours(h.reserved_gpu_hours, h.reserved_cpu_hours)
+    seen = set()
     gpus = GpuUse()
     for r in records:
         for a in r.attempts:
-            used = attempt_spend(r, a, mine)[0]
-            gpus += GpuUse.of(used.gpu_hours, a.device_use)
-            if ReservationKey(r.trial_id, a.number) not in mine:
-                attempts += used
+            spent = attempt_spend(r, a, mine)
+            seen.add(ReservationKey(r.trial_id, a.number))
+            gpus += GpuUse.of(spent.used.gpu_hours, a.device_use)
+            attempts += spent.used
+            if spent.provisional:
+                provisional += spent.used
+    for key, h in mine.items():  # a hold whose attempt the ledger does not show (its started line torn): what it settled
+        if key not in seen and h.state.is_closed():
+            attempts += Hours(h.used_gpu_hours, h.used_cpu_hours)
+    overhead = Hours()
+    for run in run_spends(records).values():
+        overhead += run.rest
+        if run.provisional:
+            provisional += run.rest
     selection = Hours()
     for job in selection_jobs:
         selection += job.hours
-    return Spend(attempts, job_overhead(records), selection, held, rates, charged, len(stale_holds(records, mine)), gpus)
+    return Spend(attempts, overhead, selection, held, rates, charged, len(stale_holds(records, mine)), gpus, provisional)
+
+
+@dataclass(frozen=True)
+class StaleHold:
+    """A budget hold that does not charge what its attempt used: still held for an attempt that
+    ended (or whose job is gone, or whose run the scheduler recorded), or settled before the
+    scheduler's record of its run gave it another end (it is restated)."""
+
+    key: ReservationKey
+    used: Hours  # what the attempt used, as the spend counts it: what the hold should charge
+    charged: Hours  # what the journal charges it now: its worst case while held, or what it settled
+    settled: bool  # the journal settled it already: restated, not settled
+
+
+def stale_holds(records: Iterable[TrialRecord], holds: Mapping[ReservationKey, Hold], gone_at: Mapping[str, float] | None = None) -> list[StaleHold]:
+    """Holds of ``records``' attempts that do not charge what the attempt used (pure). ``gone_at``:
+    trial -> when its job was seen gone (``cancel``), which ends its attempts that never said how.
+    An attempt with no recorded start keeps its hold: its hours are unknown, and a hold is never
+    settled for less than was used."""
+    gone_at = gone_at or {}
+    out = []
+    for r in records:
+        for a in r.attempts:
+            key = ReservationKey(r.trial_id, a.number)
+            hold = holds.get(key)
+            if hold is None or a.started is None:
+                continue
+            if hold.state is KeyState.HELD:
+                used = attempt_hours(r, a, until=gone_at.get(r.trial_id))
+                if used is not None:  # else it runs
+                    out.append(StaleHold(key, used, Hours(hold.reserved_gpu_hours, hold.reserved_cpu_hours), False))
+            elif hold.state is KeyState.SETTLED and a.run is not None:
+                restated = attempt_hours(r, a)
+                charged = Hours(hold.used_gpu_hours, hold.used_cpu_hours)
+                if restated is not None and _micro(restated) != _micro(charged):
+                    out.append(StaleHold(key, restated, charged, True))
+    return out
+
+
+def _micro(h: Hours) -> tuple[int, int]:
+    """Hours as the journal stores them (micro-hours)."""
+    return round(h.gpu_hours * 1_000_000), round(h.cpu_hours * 1_000_000)
 
 
 # --- the read edge ------------------------------------------------------------------------------
@@ -246,9 +394,8 @@ def selection_jobs(search: SearchDir) -> list[JobHours]:
             continue
         job = result["job"]
         allocated = job.get("facts", {}).get("gpus")  # what its scheduler gave it; older results: the request
-        out.append(
-            JobHours(job["started_at"], job["ended_at"], int(job["resources"]["gpus"] if allocated is None else allocated), int(job["resources"]["cpus"]))
-        )
+        gpus = counted_gpus(None if allocated is None else int(allocated), int(job["resources"]["gpus"]))
+        out.append(JobHours(job["started_at"], job["ended_at"], gpus, int(job["resources"]["cpus"])))
     return out
 
 

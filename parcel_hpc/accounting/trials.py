@@ -1,8 +1,10 @@
 """A search's trials as typed rows: one per trial (or per attempt), what it did and what it spent.
 
-Hours are the search's spend (``accounting.spend``), attempt by attempt: what each settled in the
-budget journal (one that never reserved: its start to end, times the CPUs it held and the GPUs its
-scheduler allocated), and what is still held. Pack gaps and selection jobs are no trial's. What
+Hours are the search's spend (``accounting.spend``), attempt by attempt: each attempt's start to its
+counted end (``Attempt.counted_end``: an attempt that did not say how it ended, to its run's end as
+the scheduler recorded it), times the CPUs it held and the GPUs its scheduler allocated, and what
+is still held; ``provisional`` says which hours end where the ledger noticed a loss, until the
+scheduler's record of the run is recorded. Start-up, pack gaps and selection jobs are no trial's. What
 ``parcel-hpc export`` writes (CSV, Parquet, JSON lines) and what the MLflow export and the search
 report read, so a trial's hours are counted once, the same everywhere. Must not: write anything.
 """
@@ -51,6 +53,8 @@ TRIAL_COLUMNS = [
     ("cost", pa.float64()),
     ("held_gpu_hours", pa.float64()),  # worst case still reserved for its attempts that have not settled
     ("held_cpu_hours", pa.float64()),
+    ("provisional_gpu_hours", pa.float64()),  # of gpu_hours: ending where the ledger noticed a loss, until the scheduler's record of the run is recorded
+    ("provisional_cpu_hours", pa.float64()),
     *GPU_USE_COLUMNS,
     ("queue_wait_s", pa.float64()),  # every attempt's wait from its job's submission (or requeue) to its start
     ("started_at", _TIME),
@@ -83,6 +87,7 @@ ATTEMPT_COLUMNS = [
     ("cost", pa.float64()),
     ("held_gpu_hours", pa.float64()),  # its worst case, still reserved: it has not settled
     ("held_cpu_hours", pa.float64()),
+    ("provisional", pa.bool_()),  # its hours end where the ledger noticed its loss, until the scheduler's record of its run is recorded
     *GPU_USE_COLUMNS,
     ("queue_wait_s", pa.float64()),
     ("started_at", _TIME),
@@ -162,10 +167,12 @@ def _attempt_rows(record: TrialRecord, events: Sequence[Event], rates: Rates, ho
     gpus_asked, cpus = int(record.spec.resources.get("gpus", 0)), int(record.spec.resources.get("cpus", 1))
     rows = []
     for a, wait in zip(record.attempts, queue_waits(record, events)):
-        wall = (a.ended - a.started) if a.started is not None and a.ended is not None else None
+        end = a.counted_end()
+        wall = (end - a.started) if a.started is not None and end is not None else None
         gpus = a.gpus_or(gpus_asked)
-        used, held = attempt_spend(record, a, holds)  # the search's spend counts it so: the columns add up to it
-        counted = a.ended is not None or ReservationKey(record.trial_id, a.number) in holds  # else it runs, not yet reserved
+        spent = attempt_spend(record, a, holds)  # the search's spend counts it so: the columns add up to it
+        used, held = spent.used, spent.held
+        counted = end is not None or ReservationKey(record.trial_id, a.number) in holds  # else it runs, not yet reserved
         result = a.how is AttemptEnd.COMPLETED and record.state is TrialState.COMPLETED and a.number > record.tainted_upto
         use = a.device_use
         gpu_used, gpu_idle = GpuUse.of(used.gpu_hours, use).columns() if counted else (None, None)
@@ -189,6 +196,7 @@ def _attempt_rows(record: TrialRecord, events: Sequence[Event], rates: Rates, ho
                 "cost": used.cost(rates) if counted else None,
                 "held_gpu_hours": held.gpu_hours,
                 "held_cpu_hours": held.cpu_hours,
+                "provisional": spent.provisional,
                 "device": ",".join(use.devices) if use is not None else None,
                 "gpu_peak_memory_bytes": use.peak_memory_bytes if use is not None else None,
                 "gpu_utilization": use.utilization if use is not None else None,
@@ -196,7 +204,7 @@ def _attempt_rows(record: TrialRecord, events: Sequence[Event], rates: Rates, ho
                 "gpu_hours_idle": gpu_idle,
                 "queue_wait_s": wait,
                 "started_at": _ms(a.started),
-                "ended_at": _ms(a.ended),
+                "ended_at": _ms(end),  # where its hours end (Attempt.counted_end)
             }
         )
     return rows
@@ -208,7 +216,7 @@ def _trial_row(record: TrialRecord, events: Sequence[Event], attempts: Sequence[
     reached = {m.step for m in valid if m.is_milestone}
     waits = [r["queue_wait_s"] for r in attempts if r["queue_wait_s"] is not None]
     started = [a.started for a in record.attempts if a.started is not None]
-    ended = [a.ended for a in record.attempts if a.ended is not None]
+    ended = [end for a in record.attempts if (end := a.counted_end()) is not None]
     return {
         "trial_id": record.trial_id,
         "index": record.spec.index,
@@ -226,6 +234,8 @@ def _trial_row(record: TrialRecord, events: Sequence[Event], attempts: Sequence[
         "cost": sum(r["cost"] or 0.0 for r in attempts),
         "held_gpu_hours": sum(r["held_gpu_hours"] for r in attempts),
         "held_cpu_hours": sum(r["held_cpu_hours"] for r in attempts),
+        "provisional_gpu_hours": sum(r["gpu_hours"] or 0.0 for r in attempts if r["provisional"]),
+        "provisional_cpu_hours": sum(r["cpu_hours"] or 0.0 for r in attempts if r["provisional"]),
         "device": next((r["device"] for r in reversed(attempts) if r["device"]), None),
         "gpu_peak_memory_bytes": max((r["gpu_peak_memory_bytes"] for r in attempts if r["gpu_peak_memory_bytes"] is not None), default=None),
         "gpu_utilization": _utilization(attempts),

@@ -11,8 +11,9 @@ Two halves, one vocabulary (``BudgetCaps``, ``Rates``, ``JournalTotals``, ``CapL
   ``BudgetLedger.read`` (every hold, ``JournalView``) and ``read_totals`` read it without writing
   (read commands);
 - one search's budget from its frozen contract: ``search_caps``, ``launch_decision``,
-  ``SearchBudget`` (reserve, hold, settle an attempt), ``attempt_usage`` (what an attempt used:
-  the one rule for settling and for counting).
+  ``SearchBudget`` (reserve, hold, settle an attempt, restate it once the scheduler's record of its
+  run came), ``attempt_usage`` (what an attempt used: the one rule for settling and for counting),
+  ``counted_gpus`` (the GPUs an allocation's hours are counted with, everywhere).
 
 Must not: dispatch, mark trial states, or measure usage; callers do those with these decisions.
 """
@@ -29,10 +30,11 @@ from parcel_hpc.budget._admission import (
 )
 from parcel_hpc.budget._journal import BudgetLedger, BudgetOutcome, Hold, JournalView, KeyState, Refusal, Reservation, ReservationKey, Settlement
 from parcel_hpc.budget._search import SearchBudget, attempt_usage, launch_decision, search_caps
-from parcel_hpc.budget._values import AssociationLimit, BudgetCaps, CapLine, JournalTotals, LimitKind, Rates, hours_between
+from parcel_hpc.budget._values import AssociationLimit, BudgetCaps, CapLine, JournalTotals, LimitKind, Rates, counted_gpus, hours_between
 
 __all__ = [
     "hours_between",
+    "counted_gpus",
     "attempt_usage",
     "Hold",
     "JournalView",

@@ -2,7 +2,10 @@
 
 Owns ``<search_dir>/budget/journal/<seq:08d>.json``. Entry 0 (``open``) records the caps, frozen
 with the search's contract; every later entry is a ``reserve``, ``settle`` or ``release`` and
-carries the running totals after it, plus the digest of the entry before it. (Older journals may
+carries the running totals after it, plus the digest of the entry before it. A ``restate`` changes
+what a settled attempt is charged to what the scheduler's record of its run gives it (an attempt
+someone else settled when it noticed the loss, before sacct had filed the run): its hours were
+spent, so no cap refuses it. (Older journals may
 also hold ``caps`` entries; readers still apply them, nothing writes them now.) A writer reads the
 tail, decides against those totals, and creates entry n+1 with ``fsio.create_exclusive``; losing
 that race (EEXIST) means someone else appended, so it reads the new entry and decides again. The
@@ -66,6 +69,7 @@ class EntryKind(Enum):
     RESERVE = "reserve"
     SETTLE = "settle"
     RELEASE = "release"
+    RESTATE = "restate"  # a settled attempt's hours, as the scheduler's record of its run gives them
 
 
 class BudgetOutcome(str, Enum):
@@ -256,6 +260,22 @@ class _Fold:
                 t.trials + new_trial,
             )
             return t, _Key(KeyState.HELD, gpu, cpu, seq)
+        if kind is EntryKind.RESTATE:
+            if prior is None or prior.state is not KeyState.SETTLED:
+                raise _Invalid(f"restate of {key}, which is {'not reserved' if prior is None else prior.state.value}: only a settled attempt is restated")
+            was = max(0, prior.gpu - prior.used_gpu_uh), max(0, prior.cpu - prior.used_cpu_uh)
+            now = max(0, prior.gpu - gpu), max(0, prior.cpu - cpu)
+            t = _Totals(
+                t.reserved_gpu_uh,
+                t.reserved_cpu_uh,
+                t.used_gpu_uh - prior.used_gpu_uh + gpu,
+                t.used_cpu_uh - prior.used_cpu_uh + cpu,
+                t.released_gpu_uh - was[0] + now[0],
+                t.released_cpu_uh - was[1] + now[1],
+                t.attempts,
+                t.trials,
+            )
+            return t, _Key(KeyState.SETTLED, prior.gpu, prior.cpu, seq, gpu, cpu)
         if prior is None or prior.state is not KeyState.HELD:
             raise _Invalid(f"{kind.value} of {key}, which is {'not reserved' if prior is None else prior.state.value}")
         if kind is EntryKind.RELEASE:
@@ -430,6 +450,26 @@ class BudgetLedger:
         used = _uh("used_gpu_hours", used_gpu_hours), _uh("used_cpu_hours", used_cpu_hours)
         return self._close(EntryKind.SETTLE, reservation, *used, first_wins=first_wins)
 
+    def restate(self, reservation: Reservation | ReservationKey | tuple[str, int], used_gpu_hours: float, used_cpu_hours: float = 0.0) -> Settlement:
+        """Charge a settled attempt these hours instead of what it settled (the scheduler's record of
+        its run came after the settle). The same figure again writes nothing."""
+        key = _key_of(reservation)
+        gpu, cpu = _uh("used_gpu_hours", used_gpu_hours), _uh("used_cpu_hours", used_cpu_hours)
+
+        def decide(f: _Fold) -> _Done | _Write:
+            prior = f.keys.get(key)
+            if prior is None or prior.state is not KeyState.SETTLED:
+                state = "not reserved" if prior is None else prior.state.value
+                raise UsageError(f"{key} is {state} in {self.path}: only a settled attempt is restated; settle it first")
+            if (prior.used_gpu_uh, prior.used_cpu_uh) == (gpu, cpu):
+                return _Done(Settlement(key, KeyState.SETTLED, *_close_hours(prior), prior.seq))
+            return _Write(
+                f.propose(EntryKind.RESTATE, key, gpu, cpu),
+                lambda seq: Settlement(key, KeyState.SETTLED, *_close_hours(_Key(KeyState.SETTLED, prior.gpu, prior.cpu, seq, gpu, cpu)), seq),
+            )
+
+        return cast(Settlement, self._commit(decide))  # decide's results are Settlements
+
     def release(self, reservation: Reservation | ReservationKey | tuple[str, int]) -> Settlement:
         """Give back the whole hold of an attempt that never started."""
         return self._close(EntryKind.RELEASE, reservation, 0, 0)
@@ -487,7 +527,7 @@ class BudgetLedger:
         raise ParcelError(f"could not append to {self.path} after {_MAX_TRIES} tries: entries exist that this host cannot read")
 
     def _close(self, kind: EntryKind, ref: Reservation | ReservationKey | tuple[str, int], gpu: int, cpu: int, first_wins: bool = False) -> Settlement:
-        key = ref.key if isinstance(ref, Reservation) else ref if isinstance(ref, ReservationKey) else ReservationKey(*ref)
+        key = _key_of(ref)
         want = KeyState.SETTLED if kind is EntryKind.SETTLE else KeyState.RELEASED
 
         def settlement(r: _Key, seq: int) -> Settlement:
@@ -509,6 +549,10 @@ class BudgetLedger:
             return _Write(f.propose(kind, key, gpu, cpu), lambda seq: settlement(_Key(want, prior.gpu, prior.cpu, seq, gpu, cpu), seq))
 
         return cast(Settlement, self._commit(decide))  # decide's results are Settlements
+
+
+def _key_of(ref: Reservation | ReservationKey | tuple[str, int]) -> ReservationKey:
+    return ref.key if isinstance(ref, Reservation) else ref if isinstance(ref, ReservationKey) else ReservationKey(*ref)
 
 
 def _close_hours(r: _Key) -> tuple[float, float, float, float]:

@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 from parcel_hpc.budget._admission import BudgetDecision, admit_launch, attempt_worst_case, worst_case
 from parcel_hpc.budget._journal import BudgetLedger, Refusal, Reservation, Settlement
-from parcel_hpc.budget._values import BudgetCaps, JournalTotals, hours_between
+from parcel_hpc.budget._values import BudgetCaps, JournalTotals, counted_gpus, hours_between
 
 
 class ContractFields(Protocol):
@@ -38,8 +38,7 @@ def attempt_usage(resources: Mapping[str, Any], started: float, ended: float, gp
     The one rule: settling a hold and counting an attempt that never reserved both use it."""
     limit_min = resources.get("time_limit_min")
     hours = hours_between(started, ended) if limit_min is None else min(hours_between(started, ended), float(limit_min) / 60.0)
-    requested = int(resources.get("gpus", 0))
-    return (requested if gpus is None else min(gpus, requested)) * hours, int(resources.get("cpus", 1)) * hours
+    return counted_gpus(gpus, int(resources.get("gpus", 0))) * hours, int(resources.get("cpus", 1)) * hours
 
 
 class SearchBudget:
@@ -63,3 +62,8 @@ class SearchBudget:
         allocated it. Idempotent across processes: a hold another process already settled (two
         launchers, ``sync`` and a new attempt may each see the same ending) stays as it was settled."""
         return self.ledger.settle((trial_id, attempt), *attempt_usage(self.resources, started, ended, gpus), first_wins=True)
+
+    def restate(self, trial_id: str, attempt: int, gpu_hours: float, cpu_hours: float) -> Settlement:
+        """Charge a settled attempt what the scheduler's record of its run gives it (``accounting.spend``),
+        in place of what it was settled at before that record came."""
+        return self.ledger.restate((trial_id, attempt), gpu_hours, cpu_hours)

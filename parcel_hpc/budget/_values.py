@@ -62,6 +62,14 @@ def hours_between(started: float, ended: float) -> float:
     return max(0.0, ended - started) / 3600.0
 
 
+def counted_gpus(allocated: int | None, requested: int) -> int:
+    """The GPUs an allocation's hours are counted with, everywhere parcel_hpc counts them (an
+    attempt's hours, a job's start-up and gaps, a run the scheduler recorded, a selection job):
+    what the scheduler allocated, never more than the request (the search reserved the request and
+    its design asked for no more); None (not said): the request."""
+    return requested if allocated is None else min(allocated, requested)
+
+
 @dataclass(frozen=True)
 class Rates:
     """What an hour costs, in the cluster's money unit."""

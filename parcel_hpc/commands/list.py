@@ -14,7 +14,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from parcel_hpc.accounting.spend import shown
+from parcel_hpc.accounting.spend import ROUNDING_H, shown
 from parcel_hpc.config import configured_search_root
 from parcel_hpc.console import make_console, safe
 from parcel_hpc.ledger.searches import SearchSummary, collect
@@ -50,15 +50,16 @@ def render(summaries: Sequence[SearchSummary], root: Path, now: float | None = N
         assert spend is not None  # a readable search has one
         # The search's one spend (``status`` has its parts); the caps bind what the budget journal
         # charges: the attempts that reserved, and what is still held.
-        total, charged = spend.total, spend.charged
+        total = spend.total
+        gpu_p, cpu_p = (f" [yellow]{shown(h)} provisional[/]" if h > ROUNDING_H else "" for h in (spend.provisional.gpu_hours, spend.provisional.cpu_hours))
         table.add_row(
             safe(_rel(s.path, root)),
             str(s.trials),
             " ".join(f"{state}={n}" for state, n in s.counts.items() if n) or "-",
-            f"{shown(total.gpu_hours)} ({shown(spend.held.gpu_hours)})" + (f" [yellow]{spend.stale} stale[/]" if spend.stale else ""),
-            shown(total.cpu_hours),
+            f"{shown(total.gpu_hours)} ({shown(spend.held.gpu_hours)})" + gpu_p + (f" [yellow]{spend.stale} stale[/]" if spend.stale else ""),
+            shown(total.cpu_hours) + cpu_p,
             shown(spend.cost),
-            f"{shown(charged.gpu_hours)} / {s.gpu_hours_cap:g}, {shown(charged.cost(spend.rates))} / {s.cost_cap:g}",
+            spend.charged_line(s.gpu_hours_cap, s.cost_cap),
             s.launcher.value,
             _ago(s.last_activity, now),
             f"{safe(s.best['trial_id'])} {s.best['miss_cost']:.4f}" if s.best else "-",

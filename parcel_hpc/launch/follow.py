@@ -2,7 +2,9 @@
 until none needs anything, and the one submit-and-record path (the launch and ``resubmit`` use it).
 
 Owns: turning ``next_action`` decisions into dispatch claims, submissions and journal lines; the
-scheduler-outage wait (``OUTAGE_LIMIT_S``); the packing of what it submits; stopping (``Stop``) on
+scheduler-outage wait (``OUTAGE_LIMIT_S``); recording the scheduler's record of its trials' runs as
+sacct files them (``record_runs``: every ``ACCOUNT_EVERY_S``, and at the launch's end for up to
+``ACCOUNT_WAIT_S``); the packing of what it submits; stopping (``Stop``) on
 the first worker that finds the environment drifted from the contract, or when the first trials
 fail alike (``lifecycle.systematic``): nothing more is dispatched, jobs not yet started are
 cancelled, and the trials already running are followed to their end.
@@ -21,14 +23,14 @@ from rich.console import Console
 from parcel_hpc import fsio
 from parcel_hpc.budget import AssociationLimit, BudgetDecision, admit_account, render_account
 from parcel_hpc.console import safe
-from parcel_hpc.errors import ReleaseFailed, SchedulerUnavailable
+from parcel_hpc.errors import AccountingError, ReleaseFailed, SchedulerUnavailable
 from parcel_hpc.governance.admission import admit_proposal
 from parcel_hpc.governance.contract import Contract
 from parcel_hpc.governance.outcome import Outcome
 from parcel_hpc.launch import display
 from parcel_hpc.launch.report import LaunchReport
 from parcel_hpc.ledger import RecordView, SearchDir, TrialRecord, TrialSpec, TrialState, TrialWriter
-from parcel_hpc.lifecycle import resolution, systematic
+from parcel_hpc.lifecycle import resolution, settlement, systematic
 from parcel_hpc.lifecycle.actions import Action, Next, RetryPolicy, next_action, runs_alone
 from parcel_hpc.lifecycle.resubmit import Resubmission
 from parcel_hpc.propose.proposals import ORPHAN_AFTER_S, Proposer
@@ -42,6 +44,8 @@ from parcel_hpc.worker.slot import SlotTask
 OUTAGE_LIMIT_S = 900.0  # how long a launch waits for a scheduler that stopped answering
 TAKE_GRACE_S = 60.0  # a slot journals its submission a moment after taking a dispatch: longer, and it died between
 LOOK_MARGIN_S = 5.0  # hosts' clocks agree within this (NTP); a job recorded this close to a look is not judged by it
+ACCOUNT_EVERY_S = 30.0  # how often a following launch asks sacct for the runs it filed (one call for every job lacking one)
+ACCOUNT_WAIT_S = 60.0  # how long a launch's end waits for sacct to file its trials' last runs (slurmdbd files them in seconds)
 
 
 def account_decision(account: tuple[str, list[AssociationLimit]] | None, decision: BudgetDecision, pack_size: int = 1) -> tuple[BudgetDecision, str]:
@@ -169,6 +173,8 @@ class Follower:
         self.slot_count = 0  # slots this launcher submitted
         self.empty_slots = 0  # slots that ended without taking a trial (the churn guard counts them)
         self.known_before: set[str] = set()  # trials that existed when proposing began (slots propose the rest)
+        self.accounted_at = 0.0  # when sacct was last asked for the runs it filed (monotonic)
+        self.accounting_said = False  # that sacct does not answer was said once
 
     def slotting(self, plan: SlotPlan) -> None:
         """From now on admitted dispatches are queued for slots, which take them (and propose)."""
@@ -545,6 +551,39 @@ class Follower:
             self.outage_since = None
         return True
 
+    def record_runs(self, wait_s: float = 0.0, trials: Sequence[str] | None = None) -> None:
+        """Record the scheduler's record of every run of this launch's trials (``trials``) that
+        sacct has filed and the ledger lacks (``resolution.record_filed_runs``), and restate the
+        budget holds it changes. ``wait_s`` (the launch's end): wait that long for sacct to file
+        every run an attempt ran in. Accounting that does not answer (slurmdbd down, lagging)
+        leaves those hours provisional, said once: it never stops the launch."""
+        self.accounted_at = time.monotonic()
+        deadline = self.accounted_at + wait_s
+        mine = list(self.plans) if trials is None else trials
+        while True:
+            records = [self.view.record(tid) for tid in mine]
+            try:
+                found = resolution.record_filed_runs(records, self.writer, every_job=wait_s > 0)
+            except AccountingError as exc:
+                if not self.accounting_said:
+                    self.console.print(
+                        f"[yellow]the scheduler's accounting does not answer ({safe(exc)}): the hours of runs it has not filed stay provisional;"
+                        f" `parcel-hpc sync {safe(self.search.path)}` records them later[/]"
+                    )
+                    self.accounting_said = True
+                return
+            if found:
+                settlement.settle_ended(self.search, [self.search.record(tid) for tid in dict.fromkeys(f.trial_id for f in found)])
+            left = resolution.unfiled([self.view.record(tid) for tid in mine])
+            if not left or time.monotonic() >= deadline:
+                if left and wait_s > 0:
+                    self.console.print(
+                        f"[yellow]sacct has not filed {len(left)} jobs' last runs yet: their hours stay provisional;"
+                        f" `parcel-hpc sync {safe(self.search.path)}` records them later[/]"
+                    )
+                return
+            time.sleep(1.0)
+
     def follow(self) -> None:
         with display.Progress(self.console, self._total()) as progress:
             while True:
@@ -571,6 +610,8 @@ class Follower:
                 if self.proposer is not None and self.stop is None:
                     active += self._propose()
                 self._submit_waiting(records if self.slot_plan is not None else waiting_records)
+                if time.monotonic() - self.accounted_at >= ACCOUNT_EVERY_S:
+                    self.record_runs()
                 progress.update(states, self._total())  # the states read this round
                 if active == 0:
                     return

@@ -76,6 +76,7 @@ def run(search: SearchDir, *, dry_run: bool, wait: bool, console: Console) -> Re
         return plan
     follower = Follower(search, dispatcher, {}, launch_id, contract, console, 0.5, role="resubmit")
     resolution.record(search, plan.resolve, follower.writer)
+    follower.record_runs(trials=[r.trial_id for r in records])  # the scheduler's record of the runs that ended, as sync records it
     for tid, reason in plan.give_up:
         follower.writer(tid).gave_up(reason)
     if decision is None or verdict is None:

@@ -29,7 +29,7 @@ from parcel_hpc.governance import validation
 from parcel_hpc.governance.contract import Contract, first_difference, freeze_contract, load_contract
 from parcel_hpc.governance.outcome import Outcome
 from parcel_hpc.launch import display
-from parcel_hpc.launch.follow import Follower, SlotPlan, account_decision, admitted, choose_packing, detached_slots, uses_slots
+from parcel_hpc.launch.follow import ACCOUNT_WAIT_S, Follower, SlotPlan, account_decision, admitted, choose_packing, detached_slots, uses_slots
 from parcel_hpc.launch.pulse import Pulse
 from parcel_hpc.launch.report import LaunchReport
 from parcel_hpc.ledger import LauncherState, SearchDir, TrialSpec, TrialState
@@ -217,6 +217,7 @@ class SearchLaunch:
             search.write_launch(launch_id, report.to_json())
             if cfg["search"]["wait"]:
                 follower.follow()
+                follower.record_runs(wait_s=ACCOUNT_WAIT_S)  # the summary's hours are the scheduler's, once it filed them
                 if follower.stop is not None:
                     report.stopped = str(follower.stop.outcome)
                 report.scheduler_calls = dispatcher.scheduler_calls()

@@ -37,6 +37,7 @@ class EventKind(str, enum.Enum):
     QUARANTINED = "quarantined"  # the trial shared a checkpoint directory: its attempts so far are tainted
     GAVE_UP = "gave_up"  # a retry limit ended the trial
     CANCELLED = "cancelled"  # an owner cancelled the trial (recorded before its job is signalled)
+    ACCOUNTED = "accounted"  # the scheduler filed a run of one of its jobs: the run's start, end and hours
 
 
 class Executor(str, enum.Enum):
@@ -185,6 +186,37 @@ class DeviceUse:
 
 
 @dataclass(frozen=True)
+class Accounted:
+    """The scheduler's own record of one run of a job the trial was submitted in, once its
+    accounting filed the run in full (sacct): what the search's spend settles that run at. Written
+    by whoever reads sacct for a search it owns (the launch's follower, ``sync``, ``resubmit``);
+    a later record of the same run (slurmdbd rewrote it) replaces it."""
+
+    job_id: str  # as submitted: "123" or "123_4"
+    run: int  # 0: the job's first run; n: its run after the n-th requeue (an attempt's restart_count)
+    start: int  # epoch seconds, the scheduler's clock
+    end: int
+    elapsed_s: int  # what the scheduler charged (ElapsedRaw): end - start, less any time suspended
+    gpus: int  # what it allocated (AllocTRES gres/gpu)
+    cpus: int
+    node: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.job_id:
+            raise ValueError("an accounted run names its job")
+        for name in ("run", "start", "end", "elapsed_s", "gpus", "cpus"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"an accounted run's {name} is a non-negative integer, not {value!r}")
+        if self.end < self.start or self.elapsed_s > self.end - self.start:
+            raise ValueError(f"run {self.run} of job {self.job_id}: {self.elapsed_s} s charged between {self.start} and {self.end} cannot be")
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.job_id, self.run)
+
+
+@dataclass(frozen=True)
 class CheckpointSkipped:
     path: str
     reason: str
@@ -287,7 +319,21 @@ class Cancelled:
     whole_search: bool = False  # the search was cancelled, not only this trial
 
 
-Payload = Submitted | AdmissionRefused | Started | Admitted | Resumed | Milestone | CheckpointSkipped | DeviceUse | Ended | Quarantined | GaveUp | Cancelled
+Payload = (
+    Submitted
+    | AdmissionRefused
+    | Started
+    | Admitted
+    | Resumed
+    | Milestone
+    | CheckpointSkipped
+    | DeviceUse
+    | Ended
+    | Quarantined
+    | GaveUp
+    | Cancelled
+    | Accounted
+)
 
 PAYLOADS: Mapping[EventKind, type] = {
     EventKind.SUBMITTED: Submitted,
@@ -303,6 +349,7 @@ PAYLOADS: Mapping[EventKind, type] = {
     EventKind.QUARANTINED: Quarantined,
     EventKind.GAVE_UP: GaveUp,
     EventKind.CANCELLED: Cancelled,
+    EventKind.ACCOUNTED: Accounted,
 }
 _ENUM_FIELDS: Mapping[str, Callable[[Any], Any]] = {"how": AttemptEnd, "cause": Cause, "state": TrialState, "executor": Executor, "outcome": Outcome.parse}
 _TUPLE_FIELDS = ("exclude_nodes", "with_trials", "devices")

@@ -21,6 +21,7 @@ from pathlib import Path
 from parcel_hpc import fsio
 from parcel_hpc.governance.outcome import Outcome
 from parcel_hpc.ledger.events import (
+    Accounted,
     AdmissionRefused,
     Admitted,
     Cancelled,
@@ -85,6 +86,10 @@ class TrialWriter:
 
     def cancelled(self, by: str, reason: str, whole_search: bool) -> Event:
         return self._append(EventKind.CANCELLED, Cancelled(by, reason, whole_search))
+
+    def accounted(self, run: Accounted, attempt: int = 0) -> Event:
+        """The scheduler filed ``run`` (``attempt``: this trial's attempt that ran in it, 0 for none)."""
+        return self._append(EventKind.ACCOUNTED, run, attempt)
 
     def resolved(self, attempt: int, ending: Ended) -> Event:
         """How a silent attempt ended, from the scheduler's facts (``resolution.resolve``)."""

@@ -7,14 +7,15 @@ know what its event would change folds it first (``journal.preview``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from parcel_hpc.budget._values import hours_between
+from parcel_hpc.budget._values import counted_gpus, hours_between
 from parcel_hpc.governance.admission import check_trial_id
 from parcel_hpc.governance.outcome import Outcome
 from parcel_hpc.ledger.events import (
+    Accounted,
     AdmissionRefused,
     Cancelled,
     Cause,
@@ -96,6 +97,27 @@ class Attempt:
     error_type: str = ""  # failed: the exception's class name
     outcome: Outcome | None = None  # rejected: the worker's reject:<field>
     device_use: DeviceUse | None = None  # what it used of its GPUs, as its worker read it (None: not recorded)
+    said: bool = False  # its own worker said how it ended (``ended``); False: someone else resolved it, or no one yet
+    run: Accounted | None = None  # the scheduler's record of the run it ran in, once recorded (job_id, restart_count)
+
+    def counted_end(self) -> float | None:
+        """Where its hours end, the one rule every figure uses: its own end when its worker said how
+        it ended; for one that did not (lost, resolved by someone else, or never heard of again) the
+        end of its run as the scheduler recorded it (the node failure's or the requeue's moment),
+        else the end the ledger gave it when the loss was noticed (a provisional figure, until the
+        run is recorded). None while it runs, or before it started."""
+        if self.started is None:
+            return None
+        if self.how is not None and self.said:
+            return self.ended
+        if self.run is not None:
+            return max(self.started, float(self.run.end))
+        return self.ended
+
+    def settled_by_scheduler(self) -> bool:
+        """Whether its end is final on a scheduler with accounting: its worker said it, or the
+        scheduler's record of its run gave it (else it counts to where the ledger noticed the loss)."""
+        return (self.how is not None and self.said) or self.run is not None
 
     def hours(self, now: float | None = None) -> float | None:
         """Its start to end in hours (a running one to ``now``); None before it started, or while it
@@ -104,8 +126,9 @@ class Attempt:
         return None if self.started is None or end is None else hours_between(self.started, end)
 
     def gpus_or(self, requested: int) -> int:
-        """The GPUs its hours are counted with: what the scheduler allocated, else the request."""
-        return requested if self.gpus is None else self.gpus
+        """The GPUs its hours are counted with (``budget.counted_gpus``): what the scheduler
+        allocated, never more than the request."""
+        return counted_gpus(self.gpus, requested)
 
     def signature(self) -> FailureSignature | None:
         """What its failure was, to compare with other trials' (None unless it failed)."""
@@ -140,6 +163,7 @@ class TrialRecord:
     quarantines: tuple[str, ...] = ()  # reasons, one per quarantine
     invalid_metrics: bool = False  # some metric of this trial came from a quarantined attempt
     tainted_upto: int = 0  # attempts numbered up to this ran in a quarantined directory
+    accounted: tuple[Accounted, ...] = ()  # the scheduler's record of each run of its jobs, as recorded (one per job and run)
 
     def __post_init__(self) -> None:
         if self.state is TrialState.COMPLETED and self.metric is None:
@@ -150,6 +174,13 @@ class TrialRecord:
     @property
     def trial_id(self) -> str:
         return self.spec.trial_id
+
+    def with_runs(self, runs: Iterable[Accounted]) -> TrialRecord:
+        """The record as it reads once these runs of its jobs are recorded (pure: ``reconcile``
+        settles at read time what sacct filed and the ledger has not recorded yet)."""
+        mine = {r.key: r for r in self.accounted}
+        mine.update((r.key, r) for r in runs if r.job_id in self.jobs or any(a.job_id == r.job_id for a in self.attempts))
+        return replace(self, accounted=tuple(mine.values()), attempts=_with_runs(self.attempts, mine))
 
     def awaiting_failure_check(self) -> bool:
         """Queued after a first training failure: the rerun tells whether it reproduces."""
@@ -232,6 +263,7 @@ class _Fold:
     step: int = 0
     invalid: bool = False
     tainted_upto: int = 0  # attempts up to this number ran in a quarantined directory: their results never count
+    accounted: dict[tuple[str, int], Accounted] = field(default_factory=dict)  # the latest record of each run
 
     def set(self, state: TrialState, cause: Cause | None = None, detail: str = "") -> None:
         self.state, self.cause, self.detail = state, cause, detail
@@ -243,7 +275,7 @@ class _Fold:
         return TrialRecord(
             spec=self.spec,
             state=self.state,
-            attempts=tuple(Attempt(**a) for _, a in sorted(self.attempts.items())),
+            attempts=_with_runs((Attempt(**a) for _, a in sorted(self.attempts.items())), self.accounted),
             jobs=tuple(self.jobs),
             submitted_at=self.submitted_at,
             executor=self.executor,
@@ -259,7 +291,13 @@ class _Fold:
             quarantines=tuple(self.quarantines),
             invalid_metrics=self.invalid,
             tainted_upto=self.tainted_upto,
+            accounted=tuple(self.accounted.values()),
         )
+
+
+def _with_runs(attempts: Iterable[Attempt], runs: Mapping[tuple[str, int], Accounted]) -> tuple[Attempt, ...]:
+    """Each attempt with the scheduler's record of the run it ran in (its job and restart count)."""
+    return tuple(replace(a, run=runs.get((a.job_id, a.restart_count), a.run)) if a.job_id else a for a in attempts)
 
 
 def counted_milestones(record: TrialRecord, events: Sequence[Event]) -> list[tuple[float, Milestone]]:
@@ -326,6 +364,8 @@ def fold(spec: TrialSpec, events: Sequence[Event]) -> TrialRecord:
         elif isinstance(data, GaveUp):
             if not f.state.is_finished():  # a late give-up (a signal after the result) never overrides an ending
                 f.set(data.state, data.cause, data.reason)
+        elif isinstance(data, Accounted):
+            f.accounted[data.key] = data
         elif isinstance(data, Cancelled):
             if not f.state.is_finished():  # a trial that ended before the cancel keeps its ending
                 f.set(TrialState.CANCELLED, Cause.CANCELLED_BY_OWNER, f"cancelled by {data.by}: {data.reason}")
@@ -341,6 +381,7 @@ def _fold_ending(f: _Fold, ev: Event, data: Ended, tainted: bool) -> None:
     how = data.how
     a.update(
         ended=ev.t,
+        said=ev.kind is EventKind.ENDED,
         how=how,
         cause=data.cause,
         step=data.step if data.step is not None else a.get("step", 0),

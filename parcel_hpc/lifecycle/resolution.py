@@ -24,6 +24,10 @@ What counts as over, and what the scheduler's word is worth, depends on who asks
 - ``resubmit`` resolves every attempt whose run is over, with sacct's cause when it has one.
 - the launch's follower resolves the jobs its own dispatcher saw end, as ``lost``: it never waits
   on accounting (slurmdbd may lag or be down while trials run).
+
+The scheduler's record of each run (sacct's start, end and hours, once filed in full) is recorded
+here too (``record_filed_runs``; ``filed_runs`` is the pure part): it settles the hours of every
+attempt that did not say how it ended at the run's end, and the run's start-up and gaps.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from dataclasses import dataclass, field, replace
 
 from parcel_hpc.errors import SchedulerUnavailable
 from parcel_hpc.ledger import AttemptEnd, Cause, Ended, Executor, SearchDir, TrialRecord, TrialState, TrialWriter
+from parcel_hpc.ledger.events import Accounted
 from parcel_hpc.lifecycle import settlement
 from parcel_hpc.lifecycle.actions import skipped_in_turn
 from parcel_hpc.scheduler.probe import pid_alive
@@ -221,15 +226,76 @@ def record(search: SearchDir, resolutions: Iterable[Resolution], writer: Callabl
     return settlement.settle_ended(search, [search.record(tid) for tid in dict.fromkeys(res.trial_id for res in resolved)])
 
 
-def sync(search: SearchDir) -> tuple[list[Resolution], list[settlement.StaleHold]]:
+@dataclass(frozen=True)
+class Synced:
+    """What ``sync`` recorded."""
+
+    resolutions: list[Resolution]
+    runs: list[FiledRun]  # the scheduler's records of runs, newly recorded
+    holds: list[settlement.StaleHold]  # budget holds settled or restated
+
+
+def sync(search: SearchDir) -> Synced:
     """``parcel-hpc sync``: record every definite resolution, for a search whose launcher has gone,
-    and settle every hold left on an attempt that ended (a writer killed between the two, or an
-    older parcel_hpc that never settled a ``lost``); (resolutions, holds settled)."""
+    the scheduler's record of every run sacct has filed, and settle every hold left on an attempt
+    that ended (a writer killed between the two, or an older parcel_hpc that never settled a
+    ``lost``) or restate one the scheduler's record changed."""
     search.contract()  # not a search directory: one line, exit 2
     records, facts = observe(search, list(search.records()), DEFINITE)
     if facts.slurm_error:
         raise SchedulerUnavailable(facts.slurm_error)
     found = resolve(records, facts, DEFINITE)
     writers: dict[str, TrialWriter] = {}
-    record(search, found, lambda tid: writers.setdefault(tid, search.writer(tid, "sync")))
-    return found, settlement.settle_ended(search)
+
+    def writer(tid: str) -> TrialWriter:
+        return writers.setdefault(tid, search.writer(tid, "sync"))
+
+    record(search, found, writer)
+    runs = record_filed_runs(list(search.records()), writer, every_job=True)
+    return Synced(found, runs, settlement.settle_ended(search))
+
+
+@dataclass(frozen=True)
+class FiledRun:
+    """A run sacct filed that a trial's ledger lacks (or holds as sacct filed it before)."""
+
+    trial_id: str
+    attempt: int  # the trial's attempt that ran in it, 0 for none
+    run: Accounted
+
+
+def filed_runs(records: Iterable[TrialRecord], runs: Mapping[str, Sequence[JobRun]]) -> list[FiledRun]:
+    """The runs sacct filed (``runs``, per job id) that each trial of their job does not hold as filed
+    (pure). Every trial a job was submitted for holds its runs: a pack's share them."""
+    out = []
+    for r in records:
+        held = {a.key: a for a in r.accounted}
+        for job in r.jobs:
+            for run in runs.get(job, ()):
+                filed = run.accounted()
+                if filed is None or held.get(filed.key) == filed:
+                    continue
+                attempt = next((a.number for a in r.attempts if a.job_id == job and a.restart_count == filed.run and a.started is not None), 0)
+                out.append(FiledRun(r.trial_id, attempt, filed))
+    return out
+
+
+def unfiled(records: Iterable[TrialRecord]) -> list[str]:
+    """The SLURM jobs with a started attempt whose run the ledger holds no record of (pure)."""
+    jobs = {a.job_id for r in records if r.executor is Executor.SLURM for a in r.attempts if a.job_id and a.started is not None and a.run is None}
+    return sorted(jobs)
+
+
+def record_filed_runs(records: Sequence[TrialRecord], writer: Callable[[str], TrialWriter], every_job: bool = False) -> list[FiledRun]:
+    """Ask sacct about ``records``' jobs whose runs the ledger lacks (``every_job``: all their jobs),
+    journal every run it filed through the caller's writer for each trial; what was recorded. The
+    caller then settles or restates the holds those records change (``settlement.settle_ended``).
+    A failing sacct raises (AccountingError)."""
+    jobs = sorted({j for r in records if r.executor is Executor.SLURM for j in r.jobs}) if every_job else unfiled(records)
+    if not jobs:
+        return []
+    runs = runs_by_job(job_runs(parse_sacct(run_sacct(build_sacct_argv(jobs)), source="sacct", allocations_only=True)))
+    found = filed_runs(records, runs)
+    for f in found:
+        writer(f.trial_id).accounted(f.run, f.attempt)
+    return found

@@ -145,11 +145,11 @@ def attempt_facts(record: TrialRecord, events: Sequence[Event], holds: Mapping[R
         AttemptFacts(
             record.trial_id,
             a.number,
-            attempt_spend(record, a, holds)[0],
+            attempt_spend(record, a, holds).used,
             a.ended,
             a.cause,
             wait,
-            a.ended - a.started if a.started is not None and a.ended is not None else None,
+            end - a.started if a.started is not None and (end := a.counted_end()) is not None else None,
         )
         for a, wait in zip(record.attempts, queue_waits(record, events))
     )

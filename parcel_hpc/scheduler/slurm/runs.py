@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from parcel_hpc.errors import AccountingError
+from parcel_hpc.ledger.events import Accounted
 from parcel_hpc.scheduler.slurm.sacct_parse import SCHEMA, SacctTable
 from parcel_hpc.scheduler.slurm.states import JobState
 
@@ -112,6 +113,14 @@ class JobRun:
     @property
     def cpu_hours(self) -> float:
         return self.cpus * self.elapsed_s / _SECONDS_PER_HOUR
+
+    def accounted(self) -> Accounted | None:
+        """This run as the ledger records it (``Accounted``), once sacct filed it in full: it started,
+        it ended, its state is final and its allocation is known (slurmdbd can list a finished job
+        a moment before its AllocTRES: every run holds a CPU). None before."""
+        if self.start is None or self.end is None or self.state.is_active() or self.cpus == 0:
+            return None
+        return Accounted(self.job_id, self.attempt, self.start, self.end, min(self.elapsed_s, self.end - self.start), self.gpus, self.cpus, self.node_list)
 
     @property
     def queue_wait_s(self) -> int | None:
