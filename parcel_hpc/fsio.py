@@ -28,6 +28,7 @@ a record folder and a linked record are all refused, never followed.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -37,7 +38,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from parcel_hpc.errors import CorruptRecord, UsageError
+from parcel_hpc.errors import CorruptRecord, ParcelError, UsageError
 
 FILE_MODE = 0o644
 DIR_MODE = 0o755
@@ -90,18 +91,29 @@ def fsync_dir(path: str | os.PathLike) -> None:
 
 
 def _durable_temp(path: Path, data: bytes, mode: int, suffix: str) -> str:
-    """``data`` in a new temp file beside ``path``, fsynced, with its final mode."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
+    """``data`` in a new temp file beside ``path``, fsynced, with its final mode. A failure (a full
+    disk) leaves no temp file and names ``path``, the file that could not be written."""
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
+    except OSError as exc:
+        raise _naming(exc, path) from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, mode)
-    except BaseException:
+    except BaseException as exc:
         _unlink_quietly(tmp)
+        if isinstance(exc, OSError):
+            raise _naming(exc, path) from None
         raise
     return tmp
+
+
+def _naming(exc: OSError, path: str | os.PathLike) -> OSError:
+    """``exc`` as the same kind of error, naming ``path`` (a write's error names no file)."""
+    return type(exc)(exc.errno, exc.strerror, str(path))
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes, mode: int = FILE_MODE) -> None:
@@ -188,25 +200,25 @@ def read_bytes(
     path: str | os.PathLike,
     limit: int = MAX_RECORD_BYTES,
     line_limit: int | None = None,
-    follow_links: bool = False,
     within: str | os.PathLike | None = None,
+    named: str | None = None,
 ) -> bytes:
     """The whole of the regular file ``path`` (see the module docstring); CorruptRecord naming the
     file for anything else. ``line_limit``: also refuse a line longer than it, found while reading.
     ``within``: a folder above ``path`` (the search directory) below which no component of the path
-    may be a symbolic link (``Folder``). ``follow_links``: a file the user named themselves (a split
-    file), which a link may stand for."""
+    may be a symbolic link (``Folder``). ``named``: ``path`` is a file the user named (a split file),
+    which a link may stand for; a refusal of it is bad input (UsageError) and says ``named``, what
+    to give instead, never to move or remove a file that may not be the user's (/etc/passwd)."""
     path = Path(path)
     if within is not None:
         with Folder.open(path.parent, within=within) as folder:
             return folder.read_bytes(path.name, limit, line_limit)
-    flags = _FILE if not follow_links else _FILE & ~os.O_NOFOLLOW
     try:
-        fd = os.open(path, flags)
+        fd = os.open(path, _FILE if named is None else _FILE & ~os.O_NOFOLLOW)
     except OSError as exc:
         raise _refused(exc, str(path)) from None
     try:
-        return _read_regular(fd, os.path.dirname(path), os.path.basename(path), limit, line_limit)
+        return _read_regular(fd, os.path.dirname(path), os.path.basename(path), limit, line_limit, named)
     finally:
         os.close(fd)
 
@@ -363,55 +375,67 @@ def _refused(exc: OSError, path: str) -> Exception:
     return type(exc)(exc.errno, exc.strerror, path)
 
 
-def _regular(fd: int, path: str) -> os.stat_result:
+def _damaged(problem: str, advice: str, named: str | None) -> ParcelError:
+    """A file that is not what it should be: a record (CorruptRecord, with ``advice`` to its owner),
+    or a file the user ``named`` (UsageError, saying what to give instead)."""
+    return UsageError(f"{problem}; {named}") if named is not None else CorruptRecord(f"{problem}; {advice}")
+
+
+def _regular(fd: int, path: str, named: str | None = None) -> os.stat_result:
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         kind = next((name for test, name in _NOT_REGULAR if test(st.st_mode)), "not a regular file")
-        raise CorruptRecord(f"{path} is not a regular file ({kind}): records are never read from one; remove it")
+        raise _damaged(f"{path} is not a regular file ({kind})", "records are never read from one: remove it", named)
     return st
 
 
-def _read_regular(fd: int, where: str, name: str, limit: int, line_limit: int | None) -> bytes:
+def _read_regular(fd: int, where: str, name: str, limit: int, line_limit: int | None, named: str | None = None) -> bytes:
     """The regular file open as ``fd`` (``name`` in the folder ``where``), read whole within the limits."""
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
-        _regular(fd, os.path.join(where, name))  # raises, naming what it is
+        _regular(fd, os.path.join(where, name), named)  # raises, naming what it is
     if st.st_size > limit:
-        raise CorruptRecord(f"{os.path.join(where, name)} is {st.st_size} bytes, over the {limit}-byte limit of a record file; it is damaged or not a record: move it aside")
-    return _read_bounded(fd, where, name, limit, line_limit)
+        raise _damaged(f"{os.path.join(where, name)} is {st.st_size} bytes, over the {limit}-byte limit of a record file", _NOT_A_RECORD, named)
+    return _read_bounded(fd, where, name, limit, line_limit, named)
 
 
-def _read_bounded(fd: int, where: str, name: str, limit: int, line_limit: int | None) -> bytes:
+_NOT_A_RECORD = "it is damaged or not a record: move it aside"
+
+
+def _read_bounded(fd: int, where: str, name: str, limit: int, line_limit: int | None, named: str | None) -> bytes:
     """Read in chunks (the file may grow after fstat): stop at ``limit`` or at a line over ``line_limit``."""
     chunks: list[bytes] = []
     size = line = 0  # bytes read; bytes since the last newline
     while chunk := os.read(fd, _CHUNK):
         size += len(chunk)
         if size > limit:
-            raise CorruptRecord(f"{os.path.join(where, name)} is over the {limit}-byte limit of a record file; it is damaged or not a record: move it aside")
+            raise _damaged(f"{os.path.join(where, name)} is over the {limit}-byte limit of a record file", _NOT_A_RECORD, named)
         if line_limit is not None:
             lengths = [len(part) for part in chunk.split(b"\n")]
             lengths[0] += line  # the line the last chunk left open goes on
             if max(lengths) > line_limit:
-                raise CorruptRecord(f"{os.path.join(where, name)} has a line over the {line_limit}-byte limit of a journal line; it is damaged: move the file aside")
+                raise _damaged(
+                    f"{os.path.join(where, name)} has a line over the {line_limit}-byte limit of a journal line", "it is damaged: move the file aside", named
+                )
             line = lengths[-1]
         chunks.append(chunk)
     return b"".join(chunks)
 
 
-def read_json(path: str | os.PathLike, follow_links: bool = False, within: str | os.PathLike | None = None) -> Any:
-    return _parse_json(read_bytes(path, follow_links=follow_links, within=within), path)
+def read_json(path: str | os.PathLike, within: str | os.PathLike | None = None, named: str | None = None) -> Any:
+    """``read_bytes`` (its ``within`` and ``named``) of a JSON file, parsed."""
+    return _parse_json(read_bytes(path, within=within, named=named), path, named)
 
 
-def _parse_json(data: bytes, path: str | os.PathLike) -> Any:
+def _parse_json(data: bytes, path: str | os.PathLike, named: str | None = None) -> Any:
     try:
         return json.loads(data)
     except json.JSONDecodeError as exc:
-        raise CorruptRecord(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}); move it aside and rerun") from None
+        raise _damaged(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno})", "move it aside and rerun", named) from None
     except UnicodeDecodeError:
-        raise CorruptRecord(f"{path} is not UTF-8 text, so not JSON; move it aside and rerun") from None
+        raise _damaged(f"{path} is not UTF-8 text, so not JSON", "move it aside and rerun", named) from None
     except RecursionError:
-        raise CorruptRecord(f"{path} nests too deep to be a record; move it aside and rerun") from None
+        raise _damaged(f"{path} nests too deep to be a record", "move it aside and rerun", named) from None
 
 
 def append_jsonl(path: str | os.PathLike, record: dict, fsync: bool = True) -> None:
@@ -420,9 +444,17 @@ def append_jsonl(path: str | os.PathLike, record: dict, fsync: bool = True) -> N
     fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, FILE_MODE)
     try:
         _repair_torn_tail(fd)
-        os.write(fd, line)
-        if fsync:
-            os.fsync(fd)
+        size = os.fstat(fd).st_size
+        try:
+            rest = memoryview(line)
+            while rest:  # one write; a full disk takes what fits of it, and says so at the next
+                rest = rest[os.write(fd, rest) :]
+            if fsync:
+                os.fsync(fd)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, size)  # no torn line left behind
+            raise _naming(exc, path) from None
     finally:
         os.close(fd)
 

@@ -343,6 +343,20 @@ def _is_outcome(value: object) -> bool:
     return True
 
 
+# The latest time a clock may say: the end of year 9999 UTC, the last a datetime holds (reports,
+# exports and Optuna turn event times into datetimes).
+LAST_TIME = 253402300799.0
+
+
+def event_time(value: Any) -> float:
+    """A time an event can carry: seconds since the epoch a clock gives (ValueError for NaN, an
+    infinity, a time before 1970 or past ``LAST_TIME``)."""
+    t = float(value)
+    if not 0.0 <= t <= LAST_TIME:
+        raise ValueError(f"its time {value!r} is no clock's (seconds since 1970, up to {LAST_TIME:.0f})")
+    return t
+
+
 @dataclass(frozen=True)
 class Event:
     kind: EventKind
@@ -372,7 +386,7 @@ class Event:
                 # Journals written before the typed ledger said the outcome in ``cause``.
                 obj = {**{k: v for k, v in obj.items() if k != "cause"}, "outcome": obj["cause"]}
             payload = decode_payload(PAYLOADS[kind], obj, _ENUM_FIELDS, _TUPLE_FIELDS)
-            return cls(kind, float(obj["t"]), str(obj["writer"]), int(obj["seq"]), int(obj.get("attempt", 0) or 0), payload)
+            return cls(kind, event_time(obj["t"]), str(obj["writer"]), int(obj["seq"]), int(obj.get("attempt", 0) or 0), payload)
         except (KeyError, ValueError, TypeError, AttributeError) as exc:
             raise CorruptRecord(
                 f"{where}: an event does not parse ({type(exc).__name__}: {exc}): {obj!r:.200}; move the damaged journal-*.jsonl aside and rerun"

@@ -337,7 +337,8 @@ class SearchDir:
 
     def slot_records(self) -> list[dict]:
         folder = self.path / "slots"
-        return [self.read_json(folder / n) for n in sorted(self.names(folder)) if n.endswith(".json")]
+        found = (self.read_object(folder / n, "a slot record") for n in sorted(self.names(folder)) if n.endswith(".json"))
+        return [slot for slot in found if slot is not None]
 
     def dispatch_count(self, trial_id: str) -> int:
         return sum(1 for n in self.names(self.trial_dir(trial_id)) if n.startswith("dispatch-") and n.endswith(".json"))
@@ -491,7 +492,9 @@ def read_spec(folder: fsio.Folder, trial_id: str) -> TrialSpec:
     except (KeyError, ValueError, TypeError, AttributeError, UsageError) as exc:
         raise CorruptRecord(f"{folder.name_of('spec.json')} is not a trial spec ({exc}); restore it or move the trial aside") from None
     if spec.trial_id != trial_id:
-        raise CorruptRecord(f"{folder.name_of('spec.json')} names trial {spec.trial_id!r}, not {trial_id!r}: it was copied from elsewhere; restore it or move the trial aside")
+        raise CorruptRecord(
+            f"{folder.name_of('spec.json')} names trial {spec.trial_id!r}, not {trial_id!r}: it was copied from elsewhere; restore it or move the trial aside"
+        )
     return spec
 
 
