@@ -5,17 +5,14 @@ at a NaN time; names that would pass for others
 (bidi, zero-width, look-alike characters) in ``list``; and advice never to move aside a file that is
 not the user's."""
 
-import contextlib
-import errno
 import json
 import math
-import os
 import shutil
 import stat
-import subprocess
 from pathlib import Path
 
 import pytest
+from disks import fill, small_tmpfs
 from incli import run_cli
 from test_read_commands import read_only, tree
 
@@ -27,30 +24,6 @@ from parcel_hpc.ledger import SearchDir
 
 def _copy(search: Path, root: Path, name: str = "copy-r1") -> Path:
     return Path(shutil.copytree(search, root / name, symlinks=True))
-
-
-@contextlib.contextmanager
-def small_tmpfs(path: Path, size: str):
-    path.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True)
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", str(path)], check=True)
-
-
-def fill(folder: Path) -> Path:
-    """Fill ``folder``'s filesystem to the last byte with one file."""
-    filler = folder / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
-    try:
-        while os.write(fd, b"\0" * 4096):
-            pass
-    except OSError as exc:
-        assert exc.errno == errno.ENOSPC, exc
-    finally:
-        os.close(fd)
-    return filler
 
 
 def written(root: Path) -> dict[str, tuple]:

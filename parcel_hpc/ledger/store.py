@@ -261,6 +261,10 @@ class SearchDir:
             return trial_id
         return self._read_text(path)
 
+    def claimed_configs(self) -> set[str]:
+        """Every configuration hash a trial has claimed (one listing of ``configs/``)."""
+        return {name.replace("-", ":", 1) for name in self.names(self.path / "configs") if not name.startswith(".")}
+
     def config_owner(self, config_hash: str) -> str | None:
         try:
             return self._read_text(self.path / "configs" / config_hash.replace(":", "-"))
