@@ -531,7 +531,7 @@ def _chains(fold: _Fold, journal: Path) -> bool:
     try:
         data = fsio.read_bytes(_entry_path(journal, fold.seq), within=_search_of(journal))
         return _digest(data) == fold.digest and json.loads(data).get("totals") == asdict(fold.totals)
-    except (FileNotFoundError, ValueError, AttributeError):
+    except (FileNotFoundError, ValueError, AttributeError, RecursionError):
         return False
 
 
@@ -552,7 +552,7 @@ def _newest_checkpoint(journal: Path) -> _Fold | None:
     for seq in names:
         try:
             fold = _Fold.from_json(json.loads(fsio.read_bytes(_entry_path(_folds_dir(journal), seq), within=_search_of(journal))))
-        except (OSError, ValueError, KeyError, TypeError, UsageError, CorruptRecord):
+        except (OSError, ValueError, KeyError, TypeError, RecursionError, UsageError, CorruptRecord):
             continue
         if fold.seq == seq and _chains(fold, journal):
             return fold
@@ -608,5 +608,5 @@ def _digest(data: bytes) -> str:
 def _loads(data: bytes) -> object:
     try:
         return json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):  # nested past the parser's depth too
         raise _Invalid("is not valid JSON") from None

@@ -185,7 +185,7 @@ def _not_a_journal(path: Path, why: str) -> UsageError:
 def _is_operation(line: bytes) -> bool:
     try:
         op = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):
         return False
     return line.endswith(b"\n") and isinstance(op, dict) and isinstance(op.get("op_code"), int)
 
