@@ -211,7 +211,7 @@ def read_bytes(
     to give instead, never to move or remove a file that may not be the user's (/etc/passwd)."""
     path = Path(path)
     if within is not None:
-        with Folder.open(path.parent, within=within) as folder:
+        with Folder.open(path.parent, within=within, listed=False) as folder:
             return folder.read_bytes(path.name, limit, line_limit)
     try:
         fd = os.open(path, _FILE if named is None else _FILE & ~os.O_NOFOLLOW)
@@ -250,9 +250,11 @@ class Folder:
         return os.path.join(self.where, name)
 
     @classmethod
-    def open(cls, path: str | os.PathLike, within: str | os.PathLike | None = None) -> Folder:
+    def open(cls, path: str | os.PathLike, within: str | os.PathLike | None = None, listed: bool = True) -> Folder:
         """The folder ``path``. ``within``: a folder above it (the search directory, found as
-        named) from which every component down to ``path`` is walked without following a link."""
+        named) from which every component down to ``path`` is walked without following a link.
+        ``listed=False``: opened only to open what is in it (``entries`` then fails), which, as a
+        path lookup, needs no permission to read the folder."""
         path = Path(path)
         if within is None:
             try:
@@ -270,11 +272,12 @@ class Folder:
             raise _refused(exc, str(root)) from None
         where = str(root)
         try:
+            last = _LISTED if listed else _PASSED
             for i, part in enumerate(parts):
-                step = _at(fd, part, _LISTED if i == len(parts) - 1 else _PASSED, where)
+                step = _at(fd, part, last if i == len(parts) - 1 else _PASSED, where)
                 os.close(fd)
                 fd, where = step, os.path.join(where, part)
-            if not parts:  # the root itself, to be listed
+            if not parts and listed:  # the root itself, to be listed
                 step = os.open(".", _LISTED, dir_fd=fd)
                 os.close(fd)
                 fd = step
