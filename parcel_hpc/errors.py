@@ -10,7 +10,9 @@
                                      (an ``Outcome``: ``reject:<field>``, ``hold:budget``)
 
 A PermissionError anywhere (another user's search, an unreadable folder) is bad input too: one
-line naming the path, exit 2.
+line naming the path, exit 2; so is any other refusal of the operating system (a full disk, a
+read-only mount: ``os_error_line``). Anything else that escapes a command is a bug of ours: one line
+naming it, exit 1 (``PARCEL_TRACEBACK=1`` shows where). No traceback reaches a user.
 
 Not errors: ``EXIT_PENDING`` (4), ``reconcile``'s answer when the scheduler has not filed every job
 in full yet (its report is printed; rerun it, or pass ``--wait SECONDS``).
@@ -22,6 +24,8 @@ Messages are one line: every entry point ends through ``exit_on_error``, which p
 from __future__ import annotations
 
 import contextlib
+import errno
+import os
 import sys
 from collections.abc import Iterator
 
@@ -29,6 +33,7 @@ from parcel_hpc.console import plain  # imports nothing of parcel_hpc either
 from parcel_hpc.governance.outcome import Outcome  # imports nothing of parcel_hpc: errors stays the root
 
 EXIT_PENDING = 4
+TRACEBACK_ENV = "PARCEL_TRACEBACK"  # set (to anything): an unexpected error shows its traceback
 
 
 class ParcelError(Exception):
@@ -76,6 +81,19 @@ def permission_line(exc: PermissionError) -> str:
     return f"{where}: permission denied; run the command as a user its permissions let in (its owner, or one its group may read or write), see `ls -ld {where}`"
 
 
+# What to do about an operating system's refusal, by errno; any other: check the path it names.
+_OS_FIXES = {
+    errno.ENOSPC: "its filesystem is full: free space there and rerun the same command (what was written before stays whole)",
+    errno.EDQUOT: "you are over your disk quota there: free space and rerun the same command (what was written before stays whole)",
+    errno.EROFS: "that filesystem is mounted read-only: run the command where it can be written (read commands write nothing)",
+}
+
+
+def os_error_line(exc: OSError) -> str:
+    where = exc.filename if exc.filename is not None else "a file or folder"
+    return f"{where}: {exc.strerror or exc}; {_OS_FIXES.get(exc.errno or 0, 'check that path and rerun')}"
+
+
 @contextlib.contextmanager
 def exit_on_error() -> Iterator[None]:
     try:
@@ -92,6 +110,20 @@ def exit_on_error() -> Iterator[None]:
     except PermissionError as exc:
         print(f"error: {one_line(permission_line(exc))}", file=sys.stderr)
         raise SystemExit(UsageError.exit_code) from None
+    except BrokenPipeError:  # the reader of stdout left: the entry point ends quietly
+        raise
+    except OSError as exc:
+        print(f"error: {one_line(os_error_line(exc))}", file=sys.stderr)
+        raise SystemExit(UsageError.exit_code) from None
+    except Exception as exc:
+        if os.environ.get(TRACEBACK_ENV):
+            raise
+        print(
+            f"error: {type(exc).__name__}: {one_line(str(exc)) or 'no message'} (an error of parcel_hpc, not of your input: "
+            f"rerun with {TRACEBACK_ENV}=1 to see where, and report it)",
+            file=sys.stderr,
+        )
+        raise SystemExit(ParcelError.exit_code) from None
     except KeyboardInterrupt:
         print("interrupted: trials already dispatched keep running; `parcel-hpc status SEARCH_DIR` tells their state", file=sys.stderr)
         raise SystemExit(130) from None

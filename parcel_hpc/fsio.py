@@ -16,15 +16,19 @@ Nothing the toolkit creates is writable by anyone but its owner, whatever the um
 read (admins read other people's searches); a group member who could write could replace a pickle
 a queued job unpickles, and run code as the owner.
 
-Every record is read through ``read_bytes`` (``read_json`` and ``read_jsonl`` too), because a
-shared root holds other users' files: only a regular file, never through a symbolic link as its
-last component (a search's own folders are checked by ``ledger.store``), never a FIFO or a device
-(opened non-blocking, so a FIFO cannot hang the reader), at most ``MAX_RECORD_BYTES``, and a JSONL
-line at most ``MAX_LINE_BYTES``, read in chunks that stop at the first line over it.
+Every record is read through ``read_bytes`` (``read_json``, ``read_jsonl`` and ``Folder`` too),
+because a shared root holds other users' files: only a regular file, judged on the opened
+descriptor (never checked by path, then opened), never a FIFO or a device (opened non-blocking, so
+a FIFO cannot hang the reader), at most ``MAX_RECORD_BYTES``, and a JSONL line at most
+``MAX_LINE_BYTES``, read in chunks that stop at the first line over it. A record of a search is
+read ``within`` its search directory: every component below it is opened by name from its folder's
+descriptor without following a link (``Folder``), so a linked trial folder, a linked sub-folder of
+a record folder and a linked record are all refused, never followed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -34,7 +38,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from parcel_hpc.errors import CorruptRecord, UsageError
+from parcel_hpc.errors import CorruptRecord, ParcelError, UsageError
 
 FILE_MODE = 0o644
 DIR_MODE = 0o755
@@ -87,18 +91,29 @@ def fsync_dir(path: str | os.PathLike) -> None:
 
 
 def _durable_temp(path: Path, data: bytes, mode: int, suffix: str) -> str:
-    """``data`` in a new temp file beside ``path``, fsynced, with its final mode."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
+    """``data`` in a new temp file beside ``path``, fsynced, with its final mode. A failure (a full
+    disk) leaves no temp file and names ``path``, the file that could not be written."""
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
+    except OSError as exc:
+        raise _naming(exc, path) from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, mode)
-    except BaseException:
+    except BaseException as exc:
         _unlink_quietly(tmp)
+        if isinstance(exc, OSError):
+            raise _naming(exc, path) from None
         raise
     return tmp
+
+
+def _naming(exc: OSError, path: str | os.PathLike) -> OSError:
+    """``exc`` as the same kind of error, naming ``path`` (a write's error names no file)."""
+    return type(exc)(exc.errno, exc.strerror, str(path))
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes, mode: int = FILE_MODE) -> None:
@@ -181,53 +196,249 @@ def create_exclusive_json(path: str | os.PathLike, obj: Any, mode: int = FILE_MO
     return create_exclusive(path, (json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n").encode(), mode)
 
 
-def read_bytes(path: str | os.PathLike, limit: int = MAX_RECORD_BYTES, line_limit: int | None = None, follow_links: bool = False) -> bytes:
+def read_bytes(
+    path: str | os.PathLike,
+    limit: int = MAX_RECORD_BYTES,
+    line_limit: int | None = None,
+    within: str | os.PathLike | None = None,
+    named: str | None = None,
+) -> bytes:
     """The whole of the regular file ``path`` (see the module docstring); CorruptRecord naming the
     file for anything else. ``line_limit``: also refuse a line longer than it, found while reading.
-    ``follow_links``: a file the user named themselves (a split file), which a link may stand for."""
-    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_links else os.O_NOFOLLOW)
+    ``within``: a folder above ``path`` (the search directory) below which no component of the path
+    may be a symbolic link (``Folder``). ``named``: ``path`` is a file the user named (a split file),
+    which a link may stand for; a refusal of it is bad input (UsageError) and says ``named``, what
+    to give instead, never to move or remove a file that may not be the user's (/etc/passwd)."""
+    path = Path(path)
+    if within is not None:
+        with Folder.open(path.parent, within=within, listed=False) as folder:
+            return folder.read_bytes(path.name, limit, line_limit)
     try:
-        fd = os.open(path, flags)
+        fd = os.open(path, _FILE if named is None else _FILE & ~os.O_NOFOLLOW)
     except OSError as exc:
-        if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a symbolic link
-            raise CorruptRecord(f"{path} is a symbolic link, and records are read only from regular files inside the search; remove the link") from None
-        raise
+        raise _refused(exc, str(path)) from None
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise CorruptRecord(f"{path} is not a regular file (a FIFO, device or socket): records are never read from one; remove it")
-        if st.st_size > limit:
-            raise CorruptRecord(f"{path} is {st.st_size} bytes, over the {limit}-byte limit of a record file; it is damaged or not a record: move it aside")
-        return _read_bounded(fd, str(path), limit, line_limit)
+        return _read_regular(fd, os.path.dirname(path), os.path.basename(path), limit, line_limit, named)
     finally:
         os.close(fd)
 
 
-def _read_bounded(fd: int, name: str, limit: int, line_limit: int | None) -> bytes:
+# How a search's files and folders are opened: by name relative to their folder's descriptor
+# (openat), never through a symbolic link (O_NOFOLLOW), a file never blocking (a FIFO opens at once,
+# and is then refused as no regular file). A folder the walk only passes through is opened O_PATH
+# (no read permission needed, as a path lookup needs none).
+_FILE = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+_LISTED = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_PASSED = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class Folder:
+    """A folder of a search, open: every file and folder below it is opened by name from its
+    descriptor, one component at a time, never through a symbolic link, never ``..``. A link
+    anywhere below the folder a walk started from (a record, a trial's folder, a sub-folder of
+    one) is refused in one line, not followed; the folder itself is found as the user named it.
+
+    Opened once for many reads (a trial's spec and journals), it also spares the kernel a lookup
+    of the whole path per file. Use it as a context manager: it holds a descriptor."""
+
+    def __init__(self, fd: int, where: str) -> None:
+        self.fd = fd
+        self.where = where  # its path, for messages only: every open goes through ``fd``
+
+    def name_of(self, name: str) -> str:
+        """The path of ``name`` in this folder, for a message."""
+        return os.path.join(self.where, name)
+
+    @classmethod
+    def open(cls, path: str | os.PathLike, within: str | os.PathLike | None = None, listed: bool = True) -> Folder:
+        """The folder ``path``. ``within``: a folder above it (the search directory, found as
+        named) from which every component down to ``path`` is walked without following a link.
+        ``listed=False``: opened only to open what is in it (``entries`` then fails), which, as a
+        path lookup, needs no permission to read the folder."""
+        path = Path(path)
+        if within is None:
+            try:
+                return cls(os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC), str(path))
+            except OSError as exc:
+                raise _refused(exc, str(path)) from None
+        root = Path(within)
+        try:
+            parts = path.relative_to(root).parts
+        except ValueError:  # a name from a record (a job id) that leads out
+            raise CorruptRecord(f"{path} is outside {root}, and records are read only from inside it; restore the record that names it") from None
+        try:
+            fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise _refused(exc, str(root)) from None
+        where = str(root)
+        try:
+            last = _LISTED if listed else _PASSED
+            for i, part in enumerate(parts):
+                step = _at(fd, part, last if i == len(parts) - 1 else _PASSED, where)
+                os.close(fd)
+                fd, where = step, os.path.join(where, part)
+            if not parts and listed:  # the root itself, to be listed
+                step = os.open(".", _LISTED, dir_fd=fd)
+                os.close(fd)
+                fd = step
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(fd, str(path))
+
+    def folder(self, name: str) -> Folder:
+        """The folder ``name`` in this one, never through a link."""
+        return Folder(_at(self.fd, name, _LISTED, self.where), self.name_of(name))
+
+    def read_bytes(self, name: str, limit: int = MAX_RECORD_BYTES, line_limit: int | None = None) -> bytes:
+        """The whole of the regular file ``name`` in this folder (``read_bytes``'s rules)."""
+        fd = _at(self.fd, name, _FILE, self.where)
+        try:
+            return _read_regular(fd, self.where, name, limit, line_limit)
+        finally:
+            os.close(fd)
+
+    def read_json(self, name: str) -> Any:
+        return _parse_json(self.read_bytes(name), self.name_of(name))
+
+    def read_jsonl(self, name: str) -> list[Any]:
+        """``read_jsonl`` of the file ``name`` in this folder."""
+        try:
+            data = self.read_bytes(name, line_limit=MAX_LINE_BYTES)
+        except FileNotFoundError:
+            return []
+        return parse_jsonl(data, self.name_of(name))
+
+    def read_tail(self, name: str, size: int) -> tuple[bytes, int]:
+        """The last ``size`` bytes at most of the regular file ``name`` (a log), and its whole size."""
+        fd = _at(self.fd, name, _FILE, self.where)
+        try:
+            whole = _regular(fd, self.name_of(name)).st_size
+            start, chunks, got = max(0, whole - size), [], 0
+            while got < size and (chunk := os.pread(fd, min(_CHUNK, size - got), start + got)):
+                chunks.append(chunk)
+                got += len(chunk)
+            return b"".join(chunks), whole
+        finally:
+            os.close(fd)
+
+    def entries(self) -> list[os.DirEntry[str]]:
+        """What this folder holds. An entry's ``path`` is its name alone, and its ``stat`` and
+        ``is_dir`` may ask this folder's descriptor: use them before the folder is closed."""
+        with os.scandir(self.fd) as found:
+            return list(found)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> Folder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def names(path: str | os.PathLike, within: str | os.PathLike) -> list[str]:
+    """The names in the folder ``path`` below ``within`` (``Folder``'s walk); [] when it is absent."""
+    try:
+        with Folder.open(path, within=within) as folder:
+            return [e.name for e in folder.entries()]
+    except FileNotFoundError:
+        return []
+
+
+def _at(dir_fd: int, name: str, flags: int, where: str) -> int:
+    """Open ``name`` in the folder ``dir_fd`` (at ``where``) with ``flags``; a refusal names the path."""
+    if name in ("", ".", "..") or "/" in name:
+        raise CorruptRecord(f"{os.path.join(where, name)}: {name!r} names no file inside the search; a record names only its own files: restore it")
+    try:
+        return os.open(name, flags, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno == errno.ENOTDIR:  # O_DIRECTORY met a link or a file: say which
+            try:
+                link = stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+            except OSError:
+                link = False
+            if link:
+                exc = OSError(errno.ELOOP, os.strerror(errno.ELOOP))
+        raise _refused(exc, os.path.join(where, name)) from None
+
+
+def _refused(exc: OSError, path: str) -> Exception:
+    """What an open of ``path`` that failed with ``exc`` raises: a symbolic link, a file where a
+    folder belongs and the like are damage (CorruptRecord); an absent file and a permission stay
+    what they are, naming the whole path (callers tell absent records apart, and a permission is
+    its own one line)."""
+    if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a symbolic link
+        return CorruptRecord(f"{path} is a symbolic link, and records are read only from regular files inside the search; remove the link")
+    if exc.errno == errno.ENOTDIR:
+        return CorruptRecord(f"{path} is not a folder, and a search's records sit in folders of their own; move it out of the search")
+    return type(exc)(exc.errno, exc.strerror, path)
+
+
+def _damaged(problem: str, advice: str, named: str | None) -> ParcelError:
+    """A file that is not what it should be: a record (CorruptRecord, with ``advice`` to its owner),
+    or a file the user ``named`` (UsageError, saying what to give instead)."""
+    return UsageError(f"{problem}; {named}") if named is not None else CorruptRecord(f"{problem}; {advice}")
+
+
+def _regular(fd: int, path: str, named: str | None = None) -> os.stat_result:
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        kind = next((name for test, name in _NOT_REGULAR if test(st.st_mode)), "not a regular file")
+        raise _damaged(f"{path} is not a regular file ({kind})", "records are never read from one: remove it", named)
+    return st
+
+
+def _read_regular(fd: int, where: str, name: str, limit: int, line_limit: int | None, named: str | None = None) -> bytes:
+    """The regular file open as ``fd`` (``name`` in the folder ``where``), read whole within the limits."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        _regular(fd, os.path.join(where, name), named)  # raises, naming what it is
+    if st.st_size > limit:
+        raise _damaged(f"{os.path.join(where, name)} is {st.st_size} bytes, over the {limit}-byte limit of a record file", _NOT_A_RECORD, named)
+    return _read_bounded(fd, where, name, limit, line_limit, named)
+
+
+_NOT_A_RECORD = "it is damaged or not a record: move it aside"
+
+
+def _read_bounded(fd: int, where: str, name: str, limit: int, line_limit: int | None, named: str | None) -> bytes:
     """Read in chunks (the file may grow after fstat): stop at ``limit`` or at a line over ``line_limit``."""
     chunks: list[bytes] = []
     size = line = 0  # bytes read; bytes since the last newline
     while chunk := os.read(fd, _CHUNK):
         size += len(chunk)
         if size > limit:
-            raise CorruptRecord(f"{name} is over the {limit}-byte limit of a record file; it is damaged or not a record: move it aside")
+            raise _damaged(f"{os.path.join(where, name)} is over the {limit}-byte limit of a record file", _NOT_A_RECORD, named)
         if line_limit is not None:
             lengths = [len(part) for part in chunk.split(b"\n")]
             lengths[0] += line  # the line the last chunk left open goes on
             if max(lengths) > line_limit:
-                raise CorruptRecord(f"{name} has a line over the {line_limit}-byte limit of a journal line; it is damaged: move the file aside")
+                raise _damaged(
+                    f"{os.path.join(where, name)} has a line over the {line_limit}-byte limit of a journal line", "it is damaged: move the file aside", named
+                )
             line = lengths[-1]
         chunks.append(chunk)
     return b"".join(chunks)
 
 
-def read_json(path: str | os.PathLike, follow_links: bool = False) -> Any:
+def read_json(path: str | os.PathLike, within: str | os.PathLike | None = None, named: str | None = None) -> Any:
+    """``read_bytes`` (its ``within`` and ``named``) of a JSON file, parsed."""
+    return _parse_json(read_bytes(path, within=within, named=named), path, named)
+
+
+def _parse_json(data: bytes, path: str | os.PathLike, named: str | None = None) -> Any:
     try:
-        return json.loads(read_bytes(path, follow_links=follow_links))
+        return json.loads(data)
     except json.JSONDecodeError as exc:
-        raise CorruptRecord(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}); move it aside and rerun") from None
+        raise _damaged(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno})", "move it aside and rerun", named) from None
     except UnicodeDecodeError:
-        raise CorruptRecord(f"{path} is not UTF-8 text, so not JSON; move it aside and rerun") from None
+        raise _damaged(f"{path} is not UTF-8 text, so not JSON", "move it aside and rerun", named) from None
+    except RecursionError:
+        raise _damaged(f"{path} nests too deep to be a record", "move it aside and rerun", named) from None
 
 
 def append_jsonl(path: str | os.PathLike, record: dict, fsync: bool = True) -> None:
@@ -236,17 +447,25 @@ def append_jsonl(path: str | os.PathLike, record: dict, fsync: bool = True) -> N
     fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, FILE_MODE)
     try:
         _repair_torn_tail(fd)
-        os.write(fd, line)
-        if fsync:
-            os.fsync(fd)
+        size = os.fstat(fd).st_size
+        try:
+            rest = memoryview(line)
+            while rest:  # one write; a full disk takes what fits of it, and says so at the next
+                rest = rest[os.write(fd, rest) :]
+            if fsync:
+                os.fsync(fd)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, size)  # no torn line left behind
+            raise _naming(exc, path) from None
     finally:
         os.close(fd)
 
 
-def read_jsonl(path: str | os.PathLike) -> list[dict]:
+def read_jsonl(path: str | os.PathLike, within: str | os.PathLike | None = None) -> list[dict]:
     """All whole records; a torn last line (no newline, or not JSON) is skipped."""
     try:
-        data = read_bytes(path, line_limit=MAX_LINE_BYTES)
+        data = read_bytes(path, line_limit=MAX_LINE_BYTES, within=within)
     except FileNotFoundError:
         return []
     return parse_jsonl(data, str(path))
@@ -260,7 +479,7 @@ def parse_jsonl(data: bytes, name: str = "<jsonl>") -> list[Any]:
             records = json.loads(b"[" + body[:-1].replace(b"\n", b",") + b"]")
             if len(records) == body.count(b"\n"):
                 return records
-        except ValueError:  # not JSON, or not UTF-8
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past the parser's depth
             pass
     return list(_parse_lines(data, name))
 
@@ -273,7 +492,7 @@ def _parse_lines(data: bytes, name: str) -> Iterable[Any]:
             continue
         try:
             rec = json.loads(raw)
-        except ValueError:  # not JSON, or not UTF-8
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past the parser's depth
             if i == last or (i == last - 1 and not lines[last].strip()):
                 return  # torn tail from a killed writer
             raise CorruptRecord(f"{name} line {i + 1} is not valid JSON; the record is damaged mid-file: move the file aside") from None

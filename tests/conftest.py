@@ -4,7 +4,10 @@ from pathlib import Path
 import pytest
 
 from parcel_hpc.data import make_default_artifacts, read_split
+from parcel_hpc.ledger import SearchDir
+from parcel_hpc.testing import faults, launch
 from parcel_hpc.trainer import TrainingData, load_training_data
+from parcel_hpc.worker.training import STEP_HOOK_ENV
 
 
 @pytest.fixture(scope="session")
@@ -20,6 +23,21 @@ def artifacts(tmp_path_factory) -> dict:
 def training_data(artifacts) -> TrainingData:
     """The default snapshot's training data as a trainer is given it (stats_r1 preprocessing), once per module."""
     return load_training_data(artifacts["snapshot_path"], read_split(artifacts["split_path"]), {"revision": "stats-r1", "pool": 4})
+
+
+@pytest.fixture(scope="session")
+def finished_search(tmp_path_factory, artifacts) -> Path:
+    """A small finished search made once per session for tests that damage it: four trials, two
+    completed and two failed (they raise at step 5: ``logs`` has tracebacks), with milestones, prune
+    decisions, a budget journal and submitit's files. Copy it before changing anything in it."""
+    top = tmp_path_factory.mktemp("finished")
+    overrides = [f"search.root={top / 'runs'}", "search.revision=finished-r1", "search.n_trials=4"]
+    overrides += ["+space.params.fault={type:choice,values:[none,ok,fine,raise]}", faults.TRAINER]
+    res = launch(overrides, cwd=top, data_dir=Path(artifacts["dir"]), env={STEP_HOOK_ENV: faults.HOOK})
+    assert res.returncode == 0, res.stderr[-2000:]
+    search = top / "runs" / "finished-r1"
+    assert {r.state.value for r in SearchDir(search).records()} == {"completed", "failed"}
+    return search
 
 
 @pytest.fixture

@@ -6,9 +6,10 @@ import io
 import os
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
-from parcel_hpc.documents import csv_cell, markdown_text
+from parcel_hpc.documents import csv_cell, csv_cells, markdown_text
 from parcel_hpc.testing import parcel_hpc
 
 
@@ -20,7 +21,7 @@ from parcel_hpc.testing import parcel_hpc
         ("-2+3", "'-2+3"),
         ("@SUM(A1)", "'@SUM(A1)"),
         ("\tx", "'\tx"),
-        ("\rx", "'\rx"),
+        ("\rx", "\\rx"),  # a carriage return is shown escaped: a terminal would rewrite the line with it
         ("-3", "-3"),  # one plain number is read as that number, never as a formula
         ("+1.5e-3", "+1.5e-3"),
         ("alice", "alice"),
@@ -94,3 +95,23 @@ def test_reconcile_csv_neutralizes_a_hostile_node_name(tmp_path):
     nodes = {row["node"] for row in csv.DictReader(io.StringIO(res.stdout))}
     assert nodes and all(not n.startswith("=") for n in nodes), nodes
     assert '\'=HYPERLINK("http://evil")' in nodes, nodes
+
+
+def test_reconcile_csv_carries_no_raw_control_or_bidi_character(tmp_path):
+    from test_reconcile import _search, sample
+
+    sd = _search(tmp_path)
+    dump = tmp_path / "dump.txt"
+    dump.write_bytes(sample("requeue_duplicates.txt").replace(b"|vm|", "|vm\x1b]0;pwned\x07\u202e|".encode()))
+    res = parcel_hpc(["reconcile", str(sd.path), "--sacct-file", str(dump), "--csv"])
+    assert res.returncode in (0, 4), res.stderr
+    assert not any(c in res.stdout for c in "\x1b\x07\u202e"), res.stdout[:2000]
+    nodes = {row["node"] for row in csv.DictReader(io.StringIO(res.stdout))}
+    assert "vm\\x1b]0;pwned\\x07\\u202e" in nodes, nodes
+
+
+def test_a_csv_cell_shows_control_and_bidi_characters_escaped():
+    assert csv_cell("=cmd\x1b[2J\u202e") == "'=cmd\\x1b[2J\\u202e"
+    assert csv_cell("two\nlines\tand a tab") == "two\nlines\tand a tab"  # a quoted cell holds them
+    column = pa.array(["vm\x07", "plain", None, "=x\u200b"])
+    assert csv_cells(column).to_pylist() == ["vm\\x07", "plain", None, "'=x\\u200b"]

@@ -9,6 +9,8 @@ import sys
 import time
 
 import pytest
+from disks import fill, small_tmpfs
+from reference import reference_run
 
 from parcel_hpc.budget import BudgetLedger, KeyState, ReservationKey
 from parcel_hpc.ledger import SearchDir, read_events
@@ -180,6 +182,32 @@ def test_full_disk_on_the_checkpoint_root(tmp_path, data_dir):
     assert [(a.how.value, a.cause.value) for a in rec.attempts] == [("interrupted", "no_space")] * 3
     assert "No space left on device" in rec.attempts[0].message
     assert leftovers == []
+
+
+def test_a_full_search_root_mid_search_is_one_line_and_the_relaunch_finishes_it(tmp_path, data_dir):
+    """The search root is a small tmpfs that fills while trials run: the launch leaves in one line
+    (exit 2) naming the full filesystem and the fix, every record it wrote still reads, and the same
+    command, once space is freed, finishes every trial to the metric an uninterrupted run gives."""
+    with small_tmpfs(tmp_path / "small", "32m") as small:
+        argv = [*launch_argv(small, "full-r1", "search.n_trials=2", "pruner=none", "train.step_seconds=0.02")]
+        launcher = subprocess.Popen(argv, cwd=tmp_path, env=subprocess_env(data_dir, None), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        search = sd(small, "full-r1")
+        wait_for(lambda: any(search.path.joinpath("checkpoints").rglob("ckpt-*.h5")), 300, "a first checkpoint")
+        filler = fill(small)
+        _, err = launcher.communicate(timeout=300)
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert launcher.returncode == 2 and len(lines) == 1 and "Traceback" not in err, err
+        assert "No space left on device" in lines[0] and "free space there and rerun the same command" in lines[0], lines
+        shown = parcel_hpc(["status", str(search.path), "--json"])  # nothing damaged: every record reads
+        assert shown.returncode == 0 and sum(json.loads(shown.stdout)["counts"].values()) == 2, shown.stderr
+        filler.unlink()
+        res = subprocess.run(argv, cwd=tmp_path, env=subprocess_env(data_dir, None), capture_output=True, text=True, timeout=600)
+        assert res.returncode == 0, res.stderr
+        records, steps = search.records(), int(search.contract()["train"]["steps"])
+    assert [r.state.value for r in records] == ["completed", "completed"]
+    assert any(a.cause is not None and a.cause.value == "no_space" for r in records for a in r.attempts), "the disk filled after every trial ended"
+    same = reference_run("parcel_hpc.trainer.numpy_mlp:NumpyMLP", data_dir / "parcels.h5", data_dir / "split-group_r8.json")
+    assert [r.metric for r in records] == [same(r.spec.params, steps) for r in records]
 
 
 def test_sigkill_during_a_journal_append(tmp_path):

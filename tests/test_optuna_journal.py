@@ -197,6 +197,28 @@ def test_a_file_that_is_no_journal_or_a_folder_not_writable_is_one_line_and_noth
     assert sorted(p.name for p in tmp_path.iterdir()) == ["other.db"]
 
 
+def test_a_link_planted_after_the_check_is_never_written_through(search, tmp_path, monkeypatch):
+    """The review's race: FILE passes the check, then becomes a link to a file only root may write
+    before the first line is appended. The export writes only to the file it opened and judged."""
+    out, secret = tmp_path / "search.journal", tmp_path / "root-only.log"
+    secret.write_bytes(b"")
+    secret.chmod(0o600)
+    storage_init = optuna.storages.JournalStorage.__init__
+
+    def swapped_first(self, *args, **kwargs):
+        out.unlink(missing_ok=True)
+        out.symlink_to(secret)
+        storage_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(optuna.storages.JournalStorage, "__init__", swapped_first)
+    export_journal(search, out)
+    assert secret.read_bytes() == b""
+    monkeypatch.undo()
+    with pytest.raises(UsageError, match="is a symbolic link"):  # a link there before the export: refused, as before
+        export_journal(search, out)
+    assert secret.read_bytes() == b""
+
+
 def test_without_optuna_the_error_names_the_extra(search, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "optuna", None)  # import optuna raises ImportError
     with pytest.raises(UsageError, match=r"pip install 'parcel_hpc\[optuna\]'"):

@@ -486,16 +486,16 @@ class BudgetLedger:
 
     def verify(self) -> JournalTotals:
         """Replay the journal from scratch, also checking that no entry lies beyond a gap."""
-        names = sorted(int(m.group(1)) for m in map(_ENTRY_NAME.match, os.listdir(self.path)) if m)
+        names = sorted(int(m.group(1)) for m in map(_ENTRY_NAME.match, fsio.names(self.path, within=_search_of(self.path))) if m)
         if names != list(range(len(names))):
             missing = next(i for i, n in enumerate(names) if i != n)
             raise CorruptRecord(
                 f"{_entry_path(self.path, missing)} is missing but later entries exist in {self.path}: the journal has a gap; restore the entry from backup"
             )
         fold = _Fold()
-        for seq in names:
-            path = _entry_path(self.path, seq)
-            _step(fold, path, fsio.read_bytes(path))
+        with fsio.Folder.open(self.path, within=_search_of(self.path)) as journal:
+            for seq in names:
+                _step(fold, _entry_path(self.path, seq), journal.read_bytes(_entry_name(seq)))
         return fold.totals.spend()
 
     # -- the seam: everything below touches the filesystem ---------------------------------------
@@ -565,12 +565,17 @@ def _journal_dir(search_dir: str | os.PathLike) -> Path:
     return Path(search_dir) / "budget" / "journal"
 
 
+def _search_of(journal: Path) -> Path:
+    """The search directory a journal (or folds) folder is in: what every read of it stays within."""
+    return journal.parent.parent
+
+
 def _chains(fold: _Fold, journal: Path) -> bool:
     """Entry ``fold.seq`` is in the journal with the digest and running totals the fold holds."""
     try:
-        data = fsio.read_bytes(_entry_path(journal, fold.seq))
+        data = fsio.read_bytes(_entry_path(journal, fold.seq), within=_search_of(journal))
         return _digest(data) == fold.digest and json.loads(data).get("totals") == asdict(fold.totals)
-    except (FileNotFoundError, ValueError, AttributeError):
+    except (FileNotFoundError, ValueError, AttributeError, RecursionError):
         return False
 
 
@@ -587,14 +592,11 @@ def _newest_checkpoint(journal: Path) -> _Fold | None:
     """The newest fold checkpoint whose entry is in the journal with the digest it names. One that
     does not load or chain is passed over: the entries themselves are the record, so a reader then
     replays them (and ``verify`` checks them all, folds aside)."""
-    try:
-        names = sorted((int(m.group(1)) for m in map(_ENTRY_NAME.match, os.listdir(_folds_dir(journal))) if m), reverse=True)
-    except FileNotFoundError:
-        return None
+    names = sorted((int(m.group(1)) for m in map(_ENTRY_NAME.match, fsio.names(_folds_dir(journal), within=_search_of(journal))) if m), reverse=True)
     for seq in names:
         try:
-            fold = _Fold.from_json(json.loads(fsio.read_bytes(_entry_path(_folds_dir(journal), seq))))
-        except (OSError, ValueError, KeyError, TypeError, UsageError, CorruptRecord):
+            fold = _Fold.from_json(json.loads(fsio.read_bytes(_entry_path(_folds_dir(journal), seq), within=_search_of(journal))))
+        except (OSError, ValueError, KeyError, TypeError, RecursionError, UsageError, CorruptRecord):
             continue
         if fold.seq == seq and _chains(fold, journal):
             return fold
@@ -602,20 +604,29 @@ def _newest_checkpoint(journal: Path) -> _Fold | None:
 
 
 def _entry_path(journal: Path, seq: int) -> Path:
-    return journal / f"{seq:08d}.json"
+    return journal / _entry_name(seq)
+
+
+def _entry_name(seq: int) -> str:
+    return f"{seq:08d}.json"
 
 
 def _replay(fold: _Fold, journal: Path) -> int:
     """Apply the entries after ``fold.seq`` that exist in ``journal``; return how many. Reads only."""
     n = 0
-    while True:
-        path = _entry_path(journal, fold.seq + 1)
-        try:
-            data = fsio.read_bytes(path)
-        except FileNotFoundError:
-            return n
-        _step(fold, path, data)
-        n += 1
+    try:
+        opened = fsio.Folder.open(journal, within=_search_of(journal))
+    except FileNotFoundError:
+        return n
+    with opened:
+        while True:
+            seq = fold.seq + 1
+            try:
+                data = opened.read_bytes(_entry_name(seq))
+            except FileNotFoundError:
+                return n
+            _step(fold, _entry_path(journal, seq), data)
+            n += 1
 
 
 def _step(fold: _Fold, path: Path, data: bytes) -> None:
@@ -641,5 +652,5 @@ def _digest(data: bytes) -> str:
 def _loads(data: bytes) -> object:
     try:
         return json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):  # nested past the parser's depth too
         raise _Invalid("is not valid JSON") from None

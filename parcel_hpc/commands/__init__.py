@@ -40,7 +40,10 @@ COMMANDS: tuple[Command, ...] = (
     Command("report", "how a search went, as one HTML page: history, milestone curves, parameters, importance, failures, waits"),
     Command("export", "the trials as a table for pandas (one row per trial, or --attempts), or to MLflow runs or an Optuna journal (--to)"),
     Command("proposals", "how each trial was proposed, and with --replay whether every proposal re-derives exactly"),
-    Command("sync", "record how attempts whose runs ended unannounced ended and the hours of every run sacct filed, and settle their holds (a search whose launcher has gone)"),
+    Command(
+        "sync",
+        "record how attempts whose runs ended unannounced ended and the hours of every run sacct filed, and settle their holds (a search whose launcher has gone)",
+    ),
     Command("resubmit", "rerun trials whose jobs ended without a result for infrastructure reasons"),
     Command("cancel", "stop the search (or --trial ones) for good: never retried or resubmitted; budget holds settled"),
     Command("reconcile", "reconcile sacct accounting with the ledger and the budget (for admins)"),

@@ -5,7 +5,8 @@ the ledger, and the scheduler's output files of its job (local and SLURM alike).
 Without TRIAL: one line per failed trial, then the first failed trial in full. Without ``--attempt``:
 the trial's last failed attempt, else its last. A packed job's files hold every trial it ran.
 
-Must not write a byte under the search (``READ_ONLY``).
+Must not write a byte under the search (``READ_ONLY``). Reads the output files as records are read
+(``fsio.Folder``: a link, a FIFO or a device there is named, never read) and only their end.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from pathlib import Path
 
 from rich.console import Console
 
+from parcel_hpc import fsio
 from parcel_hpc.console import make_console
-from parcel_hpc.errors import UsageError
+from parcel_hpc.errors import CorruptRecord, UsageError
 from parcel_hpc.ledger import Attempt, AttemptEnd, Ended, Executor, SearchDir, TrialRecord
 from parcel_hpc.lifecycle import resolution
 from parcel_hpc.scheduler.factory import job_logs
@@ -25,6 +27,8 @@ from parcel_hpc.scheduler.factory import job_logs
 READ_ONLY = True
 
 TAIL_LINES = 200  # of each output file: a trainer's log can be long, the end is what broke
+TAIL_BYTES = 2**20  # read of each output file's end, whatever its size: 200 lines fit many times over
+LINE_CHARS = 2000  # of one line shown: a progress bar rewritten with carriage returns is one line
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -114,7 +118,7 @@ def show(search: SearchDir, record: TrialRecord, attempt: Attempt | None, consol
     if shared:
         say(f"job {job} ran {len(shared) + 1} trials in turn (a pack: {tid} {' '.join(shared)}): its files hold them all")
     for path in job_logs(record.executor or Executor.LOCAL, search, job):
-        _tail(path, job, say)
+        _tail(search, path, job, say)
 
 
 def scheduler_word(job: str, run: int) -> str:
@@ -131,16 +135,27 @@ def scheduler_word(job: str, run: int) -> str:
     return f"--- the scheduler (sacct): job {job} run {run} {last.state.text} on {last.node_list or '?'}, {ran}"
 
 
-def _tail(path: Path, job: str, say: Callable[[str], None]) -> None:
+def _tail(search: SearchDir, path: Path, job: str, say: Callable[[str], None]) -> None:
+    """The end of the job's output file ``path``, read as a record is (within the search: never
+    through a link, never a FIFO or a device), and only its last ``TAIL_BYTES`` whatever its size."""
     try:
-        lines = path.read_text(errors="replace").splitlines()
+        with fsio.Folder.open(path.parent, within=search.path) as folder:
+            data, size = folder.read_tail(path.name, TAIL_BYTES)
     except FileNotFoundError:
         say(f"--- {path}: not there (submitit writes job {job}'s output there once it starts; a cleaned or moved folder loses it)")
+        return
+    except CorruptRecord as exc:  # a link, a FIFO, a device where the log should be: named, never read
+        say(f"--- not read: {exc}")
         return
     except OSError as exc:  # unreadable (another user's job folder): say so, never a traceback
         say(f"--- {path}: cannot be read ({exc.strerror})")
         return
-    cut = f", its last {TAIL_LINES} of {len(lines)} lines" if len(lines) > TAIL_LINES else ""
+    lines = data.decode(errors="replace").splitlines()
+    if size > len(data):
+        lines = lines[1:]  # cut at the start of the bytes read
+        cut = f", its last {min(len(lines), TAIL_LINES)} lines (a file of {size} bytes)"
+    else:
+        cut = f", its last {TAIL_LINES} of {len(lines)} lines" if len(lines) > TAIL_LINES else ""
     say(f"--- {path}{cut}")
     for line in lines[-TAIL_LINES:]:
-        say(line)
+        say(line if len(line) <= LINE_CHARS else f"{line[:LINE_CHARS]}... ({len(line) - LINE_CHARS} more characters)")

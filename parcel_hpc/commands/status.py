@@ -77,7 +77,7 @@ def collect(search: SearchDir, view: RecordView | None = None) -> dict[str, Any]
     """Everything ``status`` shows. Reads only: a search the caller cannot write to gives the same
     answer. ``view``: read through it (``--watch`` folds only the trials whose journals changed)."""
     contract = search.contract()
-    found = [view.record(tid) for tid in search.trial_ids()] if view is not None else list(search.records())
+    found = view.records() if view is not None else list(search.records())
     records, facts = resolution.observe(search, found, resolution.DEFINITE)
     spend = read_spend(search, records)  # as recorded: a resolution folded here in memory settles nothing
     resolved = {res.trial_id: res for res in resolution.resolve(records, facts, resolution.DEFINITE)}

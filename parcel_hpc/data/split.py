@@ -215,10 +215,19 @@ def _write_once(path: Path, content: dict[str, Any]) -> None:
         raise UsageError(f"{path} already exists with different content; a split revision is immutable: choose a new revision")
 
 
+# What to give instead of a file that is no split file: the user named it (split.path), and it may
+# not be theirs to move or remove (/etc/passwd).
+_GIVE = {
+    SPLIT_FORMAT: "give split.path the split-<revision>.json that `parcel-hpc make-snapshot` (or make_group_split) writes",
+    FINAL_FORMAT: "give the final-<revision>.json written beside the search's split file (`parcel-hpc make-snapshot`)",
+}
+
+
 def _read_checked(path: str | os.PathLike, fmt: str) -> dict[str, Any]:
-    if not Path(path).is_file():
-        raise UsageError(f"split file {path} does not exist; make it with make_group_split()")
-    c = read_json(path, follow_links=True)  # the user names it, and may name it by a link
+    try:
+        c = read_json(path, named=_GIVE[fmt])  # the user names it, and may name it by a link
+    except FileNotFoundError:
+        raise UsageError(f"split file {path} does not exist; {_GIVE[fmt]}") from None
     if not isinstance(c, dict) or c.get("format") != fmt:
         found = c.get("format") if isinstance(c, dict) else type(c).__name__
         raise UsageError(f"{path} is {found!r}, not a {fmt!r} file; pass split-<revision>.json to trials, final-<revision>.json only to the final evaluation")

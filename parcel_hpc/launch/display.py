@@ -30,12 +30,17 @@ def commitment_text(decision) -> str:
     return render_commitment(decision)
 
 
-def dry_run_table(specs, contract) -> Table:
-    table = Table(title=f"dry run: {len(specs)} trials would be dispatched (nothing submitted, nothing written)")
+DRY_RUN_ROWS = 50  # trials a dry run shows: the rest are counted (a million rows is nothing anyone reads)
+
+
+def dry_run_table(first, n: int, contract) -> Table:
+    """The first trials of the ``n`` a dry run would dispatch, one row each, and how many more."""
+    more = f"; the first {len(first)} shown" if n > len(first) else ""
+    table = Table(title=f"dry run: {n} trials would be dispatched (nothing submitted, nothing written{more})")
     for col in ("trial", "params", "gpus", "cpus", "mem_gb", "time_min"):
         table.add_column(col)
     res = contract["resources"]
-    for spec in specs:
+    for spec in first:
         table.add_row(
             safe(spec.trial_id),
             safe(", ".join(f"{k}={v}" for k, v in spec.params.items())),
@@ -44,6 +49,8 @@ def dry_run_table(specs, contract) -> Table:
             str(res["mem_gb"]),
             str(res["time_limit_min"]),
         )
+    if n > len(first):
+        table.add_row(f"... {n - len(first)} more", "", "", "", "", "")
     return table
 
 

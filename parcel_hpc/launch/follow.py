@@ -20,7 +20,6 @@ from typing import Any, NoReturn
 
 from rich.console import Console
 
-from parcel_hpc import fsio
 from parcel_hpc.budget import AssociationLimit, BudgetDecision, admit_account, render_account
 from parcel_hpc.console import safe
 from parcel_hpc.errors import AccountingError, ReleaseFailed, SchedulerUnavailable
@@ -408,7 +407,7 @@ class Follower:
                 else:
                     self._adopt(self.search.spec(tid))  # its slot died between its spec and its claim: queued for another
                     adopted += 1
-            elif fsio.read_json(claim).get("launch_id") == self.launch_id:
+            elif (self.search.read_object(claim, "a dispatch claim") or {}).get("launch_id") == self.launch_id:
                 self.plans[tid] = WorkerPlan.load(self.search, tid)
                 self.report.dispatched.append(tid)
                 self.report.proposed += 1

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
@@ -158,8 +158,7 @@ class SearchLaunch:
             proposer = Proposer(search, frozen, n_trials, launch_id)
         # From here on the launch says it is alive (list, status --watch), and last how it left.
         with Pulse(search, launch_id, beating=not dry_run) as pulse:
-            specs = self._admit_proposals(search, frozen, n_trials, report, proposer)
-            to_dispatch = [s.trial_id for s in specs]
+            to_dispatch, shown = self._admit_proposals(search, frozen, n_trials, report, proposer)
             to_propose = 0 if proposer is None else (n_trials if dry_run and fresh else proposer.remaining())
             if not to_dispatch and not to_propose:
                 self.console.print(display.contract_line(frozen, path, created, dry_run))
@@ -184,13 +183,13 @@ class SearchLaunch:
             if account_text:
                 self.console.print(account_text, markup=False, highlight=False)
             if report.dry_run:
-                self.console.print(display.dry_run_table(specs, frozen))
+                self.console.print(display.dry_run_table(shown, len(to_dispatch), frozen))
                 if to_propose:
                     self.console.print(display.learning_line(sampler, to_propose, dispatcher.slots(), slotted), markup=False, highlight=False, soft_wrap=True)
                 self.console.print(display.worst_case_line(decision))
-                n = len(specs) + to_propose
+                n = len(to_dispatch) + to_propose
                 minutes = slots.slot_minutes(pack.size, int(frozen["resources"]["time_limit_min"]))
-                self.console.print(display.slots_line(pack, n, dispatcher.slots(), minutes) if slotted else display.packing_line(pack, len(specs)))
+                self.console.print(display.slots_line(pack, n, dispatcher.slots(), minutes) if slotted else display.packing_line(pack, len(to_dispatch)))
                 # A slot's job is room for pack.size trials at the limit: the --time its array asks for.
                 lengths = [pack.size] * min(dispatcher.slots(), n) if slotted else [len(g) for g in packing.groups(to_dispatch, pack.size)]
                 self.console.print(dispatcher.describe(lengths, slotted), soft_wrap=True, markup=False, highlight=False)
@@ -256,35 +255,57 @@ class SearchLaunch:
             print(text or display.commitment_text(decision), file=sys.stderr)
             decision.require()
 
-    def _admit_proposals(self, search: SearchDir, contract: Contract, n_trials: int, report: LaunchReport, proposer: Proposer | None) -> list[TrialSpec]:
-        """Dedup and admit every proposal; the specs that need a dispatch now. A dry run writes nothing.
-        A sampler that learns proposes later, as slots free: here only its trials proposed before."""
-        out = []
+    def _admit_proposals(
+        self, search: SearchDir, contract: Contract, n_trials: int, report: LaunchReport, proposer: Proposer | None
+    ) -> tuple[list[str], list[TrialSpec]]:
+        """Dedup and admit every proposal: the ids of the trials that need a dispatch now, and the
+        first ``display.DRY_RUN_ROWS`` of their specs (what a dry run shows). A dry run writes
+        nothing. A sampler that learns proposes later, as slots free: here only its trials proposed
+        before. Proposals are drawn and judged a block at a time, and no spec is kept past its
+        judgement: a dry run of a million trials holds their ids, not their specs."""
+        ids: list[str] = []
+        first: list[TrialSpec] = []
         owners: dict[str, str] = {}
-        if proposer is None:
-            candidates = history_free_specs(contract, 0, n_trials)
-        else:
-            if not report.dry_run:
-                proposer.finish_orphans(time.time())
-            candidates = [search.spec(tid) for tid in search.trial_ids()]
-        for spec in candidates:
+        if not report.dry_run and proposer is not None:
+            proposer.finish_orphans(time.time())
+        claimed = search.claimed_configs()  # one listing each: a dry run looks up no owner or record that is not there
+        proposed_before = set(search.trial_ids())
+        for spec in _candidates(search, contract, n_trials, proposer):
             report.proposed += 1
-            if report.dry_run:
+            if not report.dry_run:
+                owner = search.claim_config(spec.config_hash, spec.trial_id)
+            elif spec.config_hash in claimed:
                 owner = owners.setdefault(spec.config_hash, search.config_owner(spec.config_hash) or spec.trial_id)
             else:
-                owner = search.claim_config(spec.config_hash, spec.trial_id)
+                owner = owners.setdefault(spec.config_hash, spec.trial_id)
             if owner != spec.trial_id:
                 report.duplicates[spec.trial_id] = owner
                 continue
             if not report.dry_run:
                 search.write_spec(spec)  # no-op when an earlier launch proposed it
-            known = (search.trial_dir(spec.trial_id) / "spec.json").exists()
+            known = not report.dry_run or spec.trial_id in proposed_before  # a launch has just written its spec
             if known and search.record(spec.trial_id).state.is_finished():
                 report.finished_before.append(spec.trial_id)
                 continue
             if admitted(spec, contract, report, None if report.dry_run else search.writer(spec.trial_id, "launch")):
-                out.append(spec)
-        return out
+                ids.append(spec.trial_id)
+                if len(first) < display.DRY_RUN_ROWS:
+                    first.append(spec)
+        return ids, first
+
+
+# Proposals of a sampler that does not learn are drawn this many at a time (each from its index alone).
+_BLOCK = 10_000
+
+
+def _candidates(search: SearchDir, contract: Contract, n_trials: int, proposer: Proposer | None) -> Iterator[TrialSpec]:
+    """The launch's proposals in order: a sampler that does not learn draws its ``n_trials`` a block
+    at a time; one that learns has only those proposed before (its slots propose the rest)."""
+    if proposer is None:
+        for start in range(0, n_trials, _BLOCK):
+            yield from history_free_specs(contract, start, min(n_trials, start + _BLOCK))
+    else:
+        yield from (search.spec(tid) for tid in search.trial_ids())
 
 
 def trainers_of(contract: Contract) -> list[Mapping[str, Any]]:

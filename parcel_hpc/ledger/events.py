@@ -14,6 +14,7 @@ import enum
 import functools
 import math
 import re
+import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
@@ -375,8 +376,11 @@ def field_names(cls: type) -> tuple[str, ...]:
 
 
 def decode_payload(payload_cls: type, obj: Mapping[str, Any], enums: Mapping[str, Callable[[Any], Any]], tuples: Sequence[str]) -> Any:
-    """The inverse of ``encode_payload``: absent fields take their defaults."""
+    """The inverse of ``encode_payload``: absent fields take their defaults. A value of the wrong
+    type for its field (a job id that is a number, a step that is NaN or past 64 bits, a list where
+    text belongs) is a TypeError: JSON says nothing of the types a line must hold."""
     values = {}
+    checks = field_checks(payload_cls)
     for name in field_names(payload_cls):
         if name not in obj:
             continue
@@ -384,9 +388,53 @@ def decode_payload(payload_cls: type, obj: Mapping[str, Any], enums: Mapping[str
         if name in enums:
             v = enums[name](v)
         elif name in tuples:
+            if not isinstance(v, list | tuple):
+                raise TypeError(f"{name} is {v!r:.80}, not a list")
             v = tuple(v)
+        check = checks.get(name)
+        if check is not None and not check(v):
+            raise TypeError(f"{name} is {v!r:.80}, not {payload_cls.__annotations__[name]}")
         values[name] = v
     return payload_cls(**values)
+
+
+def is_int(v: Any) -> bool:
+    """A whole number a record may hold: an int, not a bool, within 64 bits (Arrow's and numpy's)."""
+    return type(v) is int and -(2**63) <= v < 2**63
+
+
+def is_number(v: Any) -> bool:
+    """A finite number (an int within 64 bits, or a finite float)."""
+    return is_int(v) or (type(v) is float and math.isfinite(v))
+
+
+_SIMPLE: Mapping[Any, Callable[[Any], bool]] = {str: lambda v: type(v) is str, int: is_int, float: is_number, bool: lambda v: type(v) is bool}
+
+
+@functools.cache
+def field_checks(cls: type) -> dict[str, Callable[[Any], bool]]:
+    """How each field of a payload dataclass is checked, from its annotation: str, int, float and
+    bool (each also with ``| None``), tuples of text and mappings of text to one of them. Enums and
+    outcomes are checked by their own parsing; any other annotation is not checked here."""
+    hints = typing.get_type_hints(cls)
+    return {name: check for name in field_names(cls) if (check := _check_of(hints[name])) is not None}
+
+
+def _check_of(hint: Any) -> Callable[[Any], bool] | None:
+    if hint in _SIMPLE:
+        return _SIMPLE[hint]
+    args = typing.get_args(hint)
+    if type(None) in args and len(args) == 2:  # X | None
+        inner = _check_of(next(a for a in args if a is not type(None)))
+        return None if inner is None else lambda v: v is None or inner(v)
+    origin = typing.get_origin(hint)
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis and args[0] in _SIMPLE:
+        item = _SIMPLE[args[0]]
+        return lambda v: isinstance(v, tuple) and all(item(x) for x in v)
+    if origin in (Mapping, dict) and len(args) == 2 and args[0] is str and args[1] in _SIMPLE:
+        value = _SIMPLE[args[1]]
+        return lambda v: isinstance(v, dict) and all(type(k) is str and value(x) for k, x in v.items())
+    return None
 
 
 def _is_outcome(value: object) -> bool:
@@ -395,6 +443,20 @@ def _is_outcome(value: object) -> bool:
     except ValueError:
         return False
     return True
+
+
+# The latest time a clock may say: the end of year 9999 UTC, the last a datetime holds (reports,
+# exports and Optuna turn event times into datetimes).
+LAST_TIME = 253402300799.0
+
+
+def event_time(value: Any) -> float:
+    """A time an event can carry: seconds since the epoch a clock gives (ValueError for NaN, an
+    infinity, a time before 1970 or past ``LAST_TIME``)."""
+    t = float(value)
+    if not 0.0 <= t <= LAST_TIME:
+        raise ValueError(f"its time {value!r} is no clock's (seconds since 1970, up to {LAST_TIME:.0f})")
+    return t
 
 
 @dataclass(frozen=True)
@@ -426,7 +488,10 @@ class Event:
                 # Journals written before the typed ledger said the outcome in ``cause``.
                 obj = {**{k: v for k, v in obj.items() if k != "cause"}, "outcome": obj["cause"]}
             payload = decode_payload(PAYLOADS[kind], obj, _ENUM_FIELDS, _TUPLE_FIELDS)
-            return cls(kind, float(obj["t"]), str(obj["writer"]), int(obj["seq"]), int(obj.get("attempt", 0) or 0), payload)
+            seq, attempt = obj["seq"], obj.get("attempt", 0) or 0
+            if not (is_int(seq) and is_int(attempt)):
+                raise TypeError(f"its seq {seq!r:.40} and attempt {attempt!r:.40} must be whole numbers")
+            return cls(kind, event_time(obj["t"]), str(obj["writer"]), seq, attempt, payload)
         except (KeyError, ValueError, TypeError, AttributeError) as exc:
             raise CorruptRecord(
                 f"{where}: an event does not parse ({type(exc).__name__}: {exc}): {obj!r:.200}; move the damaged journal-*.jsonl aside and rerun"

@@ -121,19 +121,28 @@ class TrialWriter:
         return self._append(EventKind.ENDED, ending, attempt)
 
 
-def journals(trial_dir: os.PathLike[str]) -> list[os.DirEntry[str]]:
-    """The trial's journal files, by name (os.scandir: a search's read commands list every trial's)."""
+def journals(folder: fsio.Folder) -> list[os.DirEntry[str]]:
+    """The journal files of the trial folder ``folder`` (open: a search's read commands list every
+    trial's), by name. An entry's ``stat`` is its own, never a link's target."""
+    return sorted((e for e in folder.entries() if e.name.startswith(_PREFIX) and e.name.endswith(_SUFFIX)), key=lambda e: e.name)
+
+
+def read_events(trial_dir: Path, within: Path | None = None) -> list[Event]:
+    """Every event of the trial folder ``trial_dir`` (none while it does not exist), in order.
+    ``within``: the search directory it is in, below which no link is followed (``fsio.Folder``)."""
     try:
-        with os.scandir(trial_dir) as entries:
-            return sorted((e for e in entries if e.name.startswith(_PREFIX) and e.name.endswith(_SUFFIX)), key=lambda e: e.name)
+        with fsio.Folder.open(trial_dir, within=within) as folder:
+            return events_in(folder)
     except FileNotFoundError:
         return []
 
 
-def read_events(trial_dir: Path) -> list[Event]:
+def events_in(folder: fsio.Folder) -> list[Event]:
+    """Every event of the open trial folder ``folder``, in order."""
     events: list[Event] = []
-    for entry in journals(trial_dir):
-        events.extend(Event.from_json(obj, entry.path) for obj in fsio.read_jsonl(entry.path))
+    for entry in journals(folder):
+        where = folder.name_of(entry.name)
+        events.extend(Event.from_json(obj, where) for obj in folder.read_jsonl(entry.name))
     events.sort(key=lambda e: e.order)
     return events
 

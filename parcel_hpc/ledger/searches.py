@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from parcel_hpc import fsio
 from parcel_hpc.accounting.spend import Spend, read_spend
 from parcel_hpc.budget import search_caps
 from parcel_hpc.errors import ParcelError, UsageError, permission_line
@@ -159,18 +160,25 @@ def _last_write(search: SearchDir) -> float | None:
     """The newest modification among trial journals and launch records: one stat each, no parsing.
     Heartbeats do not count (a live launch over a stuck search would always read "just now"), nor
     temp files, which come and go between the listing and the stat."""
-    newest = None
-    dirs = [search.trials_dir / tid for tid in search.trial_ids()]
-    files = [e for d in dirs for e in journals(d)]
-    if search.launches_dir.exists():
-        files += [e for e in os.scandir(search.launches_dir) if e.name.endswith(".json") and not e.name.startswith(".")]
-    for e in files:
-        try:
-            t = e.stat().st_mtime
-        except FileNotFoundError:
-            continue
-        newest = t if newest is None or t > newest else newest
-    return newest
+    times = [t for tid in search.trial_ids() for t in _mtimes(search, search.trial_dir(tid), journals)]
+    times += _mtimes(search, search.launches_dir, lambda f: [e for e in f.entries() if e.name.endswith(".json") and not e.name.startswith(".")])
+    return max(times, default=None)
+
+
+def _mtimes(search: SearchDir, folder: Path, pick: Callable[[fsio.Folder], list[os.DirEntry[str]]]) -> list[float]:
+    """When each entry ``pick`` chooses in ``folder`` was last modified (none while it does not exist)."""
+    try:
+        with fsio.Folder.open(folder, within=search.path) as opened:
+            return [t for e in pick(opened) if (t := _mtime(e)) is not None]
+    except FileNotFoundError:
+        return []
+
+
+def _mtime(entry: os.DirEntry[str]) -> float | None:
+    try:
+        return entry.stat(follow_symlinks=False).st_mtime
+    except FileNotFoundError:  # gone since it was listed
+        return None
 
 
 def collect(root: Path, now: float | None = None) -> list[SearchSummary]:

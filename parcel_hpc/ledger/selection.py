@@ -11,6 +11,7 @@ A line is flat: ``{"kind", "t", "writer", "seq", **payload}``.
 from __future__ import annotations
 
 import enum
+import fnmatch
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -237,10 +238,12 @@ class SelectionWriter:
         return self._append(SelectionEventKind.RELEASED, payload)
 
 
-def read_selection_events(selection_dir: Path) -> list[SelectionEvent]:
+def read_selection_events(selection_dir: Path, within: Path | None = None) -> list[SelectionEvent]:
+    """Every selection event in ``selection_dir`` (read ``within`` the search directory), in order."""
     events: list[SelectionEvent] = []
-    for path in sorted(Path(selection_dir).glob(JOURNAL_GLOB)):
-        events.extend(SelectionEvent.from_json(obj, str(path)) for obj in fsio.read_jsonl(path))
+    with fsio.Folder.open(selection_dir, within=within) as folder:
+        for name in sorted(e.name for e in folder.entries() if fnmatch.fnmatchcase(e.name, JOURNAL_GLOB)):
+            events.extend(SelectionEvent.from_json(obj, folder.name_of(name)) for obj in folder.read_jsonl(name))
     events.sort(key=lambda e: (e.t, e.writer, e.seq))
     return events
 

@@ -20,10 +20,11 @@
 
 Owns paths and the create-exclusive claims that make two launchers agree; no decisions.
 
-A shared root holds other users' files, so what is read stays inside the search: a record folder
-(``RECORD_FOLDERS``) or a trial's folder that is a symbolic link is refused (``fsio`` refuses a
-link as a record file itself), and a trial id becomes a path only once ``check_trial_id`` passed
-it, whichever file it came from (a ``spec.json`` naming ``../..`` is damaged, not a trial).
+A shared root holds other users' files, so what is read stays inside the search: every record,
+and every folder listed, is read ``within`` the search directory (``fsio.Folder``: a symbolic link
+anywhere below it is refused, never followed; a record folder that is one is named at the door,
+``contract``), and a trial id becomes a path only once ``check_trial_id`` passed it, whichever file
+it came from (a ``spec.json`` naming ``../..`` is damaged, not a trial).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from parcel_hpc.errors import CorruptRecord, UsageError
 from parcel_hpc.governance.admission import check_trial_id
 from parcel_hpc.governance.contract import Contract, load_contract
 from parcel_hpc.ledger.events import Event, Executor
-from parcel_hpc.ledger.journal import TrialWriter, read_events
+from parcel_hpc.ledger.journal import TrialWriter, events_in, read_events
 from parcel_hpc.ledger.records import TrialRecord, TrialSpec, fold
 from parcel_hpc.scheduler.identity import IDENTITY_FILE, SearchIdentity
 
@@ -137,10 +138,37 @@ class SearchDir:
                 raise CorruptRecord(f"{self.path / name} is a symbolic link; a search's records stay inside it: replace the link by the folder itself")
         return load_contract(self.path)
 
+    # --- reading a record: always within the search ------------------------------------------
+    def read_json(self, path: Path) -> Any:
+        """The record ``path`` of this search (``fsio.read_json`` within it)."""
+        return fsio.read_json(path, within=self.path)
+
+    def read_object(self, path: Path, what: str) -> dict[str, Any] | None:
+        """The record ``path``, a JSON object; None when it does not exist. CorruptRecord naming it
+        when it holds anything else (a list, a number): ``what`` it should have been."""
+        try:
+            found = self.read_json(path)
+        except FileNotFoundError:
+            return None
+        if not isinstance(found, dict):
+            raise CorruptRecord(f"{path} holds a JSON {type(found).__name__}, not {what}; restore it or move it out of the search")
+        return found
+
+    def names(self, folder: Path) -> list[str]:
+        """The names in the folder ``folder`` of this search ([] while it does not exist), listed within the search."""
+        return fsio.names(folder, within=self.path)
+
+    def _read_text(self, path: Path) -> str:
+        data = fsio.read_bytes(path, within=self.path)
+        try:
+            return data.decode().strip()
+        except UnicodeDecodeError:
+            raise CorruptRecord(f"{path} is not UTF-8 text; restore it or move it out of the search") from None
+
     def identity(self) -> SearchIdentity | None:
         """The search's id on the scheduler; None for a search frozen before ids existed."""
-        path = self.path / IDENTITY_FILE
-        return SearchIdentity.from_json(fsio.read_json(path)) if path.exists() else None
+        found = self.read_object(self.path / IDENTITY_FILE, "a search identity")
+        return SearchIdentity.from_json(found) if found is not None else None
 
     def key(self) -> str:
         """What names this search in another tool (an MLflow tag, an Optuna study): its id, else its
@@ -152,7 +180,7 @@ class SearchDir:
         """Write the search id once (two launchers racing on a new search agree on the first)."""
         path = self.path / IDENTITY_FILE
         fsio.create_exclusive_json(path, SearchIdentity.new(contract_digest).to_json())
-        found = SearchIdentity.from_json(fsio.read_json(path))
+        found = SearchIdentity.from_json(self.read_json(path))
         if found.contract_digest != contract_digest:
             raise CorruptRecord(
                 f"{self.path / IDENTITY_FILE} was written for contract {found.contract_digest}, not {contract_digest}; "
@@ -162,13 +190,7 @@ class SearchDir:
 
     def cancellation(self) -> dict | None:
         """Who cancelled the whole search and why; None while it is not cancelled."""
-        path = self.path / CANCELLED_FILE
-        if not path.exists():
-            return None
-        found = fsio.read_json(path)
-        if not isinstance(found, dict):
-            raise CorruptRecord(f"{path} is not a cancellation record; restore it (the search stays cancelled: a new search.revision starts afresh)")
-        return found
+        return self.read_object(self.path / CANCELLED_FILE, "a cancellation record (the search stays cancelled: a new search.revision starts afresh)")
 
     def mark_cancelled(self, by: str, reason: str, at: float) -> bool:
         """Cancel the whole search for good; False when it already was (the first cancel stands)."""
@@ -177,10 +199,8 @@ class SearchDir:
     def hold(self) -> dict | None:
         """The hold that stopped this search's dispatching (``lifecycle.systematic``); None while none did."""
         path = self.path / HELD_FILE
-        if not path.exists():
-            return None
-        found = fsio.read_json(path)
-        if not isinstance(found, dict) or "outcome" not in found:
+        found = self.read_object(path, "a hold record")
+        if found is not None and "outcome" not in found:
             raise CorruptRecord(f"{path} is not a hold record; restore it (the search stays held: a new search.revision starts afresh)")
         return found
 
@@ -226,8 +246,8 @@ class SearchDir:
             pass
 
     def proposal_numbers(self) -> list[int]:
-        d = self.path / "proposals"
-        return sorted(int(p.stem) for p in d.glob("*.json") if p.stem.isdigit()) if d.exists() else []
+        names = (n.removesuffix(".json") for n in self.names(self.path / "proposals") if n.endswith(".json"))
+        return sorted(int(n) for n in names if n.isdigit())
 
     def write_spec(self, spec: TrialSpec) -> bool:
         """Record a proposed trial; False if it was already proposed (by this or another launch)."""
@@ -240,11 +260,17 @@ class SearchDir:
         path = d / config_hash.replace(":", "-")
         if fsio.create_exclusive(path, trial_id.encode()):
             return trial_id
-        return path.read_text().strip()
+        return self._read_text(path)
+
+    def claimed_configs(self) -> set[str]:
+        """Every configuration hash a trial has claimed (one listing of ``configs/``)."""
+        return {name.replace("-", ":", 1) for name in self.names(self.path / "configs") if not name.startswith(".")}
 
     def config_owner(self, config_hash: str) -> str | None:
-        path = self.path / "configs" / config_hash.replace(":", "-")
-        return path.read_text().strip() if path.exists() else None
+        try:
+            return self._read_text(self.path / "configs" / config_hash.replace(":", "-"))
+        except FileNotFoundError:
+            return None
 
     def claim_dispatch(self, trial_id: str, launch_id: str, seen: int) -> int | None:
         """Claim dispatch ``seen + 1`` of a trial, ``seen`` being the dispatch count the caller decided
@@ -273,12 +299,8 @@ class SearchDir:
 
     def queued(self) -> list[tuple[str, int]]:
         """Every (trial, dispatch) in the queue, in trial order; a name that is no entry is skipped."""
-        try:
-            names = os.listdir(self.queue_dir)
-        except FileNotFoundError:
-            return []
         out = []
-        for name in names:
+        for name in self.names(self.queue_dir):
             trial_id, _, n = name.rpartition(".")
             try:
                 out.append((check_trial_id(trial_id), int(n)))
@@ -299,8 +321,8 @@ class SearchDir:
 
     def taken_at(self, trial_id: str, n: int) -> float | None:
         """When a slot (or a launcher giving it up) took dispatch ``n``; None while nobody has."""
-        path = self.trial_dir(trial_id) / f"dispatch-{n}.taken"
-        return float(fsio.read_json(path).get("at", 0.0)) if path.exists() else None
+        found = self.read_object(self.trial_dir(trial_id) / f"dispatch-{n}.taken", "a taken dispatch")
+        return float(found.get("at", 0.0)) if found is not None else None
 
     def mark_launch_stopped(self, launch_id: str, outcome: str) -> None:
         """A launch stopped dispatching (a drift rejection, a hold): its slots take nothing more."""
@@ -320,14 +342,11 @@ class SearchDir:
 
     def slot_records(self) -> list[dict]:
         folder = self.path / "slots"
-        try:
-            names = sorted(os.listdir(folder))
-        except FileNotFoundError:
-            return []
-        return [fsio.read_json(folder / n) for n in names if n.endswith(".json")]
+        found = (self.read_object(folder / n, "a slot record") for n in sorted(self.names(folder)) if n.endswith(".json"))
+        return [slot for slot in found if slot is not None]
 
     def dispatch_count(self, trial_id: str) -> int:
-        return len(list(self.trial_dir(trial_id).glob("dispatch-*.json")))
+        return sum(1 for n in self.names(self.trial_dir(trial_id)) if n.startswith("dispatch-") and n.endswith(".json"))
 
     def dispatch_in_flight(self, trial_id: str, launch_id: str, record: TrialRecord, grace_s: float = 300.0) -> bool:
         """Another launcher claimed this trial's latest dispatch recently and has not submitted it yet."""
@@ -337,38 +356,25 @@ class SearchDir:
         path = self.trial_dir(trial_id) / f"dispatch-{n}.json"
         if path.with_suffix(".withdrawn").exists():
             return False
-        claim = fsio.read_json(path)
-        return claim.get("launch_id") != launch_id and time.time() - path.stat().st_mtime < grace_s
+        claim = self.read_object(path, "a dispatch claim")
+        return claim is not None and claim.get("launch_id") != launch_id and time.time() - path.stat().st_mtime < grace_s
 
     # --- reading ----------------------------------------------------------------------------
     def spec(self, trial_id: str) -> TrialSpec:
-        path = self.trial_dir(trial_id) / "spec.json"
-        try:
-            spec = TrialSpec.from_json(fsio.read_json(path))
-        except (KeyError, ValueError, TypeError, UsageError) as exc:
-            raise CorruptRecord(f"{path} is not a trial spec ({exc}); restore it or move the trial aside") from None
-        if spec.trial_id != trial_id:
-            raise CorruptRecord(f"{path} names trial {spec.trial_id!r}, not {trial_id!r}: it was copied from elsewhere; restore it or move the trial aside")
-        return spec
+        with fsio.Folder.open(self.trial_dir(trial_id), within=self.path) as folder:
+            return read_spec(folder, trial_id)
 
     def trial_ids(self) -> list[str]:
         """Every trial with a spec. An unreadable trials/ is an error (PermissionError), never 0 trials."""
         try:
-            with os.scandir(self.trials_dir) as entries:
-                found = [e for e in entries if not e.name.startswith(".")]
+            trials = fsio.Folder.open(self.trials_dir, within=self.path)
         except FileNotFoundError:
             return []
-        for e in found:
-            if e.is_symlink():
-                raise CorruptRecord(f"{e.path} is a symbolic link; a trial's records stay inside the search: remove the link")
-            try:
-                check_trial_id(e.name)
-            except UsageError:
-                raise CorruptRecord(f"{self.trials_dir} holds {e.name!r}, which is not a trial id; move it out of trials/") from None
-        return sorted(e.name for e in found if e.is_dir(follow_symlinks=False) and os.path.lexists(os.path.join(e.path, "spec.json")))
+        with trials:
+            return _trial_ids_in(trials)
 
     def events(self, trial_id: str) -> list[Event]:
-        return read_events(self.trial_dir(trial_id))
+        return read_events(self.trial_dir(trial_id), within=self.path)
 
     def record(self, trial_id: str) -> TrialRecord:
         return self.fold(self.spec(trial_id), self.events(trial_id))
@@ -398,10 +404,21 @@ class SearchDir:
             return [record for record, _ in self.histories()]
 
     def histories(self) -> Iterator[tuple[TrialRecord, list[Event]]]:
-        """Every trial's record with the events it was folded from (each journal read once), in trial order."""
-        for tid in self.trial_ids():
-            events = self.events(tid)
-            yield self.fold(self.spec(tid), events), events
+        """Every trial's record with the events it was folded from (each journal read once), in
+        trial order. Each trial's folder is opened once for its spec and its journals; a trial
+        removed since ``trial_ids`` listed it is no longer the search's, and is passed over."""
+        try:
+            trials = fsio.Folder.open(self.trials_dir, within=self.path)
+        except FileNotFoundError:
+            return
+        with trials:
+            for tid in _trial_ids_in(trials):
+                try:
+                    with trials.folder(tid) as folder:
+                        spec, events = read_spec(folder, tid), events_in(folder)
+                except FileNotFoundError:
+                    continue
+                yield self.fold(spec, events), events
 
     def writer(self, trial_id: str, role: str) -> TrialWriter:
         """The one way to add to a trial's history (a new journal file for this process and role)."""
@@ -412,13 +429,13 @@ class SearchDir:
         return fsio.create_exclusive_json(self.trial_dir(trial_id) / "plan.json", plan)
 
     def plan_json(self, trial_id: str) -> dict[str, Any]:
-        return fsio.read_json(self.trial_dir(trial_id) / "plan.json")
+        return self.read_json(self.trial_dir(trial_id) / "plan.json")
 
     def launches(self) -> list[dict]:
-        """Every launch record, oldest first."""
-        if not self.launches_dir.exists():
-            return []
-        return [fsio.read_json(p) for p in sorted(self.launches_dir.glob("*.json"))]
+        """Every launch record, oldest first; CorruptRecord for one that is not a JSON object."""
+        names = sorted(n for n in self.names(self.launches_dir) if n.endswith(".json") and not n.startswith("."))
+        found = (self.read_object(self.launches_dir / name, "a launch record") for name in names)
+        return [launch for launch in found if launch is not None]  # None: gone since it was listed
 
     def last_launcher(self) -> dict | None:
         """The launcher settings of the latest launch that dispatched anything (resubmit, cancel and
@@ -443,8 +460,8 @@ class SearchDir:
 
     def is_quarantined_attempt(self, trial_id: str, attempt: int) -> bool:
         """Has an attempt numbered ``attempt`` (or later) of this trial been quarantined?"""
-        marks = self.quarantine_dir / "marks"
-        return any(int(p.stem.rsplit("-a", 1)[1]) >= attempt for p in marks.glob(f"{trial_id}-a*.json")) if marks.exists() else False
+        names = [n for n in self.names(self.quarantine_dir / "marks") if n.startswith(f"{trial_id}-a") and n.endswith(".json")]
+        return any(int(n.removesuffix(".json").rsplit("-a", 1)[1]) >= attempt for n in names)
 
     def write_launch(self, launch_id: str, summary: dict) -> None:
         fsio.ensure_dir(self.launches_dir)
@@ -464,12 +481,46 @@ class SearchDir:
 
     def heartbeats(self) -> dict[str, Heartbeat]:
         """Each launch's latest word, by launch id."""
-        if not self.launches_dir.exists():
-            return {}
         out = {}
-        for p in self.launches_dir.glob("*.heartbeat"):
+        for name in (n for n in self.names(self.launches_dir) if n.endswith(".heartbeat")):
             try:
-                out[p.stem] = Heartbeat.from_json(fsio.read_json(p))
+                out[name.removesuffix(".heartbeat")] = Heartbeat.from_json(self.read_json(self.launches_dir / name))
             except (CorruptRecord, KeyError, TypeError, ValueError, OSError):
                 continue  # a damaged (or vanished, or unreadable) heartbeat says nothing: its launch reads as gone once it is old
         return out
+
+
+def read_spec(folder: fsio.Folder, trial_id: str) -> TrialSpec:
+    """The spec of trial ``trial_id`` in its open folder; CorruptRecord naming it when damaged."""
+    try:
+        spec = TrialSpec.from_json(folder.read_json("spec.json"))
+    except (KeyError, ValueError, TypeError, AttributeError, UsageError) as exc:
+        raise CorruptRecord(f"{folder.name_of('spec.json')} is not a trial spec ({exc}); restore it or move the trial aside") from None
+    if spec.trial_id != trial_id:
+        raise CorruptRecord(
+            f"{folder.name_of('spec.json')} names trial {spec.trial_id!r}, not {trial_id!r}: it was copied from elsewhere; restore it or move the trial aside"
+        )
+    return spec
+
+
+def _trial_ids_in(trials: fsio.Folder) -> list[str]:
+    """The trials with a spec in the open ``trials/`` folder; CorruptRecord for anything in it that
+    is no trial's folder (a link, a name that is no trial id)."""
+    found = [e for e in trials.entries() if not e.name.startswith(".")]
+    for e in found:
+        if e.is_symlink():
+            raise CorruptRecord(f"{trials.name_of(e.name)} is a symbolic link; a trial's records stay inside the search: remove the link")
+        try:
+            check_trial_id(e.name)
+        except UsageError:
+            raise CorruptRecord(f"{trials.where} holds {e.name!r}, which is not a trial id; move it out of trials/") from None
+    return sorted(e.name for e in found if e.is_dir(follow_symlinks=False) and _holds(trials, f"{e.name}/spec.json"))
+
+
+def _holds(folder: fsio.Folder, relative: str) -> bool:
+    """Whether ``relative`` (a path below ``folder`` whose folders were checked) exists, as anything."""
+    try:
+        os.stat(relative, dir_fd=folder.fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True

@@ -11,11 +11,10 @@ Must not: write, or decide anything: it returns exactly what ``SearchDir.record`
 
 from __future__ import annotations
 
-import os
-
-from parcel_hpc.ledger.journal import journals
+from parcel_hpc import fsio
+from parcel_hpc.ledger.journal import events_in, journals
 from parcel_hpc.ledger.records import TrialRecord
-from parcel_hpc.ledger.store import SearchDir
+from parcel_hpc.ledger.store import SearchDir, read_spec
 
 
 class RecordView:
@@ -24,15 +23,24 @@ class RecordView:
         self._folded: dict[str, tuple[tuple, TrialRecord]] = {}
 
     def record(self, trial_id: str) -> TrialRecord:
-        signature = _signature(self.search.trial_dir(trial_id))
-        seen = self._folded.get(trial_id)
-        if seen is not None and seen[0] == signature:
-            return seen[1]
-        spec = seen[1].spec if seen is not None else self.search.spec(trial_id)  # a spec never changes
-        record = self.search.fold(spec, self.search.events(trial_id))
+        """``SearchDir.record``, folded again only when the trial's journals changed."""
+        with fsio.Folder.open(self.search.trial_dir(trial_id), within=self.search.path) as folder:
+            signature = tuple((e.name, (st := e.stat(follow_symlinks=False)).st_size, st.st_mtime_ns) for e in journals(folder))
+            seen = self._folded.get(trial_id)
+            if seen is not None and seen[0] == signature:
+                return seen[1]
+            spec = seen[1].spec if seen is not None else read_spec(folder, trial_id)  # a spec never changes
+            record = self.search.fold(spec, events_in(folder))
         self._folded[trial_id] = (signature, record)
         return record
 
-
-def _signature(trial_dir: os.PathLike) -> tuple:
-    return tuple((e.name, (st := e.stat()).st_size, st.st_mtime_ns) for e in journals(trial_dir))
+    def records(self) -> list[TrialRecord]:
+        """Every trial's record, in trial order; a trial removed since it was listed (by hand, while
+        this looked) is no longer the search's, and is passed over."""
+        out = []
+        for trial_id in self.search.trial_ids():
+            try:
+                out.append(self.record(trial_id))
+            except FileNotFoundError:
+                continue
+        return out

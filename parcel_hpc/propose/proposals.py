@@ -121,7 +121,7 @@ def versions(sampler: SamplerSpec) -> dict[str, str]:
 def load(search: SearchDir, k: int) -> ProposalRecord:
     path = search.proposal_path(k)
     try:
-        return ProposalRecord.from_json(fsio.read_json(path))
+        return ProposalRecord.from_json(search.read_json(path))
     except OSError as exc:
         raise CorruptRecord(f"proposal {k} cannot be read from {path} ({exc.strerror}); restore it (a proposal is never redrawn)") from None
     except (KeyError, ValueError, TypeError) as exc:

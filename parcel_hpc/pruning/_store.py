@@ -133,9 +133,10 @@ class MilestoneStore:
     def report_of(self, trial_id: str, step: int) -> MilestoneReport | None:
         """The recorded (first) report of ``trial_id`` at ``step``, milestone or not."""
         path = self._report_path(check_trial_id(trial_id), check_step(step))
-        if not path.exists():
+        found = self._read(path)
+        if found is None:
             return None
-        rec = MilestoneReport.from_json(fsio.read_json(path), str(path))
+        rec = MilestoneReport.from_json(found, str(path))
         if rec.trial_id != trial_id or rec.step != step:
             raise CorruptRecord(f"{path} holds trial {rec.trial_id} step {rec.step}; move it aside and rerun")
         return rec
@@ -149,7 +150,7 @@ class MilestoneStore:
         skip = set(exclude) | self._excluded()
         d = self.root / "milestones" / str(milestone)
         out: dict[str, float] = {}
-        for trial_id in _json_stems(d):
+        for trial_id in self._json_stems(d):
             if trial_id not in skip:
                 rec = self.report_of(trial_id, milestone)
                 if rec is not None:
@@ -195,9 +196,9 @@ class MilestoneStore:
     def decisions(self, trial_id: str | None = None) -> list[RecordedDecision]:
         """Every recorded decision (of one trial, if given), sorted by (trial, milestone), with invalidations."""
         out = []
-        for milestone in _int_dirs(self.root / "prune_decisions"):
+        for milestone in sorted(int(n) for n in fsio.names(self.root / "prune_decisions", within=self.root) if n.isdigit()):
             d = self.root / "prune_decisions" / str(milestone)
-            for stem in _json_stems(d):
+            for stem in self._json_stems(d):
                 if trial_id is None or stem == trial_id:
                     rec = self.decision_of(stem, milestone)
                     if rec is not None:
@@ -228,7 +229,8 @@ class MilestoneStore:
         if not readonly:
             fsio.ensure_dir(path.parent)
             fsio.create_exclusive_json(path, {"milestones": list(self.milestones)})
-        frozen = fsio.read_json(path).get("milestones")
+        found = self._read(path)
+        frozen = found.get("milestones") if isinstance(found, dict) else None
         if frozen != list(self.milestones):
             raise UsageError(
                 f"{self.root} was started with milestones {frozen}, not {list(self.milestones)}; use the search's frozen config or a new search directory"
@@ -244,22 +246,36 @@ class MilestoneStore:
         return self.root / "prune_decisions" / str(milestone) / f"{trial_id}.json"
 
     def _read_decision(self, path: Path, trial_id: str, milestone: int) -> PruneDecision | None:
-        if not path.exists():
+        found = self._read(path)
+        if found is None:
             return None
-        d = PruneDecision.from_json(fsio.read_json(path), str(path))
+        d = PruneDecision.from_json(found, str(path))
         if d.trial_id != trial_id or d.milestone != milestone:
             raise CorruptRecord(f"{path} holds the decision of {d.trial_id} at {d.milestone}; move it aside and rerun")
         return d
 
     def _excluded(self) -> set[str]:
-        return set(_json_stems(self.root / "prune_excluded"))
+        return set(self._json_stems(self.root / "prune_excluded"))
 
     def _mark_invalid(self, decision: PruneDecision, peer: str) -> None:
         marker = self.root / "prune_excluded" / f"{peer}.json"
-        reason = str(fsio.read_json(marker).get("reason", "")) if marker.exists() else ""
+        found = self._read(marker)
+        reason = str(found.get("reason", "")) if isinstance(found, dict) else ""
         d = fsio.ensure_dir(self._invalid_dir(self._decision_path(decision.trial_id, decision.milestone)))
         inv = Invalidation(decision.trial_id, decision.milestone, peer, reason, self._clock())
         fsio.create_exclusive_json(d / f"{peer}.json", inv.to_json())
+
+    def _read(self, path: Path) -> Any:
+        """The record ``path`` of this search (read within it: no link below it is followed); None
+        when it does not exist."""
+        try:
+            return fsio.read_json(path, within=self.root)
+        except FileNotFoundError:
+            return None
+
+    def _json_stems(self, d: Path) -> list[str]:
+        """Record names in ``d``, skipping create_exclusive's in-flight temp files (dot-prefixed)."""
+        return sorted(n[:-5] for n in fsio.names(d, within=self.root) if n.endswith(".json") and not n.startswith(".") and "." not in n[:-5])
 
     @staticmethod
     def _invalid_dir(decision_path: Path) -> Path:
@@ -268,26 +284,9 @@ class MilestoneStore:
     def _invalidations(self, decision_path: Path, decision: PruneDecision) -> tuple[Invalidation, ...]:
         d = self._invalid_dir(decision_path)
         out = []
-        for peer in _json_stems(d):
-            inv = Invalidation.from_json(fsio.read_json(d / f"{peer}.json"), str(d / f"{peer}.json"))
+        for peer in self._json_stems(d):
+            inv = Invalidation.from_json(self._read(d / f"{peer}.json"), str(d / f"{peer}.json"))
             if (inv.trial_id, inv.milestone, inv.invalid_peer) != (decision.trial_id, decision.milestone, peer):
                 raise CorruptRecord(f"{d / f'{peer}.json'} does not belong to its decision; move it aside and rerun")
             out.append(inv)
         return tuple(out)
-
-
-def _json_stems(d: Path) -> list[str]:
-    """Record names in ``d``, skipping create_exclusive's in-flight temp files (dot-prefixed)."""
-    try:
-        names = os.listdir(d)
-    except FileNotFoundError:
-        return []
-    return sorted(n[:-5] for n in names if n.endswith(".json") and not n.startswith(".") and "." not in n[:-5])
-
-
-def _int_dirs(d: Path) -> list[int]:
-    try:
-        names = os.listdir(d)
-    except FileNotFoundError:
-        return []
-    return sorted(int(n) for n in names if n.isdigit())

@@ -14,13 +14,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from parcel_hpc import fsio
 from parcel_hpc.accounting import search_report as accounting
 from parcel_hpc.accounting.spend import read_spend, search_spend
 from parcel_hpc.budget import BudgetLedger, search_caps
 from parcel_hpc.errors import SchedulerUnavailable, UsageError
 from parcel_hpc.governance.outcome import Outcome
-from parcel_hpc.ledger import JobRole, TrialRecord, TrialSpec, fold, read_events
+from parcel_hpc.ledger import JobRole, SearchDir, TrialRecord, TrialSpec, fold, read_events
 from parcel_hpc.ledger.summary import counts_by_state
 from parcel_hpc.propose.specs import sampler_of, space_of
 from parcel_hpc.selection.actions import Assessment, assess
@@ -49,7 +48,7 @@ def build(store: SelectionStore, facts: Sequence[TrialFacts], *, sacct: bool = T
     winner_facts = by_id.get(a.frozen["trial_id"])
     result = a.result or {}
     final = store.result(n, JobRole.FINAL)
-    recorded = {name: _recorded(Path(path)) for name, path in result.get("records", {}).items()}
+    recorded = {name: _recorded(search, Path(path)) for name, path in result.get("records", {}).items()}
     # Lineage now, not as frozen: a trial quarantined after an early selection no longer passes.
     lineage_clean = winner_facts is not None and not lineage_problems(winner_facts, contract)
     checks = gate_checks(_gate_facts(a, lineage_clean, result, final))
@@ -141,9 +140,9 @@ def outcome_of(packet: Mapping[str, Any]) -> Outcome:
     return release_outcome({k: Check(v) for k, v in packet["checks"].items()})
 
 
-def _recorded(directory: Path) -> TrialRecord:
-    """A selection job's training (the rerun, the baseline), recorded like a trial."""
-    return fold(TrialSpec.from_json(fsio.read_json(directory / "spec.json")), read_events(directory))
+def _recorded(search: SearchDir, directory: Path) -> TrialRecord:
+    """A selection job's training (the rerun, the baseline), recorded like a trial in the search."""
+    return fold(TrialSpec.from_json(search.read_json(directory / "spec.json")), read_events(directory, within=search.path))
 
 
 def _record_summary(r: TrialRecord) -> dict[str, Any]:

@@ -70,7 +70,7 @@ class SelectionStore:
         return SelectionWriter(self.dir, role)
 
     def record(self) -> SelectionRecord:
-        return fold_selection(read_selection_events(self.dir)) if self.dir.exists() else SelectionRecord()
+        return fold_selection(read_selection_events(self.dir, within=self.search.path)) if self.dir.exists() else SelectionRecord()
 
     # --- the final evaluation plan --------------------------------------------------------------
     def final_plan(self) -> dict[str, Any]:
@@ -80,8 +80,8 @@ class SelectionStore:
                 f"{path} does not exist: this search revision froze without a final evaluation plan; "
                 "a final evaluation needs a search revision launched with this parcel_hpc"
             )
-        plan = fsio.read_json(path)
-        if plan.get("format") != FINAL_PLAN_FORMAT:
+        plan = self.search.read_json(path)
+        if not isinstance(plan, dict) or plan.get("format") != FINAL_PLAN_FORMAT:
             raise CorruptRecord(f"{path} is not a {FINAL_PLAN_FORMAT} file; restore it")
         return plan
 
@@ -91,9 +91,10 @@ class SelectionStore:
 
     def frozen_numbers(self) -> list[int]:
         """Every frozen selection, by its file: the file is the fact, its journal event the history."""
-        if not self.dir.exists():
-            return []
-        return sorted(int(p.stem.split("-", 1)[1]) for p in self.dir.glob("selection-*.json") if p.stem.split("-", 1)[1].isdigit())
+        numbers = (
+            n.removeprefix("selection-").removesuffix(".json") for n in self.search.names(self.dir) if n.startswith("selection-") and n.endswith(".json")
+        )
+        return sorted(int(n) for n in numbers if n.isdigit())
 
     def current(self) -> int | None:
         """The selection that counts: the one the final evaluation claimed, once claimed (a selection
@@ -112,7 +113,7 @@ class SelectionStore:
         path = self.selection_path(n)
         if not path.exists():
             raise UsageError(f"{path} does not exist; run `parcel-hpc select {self.search.path}` first")
-        return fsio.read_json(path)
+        return self.search.read_json(path)
 
     def job_dir(self, n: int, role: JobRole) -> Path:
         return self.dir / str(n) / role.value
@@ -136,9 +137,9 @@ class SelectionStore:
 
     def result(self, n: int, role: JobRole) -> dict[str, Any] | None:
         path = self.result_path(n, role)
-        if not path.exists():
+        obj = self.search.read_object(path, "a selection job's result")
+        if obj is None:
             return None
-        obj = fsio.read_json(path)
         body = {k: v for k, v in obj.items() if k != "digest"}
         if obj.get("digest") != digest_of(body):
             raise CorruptRecord(f"{path} does not match its digest; it was edited after it was written: restore it")
@@ -153,4 +154,4 @@ class SelectionStore:
         return fsio.create_exclusive_json(self.final_claim_path, claim)
 
     def final_claim(self) -> dict[str, Any] | None:
-        return fsio.read_json(self.final_claim_path) if self.final_claim_path.exists() else None
+        return self.search.read_object(self.final_claim_path, "the final evaluation's claim")

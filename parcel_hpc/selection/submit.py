@@ -20,7 +20,7 @@ from pathlib import Path
 from rich.console import Console
 
 from parcel_hpc import fsio
-from parcel_hpc.errors import UsageError
+from parcel_hpc.errors import CorruptRecord, UsageError
 from parcel_hpc.ledger import Executor, JobRole
 from parcel_hpc.ledger.selection import JobSubmitted, SelectionWriter
 from parcel_hpc.scheduler.base import LauncherSettings
@@ -127,9 +127,20 @@ def run_job(store: SelectionStore, role: JobRole, n: int, writer: SelectionWrite
         proc.wait()
     result = store.result(n, role)
     if result is None:
-        tail = log.read_text(errors="replace").strip().splitlines()[-1:] if log.exists() else []
+        tail = _last_line(store, log)
         message = f"the {role.value} job {job_id} ended without a result: {tail[0] if tail else 'no output'} (log {log})"
         writer.job_ended(n, role, job_id, False, message=message)
         return JobOutcome(job_id, False, message)
     writer.job_ended(n, role, job_id, True, result["digest"])
     return JobOutcome(job_id, True, "")
+
+
+def _last_line(store: SelectionStore, log: Path) -> list[str]:
+    """The last line of a selection job's output file, read as a record is (within the search,
+    only its end); none when it is not there to read."""
+    try:
+        with fsio.Folder.open(log.parent, within=store.search.path) as folder:
+            data, _ = folder.read_tail(log.name, 2**16)
+    except (FileNotFoundError, CorruptRecord):
+        return []
+    return data.decode(errors="replace").strip().splitlines()[-1:]

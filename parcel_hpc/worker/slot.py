@@ -103,7 +103,7 @@ class SlotTask:
         proposer = Proposer(search, search.contract(), self.proposals, self.launch_id) if self.proposals else None
         results: list[dict] = []
         ran: list[FailureSignature | None] = []
-        own = [r for r in (view.record(t) for t in search.trial_ids()) if left_here(r, facts.job_id)]
+        own = [r for r in view.records() if left_here(r, facts.job_id)]
         while True:
             if search.hold() is not None or search.cancellation() is not None or search.launch_stopped(self.launch_id):
                 break  # held (trials failing alike), cancelled, or its launch stopped (drift): it starts nothing more
@@ -141,7 +141,7 @@ class SlotTask:
 
     def _take(self, search: SearchDir, view: RecordView, facts: Started, remaining_s: float, first: bool) -> TrialRecord | None:
         """Take a queued dispatch: the longest expected that fits, created exclusively; None when none fits."""
-        records = {tid: view.record(tid) for tid in search.trial_ids()}
+        records = {r.trial_id: r for r in view.records()}
         known = peers(records.values())
         limit_s = 60.0 * float(self.template["time_limit_min"])  # the contract pins it: every trial's plan says the same
         candidates: list[Candidate] = []
@@ -190,7 +190,7 @@ class SlotTask:
             # The scheduler's warning waits until the proposal is recorded, its trial written and taken:
             # a slot preempted in between would leave a record or a trial no one dispatches.
             with StepBoundarySignals() as held:
-                made = proposer.propose(lambda: [view.record(t) for t in search.trial_ids()])
+                made = proposer.propose(view.records)
                 record = self._take_proposed(search, view, facts, proposer.contract, made.spec) if made is not None and made.spec is not None else None
                 held.deliver()  # a requeue now resumes the trial just taken first (``left_here``)
             if record is not None:
