@@ -22,6 +22,7 @@ from rich.console import Console
 from parcel_hpc import fence, ownership
 from parcel_hpc.budget import BudgetDecision, launch_decision
 from parcel_hpc.checkpoints import owner
+from parcel_hpc.config import LAUNCHERS, ParcelConf, unknown_keys
 from parcel_hpc.console import make_console
 from parcel_hpc.data import read_split
 from parcel_hpc.errors import GovernanceRefusal, UsageError
@@ -68,9 +69,24 @@ def from_hydra(config: DictConfig, grammar: Sequence[str]) -> tuple[dict[str, An
     launcher = cast(dict[str, Any], OmegaConf.to_container(config.hydra.launcher, resolve=True, throw_on_missing=True))
     job_cfg = OmegaConf.masked_copy(config, [cast(str, k) for k in config if k != "hydra"])
     cfg = cast(dict[str, Any], OmegaConf.to_container(job_cfg, resolve=True, throw_on_missing=True))
+    refuse_unknown_keys(cfg, launcher)
     cfg["space"]["params"] = normalize(cfg["space"]["params"], list(grammar), sections=set(cfg))
     cfg, launcher = validation.checked(cfg, launcher)
     return cfg, LauncherSettings(executor_kind(launcher.pop("kind", None)), launcher, cfg["resources"], cfg["budget"])
+
+
+def refuse_unknown_keys(cfg: Mapping[str, Any], launcher: Mapping[str, Any]) -> None:
+    """One line (exit 2) for the first key no schema knows, however it came in (Hydra's ``+key=value``
+    appends one the schema lacks): nothing reads it, and the search would run as if it were not there."""
+    schema = LAUNCHERS.get(str(launcher.get("kind")))
+    unknown = unknown_keys(cfg, ParcelConf) + (unknown_keys(launcher, schema, "hydra.launcher") if schema else [])
+    if unknown:
+        key, near = unknown[0]
+        raise UsageError(
+            f"{key} is not a configuration key, so nothing would read it; "
+            + (f"did you mean {near}? " if near else "")
+            + "`python -m parcel_hpc.launch -m --cfg job` prints every key"
+        )
 
 
 class SearchLaunch:
