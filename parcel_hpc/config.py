@@ -1,11 +1,17 @@
 """The typed schema of the composed config, registered in Hydra's ConfigStore as ``parcel_schema``.
 
 Hydra checks every override against it: an unknown option or a wrongly typed value is refused at
-composition, before anything is frozen. Units are in the field comments.
+composition, before anything is frozen. Hydra's append form (``+search.n_trial=8``) adds a key the
+schema lacks all the same; ``unknown_keys`` finds those in the composed config, however they came.
+Units are in the field comments.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -228,6 +234,35 @@ class SubmititSlurmConf:
     check_account_limits: bool = True  # refuse (hold:budget) a launch whose worst case the account's SLURM association limits cannot hold
     setup: list[str] = field(default_factory=list)  # shell lines run before the worker (module load, ...)
     additional_parameters: dict[str, Any] = field(default_factory=dict)  # extra sbatch options
+
+
+LAUNCHERS: dict[str, type] = {"local": SubmititLocalConf, "slurm": SubmititSlurmConf}  # hydra.launcher.kind -> its schema
+
+
+@dataclass
+class ParcelSweeperConf:
+    """``hydra/sweeper=parcel``: the only sweeper a search runs (hydra_plugins/parcel_hpc_plugins registers it)."""
+
+    _target_: str = "hydra_plugins.parcel_hpc_plugins.sweeper.ParcelSweeper"
+    # Parameter -> Hydra sweep grammar (``tag(log, interval(0.003, 0.3))``), as Hydra 1.2+ sweepers take it.
+    params: dict[str, str] = field(default_factory=dict)
+
+
+def unknown_keys(values: Mapping[str, Any], schema: type, where: str = "") -> list[tuple[str, str]]:
+    """Each key of ``values`` that ``schema`` (a dataclass of this module) does not know, dotted from
+    ``where``, with the nearest key it knows at that place ("" when none is near); pure. A field the
+    schema leaves open (a dict, Any) is not looked into: what it holds is checked where it is read."""
+    hints = typing.get_type_hints(schema)
+    known = [f.name for f in dataclasses.fields(schema)]
+    out: list[tuple[str, str]] = []
+    for key, value in values.items():
+        dotted = f"{where}.{key}" if where else str(key)
+        if key not in hints:
+            near = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
+            out.append((dotted, f"{where}.{near[0]}" if near and where else near[0] if near else ""))
+        elif dataclasses.is_dataclass(hints[key]) and isinstance(value, Mapping):
+            out += unknown_keys(value, hints[key], dotted)
+    return out
 
 
 def register() -> None:

@@ -108,6 +108,9 @@ def test_pinned_snapshot_digest_must_match(tmp_path, data_dir):
         ("search.n_trials=1,2", "sweep override"),
         ("hydra/launcher=basic", "submitit_local or submitit_slurm"),
         ("hydra.launcher.submitit_folder=/x", "submitit_folder"),
+        # Hydra's append form adds a key the schema lacks: refused however it is spelled, with the key meant.
+        ("+search.n_trial=8", "search.n_trial is not a configuration key, so nothing would read it; did you mean search.n_trials?"),
+        ("hydra.sweeper._target_=os.getcwd", "hydra.sweeper._target_='os.getcwd': a parcel_hpc search runs the parcel sweeper only"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, data_dir, override, needle):
@@ -116,6 +119,16 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, data_dir, ove
     lines = [l for l in res.stderr.splitlines() if l.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], res.stderr
     assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").rglob("contract.json"))
+
+
+def test_hydra_callbacks_are_refused_before_hydra_runs_them(tmp_path, data_dir):
+    """A callback is any callable Hydra instantiates in the launch's own process: this one would copy
+    the final list out before the sweeper saw the config."""
+    stolen = tmp_path / "stolen.json"
+    callback = "+hydra.callbacks.copy"
+    res = run(tmp_path, data_dir, f"{callback}._target_=shutil.copyfile", f"{callback}.src={data_dir / 'final-group_r8.json'}", f"{callback}.dst={stolen}")
+    assert res.returncode == 2 and res.stderr.startswith("error: hydra.callbacks names copy:") and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert not stolen.exists() and not search_dir(tmp_path).exists()
 
 
 def test_budget_hold_before_anything_is_dispatched(tmp_path, data_dir):

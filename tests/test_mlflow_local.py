@@ -22,7 +22,7 @@ from mlflow_server import client, free_port, mlflow_server
 
 from parcel_hpc.data import load_partition, read_split
 from parcel_hpc.errors import UsageError
-from parcel_hpc.governance.release_target import ReleaseTarget
+from parcel_hpc.governance.release_target import ReleaseTarget, shown
 from parcel_hpc.integrations.mlflow.runs import ENDED_STATUSES, RUN_STATUS
 from parcel_hpc.ledger import TrialState
 from parcel_hpc.release import load_release
@@ -214,6 +214,32 @@ def test_the_release_target_is_checked_at_the_door():
     assert pinned.uri({"MLFLOW_TRACKING_URI": "http://b"}, "http://c") == "http://c"
     with pytest.raises(UsageError, match="release.model_name=None is not text"):
         ReleaseTarget.from_config({"registry": "mlflow", "model_name": None})
+    with pytest.raises(UsageError, match="carries a password and the query parameter api_key") as refused:
+        ReleaseTarget.from_config({"registry": "mlflow", "tracking_uri": "http://alice:s3cr3t@a:5000/?api_key=t0k3n"}).pinned()
+    assert "s3cr3t" not in str(refused.value) and "t0k3n" not in str(refused.value) and "http://a:5000/?api_key=***" in str(refused.value)
+    assert shown("https://bob@a/x?token=t0k3n&experiment=7") == "https://a/x?token=***&experiment=7" and shown("http://a:5000") == "http://a:5000"
+
+
+def test_credentials_in_a_tracking_uri_never_reach_a_file_or_a_printed_line(story, tmp_path):
+    """A password and a token given in a URI: refused at the launch (the contract is world-readable)
+    in a line that does not repeat them; given to a command, used and never printed or written."""
+    password, token = "s3cr3t-pw", "t0k3n-42"
+    with_user = story["uri"].replace("http://", f"http://alice:{password}@")
+    res = launch(
+        [f"search.root={tmp_path / 'runs'}", "search.revision=creds", "release.registry=mlflow", f"release.tracking_uri='{with_user}/?token={token}'"],
+        cwd=tmp_path,
+        data_dir=story["data"],
+    )
+    assert res.returncode == 2 and "release.tracking_uri=" in res.stderr and "MLFLOW_TRACKING_PASSWORD" in res.stderr, res.stderr
+    assert not (tmp_path / "runs").exists()
+    said = res.stdout + res.stderr
+    before = tree(story["search"])
+    exported = cli(story, "export", str(story["search"]), "--to", "mlflow", "--experiment", "mlf-credentials", uri=with_user)
+    assert exported.returncode == 0 and f"to MLflow at {story['uri']}," in exported.stderr, exported.stderr
+    tokened = cli(story, "export", str(story["search"]), "--to", "mlflow", "--experiment", "mlf-credentials", uri=f"{story['uri']}/?token={token}")
+    said += exported.stdout + exported.stderr + tokened.stdout + tokened.stderr
+    assert password not in said and token not in said, said
+    assert tree(story["search"]) == before and not any(password.encode() in p.read_bytes() for p in story["search"].rglob("*") if p.is_file())
 
 
 def test_a_trial_exported_while_it_ran_gets_only_what_is_new_once_it_ended(story, tmp_path):

@@ -3,8 +3,6 @@ trainer passes the conformance check, bad targets are refused at the door, and a
 end its trial with their class (never the launcher)."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -206,41 +204,6 @@ def test_a_trainer_reading_the_final_record_through_a_program_is_rejected(tmp_pa
     assert rec.state.value == "rejected" and rec.detail.startswith("reject:final_partition"), rec.detail
     assert "started the program cat" in rec.detail and rec.attempts[-1].step == 5
     assert len(rec.attempts) == 1  # a rejection is final: never retried
-
-
-FENCE_PROBE = """
-import subprocess, sys
-from parcel_hpc.worker import guard
-
-def runs():
-    try:
-        subprocess.run(["true"], check=True)
-        return "ran"
-    except PermissionError:
-        return "refused"
-
-with guard.protected_files(sys.argv[1], sys.argv[2]) as tripped:
-    seen = [runs()]
-    with guard.unfenced():  # the scheduler's signal handled between steps: submitit runs scontrol
-        seen.append(runs())
-        with guard.refenced():  # the trainer's state() saved from that handler
-            seen.append(runs())
-        seen.append(runs())
-    seen.append(runs())
-with guard.unfenced(), guard.refenced():  # outside any fence nothing is fenced
-    seen.append(runs())
-print(" ".join(seen), len(tripped))
-"""
-
-
-def test_the_toolkits_signal_handler_runs_unfenced_and_the_trainer_code_it_calls_does_not(data_dir):
-    """A SLURM job's SIGUSR2 is handled between steps, inside the fence: submitit's requeue starts
-    ``scontrol``, which must run; the trainer's ``state()`` it saves must stay fenced."""
-    probe = subprocess.run(
-        [sys.executable, "-c", FENCE_PROBE, str(data_dir / "split-group_r8.json"), str(data_dir / "parcels.h5")], capture_output=True, text=True, timeout=60
-    )
-    assert probe.returncode == 0, probe.stderr
-    assert probe.stdout.split() == ["refused", "ran", "refused", "ran", "refused", "ran", "3"]
 
 
 def test_check_trainer_command(tmp_path, artifacts):

@@ -14,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
+from parcel_hpc.config import ParcelConf, SubmititSlurmConf, unknown_keys
 from parcel_hpc.errors import UsageError
 from parcel_hpc.governance import validation
 from parcel_hpc.testing import launch, parcel_hpc
@@ -267,12 +268,25 @@ def test_launcher_numbers_are_ranged(key, value):
         ([20, 10, 41, 82], "asha", 82, "not strictly increasing"),
         ([10, 10], "none", 82, "not strictly increasing"),
         ([10, 20, 41, 82], "asha", 40, "goes past train.steps=40"),
+        ([], "asha", 82, "is empty: no trial could report a milestone"),  # the worker's store refuses none: every trial would fail
+        ([], "none", 82, "is empty: no trial could report a milestone"),
     ],
 )
 def test_milestones_increase_and_an_asha_rule_stays_within_the_steps(milestones, kind, steps, rule):
     cfg = {**with_value("pruner", {"kind": kind, "revision": "p", "milestones": milestones}), "train": {"steps": steps}}
     assert refusal(cfg).startswith("pruner.milestones=") and rule in refusal(cfg)
     validation.checked({**cfg, "pruner": {"kind": "none", "revision": "p", "milestones": [10, 20, 41, 82]}}, SLURM)  # pruner=none only scores there
+
+
+def test_a_key_no_schema_knows_is_named_with_the_nearest_one():
+    """However it came in (Hydra's ``+key=value`` appends one the schema lacks); a field the schema
+    leaves open (the sampler's options, a baseline's params) is checked where it is read."""
+    assert unknown_keys(CFG, ParcelConf) == []
+    assert unknown_keys(with_value("search.n_trial", 8), ParcelConf) == [("search.n_trial", "search.n_trials")]
+    assert unknown_keys(with_value("selection.baseline.nmae", "x"), ParcelConf) == [("selection.baseline.nmae", "selection.baseline.name")]
+    assert unknown_keys({**CFG, "seach": {}}, ParcelConf) == [("seach", "search")]
+    assert unknown_keys({**CFG, "sampler": {"name": "tpe", "anything": 1}}, ParcelConf) == []
+    assert unknown_keys({**SLURM, "paralelism": 3}, SubmititSlurmConf, "hydra.launcher") == [("hydra.launcher.paralelism", "hydra.launcher.array_parallelism")]
 
 
 # --- refused sbatch spellings: what the docs say is what validation does ------------------------

@@ -33,8 +33,7 @@ from parcel_hpc import fsio
 from parcel_hpc.accounting.trials import table
 from parcel_hpc.documents import csv_cell
 from parcel_hpc.errors import UsageError
-from parcel_hpc.governance.release_target import ReleaseTarget, tracking_uri
-from parcel_hpc.integrations.mlflow.client import shown
+from parcel_hpc.governance.release_target import ReleaseTarget, shown, tracking_uri
 from parcel_hpc.integrations.mlflow.runs import export_runs
 from parcel_hpc.integrations.optuna_journal import export_journal
 from parcel_hpc.ledger import SearchDir

@@ -43,6 +43,7 @@ class Outcome:
     EVALUATE_FINAL: ClassVar[Outcome]
     RELEASE_REGISTERED: ClassVar[Outcome]
     REJECT_REGISTRY_ENTRY: ClassVar[Outcome]
+    REJECT_FINAL_PARTITION: ClassVar[Outcome]
 
     def __post_init__(self) -> None:
         if (self.kind is OutcomeKind.ADMIT) != (self.what == ""):
@@ -99,3 +100,4 @@ Outcome.HOLD_NO_RESULT = Outcome.hold("no-result")  # a launch ended with no com
 Outcome.EVALUATE_FINAL = Outcome(OutcomeKind.EVALUATE, "final-holdout")
 Outcome.RELEASE_REGISTERED = Outcome(OutcomeKind.RELEASE, "registered")
 Outcome.REJECT_REGISTRY_ENTRY = Outcome.reject("registry-entry")  # a registry entry that is not this selection's, or not its bytes
+Outcome.REJECT_FINAL_PARTITION = Outcome.reject("final_partition")  # trainer code reached for the protected files, or the fence could not hold them

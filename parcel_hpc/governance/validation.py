@@ -326,6 +326,9 @@ def _check_numbers(cfg: Mapping[str, Any], launcher: Mapping[str, Any]) -> None:
                 rule.check(f"{dotted}[{i}]", v)
     pruner = cfg.get("pruner", {})
     milestones = pruner.get("milestones", [])
+    if "milestones" in pruner and not milestones:
+        # Every attempt reports its validation at the milestones: none would fail every trial of the search.
+        raise bad("pruner.milestones", milestones, "is empty: no trial could report a milestone", "list training steps, like [10, 20, 41, 82]")
     if any(b <= a for a, b in zip(milestones, milestones[1:])):
         raise bad("pruner.milestones", milestones, "is not strictly increasing", "list training steps in increasing order, like [10, 20, 41, 82]")
     steps = cfg.get("train", {}).get("steps")

@@ -2,20 +2,30 @@
 
 No logic here: Hydra composes conf/, the ``parcel`` sweeper runs the search. Hydra's own errors
 (an unknown group or option, a malformed override) become one line and exit code 2.
+
+Two of Hydra's own keys would run code before the sweeper sees the config, so they are refused as
+soon as it is composed (``_Refusing``), in one line, exit 2: ``hydra.callbacks`` (each one any
+callable Hydra instantiates in the launch's own process, outside the contract and the final
+partition's fence: a file truncated, the final file copied out) and a ``hydra.sweeper`` other than
+the ``parcel`` sweeper (the only one that governs a search).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 
 import hydra
+from hydra._internal import hydra as hydra_internal
+from hydra._internal.callbacks import Callbacks
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException, OverrideParseException
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from parcel_hpc.errors import one_line
+from parcel_hpc.config import ParcelSweeperConf
+from parcel_hpc.errors import UsageError, exit_on_error, one_line
 from parcel_hpc.fsio import owner_only_writes
 
 
@@ -27,6 +37,37 @@ def _task(cfg: DictConfig) -> None:
 
 
 PRINT_ONLY = ("--cfg", "-c", "--info", "-i")  # Hydra's flags that print and run nothing
+SWEEPER_KEYS = {f.name for f in dataclasses.fields(ParcelSweeperConf)}
+
+
+def refuse_hydra_code(config: DictConfig) -> None:
+    """``UsageError`` for a composed config that would have Hydra run code of its choosing: callbacks,
+    or a sweeper other than ``parcel`` (or ``parcel``'s with keys it does not take)."""
+    callbacks = OmegaConf.select(config, "hydra.callbacks")
+    if callbacks:
+        raise UsageError(
+            f"hydra.callbacks names {', '.join(sorted(str(k) for k in callbacks))}: a callback is any callable Hydra runs in the launch's own "
+            "process, outside the contract and the final partition's fence; a parcel_hpc search takes none, so drop it"
+        )
+    sweeper = OmegaConf.select(config, "hydra.sweeper") or {}
+    target = sweeper.get("_target_")
+    if target != ParcelSweeperConf._target_:
+        raise UsageError(
+            f"hydra.sweeper._target_={target!r}: a parcel_hpc search runs the parcel sweeper only ({ParcelSweeperConf._target_}); drop the override"
+        )
+    stray = sorted(str(k) for k in sweeper if k not in SWEEPER_KEYS)
+    if stray:
+        raise UsageError(f"hydra.sweeper.{stray[0]} is not a key of the parcel sweeper, which takes params only (hydra.sweeper.params.NAME=GRAMMAR)")
+
+
+class _Refusing(Callbacks):
+    """Hydra's callbacks, made where Hydra makes them (right after it composes the config, before it
+    instantiates a callback or the sweeper): the config is checked first (``refuse_hydra_code``)."""
+
+    def __init__(self, config: DictConfig | None = None) -> None:
+        if config is not None:
+            refuse_hydra_code(config)
+        super().__init__(config)
 
 
 def _is_sweep(arg: str) -> bool:
@@ -52,8 +93,10 @@ def main() -> None:
             )
         sys.argv = [a for a in sys.argv if a not in ("-m", "--multirun") and a not in sweeps]
     os.environ["HYDRA_FULL_ERROR"] = "1"  # let Hydra's errors reach us instead of its multi-line report
+    hydra_internal.Callbacks = _Refusing  # type: ignore[misc]  # Hydra 1.3 makes them through this name, nowhere else
     try:
-        _task()
+        with exit_on_error():
+            _task()
     except SystemExit:
         raise
     except Exception as exc:  # Hydra and OmegaConf errors: composition, overrides, missing values

@@ -19,9 +19,10 @@ from typing import Any, cast
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
-from parcel_hpc import ownership
+from parcel_hpc import fence, ownership
 from parcel_hpc.budget import BudgetDecision, launch_decision
 from parcel_hpc.checkpoints import owner
+from parcel_hpc.config import LAUNCHERS, ParcelConf, unknown_keys
 from parcel_hpc.console import make_console
 from parcel_hpc.data import read_split
 from parcel_hpc.errors import GovernanceRefusal, UsageError
@@ -45,6 +46,7 @@ from parcel_hpc.propose.specs import (
     in_frozen_form,
     plan_for,
     plan_template,
+    protected_of,
     sampler_of,
     search_path,
     space_of,
@@ -67,9 +69,24 @@ def from_hydra(config: DictConfig, grammar: Sequence[str]) -> tuple[dict[str, An
     launcher = cast(dict[str, Any], OmegaConf.to_container(config.hydra.launcher, resolve=True, throw_on_missing=True))
     job_cfg = OmegaConf.masked_copy(config, [cast(str, k) for k in config if k != "hydra"])
     cfg = cast(dict[str, Any], OmegaConf.to_container(job_cfg, resolve=True, throw_on_missing=True))
+    refuse_unknown_keys(cfg, launcher)
     cfg["space"]["params"] = normalize(cfg["space"]["params"], list(grammar), sections=set(cfg))
     cfg, launcher = validation.checked(cfg, launcher)
     return cfg, LauncherSettings(executor_kind(launcher.pop("kind", None)), launcher, cfg["resources"], cfg["budget"])
+
+
+def refuse_unknown_keys(cfg: Mapping[str, Any], launcher: Mapping[str, Any]) -> None:
+    """One line (exit 2) for the first key no schema knows, however it came in (Hydra's ``+key=value``
+    appends one the schema lacks): nothing reads it, and the search would run as if it were not there."""
+    schema = LAUNCHERS.get(str(launcher.get("kind")))
+    unknown = unknown_keys(cfg, ParcelConf) + (unknown_keys(launcher, schema, "hydra.launcher") if schema else [])
+    if unknown:
+        key, near = unknown[0]
+        raise UsageError(
+            f"{key} is not a configuration key, so nothing would read it; "
+            + (f"did you mean {near}? " if near else "")
+            + "`python -m parcel_hpc.launch -m --cfg job` prints every key"
+        )
 
 
 class SearchLaunch:
@@ -317,7 +334,8 @@ def trainers_of(contract: Contract) -> list[Mapping[str, Any]]:
 def preflight_checks(cfg: Mapping[str, Any], contract: Contract) -> list[str]:
     """The trainer built, stepped, saved, loaded and asked to predict at the space's corners, and the
     baseline's trainer with its params, on a few examples, before the first freeze
-    (``trainer/preflight.py``): exit 2 with the trainer's own message. What it tried, as words."""
+    (``trainer/preflight.py``): exit 2 with the trainer's own message. What it tried, as words.
+    The examples are read here; the trainer's code runs in a child fenced from the final partition's files."""
     data = few_examples(load_training_data(cfg["snapshot"]["path"], read_split(cfg["split"]["path"]), cfg["preprocessing"], verify_digest=False))
     data = replace(data, devices=Devices(int(cfg["resources"]["gpus"])))  # the trials' grant, tried on this machine's CPU
     seed = int(contract["train"]["seed"])
@@ -327,13 +345,16 @@ def preflight_checks(cfg: Mapping[str, Any], contract: Contract) -> list[str]:
         preflight(cls, target, declared(cls, target), trials, seed, data)
         return [what for what, _ in trials]
 
-    ends = corners(space_of(contract)[0])
-    said = tried(contract["trainer"]["target"], [(f"the space's {'low' if i == 0 else 'high'} corner", params) for i, params in enumerate(ends)])
-    baseline = Baseline.pinned(contract["selection"]["baseline"], contract["trainer"])
-    if baseline.kind is BaselineKind.ARTIFACT:
-        return said
-    tried(baseline.target, [(f"the baseline {baseline.name}'s parameters", baseline.params)])
-    return [*said, f"the baseline {baseline.name} ({baseline.target})"]
+    def checks() -> list[str]:
+        ends = corners(space_of(contract)[0])
+        said = tried(contract["trainer"]["target"], [(f"the space's {'low' if i == 0 else 'high'} corner", params) for i, params in enumerate(ends)])
+        baseline = Baseline.pinned(contract["selection"]["baseline"], contract["trainer"])
+        if baseline.kind is BaselineKind.ARTIFACT:
+            return said
+        tried(baseline.target, [(f"the baseline {baseline.name}'s parameters", baseline.params)])
+        return [*said, f"the baseline {baseline.name} ({baseline.target})"]
+
+    return cast(list[str], fence.run_fenced(protected_of(cfg), "the launch's preflight", checks))
 
 
 def _dir_owner(search: SearchDir, contract_digest: str) -> owner.DirOwner:

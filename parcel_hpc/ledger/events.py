@@ -48,6 +48,13 @@ class Executor(str, enum.Enum):
     SLURM = "slurm"
 
 
+class FenceLayer(str, enum.Enum):
+    """Which layers of the final partition's fence held a process that ran trainer code (``parcel_hpc.fence``)."""
+
+    KERNEL = "kernel"  # Landlock, the audit hook recording
+    AUDIT = "audit"  # the audit hook alone: the kernel had no usable Landlock
+
+
 class Cause(str, enum.Enum):
     """Why an attempt ended without a plain result, or why a trial was given up."""
 
@@ -150,6 +157,7 @@ class Admitted:
     split_digest: str
     image_digest: str
     trainer_digest: str
+    fence: FenceLayer | None = None  # the final partition's fence around its trainer code (None: recorded before fences had layers)
 
 
 @dataclass(frozen=True)
@@ -352,7 +360,14 @@ PAYLOADS: Mapping[EventKind, type] = {
     EventKind.CANCELLED: Cancelled,
     EventKind.ACCOUNTED: Accounted,
 }
-_ENUM_FIELDS: Mapping[str, Callable[[Any], Any]] = {"how": AttemptEnd, "cause": Cause, "state": TrialState, "executor": Executor, "outcome": Outcome.parse}
+_ENUM_FIELDS: Mapping[str, Callable[[Any], Any]] = {
+    "how": AttemptEnd,
+    "cause": Cause,
+    "state": TrialState,
+    "executor": Executor,
+    "outcome": Outcome.parse,
+    "fence": FenceLayer,
+}
 _TUPLE_FIELDS = ("exclude_nodes", "with_trials", "devices")
 
 

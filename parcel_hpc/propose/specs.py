@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from parcel_hpc import data, fsio, ownership
+from parcel_hpc import data, fence, fsio, ownership
 from parcel_hpc.errors import GovernanceRefusal, UsageError
 from parcel_hpc.governance import validation
 from parcel_hpc.governance.admission import config_hash
@@ -69,12 +69,12 @@ def build_contract(cfg: Mapping[str, Any]) -> Contract:
         raise UsageError(
             f"split file {split_path} holds revision {split.revision!r}, config says {split_cfg['revision']!r}; point split.path at the right file"
         )
-    # A gate or baseline that cannot be applied is bad input now, not after 82 trials at `parcel-hpc select`.
-    trainer = trainer_identity(cfg["trainer"]["target"], cfg["trainer"].get("code", []))
-    selection = pinned_selection(cfg["selection"], trainer)
+    # The trainer's code runs here for the first time (its import): in a child fenced from the final
+    # partition's files, whose answer is data. A gate or baseline that cannot be applied is bad input
+    # now, not after 82 trials at `parcel-hpc select`.
+    checked = fence.run_fenced(protected_of(cfg), "the launch's trainer checks", _trainer_checks, cfg)
+    trainer, selection = checked["trainer"], checked["selection"]
     space = normalize(cfg["space"]["params"])  # the sweeper already merged the grammar in; idempotent
-    cls = trainer_class(trainer["target"])  # imported just above
-    check_space(declared(cls, trainer["target"]), space, f"{cls.__name__} ({trainer['target']})")
     sampler = samplers.from_config(cfg.get("sampler"))
     learning.check_options(sampler)
     fields = {
@@ -109,6 +109,21 @@ def build_contract(cfg: Mapping[str, Any]) -> Contract:
         raise UsageError(
             "the composed config holds a non-finite number (nan or inf); quote text values, e.g. values:['nan'], or give a finite number"
         ) from None
+
+
+def protected_of(cfg: Mapping[str, Any]) -> fence.Protected:
+    """What the launch's trainer code is fenced from: the split's final lists and the snapshot."""
+    return fence.Protected.of(cfg["split"]["path"], cfg["snapshot"]["path"])
+
+
+def _trainer_checks(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """Trainer code, run fenced: the trainer's identity, the selection group pinned (the baseline's
+    trainer imported and its params checked), the space against the trainer's declared parameters."""
+    trainer = trainer_identity(cfg["trainer"]["target"], cfg["trainer"].get("code", []))
+    selection = pinned_selection(cfg["selection"], trainer)
+    cls = trainer_class(trainer["target"])  # imported just above
+    check_space(declared(cls, trainer["target"]), normalize(cfg["space"]["params"]), f"{cls.__name__} ({trainer['target']})")
+    return {"trainer": trainer, "selection": selection}
 
 
 def _seed(value: Any) -> int:

@@ -24,8 +24,8 @@ from parcel_hpc.errors import CorruptRecord, GovernanceRefusal
 from parcel_hpc.governance.contract import digest_of
 from parcel_hpc.governance.image import file_digest
 from parcel_hpc.governance.outcome import Outcome
-from parcel_hpc.governance.release_target import ReleaseTarget
-from parcel_hpc.integrations.mlflow.client import answering, connect, shown
+from parcel_hpc.governance.release_target import ReleaseTarget, shown
+from parcel_hpc.integrations.mlflow.client import answering, connect
 from parcel_hpc.release.folder import Registration
 
 EXPERIMENT = "parcel-releases"

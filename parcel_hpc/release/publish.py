@@ -24,8 +24,7 @@ from parcel_hpc import fsio
 from parcel_hpc.errors import CorruptRecord, GovernanceRefusal, UsageError
 from parcel_hpc.governance.contract import Contract, sha256_of
 from parcel_hpc.governance.outcome import Outcome
-from parcel_hpc.governance.release_target import RegistryKind, ReleaseTarget
-from parcel_hpc.integrations.mlflow.client import shown
+from parcel_hpc.governance.release_target import RegistryKind, ReleaseTarget, shown
 from parcel_hpc.ledger import JobRole, SearchDir
 from parcel_hpc.ledger.selection import Released
 from parcel_hpc.release import folder, render

@@ -11,8 +11,10 @@ baseline are recorded like trials (a spec and a typed journal each).
 ``load_final_partition``, the one door, only under the revision's claim and plan, scores the
 artifacts the rerun checked through their serving paths, and seals the result.
 
-Trainer code runs behind the worker's fence (``worker.guard``) in both, and what it raises ends the
-job with one line naming whose code raised what (``_Context.trainer_code``). Each job run works in a
+Each job reads the snapshot (and the final job the final partition) first, then fences its process
+from those files (``parcel_hpc.fence``) before it imports any trainer's code, so trainer code runs
+behind the fence in both from its import on; what it raises ends the job with one line naming whose
+code raised what (``_Context.trainer_code``). Each job run works in a
 directory of its own and writes its result once, last, so a requeued or duplicated job never
 mixes files with another and one that finds the result written does nothing.
 """
@@ -34,11 +36,11 @@ from typing import Any, cast
 
 import numpy as np
 
-from parcel_hpc import fsio
+from parcel_hpc import fence, fsio
 from parcel_hpc.checkpoints import store as ckpt
 from parcel_hpc.checkpoints.format import Unusable
 from parcel_hpc.checkpoints.format import read as read_checkpoint
-from parcel_hpc.data import load_final_partition, read_split
+from parcel_hpc.data import Partition, load_final_partition, read_split
 from parcel_hpc.errors import GovernanceRefusal, ParcelError, UsageError, one_line
 from parcel_hpc.governance.admission import TrialIdentity, check_worker, config_hash
 from parcel_hpc.governance.contract import Contract
@@ -52,9 +54,9 @@ from parcel_hpc.selection.baseline import BaselineKind, baseline_trainer
 from parcel_hpc.selection.policy import SelectionPolicy
 from parcel_hpc.selection.slices import shipment_buckets, slice_report
 from parcel_hpc.selection.store import SelectionStore
-from parcel_hpc.trainer import FINAL_PARTITION_OUTCOME, Trainer, TrainerState, TrainingData, build_params, load_training_data, make_trainer
+from parcel_hpc.trainer import FINAL_PARTITION_OUTCOME, Trainer, TrainerState, TrainingData, build_params, make_trainer
 from parcel_hpc.trainer.base import checked_probabilities
-from parcel_hpc.worker import WorkerPlan, guard
+from parcel_hpc.worker import WorkerPlan
 from parcel_hpc.worker.cache import WorkerCache
 from parcel_hpc.worker.devices import running_on
 from parcel_hpc.worker.jobenv import facts_from_env
@@ -70,7 +72,7 @@ def run(search_dir: str | os.PathLike, role: JobRole, selection: int) -> dict[st
     if existing is not None:
         return existing  # a requeued job whose first run finished: nothing to do twice
     started = time.time()
-    ctx = _Context(store, selection)
+    ctx = _Context(store, selection, role)
     result = _rerun(ctx) if role is JobRole.RERUN else _final(ctx)
     # What the job itself used, for the packet's compute (it runs with the search's resources).
     result["job"] = {
@@ -89,7 +91,7 @@ def run(search_dir: str | os.PathLike, role: JobRole, selection: int) -> dict[st
 class _Context:
     """The frozen facts every job starts from, with what this job itself observed checked first."""
 
-    def __init__(self, store: SelectionStore, n: int) -> None:
+    def __init__(self, store: SelectionStore, n: int, role: JobRole) -> None:
         self.store, self.n = store, n
         self.contract: Contract = store.search.contract()
         self.policy = SelectionPolicy.of(self.contract)
@@ -99,12 +101,17 @@ class _Context:
             raise UsageError(f"selection {n} names no trial (no completed trial to select); nothing to rerun")
         self.plan = WorkerPlan.load(store.search, self.trial_id)
         self.split = read_split(self.plan.split_path)
-        observed, problem = WorkerCache().observe(self.plan.snapshot_path, self.split, self.plan.image, self.contract["trainer"], store.search.path)
+        cache = WorkerCache()
+        self.data: TrainingData = cache.training_data(self.plan.snapshot_path, self.split, self.plan.preprocessing)  # before the fence
+        self.final = _open_final(self) if role is JobRole.FINAL else None  # before the fence too: the one door, under its claim
+        self.armed: fence.Armed | None = None
+        observed, problem = cache.observe(self.plan.snapshot_path, self.split, self.plan.image, self.contract["trainer"], store.search.path, self._fence)
+        self._stop_if_tripped("its module was imported")
         outcome = check_worker(observed, self.contract)
         if not outcome.is_admit:
             raise GovernanceRefusal(outcome, f"this selection job opened other data or code than the contract pins {problem}".strip())
-        self.admitted = Admitted(observed.snapshot_digest, observed.split_digest, observed.image_digest, observed.trainer["source_digest"])
-        self.data: TrainingData = load_training_data(self.plan.snapshot_path, self.split, self.plan.preprocessing, verify_digest=False)
+        layer = self.armed.layer if self.armed is not None else None
+        self.admitted = Admitted(observed.snapshot_digest, observed.split_digest, observed.image_digest, observed.trainer["source_digest"], layer)
         m = self.contract["metric"]
         self.metric = MissCost(m["revision"], float(m["miss_cost"]), float(m["review_cost"]))
         self.baseline = self.policy.baseline
@@ -112,19 +119,25 @@ class _Context:
         self.baseline_identity = TrialIdentity(f"baseline-{self.baseline.name}", baseline_hash, self.contract.digest, self.contract["snapshot_digest"])
         self.winner_identity = TrialIdentity(self.trial_id, self.plan.config_hash, self.contract.digest, self.contract["snapshot_digest"])
 
+    def _fence(self) -> None:
+        """This process, fenced from the final partition's files before the first trainer code runs."""
+        self.armed = fence.arm(fence.Protected.of(self.plan.split_path, self.plan.snapshot_path))
+
+    def _stop_if_tripped(self, when: str) -> None:
+        """Trainer code reached for the protected files, or asked for the final partition: the job
+        stops (the worker's rule for trials). The process ran no other trainer code: every trip is this job's."""
+        asked = fence.reaches(self.data.asked_for_final)
+        if asked:
+            raise GovernanceRefusal(FINAL_PARTITION_OUTCOME, f"{asked[0]} while {when} in a selection job; the job stops")
+
     @contextmanager
     def fenced(self) -> Iterator[None]:
-        """Trainer code runs here: an open of the final partition or the snapshot, or asking for the
-        final partition, stops the job (the worker's rule for trials)."""
-        with guard.protected_files(self.plan.split_path, self.plan.snapshot_path) as tripped:
-            try:
-                yield
-            finally:
-                asked = [*tripped, *self.data.asked_for_final]
-                if asked:
-                    raise GovernanceRefusal(
-                        FINAL_PARTITION_OUTCOME, f"trainer code asked for protected data during a selection job ({asked[0]}); the job stops"
-                    )
+        """Trainer code runs here (behind the fence, as everywhere in this process): what it reached
+        for is checked when it returns, whether or not it caught the refusal."""
+        try:
+            yield
+        finally:
+            self._stop_if_tripped("it ran")
 
     @contextmanager
     def trainer_code(self, who: str) -> Iterator[None]:
@@ -300,10 +313,11 @@ def _code_version() -> str:
     when it is no checkout (the environment digest covers its source byte for byte either way)."""
     root = Path(__file__).resolve().parents[2]
     try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
-        if head.returncode == 0:
-            dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=10)
-            return head.stdout.strip() + (" with local changes" if dirty.stdout.strip() else "")
+        with fence.toolkit_programs():  # git is the toolkit's program, in a process fenced for trainer code
+            head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+            if head.returncode == 0:
+                dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=10)
+                return head.stdout.strip() + (" with local changes" if dirty.stdout.strip() else "")
     except (OSError, subprocess.TimeoutExpired):
         pass
     return "parcel-hpc " + importlib.metadata.version("parcel-hpc")
@@ -392,7 +406,9 @@ def _wait_for_own_submission(store: SelectionStore, n: int, own: str, wait_s: fl
         time.sleep(0.2)
 
 
-def _final(ctx: _Context) -> dict[str, Any]:
+def _open_final(ctx: _Context) -> Partition:
+    """The protected final partition, read under the revision's claim and plan by the job
+    ``evaluate-final`` submitted, and logged; before the job fences itself (``_Context``)."""
     store, n = ctx.store, ctx.n
     claim = store.final_claim()
     if claim is None or int(claim["selection"]) != n:
@@ -412,8 +428,7 @@ def _final(ctx: _Context) -> dict[str, Any]:
             raise GovernanceRefusal(
                 Outcome.reject(f"final_plan_{key}"), f"the final evaluation plan pins {key}={plan.get(key)!r}, this evaluation has {value!r}"
             )
-    rerun = store.result(n, JobRole.RERUN)
-    if rerun is None:
+    if store.result(n, JobRole.RERUN) is None:
         raise UsageError(f"selection {n} has no rerun result; run `parcel-hpc select` first")
     # Only the job evaluate-final submitted last reads it (not one run by hand, nor an orphan whose
     # submitter died), and each read is logged, a requeued run's too.
@@ -422,7 +437,12 @@ def _final(ctx: _Context) -> dict[str, Any]:
     _wait_for_own_submission(store, n, own)
     store.writer("final-job").final_opened(FinalOpened(n, own, facts.host, facts.pid, facts.restart_count))
     # The one door to the protected partition (it verifies the file against the split it was sealed with).
-    final = load_final_partition(ctx.plan.snapshot_path, plan["final_path"], split=ctx.split)
+    return load_final_partition(ctx.plan.snapshot_path, plan["final_path"], split=ctx.split)
+
+
+def _final(ctx: _Context) -> dict[str, Any]:
+    store, n = ctx.store, ctx.n
+    plan, rerun, final = store.final_plan(), cast(dict[str, Any], store.result(n, JobRole.RERUN)), cast(Partition, ctx.final)  # _open_final read them
     columns = ctx.columns(final)
     scored = {}
     winner_dir, baseline_dir = Path(rerun["artifact"]["path"]).parent, Path(rerun["baseline"]["artifact"]["path"]).parent

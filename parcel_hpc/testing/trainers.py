@@ -49,6 +49,18 @@ class OpensProtectedFile(NumpyMLP):
         return metrics
 
 
+class OpensProtectedFileWhenBuilt(NumpyMLP):
+    """Tries to read the final record as it is built: the launch's preflight builds it first."""
+
+    def build(self, params: Mapping[str, Any], seed: int, data: TrainingData) -> None:
+        super().build(params, seed, data)
+        try:
+            with open(os.environ[PROTECTED_PATH_ENV], "rb") as f:
+                f.read(1)
+        except PermissionError:
+            pass
+
+
 class ReadsProtectedFileThroughAProgram(NumpyMLP):
     """Reads the final record through ``cat`` at step 5, where Python's audit hook sees no open."""
 

@@ -87,21 +87,35 @@ def code_roots(target: str, extra: Sequence[str] = ()) -> list[CodeRoot]:
 
 
 def _root_of(name: str, target: str) -> CodeRoot:
-    """The outermost regular package holding module ``name`` (a namespace package has no files of its own)."""
-    try:
-        importlib.import_module(name)
-    except Exception as exc:  # user code: any import error is the same bad input
-        raise UsageError(
-            f"trainer.code names {name}, which does not import ({type(exc).__name__}: {exc}); name a package importable where the launch runs"
-        ) from None
+    """The outermost regular package holding module ``name``, found without running any of its code:
+    only the namespace packages above it are imported, and those hold none. The launch's own process
+    finds it so (for the copy); the trainer's code itself runs only behind the fence (``importable``)."""
     parts = name.split(".")
     for i in range(1, len(parts) + 1):
         prefix = ".".join(parts[:i])
-        file = getattr(sys.modules[prefix], "__file__", None)
-        if file:
-            path = Path(file).resolve()
+        try:
+            spec = importlib.util.find_spec(prefix)
+        except (ImportError, ValueError) as exc:
+            spec, why = None, f"{type(exc).__name__}: {exc}"
+        else:
+            why = f"no module named {prefix}"
+        if spec is None:
+            raise UsageError(f"trainer.code names {name}, which does not import ({why}); name a package importable where the launch runs")
+        if spec.origin and spec.has_location:
+            path = Path(spec.origin).resolve()
             return CodeRoot(prefix, path.parent if path.name == "__init__.py" else path)
     raise UsageError(f"trainer.target={target}: {name} is a namespace package with no files; name a module or a regular package")
+
+
+def importable(names: Sequence[str]) -> None:
+    """Import each of ``names`` (trainer code: call it behind the fence); ``UsageError`` for one that fails."""
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # user code: any import error is the same bad input
+            raise UsageError(
+                f"trainer.code names {name}, which does not import ({type(exc).__name__}: {exc}); name a package importable where the launch runs"
+            ) from None
 
 
 def source_digest(roots: Sequence[CodeRoot]) -> str:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
@@ -29,6 +29,7 @@ from parcel_hpc.checkpoints.store import CheckpointStore
 from parcel_hpc.console import safe
 from parcel_hpc.data import GROUP_REVISION, SNAPSHOT_FILENAME, read_split
 from parcel_hpc.errors import UsageError
+from parcel_hpc.fence import Protected, run_fenced
 from parcel_hpc.governance.admission import TrialIdentity
 from parcel_hpc.trainer import rng
 from parcel_hpc.trainer.base import Trainer, TrainerState, checked_probabilities, finite_metrics
@@ -181,11 +182,14 @@ def data_files(data_dir: Path) -> tuple[Path, Path]:
 
 def run(target: str, data_dir: Path, params: Mapping[str, Any], *, seed: int, steps: int, preprocessing: Mapping[str, Any], console: Console) -> bool:
     """``parcel-hpc check-trainer``: load the snapshot and split in ``data_dir``, check, print; all passed?"""
-    cls = trainer_class(target)
     snapshot, split = data_files(data_dir)
     # On the GPUs CUDA_VISIBLE_DEVICES names, as a worker given them would run; none named: the CPU.
     data = replace(load_training_data(snapshot, read_split(split), preprocessing), devices=Devices.from_env(None, os.environ.get("CUDA_VISIBLE_DEVICES", "")))
-    findings = check_trainer(cls, data, params, seed=seed, steps=steps)
+
+    def checked() -> list[dict[str, Any]]:  # trainer code: in a child fenced from the final partition's files
+        return [asdict(f) for f in check_trainer(trainer_class(target), data, params, seed=seed, steps=steps)]
+
+    findings = [Finding(**f) for f in run_fenced(Protected.of(split, snapshot), f"check-trainer {target}", checked)]
     table = Table(title=f"{safe(target)} on {safe(data_dir)}", title_justify="left")
     for column in ("check", "", "detail"):
         table.add_column(column)

@@ -23,7 +23,7 @@ from parcel_hpc.data.preprocessing import Preprocessor
 from parcel_hpc.errors import GovernanceRefusal
 from parcel_hpc.governance.outcome import Outcome
 
-FINAL_PARTITION_OUTCOME = Outcome.reject("final_partition")
+FINAL_PARTITION_OUTCOME = Outcome.REJECT_FINAL_PARTITION
 SPLITS = ("train", "validation")
 
 

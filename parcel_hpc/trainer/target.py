@@ -54,6 +54,7 @@ def trainer_identity(target: str, code: Sequence[str] = ()) -> dict[str, Any]:
     parameters and the third-party distributions its code imports, with their versions."""
     cls = trainer_class(target)
     module = inspect.getmodule(cls)
+    _code.importable(code)
     roots = _code.code_roots(target, code)
     return {
         "target": target,

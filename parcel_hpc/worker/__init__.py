@@ -5,7 +5,6 @@ slot.py      SlotTask: a job that takes its trials (and a learning sampler's pro
 attempt.py   AttemptRun: one attempt, every transition journaled
 training.py  the training loop around a trainer (steps, checkpoint cadence, validation)
 signals.py   the scheduler's signal, held until the trainer is between steps
-guard.py     the fence between trainer code and the final partition's files
 plan.py      WorkerPlan, what the worker is told
 jobenv.py    the scheduler's facts from the environment; preemption or time limit
 cache.py     what a packed task's process observed once (digests, arrays) and reuses

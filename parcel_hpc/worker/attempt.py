@@ -8,6 +8,10 @@ Order matters and is the point of this module:
 5. end: completed with its metric, pruned, failed with a class, interrupted, quarantined, or
    rejected (also when the trainer asks for the final partition).
 
+The process is fenced from the final partition's files (``parcel_hpc.fence``) once admission has read
+the snapshot and before it imports the trainer: every moment trainer code runs (its import, its
+``__init__``, every call) is behind the fence, which no code in the process can lift.
+
 The trainer's state is taken only between steps: the scheduler's signal is held until the next step
 boundary (``signals.py``), where ``interrupt`` checkpoints it.
 """
@@ -17,11 +21,12 @@ from __future__ import annotations
 import errno
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import cast
 
+from parcel_hpc import fence
 from parcel_hpc.budget import SearchBudget
 from parcel_hpc.checkpoints import claims
 from parcel_hpc.checkpoints import store as ckpt
@@ -47,11 +52,11 @@ from parcel_hpc.trainer import (
     build_params,
     make_trainer,
 )
-from parcel_hpc.worker import guard, quarantine
+from parcel_hpc.worker import quarantine
 from parcel_hpc.worker.cache import WorkerCache
 from parcel_hpc.worker.devices import UtilizationSampler, device_use
 from parcel_hpc.worker.plan import WorkerPlan
-from parcel_hpc.worker.signals import StepBoundarySignals
+from parcel_hpc.worker.signals import StepBoundarySignals, toolkit_handlers
 from parcel_hpc.worker.training import LoopCallbacks, step_hooks, train
 
 PREVIOUS_ATTEMPT_WAIT_S = 90.0  # SLURM's KillWait plus slurmd's cleanup, with margin
@@ -96,7 +101,8 @@ class AttemptRun:
         self.trainer: Trainer | None = None  # set once built; its state is whole between steps
         self.step = 0  # steps the trainer has done
         self.data: TrainingData | None = None
-        self.protected_opens: list[str] = []  # what the trainer tried past the fence (guard.protected_files)
+        self.fenced: fence.Armed | None = None  # the fence around this process, once admission armed it
+        self.trips_before = len(fence.tripped())  # what earlier trials of the pack tried is theirs
         self.ended = False
         self.began = False  # its started event is on disk
         self.signals = StepBoundarySignals()  # ``pending`` still holds a signal that arrived after the last step
@@ -127,21 +133,19 @@ class AttemptRun:
             ckpt_dir = self._checkpoint_dir()
             claim = self.claim = self._claim(ckpt_dir, identity)
             self.store = ckpt.CheckpointStore(ckpt_dir, identity, keep_last=plan.keep_last, claim=claim)
-            # Admission hashed the snapshot and read the split a moment ago: neither is done twice.
+            # Admission read the snapshot and the split before the fence: neither is read twice.
             data = self.cache.training_data(plan.snapshot_path, cast(Split, self.split), plan.preprocessing)  # _admit read it
             data = self.data = replace(data, devices=Devices.from_env(self.facts.gpus, self.facts.cuda_visible_devices))
-            self.sampler = UtilizationSampler(data.devices.visible).start()
-            trainer = make_trainer(contract["trainer"], self.search.path)
-            with guard.protected_files(plan.split_path, plan.snapshot_path) as self.protected_opens, self.signals as held:
+            self.sampler = UtilizationSampler(data.devices.visible).start()  # after the fence: its thread is inside it
+            with self.signals as held:
+                trainer = make_trainer(contract["trainer"], self.search.path)  # the trainer's __init__
                 trainer.build(build_params(trainer, plan.params), plan.seed, data)
                 self.step = self._resume(trainer)
                 self.trainer = trainer
                 self._stop_if_final_requested()
                 if self.step:
                     self.ledger.resumed(self.attempt, self.step)
-                step, value = train(
-                    plan, trainer, data, self.step, LoopCallbacks(self._stepped, self._save, self._validated, _unfenced(held.deliver)), step_hooks()
-                )
+                step, value = train(plan, trainer, data, self.step, LoopCallbacks(self._stepped, self._save, self._validated, held.deliver), step_hooks())
             self._stop_if_final_requested()
             self._end(Ended(AttemptEnd.COMPLETED, metric=value, step=step))
             claim.release()
@@ -200,7 +204,17 @@ class AttemptRun:
             self._end(Ended(AttemptEnd.REJECTED, outcome=outcome, reason=str(outcome)))
             raise StopAttempt(TrialState.REJECTED.value)
         split = self.split = read_split(plan.split_path)
-        observed, problem = self.cache.observe(plan.snapshot_path, split, plan.image, contract["trainer"], self.search.path)
+        try:
+            self.cache.training_data(plan.snapshot_path, split, plan.preprocessing)  # the snapshot is read before the fence or never
+        except PermissionError:
+            if not fence.is_armed():
+                raise
+            # A later trial of a pack: the snapshot changed since this process read it, and it is fenced from it now.
+            reason = f"{plan.snapshot_path} changed since this worker read it, and the worker is fenced from it now; a fresh worker reads it"
+            self._end(Ended(AttemptEnd.REJECTED, Cause.DRIFT, outcome=Outcome.reject("snapshot_digest"), reason=reason))
+            raise StopAttempt(TrialState.QUEUED.value) from None
+        observed, problem = self.cache.observe(plan.snapshot_path, split, plan.image, contract["trainer"], self.search.path, self._fence)
+        self._stop_if_final_requested()  # what the trainer's module did at its import
         outcome = check_worker(observed, contract)
         if not outcome.is_admit:
             # Drift: what this worker opened is not what the contract pins. Nothing ran, so the trial
@@ -208,7 +222,21 @@ class AttemptRun:
             reason = f"{outcome}: {problem if problem and outcome == Outcome.reject('trainer') else drift_detail(outcome, observed, contract)}"
             self._end(Ended(AttemptEnd.REJECTED, Cause.DRIFT, outcome=outcome, reason=reason))
             raise StopAttempt(TrialState.QUEUED.value)
-        self.ledger.admitted(self.attempt, Admitted(observed.snapshot_digest, observed.split_digest, observed.image_digest, observed.trainer["source_digest"]))
+        layer = self.fenced.layer if self.fenced is not None else None
+        self.ledger.admitted(
+            self.attempt, Admitted(observed.snapshot_digest, observed.split_digest, observed.image_digest, observed.trainer["source_digest"], layer)
+        )
+
+    def _fence(self) -> None:
+        """Fence this process from the final partition's files before any trainer code runs (once per
+        process: a pack's next trials find it fenced). One that cannot be fenced runs no trainer code:
+        the trial stays queued for a worker where it can, and the launch stops on it, as on drift."""
+        try:
+            self.fenced = fence.arm(fence.Protected.of(self.plan.split_path, self.plan.snapshot_path))
+        except fence.Unfenceable as exc:
+            self._end(Ended(AttemptEnd.REJECTED, Cause.DRIFT, outcome=exc.outcome, reason=f"{exc.outcome}: {exc.detail}"))
+            raise StopAttempt(TrialState.QUEUED.value) from None
+        toolkit_handlers()  # the scheduler's handler (submitit's requeue) starts scontrol: the toolkit's program, not the trainer's
 
     def _resolve_unended_attempt(self) -> None:
         """The previous attempt never said how it ended (killed with the node, SIGKILL): say it now."""
@@ -307,8 +335,8 @@ class AttemptRun:
             raise StopAttempt(TrialState.PRUNED.value)
 
     def _final_requests(self) -> list[str]:
-        asked = list(self.data.asked_for_final) if self.data is not None else []
-        return asked + list(self.protected_opens)
+        """What this attempt's trainer did towards the protected data, in words ([] when nothing)."""
+        return fence.reaches(self.data.asked_for_final if self.data is not None else (), since=self.trips_before)
 
     def _stop_if_final_requested(self) -> None:
         """A trainer that asked for the final partition is rejected, even if it caught the refusal."""
@@ -317,10 +345,8 @@ class AttemptRun:
             raise StopAttempt(TrialState.REJECTED.value)
 
     def _reject_final(self) -> None:
-        asked = ", ".join(self._final_requests())
-        self._end(
-            Ended(AttemptEnd.REJECTED, outcome=FINAL_PARTITION_OUTCOME, step=self.step, reason=f"{FINAL_PARTITION_OUTCOME}: the trainer asked for {asked}")
-        )
+        asked = "; ".join(self._final_requests())
+        self._end(Ended(AttemptEnd.REJECTED, outcome=FINAL_PARTITION_OUTCOME, step=self.step, reason=f"{FINAL_PARTITION_OUTCOME}: {asked}"))
 
     def _stop_if_quarantined(self) -> None:
         if self.search.is_quarantined_attempt(self.plan.trial_id, self.attempt):
@@ -380,7 +406,7 @@ class AttemptRun:
             return False  # it already ended (a result, a rejection), or never started: nothing of it to requeue
         if self.trainer is not None and self.store is not None and self.step > 0:
             try:
-                with guard.refenced():  # the trainer's state() is trainer code, whoever asks for it
+                with fence.trainer_code():  # the trainer's state() is trainer code, whoever asks for it
                     self._save(self.step)  # between steps: the signal was held until the trainer's state was whole
             except claims.CheckpointCollision as exc:
                 self._collided(exc)  # superseded by a newer attempt, or a collision to quarantine
@@ -420,14 +446,3 @@ def _failure_class(exc: BaseException) -> Cause:
     if isinstance(exc, InvalidPredictions):
         return Cause.INVALID_PREDICTIONS
     return Cause.EXCEPTION
-
-
-def _unfenced(deliver: Callable[[], None]) -> Callable[[], None]:
-    """The step boundary's delivery of a held signal: its handler is the toolkit's (submitit's
-    checkpoint-and-requeue), so it runs outside the trainer's fence."""
-
-    def boundary() -> None:
-        with guard.unfenced():
-            deliver()
-
-    return boundary

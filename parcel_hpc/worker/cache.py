@@ -14,7 +14,7 @@ are read-only) with its own record of requests for the final partition.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -51,21 +51,30 @@ class WorkerCache:
         return self._budgets[key]
 
     def observe(
-        self, snapshot_path: str, split: Split, image: Mapping[str, Any], trainer: Mapping[str, Any], search_dir: os.PathLike
+        self,
+        snapshot_path: str,
+        split: Split,
+        image: Mapping[str, Any],
+        trainer: Mapping[str, Any],
+        search_dir: os.PathLike,
+        fence: Callable[[], None],
     ) -> tuple[WorkerObservation, str]:
         """What this process has in hand: digests it computes itself from the snapshot, split, image
         and trainer code it opened (the search's copy), never the values it was told; and why the
-        trainer could not be identified here ("" when it could)."""
+        trainer could not be identified here ("" when it could). ``fence`` is called once the
+        snapshot is read and before the trainer's code is imported: its import is trainer code."""
+        snapshot, image_digest = self._snapshot(snapshot_path), self._image(image)
+        fence()
         problem = ""
         try:
             found = self._trainer(trainer, search_dir)
         except UsageError as exc:  # the trainer does not import here: another environment than the launch's
             found, problem = {}, str(exc)
-        observed = WorkerObservation(self._snapshot(snapshot_path), split.digest, split.method.value, self._image(image), found)
-        return observed, problem
+        return WorkerObservation(snapshot, split.digest, split.method.value, image_digest, found), problem
 
     def training_data(self, snapshot_path: str, split: Split, preprocessing: Mapping[str, Any]) -> TrainingData:
-        """The loader's arrays for this trial; admission hashed the file a moment ago (``observe``)."""
+        """The loader's arrays for this trial, read before the process is fenced (admission then hashes
+        the same file, ``observe``); a later trial of the pack takes them from here."""
         key = (_file_key(snapshot_path), split.digest, canonical_json(dict(preprocessing)))
         data = self._data.get(key)
         if data is None:

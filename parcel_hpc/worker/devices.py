@@ -3,7 +3,7 @@
 Read where each answers. torch, when the trainer imported it and put work on CUDA (never imported
 here): the device names and ``max_memory_allocated``. NVML, the driver's own library, loaded with
 ctypes and sampled once a second on a thread for utilization: no ``nvidia-smi``, because starting a
-program while trainer code runs trips the final partition's fence (``guard.py``), whatever thread
+program in a fenced process trips the final partition's fence (``parcel_hpc.fence``), whatever thread
 starts it. Where neither answers (no GPU, no driver), the record says so: utilization None, never 0.
 
 Which NVML device a granted GPU is (``nvml_key``): ``CUDA_VISIBLE_DEVICES`` names it by UUID

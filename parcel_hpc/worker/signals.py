@@ -6,6 +6,10 @@ state is taken only at a step boundary: while a trainer runs, the signal is reco
 to submitit's own handler at the next boundary (``deliver``). A step must therefore be shorter than
 the launcher's ``signal_delay_s``.
 
+The handler it delivers to is the toolkit's own (submitit's checkpoint and ``scontrol requeue``):
+``toolkit_handlers`` wraps it once the process is fenced, so that its programs run inside the
+fence's ``toolkit_programs`` (the trainer code it calls back goes behind ``trainer_code`` again).
+
 Must not: decide anything about the attempt; it only moves the moment the handler runs.
 """
 
@@ -13,8 +17,11 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Callable
 from types import FrameType
 from typing import Any
+
+from parcel_hpc import fence
 
 HELD = (signal.SIGUSR2,)
 
@@ -60,3 +67,25 @@ class StepBoundarySignals:
         for signum, handler in self.previous.items():
             signal.signal(signum, handler)
         self.previous = {}
+
+
+def toolkit_handlers(signums: tuple[signal.Signals, ...] = HELD) -> None:
+    """Wrap the handlers installed for ``signums`` (submitit's) so that they run inside the fence's
+    ``toolkit_programs``; once: a wrapped handler is left as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        return  # only the main thread may set handlers, and only it runs them
+    for signum in signums:
+        handler = signal.getsignal(signum)
+        if callable(handler) and not isinstance(handler, _Toolkit):
+            signal.signal(signum, _Toolkit(handler))
+
+
+class _Toolkit:
+    """A signal handler of the toolkit's, run where it may start its programs."""
+
+    def __init__(self, handler: Callable[[int, FrameType | None], Any]) -> None:
+        self.handler = handler
+
+    def __call__(self, signum: int, frame: FrameType | None) -> Any:
+        with fence.toolkit_programs():
+            return self.handler(signum, frame)

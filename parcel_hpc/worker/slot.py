@@ -42,10 +42,10 @@ from parcel_hpc.propose.proposals import Proposer
 from parcel_hpc.scheduler.slots import Candidate, Queued, choose, expected_s, free_to_take, peers
 from parcel_hpc.worker.attempt import AttemptRun
 from parcel_hpc.worker.cache import WorkerCache
-from parcel_hpc.worker.jobenv import facts_from_env
+from parcel_hpc.worker.jobenv import facts_from_env, signal_cause
 from parcel_hpc.worker.plan import WorkerPlan
 from parcel_hpc.worker.signals import StepBoundarySignals
-from parcel_hpc.worker.task import signal_cause_of, stops_turn
+from parcel_hpc.worker.task import stops_turn
 
 START_MARGIN_S = 10.0  # a trial is started only this long before the scheduler's warning, at the latest
 LEASE_POLL_S = 0.05  # how often a slot waiting for another's proposal looks again (jittered)
@@ -226,7 +226,7 @@ class SlotTask:
         run = self._run
         again = False
         if run is not None:
-            again = run.interrupt(signal_cause_of(run))
+            again = run.interrupt(signal_cause(run.facts))
             run.release_claim()
         if again or self._taken or self._work_left():
             return submitit.helpers.DelayedSubmission(SlotTask(*self._args()))

@@ -27,10 +27,9 @@ from submitit.core.utils import UncompletedJobError
 
 from parcel_hpc.fsio import owner_only_writes
 from parcel_hpc.ledger import SearchDir, TrialRecord
-from parcel_hpc.ledger.events import Cause, FailureSignature
+from parcel_hpc.ledger.events import FailureSignature
 from parcel_hpc.lifecycle import systematic
 from parcel_hpc.lifecycle.actions import skipped_in_turn
-from parcel_hpc.worker import guard
 from parcel_hpc.worker.attempt import AttemptRun
 from parcel_hpc.worker.cache import WorkerCache
 from parcel_hpc.worker.jobenv import facts_from_env, signal_cause
@@ -117,7 +116,7 @@ class TrialTask:
         run = self._run
         if run is None and not self.packed:
             return submitit.helpers.DelayedSubmission(TrialTask(self.plans, self.own_limits))  # signalled before the attempt began
-        again = run is not None and run.interrupt(signal_cause_of(run))
+        again = run is not None and run.interrupt(signal_cause(run.facts))
         if run is not None:
             run.release_claim()  # an orderly exit: the requeued job's attempt re-enters the directory
         if again if not self.packed else self._unfinished():  # read after the running trial recorded its interruption
@@ -141,11 +140,6 @@ def stops_turn(search: SearchDir, trial_id: str, ran: list[FailureSignature | No
     if systematic.first_alike(ran, systematic.threshold(search.contract()["budget"])):
         return "the job's first trials failed alike"
     return ""
-
-
-def signal_cause_of(run: AttemptRun) -> Cause:
-    with guard.unfenced():  # delivered between the trainer's steps, while it is fenced: asking scontrol is the toolkit's, not the trainer's
-        return signal_cause(run.facts)
 
 
 def _not_here(record: TrialRecord, job_id: str) -> str:

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import logging
 import os
-import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from parcel_hpc.errors import UsageError
+from parcel_hpc.governance.release_target import scrubbed, shown
 
 INSTALL = "pip install 'parcel_hpc[mlflow]'"
 
@@ -40,15 +40,6 @@ def connect(uri: str) -> Any:
     return client
 
 
-def shown(uri: str) -> str:
-    """``uri`` without the user and password it may carry: what is printed and recorded."""
-    parts = urllib.parse.urlsplit(uri)
-    if parts.username is None and parts.password is None:
-        return uri
-    host = parts.hostname or ""
-    return urllib.parse.urlunsplit(parts._replace(netloc=host + (f":{parts.port}" if parts.port else "")))
-
-
 @contextmanager
 def answering(uri: str, what: str, after: str = "") -> Iterator[None]:
     """Any MLflow or connection failure inside as one line naming the server (exit 2)."""
@@ -57,7 +48,7 @@ def answering(uri: str, what: str, after: str = "") -> Iterator[None]:
     try:
         yield
     except (MlflowException, OSError) as exc:
-        reason = " ".join(str(exc).split()).replace(uri, shown(uri))
+        reason = scrubbed(" ".join(str(exc).split()), uri)
         if "Caused by" in reason:  # requests' retry chain: the last cause is the one that says why
             reason = reason.rsplit("Caused by", 1)[1].strip(" :()'\"")
         raise UsageError(f"MLflow at {shown(uri)} {what} ({reason[:200]}){after}; check the server and MLFLOW_TRACKING_URI (or release.tracking_uri)") from None
