@@ -38,7 +38,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from parcel_hpc import fsio
+from parcel_hpc import anchor, fsio
 from parcel_hpc.errors import CorruptRecord, UsageError
 from parcel_hpc.governance.admission import check_trial_id
 from parcel_hpc.governance.contract import Contract, load_contract
@@ -107,7 +107,8 @@ class SearchDir:
     path: Path
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "path", Path(self.path).absolute())
+        # Inside a process that holds the search (a job, a selection job: ``anchor``), through the held directory.
+        object.__setattr__(self, "path", anchor.resolve(Path(self.path).absolute()))
 
     # --- layout -----------------------------------------------------------------------------
     @property
