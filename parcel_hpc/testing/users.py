@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-TEAM = "parcel-team"  # the researchers' group: a team root is theirs, setgid 2775
+TEAM = "parcel-team"  # the researchers' group: a team root is theirs, setgid and sticky (3775)
 BOB = "parcel-bob"  # a researcher in TEAM
 CAROL = "parcel-carol"  # another researcher in TEAM
 ADMIN = "parcel-admin"  # reads everyone's searches; in a group of its own, not TEAM
@@ -46,12 +46,13 @@ def run_as(user: str, argv: Sequence[str], umask: int | None = None, cwd: str | 
     return subprocess.run(cmd, cwd=cwd, umask=-1 if umask is None else umask, capture_output=True, text=True, timeout=timeout, env=_env(entry))
 
 
-def team_dir(path: str | os.PathLike) -> Path:
-    """``path`` made a team directory: group TEAM, setgid, group-writable (2775)."""
+def team_dir(path: str | os.PathLike, mode: int = 0o3775) -> Path:
+    """``path`` made a team directory: group TEAM, setgid, group-writable, and sticky by default
+    (3775, the recommended team root); ``mode=0o2775``: a root whose members may rename each other's searches."""
     p = Path(path)
     p.mkdir(parents=True, exist_ok=True)
     os.chown(p, -1, grp.getgrnam(TEAM).gr_gid)
-    os.chmod(p, 0o2775)
+    os.chmod(p, mode)
     return p
 
 
