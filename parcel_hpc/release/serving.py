@@ -48,7 +48,7 @@ def load_release(entry: str | os.PathLike, snapshot: str | os.PathLike, split: s
     ran, seen = packet["lineage"]["what_ran"], packet["lineage"]["on_what_data"]
     problem = folder.files_problem(entry, record, ran["trainer"])
     if problem:
-        raise UsageError(f"{named}: {anchor.shown(problem)}; it is not loaded: restore the released entry")
+        raise UsageError(f"{named}: {problem}; it is not loaded: restore the released entry")
     if snapshot_digest(snapshot) != seen["snapshot_digest"]:
         raise UsageError(f"{snapshot} is not the snapshot {named.name} was trained on ({seen['snapshot_digest']}); give that snapshot")
     parsed = read_split(split)

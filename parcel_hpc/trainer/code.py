@@ -43,6 +43,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from parcel_hpc import anchor
 from parcel_hpc.errors import GovernanceRefusal, UsageError
 from parcel_hpc.fsio import FILE_MODE, ensure_dir, fsync_dir
 from parcel_hpc.governance.outcome import Outcome
@@ -224,7 +225,12 @@ def _whole(top: Path) -> tuple[list[tuple[str, Path]], list[str]]:
 
 def copy_problem(copy: Path, digest: str) -> str:
     """Why the code copy at ``copy`` is not the code ``digest`` pins, in words naming what is in it
-    that should not be ("" when it is that code, file for file)."""
+    that should not be ("" when it is that code, file for file). Named as others know the path (``anchor.shown``)."""
+    why = _copy_problem(copy, digest)
+    return why.replace(str(copy), anchor.shown(copy)) if why else ""
+
+
+def _copy_problem(copy: Path, digest: str) -> str:
     if not copy.is_dir():
         return f"the copy of the trainer's code ({copy}) is missing"
     files, others = _whole(copy)
@@ -319,7 +325,9 @@ def import_from_copy(search_dir: str | os.PathLike, identity: Mapping[str, Any])
     importlib.invalidate_caches()
     module = importlib.import_module(module_name)
     if not _inside(module, dest):
-        raise UsageError(f"trainer.target={target}: {module_name} imported from {getattr(module, '__file__', '?')}, not from the search's copy {dest}")
+        raise UsageError(
+            f"trainer.target={target}: {module_name} imported from {getattr(module, '__file__', '?')}, not from the search's copy {anchor.shown(dest)}"
+        )
     return module
 
 
