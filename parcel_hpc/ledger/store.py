@@ -23,7 +23,10 @@ Owns paths and the create-exclusive claims that make two launchers agree; no dec
 A shared root holds other users' files, so what is read stays inside the search: a record folder
 (``RECORD_FOLDERS``) or a trial's folder that is a symbolic link is refused (``fsio`` refuses a
 link as a record file itself), and a trial id becomes a path only once ``check_trial_id`` passed
-it, whichever file it came from (a ``spec.json`` naming ``../..`` is damaged, not a trial).
+it, whichever file it came from (a ``spec.json`` naming ``../..`` is damaged, not a trial). In a
+process that holds its search (a job: ``anchor.hold``), a SearchDir's path is the held directory
+(``/proc/self/fd/N``), so a rename of the search after the process checked it cannot redirect a
+read or a write.
 """
 
 from __future__ import annotations
