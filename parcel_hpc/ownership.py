@@ -61,6 +61,14 @@ class Trespass:
     def foreign(self) -> bool:
         return self.uid != os.getuid()
 
+    def said(self, owner: int | None = None) -> str:
+        """What is wrong, in words; ``owner``: whose it must be (this process's user by default)."""
+        owner = os.getuid() if owner is None else owner
+        if self.uid != owner:
+            whose = f"you ({user_name(owner)})" if owner == os.getuid() else user_name(owner)
+            return f"{self.path} is owned by {user_name(self.uid)} (mode {self.mode:04o}), not by {whose}"
+        return f"{self.path} is writable by its group or others (mode {self.mode:04o})"
+
 
 def trespass(top: Path, uid: int | None = None) -> Trespass | None:
     """The first path under ``top`` (``top`` included) owned by another uid than ``uid`` (this
@@ -102,13 +110,9 @@ def require_own_search(search_dir: Path, *, launch: bool) -> None:
         return
     if found.foreign:
         fix = "choose another search.revision" if launch else f"only its owner writes to it; read it with `parcel-hpc status {search_dir}`"
-        raise UsageError(
-            f"{found.path} is owned by {user_name(found.uid)} (mode {found.mode:04o}), not by you ({current_user()}): "
-            f"a search directory must be yours alone; {fix}"
-        )
+        raise UsageError(f"{found.said()}: a search directory must be yours alone; {fix}")
     raise UsageError(
-        f"{found.path} is writable by its group or others (mode {found.mode:04o}): they could replace what the search trusts; "
-        f"run `chmod -R g-w,o-w {search_dir}`{' or choose another search.revision' if launch else ''}"
+        f"{found.said()}: they could replace what the search trusts; run `chmod -R g-w,o-w {search_dir}`{' or choose another search.revision' if launch else ''}"
     )
 
 
@@ -155,12 +159,5 @@ def require_own_folder(folder: Path, what: str) -> None:
     found = trespass(folder)
     if found is None:
         return
-    if found.foreign:
-        raise UsageError(
-            f"{what} {folder}: {found.path} is owned by {user_name(found.uid)} (mode {found.mode:04o}), not by you ({current_user()}), "
-            f"and could be replaced by them; give a folder of your own"
-        )
-    raise UsageError(
-        f"{what} {folder}: {found.path} is writable by its group or others (mode {found.mode:04o}), who could replace what is in it; "
-        f"run `chmod -R g-w,o-w {folder}` or give a folder of your own"
-    )
+    fix = "give a folder of your own" if found.foreign else f"run `chmod -R g-w,o-w {folder}` or give a folder of your own"
+    raise UsageError(f"{what} {folder}: {found.said()}, so others could replace what the search keeps there; {fix}")

@@ -8,9 +8,7 @@ accepts it knowingly; so is another user's open checkpoint.dir; and bytecode pla
 own code copy is refused before anything of it is imported."""
 
 import os
-import pickle
 import py_compile
-import shlex
 import shutil
 import subprocess
 import sys
@@ -23,7 +21,7 @@ from parcel_hpc import ownership
 from parcel_hpc.ledger import SearchDir
 from parcel_hpc.testing import finish, launch, start_launch, wait_for
 from parcel_hpc.testing.runs import descendants
-from parcel_hpc.testing.users import BOB, ensure_users, run_as, team_dir
+from parcel_hpc.testing.users import BOB, ensure_users, exchange_line, planted_pickle, run_as, team_dir
 from parcel_hpc.trainer.code import snapshot_dir
 
 GROUP_UMASK = 0o002
@@ -37,20 +35,6 @@ class Model(NumpyMLP):
         time.sleep(float(os.environ.get("MY_STEP_S", "0")))
         return super().step()
 """
-
-
-SYSTEM_PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable  # the project's venv may be root's alone
-EXCHANGE = "import ctypes, sys; ok = ctypes.CDLL(None, use_errno=True).renameat2(-100, sys.argv[1].encode(), -100, sys.argv[2].encode(), 2); sys.exit(ok != 0)"
-
-
-class Planted:
-    """What a member writes in place of a job's pickle: unpickling it runs a command (``os.system``)."""
-
-    def __init__(self, command: str) -> None:
-        self.command = command
-
-    def __reduce__(self):
-        return (os.system, (self.command,))
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +102,7 @@ def test_a_live_search_swapped_in_a_2775_root_runs_nothing_of_the_members(team):
     digest = search.contract()["trainer"]["source_digest"]
     evil_pkl = team / "payload" / "evil.pkl"
     bytecode = planted_bytecode(team, marker)
-    evil_pkl.write_bytes(pickle.dumps(Planted(f"touch {marker}")))
+    evil_pkl.write_bytes(planted_pickle(f"touch {marker}"))
     os.chmod(evil_pkl, 0o644)
 
     # The member: a copy of the live search with their pickles and bytecode, exchanged with the search
@@ -127,7 +111,7 @@ def test_a_live_search_swapped_in_a_2775_root_runs_nothing_of_the_members(team):
     copy_code = snapshot_dir(theirs, digest) / "my_models"
     swap = (
         f"set -e; cp -r {search.path} {theirs}; mkdir -p {copy_code}/__pycache__; cp {bytecode} {copy_code}/__pycache__/{pyc_name()}; "
-        f"find {theirs}/submitit -name '*_submitted.pkl' -exec cp {evil_pkl} {{}} ';'; {SYSTEM_PYTHON} -c {shlex.quote(EXCHANGE)} {search.path} {theirs}"
+        f"find {theirs}/submitit -name '*_submitted.pkl' -exec cp {evil_pkl} {{}} ';'; {exchange_line(search.path, theirs)}"
     )
     res = run_as(BOB, ["sh", "-c", swap], umask=GROUP_UMASK)
     assert res.returncode == 0, res.stderr

@@ -16,11 +16,10 @@ from pathlib import Path
 import pytest
 
 from parcel_hpc.testing import parcel_hpc, subprocess_env
-from parcel_hpc.testing.users import ADMIN, BOB, ensure_users, run_as, team_dir
+from parcel_hpc.testing.users import ADMIN, BOB, SYSTEM_PYTHON, ensure_users, run_as, team_dir
 
 GROUP_UMASK = 0o002  # what a team sets so that its members share files
 ROOT_USER = pwd.getpwuid(os.getuid()).pw_name
-SYSTEM_PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable  # root's pyenv shims are root's alone
 
 # Run as parcel-bob by a system Python (the project's venv need not be readable by other users):
 # each path is overwritten in place, replaced by a rename and unlinked; prints errno names.

@@ -88,9 +88,7 @@ def registry_problem(entry: Path, uid: int) -> str:
             continue
         found = ownership.trespass(top, uid) if below else _judged(top, uid)
         if found is not None:
-            if found.uid != uid:
-                return f"{found.path} is owned by {ownership.user_name(found.uid)} (mode {found.mode:04o}), not by {ownership.user_name(uid)}"
-            return f"{found.path} is writable by its group or others (mode {found.mode:04o})"
+            return found.said(uid)
     renamable = ownership.open_to_renames(registry.parent)
     if renamable is not None:
         folder, mode = renamable

@@ -9,10 +9,7 @@ first code (worker.gate) refuses the directory in one line in the job's own erro
 (under the copy's old name) has no attempt started in it."""
 
 import os
-import pickle
-import shlex
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
@@ -20,24 +17,11 @@ import pytest
 
 from parcel_hpc.ledger import SearchDir, TrialState
 from parcel_hpc.testing import launch
-from parcel_hpc.testing.users import BOB, ensure_users, run_as, team_dir
+from parcel_hpc.testing.users import BOB, ensure_users, exchange_line, planted_pickle, run_as, team_dir
 
 from .cluster import sh, wait_for
 
 pytestmark = pytest.mark.slurm
-
-SYSTEM_PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
-EXCHANGE = "import ctypes, sys; ok = ctypes.CDLL(None, use_errno=True).renameat2(-100, sys.argv[1].encode(), -100, sys.argv[2].encode(), 2); sys.exit(ok != 0)"
-
-
-class Planted:
-    """A job pickle of the member's: unpickling it runs a command (``os.system``)."""
-
-    def __init__(self, command: str) -> None:
-        self.command = command
-
-    def __reduce__(self):
-        return (os.system, (self.command,))
 
 
 def test_a_queued_array_whose_search_is_swapped_before_it_starts_runs_nothing_of_the_members(artifacts, cluster_guard):
@@ -51,7 +35,7 @@ def test_a_queued_array_whose_search_is_swapped_before_it_starts_runs_nothing_of
         root = team_dir(top / "runs", mode=0o2775)
         marker = top / "member-code-ran"
         planted = top / "planted.pkl"
-        planted.write_bytes(pickle.dumps(Planted(f"touch {marker}")))
+        planted.write_bytes(planted_pickle(f"touch {marker}"))
         os.chmod(planted, 0o644)
         nodes = sorted(set(sh("sinfo", "-h", "-N", "-o", "%N").split()))
         touched.extend(nodes)
@@ -71,7 +55,7 @@ def test_a_queued_array_whose_search_is_swapped_before_it_starts_runs_nothing_of
         theirs = Path(f"{search.path}.theirs")
         swap = (
             f"set -e; cp -r {search.path} {theirs}; find {theirs}/submitit -name '*_submitted.pkl' -exec cp {planted} {{}} ';'; "
-            f"{SYSTEM_PYTHON} -c {shlex.quote(EXCHANGE)} {search.path} {theirs}"
+            f"{exchange_line(search.path, theirs)}"
         )
         swapped = run_as(BOB, ["sh", "-c", swap], umask=0o002)
         assert swapped.returncode == 0, swapped.stderr
