@@ -171,6 +171,9 @@ class SearchConf:
     seed: int = 0  # sampling seed for the space
     dry_run: bool = False  # admit and print, submit nothing
     wait: bool = True  # wait with a progress display until the trials end
+    # A root (or a folder above it) its group or others may write without the sticky bit lets them rename
+    # a search away and put another in its place: refused unless true (the search's identity checks then defend it).
+    allow_renames_in_root: bool = False
 
 
 @dataclass

@@ -3,6 +3,7 @@
     ParcelError                      exit 1: a bug or an unexpected state; never a user's fault
     ├── UsageError                   exit 2: bad input; the message names the problem and the fix
     │   ├── SchedulerUnavailable     SLURM cannot be reached (no SLURM_CONF, slurmctld down)
+    │   ├── NotTheSearch             the directory under a search's name is not the search a process acts for (anchor.py)
     │   └── AccountingError          sacct failed or its text could not be parsed
     ├── CorruptRecord                exit 2: a record on disk is unreadable (not a torn last line)
     ├── CheckpointCollision          exit 2: another trial's claim or checkpoint in our directory (claims.py)
@@ -54,6 +55,11 @@ class ReleaseFailed(SchedulerUnavailable):
 
 class AccountingError(UsageError):
     pass
+
+
+class NotTheSearch(UsageError):
+    """The directory under a search's name is not the search this process acts for: moved away and
+    replaced, re-owned, or opened to others (``anchor``). Nothing is read from it or written to it."""
 
 
 class CorruptRecord(ParcelError):

@@ -9,6 +9,7 @@ import uuid
 import pytest
 from submitit.slurm import slurm as submitit_slurm
 
+from parcel_hpc import anchor
 from parcel_hpc.errors import UsageError
 from parcel_hpc.ledger import Executor, SearchDir
 from parcel_hpc.scheduler.base import Dispatcher, LauncherSettings
@@ -22,15 +23,24 @@ BUDGET = {"max_retries": 2, "max_preemptions": 10}
 RESOURCES = {"gpus": 0, "cpus": 1, "mem_gb": 0.1, "time_limit_min": 2, "partition": None, "account": None, "qos": None}
 
 
+def acting_for(dispatcher: Dispatcher, search: SearchDir) -> Dispatcher:
+    """The dispatcher told which search directory its jobs act for, as a launch tells it at its door."""
+    search.path.mkdir(exist_ok=True)
+    dispatcher.acts_for(anchor.identify(search.path))
+    return dispatcher
+
+
 def local(tmp_path) -> Dispatcher:
     settings = LauncherSettings(Executor.LOCAL, {"parallelism": 2, "signal_delay_s": 5}, RESOURCES, BUDGET)
-    return make_dispatcher(settings, SearchDir(tmp_path / "search"))
+    search = SearchDir(tmp_path / "search")
+    return acting_for(make_dispatcher(settings, search), search)
 
 
 def slurm(tmp_path) -> Dispatcher:
     name = f"parcel-conformance-{uuid.uuid4().hex[:6]}"
     settings = LauncherSettings(Executor.SLURM, {"job_name": name, "array_parallelism": 4, "signal_delay_s": 5}, RESOURCES, BUDGET)
-    return make_dispatcher(settings, SearchDir(tmp_path / "search"))
+    search = SearchDir(tmp_path / "search")
+    return acting_for(make_dispatcher(settings, search), search)
 
 
 def wait_until(predicate, timeout: float, what: str) -> None:

@@ -1,45 +1,135 @@
-"""The final evaluation and the release on a hostile shared root (issue 32, High 3 and Medium 9):
-a registry entry someone planted is refused, never said to be registered, and left as it was;
-moving ``selection/`` aside and selecting afresh cannot buy a second final evaluation, because
-the revision's final claim and sealed result sit beside the contract."""
+"""The final evaluation and the release on a hostile shared root (issue 32, High 3 and Medium 9;
+issue 43): a registry entry someone planted is refused, never said to be registered, and left as
+it was; so is a registry folder someone else made or may write, and an entry whose code copy gained
+bytecode, by ``release`` and by ``load_release`` before it imports anything; moving ``selection/``
+aside, or the seal files themselves, cannot buy a second final evaluation. The selection jobs run
+from a folder holding a copy of parcel_hpc (a checkout) and import the installed one all the same."""
 
 import hashlib
 import json
+import os
+import py_compile
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from parcel_hpc.testing import launch, parcel_hpc
+from parcel_hpc.testing.users import BOB, ensure_users
+
+PARCEL_HPC = Path(sys.executable).parent / "parcel-hpc"  # the console script: its own folder first on sys.path, not the working directory's
+MODEL = "from parcel_hpc.trainer.numpy_mlp import NumpyMLP\n\n\nclass Model(NumpyMLP):\n    pass\n"
 
 
 @pytest.fixture(scope="module")
 def evaluated(tmp_path_factory, artifacts):
-    """A small search, selected, decided when held, and evaluated on its final partition once."""
+    """A small search of the user's own trainer (its code copied into the search and the registry),
+    selected, decided when held, and evaluated on its final partition once. select and
+    evaluate-final run from a folder holding an edited copy of parcel_hpc, as a checkout beside the
+    runs would: their jobs must import the installed parcel_hpc (its image digest) all the same."""
     root = tmp_path_factory.mktemp("seal")
     data = root / "data"
     shutil.copytree(artifacts["dir"], data)
+    (root / "lab" / "my_models").mkdir(parents=True)
+    (root / "lab" / "my_models" / "__init__.py").write_text("from my_models.model import Model\n")
+    (root / "lab" / "my_models" / "model.py").write_text(MODEL)
+    installed = Path(__import__("parcel_hpc").__file__).parent
+    checkout = root / "checkout"
+    shutil.copytree(installed, checkout / "parcel_hpc", ignore=shutil.ignore_patterns("__pycache__"))
+    with open(checkout / "parcel_hpc" / "governance" / "image.py", "a") as f:  # inside what the computed image digest hashes
+        f.write("# a checkout's copy, edited: its image digest is not the installed one's\n")
     res = launch(
-        [f"search.root={root / 'runs'}", "search.revision=seal-r1", "search.n_trials=12", "budget.max_trials=12", "pruner=none"], cwd=root, data_dir=data
+        [
+            f"search.root={root / 'runs'}",
+            "search.revision=seal-r1",
+            "search.n_trials=12",
+            "budget.max_trials=12",
+            "pruner=none",
+            "trainer.target=my_models:Model",
+        ],
+        cwd=root,
+        data_dir=data,
+        env=ENV(root),
     )
     assert res.returncode == 0, res.stderr[-2000:]
     search = root / "runs" / "seal-r1"
-    sel = cli(root, "select", str(search))
+    sel = from_checkout(root, "select", str(search))
     if sel.stdout.splitlines()[0] == "hold:slice-quality":
         ok = cli(root, "decide", str(search), "--accept", "--by", "Dana Reviewer", "--reason", "accepted for the test")
         assert ok.returncode == 0, ok.stdout + ok.stderr
     else:
         assert sel.returncode == 0 and sel.stdout.splitlines()[0] == "evaluate:final-holdout", sel.stdout + sel.stderr
-    final = cli(root, "evaluate-final", str(search))
+    final = from_checkout(root, "evaluate-final", str(search))
     assert final.returncode == 0 and final.stdout.splitlines()[0] == "evaluate:final-holdout", final.stdout + final.stderr
-    return {"root": root, "search": search}
+    return {"root": root, "search": search, "data": data}
+
+
+def ENV(root):
+    return {"PYTHONPATH": str(root / "lab")}
 
 
 def cli(root, *args):
-    return parcel_hpc([*args], cwd=root, timeout=600)
+    return parcel_hpc([*args], cwd=root, timeout=600, env=ENV(root))
 
 
-def snapshot(directory):
-    return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(directory.rglob("*")) if p.is_file()}
+def from_checkout(root, *args):
+    """The command run from the folder holding the edited copy of parcel_hpc (as a user in their checkout)."""
+    return subprocess.run([str(PARCEL_HPC), *args], cwd=root / "checkout", env={**os.environ, **ENV(root)}, capture_output=True, text=True, timeout=600)
+
+
+def load(root, entry, marker=None):
+    """``load_release`` in a fresh interpreter, as a server would; one line and exit 2 when refused."""
+    code = (
+        "import sys; from parcel_hpc.errors import exit_on_error; from parcel_hpc.release import load_release\n"
+        "with exit_on_error():\n"
+        "    model = load_release(sys.argv[1], sys.argv[2], sys.argv[3])\n"
+        "print(len(model.serve(__import__('parcel_hpc.data', fromlist=['x']).load_partition(sys.argv[2], __import__('parcel_hpc.data', fromlist=['x']).read_split(sys.argv[3]), 'validation').images[:4])))\n"
+    )
+    data = root / "data"
+    return subprocess.run(
+        [sys.executable, "-c", code, str(entry), str(data / "parcels.h5"), str(data / "split-group_r8.json")],
+        cwd=root,
+        env={**os.environ, **ENV(root)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def registered_entry(evaluated):
+    root, search = evaluated["root"], evaluated["search"]
+    rel = cli(root, "release", str(search))
+    assert rel.returncode == 0 and rel.stdout.splitlines()[0] == "release:registered", rel.stdout + rel.stderr
+    result = json.loads((search / "final-result.json").read_text())
+    return root / "runs" / "registry" / "seal-r1" / result["trial_id"]
+
+
+def one_line(res) -> str:
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    return lines[0]
+
+
+def test_a_registry_folder_someone_else_made_or_opened_is_refused(evaluated):
+    """Run before this module's first release (a registered selection is said again, not rewritten)."""
+    ensure_users()
+    root, search = evaluated["root"], evaluated["search"]
+    planted = root / "planted-registry"
+    planted.mkdir()
+    os.chown(planted, __import__("pwd").getpwnam(BOB).pw_uid, -1)  # what bob made first, where the release would go
+    res = cli(root, "release", str(search), "--registry", str(planted))
+    assert res.returncode == 2, res.stdout + res.stderr
+    line = one_line(res)
+    assert f"registry {planted}: {planted} is owned by {BOB}" in line and "pass --registry DIR" in line, line
+    assert os.listdir(planted) == []
+    opened = root / "open-registry"
+    opened.mkdir()
+    os.chmod(opened, 0o775)
+    res = cli(root, "release", str(search), "--registry", str(opened))
+    assert res.returncode == 2 and f"{opened} is writable by its group or others (mode 0775)" in one_line(res), res.stderr
+    assert os.listdir(opened) == [] and not (search / "release").exists()
 
 
 def test_a_planted_registry_entry_is_refused_and_left_untouched(evaluated):
@@ -69,10 +159,68 @@ def test_a_planted_registry_entry_is_refused_and_left_untouched(evaluated):
     again = cli(root, "release", str(search))
     assert again.returncode == 0 and again.stdout.splitlines()[0] == "release:registered"
     # An entry whose artifact was replaced after it was registered is never said to be registered again.
+    released = (entry / "artifact.h5").read_bytes()
     (entry / "artifact.h5").write_bytes(b"replaced later")
     tampered = cli(root, "release", str(search))
+    (entry / "artifact.h5").write_bytes(released)  # restored for the tests after this one
     assert tampered.returncode == 3 and tampered.stdout.splitlines()[0] == "reject:registry-entry", tampered.stdout + tampered.stderr
     assert "artifact.h5 is not the artifact the final evaluation scored" in tampered.stderr
+
+
+def test_bytecode_in_a_registry_entry_is_refused_by_release_and_load_release(evaluated):
+    root, search = evaluated["root"], evaluated["search"]
+    entry = registered_entry(evaluated)
+    marker = root / "entry-bytecode-ran"
+    digest = json.loads((entry / "packet.json").read_text())["lineage"]["what_ran"]["trainer"]["source_digest"]
+    pyc = entry / "code" / digest.partition(":")[2] / "my_models" / "__pycache__" / f"model.{sys.implementation.cache_tag}.pyc"
+    evil = root / "evil.py"
+    evil.write_text(f"open({str(marker)!r}, 'w').write('ran')\nfrom parcel_hpc.trainer.numpy_mlp import NumpyMLP as Model\n")
+    pyc.parent.mkdir()
+    py_compile.compile(str(evil), cfile=str(pyc), invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH, doraise=True)
+    again = cli(root, "release", str(search))
+    assert again.returncode == 3 and again.stdout.splitlines()[0] == "reject:registry-entry", again.stdout + again.stderr
+    assert f"holds my_models/__pycache__/{pyc.name}, which is not in its digest" in again.stderr and "already registered" not in again.stdout
+    loaded = load(root, entry)
+    assert loaded.returncode == 2 and f"holds my_models/__pycache__/{pyc.name}, which is not in its digest" in one_line(loaded), loaded.stderr
+    assert not marker.exists()
+    pyc.unlink()
+    pyc.parent.rmdir()
+    # A registry whose revision folder someone else owns could have been swapped: not loaded either.
+    os.chown(entry.parent, __import__("pwd").getpwnam(BOB).pw_uid, -1)
+    try:
+        swapped = load(root, entry)
+        assert swapped.returncode == 2 and f"{entry.parent} is owned by {BOB}" in one_line(swapped), swapped.stderr
+    finally:
+        os.chown(entry.parent, os.getuid(), -1)
+    served = load(root, entry)
+    assert served.returncode == 0 and served.stdout.strip() == "4", served.stdout + served.stderr
+    assert not marker.exists()
+
+
+def snapshot(directory):
+    return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def test_moving_the_seal_files_aside_cannot_buy_a_second_final_evaluation(evaluated):
+    """The owner's own tampering, as far as files can hold it: the claim beside the contract and the
+    sealed result moved aside still find the claim's copy in trials/; that moved too, the selection
+    journal still records the evaluation."""
+    root, search = evaluated["root"], evaluated["search"]
+    moved = [search / "final-claim.json", search / "final-result.json", search / "trials" / ".final-claim.json"]
+    try:
+        for p in moved[:2]:
+            p.rename(p.with_name(p.name + ".aside"))
+        ev = cli(root, "evaluate-final", str(search))
+        assert ev.returncode == 3 and ev.stdout.splitlines()[0] == "reject:final-holdout-used", ev.stdout + ev.stderr
+        moved[2].rename(moved[2].with_name(moved[2].name + ".aside"))
+        ev = cli(root, "evaluate-final", str(search))
+        assert ev.returncode == 3 and ev.stdout.splitlines()[0] == "reject:final-holdout-used", ev.stdout + ev.stderr
+        assert "the selection journal" in ev.stderr and "final-claim.json is gone" in ev.stderr, ev.stderr
+        assert not (search / "final-result.json").exists()  # nothing was evaluated again
+    finally:
+        for p in moved:
+            if p.with_name(p.name + ".aside").exists():
+                p.with_name(p.name + ".aside").rename(p)
 
 
 def test_moving_the_selection_aside_cannot_buy_a_second_final_evaluation(evaluated):

@@ -6,6 +6,7 @@ the file, and nothing printed carries a control sequence or a secret."""
 
 import json
 import os
+import pwd
 import shutil
 import subprocess
 import sys
@@ -119,7 +120,12 @@ def test_markup_and_escapes_in_a_user_name_are_printed_as_text(good, tmp_path):
         path.write_text(json.dumps({**record, "user": f"ev[/]il{ESC}]0;pwned\x07{ESC}[2J"}))
     res, _ = _read_command(["reconcile", "--root", str(search.parent)], tmp_path)
     assert res.returncode == 0, res.stderr
-    assert "ev[/]il" in res.stdout and ESC not in res.stdout and "\x07" not in res.stdout
+    # The spend is the directory owner's (the recorded name is no one's to be charged), and nothing of the name reaches the terminal raw.
+    assert pwd.getpwuid(os.getuid()).pw_name in res.stdout and ESC not in res.stdout and "\x07" not in res.stdout
+    listed, _ = _read_command(["list", str(search.parent), "--json"], tmp_path)
+    assert listed.returncode == 0 and ESC not in listed.stdout and "\x07" not in listed.stdout, listed.stderr
+    (row,) = json.loads(listed.stdout)["searches"]
+    assert row["users"] == [f"ev[/]il{ESC}]0;pwned\x07{ESC}[2J"]  # shown as written, as a name, in JSON's own escapes
 
 
 @pytest.mark.parametrize("command", ["status", "export", "reconcile"])

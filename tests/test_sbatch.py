@@ -83,13 +83,16 @@ GOLDEN_VALUES = {
             gres="gpu:1",
             output=f"{SEARCH}/selection/1/logs/{role}-%j.out",
             selection=1,
+            search_uid=1001,
+            search_inode=4325377,
             **BASE,
         )
         for name, role in (("winner_rerun", "rerun"), ("final_eval", "final"))
     },
 }
 # What each template needs beyond values(), for tests that render every template.
-NEEDS = {"reconcile": dict(reconcile_every_min=5), "winner_rerun": dict(selection=1), "final_eval": dict(selection=1)}
+OWNED = dict(selection=1, search_uid=1001, search_inode=4325377)  # a selection job holds the search to its owner and inode
+NEEDS = {"reconcile": dict(reconcile_every_min=5), "winner_rerun": OWNED, "final_eval": OWNED}
 
 
 def values(**overrides) -> SbatchValues:

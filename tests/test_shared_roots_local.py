@@ -16,11 +16,10 @@ from pathlib import Path
 import pytest
 
 from parcel_hpc.testing import parcel_hpc, subprocess_env
-from parcel_hpc.testing.users import ADMIN, BOB, ensure_users, run_as, team_dir
+from parcel_hpc.testing.users import ADMIN, BOB, SYSTEM_PYTHON, ensure_users, run_as, team_dir
 
 GROUP_UMASK = 0o002  # what a team sets so that its members share files
 ROOT_USER = pwd.getpwuid(os.getuid()).pw_name
-SYSTEM_PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable  # root's pyenv shims are root's alone
 
 # Run as parcel-bob by a system Python (the project's venv need not be readable by other users):
 # each path is overwritten in place, replaced by a rename and unlinked; prints errno names.
@@ -71,7 +70,7 @@ def team_root():
     ensure_users()
     top = Path(tempfile.mkdtemp(prefix="parcel-team-", dir="/tmp"))
     os.chmod(top, 0o755)
-    yield team_dir(top / "runs")
+    yield team_dir(top / "runs")  # 3775: the recommended team root
     shutil.rmtree(top)
 
 
@@ -184,3 +183,27 @@ def test_the_recorded_user_is_the_process_uid_not_logname(team_root, artifacts):
     cancel = parcel_hpc(["cancel", str(path), "--reason", "done"], env=someone_else)
     assert cancel.returncode == 0, cancel.stderr
     assert json.loads((path / "cancelled.json").read_text())["by"] == ROOT_USER
+
+
+def test_a_searchs_spend_is_its_directory_owners_whatever_its_records_say(search, team_root):
+    """Readers attribute a search to the uid that owns its directory (its identity), never to the
+    user field of its launch records, which their owner (or a tool of theirs) can write anything into."""
+    records = sorted((search / "launches").glob("*.json"))
+    before = {p: p.read_bytes() for p in records}
+    try:
+        for p in records:
+            p.write_text(json.dumps({**json.loads(p.read_text()), "user": BOB}))
+        spent = parcel_hpc(["reconcile", "--root", str(team_root), "--json"])
+        assert spent.returncode == 0, spent.stderr
+        report = json.loads(spent.stdout)
+        ours = next(s for s in report["searches"] if s["path"] == str(search))
+        assert ours["user"] == ROOT_USER
+        users = {t["key"]: t for t in report["by_user"]}
+        assert ROOT_USER in users and BOB not in users and users[ROOT_USER]["cpu_hours"] > 0
+        listed = parcel_hpc(["list", str(team_root), "--json"])
+        assert listed.returncode == 0, listed.stderr
+        row = next(s for s in json.loads(listed.stdout)["searches"] if s["path"] == str(search))
+        assert row["owner"] == ROOT_USER and row["users"] == [BOB]  # the recorded name, shown as what it is: a name
+    finally:
+        for p, data in before.items():
+            p.write_bytes(data)

@@ -25,7 +25,7 @@ from parcel_hpc.budget import search_caps
 from parcel_hpc.console import safe
 from parcel_hpc.errors import AccountingError, SchedulerUnavailable, UsageError
 from parcel_hpc.ledger import SearchDir
-from parcel_hpc.ledger.searches import UNREADABLE, find_searches, launched_by, problem_of
+from parcel_hpc.ledger.searches import UNREADABLE, find_searches, owner_of, problem_of
 from parcel_hpc.ledger.selection import JobSubmitted
 from parcel_hpc.plotting import hbars, png_of, pyplot, wrapped
 from parcel_hpc.scheduler.slurm.runs import run_table
@@ -53,7 +53,7 @@ def account_report(root: Path, account: str | None = None, since: _dt.datetime |
     searches, parts, unreadable = [], [], []
     for s in find_searches(root):
         try:
-            parts.append(SearchPart(str(s.path), launched_by(s), reconcile_search(s)))
+            parts.append(SearchPart(str(s.path), owner_of(s), reconcile_search(s)))
         except (SchedulerUnavailable, AccountingError):
             raise  # the scheduler's fault, not the search's: the report would be wrong for all of them
         except UNREADABLE as exc:  # one damaged or hostile search never hides the others

@@ -23,7 +23,7 @@ from parcel_hpc.budget import BudgetLedger, search_caps
 from parcel_hpc.console import safe
 from parcel_hpc.errors import UsageError
 from parcel_hpc.ledger import Executor, SearchDir, collector_paused
-from parcel_hpc.ledger.searches import launched_by
+from parcel_hpc.ledger.searches import owner_of
 from parcel_hpc.plotting import png_of, pyplot
 from parcel_hpc.scheduler.slurm.runs import job_runs, run_table, runs_table
 from parcel_hpc.scheduler.slurm.sacct import SACCT_FORMAT, build_sacct_argv, run_sacct
@@ -59,7 +59,7 @@ def reconcile_search(search: SearchDir, sacct_file: Path | None = None) -> Recon
             slot_jobs=_slot_jobs(search),
         )
     if not any(r.executor is Executor.SLURM for r in records):
-        runs = local_runs(records, launched_by(search))
+        runs = local_runs(records, owner_of(search))
         return reconcile(campaign, objective, "local executor", records, runs, [], caps, journal, jobs_run, search_path=path)
     jobs = sorted({j for r in records for j in r.jobs})
     runs = job_runs(parse_sacct(run_sacct(build_sacct_argv(jobs)), source="sacct", allocations_only=True)) if jobs else []

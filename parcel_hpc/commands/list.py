@@ -40,11 +40,23 @@ def run(args: argparse.Namespace) -> int:
 def render(summaries: Sequence[SearchSummary], root: Path, now: float | None = None) -> Table:
     now = time.time() if now is None else now
     table = Table(title=f"{len(summaries)} searches under {safe(root)}")
-    for col in ("search", "trials", "by state", "GPU-h (held)", "CPU-h", "cost", "charged to the caps: GPU-h, cost", "launcher", "last activity", "best"):
+    for col in (
+        "search",
+        "owner",
+        "trials",
+        "by state",
+        "GPU-h (held)",
+        "CPU-h",
+        "cost",
+        "charged to the caps: GPU-h, cost",
+        "launcher",
+        "last activity",
+        "best",
+    ):
         table.add_column(col)
     for s in summaries:
         if s.problem:
-            table.add_row(safe(_rel(s.path, root)), "?", f"[red]{safe(s.problem)}[/]", "", "", "", "", "", "", "")
+            table.add_row(safe(_rel(s.path, root)), safe(s.owner), "?", f"[red]{safe(s.problem)}[/]", "", "", "", "", "", "", "")
             continue
         spend = s.spend
         assert spend is not None  # a readable search has one
@@ -54,6 +66,7 @@ def render(summaries: Sequence[SearchSummary], root: Path, now: float | None = N
         gpu_p, cpu_p = (f" [yellow]{shown(h)} provisional[/]" if h > ROUNDING_H else "" for h in (spend.provisional.gpu_hours, spend.provisional.cpu_hours))
         table.add_row(
             safe(_rel(s.path, root)),
+            safe(s.owner),
             str(s.trials),
             " ".join(f"{state}={n}" for state, n in s.counts.items() if n) or "-",
             f"{shown(total.gpu_hours)} ({shown(spend.held.gpu_hours)})" + gpu_p + (f" [yellow]{spend.stale} stale[/]" if spend.stale else ""),

@@ -587,6 +587,7 @@ class Follower:
         with display.Progress(self.console, self._total()) as progress:
             while True:
                 round_started = time.monotonic()
+                self.dispatcher.check_search()  # still the directory the launch found at its door, before it reads or writes
                 if not self._refresh():
                     time.sleep(max(self.poll_s, 2.0))
                     continue

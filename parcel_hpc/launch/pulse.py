@@ -13,7 +13,7 @@ import socket
 import threading
 import time
 
-from parcel_hpc.errors import GovernanceRefusal
+from parcel_hpc.errors import GovernanceRefusal, NotTheSearch
 from parcel_hpc.ledger import HEARTBEAT_S, Heartbeat, LauncherState, SearchDir
 
 
@@ -50,6 +50,8 @@ class Pulse:
             return
         self._stop.set()
         self._thread.join()
+        if exc_type is not None and issubclass(exc_type, NotTheSearch):
+            return  # the directory under the search's name is someone else's now: nothing more is written there
         if exc_type is not None and not (self._said and issubclass(exc_type, GovernanceRefusal)):
             self._write(LauncherState.STOPPED)  # interrupted, or failed: whatever it meant to say, it stopped
         elif self.last_word is None:

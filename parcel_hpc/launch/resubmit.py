@@ -15,6 +15,7 @@ import uuid
 from rich.console import Console
 from rich.table import Table
 
+from parcel_hpc import anchor
 from parcel_hpc.budget import launch_decision
 from parcel_hpc.console import safe
 from parcel_hpc.errors import GovernanceRefusal, SchedulerUnavailable, UsageError
@@ -43,6 +44,7 @@ def run(search: SearchDir, *, dry_run: bool, wait: bool, console: Console) -> Re
         raise UsageError(f"{search.path} has no dispatched launch to resubmit from; launch the search first")
     settings = LauncherSettings.from_json(recorded)
     dispatcher = make_dispatcher(settings, search)
+    dispatcher.acts_for(anchor.identify(search.path))  # the directory as this door found it: its jobs hold it
     dispatcher.check()
     account = dispatcher.account_limits()  # an unknown account is refused here, before anything is written
     records, facts = resolution.observe(search, list(search.records()), resolution.RESUBMIT, every_gone_job=True)

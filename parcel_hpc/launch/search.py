@@ -19,7 +19,7 @@ from typing import Any, cast
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
-from parcel_hpc import fence, ownership
+from parcel_hpc import anchor, fence, ownership
 from parcel_hpc.budget import BudgetDecision, launch_decision
 from parcel_hpc.checkpoints import owner
 from parcel_hpc.config import LAUNCHERS, ParcelConf, unknown_keys
@@ -108,6 +108,7 @@ class SearchLaunch:
         contract = build_contract(cfg)  # validates every input file before anything is written
         search = SearchDir(path)
         ownership.require_own_search(path, launch=True)  # another user's, or one others may write: refused before reading it
+        ownership.require_closed_root(path.parent, allowed=bool(cfg["search"]["allow_renames_in_root"]))  # where others could rename it away
         _refuse_cancelled(search)
         fresh = not (path / "contract.json").exists()
         ours = contract.digest
@@ -117,6 +118,10 @@ class SearchLaunch:
             contract = in_frozen_form(contract, on_disk)  # a search frozen by an older version continues
             refuse_held(search)
         ckpt_root = Path(cfg["checkpoint"]["dir"]).absolute()
+        if not ckpt_root.is_relative_to(path):  # inside the search (the default), the search's own check covered it
+            # Whoever may replace a trial's checkpoint folder decides what it resumes from: yours alone, as a search is.
+            ownership.require_own_folder(ckpt_root, "checkpoint.dir")
+            ownership.require_closed_root(ckpt_root, allowed=bool(cfg["search"]["allow_renames_in_root"]))
         owner.refuse_foreign(ckpt_root, _dir_owner(search, ours))  # another search's checkpoints: bad input, exit 2
         if fresh:
             check_policy(contract)
@@ -150,6 +155,8 @@ class SearchLaunch:
         dry_run = bool(cfg["search"]["dry_run"])
         if dry_run:
             frozen, created = self._dry_freeze(path, contract, fresh)
+            if not fresh:
+                dispatcher.acts_for(anchor.identify(path))  # what its jobs' command lines would carry
         else:
             ensure_writable(path)
             if fresh:
@@ -167,6 +174,9 @@ class SearchLaunch:
                 # launch, when that one died before proposing anything); never added to a search later.
                 write_final_plan(path, frozen, cfg["split"]["path"], read_split(cfg["split"]["path"]).final_digest)
             owner.mark(ckpt_root, _dir_owner(search, frozen.digest))
+            # The search's identity, from here on: every job carries it and holds the directory to it,
+            # and this launch checks it before each round (a member who renames it away stops it).
+            dispatcher.acts_for(anchor.identify(path))
         launch_id = time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
         report = LaunchReport(path, launch_id, frozen.digest, dry_run=dry_run, follows=bool(cfg["search"]["wait"]))
 

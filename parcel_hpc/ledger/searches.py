@@ -58,14 +58,11 @@ def launcher_state(
     return LauncherState.UNKNOWN if dispatched else LauncherState.NONE
 
 
-def launched_by(search: SearchDir) -> str:
-    """Who ran the search's latest launch; for a search launched before launches said so, who owns
-    its contract file."""
-    users = [str(l["user"]) for l in search.launches() if l.get("user")]
-    if users:
-        return users[-1]
+def owner_of(search: SearchDir) -> str:
+    """Whose the search is, and whose its spend: the user who owns its directory (its identity:
+    ``anchor``), never a name its records say, which their owner can edit. "" when it is gone."""
     try:
-        return user_name((search.path / "contract.json").stat().st_uid)
+        return user_name(search.path.stat().st_uid)
     except OSError:
         return ""
 
@@ -92,7 +89,8 @@ class SearchSummary:
     last_activity: float | None  # newest write to a trial journal or launch record (epoch seconds)
     best: dict | None = None  # the best completed trial: id and validation miss-cost
     problem: str = ""  # why the search could not be read (damaged records): it is still listed
-    users: tuple[str, ...] = field(default=())  # who launched it
+    users: tuple[str, ...] = field(default=())  # the names its launch records give: shown, never whom its spend is charged to
+    owner: str = ""  # who owns its directory: the search is theirs, and so is its spend
 
     def to_json(self) -> dict:
         return {
@@ -105,6 +103,7 @@ class SearchSummary:
             "launcher": self.launcher.value,
             "last_activity": self.last_activity,
             "best": self.best,
+            "owner": self.owner,
             "users": list(self.users),
             "problem": self.problem,
         }
@@ -153,6 +152,7 @@ def summarize(search: SearchDir, now: float | None = None) -> SearchSummary:
         last_activity=_last_write(search),
         best={"trial_id": best.trial_id, "miss_cost": best.metric} if best else None,
         users=tuple(sorted({str(l["user"]) for l in launches if l.get("user")})),
+        owner=owner_of(search),
     )
 
 
@@ -203,4 +203,4 @@ def problem_of(exc: Exception) -> str:
 
 
 def _unreadable(search: SearchDir, problem: str) -> SearchSummary:
-    return SearchSummary(str(search.path), search.path.name, 0, {}, None, 0.0, 0.0, LauncherState.NONE, None, problem=problem)
+    return SearchSummary(str(search.path), search.path.name, 0, {}, None, 0.0, 0.0, LauncherState.NONE, None, problem=problem, owner=owner_of(search))

@@ -25,6 +25,9 @@ and every folder listed, is read ``within`` the search directory (``fsio.Folder`
 anywhere below it is refused, never followed; a record folder that is one is named at the door,
 ``contract``), and a trial id becomes a path only once ``check_trial_id`` passed it, whichever file
 it came from (a ``spec.json`` naming ``../..`` is damaged, not a trial).
+In a process that holds its search (a job: ``anchor.hold``), a SearchDir's path is the held
+directory (``/proc/self/fd/N``), so a rename of the search after the process checked it cannot
+redirect a read or a write.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from parcel_hpc import fsio
+from parcel_hpc import anchor, fsio
 from parcel_hpc.errors import CorruptRecord, UsageError
 from parcel_hpc.governance.admission import check_trial_id
 from parcel_hpc.governance.contract import Contract, load_contract
@@ -109,7 +112,8 @@ class SearchDir:
     path: Path
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "path", Path(self.path).absolute())
+        # Inside a process that holds the search (a job, a selection job: ``anchor``), through the held directory.
+        object.__setattr__(self, "path", anchor.resolve(Path(self.path).absolute()))
 
     # --- layout -----------------------------------------------------------------------------
     @property

@@ -4,8 +4,14 @@ trainer's code, the artifact, the packet, then ``registered.json``, exclusively.
 holds exactly such an entry as its artifacts (``mlflow_registry.py``), so ``serving.load_release``
 serves either.
 
-An entry found in the registry is trusted only when it is this one (``entry_problem``): a shared
-registry is writable by others, so anything else is ``reject:registry-entry`` before a byte is written.
+An entry found in the registry is trusted only when it is this one (``entry_problem``), its code
+copy whole included (``code.copy_problem``: a ``.pyc`` added to it is a changed entry): anything else
+is ``reject:registry-entry`` before a byte is written. And a registry folder follows the rule a
+search directory does (``registry_problem``): it, its revision folders and its entries are one
+user's alone, writable by nobody else, in a folder nobody else may rename it out of. ``release``
+writes only into a registry of its own user's, and ``serving.load_release`` loads only from a
+registry wholly its entry's owner's: a registry folder someone planted, opened to a group or put
+where others can swap it would let them replace what an admin later loads and runs.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from parcel_hpc import fsio
+from parcel_hpc import fsio, ownership
 from parcel_hpc.errors import CorruptRecord, GovernanceRefusal, UsageError
 from parcel_hpc.governance.contract import digest_of
 from parcel_hpc.governance.image import file_digest
@@ -56,12 +62,55 @@ def entry_problem(entry: Path, expected: Registration, trainer: dict[str, Any]) 
             return f"{marker} names {key}={found.get(key)!r}, this release is {value!r}"
     if not _regular(artifact) or file_digest(artifact) != expected.artifact_sha256:
         return f"{artifact} is not the artifact the final evaluation scored ({expected.artifact_sha256})"
+    return files_problem(entry, found, trainer) or None
+
+
+def files_problem(entry: Path, registered: dict[str, Any], trainer: dict[str, Any]) -> str:
+    """Why the entry's packet or code copy is not what its marker ``registered`` (and the packet's
+    ``trainer``) pin: "" when they are, the code copy whole (nothing added to it, bytecode included)."""
     packet = entry / "packet.json"
-    if not _regular(packet) or digest_of(fsio.read_json(packet)) != found.get("packet_digest"):
-        return f"{packet} is not the packet {marker} registered"
-    if trainer.get("code") and code.copy_digest(entry, trainer) != trainer["source_digest"]:
-        return f"the trainer's code in {entry} is not the code the contract pins ({trainer['source_digest']})"
-    return None
+    if not _regular(packet) or digest_of(fsio.read_json(packet)) != registered.get("packet_digest"):
+        return f"{packet} is not the packet {entry / MARKER} registered"
+    if trainer.get("code"):
+        return code.copy_problem(code.snapshot_dir(entry, str(trainer["source_digest"])), str(trainer["source_digest"]))
+    return ""
+
+
+def registry_problem(entry: Path, uid: int) -> str:
+    """Why someone other than ``uid`` could have put (or could replace) what the registry entry
+    ``entry`` holds: the entry or anything in it, its revision folder or its registry folder (the two
+    above it: whoever may write or owns them may swap the entry) owned by another user or writable by
+    its group or others, or the registry folder where others may rename it away (a folder above it
+    writable without the sticky bit); "" when none. What does not exist yet is the releaser's to create."""
+    registry = entry.parent.parent
+    for top, below in ((registry, False), (entry.parent, False), (entry, True)):
+        if not os.path.lexists(top):
+            continue
+        found = ownership.trespass(top, uid) if below else _judged(top, uid)
+        if found is not None:
+            return found.said(uid)
+    renamable = ownership.open_to_renames(registry.parent)
+    if renamable is not None:
+        folder, mode = renamable
+        return f"{folder} is writable by its group or others without the sticky bit (mode {mode:04o}): they could rename the registry away and put theirs in its place"
+    return ""
+
+
+def _judged(folder: Path, uid: int) -> ownership.Trespass | None:
+    """``folder`` itself (not what it holds) when another user than ``uid`` owns it or others may write it."""
+    st = os.stat(folder)  # a registry named through a link is the folder it names (the link's own folder is judged above it)
+    mode = stat.S_IMODE(st.st_mode)
+    return ownership.Trespass(folder, st.st_uid, mode) if st.st_uid != uid or mode & ownership.OTHERS_WRITE else None
+
+
+def check_own_registry(entry: Path) -> None:
+    """Refuse (exit 2, one line, nothing written) a registry this user's release may not trust to stay its own."""
+    problem = registry_problem(entry, os.getuid())
+    if problem:
+        raise UsageError(
+            f"registry {entry.parent.parent}: {problem}; nothing was registered: pass --registry DIR, a folder of yours that others can "
+            "neither write nor rename (or have the root made 3775 and the registry folder yours)"
+        )
 
 
 def _regular(path: Path) -> bool:
@@ -113,8 +162,8 @@ def write_entry(
         return  # registered by an earlier release of this selection (``check_found``): never rewritten
     fsio.ensure_dir(entry)
     copy_code(entry)  # whole or not at all, and kept when a retry finds it
-    if trainer.get("code") and code.copy_digest(entry, trainer) != trainer["source_digest"]:  # a copy found there is kept: it must be ours
-        raise refuse_entry(entry, f"the trainer's code in it is not the code the contract pins ({trainer['source_digest']})")
+    if trainer.get("code") and (why := code.copy_problem(code.snapshot_dir(entry, str(trainer["source_digest"])), str(trainer["source_digest"]))):
+        raise refuse_entry(entry, why)  # a copy found there is kept: it must be ours, whole
     fsio.atomic_write_bytes(entry / "artifact.h5", artifact)
     for name, text in files.items():
         fsio.atomic_write_text(entry / name, text)

@@ -20,7 +20,7 @@ from typing import Any
 
 from rich.console import Console
 
-from parcel_hpc import fsio
+from parcel_hpc import anchor, fsio
 from parcel_hpc.errors import CorruptRecord, GovernanceRefusal, UsageError
 from parcel_hpc.governance.contract import Contract, sha256_of
 from parcel_hpc.governance.outcome import Outcome
@@ -51,6 +51,7 @@ def publish(
     server given to the command (``--tracking-uri``), before ``MLFLOW_TRACKING_URI`` and the contract's."""
     store = SelectionStore(SearchDir(Path(search_dir)))
     contract = store.search.contract()  # not a search directory: one line, exit 2
+    owned = anchor.identify(store.search.path)  # checked again before anything is written
     target = ReleaseTarget.of(contract)
     if target.kind is RegistryKind.MLFLOW and registry is not None:
         raise UsageError("--registry DIR is the folder registry's; this search registers in MLflow (its contract pins release.registry=mlflow): leave it out")
@@ -85,6 +86,7 @@ def publish(
         assert expected is not None  # registered: the final check passed, so its result exists
         code.check_copy(store.search.path, contract["trainer"])  # the code that serves it goes with it
         if target.kind is RegistryKind.FOLDER:
+            folder.check_own_registry(entry)  # a registry someone else planted, opened or can swap: refused before it is created
             folder.check_writable(registry_root)
             folder.check_found(entry, expected, contract["trainer"])
         else:
@@ -99,6 +101,7 @@ def publish(
         )
 
     location = packet["registry_path"]
+    anchor.check(owned)  # still the search this release read: nothing is written for another
     if mlflow is not None:  # the version is the commit point: the packet is written once it exists
         assert expected is not None
         location = mlflow.register(packet, expected, write_entry, found)
@@ -141,9 +144,14 @@ def _said_again(
             raise CorruptRecord(
                 f"selection {already.selection} was registered at {already.registry_path}, which holds no packet.json now; restore that registry entry"
             )
-        problem = "this selection has no final result" if expected is None else folder.entry_problem(Path(already.registry_path), expected, contract["trainer"])
+        entry = Path(already.registry_path)
+        problem = (
+            "this selection has no final result"
+            if expected is None
+            else folder.registry_problem(entry, os.getuid()) or folder.entry_problem(entry, expected, contract["trainer"])
+        )
         if problem:  # the entry changed since this search registered it: never say registered for it
-            raise folder.refuse_entry(Path(already.registry_path), problem)
+            raise folder.refuse_entry(entry, problem)
         released, where = registered, already.registry_path
     out.print(str(REGISTERED), markup=False)
     out.print(f"  already registered: {where} (selection {already.selection}); a registry entry is never rewritten", markup=False)

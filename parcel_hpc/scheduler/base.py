@@ -14,9 +14,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
+from parcel_hpc import anchor
 from parcel_hpc.budget import AssociationLimit
+from parcel_hpc.errors import ParcelError
 from parcel_hpc.ledger import Executor
-from parcel_hpc.worker import WorkerPlan
+from parcel_hpc.worker import WorkerPlan, gate
 
 
 class Task(Protocol):
@@ -74,6 +76,26 @@ class Dispatcher(ABC):
 
     def __init__(self, settings: LauncherSettings) -> None:
         self.settings = settings
+        self.owned: anchor.Owned | None = None  # the search directory its jobs act for (``acts_for``)
+
+    def acts_for(self, owned: anchor.Owned) -> None:
+        """The search directory every job of this dispatcher acts for, as the launch found it at its
+        door: each job's command line carries it, and the job holds it before submitit unpickles
+        anything (``worker.gate``)."""
+        self.owned = owned
+
+    def check_search(self) -> None:
+        """``NotTheSearch`` (one line) when the directory under the search's name is not the one this
+        dispatcher acts for any more: a launch asks before each round and each submission."""
+        if self.owned is None:
+            raise ParcelError("a dispatcher acts for a search only once the launch said which (acts_for)")
+        anchor.check(self.owned)
+
+    def job_python(self) -> str:
+        """The interpreter command that starts each job (``gate.command``), the search checked now."""
+        self.check_search()
+        assert self.owned is not None  # check_search raised otherwise
+        return gate.command(self.owned)
 
     def launch_record(self) -> dict:
         """What a launch record says this dispatcher submitted with (``resubmit`` reads it back)."""

@@ -35,7 +35,7 @@ def make_dispatcher(settings: LauncherSettings, search: SearchDir, env: Mapping[
     # submitit's own timeout countdown must never end a trial before parcel_hpc's retry policy does.
     max_num_timeout = int(settings.budget["max_retries"]) + int(settings.budget["max_preemptions"]) + 1
     if settings.kind is Executor.LOCAL:
-        return LocalDispatcher(settings, local.job_folder(search), max_num_timeout=max_num_timeout)
+        return LocalDispatcher(settings, search, max_num_timeout=max_num_timeout)
     return SlurmDispatcher(settings, search, max_num_timeout=max_num_timeout, env=os.environ if env is None else env)
 
 

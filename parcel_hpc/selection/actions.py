@@ -304,6 +304,14 @@ def evaluate_final(search_dir, *, console: Console, out: Console) -> dict[str, A
         return GovernanceRefusal(outcome, detail)
 
     claim = store.final_claim()
+    journaled = record.sealed is not None or any(attempt.allowed for _, attempt in record.final_attempts)
+    if claim is None and journaled:
+        # Its claim files were moved aside by hand: the selection journal still says the final partition was looked at.
+        raise refuse(
+            FINAL_USED,
+            f"the selection journal in {store.dir} records this revision's final evaluation, but {store.final_claim_path.name} is gone from "
+            f"{store.search.path}: it was moved aside; restore it. It is evaluated once: a new search revision needs its own final evaluation plan",
+        )
     if claim is not None:
         why_not = _why_not_again(store, record, claim, writer)
         if why_not:

@@ -36,7 +36,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from parcel_hpc import fence, fsio
+from parcel_hpc import anchor, fence, fsio
 from parcel_hpc.checkpoints import store as ckpt
 from parcel_hpc.checkpoints.format import Unusable
 from parcel_hpc.checkpoints.format import read as read_checkpoint
@@ -218,7 +218,7 @@ def _save_artifact(ctx: _Context, directory: Path, identity: TrialIdentity, step
     with ctx.trainer_code(f"{type(trainer).__name__}.state()"):
         state = trainer.state().checked()
     path = ckpt.CheckpointStore(directory, identity, keep_last=1).save(step, state.arrays, {}, {}, extra=state.scalars)
-    return {"path": str(path), "sha256": file_digest(path), "step": step, "bytes": path.stat().st_size}
+    return {"path": anchor.shown(path), "sha256": file_digest(path), "step": step, "bytes": path.stat().st_size}
 
 
 def _trained(
@@ -335,7 +335,7 @@ def _rerun(ctx: _Context) -> dict[str, Any]:
     if found.step != ctx.plan.steps:
         raise UsageError(f"the newest checkpoint of {ctx.trial_id} is at step {found.step}, not its final step {ctx.plan.steps}")
     winner_scores = ctx.scores(winner, "validation", len(val), found.step)
-    artifact = _save_artifact(ctx, run_dir / "winner", ctx.winner_identity, found.step, winner) | {"from": str(found.path)}
+    artifact = _save_artifact(ctx, run_dir / "winner", ctx.winner_identity, found.step, winner) | {"from": anchor.shown(found.path)}
     with ctx.trainer_code(f"{type(winner).__name__}.serve (parity and serving cost)"):
         parity = _parity(winner, val.images, winner_scores, ctx.policy.parity_tolerance)
         serving = _serving_estimate(winner, val.images) | {"artifact_bytes": artifact["bytes"]}
@@ -347,14 +347,15 @@ def _rerun(ctx: _Context) -> dict[str, Any]:
         "role": JobRole.RERUN.value,
         "selection": ctx.n,
         "trial_id": ctx.trial_id,
-        "run_dir": str(run_dir),
+        "run_dir": anchor.shown(run_dir),
         "observed": {k: getattr(ctx.admitted, k) for k in ("snapshot_digest", "split_digest", "image_digest", "trainer_digest")},
         "software": _software(ctx),
         "selected_metric": float(ctx.frozen["metric"]),
         "artifact_metric": ctx.metric(winner_scores, val.labels),
         "rerun_metric": rerun_metric,
         "rerun_tolerance": ctx.policy.rerun_tolerance,
-        "records": {"rerun": str(records / "rerun")} | ({"baseline": str(records / "baseline")} if ctx.baseline.kind is BaselineKind.TRAINED else {}),
+        "records": {"rerun": anchor.shown(records / "rerun")}
+        | ({"baseline": anchor.shown(records / "baseline")} if ctx.baseline.kind is BaselineKind.TRAINED else {}),
         "artifact": artifact,
         "baseline": baseline,
         "parity": parity,
@@ -445,7 +446,8 @@ def _final(ctx: _Context) -> dict[str, Any]:
     plan, rerun, final = store.final_plan(), cast(dict[str, Any], store.result(n, JobRole.RERUN)), cast(Partition, ctx.final)  # _open_final read them
     columns = ctx.columns(final)
     scored = {}
-    winner_dir, baseline_dir = Path(rerun["artifact"]["path"]).parent, Path(rerun["baseline"]["artifact"]["path"]).parent
+    # Recorded by name: read through the held search (a released baseline lies outside it, by name).
+    winner_dir, baseline_dir = anchor.resolve(rerun["artifact"]["path"]).parent, anchor.resolve(rerun["baseline"]["artifact"]["path"]).parent
     loaded = {
         "winner": _restored(ctx, lambda: ctx.trainer(ctx.plan.params), winner_dir, ctx.winner_identity),
         "baseline": _released(ctx)
@@ -454,7 +456,7 @@ def _final(ctx: _Context) -> dict[str, Any]:
     }
     for which, artifact in (("winner", rerun["artifact"]), ("baseline", rerun["baseline"]["artifact"])):
         trainer, found = loaded[which]
-        if str(found.path) != artifact["path"] or file_digest(found.path) != artifact["sha256"]:
+        if anchor.shown(found.path) != artifact["path"] or file_digest(found.path) != artifact["sha256"]:
             raise GovernanceRefusal(Outcome.reject("artifact"), f"the {which} artifact {found.path} is not the one the selection checked ({artifact['path']})")
         scores = ctx.served(trainer, final.images, found.step, "final")
         rows = slice_report(scores, final.labels, columns, ctx.metric)

@@ -3,6 +3,7 @@
     <search>/final-plan.json                     the search revision's final evaluation plan, written when it froze
     <search>/final-claim.json                    the one final evaluation of this revision (exclusive); it fixes
                                                  the current selection for good
+    <search>/trials/.final-claim.json            the same claim again, where moving it aside takes every trial along
     <search>/final-result.json                   its sealed result (exclusive)
     <search>/selection/journal-*.jsonl           the selection's typed events (ledger.selection)
     <search>/selection/selection-<n>.json        the n-th frozen completed list and its chosen trial (exclusive)
@@ -15,6 +16,12 @@
 Every record is created exclusively and never rewritten; readers never write. Owns paths, not decisions.
 The final claim and result sit beside the contract, outside ``selection/``, and no command moves
 them: moving ``selection/`` aside and selecting afresh finds the revision's final partition used.
+The seal also holds against its owner moving files by hand, as far as files can: the claim is
+written twice (beside the contract and inside ``trials/``, where moving it aside leaves no trial
+to select) and the selection journal records every allowed final evaluation, and
+``evaluate-final`` refuses when any of the three says the final partition was claimed. Only
+removing all three (and then losing the search's trials) buys a second look; the files are the
+owner's, so that much cannot be made impossible by files alone.
 """
 
 from __future__ import annotations
@@ -150,8 +157,22 @@ class SelectionStore:
     def final_claim_path(self) -> Path:
         return self.search.path / FINAL_CLAIM
 
+    @property
+    def _claim_copy_path(self) -> Path:
+        return self.search.trials_dir / f".{FINAL_CLAIM}"
+
     def claim_final(self, claim: dict[str, Any]) -> bool:
+        """Claim the revision's one final evaluation; False when someone claimed it first. The copy
+        inside trials/ is written first: a claim beside the contract never stands without it."""
+        fsio.ensure_dir(self.search.trials_dir)
+        if not fsio.create_exclusive_json(self._claim_copy_path, claim):
+            return False
         return fsio.create_exclusive_json(self.final_claim_path, claim)
 
     def final_claim(self) -> dict[str, Any] | None:
-        return self.search.read_object(self.final_claim_path, "the final evaluation's claim")
+        """The claim, from beside the contract or, moved aside from there, from inside trials/."""
+        for path in (self.final_claim_path, self._claim_copy_path):
+            found = self.search.read_object(path, "the final evaluation's claim")
+            if found is not None:
+                return found
+        return None

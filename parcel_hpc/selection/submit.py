@@ -1,10 +1,12 @@
 """Run a selection job on the launcher the search's trials ran on, and wait for it.
 
-Local (the embedded default): a child process running ``python -m parcel_hpc selection-job``.
+Local (the embedded default): a child process running ``python -P -m parcel_hpc selection-job``.
 SLURM: ``scheduler/slurm/templates/winner_rerun.sbatch`` or ``final_eval.sbatch``, rendered here from the
 search's launch record (partition, account, QOS, GPUs, memory, time), written beside the job's
 logs and submitted; the job is followed with squeue until it leaves the queue. Its result file,
-written last by the job, is what says it succeeded.
+written last by the job, is what says it succeeded. Either way the job is told the search
+directory's identity as this command found it (``--owned UID INODE ID``), and holds the directory
+to it before it reads, imports or writes anything (``anchor``).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from parcel_hpc import fsio
+from parcel_hpc import anchor, fsio
 from parcel_hpc.errors import CorruptRecord, UsageError
 from parcel_hpc.ledger import Executor, JobRole
 from parcel_hpc.ledger.selection import JobSubmitted, SelectionWriter
@@ -59,8 +61,11 @@ def job_time_limit_min(trial_limit_min: int, role: JobRole) -> int:
     return 2 * trial_limit_min + 10 if role is JobRole.RERUN else trial_limit_min
 
 
-def render_script(store: SelectionStore, settings: LauncherSettings, role: JobRole, n: int, python: str = sys.executable) -> tuple[Path, str]:
-    """The batch script for this job and where it goes (nothing written yet)."""
+def render_script(
+    store: SelectionStore, settings: LauncherSettings, role: JobRole, n: int, owned: anchor.Owned, python: str = sys.executable
+) -> tuple[Path, str]:
+    """The batch script for this job and where it goes (nothing written yet); ``owned``: the search
+    directory as the command found it, which the job holds before anything else."""
     contract = store.search.contract()
     res = settings.resources
     logs = store.log_dir(n)
@@ -78,8 +83,10 @@ def render_script(store: SelectionStore, settings: LauncherSettings, role: JobRo
         search_dir=str(store.search.path),
         search_revision=contract["search_revision"],
         contract_digest=contract.digest,
-        search_id=identity.search_id if (identity := store.search.identity()) is not None else "none",
+        search_id=owned.search_id or "none",
         selection=n,
+        search_uid=owned.uid,
+        search_inode=owned.inode,
     )
     return logs / f"{TEMPLATES[role]}.sbatch", sbatch.render(TEMPLATES[role], values)
 
@@ -96,6 +103,7 @@ def run_job(store: SelectionStore, role: JobRole, n: int, writer: SelectionWrite
     """Run the job and wait for it; when one for the same selection and role is still running
     (another ``select`` started it, or this one was interrupted), wait for that one instead."""
     settings = launcher_of(store)
+    owned = anchor.identify(store.search.path)  # the directory as this command found it: the job holds it to this
     fsio.ensure_dir(store.log_dir(n))
     last = store.record().last_job(n, role)
     if isinstance(last, JobSubmitted) and job_alive(store, last):
@@ -105,7 +113,7 @@ def run_job(store: SelectionStore, role: JobRole, n: int, writer: SelectionWrite
             time.sleep(poll_s)
         log = store.log_dir(n) / f"{role.value}-{job_id}.out"
     elif settings.kind is Executor.SLURM:
-        path, script = render_script(store, settings, role, n)
+        path, script = render_script(store, settings, role, n, owned)
         sbatch.write_script(path, script)
         job_id = sbatch.submit(path)
         writer.job_submitted(n, role, job_id, Executor.SLURM)
@@ -115,7 +123,8 @@ def run_job(store: SelectionStore, role: JobRole, n: int, writer: SelectionWrite
             time.sleep(poll_s)
         log = store.log_dir(n) / f"{role.value}-{job_id}.out"
     else:
-        argv = [sys.executable, "-m", "parcel_hpc", "selection-job", str(store.search.path), role.value, "--selection", str(n)]
+        # -P: the working directory (a checkout beside the search) never shadows the installed parcel_hpc.
+        argv = [sys.executable, "-P", "-m", "parcel_hpc", "selection-job", *owned.argv()[:1], role.value, "--selection", str(n), "--owned", *owned.argv()[1:]]
         pending = store.log_dir(n) / f"{role.value}-starting-{os.getpid()}.out"
         with open(pending, "ab") as out:
             proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=dict(os.environ))

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import grp
 import os
+import pickle
 import pwd
+import shlex
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-TEAM = "parcel-team"  # the researchers' group: a team root is theirs, setgid 2775
+TEAM = "parcel-team"  # the researchers' group: a team root is theirs, setgid and sticky (3775)
 BOB = "parcel-bob"  # a researcher in TEAM
 CAROL = "parcel-carol"  # another researcher in TEAM
 ADMIN = "parcel-admin"  # reads everyone's searches; in a group of its own, not TEAM
@@ -46,12 +49,37 @@ def run_as(user: str, argv: Sequence[str], umask: int | None = None, cwd: str | 
     return subprocess.run(cmd, cwd=cwd, umask=-1 if umask is None else umask, capture_output=True, text=True, timeout=timeout, env=_env(entry))
 
 
-def team_dir(path: str | os.PathLike) -> Path:
-    """``path`` made a team directory: group TEAM, setgid, group-writable (2775)."""
+# A Python every test user can run (the project's virtualenv may be root's alone, as pyenv's shims are).
+SYSTEM_PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+_EXCHANGE = "import ctypes, sys; ok = ctypes.CDLL(None, use_errno=True).renameat2(-100, sys.argv[1].encode(), -100, sys.argv[2].encode(), 2); sys.exit(ok != 0)"
+
+
+def exchange_line(a: str | os.PathLike, b: str | os.PathLike) -> str:
+    """A shell line that exchanges two directories in one rename (``renameat2`` with
+    RENAME_EXCHANGE), as anyone who may write the folder holding them can: no moment without either."""
+    return f"{SYSTEM_PYTHON} -c {shlex.quote(_EXCHANGE)} {shlex.quote(str(a))} {shlex.quote(str(b))}"
+
+
+class _Planted:
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def __reduce__(self) -> tuple:
+        return (os.system, (self.command,))
+
+
+def planted_pickle(command: str) -> bytes:
+    """What a member writes in place of a job's pickle: unpickling it runs ``command`` (``os.system``)."""
+    return pickle.dumps(_Planted(command))
+
+
+def team_dir(path: str | os.PathLike, mode: int = 0o3775) -> Path:
+    """``path`` made a team directory: group TEAM, setgid, group-writable, and sticky by default
+    (3775, the recommended team root); ``mode=0o2775``: a root whose members may rename each other's searches."""
     p = Path(path)
     p.mkdir(parents=True, exist_ok=True)
     os.chown(p, -1, grp.getgrnam(TEAM).gr_gid)
-    os.chmod(p, 0o2775)
+    os.chmod(p, mode)
     return p
 
 

@@ -8,6 +8,16 @@ tree then cannot touch a running search, and a relaunch from changed code differ
 ``source_digest``: ``reject:trainer`` at the door. A trainer that is part of parcel_hpc (the
 built-in one) is part of the worker image instead, and is imported as installed.
 
+The copy is held to its digest whole: the working tree's caches, bytecode and hidden files are
+left out of the copy, and every file the copy holds counts (``copy_digest``), so a file added to it
+later (a ``.pyc`` beside its source, a module of the same name, a ``.so``) is a copy that is not
+the contract's code, refused before anything of it is imported. And nothing is ever imported from
+it but its sources: its packages are found only in the copy, whatever the working directory or
+``sys.path`` holds, and compiled from source at each import, never from bytecode, which is never
+written into it either (``_CopyFinder``). Why not digest the bytecode instead: it is rewritten by
+each Python version and whenever a source's mtime changes, so a digest of it would change under a
+running search; compiling a trainer's few modules costs milliseconds.
+
 Owns: which files are the trainer's code, their digest, the copy, importing a trainer from it,
 and the third-party distributions the code imports (from its import statements, lazy ones
 included), pinned with their versions. Must not: build or run a trainer.
@@ -18,6 +28,8 @@ from __future__ import annotations
 import ast
 import hashlib
 import importlib
+import importlib.abc
+import importlib.machinery
 import importlib.metadata as metadata
 import importlib.util
 import inspect
@@ -31,6 +43,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from parcel_hpc import anchor
 from parcel_hpc.errors import GovernanceRefusal, UsageError
 from parcel_hpc.fsio import FILE_MODE, ensure_dir, fsync_dir
 from parcel_hpc.governance.outcome import Outcome
@@ -201,17 +214,55 @@ def _copy_whole(files: Sequence[tuple[str, Path]], dest: Path, digest: str, chan
 
 
 def _copy_digest(top: Path) -> str:
-    """The digest of a copy, computed as ``source_digest`` computed it from the working tree."""
-    return _digest(_tree_files(top))
+    """The digest of a copy: every file it holds, computed as ``source_digest`` computed it from the
+    working tree's sources (a copy that holds exactly those has the same digest)."""
+    return _digest(_whole(top)[0])
+
+
+def _whole(top: Path) -> tuple[list[tuple[str, Path]], list[str]]:
+    """(path below ``top``, file) for every regular file under ``top``, nothing left out, and what
+    else is there (a link, a FIFO: never part of a copy), by path below ``top``. Links are not followed."""
+    files, others = [], []
+    pending = [top]
+    while pending:
+        with os.scandir(pending.pop()) as entries:
+            for entry in entries:
+                rel = Path(entry.path).relative_to(top).as_posix()
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append(Path(entry.path))
+                elif entry.is_file(follow_symlinks=False):
+                    files.append((rel, Path(entry.path)))
+                else:
+                    others.append(rel)
+    return sorted(files), sorted(others)
+
+
+def copy_problem(copy: Path, digest: str) -> str:
+    """Why the code copy at ``copy`` is not the code ``digest`` pins, in words naming what is in it
+    that should not be ("" when it is that code, file for file). Named as others know the path (``anchor.shown``)."""
+    why = _copy_problem(copy, digest)
+    return why.replace(str(copy), anchor.shown(copy)) if why else ""
+
+
+def _copy_problem(copy: Path, digest: str) -> str:
+    if not copy.is_dir():
+        return f"the copy of the trainer's code ({copy}) is missing"
+    files, others = _whole(copy)
+    if others:
+        return f"the copy of the trainer's code ({copy}) holds {others[0]}, which is not a regular file"
+    if _digest(files) == digest:
+        return ""
+    sources = {rel for rel, _ in _tree_files(copy)}
+    extra = [rel for rel, _ in files if rel not in sources]  # bytecode, caches, hidden files: never part of a copy
+    if extra and _digest([(rel, f) for rel, f in files if rel in sources]) == digest:
+        return f"the copy of the trainer's code ({copy}) holds {extra[0]}, which is not in its digest (bytecode or a file added after it froze)"
+    return f"the copy of the trainer's code ({copy}) is not the code the contract pins ({digest})"
 
 
 def check_copy(search_dir: str | os.PathLike, identity: Mapping[str, Any]) -> None:
-    """``reject:trainer`` unless the search's copy of the trainer's code is the code its contract pins."""
-    if identity.get("code") and copy_digest(search_dir, identity) != identity["source_digest"]:
-        raise GovernanceRefusal(
-            Outcome.reject("trainer"),
-            f"the search's copy of the trainer's code ({snapshot_dir(search_dir, str(identity['source_digest']))}) is not the code its contract pins",
-        )
+    """``reject:trainer`` unless the search's copy of the trainer's code is the code its contract pins, whole."""
+    if identity.get("code") and (why := copy_problem(snapshot_dir(search_dir, str(identity["source_digest"])), str(identity["source_digest"]))):
+        raise GovernanceRefusal(Outcome.reject("trainer"), f"{why}; nothing of it runs: move the copy's extra files aside, or start a new search.revision")
 
 
 def copy_snapshot(source_dir: str | os.PathLike, dest_dir: str | os.PathLike, identity: Mapping[str, Any]) -> None:
@@ -228,37 +279,69 @@ def copy_snapshot(source_dir: str | os.PathLike, dest_dir: str | os.PathLike, id
 
 
 def copy_digest(search_dir: str | os.PathLike, identity: Mapping[str, Any]) -> str:
-    """What the copy in the search holds now (a worker's own observation, never the recorded value)."""
+    """What the copy in the search holds now, every file of it (a worker's own observation, never the recorded value)."""
     dest = snapshot_dir(search_dir, str(identity["source_digest"]))
     return _copy_digest(dest) if dest.is_dir() else "missing"
 
 
+class _SourceLoader(importlib.machinery.SourceFileLoader):
+    """A module of the copy compiled from its source every time: bytecode is neither read nor written."""
+
+    def get_code(self, fullname: str) -> Any:
+        return self.source_to_code(self.get_data(self.path), self.path)
+
+    def set_data(self, path: str, data: Any, *, _mode: int = 0o666) -> None:
+        pass  # never a cache file in the copy
+
+
+_LOADERS = [(importlib.machinery.ExtensionFileLoader, importlib.machinery.EXTENSION_SUFFIXES), (_SourceLoader, importlib.machinery.SOURCE_SUFFIXES)]
+
+
+class _CopyFinder(importlib.abc.MetaPathFinder):
+    """Finds the copy's packages (``tops``: their top-level names) in the copy and nowhere else: first
+    on ``sys.meta_path``, so a working directory, a checkout or another copy on ``sys.path`` never
+    shadows them, and with no bytecode loader (an extension module is a file of the digested copy)."""
+
+    def __init__(self, copy: Path, tops: frozenset[str]) -> None:
+        self.copy, self.tops = copy, tops
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None = None, target: Any = None) -> Any:
+        if fullname.split(".")[0] not in self.tops:
+            return None
+        places = [str(self.copy)] if "." not in fullname else [p for p in (path or []) if Path(p).is_relative_to(self.copy)]
+        for place in places:
+            spec = importlib.machinery.FileFinder(place, *_LOADERS).find_spec(fullname)
+            if spec is not None and (spec.loader is not None or spec.submodule_search_locations):
+                return spec
+        raise ModuleNotFoundError(f"{fullname} is not in the trainer's code copy {self.copy}", name=fullname)
+
+
 def import_from_copy(search_dir: str | os.PathLike, identity: Mapping[str, Any]) -> Any:
-    """The trainer's module, imported from the search's copy. Modules of the same names imported from
-    elsewhere first (a working tree on the path) are dropped, and the module must come from the copy."""
+    """The trainer's module, imported from the search's copy once the copy is checked whole against
+    its digest (``UsageError`` naming what is wrong, before anything of it is imported). Modules of
+    the same names imported from elsewhere first (a working tree) are dropped, and from then on this
+    process finds those packages only in the copy (``_CopyFinder``)."""
     target = str(identity["target"])
     module_name = target.partition(":")[0]
     if not identity.get("code"):
         return importlib.import_module(module_name)
     dest = snapshot_dir(search_dir, str(identity["source_digest"]))
-    if not dest.is_dir():
-        raise UsageError(f"trainer.target={target}: the search's copy of its code ({dest}) is missing; the search directory was damaged")
-    if str(dest) in sys.path:
-        sys.path.remove(str(dest))
-    sys.path.insert(0, str(dest))  # first, ahead of another copy of the same packages loaded before
+    why = copy_problem(dest, str(identity["source_digest"]))
+    if why:
+        raise UsageError(f"trainer.target={target}: {why}; nothing of it was imported")
     names = list(identity["code"])
     for loaded in list(sys.modules):
         mod = sys.modules[loaded]
         if any(loaded == n or loaded.startswith(n + ".") or n.startswith(loaded + ".") for n in names) and not _inside(mod, dest):
             del sys.modules[loaded]
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _CopyFinder)]
+    sys.meta_path.insert(0, _CopyFinder(dest, frozenset(n.split(".")[0] for n in names)))
     importlib.invalidate_caches()
-    writes, sys.dont_write_bytecode = sys.dont_write_bytecode, True  # a copy (a registry entry) is read, never written
-    try:
-        module = importlib.import_module(module_name)
-    finally:
-        sys.dont_write_bytecode = writes
+    module = importlib.import_module(module_name)
     if not _inside(module, dest):
-        raise UsageError(f"trainer.target={target}: {module_name} imported from {getattr(module, '__file__', '?')}, not from the search's copy {dest}")
+        raise UsageError(
+            f"trainer.target={target}: {module_name} imported from {getattr(module, '__file__', '?')}, not from the search's copy {anchor.shown(dest)}"
+        )
     return module
 
 

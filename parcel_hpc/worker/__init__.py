@@ -1,5 +1,6 @@
 """The per-trial task: admit -> claim -> resume or start -> train -> milestones -> end.
 
+gate.py      every job's first code: holds the search directory named on its command line, then submitit runs the task
 task.py      TrialTask, what submitit pickles and runs: one or more trials in turn (a pack)
 slot.py      SlotTask: a job that takes its trials (and a learning sampler's proposals) in turn
 attempt.py   AttemptRun: one attempt, every transition journaled

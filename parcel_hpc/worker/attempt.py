@@ -26,7 +26,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import cast
 
-from parcel_hpc import fence
+from parcel_hpc import anchor, fence
 from parcel_hpc.budget import SearchBudget
 from parcel_hpc.checkpoints import claims
 from parcel_hpc.checkpoints import store as ckpt
@@ -289,7 +289,7 @@ class AttemptRun:
         assert self.store is not None  # execute() made it before building the trainer
         latest = self.store.load_latest()
         for problem in self.store.problems:
-            self.ledger.checkpoint_skipped(self.attempt, str(problem.path), problem.reason)
+            self.ledger.checkpoint_skipped(self.attempt, anchor.shown(problem.path), problem.reason)
         if latest is None:
             return 0
         trainer.load_state(TrainerState(latest.params, latest.extra or {}))

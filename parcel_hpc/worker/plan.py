@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from parcel_hpc import anchor
 from parcel_hpc.checkpoints import KEEP_LAST
 from parcel_hpc.ledger import SearchDir, TrialSpec
 from parcel_hpc.lifecycle.actions import RetryPolicy
@@ -77,4 +78,4 @@ class WorkerPlan:
         """The directory this trial claims. A prefix template that does not include {trial_id} can
         put two trials on one directory; the claim catches that, it is not prevented here."""
         prefix = self.checkpoint_prefix.format(trial_id=self.trial_id, **dict(self.params))
-        return os.path.join(self.checkpoint_root, prefix)
+        return str(anchor.resolve(os.path.join(self.checkpoint_root, prefix)))  # inside a held search (the default): through it

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 
-from parcel_hpc import fsio
+from parcel_hpc import anchor, fsio
 from parcel_hpc.checkpoints import claims
 from parcel_hpc.errors import UsageError
 from parcel_hpc.ledger import SearchDir
@@ -37,7 +37,7 @@ def quarantine_collision(search: SearchDir, trial_id: str, attempt: int, exc: cl
         search.mark_quarantined(tid, uptos[tid], reason)
     moved = ""
     try:
-        moved = str(claims.quarantine_move(exc.ckpt_dir, search.quarantine_dir, "_".join(involved), reason))
+        moved = anchor.shown(claims.quarantine_move(exc.ckpt_dir, search.quarantine_dir, "_".join(involved), reason))
     except UsageError:
         pass  # already moved by the other trial's attempt: nothing is lost
     milestones = MilestoneStore(search.path, _milestones(search))

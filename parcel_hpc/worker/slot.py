@@ -32,6 +32,7 @@ from typing import Any
 import submitit
 from submitit.core.utils import UncompletedJobError
 
+from parcel_hpc import anchor
 from parcel_hpc.fsio import owner_only_writes
 from parcel_hpc.governance.admission import admit_proposal
 from parcel_hpc.governance.contract import Contract
@@ -94,6 +95,7 @@ class SlotTask:
     # --- the slot -------------------------------------------------------------------------------
     def __call__(self) -> list[dict]:
         owner_only_writes()
+        anchor.enter(self.search_dir)  # held by the job's gate already; a slot run by hand holds its own now
         began = time.monotonic()
         deadline = began + 60.0 * self.minutes - self.signal_delay_s - START_MARGIN_S
         facts = facts_from_env()

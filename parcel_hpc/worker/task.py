@@ -25,6 +25,7 @@ from typing import Any
 import submitit
 from submitit.core.utils import UncompletedJobError
 
+from parcel_hpc import anchor
 from parcel_hpc.fsio import owner_only_writes
 from parcel_hpc.ledger import SearchDir, TrialRecord
 from parcel_hpc.ledger.events import FailureSignature
@@ -65,6 +66,8 @@ class TrialTask:
 
     def __call__(self) -> dict | list[dict]:
         owner_only_writes()
+        for search_dir in sorted({p.search_dir for p in self.plans}):
+            anchor.enter(search_dir)  # held by the job's gate already; a task run by hand holds its own now
         facts = facts_from_env()
         cache = WorkerCache()
         results = []

@@ -33,12 +33,12 @@ class LocalDispatcher(Dispatcher):
     name = Executor.LOCAL
     can_detach = False
 
-    def __init__(self, settings: LauncherSettings, folder: Path, *, max_num_timeout: int) -> None:
+    def __init__(self, settings: LauncherSettings, search: SearchDir, *, max_num_timeout: int) -> None:
         super().__init__(settings)
         self.parallelism = int(settings.params["parallelism"])
         if self.parallelism < 1:
             raise UsageError(f"hydra.launcher.parallelism={self.parallelism} must be >= 1")
-        self.folder = Path(folder)
+        self.folder = job_folder(search)
         self._max_num_timeout = max_num_timeout
         self._executor: submitit.LocalExecutor | None = None
         wanted = int(settings.resources["gpus"])
@@ -72,6 +72,7 @@ class LocalDispatcher(Dispatcher):
 
     def submit(self, tasks: Sequence[Task], record: Record, exclude_nodes: Sequence[str] = ()) -> list[Submitted]:
         job_ids = []
+        self.executor.python = self.job_python()  # each job holds the search before submitit unpickles it
         for task in tasks:
             devices = tuple(self._free_devices()[: self.gpus_per_job])
             if len(devices) < self.gpus_per_job:

@@ -11,6 +11,7 @@ frozen resources; a packed task's time limit is its trials' added up.
 from __future__ import annotations
 
 import shlex
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -28,6 +29,7 @@ from parcel_hpc.scheduler.identity import SearchIdentity, scheduler_name
 from parcel_hpc.scheduler.packing import job_time_limit_min
 from parcel_hpc.scheduler.slurm import calls
 from parcel_hpc.scheduler.slurm import queue as slurm
+from parcel_hpc.worker import gate
 
 
 class SlurmDispatcher(Dispatcher):
@@ -120,6 +122,7 @@ class SlurmDispatcher(Dispatcher):
         for task in tasks:
             if params["time"] > task.job_minutes(limit):
                 task.own_limits = True  # a shorter task in an array of longer packs: the scheduler warns too late for it
+        self.executor.python = self.job_python()  # each job holds the search before submitit unpickles it
         try:
             calls.count("sbatch")  # submitit runs it
             jobs = self.executor.submit_array(list(tasks))
@@ -169,8 +172,9 @@ class SlurmDispatcher(Dispatcher):
         params = dict(self.executor.parameters)
         params["map_count"] = min(len(pack_lengths), self.limits.max_array_size)
         params["time"] = job_time_limit_min(max(pack_lengths, default=1), int(self.settings.resources["time_limit_min"]))
-        python = shlex.quote(self.executor.python) if " " in self.executor.python else self.executor.python
-        command = " ".join([python, "-u -m submitit.core._submit", shlex.quote(str(self.executor.folder))])
+        # The search's identity is known once its directory exists (a dry run of a new search: placeholders).
+        python = gate.command(self.owned) if self.owned is not None else f"{shlex.quote(sys.executable)} -P -u -m {gate.MODULE} SEARCH_DIR UID INODE SEARCH_ID"
+        command = " ".join([python, *gate.SUBMITIT, shlex.quote(str(self.executor.folder))])
         script = submitit_batch_script(command, self.executor.folder, params)
         if self.search.identity() is None:
             script = f"# job name and comment gain this search's id (-<12 hex digits>) when its contract freezes\n{script}"

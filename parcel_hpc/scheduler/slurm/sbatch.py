@@ -103,6 +103,8 @@ class SbatchValues:
     reconcile_every_min: int | None = None  # reconcile.sbatch: minutes between runs; 0 = cron drives it
     gres: str = ""  # --gres, like gpu:1; empty drops the line
     selection: int | None = None  # winner_rerun / final_eval: the selection number the job works on
+    search_uid: int | None = None  # winner_rerun / final_eval: who owns the search directory (anchor.Owned), checked by the job first
+    search_inode: int | None = None  # and which directory it is: a directory swapped under its name has another
 
     def __post_init__(self) -> None:
         fix = object.__setattr__
@@ -130,6 +132,9 @@ class SbatchValues:
             raise check.bad("gres", self.gres, "is not a GPU request", "use gpu:N or gpu:TYPE:N, like 'gpu:1' or 'gpu:a100:2'")
         if self.selection is not None:
             check.whole("selection", self.selection, 1, 100_000)
+        for name in ("search_uid", "search_inode"):
+            if getattr(self, name) is not None:
+                check.whole(name, getattr(self, name), 0, 2**64 - 1)
 
 
 # ---------------------------------------------------------------- placeholders
@@ -153,6 +158,8 @@ _FIELDS: dict[str, _Field] = {
     "time_limit": _Field(lambda v: format_time_limit(v.time_limit_min), "time_limit_min"),
     "reconcile_every_min": _Field(lambda v: None if v.reconcile_every_min is None else str(v.reconcile_every_min), "reconcile_every_min"),
     "selection": _Field(lambda v: None if v.selection is None else str(v.selection), "selection"),
+    "search_uid": _Field(lambda v: None if v.search_uid is None else str(v.search_uid), "search_uid"),
+    "search_inode": _Field(lambda v: None if v.search_inode is None else str(v.search_inode), "search_inode"),
 }
 
 
