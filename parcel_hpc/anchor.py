@@ -36,6 +36,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from parcel_hpc import fsio
 from parcel_hpc.errors import NotTheSearch, UsageError
 from parcel_hpc.ownership import OTHERS_WRITE, user_name
 from parcel_hpc.scheduler.identity import IDENTITY_FILE, SearchIdentity
@@ -193,7 +194,7 @@ def _read_in(fd: int, file: str, name: str) -> bytes | None:
     device, at most ``_MAX_IDENTITY_BYTES``; None when there is none. (A small no-follow read of our
     own: fsio's readers take paths.)"""
     try:
-        f = os.open(file, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+        f = fsio.open_in(fd, file, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
     except OSError as exc:

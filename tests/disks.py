@@ -10,9 +10,10 @@ from pathlib import Path
 
 @contextlib.contextmanager
 def small_tmpfs(path: Path, size: str):
-    """``path`` made and mounted as a tmpfs of ``size`` (``8k``, ``4m``) while the block runs."""
+    """``path`` made and mounted as a tmpfs of ``size`` (``8k``, ``4m``) while the block runs; the
+    user's alone (0755: a tmpfs is 1777 by default, which a ``checkpoint.dir`` may not be)."""
     path.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(path)], check=True)
     try:
         yield path
     finally:

@@ -167,14 +167,9 @@ def test_full_disk_on_the_checkpoint_root(tmp_path, data_dir):
     """The checkpoint filesystem is full: every attempt is an infrastructure interruption
     (no_space), retried within the budget and then given up, never a failure of the design;
     nothing half-written is left behind."""
-    root = tmp_path / "small"
-    root.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8k", "tmpfs", str(root)], check=True)  # a claim fits, a checkpoint does not
-    try:
+    with small_tmpfs(tmp_path / "small", "8k") as root:  # a claim fits, a checkpoint does not
         res = run(tmp_path, data_dir, "full", "search.n_trials=1", "pruner=none", f"checkpoint.dir={root}")
         leftovers = [p.name for p in root.rglob("*") if p.name.endswith(".tmp")]
-    finally:
-        subprocess.run(["umount", str(root)], check=True)
     assert res.returncode == 3 and "hold:no-result" in res.stdout, res.stderr  # given up: no result
     rec = sd(tmp_path, "full").record("t0000")
     assert rec.state.value == "failed" and rec.cause.value == "retries_exhausted", (rec.state, rec.reason)

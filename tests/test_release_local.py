@@ -93,7 +93,8 @@ def test_the_whole_story(story):
     assert reselect.returncode in (2, 3)
     # Exactly one process ever opened the final file: the final job of selection 1.
     opens = opens_of_final(log_dir)
-    assert opens and all(o["argv"][1:] == ["selection-job", str(search), "final", "--selection", "1"] for o in opens), opens
+    assert opens and all(o["argv"][1:6] == ["selection-job", str(search), "final", "--selection", "1"] for o in opens), opens
+    assert all(o["argv"][6:7] == ["--owned"] for o in opens), opens  # the search as select found it
     assert len({o["pid"] for o in opens}) == 1
     # 7. The release packet: registered, with every item.
     rel = cli(story, "release", str(search))

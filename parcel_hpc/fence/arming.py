@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from parcel_hpc import fsio
 from parcel_hpc.fence import audit, kernel
 from parcel_hpc.fence.protected import Protected, Unfenceable
 from parcel_hpc.ledger.events import FenceLayer
@@ -34,6 +35,7 @@ def arm(protected: Protected) -> Armed:
         armed = Armed(FenceLayer.KERNEL, kernel.restrict(protected))
     except kernel.KernelUnavailable as exc:
         armed = Armed(FenceLayer.AUDIT, str(exc))
+    fsio.whole_names()  # before the hook: the toolkit's own opens in a held folder must be judgeable
     audit.install(protected, kernel=armed.layer is FenceLayer.KERNEL)
     _armed[protected] = armed
     return armed

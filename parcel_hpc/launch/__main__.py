@@ -94,20 +94,18 @@ def main() -> None:
         sys.argv = [a for a in sys.argv if a not in ("-m", "--multirun") and a not in sweeps]
     os.environ["HYDRA_FULL_ERROR"] = "1"  # let Hydra's errors reach us instead of its multi-line report
     hydra_internal.Callbacks = _Refusing  # type: ignore[misc]  # Hydra 1.3 makes them through this name, nowhere else
-    try:
-        with exit_on_error():
+    with exit_on_error():
+        try:
             _task()
-    except SystemExit:
-        raise
-    except Exception as exc:  # Hydra and OmegaConf errors: composition, overrides, missing values
-        if not isinstance(exc, (HydraException, OmegaConfBaseException)):
-            raise
-        lines = [l for l in str(exc).splitlines() if l.strip() and not l.strip().startswith(("full_key", "object_type", "reference_type", "See https"))]
-        text = one_line(chr(10).join(lines))
-        if isinstance(exc, OverrideParseException):
-            text = f"malformed override {exc.override!r}: {text}"
-        print(f"error: {text}; see `python -m parcel_hpc.launch --help` for config groups and options", file=sys.stderr)
-        raise SystemExit(2) from None
+        except (HydraException, OmegaConfBaseException) as exc:  # composition, overrides, missing values
+            raise UsageError(f"{_hydra_line(exc)}; see `python -m parcel_hpc.launch --help` for config groups and options") from None
+
+
+def _hydra_line(exc: Exception) -> str:
+    """Hydra's or OmegaConf's error in one line, without its pointers to keys and docs."""
+    lines = [l for l in str(exc).splitlines() if l.strip() and not l.strip().startswith(("full_key", "object_type", "reference_type", "See https"))]
+    text = one_line(chr(10).join(lines))
+    return f"malformed override {exc.override!r}: {text}" if isinstance(exc, OverrideParseException) else text
 
 
 if __name__ == "__main__":
