@@ -105,13 +105,14 @@ def test_a_protected_file_with_a_second_name_cannot_be_fenced(tmp_path, data_dir
 PROBE = r"""
 import ctypes, json, os, subprocess, sys
 from pathlib import Path
-from parcel_hpc import fence
+from parcel_hpc import fence, fsio
 from parcel_hpc.fence import audit, kernel
 
 split, snapshot, layer = sys.argv[1], sys.argv[2], sys.argv[3]
 final = os.path.join(os.path.dirname(split), "final-group_r8.json")
 protected = fence.Protected.of(split, snapshot)
 if layer == "audit":
+    fsio.whole_names()  # as fence.arm does
     audit.install(protected, kernel=False)  # as on a kernel without Landlock
 else:
     kernel.restrict(protected)  # the kernel layer alone: no hook to record or refuse anything
@@ -139,6 +140,12 @@ with fence.toolkit_programs():
     tried("toolkit's program", lambda: subprocess.run(["true"]).returncode)
     with fence.trainer_code():
         tried("trainer code in the toolkit's window", lambda: subprocess.run(["true"]).returncode)
+def toolkit_read(folder_path, name):
+    with fsio.Folder.open(folder_path) as held:
+        return held.read_bytes(name, 99, 99)
+
+tried("the toolkit's own final-*.json", lambda: toolkit_read(os.path.dirname(os.environ["LINKED"]), "final-plan.json"))
+tried("the toolkit reading the final list", lambda: toolkit_read(os.path.dirname(final), "final-group_r8.json"))
 tried("state reset", lambda: (setattr(audit, "PROGRAM_EVENTS", frozenset()), Path(final).read_bytes())[1])
 print(json.dumps({"tried": out, "recorded": list(fence.tripped())}))
 """
@@ -150,6 +157,7 @@ def _probe(layer: str, data_dir: Path, tmp_path: Path) -> tuple[dict, list]:
     elsewhere.mkdir()
     (elsewhere / "linked.json").symlink_to(final)
     os.link(final, elsewhere / "hard.json")
+    (elsewhere / "final-plan.json").write_text("{}")  # a toolkit record's name, outside the data folder
     env = {**os.environ, "LINKED": str(elsewhere / "linked.json"), "HARD": str(elsewhere / "hard.json")}
     args = [sys.executable, "-c", PROBE, str(data_dir / "split-group_r8.json"), str(data_dir / "parcels.h5"), layer]
     probe = subprocess.run(args, capture_output=True, text=True, timeout=60, env=env)
@@ -164,12 +172,15 @@ def test_the_audit_layer_alone_judges_by_inode_and_refuses_what_it_cannot_judge(
     when it names a protected file and refused when it cannot be judged, a program is refused unless
     the toolkit starts it, and changing the layer's module state changes nothing."""
     tried, recorded = _probe("audit", data_dir, tmp_path)
-    for way in ("open", "symlink", "hard link made before", "dir_fd", "proc fd", "program", "state reset", "trainer code in the toolkit's window"):
+    ways = ("open", "symlink", "hard link made before", "dir_fd", "proc fd", "program", "state reset", "trainer code in the toolkit's window")
+    for way in (*ways, "the toolkit reading the final list"):
         assert tried[way] == "refused PermissionError", (way, tried)
     assert tried["dir_fd to another name"] == "refused PermissionError"  # it cannot tell where the folder descriptor leads
+    # The toolkit's reads in a held folder name the whole path, so its own records pass and the list does not.
+    assert tried["the toolkit's own final-*.json"] == "read {}", tried
     assert tried["toolkit's program"] == "read 0"
     assert tried["ctypes open"].startswith("read ")  # C code is out of its sight: what the kernel layer is for
-    assert sum("opened" in r for r in recorded) == 6 and sum("started the program" in r for r in recorded) == 3
+    assert sum("opened" in r for r in recorded) == 7 and sum("started the program" in r for r in recorded) == 3
 
 
 @needs_landlock
@@ -179,8 +190,9 @@ def test_the_kernel_layer_alone_binds_c_code_and_programs_and_lets_a_harmless_pr
     protected runs: allowing programs (issue 46's compiler) is a policy of the audit layer, not a hole
     in the kernel's. A hard link made before arming is the one way it cannot see (``arm`` refuses it)."""
     tried, recorded = _probe("kernel", data_dir, tmp_path)
-    for way in ("open", "symlink", "dir_fd", "proc fd", "ctypes open", "state reset"):
+    for way in ("open", "symlink", "dir_fd", "proc fd", "ctypes open", "state reset", "the toolkit reading the final list"):
         assert tried[way] == "refused PermissionError", (way, tried)
+    assert tried["the toolkit's own final-*.json"] == "read {}", tried
     assert tried["program"] == "read (nothing)"  # cat ran, and was denied the file
     assert tried["program reading the split"] == 'read {\n  "dige'
     assert tried["dir_fd to another name"] == 'read {\n  "dige'

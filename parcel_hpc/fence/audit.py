@@ -7,7 +7,8 @@ protected file, or a ``final-*.json`` made in the split's folder later, is refus
 ``PermissionError`` and recorded ("opened <path>"). So is a hard link or a rename of a protected file.
 An ``os.open`` relative to a folder descriptor (``dir_fd``: Python's event leaves the folder out) is
 recorded when it names a protected file; where the kernel layer is not armed it is refused whatever it
-names, since this layer cannot tell where it leads. A path-like object other than ``str``, ``bytes``
+names, since this layer cannot tell where it leads; the toolkit's own reads in a folder it holds name
+the whole path once a process is fenced (``fsio.open_in``), so they are judged by the file they reach. A path-like object other than ``str``, ``bytes``
 and pathlib's own is judged only by the kernel layer, and refused without it (its ``__fspath__`` may
 answer the hook and the open differently).
 
