@@ -151,6 +151,34 @@ def test_events_are_validated_at_birth():
         Event.from_json({"kind": "ended", "t": 1, "writer": "w", "seq": 1, "how": "completed", "metric": 0.1, "cause": "gremlins"})
 
 
+def _filled(line: dict, value) -> dict:
+    """``line`` as a journal line, with ``value`` where it says "BAD" (at its top or in ``train``)."""
+    put = {k: ({n: value if x == "BAD" else x for n, x in v.items()} if isinstance(v, dict) else value if v == "BAD" else v) for k, v in line.items()}
+    return {"t": 1.0, "writer": "w", "seq": 1, "attempt": 1} | put
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize(
+    "line",
+    [
+        {"kind": "milestone", "step": 10, "value": "BAD"},
+        {"kind": "milestone", "step": 10, "value": 0.5, "train": {"loss": "BAD"}},
+        {"kind": "ended", "how": "pruned", "milestone": 10, "value": "BAD"},
+        {"kind": "ended", "how": "completed", "metric": "BAD"},
+        {"kind": "started", "process_started": "BAD"},
+        {"kind": "device_use", "devices": ["cpu"], "utilization": "BAD", "samples": 3},
+        {"kind": "milestone", "step": 10, "value": 0.5, "t": "BAD"},
+    ],
+)
+def test_a_journal_line_holding_nan_or_an_infinity_is_damaged(line, bad):
+    """No writer journals a NaN or an infinity: a non-finite score or training metric fails the
+    attempt (``Diverged``, cause diverged), the pruning store refuses one before its milestone is
+    journaled, and every journal line is dumped with ``allow_nan=False``. So one read is damage."""
+    with pytest.raises(CorruptRecord, match="an event does not parse"):
+        Event.from_json(_filled(line, bad))
+    assert Event.from_json(_filled(line, 0.5)).kind.value == line["kind"]  # the same line, finite, reads
+
+
 @pytest.mark.parametrize(
     "events,dispatches,alive,expected",
     [

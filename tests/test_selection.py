@@ -258,6 +258,8 @@ def _values(**kw):
         contract_digest="sha256:abc",
         search_id="none",
         selection=1,
+        search_uid=1001,  # the job holds the search to its owner and its directory's inode
+        search_inode=4325377,
     )
     return sbatch.SbatchValues(**{**base, **kw})
 
@@ -266,7 +268,7 @@ def _values(**kw):
 def test_selection_templates_render_and_run_their_command(template, role):
     script = sbatch.render(template, _values(gres="gpu:1", partition="low"))
     assert "#SBATCH --gres=gpu:1" in script and "#SBATCH --partition=low" in script
-    assert f"-m parcel_hpc selection-job /tmp/runs/r1 {role} --selection 1" in script
+    assert f"-m parcel_hpc selection-job /tmp/runs/r1 {role} --selection 1 --owned 1001 4325377 none" in script
     cpu_only = sbatch.render(template, _values())
     assert "--gres" not in cpu_only and "--partition" not in cpu_only
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from parcel_hpc.governance.contract import Contract, load_contract
@@ -72,10 +72,17 @@ def test_messages_of_one_bug_normalize_alike_and_different_bugs_do_not():
 
 
 @given(st.lists(st.integers(0, 10**9), min_size=1, max_size=5), st.text(alphabet="abcdef ", max_size=20))
+@example([9999993], "")  # 7 digits and 8: an 8-digit run is a hex id's shape too
 def test_numbers_never_make_two_failures_differ(numbers, words):
     a = f"bad value {' '.join(map(str, numbers))} {words}"
     b = f"bad value {' '.join(str(n + 7) for n in numbers)} {words}"
     assert normalized_message(a) == normalized_message(b)
+
+
+@given(st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1))
+@example(0x12345678, 0x1234ABCD)  # an id without a letter is also a run of digits: one mark for both
+def test_hex_ids_never_make_two_failures_differ(a, b):
+    assert normalized_message(f"object at {a:016x} freed") == normalized_message(f"object at {b:08x} freed")
 
 
 def test_the_first_k_results_failing_alike_hold_and_nothing_else_does():

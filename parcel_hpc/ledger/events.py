@@ -277,13 +277,16 @@ _VOLATILE = (
     re.compile(r"\b0x[0-9a-fA-F]+\b|\b[0-9a-fA-F]{8,}\b"),  # addresses, hex ids
     re.compile(r"[-+]?\d+(?:[._:]\d+)*\.?(?:[eE][-+]?\d+)?"),  # numbers, job ids (123_4), times (12:30)
 )
+# Hex ids and numbers take one mark: a run of 8 or more digits is both (9999993 + 7 is 10000000), and
+# a hex id may hold no letter, so two marks would tell one bug's trials apart by the length of a number.
+_MARKS = ("'…'", "<path>", "<n>", "<n>")
 
 
 def normalized_message(message: str) -> str:
     """An error message with what varies between trials of one bug blanked out (quoted values,
     paths, hex ids, numbers): two trials failing alike give the same text (pure)."""
     text = " ".join(message.split())
-    for pattern, mark in zip(_VOLATILE, ("'…'", "<path>", "<hex>", "<n>")):
+    for pattern, mark in zip(_VOLATILE, _MARKS):
         text = pattern.sub(mark, text)
     return text
 
