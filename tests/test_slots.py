@@ -123,8 +123,9 @@ def test_a_slot_that_took_no_trial_is_a_line_in_reconcile_never_an_orphan():
         ev("started", 2000, attempt=1, job_id="77_0"),
         ev("ended", 2030, attempt=1, how="completed", step=82, metric=0.4),
     )
-    ran = JobRun("77_0", 77, 77, 0, 0, JobState.COMPLETED, 0, 0, "n1", "low", "acct", 1000, 1990, 2040, 50, 1, 1, 1)
-    idle = JobRun("77_1", 77, 77, 1, 0, JobState.COMPLETED, 0, 0, "n2", "low", "acct", 1000, 1990, 1995, 5, 1, 1, 1)
+    # The slots were granted what the trials' spec asks (no GPU): more would be an HOURS_MISMATCH flag.
+    ran = JobRun("77_0", 77, 77, 0, 0, JobState.COMPLETED, 0, 0, "n1", "low", "acct", 1000, 1990, 2040, 50, 0, 1, 1)
+    idle = JobRun("77_1", 77, 77, 1, 0, JobState.COMPLETED, 0, 0, "n2", "low", "acct", 1000, 1990, 1995, 5, 0, 1, 1)
     stray = JobRun("88", 88, 88, None, 0, JobState.COMPLETED, 0, 0, "n3", "low", "acct", 1000, 1990, 1995, 5, 1, 1, 1)
     out = reconcile("s", "m", "test", [done], [ran], [idle, stray], caps, now=9999, slot_jobs={"77_0", "77_1"})
     assert [(f.kind, f.job_id) for f in out.all_flags()] == [("orphan", "88")]  # the idle slot is the search's own

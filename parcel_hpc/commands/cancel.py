@@ -20,7 +20,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("search_dir", type=Path)
     parser.add_argument("--trial", action="append", default=[], metavar="TRIAL_ID", help="cancel only this trial (repeat); default: the whole search")
     parser.add_argument("--reason", default="", metavar="TEXT", help="why, in one line (recorded with your user name)")
-    parser.add_argument("--wait", type=float, default=60.0, metavar="SECONDS", help="how long to wait for the jobs to end (default %(default)s)")
+    parser.add_argument(
+        "--wait", type=float, default=60.0, metavar="SECONDS", help="how long to wait for the jobs to end and sacct to file their runs (default %(default)s)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -29,7 +29,7 @@ from parcel_hpc.governance.outcome import Outcome
 from parcel_hpc.launch import display
 from parcel_hpc.launch.report import LaunchReport
 from parcel_hpc.ledger import RecordView, SearchDir, TrialRecord, TrialSpec, TrialState, TrialWriter
-from parcel_hpc.lifecycle import resolution, settlement, systematic
+from parcel_hpc.lifecycle import resolution, systematic
 from parcel_hpc.lifecycle.actions import Action, Next, RetryPolicy, next_action, runs_alone
 from parcel_hpc.lifecycle.resubmit import Resubmission
 from parcel_hpc.propose.proposals import ORPHAN_AFTER_S, Proposer
@@ -557,31 +557,18 @@ class Follower:
         every run an attempt ran in. Accounting that does not answer (slurmdbd down, lagging)
         leaves those hours provisional, said once: it never stops the launch."""
         self.accounted_at = time.monotonic()
-        deadline = self.accounted_at + wait_s
-        mine = list(self.plans) if trials is None else trials
-        while True:
-            records = [self.view.record(tid) for tid in mine]
-            try:
-                found = resolution.record_filed_runs(records, self.writer, every_job=wait_s > 0)
-            except AccountingError as exc:
-                if not self.accounting_said:
-                    self.console.print(
-                        f"[yellow]the scheduler's accounting does not answer ({safe(exc)}): the hours of runs it has not filed stay provisional;"
-                        f" `parcel-hpc sync {safe(self.search.path)}` records them later[/]"
-                    )
-                    self.accounting_said = True
-                return
-            if found:
-                settlement.settle_ended(self.search, [self.search.record(tid) for tid in dict.fromkeys(f.trial_id for f in found)])
-            left = resolution.unfiled([self.view.record(tid) for tid in mine])
-            if not left or time.monotonic() >= deadline:
-                if left and wait_s > 0:
-                    self.console.print(
-                        f"[yellow]sacct has not filed {len(left)} jobs' last runs yet: their hours stay provisional;"
-                        f" `parcel-hpc sync {safe(self.search.path)}` records them later[/]"
-                    )
-                return
-            time.sleep(1.0)
+        try:
+            left = resolution.record_runs_until(self.search, list(self.plans) if trials is None else trials, self.writer, wait_s, read=self.view.record)
+        except AccountingError as exc:
+            if not self.accounting_said:
+                self.console.print(
+                    f"[yellow]the scheduler's accounting does not answer ({safe(exc)}): the hours of runs it has not filed stay provisional;"
+                    f" `parcel-hpc sync {safe(self.search.path)}` records them later[/]"
+                )
+                self.accounting_said = True
+            return
+        if left and wait_s > 0:
+            self.console.print(f"[yellow]{safe(resolution.provisional_line(self.search, left))}[/]")
 
     def follow(self) -> None:
         with display.Progress(self.console, self._total()) as progress:

@@ -109,6 +109,7 @@ def run(search: SearchDir, trial_ids: Sequence[str], reason: str, console: Conso
     dispatcher = _dispatcher(search)
     # Slots outlive their launcher only where the scheduler runs them (a local launcher stops its own).
     idle = idle_slots(search.slot_records(), decided.signal) if whole and dispatcher is not None and dispatcher.can_detach else ()
+    waiting = time.monotonic()
     signalled, alive = _end_jobs(dispatcher, [*decided.signal, *(("", j) for j in idle)], wait_s) if dispatcher is not None else ((), ())
     now = time.time()
     gone = {t: now for t, j in decided.signal if j not in alive and _ran_here_or_on_slurm(search, t)}
@@ -131,11 +132,21 @@ def run(search: SearchDir, trial_ids: Sequence[str], reason: str, console: Conso
     except UsageError as exc:  # accounting unreachable: the cancel stands; sync records the endings later
         unasked = f"how the attempts it cut off ended is not recorded ({exc}); `parcel-hpc sync {search.path}` records it once the scheduler answers"
     settled += settlement.settle_ended(search, [search.record(t) for t in sorted(gone)], gone_at=gone)
+    # The scheduler's record of the runs it ended (what is left of --wait): their hours settled or
+    # restated to sacct's, as a launch's end records them, so reconcile has nothing stale to flag.
+    unfiled: list[str] = []
+    if not unasked:
+        try:
+            unfiled = resolution.record_runs_until(search, sorted(gone), writer, max(0.0, wait_s - (time.monotonic() - waiting)))
+        except UsageError as exc:
+            unasked = f"the scheduler's record of the runs it ended is not recorded ({exc}); `parcel-hpc sync {search.path}` records it once sacct answers"
     slots_ended = tuple(j for j in idle if j in signalled)
     report = CancelReport(decided, signalled, alive, tuple((s.key.trial_id, s.key.attempt) for s in settled), slots_ended)
     console.print(render(report, whole))
     if unasked:
         console.print(unasked, markup=False, highlight=False, soft_wrap=True)
+    if unfiled:
+        console.print(resolution.provisional_line(search, unfiled), markup=False, highlight=False, soft_wrap=True)
     if slots_ended:
         console.print(f"{len(slots_ended)} slots running no trial were ended: {', '.join(slots_ended)}", markup=False, highlight=False, soft_wrap=True)
     return report

@@ -33,6 +33,7 @@ attempt that did not say how it ended at the run's end, and the run's start-up a
 from __future__ import annotations
 
 import socket
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -299,3 +300,29 @@ def record_filed_runs(records: Sequence[TrialRecord], writer: Callable[[str], Tr
     for f in found:
         writer(f.trial_id).accounted(f.run, f.attempt)
     return found
+
+
+def provisional_line(search: SearchDir, left: Sequence[str]) -> str:
+    """What is said of the jobs whose runs sacct has not filed when a command stops waiting for it."""
+    return f"sacct has not filed {len(left)} jobs' last runs yet: their hours stay provisional; `parcel-hpc sync {search.path}` records them later"
+
+
+def record_runs_until(
+    search: SearchDir, trial_ids: Sequence[str], writer: Callable[[str], TrialWriter], wait_s: float, read: Callable[[str], TrialRecord] | None = None
+) -> list[str]:
+    """Record the scheduler's record of the runs of ``trial_ids``' jobs that sacct has filed and the
+    ledger lacks, and settle or restate the budget holds those records change; the jobs whose runs
+    stay unfiled (their hours provisional). ``wait_s`` > 0: every job's runs, asked again each
+    second until sacct has filed every run an attempt ran in, for up to ``wait_s``; 0: once, only
+    the jobs with a run not recorded. ``read``: the caller's reader of a record. A failing sacct
+    raises (AccountingError)."""
+    read = read or search.record
+    deadline = time.monotonic() + wait_s
+    while True:
+        found = record_filed_runs([read(tid) for tid in trial_ids], writer, every_job=wait_s > 0)
+        if found:
+            settlement.settle_ended(search, [search.record(tid) for tid in dict.fromkeys(f.trial_id for f in found)])
+        left = unfiled([read(tid) for tid in trial_ids])
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(1.0)

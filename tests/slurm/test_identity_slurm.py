@@ -63,7 +63,13 @@ def test_a_queued_array_whose_search_is_swapped_before_it_starts_runs_nothing_of
 
         sh("scontrol", "update", f"nodename={','.join(nodes)}", "state=resume")
         wait_for(lambda: not queued(), 180, "the queued jobs to start and end")
-        states = sh("sacct", "-n", "-P", "-X", f"--name={name}", "-o", "JobID,State,ExitCode").split()
+
+        # slurmdbd files a job's end a moment after squeue drops it (longer on a busy machine).
+        def filed() -> list[str]:
+            rows = sh("sacct", "-n", "-P", "-X", "-S", "now-1hour", f"--name={name}", "-o", "JobID,State,ExitCode").split()
+            return rows if len(rows) == len(jobs) and not any(r.split("|")[1] in ("PENDING", "RUNNING") for r in rows) else []
+
+        states = wait_for(filed, 60, "sacct to file both jobs' ends")
         assert sorted(states) == sorted(f"{job}|FAILED|2:0" for job in jobs), states
         for job in jobs:
             err = (search.path / "submitit" / "slurm" / job / f"{job}_0_log.err").read_text().strip().splitlines()
