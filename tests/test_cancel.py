@@ -25,8 +25,8 @@ def running(search: SearchDir, n: int):
     )
 
 
-def journal_lines(search: SearchDir) -> int:
-    return sum(len(p.read_text().splitlines()) for p in search.trials_dir.glob("*/journal-*.jsonl"))
+def journal_lines(search: SearchDir) -> list[str]:
+    return [f"{p.parent.name}/{p.name}: {line}" for p in sorted(search.trials_dir.glob("*/journal-*.jsonl")) for line in p.read_text().splitlines()]
 
 
 @pytest.mark.parametrize("dispatch", ["jobs", "slots"])
@@ -51,7 +51,7 @@ def test_cancel_stops_a_running_search_for_good(tmp_path, data_dir, dispatch):
     lines = journal_lines(search)
     again = parcel_hpc(["cancel", str(search.path)], cwd=tmp_path)
     assert again.returncode == 0 and "cancelled before" in again.stdout, again.stdout + again.stderr
-    assert journal_lines(search) == lines  # idempotent: nothing new recorded
+    assert journal_lines(search) == lines, sorted(set(journal_lines(search)) - set(lines))  # idempotent: nothing new recorded
 
     relaunch = launch([f"search.root={tmp_path / 'runs'}", "search.revision=stop", "search.n_trials=6", *SLOW], cwd=tmp_path, data_dir=data_dir)
     assert relaunch.returncode == 3 and relaunch.stdout.splitlines()[0] == "reject:cancelled", relaunch.stdout + relaunch.stderr
