@@ -141,7 +141,7 @@ def test_budget_hold_before_anything_is_dispatched(tmp_path, data_dir):
 
 
 def test_a_dry_run_shows_its_first_trials_and_counts_the_rest(tmp_path, data_dir):
-    """A row per trial took 150 s and 1.6 GB at a million trials (docs/performance.md, "A dry run")."""
+    """A row per trial took 1.6 GB at a million trials (docs/performance.md, "A dry run")."""
     n = DRY_RUN_ROWS + 70
     res = run(tmp_path, data_dir, f"search.n_trials={n}", f"budget.max_trials={n}", "budget.gpu_hours_cap=1000", "budget.cost_cap=10000", "search.dry_run=true")
     assert res.returncode == 0, res.stderr
