@@ -146,6 +146,7 @@ def toolkit_read(folder_path, name):
 
 tried("the toolkit's own final-*.json", lambda: toolkit_read(os.path.dirname(os.environ["LINKED"]), "final-plan.json"))
 tried("the toolkit reading the final list", lambda: toolkit_read(os.path.dirname(final), "final-group_r8.json"))
+tried("the toolkit meeting a link to it", lambda: toolkit_read(os.path.dirname(os.environ["LINKED"]), "linked.json"))
 tried("state reset", lambda: (setattr(audit, "PROGRAM_EVENTS", frozenset()), Path(final).read_bytes())[1])
 print(json.dumps({"tried": out, "recorded": list(fence.tripped())}))
 """
@@ -178,6 +179,8 @@ def test_the_audit_layer_alone_judges_by_inode_and_refuses_what_it_cannot_judge(
     assert tried["dir_fd to another name"] == "refused PermissionError"  # it cannot tell where the folder descriptor leads
     # The toolkit's reads in a held folder name the whole path, so its own records pass and the list does not.
     assert tried["the toolkit's own final-*.json"] == "read {}", tried
+    # A record that is a link is damage to the no-follow reader, never a reach of trainer code's.
+    assert tried["the toolkit meeting a link to it"] == "refused CorruptRecord", tried
     assert tried["toolkit's program"] == "read 0"
     assert tried["ctypes open"].startswith("read ")  # C code is out of its sight: what the kernel layer is for
     assert sum("opened" in r for r in recorded) == 7 and sum("started the program" in r for r in recorded) == 3

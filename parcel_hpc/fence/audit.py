@@ -66,7 +66,7 @@ def _make() -> tuple[Callable[[Protected, bool], None], Callable[[], tuple[str, 
     type_: Any = type
     int_, list_, tuple_, isinstance_, len_ = int, list, tuple, isinstance, len
     permission_error, os_error, value_error, cannot_judge = PermissionError, OSError, ValueError, _CannotJudge
-    encoding, errors = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()
+    encoding, errors, no_follow = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors(), posix.O_NOFOLLOW
     pathlib_types, pathlib_fspath = _PATHLIB_TYPES, pathlib.PurePath.__fspath__
     program_events, prefix, suffix, describe, shown = PROGRAM_EVENTS, FINAL_PREFIX, FINAL_SUFFIX, _program, _shown
     paths: dict[Inode, str] = {}  # protected inode -> its real path, for the record
@@ -107,11 +107,11 @@ def _make() -> tuple[Callable[[Protected, bool], None], Callable[[], tuple[str, 
                 pass
         return ""
 
-    def judge_open(path: object, os_open: bool) -> str:
+    def judge_open(path: object, os_open: bool, follow: bool = True) -> str:
         if isinstance_(path, int_):
             return ""  # an open descriptor: judged when it was opened
         text = text_of(path)
-        found = reached(text)
+        found = reached(text, follow=follow)
         if found or not os_open or text.startswith("/"):
             return found and (f"opened {found}" if found == text else f"opened {found} (as {text})")
         # os.open with a relative path: Python's event leaves out the dir_fd it may be relative to.
@@ -136,7 +136,10 @@ def _make() -> tuple[Callable[[Protected, bool], None], Callable[[], tuple[str, 
             return
         try:
             if event == "open" and args:
-                found = judge_open(args[0], os_open=len_(args) > 1 and args[1] is None)
+                os_open = len_(args) > 1 and args[1] is None  # os.open's event: (path, None, flags)
+                # O_NOFOLLOW: a link as the last name is refused by the open itself, so it reaches nothing.
+                follow = not (os_open and len_(args) > 2 and isinstance_(args[2], int_) and args[2] & no_follow)
+                found = judge_open(args[0], os_open=os_open, follow=follow)
             elif event in ("sqlite3.connect", "ctypes.dlopen") and args and isinstance_(args[0], (str_, bytes_)):
                 found = judge_open(args[0], os_open=False) if "/" in text_of(args[0]) else ""
             elif event == "os.link" and len_(args) >= 3:
