@@ -221,7 +221,12 @@ def test_time_limit_with_checkpoint_resumes(tmp_path, data_dir, cluster_guard):
     rec = wait_finished(tmp_path, "tlimit", 300)
     assert rec.state.value == "completed", (rec.state, rec.reason)
     assert rec.attempts[0].how.value == "interrupted" and rec.attempts[0].cause == "timeout"
-    assert rec.resumed >= 1 and all(a.resumed_from > 0 for a in rec.attempts[1:])
+    # Under load a requeued attempt may be signalled while it still imports, before it reads the
+    # checkpoint; such an attempt did no work. Every attempt that did work went on from a checkpoint.
+    evs = events(tmp_path, "tlimit")
+    worked = {e["attempt"] for e in evs if e["kind"] == "milestone"}
+    assert rec.resumed >= 1 and rec.attempts[-1].resumed_from > 0
+    assert all(a.resumed_from > 0 for n, a in enumerate(rec.attempts[1:], 2) if n in worked), evs
     assert rec.metric == reference_metric(tmp_path, data_dir, "tlimit")
 
 
