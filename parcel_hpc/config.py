@@ -145,6 +145,8 @@ class SelectionConf:
     revision: str = MISSING
     rerun_tolerance: float = 0.02  # |rerun - selected| validation miss-cost
     parity_tolerance: float = 1.0e-6  # max |serve(raw) - predict| per validation image
+    performance_margin: float = 0.0  # validation miss-cost the winner may have above the baseline's (hold:performance)
+    final_performance_margin: float | None = None  # the same on the final partition; None: reported only (hold:final-performance)
     baseline: BaselineConf = field(default_factory=BaselineConf)
     slices: SlicesConf = field(default_factory=SlicesConf)
     gate: GateConf = field(default_factory=GateConf)

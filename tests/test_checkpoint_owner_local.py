@@ -32,7 +32,7 @@ def test_two_revisions_on_one_checkpoint_dir_the_second_is_refused_and_the_first
 
     # The first search's checkpoints are where it left them: its selection finds its winner intact.
     sel = parcel_hpc(["select", str(tmp_path / "runs" / "ck-r1")], cwd=tmp_path, timeout=600)
-    assert sel.stdout.splitlines()[0] in ("hold:slice-quality", "evaluate:final-holdout"), sel.stdout + sel.stderr
+    assert sel.stdout.splitlines()[0] in ("hold:performance", "hold:slice-quality", "evaluate:final-holdout"), sel.stdout + sel.stderr
     assert "no intact checkpoint" not in sel.stdout + sel.stderr
 
 

@@ -10,7 +10,7 @@ from parcel_hpc.testing.trainers import SkewedServing
 from parcel_hpc.trainer import load_training_data
 from parcel_hpc.trainer.numpy_mlp import NumpyMLP
 
-CHECKS = ("data", "reproducible", "performance", "parity", "slices", "final")
+CHECKS = ("data", "reproducible", "parity", "performance", "slices", "final", "final-performance")
 
 
 @pytest.mark.parametrize(
@@ -22,6 +22,7 @@ CHECKS = ("data", "reproducible", "performance", "parity", "slices", "final")
         ("performance", "hold:performance"),
         ("parity", "hold:serving-parity"),
         ("final", "hold:final-not-evaluated"),
+        ("final-performance", "hold:final-performance"),
     ],
 )
 def test_any_check_that_did_not_pass_keeps_the_artifact_out(failing, outcome):
@@ -30,8 +31,9 @@ def test_any_check_that_did_not_pass_keeps_the_artifact_out(failing, outcome):
     assert str(outcome_of({"checks": checks})) == outcome
 
 
-def test_a_decided_slice_gate_is_registrable():
-    checks = dict.fromkeys(CHECKS, "passed") | {"slices": "decided"}
+@pytest.mark.parametrize("decided", ["slices", "performance", "final-performance"])
+def test_a_decided_gate_is_registrable(decided):
+    checks = dict.fromkeys(CHECKS, "passed") | {decided: "decided"}
     assert str(outcome_of({"checks": checks})) == "release:registered"
 
 

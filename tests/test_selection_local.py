@@ -14,9 +14,7 @@ from parcel_hpc.errors import GovernanceRefusal
 from parcel_hpc.governance.outcome import Outcome
 from parcel_hpc.ledger import Executor, JobRole, SearchDir
 from parcel_hpc.ledger.selection import SelectionWriter
-from parcel_hpc.release.packet import _final_matches
-from parcel_hpc.selection.actions import Assessment, _why_not_again
-from parcel_hpc.selection.disposition import Verdict
+from parcel_hpc.selection.actions import _why_not_again
 from parcel_hpc.selection.gates import Check, Final, GateFacts
 from parcel_hpc.selection.jobs import _wait_for_own_submission
 from parcel_hpc.selection.store import SelectionStore
@@ -92,10 +90,6 @@ def test_a_running_final_job_is_not_evaluated_again_and_a_failed_one_may_be(tmp_
     assert _why_not_again(store, store.record(), store.final_claim(), writer) == ""
 
 
-def _assessment(n=1, trial="t1"):
-    return Assessment(n, {"trial_id": trial}, (), None, None, None, (), Verdict(Outcome.EVALUATE_FINAL, ()))
-
-
 @pytest.mark.parametrize(
     "final, check",
     [
@@ -107,7 +101,7 @@ def _assessment(n=1, trial="t1"):
     ],
 )
 def test_the_final_check_passes_only_for_this_selections_checked_artifact(final, check):
-    assert Final().check(GateFacts(True, final_matches=_final_matches(_assessment(), {"artifact": {"sha256": "sha256:a"}}, final))) is check
+    assert Final().check(GateFacts(True, final_matches=Final.matches(final, 1, "t1", "sha256:a"))) is check
 
 
 def test_a_final_job_that_evaluate_final_did_not_submit_never_opens_the_partition(tmp_path):

@@ -48,10 +48,10 @@ COMMANDS: tuple[Command, ...] = (
     Command("cancel", "stop the search (or --trial ones) for good: never retried or resubmitted; budget holds settled"),
     Command("reconcile", "reconcile sacct accounting with the ledger and the budget (for admins)"),
     Command("schedule-reconcile", "submit a Slurm job that runs `reconcile --json` on a schedule (for admins)"),
-    Command("select", "freeze the completed list, rerun the winner, retrain the baseline and gate on slices"),
-    Command("decide", "record a documented quality decision that lifts hold:slice-quality for the selected trial"),
+    Command("select", "freeze the completed list, rerun the winner, retrain the baseline, and judge parity, performance and slices on validation"),
+    Command("decide", "record a documented decision that lifts hold:performance, hold:slice-quality or hold:final-performance for the selected trial"),
     Command("evaluate-final", "evaluate the selected artifact and the baseline once on the protected final partition"),
-    Command("release", "write the release packet (JSON, Markdown, HTML) and register the artifact when every check passed"),
+    Command("release", "write the release packet (JSON, Markdown, HTML) and register the artifact when every check passed or was decided"),
     Command("selection-job", "(run by select and evaluate-final as a scheduler job) the model work of a selection"),
 )
 BY_NAME = {c.name: c for c in COMMANDS}

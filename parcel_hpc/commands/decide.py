@@ -1,5 +1,5 @@
-"""``parcel-hpc decide SEARCH_DIR --accept --by NAME --reason TEXT``: a documented quality decision
-that lifts ``hold:slice-quality`` for the selected trial (``selection.actions``)."""
+"""``parcel-hpc decide SEARCH_DIR --accept --by NAME --reason TEXT``: a documented decision that
+lifts the selected trial's decidable hold, one at a time (``selection.actions.decide``)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,12 @@ READ_ONLY = False
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("search_dir", type=Path)
-    parser.add_argument("--accept", action="store_true", required=True, help="accept the selected trial despite its failed slice gate")
+    parser.add_argument(
+        "--accept",
+        action="store_true",
+        required=True,
+        help="accept the selected trial despite the hold it is at (performance, slice quality, final performance)",
+    )
     parser.add_argument("--by", required=True, metavar="NAME", help="who decides")
     parser.add_argument("--reason", required=True, metavar="TEXT", help="why, in one line (link a document for more)")
 

@@ -1,5 +1,5 @@
 """``parcel-hpc select SEARCH_DIR``: freeze the completed list, rerun the winner, retrain the
-approved baseline and gate on slices (``selection.actions``). Prints the disposition first."""
+approved baseline and judge every gate validation can decide (``selection.actions``). Prints the disposition first."""
 
 from __future__ import annotations
 

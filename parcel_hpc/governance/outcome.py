@@ -38,6 +38,10 @@ class Outcome:
     HOLD_BUDGET: ClassVar[Outcome]
     HOLD_INVALID_WINNER: ClassVar[Outcome]
     HOLD_SLICE_QUALITY: ClassVar[Outcome]
+    HOLD_PERFORMANCE: ClassVar[Outcome]
+    HOLD_SERVING_PARITY: ClassVar[Outcome]
+    HOLD_FINAL_NOT_EVALUATED: ClassVar[Outcome]
+    HOLD_FINAL_PERFORMANCE: ClassVar[Outcome]
     HOLD_SYSTEMATIC_FAILURE: ClassVar[Outcome]
     HOLD_NO_RESULT: ClassVar[Outcome]
     EVALUATE_FINAL: ClassVar[Outcome]
@@ -87,6 +91,12 @@ class Outcome:
         return self.kind in (OutcomeKind.REJECT, OutcomeKind.HOLD)
 
     @property
+    def is_decidable(self) -> bool:
+        """A hold a documented decision (``parcel-hpc decide --accept``, who and why) may lift: a
+        trade a team can knowingly make, never one about whether the result is real."""
+        return self in _DECIDABLE
+
+    @property
     def exit_code(self) -> int:
         return EXIT_REFUSED if self.is_refusal else 0
 
@@ -95,9 +105,15 @@ Outcome.ADMIT = Outcome(OutcomeKind.ADMIT)
 Outcome.HOLD_BUDGET = Outcome.hold("budget")
 Outcome.HOLD_INVALID_WINNER = Outcome.hold("invalid-winner")
 Outcome.HOLD_SLICE_QUALITY = Outcome.hold("slice-quality")
+Outcome.HOLD_PERFORMANCE = Outcome.hold("performance")  # worse than the approved baseline on validation, beyond the pinned margin
+Outcome.HOLD_SERVING_PARITY = Outcome.hold("serving-parity")
+Outcome.HOLD_FINAL_NOT_EVALUATED = Outcome.hold("final-not-evaluated")
+Outcome.HOLD_FINAL_PERFORMANCE = Outcome.hold("final-performance")  # the contract's final-partition rule did not hold
 Outcome.HOLD_SYSTEMATIC_FAILURE = Outcome.hold("systematic-failure")  # the first trials all failed alike: dispatch stopped
 Outcome.HOLD_NO_RESULT = Outcome.hold("no-result")  # a launch ended with no completed trial in its search
 Outcome.EVALUATE_FINAL = Outcome(OutcomeKind.EVALUATE, "final-holdout")
 Outcome.RELEASE_REGISTERED = Outcome(OutcomeKind.RELEASE, "registered")
 Outcome.REJECT_REGISTRY_ENTRY = Outcome.reject("registry-entry")  # a registry entry that is not this selection's, or not its bytes
 Outcome.REJECT_FINAL_PARTITION = Outcome.reject("final_partition")  # trainer code reached for the protected files, or the fence could not hold them
+
+_DECIDABLE = frozenset((Outcome.HOLD_PERFORMANCE, Outcome.HOLD_SLICE_QUALITY, Outcome.HOLD_FINAL_PERFORMANCE))

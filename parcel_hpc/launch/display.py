@@ -14,7 +14,7 @@ from parcel_hpc.budget import render_commitment
 from parcel_hpc.console import safe
 from parcel_hpc.ledger import SearchDir, TrialState
 from parcel_hpc.ledger.summary import best_completed, count_states, counts_by_state
-from parcel_hpc.selection.baseline import Baseline
+from parcel_hpc.selection.policy import SelectionPolicy
 
 
 def contract_line(contract, path: Path, created: bool, dry_run: bool = False) -> str:
@@ -23,7 +23,8 @@ def contract_line(contract, path: Path, created: bool, dry_run: bool = False) ->
     line = f"[bold]{verb}[/] contract {contract.digest[:19]}… in {safe(path)} (trainer {safe(trainer.get('target', '?'))}, source {safe(str(trainer.get('source_digest', ''))[:15])}…)"
     if "selection" not in contract.fields:  # frozen before selection was pinned
         return line
-    return f"{line}\n  {safe(Baseline.pinned(contract['selection']['baseline'], trainer).describe())}"
+    policy = SelectionPolicy.from_mapping(contract["selection"], trainer)
+    return f"{line}\n  {safe(policy.baseline.describe())}\n  {policy.describe()}"
 
 
 def commitment_text(decision) -> str:

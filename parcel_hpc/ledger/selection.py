@@ -24,8 +24,16 @@ from parcel_hpc.governance.outcome import Outcome
 from parcel_hpc.ledger.events import Executor, decode_payload, encode_payload
 from parcel_hpc.ledger.journal import JOURNAL_GLOB, writer_name
 
-# What a selection may do next: exactly the project card's four.
-DISPOSITIONS = (Outcome.HOLD_BUDGET, Outcome.HOLD_INVALID_WINNER, Outcome.HOLD_SLICE_QUALITY, Outcome.EVALUATE_FINAL)
+# What a selection may do next: the project card's four, and the two other holds a selection's
+# validation evidence can decide before the final partition is read (``selection.gates``).
+DISPOSITIONS = (
+    Outcome.HOLD_BUDGET,
+    Outcome.HOLD_INVALID_WINNER,
+    Outcome.HOLD_SERVING_PARITY,
+    Outcome.HOLD_PERFORMANCE,
+    Outcome.HOLD_SLICE_QUALITY,
+    Outcome.EVALUATE_FINAL,
+)
 
 
 class JobRole(str, enum.Enum):
@@ -97,8 +105,8 @@ class Decided:
     reason: str
 
     def __post_init__(self) -> None:
-        if self.lifted != Outcome.HOLD_SLICE_QUALITY:
-            raise ValueError(f"a quality decision lifts {Outcome.HOLD_SLICE_QUALITY}, not {self.lifted}")
+        if not self.lifted.is_decidable:
+            raise ValueError(f"a decision lifts a hold a team may trade (performance, slice-quality, final-performance), not {self.lifted}")
         if not self.by.strip() or not self.reason.strip():
             raise ValueError("a quality decision names who decided and why")
 

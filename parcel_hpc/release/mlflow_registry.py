@@ -53,7 +53,7 @@ def identity_tags(expected: Registration) -> dict[str, str]:
 
 def version_tags(packet: Mapping[str, Any], expected: Registration) -> dict[str, str]:
     """Every tag a version carries (pure): its identity, the lineage's five answers as JSON, each
-    check's verdict, and each decision that lifted a hold (who, why, what)."""
+    check's verdict, rule, numbers and lift, and each decision that lifted a hold (who, why, what)."""
     tags = {
         **identity_tags(expected),
         "parcel.search_revision": str(packet["search"]["revision"]),
@@ -62,6 +62,8 @@ def version_tags(packet: Mapping[str, Any], expected: Registration) -> dict[str,
         **{f"parcel.lineage.{answer}": fsio.canonical_json(packet["lineage"].get(answer)) for answer in LINEAGE},
         **{f"parcel.check.{name}": str(verdict) for name, verdict in packet["checks"].items()},
     }
+    for g in packet["gates"]:  # each check's rule with the contract's numbers, what it found, what lifts its hold
+        tags.update({f"parcel.check.{g['gate']}.rule": g["rule"], f"parcel.check.{g['gate']}.found": g["found"], f"parcel.check.{g['gate']}.lift": g["lift"]})
     for i, d in enumerate(packet["selection"]["decisions"], 1):
         tags.update({f"parcel.decision.{i}.by": d["by"], f"parcel.decision.{i}.reason": d["reason"], f"parcel.decision.{i}.lifted": d["lifted"]})
     return tags

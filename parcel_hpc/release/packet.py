@@ -19,15 +19,13 @@ from parcel_hpc.accounting.spend import read_spend, search_spend
 from parcel_hpc.budget import BudgetLedger, search_caps
 from parcel_hpc.errors import SchedulerUnavailable, UsageError
 from parcel_hpc.governance.outcome import Outcome
-from parcel_hpc.ledger import JobRole, SearchDir, TrialRecord, TrialSpec, fold, read_events
+from parcel_hpc.ledger import SearchDir, TrialRecord, TrialSpec, fold, read_events
 from parcel_hpc.ledger.summary import counts_by_state
 from parcel_hpc.propose.specs import sampler_of, space_of
 from parcel_hpc.selection.actions import Assessment, assess
 from parcel_hpc.selection.candidates import TrialFacts, lineage_problems
-from parcel_hpc.selection.gates import Check, GateFacts, release_outcome
-from parcel_hpc.selection.gates import checks as gate_checks
+from parcel_hpc.selection.gates import GATES, Check, release_outcome
 from parcel_hpc.selection.policy import SelectionPolicy
-from parcel_hpc.selection.slices import SliceRow, overall
 from parcel_hpc.selection.store import SelectionStore
 
 REGISTERED = Outcome.RELEASE_REGISTERED
@@ -42,16 +40,15 @@ def build(store: SelectionStore, facts: Sequence[TrialFacts], *, sacct: bool = T
     n = store.current()
     if n is None:
         raise UsageError(f"{search.path} has no selection; run `parcel-hpc select` first")
-    a = assess(store, record, n)
     by_id = {f.record.trial_id: f for f in facts}
     records = [f.record for f in facts]
-    winner_facts = by_id.get(a.frozen["trial_id"])
-    result = a.result or {}
-    final = store.result(n, JobRole.FINAL)
-    recorded = {name: _recorded(search, Path(path)) for name, path in result.get("records", {}).items()}
+    winner_facts = by_id.get(store.selection(n)["trial_id"])
     # Lineage now, not as frozen: a trial quarantined after an early selection no longer passes.
     lineage_clean = winner_facts is not None and not lineage_problems(winner_facts, contract)
-    checks = gate_checks(_gate_facts(a, lineage_clean, result, final))
+    a = assess(store, record, n, after_final=True, lineage_now=lineage_clean)
+    result, final = a.result or {}, a.final
+    recorded = {name: _recorded(search, Path(path)) for name, path in result.get("records", {}).items()}
+    judgements = {j.gate: j for j in a.verdict.judgements}
     packet = {
         "format": "parcel-release/1",
         "search": {"revision": contract["search_revision"], "path": str(search.path), "contract_digest": contract.digest},
@@ -101,38 +98,12 @@ def build(store: SelectionStore, facts: Sequence[TrialFacts], *, sacct: bool = T
             {"t": t, "allowed": f.allowed, "retry": f.retry, "outcome": str(f.outcome), "by": f.by, "host": f.host} for t, f in record.final_attempts
         ],
         "final_opened": [{"t": t, "job_id": o.job_id, "host": o.host, "restart_count": o.restart_count} for t, o in record.final_opened],
-        "checks": {k: v.value for k, v in checks.items()},
+        "checks": {gate.name: judgements[gate.name].check.value if gate.name in judgements else Check.MISSING.value for gate in GATES},
+        # Each check's rule (with the contract's numbers), the numbers it judged and what lifts its hold.
+        "gates": [judgements[gate.name].to_json() for gate in GATES if gate.name in judgements],
     }
     packet["outcome"] = str(outcome_of(packet))
     return packet
-
-
-def _gate_facts(a: Assessment, lineage_clean: bool, result: Mapping[str, Any], final: Mapping[str, Any] | None) -> GateFacts:
-    frozen_clean = any(e.trial_id == a.frozen["trial_id"] and e.lineage_ok for e in a.entries)
-    if not result:  # no rerun yet: every gate after the lineage is missing its evidence
-        return GateFacts(frozen_clean, lineage_clean)
-    winner_all, baseline_all = overall(slice_rows(result, "winner")), overall(slice_rows(result, "baseline"))
-    return GateFacts(
-        frozen_clean,
-        lineage_clean,
-        rerun=a.rerun,
-        slice_gate_passed=a.gate.passed if a.gate is not None else False,
-        decided=bool(a.decisions),
-        overall=(winner_all.miss_cost, baseline_all.miss_cost),
-        parity_passed=bool(result["parity"]["passed"]),
-        final_matches=_final_matches(a, result, final),
-    )
-
-
-def _final_matches(a: Assessment, result: Mapping[str, Any], final: Mapping[str, Any] | None) -> bool | None:
-    """Whether the final result is about this selection, its trial and the artifact its rerun checked (None: no final result)."""
-    if final is None:
-        return None
-    return final["selection"] == a.n and final["trial_id"] == a.frozen["trial_id"] and final["winner"]["artifact_sha256"] == result["artifact"]["sha256"]
-
-
-def slice_rows(result: Mapping[str, Any], which: str) -> list[SliceRow]:
-    return [SliceRow.from_json(r) for r in result["slices"][which]]
 
 
 def outcome_of(packet: Mapping[str, Any]) -> Outcome:

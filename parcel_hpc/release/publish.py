@@ -32,6 +32,7 @@ from parcel_hpc.release.folder import Registration
 from parcel_hpc.release.mlflow_registry import MlflowRegistry
 from parcel_hpc.release.packet import REGISTERED, build
 from parcel_hpc.selection.actions import assess, trial_facts
+from parcel_hpc.selection.gates import Judgement, first_hold
 from parcel_hpc.selection.store import SelectionStore
 from parcel_hpc.trainer import code
 
@@ -112,9 +113,12 @@ def publish(
         write_entry(entry)
     store.writer("release").released(Released(packet["selection"]["number"], registered, outcome, sha256_of(text_json.encode()), location))
     out.print(str(outcome), markup=False)
+    holding = first_hold(tuple(Judgement.from_json(g) for g in packet["gates"]))
+    for line in holding.lines() if holding is not None else ():
+        out.print(f"  {line}", markup=False, soft_wrap=True)  # never folded: a rule is read whole
     out.print(f"  packet: {store.release_dir / 'packet.html'} (.json, .md)", markup=False)
-    for name, verdict in packet["checks"].items():
-        out.print(f"  {name}: {verdict}", markup=False)
+    for g in packet["gates"]:
+        out.print(f"  {g['gate']}: {g['check']}" + (f" ({g['found']})" if g["found"] else ""), markup=False, soft_wrap=True)
     if not registered:
         out.print("  the artifact stays out of the registry until every check passed or was decided", markup=False)
     elif mlflow is None:
@@ -180,8 +184,7 @@ def _refuse_unreleasable(store: SelectionStore) -> Released | None:
     if verdict.outcome.is_refusal:
         raise GovernanceRefusal(
             verdict.outcome,
-            f"selection {n} holds ({'; '.join(verdict.reasons)}); nothing is released until `parcel-hpc select` clears it "
-            f"(or `parcel-hpc decide` lifts {Outcome.HOLD_SLICE_QUALITY}) and `parcel-hpc evaluate-final` ran",
+            f"selection {n} holds ({'; '.join(verdict.reasons)}); nothing is released until the hold is lifted and `parcel-hpc evaluate-final` ran",
         )
     return None
 

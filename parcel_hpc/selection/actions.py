@@ -29,9 +29,9 @@ from parcel_hpc.pruning import MilestoneStore
 from parcel_hpc.scheduler.probe import pid_alive
 from parcel_hpc.selection.candidates import Entry, TrialFacts, best_candidate, completed_list, list_digest
 from parcel_hpc.selection.disposition import Verdict, disposition
-from parcel_hpc.selection.gates import RerunCheck
+from parcel_hpc.selection.gates import Check, Comparison, Final, GateFacts, RerunCheck
 from parcel_hpc.selection.policy import SelectionPolicy
-from parcel_hpc.selection.slices import GateResult, SliceRow, slice_gate
+from parcel_hpc.selection.slices import GateResult, SliceRow, overall, slice_gate
 from parcel_hpc.selection.store import SelectionStore
 from parcel_hpc.selection.submit import job_alive, run_job
 
@@ -71,27 +71,44 @@ class Assessment:
     result: dict[str, Any] | None  # the rerun job's result
     gate: GateResult | None
     decisions: tuple[Decided, ...]
+    final: dict[str, Any] | None  # the final job's result (read only ``after_final``)
     verdict: Verdict
 
 
-def assess(store: SelectionStore, record: SelectionRecord, n: int) -> Assessment:
+def assess(store: SelectionStore, record: SelectionRecord, n: int, *, after_final: bool = False, lineage_now: bool | None = None) -> Assessment:
+    """Selection ``n``'s disposition from its records: the gates ``select`` judges, or with
+    ``after_final`` every gate, the final ones too (``release``, and a decision after the final
+    evaluation); ``lineage_now``: whether the winner's lineage is still clean (None: not asked)."""
     policy = SelectionPolicy.of(store.search.contract())
     frozen = store.selection(n)
     entries = tuple(Entry(e["trial_id"], e["config_hash"], float(e["metric"]), bool(e["lineage_ok"]), tuple(e["problems"])) for e in frozen["completed"])
     result = store.result(n, JobRole.RERUN)
-    rerun = gate = None
+    rerun = gate = parity = performance = None
     if result is not None:
         rerun = RerunCheck(float(frozen["metric"]), float(result["rerun_metric"]), policy.rerun_tolerance, float(result["artifact_metric"]))
         winner = [SliceRow.from_json(r) for r in result["slices"]["winner"]]
         baseline = [SliceRow.from_json(r) for r in result["slices"]["baseline"]]
         gate = slice_gate(winner, baseline, policy.gate)
+        parity = (float(result["parity"]["max_abs_difference"]), policy.parity_tolerance)
+        performance = Comparison(overall(winner).miss_cost, overall(baseline).miss_cost, policy.performance_margin)
     elif record.job_ended(n, JobRole.RERUN) is not None and frozen["metric"] is not None:
         rerun = RerunCheck(float(frozen["metric"]), None, policy.rerun_tolerance)
     decisions = tuple(d for d in record.decisions.get(n, ()) if d.trial_id == frozen["trial_id"])
-    verdict = disposition(
-        int(frozen["n_trials"]), int(frozen["budget"]), entries, frozen["trial_id"], rerun, None if gate is None else gate.passed, bool(decisions)
+    final = store.result(n, JobRole.FINAL) if after_final else None
+    matches = Final.matches(final, n, frozen["trial_id"], (result or {}).get("artifact", {}).get("sha256"))
+    facts = GateFacts(
+        False,  # judged from the frozen list by the disposition
+        lineage_now,
+        rerun=rerun,
+        parity=parity,
+        performance=performance,
+        slices=gate,
+        decided=frozenset(d.lifted for d in decisions),
+        final_matches=matches,
+        final=None if final is None else Comparison(float(final["winner"]["metric"]), float(final["baseline"]["metric"]), policy.final_performance_margin),
     )
-    return Assessment(n, frozen, entries, rerun, result, gate, decisions, verdict)
+    verdict = disposition(int(frozen["n_trials"]), int(frozen["budget"]), entries, frozen["trial_id"], facts, after_final=after_final)
+    return Assessment(n, frozen, entries, rerun, result, gate, decisions, final, verdict)
 
 
 # --- select -----------------------------------------------------------------------------------------
@@ -227,13 +244,16 @@ def _announce(a: Assessment, out: Console, failure: str = "") -> None:
     this command ran ended without a result (its own one line)."""
     out.print(str(a.verdict.outcome), markup=False)
     for reason in a.verdict.reasons:
-        out.print(f"  {reason}", markup=False)
+        out.print(f"  {reason}", markup=False, soft_wrap=True)  # never folded: scripts and people read a rule whole
     if a.rerun is not None:
         # A rerun that produced no result is not outside a tolerance: the job's own line says why it ended.
         verdict = "" if a.rerun.rerun_metric is None else f" -> {'within' if a.rerun.within else 'OUTSIDE'} tolerance"
         out.print(f"  rerun: {a.rerun.describe()}{verdict}", markup=False)
     if failure:
         out.print(f"  {failure}", markup=False, soft_wrap=True)
+    if a.verdict.judgements:
+        shown = ", ".join(f"{j.gate} {j.check.value if j.check.clears or j.check is Check.MISSING else j.check.value.upper()}" for j in a.verdict.judgements)
+        out.print(f"  checks: {shown}", markup=False)
     if a.result is not None:
         p = a.result["parity"]
         out.print(f"  serving parity: max |serve - predict| {p['max_abs_difference']:.2e} (tolerance {p['tolerance']:g})", markup=False)
@@ -264,6 +284,9 @@ def _announce(a: Assessment, out: Console, failure: str = "") -> None:
 
 
 def decide(search_dir, *, by: str, reason: str, out: Console) -> Assessment:
+    """Lift the selection's decidable hold (``Outcome.is_decidable``) for its trial, recorded with
+    who and why: a performance or slice hold before the final evaluation is claimed, the
+    final-performance hold after its result is sealed. Nothing else is lifted by a decision."""
     by = checked_text("--by", by, required=True)
     reason = checked_text("--reason", reason, required=True)
     store = SelectionStore(SearchDir(search_dir))
@@ -271,16 +294,31 @@ def decide(search_dir, *, by: str, reason: str, out: Console) -> Assessment:
     n = store.current()
     if n is None:
         raise UsageError(f"{store.search.path} has no selection; run `parcel-hpc select` first")
-    if record.sealed is not None or store.final_claim() is not None:
-        raise GovernanceRefusal(FINAL_USED, "the final evaluation is claimed; a decision can no longer change anything")
-    a = assess(store, record, n)
-    if a.verdict.outcome != Outcome.HOLD_SLICE_QUALITY:
-        raise UsageError(f"selection {a.n} ({a.frozen['trial_id']}) is {a.verdict.outcome}; a quality decision lifts only {Outcome.HOLD_SLICE_QUALITY}")
-    if a.gate is None:
-        raise UsageError(f"selection {a.n} has no slice report yet; run `parcel-hpc select` to finish it before deciding")
+    claimed = record.sealed is not None or store.final_claim() is not None
+    if claimed:
+        _refuse_if_claimed_elsewhere(store)  # the claimed selection's file moved aside: nothing to decide on
+    a = assess(store, record, n, after_final=claimed)
+    hold = a.verdict.outcome
+    if claimed and hold != Outcome.HOLD_FINAL_PERFORMANCE:
+        raise GovernanceRefusal(
+            FINAL_USED, f"the final evaluation is claimed and selection {a.n} is {hold}; a decision now lifts only {Outcome.HOLD_FINAL_PERFORMANCE}"
+        )
+    if not hold.is_decidable:
+        raise UsageError(
+            f"selection {a.n} ({a.frozen['trial_id']}) is {hold}; a decision lifts only {Outcome.HOLD_PERFORMANCE} and {Outcome.HOLD_SLICE_QUALITY} "
+            f"(and {Outcome.HOLD_FINAL_PERFORMANCE} after the final evaluation)"
+        )
+    holding = a.verdict.holding
+    if holding is None or holding.check is Check.MISSING:
+        raise UsageError(f"selection {a.n} has no evidence for its {hold} yet; run `parcel-hpc select` to finish it before deciding")
     writer = store.writer("decide")
-    writer.decided(Decided(a.n, a.frozen["trial_id"], Outcome.HOLD_SLICE_QUALITY, by, reason))
-    a = assess(store, store.record(), a.n)
+    writer.decided(Decided(a.n, a.frozen["trial_id"], hold, by, reason))
+    a = assess(store, store.record(), a.n, after_final=claimed)
+    if claimed:  # the selection's disposition was settled before the claim: the decision is the record
+        out.print(f"decided: {hold} lifted for {a.frozen['trial_id']} by {by}", markup=False)
+        out.print(f"  {holding.found}", markup=False)
+        out.print(f"  next: parcel-hpc release {store.search.path}", markup=False)
+        return a
     writer.disposed(a.n, a.verdict.outcome, a.verdict.reasons)
     _announce(a, out)
     return a

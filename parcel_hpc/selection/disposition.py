@@ -1,51 +1,61 @@
-"""The one decision of a selection (pure), with the project card's semantics:
+"""The one decision of a selection (pure), with the project card's semantics, every gate that can
+be judged on validation judged before the final partition may be read (``gates.BEFORE_FINAL``):
 
 hold:budget            the budget is not positive, or the search holds more trials than it
 hold:invalid-winner    the selected trial is not a completed trial with clean lineage, or its
                        rerun is missing or outside the tolerance
+hold:serving-parity    its serving path does not give what training predicted
+hold:performance       it is worse than the approved baseline on validation beyond the pinned
+                       margin, and no documented decision lifted it
 hold:slice-quality     its slice gate failed and no documented decision lifted it
 evaluate:final-holdout otherwise: the final partition may be read, once
+
+``after_final``: the release's view, every gate (the final ones too) judged.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from parcel_hpc.governance.outcome import Outcome
 from parcel_hpc.selection.candidates import Entry
-from parcel_hpc.selection.gates import BEFORE_FINAL, GateFacts, Lineage, Reproducible, RerunCheck, Slices, first_hold
+from parcel_hpc.selection.gates import BEFORE_FINAL, GATES, Check, GateFacts, Judgement, Lineage, first_hold, judge
 
 
 @dataclass(frozen=True)
 class Verdict:
     outcome: Outcome
     reasons: tuple[str, ...]
+    judgements: tuple[Judgement, ...] = ()  # every gate judged, in order ((): the budget held first)
 
     @property
     def exit_code(self) -> int:
         """3 for a hold (printed first, with its evidence), else 0."""
         return self.outcome.exit_code
 
+    @property
+    def holding(self) -> Judgement | None:
+        """The judgement that names the hold, if a gate holds."""
+        return first_hold(self.judgements)
 
-def disposition(
-    n_trials: int, budget: int, entries: Sequence[Entry], selected: str, rerun: RerunCheck | None, slice_gate_passed: bool | None, decided: bool
-) -> Verdict:
-    """``n_trials``: trials the search holds; ``entries``: the frozen completed list."""
+
+def disposition(n_trials: int, budget: int, entries: Sequence[Entry], selected: str, facts: GateFacts, *, after_final: bool = False) -> Verdict:
+    """``n_trials``: trials the search holds; ``entries``: the frozen completed list; ``facts``: the
+    selected trial's evidence (``lineage_as_frozen`` is taken from ``entries`` here)."""
     if budget <= 0 or n_trials > budget:
         return Verdict(Outcome.HOLD_BUDGET, (f"the search holds {n_trials} trials, its budget is {budget}",))
     if not selected:
         return Verdict(Outcome.HOLD_INVALID_WINNER, ("no completed trial to select",))
     chosen = next((e for e in entries if e.trial_id == selected and e.lineage_ok), None)
-    facts = GateFacts(lineage_as_frozen=chosen is not None, rerun=rerun, slice_gate_passed=slice_gate_passed, decided=decided)
-    gate = first_hold(facts, BEFORE_FINAL)
-    if isinstance(gate, Lineage):
+    gates = GATES if after_final else BEFORE_FINAL
+    judgements = judge(replace(facts, lineage_as_frozen=chosen is not None), gates)
+    holding = first_hold(judgements)
+    if holding is None:
+        cleared = [f"{j.gate} decided" for j in judgements if j.check is Check.DECIDED]
+        said = f"{selected}: every check passed" + (f" ({', '.join(cleared)})" if cleared else "")
+        return Verdict(Outcome.RELEASE_REGISTERED if after_final else Outcome.EVALUATE_FINAL, (said,), judgements)
+    if holding.gate == Lineage.name and not chosen:
         problems = next((e.problems for e in entries if e.trial_id == selected), ("not among the completed trials",))
-        return Verdict(gate.hold, tuple(f"{selected}: {p}" for p in problems))
-    if isinstance(gate, Reproducible):
-        return Verdict(Reproducible.hold, (f"rerun of {selected}: {rerun.describe() if rerun else 'not run yet'}",))
-    if isinstance(gate, Slices):
-        if slice_gate_passed is None:
-            return Verdict(gate.hold, (f"{selected}: no slice report",))
-        return Verdict(gate.hold, (f"{selected}: the slice gate failed; a documented quality decision (parcel-hpc decide) can lift it",))
-    return Verdict(Outcome.EVALUATE_FINAL, (f"{selected}: decided despite its slice gate" if not slice_gate_passed else f"{selected}: every check passed",))
+        return Verdict(holding.hold, (*(f"{selected}: {p}" for p in problems), *holding.lines()), judgements)
+    return Verdict(holding.hold, (f"{selected}: {holding.gate} check {holding.check.value}", *holding.lines()), judgements)

@@ -33,10 +33,24 @@ class SelectionPolicy:
     revision: str
     rerun_tolerance: float
     parity_tolerance: float
+    performance_margin: float  # validation: the winner's miss-cost may exceed the baseline's by at most this
+    final_performance_margin: float | None  # the same on the final partition; None: reported, decides nothing
     baseline: Baseline
     columns: tuple[str, ...]
     shipment_buckets: int
     gate: GatePolicy
+
+    def describe(self) -> str:
+        """One line for the launch: what the winner will be held to, on validation at select and on the final partition."""
+        final = (
+            "reported, it decides nothing"
+            if self.final_performance_margin is None
+            else f"at most {self.final_performance_margin:g} above the baseline's miss-cost (else hold:final-performance)"
+        )
+        return (
+            f"the winner is held to at most {self.performance_margin:g} above the baseline's validation miss-cost and to the slice gate "
+            f"at select, before the final partition is read; the final result: {final}"
+        )
 
     @classmethod
     def of(cls, contract: Contract) -> SelectionPolicy:
@@ -55,6 +69,11 @@ class SelectionPolicy:
                 revision=str(m["revision"]),
                 rerun_tolerance=_non_negative("selection.rerun_tolerance", m["rerun_tolerance"]),
                 parity_tolerance=_non_negative("selection.parity_tolerance", m["parity_tolerance"]),
+                # A contract frozen before these were pinned held the winner to the baseline exactly, at release.
+                performance_margin=_non_negative("selection.performance_margin", m.get("performance_margin", 0.0)),
+                final_performance_margin=None
+                if m.get("final_performance_margin") is None
+                else _non_negative("selection.final_performance_margin", m["final_performance_margin"]),
                 baseline=Baseline.pinned(m["baseline"], search_trainer),
                 columns=tuple(slices["columns"]),
                 shipment_buckets=int(slices["shipment_buckets"]),

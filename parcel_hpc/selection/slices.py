@@ -75,6 +75,12 @@ class Finding:
     def to_json(self) -> dict:
         return {k: getattr(self, k) for k in ("column", "value", "check", "winner", "baseline", "limit", "passed")}
 
+    def describe(self) -> str:
+        """The check in numbers: ``damage_type=crushed_corner recall_drop: winner 0.810, baseline 0.900, limit 0.05``."""
+        winner = "absent" if self.winner is None else f"{self.winner:.3f}"
+        baseline = "" if self.baseline is None else f", baseline {self.baseline:.3f}"
+        return f"{self.column}={self.value} {self.check}: winner {winner}{baseline}, limit {self.limit:g}"
+
 
 @dataclass(frozen=True)
 class GateResult:

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from parcel_hpc.governance.outcome import Outcome
+
 
 @dataclass(frozen=True)
 class LaunchResult:
@@ -58,6 +60,24 @@ def finish(proc: subprocess.Popen, timeout: float = 600) -> LaunchResult:
 def parcel_hpc(args: Sequence[str], *, cwd: Path | None = None, env: Mapping[str, str] | None = None, timeout: float = 300) -> LaunchResult:
     proc = subprocess.run([sys.executable, "-m", "parcel_hpc", *args], cwd=cwd, env=subprocess_env(None, env), capture_output=True, text=True, timeout=timeout)
     return LaunchResult(proc.returncode, proc.stdout, proc.stderr)
+
+
+def decide_every_hold(selected: LaunchResult, decide: Callable[[str], LaunchResult]) -> LaunchResult:
+    """After ``select``: each hold a decision may lift (performance, slices), decided one at a time
+    by ``decide(reason)``; the last command's result, whose first line is where the selection ends."""
+    result = selected
+    while result.stdout and _decidable(first := result.stdout.splitlines()[0]):
+        result = decide(f"{first} accepted for the test")
+        if result.returncode not in (0, 3) or result.stdout.splitlines()[:1] == [first]:
+            raise AssertionError(f"decide did not lift {first}: {result.stdout}{result.stderr}")
+    return result
+
+
+def _decidable(line: str) -> bool:
+    try:
+        return Outcome.parse(line).is_decidable
+    except ValueError:
+        return False
 
 
 def run_trial_directly(plan, *, env: Mapping[str, str] | None = None, timeout: float = 300) -> LaunchResult:
