@@ -45,20 +45,27 @@ def mlflow_server(workdir: Path) -> Iterator[str]:
         "--workers",
         "1",
     ]
-    log = open(workdir / "server.log", "wb")
-    proc = subprocess.Popen(argv, cwd=workdir, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    with started(argv, workdir / "server.log", f"{uri}/health"):
+        yield uri
+
+
+@contextmanager
+def started(argv: list[str], log_path: Path, ready: str, env: dict[str, str] | None = None) -> Iterator[None]:
+    """``argv`` running (its own process group, its output in ``log_path``) once ``ready`` answers 200; stopped after."""
+    log = open(log_path, "wb")
+    proc = subprocess.Popen(argv, cwd=log_path.parent, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
         while True:
             try:
-                with urllib.request.urlopen(f"{uri}/health", timeout=2) as answer:
+                with urllib.request.urlopen(ready, timeout=2) as answer:
                     if answer.status == 200:
                         break
             except OSError:
                 pass
-            assert proc.poll() is None and time.monotonic() < deadline, (workdir / "server.log").read_text()[-2000:]
+            assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()[-2000:]
             time.sleep(0.5)
-        yield uri
+        yield
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:

@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from parcel_hpc.testing import decide_every_hold, launch, parcel_hpc
@@ -81,7 +82,7 @@ def load(root, entry, marker=None):
     code = (
         "import sys; from parcel_hpc.errors import exit_on_error; from parcel_hpc.release import load_release\n"
         "with exit_on_error():\n"
-        "    model = load_release(sys.argv[1], sys.argv[2], sys.argv[3])\n"
+        "    model = load_release(sys.argv[1])\n"
         "print(len(model.serve(__import__('parcel_hpc.data', fromlist=['x']).load_partition(sys.argv[2], __import__('parcel_hpc.data', fromlist=['x']).read_split(sys.argv[3]), 'validation').images[:4])))\n"
     )
     data = root / "data"
@@ -191,6 +192,40 @@ def test_bytecode_in_a_registry_entry_is_refused_by_release_and_load_release(eva
         os.chown(entry.parent, os.getuid(), -1)
     served = load(root, entry)
     assert served.returncode == 0 and served.stdout.strip() == "4", served.stdout + served.stderr
+    assert not marker.exists()
+    # The entry is an MLflow model: MLflow's loader, in a fresh process given the folder, answers as load_release does.
+    code = (
+        "import sys, numpy as np, mlflow.pyfunc; from parcel_hpc.release import load_release; frames = np.load(sys.argv[2])\n"
+        "assert np.array_equal(mlflow.pyfunc.load_model(sys.argv[1]).predict(frames), load_release(sys.argv[1]).serve(frames)); print('same')\n"
+    )
+    example = np.asarray(json.loads((entry / "input_example.json").read_text()), dtype=np.float32)
+    np.save(root / "example.npy", example)
+    same = subprocess.run(
+        [sys.executable, "-c", code, str(entry), str(root / "example.npy")],
+        cwd=root,
+        env={**os.environ, **ENV(root)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert same.returncode == 0 and same.stdout.strip() == "same", same.stdout + same.stderr[-2000:]
+    # An MLmodel edited to name another loader (what mlflow.pyfunc.load_model would import) is refused before anything is imported.
+    (root / "planted_loader.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n_load_pyfunc = None\n")
+    released = (entry / "MLmodel").read_text()
+    (entry / "MLmodel").write_text(released.replace("loader_module: parcel_hpc.release.pyfunc", "loader_module: planted_loader"))
+    try:
+        planted = load(root, entry)
+        assert planted.returncode == 2 and f"{entry / 'MLmodel'} is not the file registered.json registered" in one_line(planted), planted.stderr
+        again = cli(root, "release", str(search))
+        assert again.returncode == 3 and again.stdout.splitlines()[0] == "reject:registry-entry", again.stdout + again.stderr
+    finally:
+        (entry / "MLmodel").write_text(released)
+    (entry / "conda.yaml").with_name("extra.py").write_text("")  # a file the marker does not list
+    try:
+        added = load(root, entry)
+        assert added.returncode == 2 and f"{entry} holds extra.py, which registered.json does not list" in one_line(added), added.stderr
+    finally:
+        (entry / "extra.py").unlink()
     assert not marker.exists()
 
 

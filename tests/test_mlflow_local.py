@@ -14,11 +14,12 @@ import os
 import shutil
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
-from mlflow_server import client, free_port, mlflow_server
+from mlflow_server import client, free_port, mlflow_server, started
 
 from parcel_hpc.data import load_partition, read_split
 from parcel_hpc.errors import UsageError
@@ -136,9 +137,26 @@ def test_the_registry_takes_one_version_per_released_selection(story):
     assert got.returncode == 0, got.stderr[-2000:]
     assert (served / "artifact.h5").read_bytes() == artifact
     data = story["data"]
-    trainer = load_release(served, data / "parcels.h5", data / "split-group_r8.json")
     images = load_partition(data / "parcels.h5", read_split(data / "split-group_r8.json"), "validation").images[:4]
-    assert np.asarray(trainer.serve(images)).shape == (4,)
+    expected = load_release(served).serve(images)  # no snapshot, no split: the preprocessing travels in the state
+    assert expected.shape == (4,) and expected.dtype == np.float64
+    # 5b. It is an MLflow model, served over HTTP by `mlflow models serve` (MLflow's own loader, a fresh process, by the
+    # alias) while no snapshot exists anywhere: one prediction, equal to load_release's.
+    (data / "parcels.h5").rename(data / "parcels.h5.away")
+    try:
+        assert serve_one(uri, f"models:/{MODEL}@champion", images, story["root"]) == expected.tolist()
+    finally:
+        (data / "parcels.h5.away").rename(data / "parcels.h5")
+    model = mlflow_model(served)
+    assert model.signature.inputs.to_dict() == [{"type": "tensor", "tensor-spec": {"dtype": "float32", "shape": (-1, *images.shape[1:])}}]
+    assert model.signature.outputs.to_dict() == [{"type": "tensor", "tensor-spec": {"dtype": "float64", "shape": (-1,)}}]
+    pins = (served / "requirements.txt").read_text().split()
+    assert f"parcel-hpc=={packet['lineage']['what_ran']['dependencies']['key']['parcel-hpc']}" in pins
+    assert all(f"{name}=={version}" in pins for name, version in contract["trainer"]["distributions"].items())
+    example = np.asarray(json.loads((served / "input_example.json").read_text()), dtype=np.float32)
+    rows = packet["serving"]["example"]["rows"]
+    validation = load_partition(data / "parcels.h5", read_split(data / "split-group_r8.json"), "validation").images
+    assert packet["serving"]["example"]["partition"] == "validation" and np.array_equal(example, validation[rows])
     # 6. Releasing again makes no second version, says where the first is, and leaves the alias where others moved it.
     mlflow.set_registered_model_alias(MODEL, "champion", planted.version)
     again = cli(story, "release", str(search))
@@ -159,6 +177,23 @@ def test_the_registry_takes_one_version_per_released_selection(story):
     assert [v.version for v in versions(uri)] == [version.version]
     assert mlflow.get_model_version_by_alias(MODEL, "champion").version == version.version
     assert not list(story["root"].glob("mlflow.db"))  # MLflow's client default (./mlflow.db) was never opened
+
+
+def mlflow_model(entry):
+    from mlflow.models import Model
+
+    return Model.load(entry / "MLmodel")
+
+
+def serve_one(uri, model_uri, frames, workdir):
+    """``mlflow models serve`` (the environment as it is: no network) and one POST /invocations; its predictions."""
+    port = free_port()
+    argv = [str(Path(sys.executable).parent / "mlflow"), "models", "serve", "-m", model_uri, "--env-manager", "local", "-h", "127.0.0.1", "-p", str(port)]
+    with started(argv, workdir / "models-serve.log", f"http://127.0.0.1:{port}/ping", {**os.environ, "MLFLOW_TRACKING_URI": uri}):
+        body = json.dumps({"inputs": frames.tolist()}).encode()
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/invocations", body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            return json.loads(answer.read())["predictions"]
 
 
 def test_export_writes_one_run_per_trial_under_one_per_search_and_again_adds_nothing(story):

@@ -115,7 +115,7 @@ def test_a_trainer_gets_the_gpus_it_was_granted_and_is_refused_more(training_dat
 def test_the_conformance_check_passes_the_cnn(training_data, cnn):
     findings = check_trainer(cnn, few_examples(training_data, 96), CNN_PARAMS, seed=3, steps=6)
     assert all(f.ok for f in findings), findings
-    assert [f.check for f in findings] == ["step", "predict", "state", "resume", "determinism", "serving parity", "final partition"]
+    assert [f.check for f in findings] == ["step", "predict", "state", "resume", "determinism", "serving parity", "serving from state", "final partition"]
 
 
 def test_the_conformance_check_names_the_torch_generator_a_state_leaves_out(training_data, cnn):

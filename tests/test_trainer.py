@@ -65,7 +65,7 @@ def test_a_search_on_the_builtin_trainer_records_the_golden_metrics(tmp_path, da
 def test_shipped_trainers_pass_the_conformance_check(target, training_data, sgd_on_path):
     for hidden in (0, 16):
         findings = check_trainer(trainer_class(target), training_data, {"lr": 0.02, "hidden": hidden, "l2": 1e-4, "batch_size": 32}, seed=7, steps=9)
-        assert [f.check for f in findings] == ["step", "predict", "state", "resume", "determinism", "serving parity", "final partition"]
+        assert [f.check for f in findings] == ["step", "predict", "state", "resume", "determinism", "serving parity", "serving from state", "final partition"]
         assert all(f.ok for f in findings), findings
 
 
@@ -83,6 +83,8 @@ def test_conformance_check_names_what_breaks(training_data):
     assert not resume.ok and "RNG state" in resume.detail
     last = check_trainer(trainers.AsksForFinal, training_data, params, steps=3)[-1]
     assert (last.check, last.ok) == ("final partition", False)
+    served = check_trainer(trainers.ServesTheDataItWasBuiltWith, training_data, params, steps=3)[-1]
+    assert (served.check, served.ok) == ("serving from state", False) and "built without data and given its state, it does not serve" in served.detail
     error = check_trainer(trainers.UnsavableStateTrainer, training_data, params, steps=6)[-1]
     assert error.check == "error" and "dtype object" in error.detail
 

@@ -3,7 +3,9 @@
 What makes a preempted trial end with the uninterrupted one's metric: every generator is seeded
 from ``seed`` (``seed_everything``), kernels are deterministic, and ``state()`` holds the model,
 the optimizer, every RNG (``parcel_torch.pack``) and where the current epoch's batch order stands:
-the generator's state when the epoch began and how many batches of it were taken.
+the generator's state when the epoch began and how many batches of it were taken. Built without
+frames (``parcel_hpc.trainer.serving_data``) it makes no loader: a served model only loads its state
+and serves.
 """
 
 from __future__ import annotations
@@ -72,15 +74,19 @@ class ParcelCNN(Trainer):
         self.amp = bool(params["amp"]) and self.device.type == "cuda"
         self.data = data
         frames = torch.tensor(np.asarray(data.train.images))
-        self.model = ParcelNet(int(params["width"]), int(params["depth"]), float(params["dropout"]), frames.mean().item(), frames.std().item()).to(self.device)
+        # No frames: a served trainer (parcel_hpc.trainer.serving_data), whose pixel statistics come with its state.
+        pixel = (frames.mean().item(), frames.std().item()) if len(frames) else (0.0, 1.0)
+        self.model = ParcelNet(int(params["width"]), int(params["depth"]), float(params["dropout"]), *pixel).to(self.device)
         self.optimizer = OPTIMIZERS[params["optimizer"]](self.model.parameters(), float(params["lr"]))
         self.loss = nn.BCEWithLogitsLoss()
         dataset = TensorDataset(frames, torch.tensor(np.asarray(data.train.labels), dtype=torch.float32))
         self.order = torch.Generator().manual_seed(seed)
-        batch_size = min(int(params["batch_size"]), len(dataset))
-        self.loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, drop_last=True, generator=self.order)
+        self.loader: DataLoader | None = None  # none for a served trainer: it never steps
+        if len(dataset):
+            batch_size = min(int(params["batch_size"]), len(dataset))
+            self.loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, drop_last=True, generator=self.order)
+            self._begin_epoch(self.order.get_state())
         self.steps = 0
-        self._begin_epoch(self.order.get_state())
 
     def _begin_epoch(self, order_state: torch.Tensor, taken: int = 0) -> None:
         # The loader draws an epoch's batch order from ``self.order`` when it starts iterating.
@@ -116,7 +122,8 @@ class ParcelCNN(Trainer):
 
     def load_state(self, state: TrainerState) -> None:
         self.steps = parcel_torch.unpack(state, {"model": self.model, "optimizer": self.optimizer})
-        self._begin_epoch(torch.tensor(state.arrays["batch_order/epoch_start"]), int(state.scalars["batch_order/taken"]))
+        if self.loader is not None:
+            self._begin_epoch(torch.tensor(state.arrays["batch_order/epoch_start"]), int(state.scalars["batch_order/taken"]))
 
     def predict(self, split: str) -> np.ndarray:
         return self.serve(self.data.partition(split).images)

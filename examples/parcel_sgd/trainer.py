@@ -3,7 +3,9 @@
 Everything that decides the next step is in ``state()``: the linear model (``coef_``,
 ``intercept_``, ``t_``), the random feature map, the preprocessing statistics for serving, and the
 minibatch generator. A trainer rebuilt from the same params, seed and data and given that state
-continues bit for bit, which is what lets a preempted trial end with the uninterrupted metric.
+continues bit for bit, which is what lets a preempted trial end with the uninterrupted metric. Built
+without examples (``parcel_hpc.trainer.serving_data``) and given that state, it serves: what a
+registry entry does.
 """
 
 from __future__ import annotations
@@ -44,7 +46,8 @@ class SGDTrainer(Trainer):
         self.rff = None
         if hidden > 0:
             n_features = data.train.features.shape[1]
-            self.rff = RBFSampler(gamma=1.0 / n_features, n_components=hidden, random_state=seed).fit(data.train.features)
+            # fit draws the map from the feature count and the seed alone: no example is needed (a served trainer has none)
+            self.rff = RBFSampler(gamma=1.0 / n_features, n_components=hidden, random_state=seed).fit(np.zeros((1, n_features)))
         self.x_train = self._expand(data.train.features)
         self.x_validation = self._expand(data.validation.features)
 
@@ -88,4 +91,8 @@ class SGDTrainer(Trainer):
         return self.model.predict_proba(self._expand(self.preprocessing(images)))[:, 1]
 
     def _expand(self, x: np.ndarray) -> np.ndarray:
-        return x if self.rff is None else np.hstack([x, self.rff.transform(x)])
+        if self.rff is None:
+            return x
+        if not len(x):  # a served trainer is built without examples (scikit-learn refuses to transform none)
+            return np.zeros((0, x.shape[1] + self.rff.n_components))
+        return np.hstack([x, self.rff.transform(x)])

@@ -100,3 +100,12 @@ class Preprocessor:
     @classmethod
     def from_arrays(cls, spec: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> Preprocessor:
         return cls(str(spec["revision"]), int(spec["pool"]), np.array(arrays["mean"]), np.array(arrays["std"]))
+
+    @classmethod
+    def unfitted(cls, spec: Mapping[str, Any], frame_shape: tuple[int, int]) -> Preprocessor:
+        """The revision for frames of ``frame_shape`` with no statistics (NaN, of the fitted width): what a
+        served trainer is built with. It must take its statistics from its state (``from_arrays``); one that
+        does not serves NaN, which the serving-parity check names, never plausible numbers."""
+        revision, k = str(spec["revision"]), int(spec["pool"])
+        width = _extractor(revision)(np.zeros((1, *frame_shape)), k).shape[1]
+        return cls(revision, k, np.full(width, np.nan), np.full(width, np.nan))

@@ -1,8 +1,10 @@
 """The folder registry, the embedded default: an entry per released selection under
 ``<search.root>/registry/<revision>/<trial>`` (or ``release --registry DIR``), written whole: the
-trainer's code, the artifact, the packet, then ``registered.json``, exclusively. An MLflow version
-holds exactly such an entry as its artifacts (``mlflow_registry.py``), so ``serving.load_release``
-serves either.
+trainer's code, the artifact, the packet, the MLflow model's files (``MLmodel`` with its pyfunc
+flavor, its environment and input example: ``release.pyfunc``), then ``registered.json``,
+exclusively, listing every file with its digest. The entry is an MLflow model directory, and an
+MLflow version holds exactly such an entry as its artifacts (``mlflow_registry.py``), so
+``serving.load_release`` and ``mlflow.pyfunc.load_model`` serve either.
 
 An entry found in the registry is trusted only when it is this one (``entry_problem``), its code
 copy whole included (``code.copy_problem``: a ``.pyc`` added to it is a changed entry): anything else
@@ -24,14 +26,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from parcel_hpc import fsio, ownership
+from parcel_hpc import anchor, fsio, ownership
 from parcel_hpc.errors import CorruptRecord, GovernanceRefusal, UsageError
-from parcel_hpc.governance.contract import digest_of
+from parcel_hpc.governance.contract import digest_of, sha256_of
 from parcel_hpc.governance.image import file_digest
 from parcel_hpc.governance.outcome import Outcome
 from parcel_hpc.trainer import code
 
 MARKER = "registered.json"
+ARTIFACT = "artifact.h5"
+DOWNLOAD_NOTE = "registered_model_meta"  # what `mlflow artifacts download models:/...` adds to the entry it gives (name and version; never read here)
 
 
 @dataclass(frozen=True)
@@ -48,7 +52,7 @@ class Registration:
 def entry_problem(entry: Path, expected: Registration, trainer: dict[str, Any]) -> str | None:
     """Why the registry entry at ``entry`` is not ``expected``'s (None: it is, byte for byte). Only
     regular files count: a link could point at anything."""
-    marker, artifact = entry / MARKER, entry / "artifact.h5"
+    marker, artifact = entry / MARKER, entry / ARTIFACT
     if not _regular(marker):
         return f"{marker} is not a regular file"
     try:
@@ -66,11 +70,24 @@ def entry_problem(entry: Path, expected: Registration, trainer: dict[str, Any]) 
 
 
 def files_problem(entry: Path, registered: dict[str, Any], trainer: dict[str, Any]) -> str:
-    """Why the entry's packet or code copy is not what its marker ``registered`` (and the packet's
-    ``trainer``) pin: "" when they are, the code copy whole (nothing added to it, bytecode included)."""
-    packet = entry / "packet.json"
+    """Why the entry's files are not what its marker ``registered`` (and the packet's ``trainer``) pin:
+    "" when they are. Each file the release wrote has its digest (the MLflow model's ``MLmodel`` and
+    environment files included: ``MLmodel`` names the module a loader imports), nothing else lies at the
+    entry's top but the artifact, the code copy and MLflow's own download note, and the code copy is
+    whole (nothing added to it, bytecode included). An entry registered before its marker listed its
+    files has its packet checked alone."""
+    packet, shown = entry / "packet.json", anchor.shown(entry)  # named as others know it, not through a held descriptor
     if not _regular(packet) or digest_of(fsio.read_json(packet)) != registered.get("packet_digest"):
-        return f"{packet} is not the packet {entry / MARKER} registered"
+        return f"{shown}/packet.json is not the packet {MARKER} registered"
+    listed = registered.get("files")
+    if listed is not None:
+        for name, digest in sorted(dict(listed).items()):
+            if not _regular(entry / name) or file_digest(entry / name) != digest:
+                return f"{shown}/{name} is not the file {MARKER} registered"
+        known = {MARKER, ARTIFACT, code.CODE_DIR, DOWNLOAD_NOTE, *listed}
+        extra = sorted(set(os.listdir(entry)) - known)
+        if extra:
+            return f"{shown} holds {extra[0]}, which {MARKER} does not list"
     if trainer.get("code"):
         return code.copy_problem(code.snapshot_dir(entry, str(trainer["source_digest"])), str(trainer["source_digest"]))
     return ""
@@ -155,8 +172,9 @@ def write_entry(
     trainer: dict[str, Any],
     copy_code: Callable[[Path], None],
 ) -> None:
-    """The entry's files, the trainer's code that serves the artifact (``serving.load_release``), then
-    ``registered.json``, exclusively."""
+    """The entry's ``files`` (the packet, the MLflow model's ``MLmodel``, environment and example), the
+    trainer's code that serves the artifact (``serving.load_release``), then ``registered.json``, exclusively,
+    listing every file with its digest."""
     marker = entry / MARKER
     if os.path.lexists(marker):
         return  # registered by an earlier release of this selection (``check_found``): never rewritten
@@ -164,8 +182,9 @@ def write_entry(
     copy_code(entry)  # whole or not at all, and kept when a retry finds it
     if trainer.get("code") and (why := code.copy_problem(code.snapshot_dir(entry, str(trainer["source_digest"])), str(trainer["source_digest"]))):
         raise refuse_entry(entry, why)  # a copy found there is kept: it must be ours, whole
-    fsio.atomic_write_bytes(entry / "artifact.h5", artifact)
+    fsio.atomic_write_bytes(entry / ARTIFACT, artifact)
     for name, text in files.items():
         fsio.atomic_write_text(entry / name, text)
-    if not fsio.create_exclusive_json(marker, {**asdict(expected), "packet_digest": digest_of(packet)}):
+    listed = {name: sha256_of(text.encode("utf-8")) for name, text in files.items()}
+    if not fsio.create_exclusive_json(marker, {**asdict(expected), "packet_digest": digest_of(packet), "files": listed}):
         check_found(entry, expected, trainer)  # written by someone else a moment ago

@@ -13,11 +13,14 @@ written or does not answer is one line (exit 2), before anything is written."""
 
 from __future__ import annotations
 
+import importlib.metadata
+import io
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from rich.console import Console
 
 from parcel_hpc import anchor, fsio
@@ -25,6 +28,7 @@ from parcel_hpc.errors import CorruptRecord, GovernanceRefusal, UsageError
 from parcel_hpc.governance.contract import Contract, sha256_of
 from parcel_hpc.governance.outcome import Outcome
 from parcel_hpc.governance.release_target import RegistryKind, ReleaseTarget, shown
+from parcel_hpc.integrations.mlflow import model
 from parcel_hpc.ledger import JobRole, SearchDir
 from parcel_hpc.ledger.selection import Released
 from parcel_hpc.release import folder, render
@@ -81,6 +85,7 @@ def publish(
     }
     # The artifact and the registry are checked before anything is written: a packet never says registered in vain.
     artifact = _checked_artifact(packet) if registered else b""
+    entry_files = files | _model_files(packet) if registered else files  # the entry is an MLflow model (release.pyfunc)
     expected = _expected(store, contract, packet["selection"]["number"])
     found = None
     if registered:
@@ -98,7 +103,7 @@ def publish(
         """The registry entry (code, artifact, packet, marker) in ``destination``: the folder's, or what an MLflow version holds."""
         assert expected is not None  # registered: the final check passed, so its result exists
         folder.write_entry(
-            packet, artifact, files, destination, expected, contract["trainer"], lambda to: code.copy_snapshot(store.search.path, to, contract["trainer"])
+            packet, artifact, entry_files, destination, expected, contract["trainer"], lambda to: code.copy_snapshot(store.search.path, to, contract["trainer"])
         )
 
     location = packet["registry_path"]
@@ -197,3 +202,24 @@ def _checked_artifact(packet: dict[str, Any]) -> bytes:
     if sha256_of(data) != checked:
         raise CorruptRecord(f"the selected artifact {source} is missing or is not the one that was checked ({checked}); restore it before releasing")
     return data
+
+
+def _model_files(packet: dict[str, Any]) -> dict[str, str]:
+    """The entry's MLflow model files: its signature from the frames the rerun served, its environment
+    from the contract's pins (and the parcel_hpc the rerun ran), its input example the validation
+    frames the rerun kept (checked to be the bytes it recorded)."""
+    serving = packet.get("serving") or {}
+    example = serving.get("example")
+    if not example or not serving.get("frame_shape"):
+        raise UsageError(
+            f"selection {packet['selection']['number']}'s rerun recorded no serving example (it ran before a registered model was an MLflow model); "
+            "release it with the parcel_hpc that selected it, or select a new search revision"
+        )
+    source = Path(example["path"])
+    data = source.read_bytes() if source.is_file() else b""
+    if sha256_of(data) != example["sha256"]:
+        raise CorruptRecord(f"the serving example {source} is missing or is not the one the rerun recorded ({example['sha256']}); restore it before releasing")
+    ran = packet["lineage"]["what_ran"]
+    version = ran["dependencies"]["key"].get("parcel-hpc") or importlib.metadata.version("parcel-hpc")
+    frames = np.load(io.BytesIO(data), allow_pickle=False)
+    return model.model_files(serving["frame_shape"], frames, model.requirements(ran["trainer"], version))

@@ -256,7 +256,8 @@ def _announce(a: Assessment, out: Console, failure: str = "") -> None:
         out.print(f"  checks: {shown}", markup=False)
     if a.result is not None:
         p = a.result["parity"]
-        out.print(f"  serving parity: max |serve - predict| {p['max_abs_difference']:.2e} (tolerance {p['tolerance']:g})", markup=False)
+        served = p.get("problem") or f"max |serve - predict| {p['max_abs_difference']:.2e}"  # the model as served: built without examples
+        out.print(f"  serving parity: {served} (tolerance {p['tolerance']:g})", markup=False)
         base = a.result["baseline"]
         how = f"released {base['released']}" if base.get("released") else f"trained, {base.get('trainer') or 'the search trainer'}"
         out.print(f"  baseline {base['name']} ({how}): validation miss-cost {base['metric']:.4f}; selected {a.frozen['metric']:.4f}", markup=False)

@@ -1,8 +1,10 @@
 """The model work of a selection, run as scheduler jobs (``parcel-hpc selection-job``), never on a login node.
 
 ``rerun``: check what this job opened against the contract, load the selected trial's final
-checkpoint (the selected artifact) and rescore it, check its serving path against its training
-path on raw validation images, measure what serving it costs, rerun its configuration from the
+checkpoint (the selected artifact) and rescore it, check the served model against its training
+path on raw validation images (a trainer built without examples and given the artifact, as a
+registry entry serves it: ``trainer.served``), measure what serving it costs, keep a few validation
+frames as the released model's input example, rerun its configuration from the
 pinned snapshot, retrain the approved baseline the same way (with its own trainer) or load the
 released one (``selection.baseline``), and report both per slice. The rerun and a trained
 baseline are recorded like trials (a spec and a typed journal each).
@@ -22,6 +24,7 @@ mixes files with another and one that finds the result written does nothing.
 from __future__ import annotations
 
 import importlib.metadata
+import io
 import os
 import platform
 import statistics
@@ -54,7 +57,7 @@ from parcel_hpc.selection.baseline import BaselineKind, baseline_trainer
 from parcel_hpc.selection.policy import SelectionPolicy
 from parcel_hpc.selection.slices import shipment_buckets, slice_report
 from parcel_hpc.selection.store import SelectionStore
-from parcel_hpc.trainer import FINAL_PARTITION_OUTCOME, Trainer, TrainerState, TrainingData, build_params, make_trainer
+from parcel_hpc.trainer import FINAL_PARTITION_OUTCOME, Trainer, TrainerState, TrainingData, build_params, make_trainer, served
 from parcel_hpc.trainer.base import checked_probabilities
 from parcel_hpc.worker import WorkerPlan
 from parcel_hpc.worker.cache import WorkerCache
@@ -63,6 +66,7 @@ from parcel_hpc.worker.jobenv import facts_from_env
 from parcel_hpc.worker.training import LoopCallbacks, train
 
 SERVING_BATCH = 64  # images per serve() call when measuring latency and memory
+EXAMPLE_FRAMES = 3  # validation frames recorded as the released model's input example
 KEY_DISTRIBUTIONS = ("parcel-hpc", "numpy", "h5py", "submitit", "hydra-core", "omegaconf")
 
 
@@ -260,10 +264,51 @@ def _trained(
     return trainer, float(value), spec
 
 
-def _parity(trainer: Trainer, images: np.ndarray, scores: np.ndarray, tolerance: float) -> dict[str, Any]:
-    served = checked_probabilities(trainer.serve(images), len(scores), "serving", 0)
-    diff = float(np.max(np.abs(served - scores))) if len(scores) else 0.0
-    return {"max_abs_difference": diff, "tolerance": tolerance, "passed": diff <= tolerance, "examples": int(len(scores))}
+def _parity(
+    make: Callable[[], Trainer], params: Mapping[str, Any], seed: int, state: TrainerState, data: TrainingData, scores: np.ndarray, tolerance: float
+) -> dict[str, Any]:
+    """The served model against training: a trainer ``make`` gives, built without examples and given the
+    artifact's ``state`` (``trainer.served``, as a registry entry serves it), serving the raw validation
+    images of ``data``, against ``scores`` (``predict``). What it raises is the check's ``problem``, a
+    failed check (a trainer that cannot serve from its state alone is held, never released)."""
+    blank, images = data.without_examples(), data.validation.images
+    base = {"tolerance": tolerance, "examples": int(len(scores)), "served": "built without examples, then load_state(artifact)"}
+    try:
+        trainer = served(make(), params, seed, state, blank)
+        answer = checked_probabilities(trainer.serve(images), len(scores), "serving", 0)
+    except ParcelError:
+        raise
+    except Exception as exc:
+        problem = f"built without examples and given its artifact's state, {type(exc).__name__}: {one_line(str(exc)) or '(no message)'}"
+        return base | {"max_abs_difference": None, "passed": False, "problem": problem}
+    finally:
+        if blank.asked_for_final:  # caught by the trainer or not, as in training (``_Context.fenced``)
+            raise GovernanceRefusal(FINAL_PARTITION_OUTCOME, f"the served trainer asked for {blank.asked_for_final[0]!r}; the job stops")
+    diff = float(np.max(np.abs(answer - scores))) if len(scores) else 0.0
+    return base | {"max_abs_difference": diff, "passed": diff <= tolerance, "problem": ""}
+
+
+def _maker(ctx: _Context) -> Callable[[], Trainer]:
+    """The search's trainer, unbuilt (``make_trainer`` imports its code copy once; a second call only instantiates)."""
+    return lambda: make_trainer(ctx.contract["trainer"], ctx.store.search.path)
+
+
+def _state_of(artifact: Mapping[str, Any]) -> TrainerState:
+    """The state an artifact ``_save_artifact`` wrote holds, read back from its file: the bytes a release ships."""
+    found = read_checkpoint(anchor.resolve(artifact["path"]))
+    return TrainerState(found.params, found.extra or {})
+
+
+def _serving_example(ctx: _Context, run_dir: Path, winner: Trainer) -> dict[str, Any]:
+    """A few validation frames (never the final partition's) and what the winner serves for them: the
+    input example a release records in the model it registers (``release.model``)."""
+    frames = np.ascontiguousarray(ctx.data.validation.images[:EXAMPLE_FRAMES], dtype=np.float32)
+    path = run_dir / "serving-example.npy"
+    buffer = io.BytesIO()
+    np.save(buffer, frames, allow_pickle=False)
+    fsio.atomic_write_bytes(path, buffer.getvalue())
+    scores = ctx.served(winner, frames, ctx.plan.steps, "example")
+    return {"path": anchor.shown(path), "sha256": file_digest(path), "partition": "validation", "rows": list(range(len(frames))), "served": scores.tolist()}
 
 
 def _serving_estimate(trainer: Trainer, images: np.ndarray) -> dict[str, Any]:
@@ -336,9 +381,11 @@ def _rerun(ctx: _Context) -> dict[str, Any]:
         raise UsageError(f"the newest checkpoint of {ctx.trial_id} is at step {found.step}, not its final step {ctx.plan.steps}")
     winner_scores = ctx.scores(winner, "validation", len(val), found.step)
     artifact = _save_artifact(ctx, run_dir / "winner", ctx.winner_identity, found.step, winner) | {"from": anchor.shown(found.path)}
-    with ctx.trainer_code(f"{type(winner).__name__}.serve (parity and serving cost)"):
-        parity = _parity(winner, val.images, winner_scores, ctx.policy.parity_tolerance)
+    with ctx.fenced():
+        parity = _parity(_maker(ctx), ctx.plan.params, ctx.plan.seed, _state_of(artifact), ctx.data, winner_scores, ctx.policy.parity_tolerance)
+    with ctx.trainer_code(f"{type(winner).__name__}.serve (serving cost)"):
         serving = _serving_estimate(winner, val.images) | {"artifact_bytes": artifact["bytes"]}
+        serving |= {"frame_shape": list(val.images.shape[1:]), "example": _serving_example(ctx, run_dir, winner)}
     # The rerun: the same configuration from the pinned snapshot, as a new run.
     records = run_dir / "records"
     _, rerun_metric, _ = _trained(ctx, records, "rerun", ctx.plan.params, ctx.winner_identity, lambda: ctx.trainer(ctx.plan.params))
@@ -382,9 +429,11 @@ def _baseline_on_validation(ctx: _Context, run_dir: Path, records: Path) -> tupl
         return scores, part | {"config_hash": None, "metric": ctx.metric(scores, val.labels), "artifact": artifact, "released": released_from, "parity": None}
     trainer, metric, spec = _trained(ctx, records, "baseline", b.params, ctx.baseline_identity, lambda: ctx.baseline_trainer(ctx.plan.seed))
     scores = ctx.scores(trainer, "validation", len(val), ctx.plan.steps)
-    with ctx.trainer_code(f"{type(trainer).__name__}.serve (baseline parity)"):
-        parity = _parity(trainer, val.images, scores, ctx.policy.parity_tolerance)
     artifact = _save_artifact(ctx, run_dir / "baseline", ctx.baseline_identity, ctx.plan.steps, trainer)
+    with ctx.fenced():
+        parity = _parity(
+            lambda: baseline_trainer(b, ctx.store.search.path)[0], b.params, ctx.plan.seed, _state_of(artifact), ctx.data, scores, ctx.policy.parity_tolerance
+        )
     return scores, part | {"config_hash": spec.config_hash, "metric": metric, "artifact": artifact, "parity": parity}
 
 

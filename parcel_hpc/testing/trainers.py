@@ -130,6 +130,16 @@ class SkewedServing(NumpyMLP):
         return super().serve(np.asarray(images) * 0.9)
 
 
+class ServesTheDataItWasBuiltWith(NumpyMLP):
+    """Serves with the preprocessing its build was given, never the one in its state: right while it
+    trains, NaN once built without examples (as a registry entry builds it): held at ``select``."""
+
+    def load_state(self, state: TrainerState) -> None:
+        kept = self.preprocessing
+        super().load_state(state)
+        self.preprocessing = kept
+
+
 class Incomplete(NumpyMLP):
     """Forgets the serving path."""
 

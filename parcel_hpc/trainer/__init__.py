@@ -6,8 +6,18 @@ guarantees. ``NumpyMLP`` (``trainer=numpy_mlp``) is the built-in reference imple
 """
 
 from parcel_hpc.trainer.base import Diverged, InvalidPredictions, Trainer, TrainerState, UnsavableState
-from parcel_hpc.trainer.data import FINAL_PARTITION_OUTCOME, Devices, DevicesNotGranted, Examples, FinalPartitionRefused, TrainingData, load_training_data
+from parcel_hpc.trainer.data import (
+    FINAL_PARTITION_OUTCOME,
+    Devices,
+    DevicesNotGranted,
+    Examples,
+    FinalPartitionRefused,
+    TrainingData,
+    load_training_data,
+    serving_data,
+)
 from parcel_hpc.trainer.params import Param
+from parcel_hpc.trainer.served import served
 from parcel_hpc.trainer.target import BUILTIN, build_params, make_trainer, trainer_class, trainer_identity
 
 __all__ = [
@@ -27,6 +37,8 @@ __all__ = [
     "build_params",
     "load_training_data",
     "make_trainer",
+    "served",
+    "serving_data",
     "trainer_class",
     "trainer_identity",
 ]

@@ -4,8 +4,9 @@
 one probability per example; a state that a checkpoint holds (through the real h5py checkpoint
 format); a resume that continues exactly (the preempted-trial guarantee); two builds with the same
 seed that agree (each trainer checked with process-wide generators of its own, as in its own
-worker, so a state that leaves out torch's or numpy's global generator is named); serving parity (raw images through ``serve`` against ``predict``); and no request
-for the final partition. ``parcel-hpc check-trainer`` prints the findings; the tests run it
+worker, so a state that leaves out torch's or numpy's global generator is named); serving parity (raw images through ``serve`` against ``predict``); serving from
+the state alone (a trainer built without examples, as a registry entry builds it, given the state,
+serving as ``predict`` scored); and no request for the final partition. ``parcel-hpc check-trainer`` prints the findings; the tests run it
 against every trainer this project ships.
 
 Must not: write anything outside its own temporary directory.
@@ -34,8 +35,10 @@ from parcel_hpc.governance.admission import TrialIdentity
 from parcel_hpc.trainer import rng
 from parcel_hpc.trainer.base import Trainer, TrainerState, checked_probabilities, finite_metrics
 from parcel_hpc.trainer.data import Devices, TrainingData, load_training_data
+from parcel_hpc.trainer.served import served
 from parcel_hpc.trainer.target import build_params, trainer_class
 
+SERVE_FROM_STATE = "put everything serve() needs in state() (the preprocessing's arrays(), a model's own statistics) and build without touching the examples"
 PARITY_TOLERANCE = 1e-9  # serve() against predict(): the same model, the same features, up to float noise
 FRESH_PROCESS_SEED = 20_261_204  # each checked trainer's process-wide generators start from this plus its number
 T = TypeVar("T")
@@ -92,9 +95,11 @@ def check_trainer(cls: type[Trainer], data: TrainingData, params: Mapping[str, A
         ):
             return findings
 
-        served = first.run(lambda: checked_probabilities(first.trainer.serve(data.validation.images), len(data.validation), "serve", 2 * steps))
-        gap = float(np.max(np.abs(served - expected)))
+        serving = first.run(lambda: checked_probabilities(first.trainer.serve(data.validation.images), len(data.validation), "serve", 2 * steps))
+        gap = float(np.max(np.abs(serving - expected)))
         if not found("serving parity", gap <= PARITY_TOLERANCE, f"serve(raw images) vs predict: max difference {gap:.3g} (tolerance {PARITY_TOLERANCE:g})"):
+            return findings
+        if not found("serving from state", *_from_state(cls, params, seed, data, _through_checkpoint(first.run(first.trainer.state)), expected)):
             return findings
     except Exception as exc:  # the trainer's own error is the finding
         found("error", False, f"{type(exc).__name__}: {exc}")
@@ -113,11 +118,16 @@ class _Worker:
     """A trainer as in a worker process of its own: the global generators it draws from are its own,
     swapped in around each call, so two trainers checked side by side never draw from each other's."""
 
-    def __init__(self, cls: type[Trainer], params: Mapping[str, Any], seed: int, data: TrainingData, *, process: int) -> None:
+    def __init__(
+        self, cls: type[Trainer], params: Mapping[str, Any], seed: int, data: TrainingData, *, process: int, state: TrainerState | None = None
+    ) -> None:
         rng.reseed(FRESH_PROCESS_SEED + process)  # a fresh process's generators: a trainer must seed what it uses
         self.rngs = rng.save()
         self.trainer = cls()
-        self.run(lambda: self.trainer.build(build_params(self.trainer, params), seed, data))
+        if state is None:
+            self.run(lambda: self.trainer.build(build_params(self.trainer, params), seed, data))
+        else:  # the served model (``trainer.served``)
+            self.run(lambda: served(self.trainer, params, seed, state, data))
 
     def run(self, call: Callable[[], T]) -> T:
         rng.restore(*self.rngs)
@@ -155,6 +165,21 @@ def _with(rngs: RNGs, saved: RNGs, generator: rng.ProcessRNG) -> RNGs:
     arrays = {k: v for k, v in rngs[0].items() if not k.startswith(generator.name)} | {k: v for k, v in saved[0].items() if k.startswith(generator.name)}
     scalars = {k: v for k, v in rngs[1].items() if not k.startswith(generator.name)} | {k: v for k, v in saved[1].items() if k.startswith(generator.name)}
     return arrays, scalars
+
+
+def _from_state(cls: type[Trainer], params: Mapping[str, Any], seed: int, data: TrainingData, state: TrainerState, expected: np.ndarray) -> tuple[bool, str]:
+    """A trainer built as a registry entry builds it (no examples: ``serving_data``), given ``state``,
+    serving the raw validation images as the trained one predicted them."""
+    frames = data.validation.images
+    try:
+        fresh = _Worker(cls, params, seed, data.without_examples(), process=5, state=state)
+        scores = fresh.run(lambda: checked_probabilities(fresh.trainer.serve(frames), len(frames), "serve", 0))
+    except Exception as exc:
+        return False, f"built without data and given its state, it does not serve ({type(exc).__name__}: {exc}): {SERVE_FROM_STATE}"
+    gap = float(np.max(np.abs(scores - expected)))
+    if gap <= PARITY_TOLERANCE:
+        return True, "built without data and given its state, it serves raw images as predict scored them"
+    return False, f"built without data and given its state, it serves raw images {gap:.3g} away from predict: {SERVE_FROM_STATE}"
 
 
 def _through_checkpoint(state: TrainerState) -> TrainerState:

@@ -6,6 +6,9 @@ images, the pinned preprocessing's features (fitted on train only), labels and s
 partition raises ``FinalPartitionRefused`` and is remembered even when the trainer catches it:
 the worker then records the trial ``rejected``.
 
+``serving_data`` is the other kind a trainer is built with: no examples at all, for the served model
+(``trainer.served``), which must answer from its state alone.
+
 Must not: open the final partition, or let a trainer reach the snapshot's files through it.
 """
 
@@ -80,6 +83,12 @@ class Examples:
         return len(self.labels)
 
     @classmethod
+    def none(cls, frame_shape: tuple[int, int], width: int) -> Examples:
+        """No examples, with the shapes and dtypes of real ones: what a served trainer is built with."""
+        text = np.array([], dtype=str)
+        return cls(np.zeros((0, *frame_shape), np.float32), np.zeros((0, width)), np.zeros(0, bool), text, text, text)
+
+    @classmethod
     def of(cls, part: Partition, features: np.ndarray) -> Examples:
         features = np.asarray(features)
         features.flags.writeable = False
@@ -108,10 +117,24 @@ class TrainingData:
             )
         raise KeyError(f"partition {name!r} is unknown; use 'train' or 'validation'")
 
+    def without_examples(self) -> TrainingData:
+        """``serving_data`` for this data's frames and preprocessing: what its trainer is served with."""
+        spec = {"revision": self.preprocessing.revision, "pool": self.preprocessing.pool}
+        _, height, width = self.validation.images.shape
+        return serving_data((height, width), spec, self.split_revision)
+
     @property
     def asked_for_final(self) -> tuple[str, ...]:
         """Every request for the final partition so far, caught by the trainer or not."""
         return tuple(self._asked_for_final)
+
+
+def serving_data(frame_shape: tuple[int, int], preprocessing: Mapping[str, Any], split_revision: str) -> TrainingData:
+    """What a served trainer is built with (``Trainer.serve``: "from the trainer's state alone"): no
+    examples in either partition, the preprocessing unfitted; ``load_state`` then gives it everything."""
+    unfitted = Preprocessor.unfitted(preprocessing, frame_shape)
+    empty = Examples.none(frame_shape, len(unfitted.mean))
+    return TrainingData(empty, empty, unfitted, split_revision)
 
 
 def load_training_data(snapshot_path: str | os.PathLike, split: Split, preprocessing: Mapping[str, Any], *, verify_digest: bool = True) -> TrainingData:
