@@ -18,7 +18,7 @@ from parcel_hpc.scheduler.slurm import sbatch
 from parcel_hpc.selection.actions import checked_text
 from parcel_hpc.selection.candidates import Entry, TrialFacts, best_candidate, completed_list, lineage_problems, list_digest
 from parcel_hpc.selection.disposition import disposition
-from parcel_hpc.selection.gates import GATES, Comparison, GateFacts, Performance, RerunCheck
+from parcel_hpc.selection.gates import GATES, Comparison, GateFacts, ParityCheck, Performance, RerunCheck
 from parcel_hpc.selection.policy import GatePolicy, pinned_selection
 from parcel_hpc.selection.slices import Finding, GateResult, shipment_buckets, slice_gate, slice_report
 from parcel_hpc.selection.store import SelectionStore
@@ -37,7 +37,7 @@ def entries(*rows):
 
 def passing(**change) -> GateFacts:
     """A selected trial's evidence that clears every gate select judges; ``change``: what differs."""
-    base = GateFacts(True, rerun=OK_RERUN, parity=(0.0, 1e-6), performance=Comparison(0.40, 0.50, 0.0), slices=GateResult(()))
+    base = GateFacts(True, rerun=OK_RERUN, parity=ParityCheck(0.0, 1e-6), performance=Comparison(0.40, 0.50, 0.0), slices=GateResult(()))
     return replace(base, **change)
 
 
@@ -89,7 +89,7 @@ def test_only_a_decision_lifts_a_decidable_hold():
         disposition(1, 82, listed, "t1", passing(rerun=RerunCheck(0.4, 0.6, 0.02), slices=FAILED_SLICE, decided=slice_decided)).outcome
         == Outcome.HOLD_INVALID_WINNER
     )
-    assert disposition(1, 82, listed, "t1", passing(parity=(0.1, 1e-6), decided=slice_decided)).outcome == Outcome.HOLD_SERVING_PARITY
+    assert disposition(1, 82, listed, "t1", passing(parity=ParityCheck(0.1, 1e-6), decided=slice_decided)).outcome == Outcome.HOLD_SERVING_PARITY
     worse = passing(performance=Comparison(0.5850, 0.5272, 0.0))
     assert disposition(1, 82, listed, "t1", replace(worse, decided=slice_decided)).outcome == Outcome.HOLD_PERFORMANCE
     assert disposition(1, 82, listed, "t1", replace(worse, decided=frozenset({Outcome.HOLD_PERFORMANCE}))).outcome == Outcome.EVALUATE_FINAL
@@ -348,10 +348,11 @@ def test_each_gate_gives_its_verdict_and_the_first_that_does_not_clear_names_the
         ({"rerun": None}, "hold:invalid-winner"),
         ({"slices": FAILED_SLICE}, "hold:slice-quality"),
         ({"performance": Comparison(0.60, 0.50, 0.0)}, "hold:performance"),
-        ({"parity": (0.1, 1e-6)}, "hold:serving-parity"),
-        ({"parity": (float("nan"), 1e-6)}, "hold:serving-parity"),
+        ({"parity": ParityCheck(0.1, 1e-6)}, "hold:serving-parity"),
+        ({"parity": ParityCheck(float("nan"), 1e-6)}, "hold:serving-parity"),
+        ({"parity": ParityCheck(None, 1e-6, "KeyError: 'mean'")}, "hold:serving-parity"),  # it could not serve from its state alone
         ({"final_matches": None}, "hold:final-not-evaluated"),
         ({"final": Comparison(0.60, 0.50, 0.05)}, "hold:final-performance"),
-        ({"final_matches": False, "parity": (0.1, 1e-6)}, "hold:serving-parity"),  # the first in GATES order
+        ({"final_matches": False, "parity": ParityCheck(0.1, 1e-6)}, "hold:serving-parity"),  # the first in GATES order
     ]:
         assert str(release_outcome(checks(replace(ok, **change)))) == hold, change

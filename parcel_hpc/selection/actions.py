@@ -29,7 +29,7 @@ from parcel_hpc.pruning import MilestoneStore
 from parcel_hpc.scheduler.probe import pid_alive
 from parcel_hpc.selection.candidates import Entry, TrialFacts, best_candidate, completed_list, list_digest
 from parcel_hpc.selection.disposition import Verdict, disposition
-from parcel_hpc.selection.gates import Check, Comparison, Final, GateFacts, RerunCheck
+from parcel_hpc.selection.gates import Check, Comparison, Final, GateFacts, Parity, ParityCheck, RerunCheck
 from parcel_hpc.selection.policy import SelectionPolicy
 from parcel_hpc.selection.slices import GateResult, SliceRow, overall, slice_gate
 from parcel_hpc.selection.store import SelectionStore
@@ -89,7 +89,9 @@ def assess(store: SelectionStore, record: SelectionRecord, n: int, *, after_fina
         winner = [SliceRow.from_json(r) for r in result["slices"]["winner"]]
         baseline = [SliceRow.from_json(r) for r in result["slices"]["baseline"]]
         gate = slice_gate(winner, baseline, policy.gate)
-        parity = (float(result["parity"]["max_abs_difference"]), policy.parity_tolerance)
+        served = result["parity"]
+        difference = None if served["max_abs_difference"] is None else float(served["max_abs_difference"])
+        parity = ParityCheck(difference, policy.parity_tolerance, str(served.get("problem") or ""))
         performance = Comparison(overall(winner).miss_cost, overall(baseline).miss_cost, policy.performance_margin)
     elif record.job_ended(n, JobRole.RERUN) is not None and frozen["metric"] is not None:
         rerun = RerunCheck(float(frozen["metric"]), None, policy.rerun_tolerance)
@@ -254,10 +256,10 @@ def _announce(a: Assessment, out: Console, failure: str = "") -> None:
     if a.verdict.judgements:
         shown = ", ".join(f"{j.gate} {j.check.value if j.check.clears or j.check is Check.MISSING else j.check.value.upper()}" for j in a.verdict.judgements)
         out.print(f"  checks: {shown}", markup=False)
+    parity = next((j for j in a.verdict.judgements if j.gate == Parity.name and j.found), None)
+    if parity is not None:  # the model as served: built without examples, given the artifact's state
+        out.print(f"  serving parity: {parity.found}", markup=False, soft_wrap=True)
     if a.result is not None:
-        p = a.result["parity"]
-        served = p.get("problem") or f"max |serve - predict| {p['max_abs_difference']:.2e}"  # the model as served: built without examples
-        out.print(f"  serving parity: {served} (tolerance {p['tolerance']:g})", markup=False)
         base = a.result["baseline"]
         how = f"released {base['released']}" if base.get("released") else f"trained, {base.get('trainer') or 'the search trainer'}"
         out.print(f"  baseline {base['name']} ({how}): validation miss-cost {base['metric']:.4f}; selected {a.frozen['metric']:.4f}", markup=False)

@@ -59,6 +59,24 @@ class RerunCheck:
 
 
 @dataclass(frozen=True)
+class ParityCheck:
+    """The served model (built without examples, given the artifact's state) against training's predictions."""
+
+    difference: float | None  # max |serve - predict| over the validation images; None: it could not serve
+    tolerance: float
+    problem: str = ""  # what serving raised, when it could not
+
+    @property
+    def within(self) -> bool:
+        return self.difference is not None and self.difference <= self.tolerance + TOLERANCE  # NaN is never within
+
+    def describe(self) -> str:
+        if self.difference is None:
+            return f"it could not serve: {self.problem or 'no answer'}"
+        return f"max |serve - predict| {self.difference:.2e}, tolerance {self.tolerance:g}"
+
+
+@dataclass(frozen=True)
 class Comparison:
     """A miss-cost of the winner against the approved baseline's on one partition, and the margin
     the contract allows it above the baseline's (None: no rule, reported only)."""
@@ -90,7 +108,7 @@ class GateFacts:
     lineage_as_frozen: bool  # the winner was a candidate with clean lineage when the list froze
     lineage_now: bool | None = None  # and still is (None: not asked; select reads it as frozen)
     rerun: RerunCheck | None = None
-    parity: tuple[float, float] | None = None  # (max |serve - predict| over validation, tolerance)
+    parity: ParityCheck | None = None
     performance: Comparison | None = None  # validation miss-cost, against the pinned margin
     slices: GateResult | None = None
     decided: frozenset[Outcome] = frozenset()  # the holds documented decisions lifted for this trial
@@ -197,18 +215,20 @@ class Reproducible(Gate):
 class Parity(Gate):
     name = "parity"
     hold = Outcome.HOLD_SERVING_PARITY
-    definition = "serve(raw validation images) gives what training's predict gave, within selection.parity_tolerance per image"
+    definition = (
+        "a trainer built without examples and given the artifact's state serves raw validation images as training's predict scored them, "
+        "within selection.parity_tolerance per image"
+    )
     lift = "make the trainer's serve() reproduce predict() from its state alone, then a new search revision"
 
     def verdict(self, facts: GateFacts) -> Check:
         if facts.parity is None:
             return Check.MISSING
-        difference, tolerance = facts.parity
-        return Check.PASSED if difference <= tolerance + TOLERANCE else Check.FAILED
+        return Check.PASSED if facts.parity.within else Check.FAILED
 
     def found(self, facts: GateFacts) -> str:
         assert facts.parity is not None
-        return f"max |serve - predict| {facts.parity[0]:.2e}, tolerance {facts.parity[1]:g}"
+        return facts.parity.describe()
 
 
 class Performance(Gate):
