@@ -266,6 +266,8 @@ NUMBERS: dict[str, Range] = {
     "sampler.popsize": _whole(1, 10**6, "CMA-ES's population", nullable=True),
     "selection.rerun_tolerance": _real(0, 1e12, "|rerun - selected| validation miss-cost"),
     "selection.parity_tolerance": _real(0, 1, "max |serve - predict| per validation image, a probability"),
+    "selection.performance_margin": _real(0, 1e12, "validation miss-cost the winner may have above the baseline's"),
+    "selection.final_performance_margin": _real(0, 1e12, "final miss-cost the winner may have above the baseline's; null: reported only", nullable=True),
     "selection.slices.shipment_buckets": _whole(1, 10**6, "groups the shipments are hashed into"),
     "selection.slices.min_examples": _whole(1, 10**9, "frames a slice needs to be gated"),
     "selection.gate.max_recall_drop": _real(0, 1, "a recall"),
