@@ -12,8 +12,8 @@ from parcel_hpc.testing import finish, launch, parcel_hpc, start_launch, wait_fo
 SLOW = ["pruner=none", "train.step_seconds=0.1", "hydra.launcher.parallelism=2"]  # about 8 s a trial
 
 
-def start(tmp_path, data_dir, rev: str, n: int, *more: str):
-    argv = [f"search.root={tmp_path / 'runs'}", f"search.revision={rev}", f"search.n_trials={n}", *SLOW, *more]
+def start(tmp_path, data_dir, rev: str, n: int, *more: str, slow: tuple[str, ...] = tuple(SLOW)):
+    argv = [f"search.root={tmp_path / 'runs'}", f"search.revision={rev}", f"search.n_trials={n}", *slow, *more]
     return start_launch(argv, cwd=tmp_path, data_dir=data_dir)
 
 
@@ -63,7 +63,9 @@ def test_cancel_stops_a_running_search_for_good(tmp_path, data_dir, dispatch):
 
 def test_cancel_of_one_trial_leaves_the_others_running(tmp_path, data_dir):
     search = SearchDir(tmp_path / "runs" / "one")
-    proc = start(tmp_path, data_dir, "one", 3)
+    # About 33 s a trial: the target must still run when a `cancel` started under a loaded CI machine
+    # reaches it (at 8 s a trial the one picked completed first, twice).
+    proc = start(tmp_path, data_dir, "one", 3, slow=("pruner=none", "train.step_seconds=0.4", "hydra.launcher.parallelism=2"))
     running(search, 2)
     bad = parcel_hpc(["cancel", str(search.path), "--trial", "t9999"], cwd=tmp_path)
     assert bad.returncode == 2 and "t9999 is not a trial" in bad.stderr and len(bad.stderr.splitlines()) == 1
