@@ -196,11 +196,14 @@ def _refuse_unreleasable(store: SelectionStore) -> Released | None:
 
 def _checked_artifact(packet: dict[str, Any]) -> bytes:
     """Exactly the bytes the rerun checked and the final evaluation scored."""
-    checked = packet["final"]["winner"]["artifact_sha256"]
-    source = Path(packet["artifact"]["path"])
-    data = source.read_bytes() if source.exists() else b""
-    if sha256_of(data) != checked:
-        raise CorruptRecord(f"the selected artifact {source} is missing or is not the one that was checked ({checked}); restore it before releasing")
+    return _recorded_bytes(Path(packet["artifact"]["path"]), packet["final"]["winner"]["artifact_sha256"], "the selected artifact", "the one that was checked")
+
+
+def _recorded_bytes(source: Path, sha256: str, what: str, which: str) -> bytes:
+    """The file ``source`` holds, when its sha256 is the one its record names; ``CorruptRecord`` otherwise."""
+    data = source.read_bytes() if source.is_file() else b""
+    if sha256_of(data) != sha256:
+        raise CorruptRecord(f"{what} {source} is missing or is not {which} ({sha256}); restore it before releasing")
     return data
 
 
@@ -215,10 +218,7 @@ def _model_files(packet: dict[str, Any]) -> dict[str, str]:
             f"selection {packet['selection']['number']}'s rerun recorded no serving example (it ran before a registered model was an MLflow model); "
             "release it with the parcel_hpc that selected it, or select a new search revision"
         )
-    source = Path(example["path"])
-    data = source.read_bytes() if source.is_file() else b""
-    if sha256_of(data) != example["sha256"]:
-        raise CorruptRecord(f"the serving example {source} is missing or is not the one the rerun recorded ({example['sha256']}); restore it before releasing")
+    data = _recorded_bytes(Path(example["path"]), example["sha256"], "the serving example", "the one the rerun recorded")
     ran = packet["lineage"]["what_ran"]
     version = ran["dependencies"]["key"].get("parcel-hpc") or importlib.metadata.version("parcel-hpc")
     frames = np.load(io.BytesIO(data), allow_pickle=False)
