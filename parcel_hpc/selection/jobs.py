@@ -59,6 +59,7 @@ from parcel_hpc.selection.slices import shipment_buckets, slice_report
 from parcel_hpc.selection.store import SelectionStore
 from parcel_hpc.trainer import FINAL_PARTITION_OUTCOME, Trainer, TrainerState, TrainingData, build_params, make_trainer, served
 from parcel_hpc.trainer.base import checked_probabilities
+from parcel_hpc.trainer.run import Stop
 from parcel_hpc.worker import WorkerPlan
 from parcel_hpc.worker.cache import WorkerCache
 from parcel_hpc.worker.devices import running_on
@@ -242,18 +243,20 @@ def _trained(
     plan = replace(ctx.plan, params=dict(params))
     step = 0
 
-    def stepped(at: int) -> None:
+    def stepped(at: int) -> Stop | None:
         nonlocal step
         step = at
+        return None
 
-    def validated(at: int, value: float, final: bool, metrics: Mapping[str, float]) -> None:
+    def validated(at: int, value: float, final: bool, metrics: Mapping[str, float]) -> Stop | None:
         journal.milestone(1, at, value, at in plan.pruner["milestones"], metrics)
+        return None
 
-    calls = LoopCallbacks(stepped, lambda at: None, validated, lambda: None)
+    calls = LoopCallbacks(lambda: None, stepped, lambda at, state: None, validated)
     try:
         trainer = make()
         with ctx.trainer_code(f"{name}: {type(trainer).__name__} training"):
-            _, value = train(plan, trainer, ctx.data, 0, calls)
+            value = train(plan, trainer, ctx.data, calls).value
     except GovernanceRefusal as exc:
         journal.ended(1, Ended(AttemptEnd.REJECTED, step=step, outcome=exc.outcome, reason=str(exc)[:500]))
         raise
