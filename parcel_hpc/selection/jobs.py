@@ -64,7 +64,7 @@ from parcel_hpc.worker import WorkerPlan
 from parcel_hpc.worker.cache import WorkerCache
 from parcel_hpc.worker.devices import running_on
 from parcel_hpc.worker.jobenv import facts_from_env
-from parcel_hpc.worker.training import LoopCallbacks, train
+from parcel_hpc.worker.training import LoopCallbacks, budget, train
 
 SERVING_BATCH = 64  # images per serve() call when measuring latency and memory
 EXAMPLE_FRAMES = 3  # validation frames recorded as the released model's input example
@@ -107,7 +107,8 @@ class _Context:
         self.plan = WorkerPlan.load(store.search, self.trial_id)
         self.split = read_split(self.plan.split_path)
         cache = WorkerCache()
-        self.data: TrainingData = cache.training_data(self.plan.snapshot_path, self.split, self.plan.preprocessing)  # before the fence
+        data = cache.training_data(self.plan.snapshot_path, self.split, self.plan.preprocessing)  # before the fence
+        self.data: TrainingData = replace(data, budget=budget(self.plan))  # a retrained trial's steps, as its trials had them
         self.final = _open_final(self) if role is JobRole.FINAL else None  # before the fence too: the one door, under its claim
         self.armed: fence.Armed | None = None
         observed, problem = cache.observe(self.plan.snapshot_path, self.split, self.plan.image, self.contract["trainer"], store.search.path, self._fence)

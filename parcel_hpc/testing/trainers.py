@@ -195,3 +195,9 @@ class FailsEachItsOwnWay(NumpyMLP):
         if self.steps_done == FAULT_STEP:
             raise type(f"Fault{self.tag.upper()}", (RuntimeError,), {})(f"configuration {self.tag} is broken its own way")
         return super().step()
+
+
+class DeclaresUnread(NumpyMLP):
+    """Declares a parameter its build never reads: the search would vary it and change nothing."""
+
+    parameters = {**NumpyMLP.parameters, "momentum": Param(float, default=0.9)}

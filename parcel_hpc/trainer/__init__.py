@@ -10,6 +10,7 @@ reference implementation.
 from parcel_hpc.trainer.base import Diverged, InvalidPredictions, Trainer, TrainerState, UnsavableState
 from parcel_hpc.trainer.data import (
     FINAL_PARTITION_OUTCOME,
+    Budget,
     Devices,
     DevicesNotGranted,
     Examples,
@@ -20,7 +21,7 @@ from parcel_hpc.trainer.data import (
 )
 from parcel_hpc.trainer.function import FunctionTrainer, loop, run_loop
 from parcel_hpc.trainer.params import Param
-from parcel_hpc.trainer.run import Budget, Due, Restored, Run, Stop, StopTraining
+from parcel_hpc.trainer.run import Due, Restored, Run, Stop, StopTraining
 from parcel_hpc.trainer.served import served
 from parcel_hpc.trainer.target import BUILTIN, build_params, make_trainer, trainer_class, trainer_identity
 

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from parcel_hpc.trainer.base import Trainer, TrainerState, UnsavableState, checked_probabilities, finite_metrics
-from parcel_hpc.trainer.data import TrainingData
+from parcel_hpc.trainer.data import Budget, TrainingData
 
 FILES = "files/"  # state arrays holding the bytes of a checkpoint directory a library wrote (``checkpoint_dir``)
 
@@ -59,23 +59,6 @@ class StopTraining(BaseException):
 
 class LoopError(RuntimeError):
     """A loop broke the run protocol (a step out of order, a save before any step): the trial fails."""
-
-
-@dataclass(frozen=True)
-class Budget:
-    """What a trainer is given to spend: the search's ``train.steps`` (in the trainer's ``unit``), the
-    pruner's milestones and the checkpoint cadence. A cosine schedule reads ``steps`` from here."""
-
-    steps: int
-    milestones: tuple[int, ...] = ()
-    every: int = 10  # a checkpoint every this many steps (and at the last one)
-    unit: str = "step"
-
-    def is_milestone(self, step: int) -> bool:
-        return step in self.milestones or step == self.steps
-
-    def checkpoint_due(self, step: int) -> bool:
-        return step % self.every == 0 or step == self.steps
 
 
 @dataclass(frozen=True)
@@ -127,13 +110,14 @@ def files_state(directory: Path, state: TrainerState | None = None) -> TrainerSt
 
 class Run(ABC):
     """What a training loop is given: the trial's ``params`` (declared defaults under its own values),
-    ``seed``, ``data`` (arrays, never paths; ``data.devices`` is its GPU grant) and ``budget``."""
+    ``seed``, ``data`` (arrays, never paths; ``data.devices`` is its GPU grant, ``data.budget`` its
+    steps, milestones and checkpoint cadence, also ``run.budget``)."""
 
-    def __init__(self, params: Mapping[str, Any], seed: int, data: TrainingData, budget: Budget, score: Callable[[np.ndarray], float]) -> None:
+    def __init__(self, params: Mapping[str, Any], seed: int, data: TrainingData, score: Callable[[np.ndarray], float]) -> None:
         self.params = params
         self.seed = seed
         self.data = data
-        self.budget = budget
+        self.budget: Budget = data.budget
         self._score = score  # the contract's pinned metric on the validation labels: it alone decides pruning and selection
         self.step = 0  # the last step the loop told of
         self.stop: Stop | None = None

@@ -60,7 +60,7 @@ from parcel_hpc.worker.cache import WorkerCache
 from parcel_hpc.worker.devices import UtilizationSampler, device_use
 from parcel_hpc.worker.plan import WorkerPlan
 from parcel_hpc.worker.signals import StepBoundarySignals, toolkit_handlers
-from parcel_hpc.worker.training import LoopCallbacks, scorer, step_hooks, train
+from parcel_hpc.worker.training import LoopCallbacks, budget, scorer, step_hooks, train
 
 PREVIOUS_ATTEMPT_WAIT_S = 90.0  # SLURM's KillWait plus slurmd's cleanup, with margin
 TRACEBACK_CHARS = 20_000  # the end of a failure's traceback kept in its journal line (the innermost frames)
@@ -143,6 +143,7 @@ class AttemptRun:
             self.sampler = UtilizationSampler(data.devices.visible).start()  # after the fence: its thread is inside it
             with self.signals as held:
                 trainer = make_trainer(contract["trainer"], self.search.path)  # the trainer's __init__
+                data = self.data = replace(data, budget=budget(plan, type(trainer).unit))  # its steps, milestones, cadence
                 trainer.build(build_params(trainer, plan.params), plan.seed, data)
                 restored = self._restored = self._latest()
                 self._stop_if_final_requested()

@@ -15,15 +15,16 @@ import importlib
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from parcel_hpc.governance.metric import MissCost
 from parcel_hpc.trainer import Trainer, TrainerState, TrainingData, build_params
+from parcel_hpc.trainer.data import Budget
 from parcel_hpc.trainer.function import run_loop
-from parcel_hpc.trainer.run import Budget, LoopError, Restored, Run, Stop
+from parcel_hpc.trainer.run import LoopError, Restored, Run, Stop
 from parcel_hpc.worker.plan import WorkerPlan
 
 STEP_HOOK_ENV = "PARCEL_HPC_STEP_HOOK"  # "package.module:function", called as f(params, step) after each step
@@ -40,7 +41,7 @@ def step_hooks(env: Mapping[str, str] | None = None) -> tuple[StepHook, ...]:
 
 
 def budget(plan: WorkerPlan, unit: str = "step") -> Budget:
-    """What the plan gives a trainer to spend."""
+    """What the plan gives a trainer to spend (``TrainingData.budget``, ``Run.budget``)."""
     return Budget(int(plan.steps), tuple(sorted(int(m) for m in plan.pruner["milestones"])), int(plan.every_steps), unit)
 
 
@@ -62,7 +63,7 @@ class LoopRun(Run):
     """A ``Run`` whose effects are the callbacks'; the plan's step hooks and paced steps (tests') here."""
 
     def __init__(self, plan: WorkerPlan, trainer: Trainer, data: TrainingData, calls: LoopCallbacks, hooks: Sequence[StepHook] = ()) -> None:
-        super().__init__(build_params(trainer, plan.params), plan.seed, data, budget(plan, type(trainer).unit), scorer(plan, data))
+        super().__init__(build_params(trainer, plan.params), plan.seed, replace(data, budget=budget(plan, type(trainer).unit)), scorer(plan, data))
         self.plan, self.calls, self.hooks = plan, calls, tuple(hooks)
         self._started = time.monotonic()
 
