@@ -117,16 +117,16 @@ def check_resume(make: Callable[[], Trainer], params: Mapping[str, Any], seed: i
     callers = rng.save()
     try:
         read = ReadParams(params)
-        whole = _probe(make, read, seed, data, k, process=1)
-        cut = _probe(make, params, seed, data, k, process=2, stop_at=k)
+        whole = probe(make, read, seed, data, k, process=1)
+        cut = probe(make, params, seed, data, k, process=2, stop_at=k)
         if k not in cut.saved:
             return ResumeFinding(False, np.inf, f"its loop saved no state at step {k} where run.stepped said a checkpoint is due")
         restored = Restored(k, cut.saved[k])
-        resumed = _probe(make, params, seed, data, k, process=3, restored=restored)
+        resumed = probe(make, params, seed, data, k, process=3, restored=restored)
         parted = _parting(whole, resumed, k)
         if parted is None:
             return ResumeFinding(True, 0.0, "", tuple(read.unread()))
-        again = _probe(make, params, seed, data, k, process=4)
+        again = probe(make, params, seed, data, k, process=4)
         likely = _likely(make, params, seed, data, k, whole, again, resumed, restored, cut.rngs_at.get(k))
         where, largest = parted
         keys = _changed_keys(whole.saved.get(2 * k), resumed.saved.get(2 * k))
@@ -137,7 +137,8 @@ def check_resume(make: Callable[[], Trainer], params: Mapping[str, Any], seed: i
         rng.restore(*callers)
 
 
-def _probe(make: Callable[[], Trainer], params: Mapping[str, Any], seed: int, data: TrainingData, k: int, *, process: int, **run: Any) -> ProbeRun:
+def probe(make: Callable[[], Trainer], params: Mapping[str, Any], seed: int, data: TrainingData, k: int, *, process: int, **run: Any) -> ProbeRun:
+    """The trainer ``make`` gives, built and run for 2k steps (or as ``run`` says) as in a process of its own."""
     rng.reseed(PROCESS_SEED + process)  # a fresh process's generators: a trainer must seed (and save) what it uses
     probe = ProbeRun(params, seed, data, k, **run)
     trainer = make()
@@ -184,8 +185,8 @@ def _likely(
         return "the LR scheduler: the learning rate differs after the resume; save scheduler.state_dict() with the state (parcel_hpc.trainer.torch.pack)"
     if rngs_at_save is not None:
         for generator in rng.process_rngs():
-            probe = _probe(make, params, seed, data, k, process=5, restored=restored, put_back=(generator, rngs_at_save))
-            if _parting(whole, probe, k) is None:
+            tried = probe(make, params, seed, data, k, process=5, restored=restored, put_back=(generator, rngs_at_save))
+            if _parting(whole, tried, k) is None:
                 return f"{generator.words}: the state leaves it out; save it (parcel_hpc.trainer.torch.pack saves every process-wide generator)"
     names = [n.lower() for n in restored.state.arrays] + [n.lower() for n in _flat(restored.state.scalars)]
     if not any(word in name for name in names for word in _OPTIMIZER_WORDS):
