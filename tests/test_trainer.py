@@ -116,7 +116,7 @@ def test_trainer_state_is_checked_before_a_checkpoint_sees_it():
         ("numpy_mlp", "is not PACKAGE.MODULE:NAME"),
         ("no_such_package.trainers:Model", "module no_such_package.trainers does not import (ModuleNotFoundError"),
         ("parcel_hpc.testing.trainers:Missing", "module parcel_hpc.testing.trainers has no Missing"),
-        ("parcel_hpc.testing.trainers:not_a_trainer", "is a function, not a trainer class"),
+        ("parcel_hpc.testing.trainers:not_a_trainer", "is a function, not a trainer; decorate your train(run)"),
         ("parcel_hpc.testing.trainers:Incomplete", "Incomplete lacks serve"),
     ],
 )
