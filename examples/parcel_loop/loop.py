@@ -23,27 +23,28 @@ from parcel_hpc.trainer import torch as parcel_torch
 
 
 class Net(nn.Module):
-    """4x4 average pooling, one 3x3 convolution, the map's mean and max, a linear head: logits from
-    raw frames (n, H, W) in 0..1. The train partition's pixel statistics are buffers, so a saved
-    model serves raw frames alone."""
+    """Two 3x3 convolution blocks (ReLU, 2x2 max pool), the map's mean and max, a linear head:
+    logits from raw frames (n, H, W) in 0..1. The train partition's pixel statistics are buffers,
+    so a saved model serves raw frames alone."""
 
     def __init__(self, width: int, pixel_mean: float = 0.0, pixel_std: float = 1.0) -> None:
         super().__init__()
         self.register_buffer("pixel_mean", torch.tensor(pixel_mean))
         self.register_buffer("pixel_std", torch.tensor(pixel_std))
-        self.conv = nn.Conv2d(1, width, 3, padding=1)
-        self.head = nn.Linear(2 * width, 1)
+        self.features = nn.Sequential(
+            nn.Conv2d(1, width, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(width, 2 * width, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)
+        )
+        self.head = nn.Linear(4 * width, 1)
 
     def forward(self, frames: torch.Tensor) -> torch.Tensor:
-        x = nn.functional.avg_pool2d(((frames - self.pixel_mean) / self.pixel_std).unsqueeze(1), 4)
-        x = torch.relu(self.conv(x))
+        x = self.features(((frames - self.pixel_mean) / self.pixel_std).unsqueeze(1))
         return self.head(torch.cat([x.mean(dim=(2, 3)), x.amax(dim=(2, 3))], dim=1)).squeeze(1)
 
 
 def probabilities(model: nn.Module, frames: np.ndarray) -> np.ndarray:
     model.eval()
     with torch.no_grad():
-        out = torch.sigmoid(model(torch.as_tensor(np.asarray(frames, dtype=np.float32)))).double().numpy()
+        out = torch.sigmoid(model(torch.tensor(np.asarray(frames, dtype=np.float32)))).double().numpy()
     model.train()
     return out
 

@@ -149,7 +149,8 @@ class AttemptRun:
                 self._stop_if_final_requested()
                 if restored is not None:
                     self.step = restored.step
-                    self.ledger.resumed(self.attempt, restored.step)
+                    # Under a declared train.resume_tolerance the launch admitted a resume that may drift: its metric says so.
+                    self.ledger.resumed(self.attempt, restored.step, exact=not contract["train"].get("resume_tolerance"))
                 if restored is not None and restored.step >= plan.steps:
                     step, value = self._score_last(trainer, restored, data)
                 else:
