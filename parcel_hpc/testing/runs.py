@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from parcel_hpc.governance.outcome import Outcome
-from parcel_hpc.ledger import SearchDir, TrialRecord
+from parcel_hpc.ledger import AttemptEnd, Cause, SearchDir, Started, TrialRecord
 
 
 @dataclass(frozen=True)
@@ -116,14 +116,14 @@ def signalled_once(overrides: Sequence[str], *, cwd: Path, data_dir: Path, env: 
     search = SearchDir(cwd / revision)
     wait_for(lambda: launcher.poll() is not None or any((cwd / revision / "checkpoints" / "t0000").glob("ckpt-*.h5")), 120, "a first checkpoint")
     assert launcher.poll() is None, launcher.stderr.read() if launcher.stderr else ""
-    started = [e for e in search.events("t0000") if e.kind.value == "started"][-1]
-    os.kill(started.data.pid, signal.SIGUSR2)
+    started = [e.data for e in search.events("t0000") if isinstance(e.data, Started)][-1]
+    os.kill(started.pid, signal.SIGUSR2)
     _, err = launcher.communicate(timeout=timeout)
     assert launcher.returncode == 0, err
     record = search.record("t0000")
     first, second = record.attempts
-    assert (first.how.value, first.cause.value) == ("interrupted", "timeout")
-    assert second.resumed_from == first.step and second.how.value == "completed"
+    assert (first.how, first.cause) == (AttemptEnd.INTERRUPTED, Cause.TIMEOUT)
+    assert second.resumed_from == first.step and second.how is AttemptEnd.COMPLETED
     return record
 
 
