@@ -195,7 +195,7 @@ def test_a_trainer_opening_the_final_record_is_rejected(tmp_path, data_dir):
     final = data_dir / "final-group_r8.json"
     rec = _fault_search(tmp_path, data_dir, "opens", "OpensProtectedFile", env={PROTECTED_PATH_ENV: str(final)})
     assert rec.state.value == "rejected" and rec.detail.startswith("reject:final_partition")
-    assert str(final.resolve()) in rec.detail and rec.attempts[-1].step == 5
+    assert str(final.resolve()) in rec.detail and rec.attempts[-1].step == FAULT_STEP
 
 
 def test_a_trainer_reading_the_final_record_through_a_program_is_rejected(tmp_path, data_dir):
@@ -204,7 +204,7 @@ def test_a_trainer_reading_the_final_record_through_a_program_is_rejected(tmp_pa
     final = data_dir / "final-group_r8.json"
     rec = _fault_search(tmp_path, data_dir, "cat", "ReadsProtectedFileThroughAProgram", env={PROTECTED_PATH_ENV: str(final)})
     assert rec.state.value == "rejected" and rec.detail.startswith("reject:final_partition"), rec.detail
-    assert "started the program cat" in rec.detail and rec.attempts[-1].step == 5
+    assert "started the program cat" in rec.detail and rec.attempts[-1].step == FAULT_STEP
     assert len(rec.attempts) == 1  # a rejection is final: never retried
 
 
