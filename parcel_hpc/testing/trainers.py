@@ -176,7 +176,7 @@ class SlowForSomeParams(NumpyMLP):
 
 class MissingParam(NumpyMLP):
     """Reads, at step ``FAULT_STEP`` (a schedule read late), a parameter nobody declared or gives:
-    past the launch's one-step preflight, every trial fails alike."""
+    past the launch's preflight, every trial fails alike."""
 
     def build(self, params: Mapping[str, Any], seed: int, data: TrainingData) -> None:
         super().build(params, seed, data)
