@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from parcel_hpc.testing import launch
-from parcel_hpc.trainer import Budget, Restored, Stop, StopTraining, TrainerState
+from parcel_hpc.trainer import Budget, Due, Restored, Stop, StopTraining, TrainerState
 from parcel_hpc.trainer.data import Examples, TrainingData
 from parcel_hpc.trainer.params import with_defaults
 from parcel_hpc.trainer.preflight import few_examples
@@ -74,6 +74,18 @@ def test_a_pruned_loop_returns_and_cannot_go_on():
     assert loop(run) == 4 and run.stop is Stop.PRUNED
     with pytest.raises(StopTraining):  # a BaseException: an ``except Exception`` in a loop does not swallow it
         run.stepped(5)
+
+
+def test_a_loop_told_to_stop_without_saving_cannot_save():
+    class Rejected(Recorded):
+        def _stepped(self, step: int):
+            return Stop.REJECTED if step == 3 else None
+
+    run = Rejected(Budget(steps=10, every=3))
+    assert run.stepped(1) == Due(checkpoint=False, validate=False) and run.stepped(2) == Due(False, False)
+    assert run.stepped(3) == Due(checkpoint=False, validate=False) and run.should_stop  # step 3 is on the cadence: no save after a rejection
+    with pytest.raises(StopTraining):
+        run.save(TrainerState({"w": np.zeros(1)}))
 
 
 def test_steps_out_of_order_break_the_protocol():

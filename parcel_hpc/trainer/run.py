@@ -144,10 +144,9 @@ class Run(ABC):
         self._metrics = finite_metrics(metrics or {}, step)
         self.step = step
         self.stop = self._stepped(step)
-        return Due(
-            checkpoint=self.budget.checkpoint_due(step) or (self.stop is not None and self.stop.saves_first),
-            validate=self.budget.is_milestone(step) and self.stop is None,
-        )
+        if self.stop is not None:  # nothing is due after a stop but the save it makes due (a requeue's)
+            return Due(checkpoint=self.stop.saves_first, validate=False)
+        return Due(checkpoint=self.budget.checkpoint_due(step), validate=self.budget.is_milestone(step))
 
     def save(self, state: TrainerState) -> None:
         """Checkpoint the whole state after the last step told of (atomic, exclusive, digested)."""
