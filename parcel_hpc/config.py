@@ -186,6 +186,10 @@ class TrainConf:
     # A positive space parameter that scales step_seconds (a step sleeps step_seconds x its value):
     # trials of unequal length for tests and benchmarks. Left out of the contract while unset.
     step_seconds_param: str | None = None
+    # Where exact resume is impossible (a library RNG without a getter, nondeterministic GPU kernels):
+    # the largest difference the launch's resume check accepts; a resumed trial's metric is then
+    # marked as such. Left out of the contract while unset (exact resume required).
+    resume_tolerance: float | None = None
 
 
 @dataclass

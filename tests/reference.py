@@ -5,19 +5,36 @@ import importlib
 import os
 import sys
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from parcel_hpc.data import read_split
 from parcel_hpc.governance.metric import MissCost
-from parcel_hpc.trainer import build_params, load_training_data
+from parcel_hpc.trainer import Budget, Run, build_params, load_training_data, run_loop
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
+class Uninterrupted(Run):
+    """A run with nothing behind it: no checkpoint to restore, no stop, saves kept nowhere."""
+
+    def _restore(self):
+        return None
+
+    def _stepped(self, step):
+        return None
+
+    def _save(self, step, state):
+        pass
+
+    def _validated(self, step, value, final, metrics):
+        return None
+
+
 def reference_run(target: str, snapshot: Path, split: Path) -> Callable[..., float]:
     """``reference(params, steps, seed=1234)``: the validation miss-cost ``target`` (an examples/
-    trainer) reaches in ``steps`` uninterrupted steps. Its class and the data are loaded once."""
+    trainer, of either form) reaches in ``steps`` uninterrupted steps. Its class and the data are loaded once."""
     module, _, name = target.partition(":")
     sys.path.insert(0, str(EXAMPLES))
     try:
@@ -32,9 +49,10 @@ def reference_run(target: str, snapshot: Path, split: Path) -> Callable[..., flo
 
     def reference(params: Mapping[str, Any], steps: int, seed: int = 1234) -> float:
         trainer = cls()
-        trainer.build(build_params(trainer, params), seed, data)
-        for _ in range(steps):
-            trainer.step()
-        return metric(trainer.predict("validation"), data.validation.labels)
+        given = replace(data, budget=Budget(steps, (), steps, cls.unit))  # its length, as a trial's run gives it
+        trainer.build(build_params(trainer, params), seed, given)
+        run = Uninterrupted(build_params(trainer, params), seed, given, lambda scores: metric(scores, data.validation.labels))
+        run_loop(trainer, run)  # the class form through the toolkit's loop, the function form through its own
+        return run.value
 
     return reference

@@ -5,10 +5,6 @@ evaluation and the release, whose packet names torch's version and the trainer's
 
 import functools
 import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,7 +14,7 @@ torch = pytest.importorskip("torch")  # the [torch] extra; scripts/test.sh insta
 
 from parcel_hpc.ledger import SearchDir  # noqa: E402
 from parcel_hpc.testing import decide_every_hold, launch, parcel_hpc  # noqa: E402
-from parcel_hpc.testing.runs import subprocess_env, wait_for  # noqa: E402
+from parcel_hpc.testing.runs import signalled_once  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {"PYTHONPATH": str(ROOT / "examples")}
@@ -74,30 +70,9 @@ def test_a_12_trial_cnn_search_prunes_at_its_milestones_and_completes_with_exact
 
 
 def test_a_signalled_cnn_trial_checkpoints_between_steps_and_resumes_exactly(tmp_path, data_dir, uninterrupted):
-    argv = [sys.executable, "-m", "parcel_hpc.launch", "-m", f"search.root={tmp_path}", "search.revision=sig", *CNN]
-    argv += [
-        "search.n_trials=1",
-        "pruner=none",
-        "train.step_seconds=0.03",
-        "lr=choice(0.03)",
-        "width=choice(8)",
-        "depth=choice(2)",
-        "dropout=choice(0.3)",
-        "batch_size=choice(64)",
-        "optimizer=choice(sgd)",
-    ]
-    launcher = subprocess.Popen(argv, cwd=tmp_path, env=subprocess_env(data_dir, ENV), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    search = SearchDir(tmp_path / "sig")
-    wait_for(lambda: launcher.poll() is not None or any((tmp_path / "sig" / "checkpoints" / "t0000").glob("ckpt-*.h5")), 120, "a first checkpoint")
-    assert launcher.poll() is None, launcher.stderr.read() if launcher.stderr else ""
-    started = [e for e in search.events("t0000") if e.kind.value == "started"][-1]
-    os.kill(started.data.pid, signal.SIGUSR2)  # what submitit's controller sends at the time limit
-    _, err = launcher.communicate(timeout=300)
-    assert launcher.returncode == 0, err
-    rec = search.record("t0000")
-    first, second = rec.attempts
-    assert (first.how.value, first.cause.value) == ("interrupted", "timeout") and 10 <= first.step < 240
-    assert second.resumed_from == first.step and second.how.value == "completed"
+    overrides = [*CNN, "pruner=none", "train.step_seconds=0.03", "lr=choice(0.03)", "width=choice(8)", "depth=choice(2)", "dropout=choice(0.3)"]
+    rec = signalled_once([*overrides, "batch_size=choice(64)", "optimizer=choice(sgd)"], cwd=tmp_path, data_dir=data_dir, env=ENV)
+    assert 10 <= rec.attempts[0].step < 240
     assert rec.metric == uninterrupted(rec.spec.params)
 
 

@@ -200,7 +200,7 @@ def test_a_local_package_the_trainer_imports_is_copied_only_when_named(tmp_path,
 def test_a_string_parameter_with_markup_is_printed_as_written_through_a_launch(tmp_path, data_dir):
     """A value from the user's space is text, never rich markup: ``[/]`` (a closing tag with nothing
     open) crashed the launch's tables before, and ``[bold]`` would have been swallowed."""
-    env = write_model(tmp_path / "lab", extra="{'act': Param(str, default='relu')}")
+    env = write_model(tmp_path / "lab", extra="{'act': Param(str, default='relu')}", build_check="params['act']")  # read: a parameter never read is refused
     args = base_args(tmp_path, "mine", "trainer.target=my_models:Model", "act=choice('[/]','[bold]x')", "search.n_trials=6")
     dry = launch([*args, "search.dry_run=true"], cwd=tmp_path, data_dir=data_dir, env=env)
     assert dry.returncode == 0, dry.stdout + dry.stderr

@@ -10,7 +10,7 @@ from parcel_hpc import fsio
 from parcel_hpc.errors import CorruptRecord
 from parcel_hpc.ledger import DeviceUse, Ended, Event, Executor, RecordView, SearchDir, TrialSpec, TrialState, TrialWriter, fold, read_events
 from parcel_hpc.ledger.events import Cause
-from parcel_hpc.ledger.states import AttemptEnd
+from parcel_hpc.ledger.states import AttemptEnd, MetricResume
 from parcel_hpc.lifecycle.actions import Action, RetryPolicy, next_action
 
 SPEC = TrialSpec("t0001", 1, {"lr": 0.1}, 1234, "sha256:" + "1" * 64, "sha256:" + "2" * 64, "sha256:" + "3" * 64, {"gpus": 1, "cpus": 1})
@@ -59,6 +59,17 @@ def test_interruption_then_resume():
     rec = fold(SPEC, events)
     assert rec.state is TrialState.RUNNING and rec.resumed == 1 and len(rec.attempts) == 2
     assert rec.attempts[1].resumed_from == 30
+
+
+def test_a_metric_resumed_under_a_declared_tolerance_is_marked_as_such():
+    resumed = [ev("started", 1, attempt=1), ev("ended", 2, attempt=1, how="interrupted", step=30), ev("started", 3, attempt=2)]
+    done = [ev("ended", 5, attempt=2, how="completed", metric=0.4, step=82)]
+    assert fold(SPEC, [ev("started", 1, attempt=1)]).metric_resume is MetricResume.UNINTERRUPTED
+    exact = fold(SPEC, [*resumed, ev("resumed", 4, attempt=2, step=30), *done])
+    assert exact.metric_resume is MetricResume.EXACT and exact.metric_resume.is_exact()
+    drifting = fold(SPEC, [*resumed, ev("resumed", 4, attempt=2, step=30, exact=False), *done])
+    assert drifting.metric_resume is MetricResume.WITHIN_TOLERANCE and not drifting.metric_resume.is_exact()
+    assert drifting.to_json()["metric_resume"] == "within_tolerance"
 
 
 def test_failure_is_retried_once_then_final():

@@ -171,11 +171,11 @@ def test_a_resumed_cnn_ends_bit_equal_to_an_uninterrupted_one(training_data, cnn
 
 
 def test_the_core_never_imports_torch():
-    """Every module of parcel_hpc but the optional parcel_hpc.trainer.torch, imported in a fresh
-    interpreter: torch stays out of sys.modules."""
+    """Every module of parcel_hpc but the optional parcel_hpc.trainer.torch (and the test trainers built
+    on it), imported in a fresh interpreter: torch stays out of sys.modules."""
     code = (
         "import importlib, pkgutil, sys, parcel_hpc\n"
-        "names = [m.name for m in pkgutil.walk_packages(parcel_hpc.__path__, 'parcel_hpc.') if m.name != 'parcel_hpc.trainer.torch' and not m.name.endswith('__main__')]\n"
+        "names = [m.name for m in pkgutil.walk_packages(parcel_hpc.__path__, 'parcel_hpc.') if m.name not in ('parcel_hpc.trainer.torch', 'parcel_hpc.testing.torch_trainers') and not m.name.endswith('__main__')]\n"
         "for name in names: importlib.import_module(name)\n"
         "print(len(names), 'torch' in sys.modules)\n"
     )

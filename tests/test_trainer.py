@@ -16,7 +16,7 @@ from parcel_hpc.governance.metric import MissCost
 from parcel_hpc.ledger import SearchDir
 from parcel_hpc.propose.space import normalize, sample
 from parcel_hpc.testing import launch, parcel_hpc
-from parcel_hpc.testing.trainers import PROTECTED_PATH_ENV
+from parcel_hpc.testing.trainers import FAULT_STEP, PROTECTED_PATH_ENV
 from parcel_hpc.trainer import BUILTIN, FinalPartitionRefused, TrainerState, UnsavableState, build_params, load_training_data, trainer_class, trainer_identity
 from parcel_hpc.trainer.conformance import check_trainer
 from parcel_hpc.trainer.numpy_mlp import NumpyMLP
@@ -116,7 +116,7 @@ def test_trainer_state_is_checked_before_a_checkpoint_sees_it():
         ("numpy_mlp", "is not PACKAGE.MODULE:NAME"),
         ("no_such_package.trainers:Model", "module no_such_package.trainers does not import (ModuleNotFoundError"),
         ("parcel_hpc.testing.trainers:Missing", "module parcel_hpc.testing.trainers has no Missing"),
-        ("parcel_hpc.testing.trainers:not_a_trainer", "is a function, not a trainer class"),
+        ("parcel_hpc.testing.trainers:not_a_trainer", "is a function, not a trainer; decorate your train"),
         ("parcel_hpc.testing.trainers:Incomplete", "Incomplete lacks serve"),
     ],
 )
@@ -170,8 +170,8 @@ def _fault_search(tmp_path, data_dir, name, target, *overrides, env=None):
 @pytest.mark.parametrize(
     "target, cause, step",
     [
-        ("Raises", "exception", 4),  # the step reached: step 5 never completed
-        ("NanLoss", "diverged", 4),
+        ("Raises", "exception", FAULT_STEP - 1),  # the step reached: FAULT_STEP never completed
+        ("NanLoss", "diverged", FAULT_STEP - 1),
         ("UnsavableStateTrainer", "unsavable_state", 10),
         ("WrongShapePredictions", "invalid_predictions", 10),
     ],
@@ -195,7 +195,7 @@ def test_a_trainer_opening_the_final_record_is_rejected(tmp_path, data_dir):
     final = data_dir / "final-group_r8.json"
     rec = _fault_search(tmp_path, data_dir, "opens", "OpensProtectedFile", env={PROTECTED_PATH_ENV: str(final)})
     assert rec.state.value == "rejected" and rec.detail.startswith("reject:final_partition")
-    assert str(final.resolve()) in rec.detail and rec.attempts[-1].step == 5
+    assert str(final.resolve()) in rec.detail and rec.attempts[-1].step == FAULT_STEP
 
 
 def test_a_trainer_reading_the_final_record_through_a_program_is_rejected(tmp_path, data_dir):
@@ -204,7 +204,7 @@ def test_a_trainer_reading_the_final_record_through_a_program_is_rejected(tmp_pa
     final = data_dir / "final-group_r8.json"
     rec = _fault_search(tmp_path, data_dir, "cat", "ReadsProtectedFileThroughAProgram", env={PROTECTED_PATH_ENV: str(final)})
     assert rec.state.value == "rejected" and rec.detail.startswith("reject:final_partition"), rec.detail
-    assert "started the program cat" in rec.detail and rec.attempts[-1].step == 5
+    assert "started the program cat" in rec.detail and rec.attempts[-1].step == FAULT_STEP
     assert len(rec.attempts) == 1  # a rejection is final: never retried
 
 

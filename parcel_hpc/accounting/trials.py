@@ -42,6 +42,7 @@ TRIAL_COLUMNS = [
     ("state", pa.string()),
     ("reason", pa.string()),
     ("final_metric", pa.float64()),  # a completed trial's validation miss-cost
+    ("metric_resume", pa.string()),  # uninterrupted, exact (resumed bit-equal), or within_tolerance (train.resume_tolerance)
     ("best_metric", pa.float64()),  # the lowest miss-cost it reported at any milestone or at its end
     ("milestones_reached", pa.int64()),
     ("last_milestone", pa.float64()),  # the step of the last milestone reported (NaN: none)
@@ -223,6 +224,7 @@ def _trial_row(record: TrialRecord, events: Sequence[Event], attempts: Sequence[
         "state": record.state.value,
         "reason": record.reason,
         "final_metric": record.metric,
+        "metric_resume": record.metric_resume.value,
         "best_metric": min(values) if values else None,
         "milestones_reached": len(reached),
         "last_milestone": record.milestone,

@@ -26,7 +26,7 @@ from rich.text import Text
 from parcel_hpc.accounting.spend import read_spend, shown
 from parcel_hpc.console import make_console, plain, safe
 from parcel_hpc.errors import EXIT_PENDING, ParcelError
-from parcel_hpc.ledger import LauncherState, RecordView, SearchDir, TrialRecord, TrialState, collector_paused, preview, searches
+from parcel_hpc.ledger import LauncherState, MetricResume, RecordView, SearchDir, TrialRecord, TrialState, collector_paused, preview, searches
 from parcel_hpc.ledger.events import encode_payload
 from parcel_hpc.ledger.summary import counts_by_state
 from parcel_hpc.lifecycle import resolution
@@ -162,7 +162,7 @@ def render(data: dict[str, Any], console: Console | None = None) -> None:
             safe(t["trial_id"]),
             t["state"],
             safe(t.get("scheduler", "")),
-            "" if t["metric"] is None else f"{t['metric']:.4f}",
+            "" if t["metric"] is None else _metric(t),
             str(t["step"]),
             "" if t["milestone"] is None else str(t["milestone"]),
             str(t["attempts"]),
@@ -283,7 +283,7 @@ def _changes(seen: dict[str, tuple], data: dict[str, Any]) -> list[str]:
             continue  # unchanged, or first seen waiting for its dispatch: nothing has happened to it yet
         what = t["state"] + (f" ({t['scheduler']}{': ' + t['queue_reason'] if t['queue_reason'] else ''})" if t["scheduler"] else "")
         if t["metric"] is not None:
-            what += f" miss-cost {t['metric']:.4f}"
+            what += f" miss-cost {_metric(t)}"
         elif t["state"] not in ("running", "queued") and t["reason"]:
             what += f": {_reason(t)[:120]}"
         lines.append(f"{stamp} {t['trial_id']} {what}; milestones {_milestones(t, data['milestones'])}")
@@ -292,13 +292,19 @@ def _changes(seen: dict[str, tuple], data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _metric(t: dict[str, Any]) -> str:
+    """A trial's metric, marked where it comes from a resume the contract allowed to drift (``MetricResume``)."""
+    inexact = not MetricResume(t.get("metric_resume", MetricResume.UNINTERRUPTED.value)).is_exact()
+    return f"{t['metric']:.4f}" + (" (resumed within train.resume_tolerance)" if inexact else "")
+
+
 def _live_view(data: dict[str, Any], launcher: LauncherState, height: int) -> Group:
     active = [t for t in data["trials"] if not TrialState(t["state"]).is_finished()]
     done = [t for t in data["trials"] if TrialState(t["state"]).is_finished()]
     best = min((t for t in done if t["metric"] is not None), key=lambda t: t["metric"], default=None)
     header = Text(plain(f"search {data['search']}   launcher: {launcher.value}\n{_counts_line(data)}"))
     if best is not None:
-        header.append(plain(f"\nbest so far: {best['trial_id']} miss-cost {best['metric']:.4f}"))
+        header.append(plain(f"\nbest so far: {best['trial_id']} miss-cost {_metric(best)}"))
     if data["scheduler_error"]:
         header.append(plain(f"\nscheduler not consulted: {data['scheduler_error']}"), style="yellow")
     table = Table(title=f"{len(active)} trials not finished")

@@ -352,7 +352,7 @@ def preflight_checks(cfg: Mapping[str, Any], contract: Contract) -> list[str]:
 
     def tried(target: str, trials: list[tuple[str, Mapping[str, Any]]]) -> list[str]:
         cls = trainer_class(target)
-        preflight(cls, target, declared(cls, target), trials, seed, data)
+        preflight(cls, target, declared(cls, target), trials, seed, data, float(contract["train"].get("resume_tolerance") or 0.0))
         return [what for what, _ in trials]
 
     def checks() -> list[str]:

@@ -1,7 +1,7 @@
 """The trial ledger: the search directory, trial specs, the typed events of each trial's history,
 and the records folded from them.
 
-    states.py    TrialState, AttemptEnd (Enums with predicates)
+    states.py    TrialState, AttemptEnd, MetricResume (Enums with predicates)
     events.py    EventKind, Cause, one payload class per kind, the Event envelope and its JSON line
     journal.py   TrialWriter: the only writer of journal lines; read_events merges a trial's journals
     selection.py the selection's own journal: JobRole, its events, SelectionWriter, fold_selection
@@ -18,7 +18,7 @@ from parcel_hpc.ledger.events import Admitted, Cause, DeviceUse, Ended, Event, E
 from parcel_hpc.ledger.journal import TrialWriter, preview, read_events
 from parcel_hpc.ledger.records import Attempt, TrialRecord, TrialSpec, fold
 from parcel_hpc.ledger.selection import JobRole
-from parcel_hpc.ledger.states import AttemptEnd, TrialState
+from parcel_hpc.ledger.states import AttemptEnd, MetricResume, TrialState
 from parcel_hpc.ledger.store import HEARTBEAT_S, Heartbeat, LauncherState, SearchDir, collector_paused
 from parcel_hpc.ledger.view import RecordView
 
@@ -30,6 +30,7 @@ __all__ = [
     "Admitted",
     "Attempt",
     "AttemptEnd",
+    "MetricResume",
     "Cause",
     "DeviceUse",
     "Ended",

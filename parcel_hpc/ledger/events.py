@@ -163,6 +163,7 @@ class Admitted:
 @dataclass(frozen=True)
 class Resumed:
     step: int
+    exact: bool = True  # False: under a declared train.resume_tolerance, the resumed run may differ from an uninterrupted one
 
 
 @dataclass(frozen=True)

@@ -105,8 +105,8 @@ class TrialWriter:
     def admitted(self, attempt: int, observed: Admitted) -> Event:
         return self._append(EventKind.ADMITTED, observed, attempt)
 
-    def resumed(self, attempt: int, step: int) -> Event:
-        return self._append(EventKind.RESUMED, Resumed(step), attempt)
+    def resumed(self, attempt: int, step: int, exact: bool = True) -> Event:
+        return self._append(EventKind.RESUMED, Resumed(step, exact), attempt)
 
     def milestone(self, attempt: int, step: int, value: float, is_milestone: bool, train: Mapping[str, float] | None = None) -> Event:
         return self._append(EventKind.MILESTONE, Milestone(step, value, is_milestone, dict(train) if train else None), attempt)

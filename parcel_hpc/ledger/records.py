@@ -32,7 +32,7 @@ from parcel_hpc.ledger.events import (
     Started,
     Submitted,
 )
-from parcel_hpc.ledger.states import AttemptEnd, TrialState
+from parcel_hpc.ledger.states import AttemptEnd, MetricResume, TrialState
 
 
 @dataclass(frozen=True)
@@ -162,6 +162,7 @@ class TrialRecord:
     failures: tuple[Cause, ...] = ()  # failure classes of failed attempts, in order
     quarantines: tuple[str, ...] = ()  # reasons, one per quarantine
     invalid_metrics: bool = False  # some metric of this trial came from a quarantined attempt
+    metric_resume: MetricResume = MetricResume.UNINTERRUPTED  # whether its metric is an uninterrupted run's, exactly
     tainted_upto: int = 0  # attempts numbered up to this ran in a quarantined directory
     accounted: tuple[Accounted, ...] = ()  # the scheduler's record of each run of its jobs, as recorded (one per job and run)
 
@@ -221,6 +222,7 @@ class TrialRecord:
             "attempts": len(self.attempts),
             "interrupted": self.interrupted,
             "resumed": self.resumed,
+            "metric_resume": self.metric_resume.value,
             "reason": self.reason,
             "cause": self.cause.value if self.cause is not None else None,
             "error": self.error,
@@ -262,6 +264,7 @@ class _Fold:
     resumed: int = 0
     step: int = 0
     invalid: bool = False
+    metric_resume: MetricResume = MetricResume.UNINTERRUPTED
     tainted_upto: int = 0  # attempts up to this number ran in a quarantined directory: their results never count
     accounted: dict[tuple[str, int], Accounted] = field(default_factory=dict)  # the latest record of each run
 
@@ -290,6 +293,7 @@ class _Fold:
             failures=tuple(c for _, c in self.failures),
             quarantines=tuple(self.quarantines),
             invalid_metrics=self.invalid,
+            metric_resume=self.metric_resume,
             tainted_upto=self.tainted_upto,
             accounted=tuple(self.accounted.values()),
         )
@@ -344,6 +348,10 @@ def fold(spec: TrialSpec, events: Sequence[Event]) -> TrialRecord:
         elif isinstance(data, Resumed):
             f.attempt(n)["resumed_from"] = data.step
             f.resumed += 1
+            if not data.exact:
+                f.metric_resume = MetricResume.WITHIN_TOLERANCE
+            elif f.metric_resume is MetricResume.UNINTERRUPTED:
+                f.metric_resume = MetricResume.EXACT
         elif isinstance(data, Milestone):
             if not tainted:
                 f.step = max(f.step, data.step)

@@ -25,6 +25,17 @@ class TrialState(str, enum.Enum):
         return self in (TrialState.COMPLETED, TrialState.PRUNED, TrialState.FAILED)
 
 
+class MetricResume(str, enum.Enum):
+    """How a trial's metric stands against an uninterrupted run's."""
+
+    UNINTERRUPTED = "uninterrupted"  # never resumed
+    EXACT = "exact"  # resumed, under the launch's check that resuming is exact: bit-equal to an uninterrupted run
+    WITHIN_TOLERANCE = "within_tolerance"  # resumed under a declared train.resume_tolerance: close to, not equal to, an uninterrupted run
+
+    def is_exact(self) -> bool:
+        return self is not MetricResume.WITHIN_TOLERANCE
+
+
 _FINISHED = frozenset({TrialState.COMPLETED, TrialState.PRUNED, TrialState.FAILED, TrialState.REJECTED, TrialState.BUDGET_EXHAUSTED, TrialState.CANCELLED})
 
 

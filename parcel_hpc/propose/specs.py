@@ -32,6 +32,9 @@ from parcel_hpc.worker.plan import WorkerPlan
 PINNED_RESOURCES = ("gpus", "cpus", "mem_gb", "time_limit_min")
 
 
+OPTIONAL_TRAIN = ("step_seconds_param", "resume_tolerance")  # pinned only when set: a search without them keeps its digest
+
+
 def search_path(cfg: Mapping[str, Any]) -> Path:
     root = Path(cfg["search"]["root"]).expanduser()
     revision = validation.name("search.revision", cfg["search"]["revision"])
@@ -94,7 +97,7 @@ def build_contract(cfg: Mapping[str, Any]) -> Contract:
         "image_digest": image_digest(cfg["image"]),
         "image_kind": cfg["image"]["kind"],
         "trainer": trainer,
-        "train": {k: v for k, v in cfg["train"].items() if not (k == "step_seconds_param" and v is None)},
+        "train": {k: v for k, v in cfg["train"].items() if not (k in OPTIONAL_TRAIN and v is None)},
         "resources": {k: cfg["resources"][k] for k in PINNED_RESOURCES},
         "budget": dict(cfg["budget"]),
         "pruner": dict(cfg["pruner"]),

@@ -120,6 +120,7 @@ def _record_summary(r: TrialRecord) -> dict[str, Any]:
     return {
         "state": r.state.value,
         "metric": r.metric,
+        "metric_resume": r.metric_resume.value,
         "step": r.step,
         "params": dict(r.spec.params),
         "config_hash": r.spec.config_hash,
@@ -192,6 +193,7 @@ def _lineage(contract, winner_facts: TrialFacts | None, a: Assessment, result, f
         "how_it_ended": {
             "state": r.state.value,
             "metric": r.metric,
+            "metric_resume": r.metric_resume.value,
             "step": r.step,
             "attempts": [
                 {"number": x.number, "how": x.how.value if x.how else None, "cause": x.cause.value if x.cause else None, "job_id": x.job_id, "host": x.host}

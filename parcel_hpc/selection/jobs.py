@@ -59,11 +59,12 @@ from parcel_hpc.selection.slices import shipment_buckets, slice_report
 from parcel_hpc.selection.store import SelectionStore
 from parcel_hpc.trainer import FINAL_PARTITION_OUTCOME, Trainer, TrainerState, TrainingData, build_params, make_trainer, served
 from parcel_hpc.trainer.base import checked_probabilities
+from parcel_hpc.trainer.run import Stop
 from parcel_hpc.worker import WorkerPlan
 from parcel_hpc.worker.cache import WorkerCache
 from parcel_hpc.worker.devices import running_on
 from parcel_hpc.worker.jobenv import facts_from_env
-from parcel_hpc.worker.training import LoopCallbacks, train
+from parcel_hpc.worker.training import LoopCallbacks, budget, train
 
 SERVING_BATCH = 64  # images per serve() call when measuring latency and memory
 EXAMPLE_FRAMES = 3  # validation frames recorded as the released model's input example
@@ -106,7 +107,8 @@ class _Context:
         self.plan = WorkerPlan.load(store.search, self.trial_id)
         self.split = read_split(self.plan.split_path)
         cache = WorkerCache()
-        self.data: TrainingData = cache.training_data(self.plan.snapshot_path, self.split, self.plan.preprocessing)  # before the fence
+        data = cache.training_data(self.plan.snapshot_path, self.split, self.plan.preprocessing)  # before the fence
+        self.data: TrainingData = replace(data, budget=budget(self.plan))  # a retrained trial's steps, as its trials had them
         self.final = _open_final(self) if role is JobRole.FINAL else None  # before the fence too: the one door, under its claim
         self.armed: fence.Armed | None = None
         observed, problem = cache.observe(self.plan.snapshot_path, self.split, self.plan.image, self.contract["trainer"], store.search.path, self._fence)
@@ -242,18 +244,20 @@ def _trained(
     plan = replace(ctx.plan, params=dict(params))
     step = 0
 
-    def stepped(at: int) -> None:
+    def stepped(at: int) -> Stop | None:
         nonlocal step
         step = at
+        return None
 
-    def validated(at: int, value: float, final: bool, metrics: Mapping[str, float]) -> None:
+    def validated(at: int, value: float, final: bool, metrics: Mapping[str, float]) -> Stop | None:
         journal.milestone(1, at, value, at in plan.pruner["milestones"], metrics)
+        return None
 
-    calls = LoopCallbacks(stepped, lambda at: None, validated, lambda: None)
+    calls = LoopCallbacks(lambda: None, stepped, lambda at, state: None, validated)
     try:
         trainer = make()
         with ctx.trainer_code(f"{name}: {type(trainer).__name__} training"):
-            _, value = train(plan, trainer, ctx.data, 0, calls)
+            value = train(plan, trainer, ctx.data, calls).value
     except GovernanceRefusal as exc:
         journal.ended(1, Ended(AttemptEnd.REJECTED, step=step, outcome=exc.outcome, reason=str(exc)[:500]))
         raise

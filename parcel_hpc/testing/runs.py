@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import signal
 import subprocess
 import sys
 import tempfile
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from parcel_hpc.governance.outcome import Outcome
+from parcel_hpc.ledger import AttemptEnd, Cause, SearchDir, Started, TrialRecord
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,28 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str, every: flo
             return value
         time.sleep(every)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def signalled_once(overrides: Sequence[str], *, cwd: Path, data_dir: Path, env: Mapping[str, str], revision: str = "sig", timeout: float = 300) -> TrialRecord:
+    """A one-trial search (``search.root=cwd``, ``search.revision=revision``) launched in the background,
+    its worker sent SIGUSR2 (what submitit's controller sends at the time limit) once its trial has a
+    first checkpoint; the trial's record once the launch has ended with exit 0, its two attempts
+    checked: the first interrupted (``timeout``), the second resumed from exactly the step the first
+    reached (the signal waits for a step boundary, where the state is saved) and completed."""
+    argv = [sys.executable, "-m", "parcel_hpc.launch", "-m", f"search.root={cwd}", f"search.revision={revision}", "search.n_trials=1", *overrides]
+    launcher = subprocess.Popen(argv, cwd=cwd, env=subprocess_env(data_dir, env), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    search = SearchDir(cwd / revision)
+    wait_for(lambda: launcher.poll() is not None or any((cwd / revision / "checkpoints" / "t0000").glob("ckpt-*.h5")), 120, "a first checkpoint")
+    assert launcher.poll() is None, launcher.stderr.read() if launcher.stderr else ""
+    started = [e.data for e in search.events("t0000") if isinstance(e.data, Started)][-1]
+    os.kill(started.pid, signal.SIGUSR2)
+    _, err = launcher.communicate(timeout=timeout)
+    assert launcher.returncode == 0, err
+    record = search.record("t0000")
+    first, second = record.attempts
+    assert (first.how, first.cause) == (AttemptEnd.INTERRUPTED, Cause.TIMEOUT)
+    assert second.resumed_from == first.step and second.how is AttemptEnd.COMPLETED
+    return record
 
 
 def descendants(pid: int) -> list[int]:

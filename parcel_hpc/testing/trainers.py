@@ -19,8 +19,9 @@ import numpy as np
 
 from parcel_hpc.trainer import FinalPartitionRefused, Param, TrainerState, TrainingData
 from parcel_hpc.trainer.numpy_mlp import NumpyMLP
+from parcel_hpc.trainer.resume import K as RESUME_K
 
-FAULT_STEP = 5
+FAULT_STEP = 2 * RESUME_K + 1  # past the launch's preflight (k steps, a resume, k more): a trial finds it
 PROTECTED_PATH_ENV = "PARCEL_TEST_PROTECTED_PATH"  # the file OpensProtectedFile tries to read
 
 
@@ -92,12 +93,16 @@ class TakesFault(NumpyMLP):
 
     parameters = {**NumpyMLP.parameters, "fault": Param(str, default="none")}
 
+    def build(self, params: Mapping[str, Any], seed: int, data: TrainingData) -> None:
+        self.fault = params["fault"]  # the fault hook acts on it (``faults.py``); read here, as a declared parameter must be
+        super().build(params, seed, data)
+
 
 class Raises(NumpyMLP):
     def step(self) -> Mapping[str, float]:
         metrics = super().step()
         if self.steps_done == FAULT_STEP:
-            raise RuntimeError("the trainer's own bug at step 5")
+            raise RuntimeError(f"the trainer's own bug at step {FAULT_STEP}")
         return metrics
 
 
@@ -171,7 +176,7 @@ class SlowForSomeParams(NumpyMLP):
 
 class MissingParam(NumpyMLP):
     """Reads, at step ``FAULT_STEP`` (a schedule read late), a parameter nobody declared or gives:
-    past the launch's one-step preflight, every trial fails alike."""
+    past the launch's preflight, every trial fails alike."""
 
     def build(self, params: Mapping[str, Any], seed: int, data: TrainingData) -> None:
         super().build(params, seed, data)
@@ -195,3 +200,9 @@ class FailsEachItsOwnWay(NumpyMLP):
         if self.steps_done == FAULT_STEP:
             raise type(f"Fault{self.tag.upper()}", (RuntimeError,), {})(f"configuration {self.tag} is broken its own way")
         return super().step()
+
+
+class DeclaresUnread(NumpyMLP):
+    """Declares a parameter its build never reads: the search would vary it and change nothing."""
+
+    parameters = {**NumpyMLP.parameters, "momentum": Param(float, default=0.9)}

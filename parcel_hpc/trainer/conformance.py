@@ -15,7 +15,6 @@ Must not: write anything outside its own temporary directory.
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
 from functools import partial
@@ -26,15 +25,15 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from parcel_hpc.checkpoints.store import CheckpointStore
 from parcel_hpc.console import safe
 from parcel_hpc.data import GROUP_REVISION, SNAPSHOT_FILENAME, read_split
 from parcel_hpc.errors import UsageError
 from parcel_hpc.fence import Protected, run_fenced
-from parcel_hpc.governance.admission import TrialIdentity
 from parcel_hpc.trainer import rng
 from parcel_hpc.trainer.base import Trainer, TrainerState, checked_probabilities, finite_metrics
 from parcel_hpc.trainer.data import Devices, TrainingData, load_training_data
+from parcel_hpc.trainer.function import FunctionTrainer
+from parcel_hpc.trainer.resume import check_resume, probe, through_checkpoint
 from parcel_hpc.trainer.served import served
 from parcel_hpc.trainer.target import build_params, trainer_class
 
@@ -60,6 +59,9 @@ def check_trainer(cls: type[Trainer], data: TrainingData, params: Mapping[str, A
         findings.append(Finding(check, ok, detail))
         return ok
 
+    if issubclass(cls, FunctionTrainer):
+        _check_loop(cls, data, params, seed, max(1, steps // 2), found)
+        return findings
     callers_rngs = rng.save()
     try:
         first = _Worker(cls, params, seed, data, process=1)
@@ -112,6 +114,25 @@ def check_trainer(cls: type[Trainer], data: TrainingData, params: Mapping[str, A
         "never asked for" if not data.asked_for_final else f"asked for {', '.join(sorted(set(data.asked_for_final)))}",
     )
     return findings
+
+
+def _check_loop(cls: type[FunctionTrainer], data: TrainingData, params: Mapping[str, Any], seed: int, k: int, found: Callable[[str, bool, str], bool]) -> None:
+    """The function form: its loop resumed exactly (``resume.check_resume``: steps, saves, validation,
+    determinism in one), its ``load`` serving raw images from the saved state alone as the loop scored them."""
+    built = build_params(cls(), params)
+    try:
+        resumed = check_resume(cls, built, seed, data, k)
+        if not found("resume", resumed.exact, f"{k} {cls.unit}s, saved, restored in a fresh build, {k} more: exact" if resumed.exact else resumed.detail):
+            return
+        whole = probe(cls, built, seed, data, k, process=6)
+        state, expected = whole.saved[2 * k], whole.validations[2 * k]
+        if not found("serving from state", *_from_state(cls, params, seed, data, state, expected)):
+            return
+    except Exception as exc:  # the trainer's own error is the finding
+        found("error", False, f"{type(exc).__name__}: {exc}")
+        return
+    asked = data.asked_for_final
+    found("final partition", not asked, "never asked for" if not asked else f"asked for {', '.join(sorted(set(asked)))}")
 
 
 class _Worker:
@@ -186,14 +207,7 @@ def _through_checkpoint(state: TrainerState) -> TrainerState:
     """The state as a resumed worker sees it: written and read back by the checkpoint store."""
     if not isinstance(state, TrainerState):
         raise TypeError(f"state() returned a {type(state).__name__}; return parcel_hpc.trainer.TrainerState(arrays, scalars)")
-    state = state.checked()
-    digest = "sha256:" + "0" * 64
-    with tempfile.TemporaryDirectory(prefix="parcel-check-") as d:
-        store = CheckpointStore(d, TrialIdentity("check", digest, digest, digest), keep_last=1)
-        store.save(1, state.arrays, {}, {}, extra=state.scalars)
-        ckpt = store.load_latest()
-    assert ckpt is not None  # saved just above
-    return TrainerState(ckpt.params, ckpt.extra or {})
+    return through_checkpoint(state.checked())
 
 
 def data_files(data_dir: Path) -> tuple[Path, Path]:

@@ -61,6 +61,24 @@ class Devices:
         return cls(len(visible) if granted is None else int(granted), visible)
 
 
+@dataclass(frozen=True)
+class Budget:
+    """What a trainer is given to spend: the search's ``train.steps`` (in the trainer's ``unit``), the
+    pruner's milestones and the checkpoint cadence. A schedule reads ``steps`` from here (a cosine
+    over the trial's whole length), never from a second parameter kept equal to it by hand."""
+
+    steps: int = 1  # the default: a served model's, which has no steps to spend
+    milestones: tuple[int, ...] = ()
+    every: int = 1  # a checkpoint every this many steps (and at the last one)
+    unit: str = "step"
+
+    def is_milestone(self, step: int) -> bool:
+        return step in self.milestones or step == self.steps
+
+    def checkpoint_due(self, step: int) -> bool:
+        return step % self.every == 0 or step == self.steps
+
+
 class FinalPartitionRefused(GovernanceRefusal):
     """A trainer asked for the protected final partition."""
 
@@ -104,6 +122,7 @@ class TrainingData:
     preprocessing: Preprocessor  # apply it to raw images in a serving path; keep its ``arrays()`` in the state
     split_revision: str
     devices: Devices = Devices()  # the GPUs this attempt may use (parcel_hpc.trainer.torch.device picks them)
+    budget: Budget = Budget()  # the steps, milestones and checkpoint cadence of the trial it trains
     _asked_for_final: list[str] = field(default_factory=list, repr=False, compare=False)
 
     def partition(self, name: str) -> Examples:

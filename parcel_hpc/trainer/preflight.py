@@ -1,12 +1,14 @@
 """The launch's preflight: the trainer tried at the space's corners before anything is frozen.
 
 A mistake in a trainer (a parameter it reads but does not declare, a kind it cannot take, a state it
-cannot load back) would otherwise fail every trial of the search, one job at a time. Before the
-first freeze the launch builds the trainer on a few examples with each corner of the space (every
+cannot load back, a state that leaves out what decides the next step) would otherwise fail every
+trial of the search, or change the metric of every preempted one. Before the first freeze the
+launch runs the trainer, of either form, on a few examples with each corner of the space (every
 parameter at its low end, then at its high end) and with any fixed parameter set it will train
-(the baseline's), takes one step, hands its state to a fresh build and predicts. A failure is bad
-input: one line with the trainer's own message, exit 2, nothing written. ``check-trainer`` runs
-the longer conformance check.
+(the baseline's): k steps, a save, a restore in a fresh build, k more, compared with an
+uninterrupted run (``resume.py``). A failure, a drifting resume (beyond ``train.resume_tolerance``)
+or a declared parameter no run read is bad input: one line naming what differs first, exit 2,
+nothing written. ``check-trainer`` runs the longer conformance check.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ from typing import Any
 import numpy as np
 
 from parcel_hpc.errors import UsageError
-from parcel_hpc.trainer.base import Trainer, checked_probabilities, finite_metrics
+from parcel_hpc.trainer.base import Trainer
 from parcel_hpc.trainer.data import Examples, TrainingData
 from parcel_hpc.trainer.params import Param, with_defaults
+from parcel_hpc.trainer.resume import check_resume
 
 EXAMPLES = 32  # per partition: enough for both classes, few enough to take well under a second
 
@@ -46,26 +49,40 @@ def few_examples(data: TrainingData, n: int = EXAMPLES) -> TrainingData:
 
 
 def preflight(
-    cls: type[Trainer], target: str, declared: Mapping[str, Param], trials: Sequence[tuple[str, Mapping[str, Any]]], seed: int, data: TrainingData
+    cls: type[Trainer],
+    target: str,
+    declared: Mapping[str, Param],
+    trials: Sequence[tuple[str, Mapping[str, Any]]],
+    seed: int,
+    data: TrainingData,
+    tolerance: float = 0.0,
 ) -> None:
-    """Build, step, state, load_state and predict for each ``(what, params)``; ``UsageError`` on the first failure."""
+    """For each ``(what, params)``: k steps, a save, a restore in a fresh build, k more, against an
+    uninterrupted run (``resume.check_resume``); ``UsageError`` on the first failure or drift beyond
+    ``tolerance`` (``train.resume_tolerance``), and for a declared parameter no trial read."""
+    unread: set[str] | None = None
     for what, params in trials:
-        built = with_defaults(declared, params)
         try:
-            first = cls()
-            first.build(built, seed, data)
-            finite_metrics(first.step(), 1)
-            state = first.state().checked()
-            second = cls()
-            second.build(built, seed, data)
-            second.load_state(state)
-            checked_probabilities(second.predict("validation"), len(data.validation), "validation", 1)
+            found = check_resume(cls, with_defaults(declared, params), seed, data)
         except Exception as exc:  # the trainer's own error, whatever it is, is the finding
             message = " ".join(str(exc).split()) or "no message"
             raise UsageError(
                 f"preflight: {target} fails with {what} {_shown(params)}: {type(exc).__name__}: {message}; "
                 f"fix the trainer (`parcel-hpc check-trainer {target}` runs the whole check)"
             ) from None
+        if not found.exact and not found.largest <= tolerance:
+            allowed = f" beyond train.resume_tolerance={tolerance:g}" if tolerance else ""
+            raise UsageError(
+                f"preflight: {target} does not resume exactly{allowed} with {what} {_shown(params)}: {found.detail}; "
+                "a preempted trial would end with another metric than an uninterrupted one"
+            )
+        unread = set(found.unread) if unread is None else unread & set(found.unread)
+    if unread:
+        names = ", ".join(sorted(unread))
+        raise UsageError(
+            f"preflight: {target} declares {names} but never reads {'them' if len(unread) > 1 else 'it'}: the search would vary "
+            f"{'them' if len(unread) > 1 else 'it'} and change nothing; read {sorted(unread)[0]} from params (or run.params) or remove it from the trainer's parameters"
+        )
 
 
 def _shown(params: Mapping[str, Any]) -> str:

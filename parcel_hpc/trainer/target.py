@@ -41,7 +41,10 @@ def trainer_class(target: object) -> type[Trainer]:
     if cls is None:
         raise UsageError(f"trainer.target={target}: module {module_name} has no {name}; name a class defined in it")
     if not inspect.isclass(cls):
-        raise UsageError(f"trainer.target={target} is a {type(cls).__name__}, not a trainer class; name a subclass of parcel_hpc.trainer.Trainer")
+        raise UsageError(
+            f"trainer.target={target} is a {type(cls).__name__}, not a trainer; decorate your train(run) with "
+            "@parcel_hpc.trainer.loop(parameters=..., load=...), or name a subclass of parcel_hpc.trainer.Trainer"
+        )
     missing = [m for m in REQUIRED_METHODS if not callable(getattr(cls, m, None)) or m in getattr(cls, "__abstractmethods__", ())]
     if missing:
         raise UsageError(f"trainer.target={target}: {name} lacks {', '.join(missing)}; implement every method of parcel_hpc.trainer.Trainer")

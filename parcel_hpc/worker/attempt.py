@@ -12,8 +12,9 @@ The process is fenced from the final partition's files (``parcel_hpc.fence``) on
 the snapshot and before it imports the trainer: every moment trainer code runs (its import, its
 ``__init__``, every call) is behind the fence, which no code in the process can lift.
 
-The trainer's state is taken only between steps: the scheduler's signal is held until the next step
-boundary (``signals.py``), where ``interrupt`` checkpoints it.
+The trainer's state is taken only between steps: the scheduler's signal is held until the loop's next
+step boundary (``signals.py``; ``Run.stepped`` reads it), where the loop checkpoints and returns; the
+held signal then reaches submitit's handler, whose ``interrupt`` records the interruption.
 """
 
 from __future__ import annotations
@@ -52,12 +53,14 @@ from parcel_hpc.trainer import (
     build_params,
     make_trainer,
 )
+from parcel_hpc.trainer.base import checked_probabilities
+from parcel_hpc.trainer.run import Restored, Stop
 from parcel_hpc.worker import quarantine
 from parcel_hpc.worker.cache import WorkerCache
 from parcel_hpc.worker.devices import UtilizationSampler, device_use
 from parcel_hpc.worker.plan import WorkerPlan
 from parcel_hpc.worker.signals import StepBoundarySignals, toolkit_handlers
-from parcel_hpc.worker.training import LoopCallbacks, step_hooks, train
+from parcel_hpc.worker.training import LoopCallbacks, budget, scorer, step_hooks, train
 
 PREVIOUS_ATTEMPT_WAIT_S = 90.0  # SLURM's KillWait plus slurmd's cleanup, with margin
 TRACEBACK_CHARS = 20_000  # the end of a failure's traceback kept in its journal line (the innermost frames)
@@ -98,7 +101,8 @@ class AttemptRun:
         self.claim: claims.Claim | None = None
         self.milestones = MilestoneStore(self.search.path, plan.pruner["milestones"])
         self.pruner = make_pruner(plan.pruner)
-        self.trainer: Trainer | None = None  # set once built; its state is whole between steps
+        self._restored: Restored | None = None  # the checkpoint read before the loop, until the loop restores it
+        self.timed_out = False  # the attempt's own limit stopped its loop
         self.step = 0  # steps the trainer has done
         self.data: TrainingData | None = None
         self.fenced: fence.Armed | None = None  # the fence around this process, once admission armed it
@@ -139,13 +143,18 @@ class AttemptRun:
             self.sampler = UtilizationSampler(data.devices.visible).start()  # after the fence: its thread is inside it
             with self.signals as held:
                 trainer = make_trainer(contract["trainer"], self.search.path)  # the trainer's __init__
+                data = self.data = replace(data, budget=budget(plan, type(trainer).unit))  # its steps, milestones, cadence
                 trainer.build(build_params(trainer, plan.params), plan.seed, data)
-                self.step = self._resume(trainer)
-                self.trainer = trainer
+                restored = self._restored = self._latest()
                 self._stop_if_final_requested()
-                if self.step:
-                    self.ledger.resumed(self.attempt, self.step)
-                step, value = train(plan, trainer, data, self.step, LoopCallbacks(self._stepped, self._save, self._validated, held.deliver), step_hooks())
+                if restored is not None:
+                    self.step = restored.step
+                    # Under a declared train.resume_tolerance the launch admitted a resume that may drift: its metric says so.
+                    self.ledger.resumed(self.attempt, restored.step, exact=not contract["train"].get("resume_tolerance"))
+                if restored is not None and restored.step >= plan.steps:
+                    step, value = self._score_last(trainer, restored, data)
+                else:
+                    step, value = self._train(trainer, data, held)
             self._stop_if_final_requested()
             self._end(Ended(AttemptEnd.COMPLETED, metric=value, step=step))
             claim.release()
@@ -284,43 +293,73 @@ class AttemptRun:
             return str(self.search.path / "checkpoints-clean" / f"{self.plan.trial_id}-q{self.prior.tainted_upto}")
         return self.plan.checkpoint_dir()
 
-    def _resume(self, trainer: Trainer) -> int:
-        """Give the built trainer its last good checkpoint; the step it resumes at (0: a fresh start)."""
+    def _latest(self) -> Restored | None:
+        """The trial's last good checkpoint (None: a fresh start); the files it skipped are journaled."""
         assert self.store is not None  # execute() made it before building the trainer
         latest = self.store.load_latest()
         for problem in self.store.problems:
             self.ledger.checkpoint_skipped(self.attempt, anchor.shown(problem.path), problem.reason)
-        if latest is None:
-            return 0
-        trainer.load_state(TrainerState(latest.params, latest.extra or {}))
-        return latest.step
+        return None if latest is None else Restored(latest.step, TrainerState(latest.params, latest.extra or {}))
+
+    def _train(self, trainer: Trainer, data: TrainingData, held: StepBoundarySignals) -> tuple[int, float]:
+        """The trainer's loop to the last step; a stop the loop obeyed ends the attempt here."""
+        calls = LoopCallbacks(self._restore, self._stepped, self._save, self._validated)
+        while True:
+            run = train(self.plan, trainer, data, calls, step_hooks())
+            if run.stop is not Stop.REQUEUE:
+                break
+            if self.timed_out:
+                raise AttemptTimeLimit()  # the loop saved its whole state at the step it stopped at
+            held.deliver()  # submitit's checkpoint: it records the interruption, requeues and ends the process
+            if self.ended:
+                raise StopAttempt("interrupted")
+            # The handler let the attempt go on (no scheduler behind it): resume from the checkpoint just saved.
+        if run.stop is not None:
+            raise StopAttempt(run.stop.value)  # its ending is on disk already
+        return run.step, run.value
+
+    def _score_last(self, trainer: Trainer, restored: Restored, data: TrainingData) -> tuple[int, float]:
+        """Resumed from the final checkpoint: the state it holds, scored (no step is left to run)."""
+        trainer.load_state(restored.state)
+        scores = checked_probabilities(trainer.predict("validation"), len(data.validation), "validation", restored.step)
+        value = scorer(self.plan, data)(scores)
+        if (stop := self._validated(restored.step, value, True, {})) is not None:
+            raise StopAttempt(stop.value)
+        return restored.step, value
 
     # --- the loop's callbacks -----------------------------------------------------------------
-    def _stepped(self, step: int) -> None:
-        self.step = step
-        self._stop_if_final_requested()
-        if time.monotonic() > self.deadline:
-            raise AttemptTimeLimit()  # at a step boundary: ``interrupt`` checkpoints a whole state
+    def _restore(self) -> Restored | None:
+        restored, self._restored = self._restored, None
+        return restored if restored is not None else self._latest()  # read again only when the loop restarts
 
-    def _save(self, step: int) -> None:
-        assert self.trainer is not None and self.store is not None  # called once the trainer is built and resumed
-        state = self.trainer.state()
-        if not isinstance(state, TrainerState):
-            raise UnsavableState(f"state() returned a {type(state).__name__}; return parcel_hpc.trainer.TrainerState(arrays, scalars)")
-        state = state.checked()
+    def _stepped(self, step: int) -> Stop | None:
+        self.step = step
+        if self._final_requests():
+            self._reject_final()
+            return Stop.REJECTED
+        if time.monotonic() > self.deadline:
+            self.timed_out = True
+            return Stop.REQUEUE  # at a step boundary: the loop saves a whole state, then returns
+        return Stop.REQUEUE if self.signals.pending else None  # the scheduler's signal, held to this boundary
+
+    def _save(self, step: int, state: TrainerState) -> None:
+        assert self.store is not None  # made before the trainer was built
         try:
             # Arrays go to the checkpoint's params section, scalars (JSON) to its extra.
             self.store.save(step, state.arrays, {}, {}, extra=state.scalars)
         except UsageError as exc:  # a name or value the checkpoint format refuses
             raise UnsavableState(str(exc)) from None
 
-    def _validated(self, step: int, value: float, final: bool, train_metrics: Mapping[str, float]) -> None:
-        self._stop_if_quarantined()
-        self._stop_if_cancelled()
+    def _validated(self, step: int, value: float, final: bool, train_metrics: Mapping[str, float]) -> Stop | None:
+        try:
+            self._stop_if_quarantined()
+            self._stop_if_cancelled()
+        except StopAttempt as exc:
+            return Stop(str(exc))  # ended and journaled: the loop returns
         is_milestone = self.milestones.report(self.plan.trial_id, step, value, self.attempt)
         self.ledger.milestone(self.attempt, step, value, is_milestone, train_metrics)
         if final or not is_milestone:
-            return
+            return None
         decision = self.milestones.decide(self.pruner, self.plan.trial_id, step)
         if decision.action.stops_trial:
             self._end(
@@ -332,7 +371,8 @@ class AttemptRun:
                     reason=f"pruned at milestone {step}: {value:.4f} > threshold {decision.threshold:.4f}",
                 )
             )
-            raise StopAttempt(TrialState.PRUNED.value)
+            return Stop.PRUNED
+        return None
 
     def _final_requests(self) -> list[str]:
         """What this attempt's trainer did towards the protected data, in words ([] when nothing)."""
@@ -404,15 +444,7 @@ class AttemptRun:
         """On the scheduler's signal: checkpoint, record, and say whether to requeue."""
         if self.ended or not self.began:
             return False  # it already ended (a result, a rejection), or never started: nothing of it to requeue
-        if self.trainer is not None and self.store is not None and self.step > 0:
-            try:
-                with fence.trainer_code():  # the trainer's state() is trainer code, whoever asks for it
-                    self._save(self.step)  # between steps: the signal was held until the trainer's state was whole
-            except claims.CheckpointCollision as exc:
-                self._collided(exc)  # superseded by a newer attempt, or a collision to quarantine
-                return False
-            except UnsavableState:
-                pass  # resumes from the last cadence checkpoint instead
+        # Its state was saved by its loop, at the step boundary where the signal was read (``_stepped``).
         self._end(Ended(AttemptEnd.INTERRUPTED, cause, step=self.step))
         preempted, other = interruption_counts(self.prior)
         preempted, other = (preempted + 1, other) if cause is Cause.PREEMPTED else (preempted, other + 1)

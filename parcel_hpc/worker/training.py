@@ -1,9 +1,10 @@
-"""The training loop of one attempt: steps, checkpoint cadence, validation at milestones.
+"""The run context of one attempt: a trainer's loop (its own, or the toolkit's) with the worker behind it.
 
-Owns the order of things inside the loop around a researcher's trainer. The attempt (``attempt.py``)
-owns everything around it: admission, the claim, the ledger, pruning decisions and how the attempt
-ends; the loop reaches those only through the callbacks it is given. The toolkit, not the trainer,
-scores each milestone: it asks for per-example probabilities and applies the pinned metric.
+Owns turning a ``WorkerPlan`` into what a loop is given (``Budget``, the pinned metric as its
+validation score, the trial's params) and ``LoopRun``, the ``Run`` whose steps, saves and milestones
+go to the callbacks it is given. The attempt (``attempt.py``) owns everything around it: admission,
+the claim, the ledger, pruning decisions, the signal and how the attempt ends. The toolkit, not the
+trainer, scores each milestone: the loop hands per-example probabilities, the pinned metric scores them.
 Must not: write the ledger, or read the environment beyond loading the step hook named by
 ``PARCEL_HPC_STEP_HOOK`` (tests inject faults with it).
 """
@@ -11,16 +12,19 @@ Must not: write the ledger, or read the environment beyond loading the step hook
 from __future__ import annotations
 
 import importlib
-import math
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
+
 from parcel_hpc.governance.metric import MissCost
-from parcel_hpc.trainer import Trainer, TrainingData
-from parcel_hpc.trainer.base import checked_probabilities, finite_metrics
+from parcel_hpc.trainer import Trainer, TrainerState, TrainingData, build_params
+from parcel_hpc.trainer.data import Budget
+from parcel_hpc.trainer.function import run_loop
+from parcel_hpc.trainer.run import LoopError, Restored, Run, Stop, StopTraining
 from parcel_hpc.worker.plan import WorkerPlan
 
 STEP_HOOK_ENV = "PARCEL_HPC_STEP_HOOK"  # "package.module:function", called as f(params, step) after each step
@@ -36,43 +40,64 @@ def step_hooks(env: Mapping[str, str] | None = None) -> tuple[StepHook, ...]:
     return (getattr(importlib.import_module(module), name),)
 
 
+def budget(plan: WorkerPlan, unit: str = "step") -> Budget:
+    """What the plan gives a trainer to spend (``TrainingData.budget``, ``Run.budget``)."""
+    return Budget(int(plan.steps), tuple(sorted(int(m) for m in plan.pruner["milestones"])), int(plan.every_steps), unit)
+
+
+def scorer(plan: WorkerPlan, data: TrainingData) -> Callable[[np.ndarray], float]:
+    """The contract's pinned metric on the validation labels."""
+    metric = MissCost(plan.metric["revision"], float(plan.metric["miss_cost"]), float(plan.metric["review_cost"]))
+    return lambda scores: metric(scores, data.validation.labels)
+
+
 @dataclass(frozen=True)
 class LoopCallbacks:
-    stepped: Callable[[int], None]  # the trainer finished this step: its state is whole
-    save: Callable[[int], None]  # write a checkpoint of the trainer's state at this step
-    validated: Callable[[int, float, bool, Mapping[str, float]], None]  # (step, value, final, train metrics): may stop the attempt
-    boundary: Callable[[], None]  # between steps: the scheduler's held signal is delivered here
+    restore: Callable[[], Restored | None]  # the trial's last good checkpoint
+    stepped: Callable[[int], Stop | None]  # the loop finished this step (its state is whole): a stop it must obey
+    save: Callable[[int, TrainerState], None]  # checkpoint this state, taken after this step
+    validated: Callable[[int, float, bool, Mapping[str, float]], Stop | None]  # (step, value, final, train metrics): may stop it
 
 
-def train(plan: WorkerPlan, trainer: Trainer, data: TrainingData, step: int, calls: LoopCallbacks, hooks: Sequence[StepHook] = ()) -> tuple[int, float]:
-    """Step ``trainer`` from ``step`` to ``plan.steps``; the final step and its validation value."""
-    metric = MissCost(plan.metric["revision"], float(plan.metric["miss_cost"]), float(plan.metric["review_cost"]))
-    milestones = {int(m) for m in plan.pruner["milestones"]}
+class LoopRun(Run):
+    """A ``Run`` whose effects are the callbacks'; the plan's step hooks and paced steps (tests') here."""
 
-    def validate(at: int) -> float:
-        scores = checked_probabilities(trainer.predict("validation"), len(data.validation), "validation", at)
-        return metric(scores, data.validation.labels)
+    def __init__(self, plan: WorkerPlan, trainer: Trainer, data: TrainingData, calls: LoopCallbacks, hooks: Sequence[StepHook] = ()) -> None:
+        super().__init__(build_params(trainer, plan.params), plan.seed, replace(data, budget=budget(plan, type(trainer).unit)), scorer(plan, data))
+        self.plan, self.calls, self.hooks = plan, calls, tuple(hooks)
+        self._started = time.monotonic()
 
-    value = math.nan
-    metrics: dict[str, float] = {}
-    calls.boundary()  # a signal held while the trainer was built or restored
-    while step < plan.steps:
-        step_started = time.monotonic()
-        metrics = finite_metrics(trainer.step(), step + 1)
-        step += 1
-        for hook in hooks:
+    def _restore(self) -> Restored | None:
+        return self.calls.restore()
+
+    def _stepped(self, step: int) -> Stop | None:
+        plan = self.plan
+        for hook in self.hooks:
             hook(plan.params, step)
-        calls.stepped(step)
-        if plan.step_seconds > 0:
+        if plan.step_seconds > 0:  # a paced step (the tests' slow trainers), counted from the last boundary
             scale = float(plan.params[plan.step_seconds_param]) if plan.step_seconds_param else 1.0
-            time.sleep(max(0.0, plan.step_seconds * scale - (time.monotonic() - step_started)))
-        if step % plan.every_steps == 0 or step == plan.steps:
-            calls.save(step)
-        if step in milestones or step == plan.steps:
-            value = validate(step)
-            calls.validated(step, value, step == plan.steps, metrics)
-        calls.boundary()
-    if not math.isfinite(value):  # resumed from the final checkpoint: score the state it holds
-        value = validate(step)
-        calls.validated(step, value, True, metrics)
-    return step, value
+            time.sleep(max(0.0, plan.step_seconds * scale - (time.monotonic() - self._started)))
+        stop = self.calls.stepped(step)
+        self._started = time.monotonic()
+        return stop
+
+    def _save(self, step: int, state: TrainerState) -> None:
+        self.calls.save(step, state)
+
+    def _validated(self, step: int, value: float, final: bool, metrics: Mapping[str, float]) -> Stop | None:
+        return self.calls.validated(step, value, final, metrics)
+
+
+def train(plan: WorkerPlan, trainer: Trainer, data: TrainingData, calls: LoopCallbacks, hooks: Sequence[StepHook] = ()) -> LoopRun:
+    """Run ``trainer``'s loop (built) to ``plan.steps`` or a stop; the run, with its last step, value and stop.
+    A loop that returns early without being told to, or never hands the last step's validation, broke the protocol."""
+    run = LoopRun(plan, trainer, data, calls, hooks)
+    try:
+        run_loop(trainer, run)
+    except StopTraining:
+        pass  # the loop called its run again after a stop: the stop is on the run, its ending already recorded
+    if run.stop is None and run.step < plan.steps:
+        raise LoopError(f"the loop returned after step {run.step} of {plan.steps} without being told to stop; run every step of run.budget.steps")
+    if run.stop is None and run.validated_step != plan.steps:
+        raise LoopError(f"the loop never handed the validation probabilities at step {plan.steps}; call run.validate when run.stepped says so")
+    return run
