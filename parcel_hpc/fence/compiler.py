@@ -140,7 +140,7 @@ def judge_of(compilers: Compilers, reached: Callable[[str], str]) -> Judge:
             if arg.startswith(steering):
                 return verdict(path, f"the argument {arg[:80]!r} hands the compiler a program or arguments the fence cannot judge")
             if found := named(arg, cwd):
-                return verdict(path, f"the argument {arg[:80]!r} names {found}")
+                return verdict(path, f"an argument names {found}")
         return verdict(path, "", programs[inode])
 
     return judge

@@ -1,0 +1,112 @@
+"""torch.compile under the final partition's fence (issue 46): inductor's own programs start under
+the kernel layer and are recorded, while every program trainer code starts or steers (``cat``, the
+compiler naming the final list or told to run a program of its choosing, a ``g++`` put first on
+``PATH``, a compiler named by inductor's ``cpp.cxx``, which ``CXX`` sets, Python with a script of its
+own) is refused and recorded; without Landlock the compiler is refused too, saying why."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from parcel_hpc.fence import kernel
+
+pytest.importorskip("torch")  # the [torch] extra; scripts/test.sh installs it
+needs_landlock = pytest.mark.skipif(kernel.abi() < kernel.MIN_ABI, reason="this kernel has no Landlock ABI 2: torch.compile's programs stay refused")
+
+UNSEEN = "(what a program opens is out of the fence's record)"
+PROBE = r"""
+import json, os, subprocess, sys, tempfile
+from pathlib import Path
+from parcel_hpc import fence, fsio
+from parcel_hpc.fence import audit
+
+split, snapshot, layer, fake = sys.argv[1:5]
+final = os.path.join(os.path.dirname(split), "final-group_r8.json")
+protected = fence.Protected.of(split, snapshot)
+if layer == "audit":
+    fence.arming.own_tempdir(protected)
+    fsio.whole_names()
+    audit.install(protected, kernel=False)  # as on a kernel without Landlock
+else:
+    fence.arm(protected)
+import torch
+import torch._inductor.config as inductor
+
+out = {}
+def tried(name, fn):
+    try:
+        got = fn()
+        out[name] = "ran " + str(got)[:80]
+    except Exception as exc:
+        out[name] = f"refused {type(exc).__name__}"
+
+def compiled(k):
+    f = torch.compile(lambda x: (x * k + 1).relu().sum(), dynamic=False)
+    return round(float(f(torch.arange(8.0) - 3)), 3)
+
+tried("compile", lambda: compiled(2.0))
+out["allowed"] = list(fence.allowed())
+if layer == "kernel":
+    tried("cat", lambda: subprocess.run(["cat", final], capture_output=True).stdout)
+    tried("g++ naming the final list", lambda: subprocess.run(["g++", "-x", "c++", "-E", final], capture_output=True).returncode)
+    tried("g++ told to run a program", lambda: subprocess.run(["g++", "-wrapper", f"{fake}/g++,", "--version"], capture_output=True).returncode)
+    tried("python with a script of its own", lambda: subprocess.run([sys.executable, "-c", f"print(open({final!r}).read())"], capture_output=True).stdout)
+    inductor.cpp.cxx = (None, f"{fake}/g++")  # what CXX set before torch's import does
+    tried("compile with cpp.cxx a script", lambda: compiled(3.0))
+    inductor.cpp.cxx = (None, "g++")
+    os.environ["PATH"] = f"{fake}:" + os.environ["PATH"]
+    tried("compile with a g++ first on PATH", lambda: compiled(4.0))
+print(json.dumps({"tried": out, "recorded": list(fence.tripped())}))
+"""
+
+
+def _probe(layer: str, data_dir: Path, tmp_path: Path) -> tuple[dict, list]:
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    final = data_dir / "final-group_r8.json"
+    (fake / "g++").write_text(f"#!/bin/sh\ncat {final}\n")  # a compiler that reads the final list
+    (fake / "g++").chmod(0o755)
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    env.pop("CXX", None)
+    args = [sys.executable, "-c", PROBE, str(data_dir / "split-group_r8.json"), str(data_dir / "parcels.h5"), layer, str(fake)]
+    probe = subprocess.run(args, capture_output=True, text=True, timeout=600, env=env)
+    assert probe.returncode == 0, probe.stderr[-3000:]
+    answer = json.loads(probe.stdout.splitlines()[-1])
+    return answer["tried"], answer["recorded"]
+
+
+@needs_landlock
+def test_torch_compile_runs_under_the_kernel_layer_and_what_trainer_code_steers_is_refused_and_recorded(tmp_path, data_dir):
+    """A compiled function runs (its programs recorded: the C++ compiler and the ISA probe); ``cat``
+    of the final list, the compiler naming it or given ``-wrapper``, Python with its own script, a
+    compiler ``cpp.cxx`` names and a ``g++`` put first on ``PATH`` are each refused before they start,
+    and each is recorded, so the trial that tried would be ``reject:final_partition``."""
+    tried, recorded = _probe("kernel", data_dir, tmp_path)
+    assert tried["compile"] == "ran 25.0", tried  # relu(2x + 1) summed over x = -3..4, compiled and run
+    allowed = tried["allowed"]
+    assert "g++" in allowed and all(a in ("g++", "openssl", "python (inductor's ISA probe)") for a in allowed), allowed
+    for way in ("cat", "g++ naming the final list", "g++ told to run a program", "python with a script of its own"):
+        assert tried[way] == "refused PermissionError", (way, tried)
+    for way in ("compile with cpp.cxx a script", "compile with a g++ first on PATH"):
+        assert tried[way].startswith("refused "), (way, tried)  # inductor says the compiler failed; the fence's record says why
+    final = data_dir / "final-group_r8.json"
+    fake = tmp_path / "fake" / "g++"
+    assert recorded[0] == f"started the program cat {UNSEEN}", recorded
+    assert f"an argument names {final}" in recorded[1]
+    assert "the argument '-wrapper' hands the compiler a program" in recorded[2]
+    assert "its script is not inductor's ISA probe" in recorded[3]
+    # inductor's own `g++ --version` meets the fake first each time: the script named, then the g++ that PATH now finds.
+    assert recorded[4:] == [f"started the program {fake} {UNSEEN}", f"started the program g++ {UNSEEN}"], recorded[4:]
+
+
+def test_without_landlock_torch_compile_is_refused_saying_why(tmp_path, data_dir):
+    """The audit layer alone cannot see what a compiler opens: its start is refused and recorded,
+    with the line that says so and what to do."""
+    tried, recorded = _probe("audit", data_dir, tmp_path)
+    assert tried["compile"].startswith("refused "), tried
+    assert tried["allowed"] == []
+    assert recorded and "for torch.compile, which only a kernel with Landlock lets a fenced process start" in recorded[0], recorded
