@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from parcel_hpc.fence import kernel
+from parcel_hpc.ledger import SearchDir, TrialState
+from parcel_hpc.testing import launch
 
 pytest.importorskip("torch")  # the [torch] extra; scripts/test.sh installs it
 needs_landlock = pytest.mark.skipif(kernel.abi() < kernel.MIN_ABI, reason="this kernel has no Landlock ABI 2: torch.compile's programs stay refused")
@@ -110,3 +112,36 @@ def test_without_landlock_torch_compile_is_refused_saying_why(tmp_path, data_dir
     assert tried["compile"].startswith("refused "), tried
     assert tried["allowed"] == []
     assert recorded and "for torch.compile, which only a kernel with Landlock lets a fenced process start" in recorded[0], recorded
+
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPILED = [
+    "trainer.target=parcel_cnn:CompiledParcelCNN",
+    f"hydra.searchpath=[file://{ROOT / 'examples' / 'parcel_cnn' / 'conf'}]",
+    "space=cnn_compiled",
+    "selection/baseline=cnn_approved",
+    "pruner=none",
+    "train.steps=6",
+]
+
+
+@needs_landlock
+def test_a_compiled_cnn_search_completes_under_the_fence(tmp_path, data_dir):
+    """Two trials of the CNN whose training step is compiled (inductor, C++ on the CPU) run in one
+    fenced worker, after the launch's fenced preflight compiled it too: both complete, held by the
+    kernel layer, and nothing is rejected. The compile cache lives beside the data, made before
+    arming; the trainer's code copy holds nothing of it."""
+    cache = tmp_path / "inductor"
+    overrides = [f"search.root={tmp_path}", "search.revision=compiled", "search.n_trials=2", "hydra.launcher.pack_size=2", "hydra.launcher.parallelism=1"]
+    res = launch(
+        [*overrides, *COMPILED], cwd=tmp_path, data_dir=data_dir, env={"PYTHONPATH": str(ROOT / "examples"), "TORCHINDUCTOR_CACHE_DIR": str(cache)}, timeout=900
+    )
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    search = SearchDir(tmp_path / "compiled")
+    records = [search.record(tid) for tid in sorted(search.trial_ids())]
+    assert [r.state for r in records] == [TrialState.COMPLETED] * 2, [r.detail for r in records]
+    admitted = [e for r in records for e in search.events(r.trial_id) if e.kind.value == "admitted"]
+    assert {e.data.fence.value for e in admitted} == {"kernel"}
+    assert any(p.suffix == ".so" for p in cache.rglob("*"))  # inductor built its kernels there
+    copy = [p for p in (tmp_path / "compiled").rglob("*") if p.suffix in (".so", ".cpp")]
+    assert copy == []  # nothing compiled lands in the search (its code copy included)
