@@ -14,7 +14,7 @@ import pytest
 
 from parcel_hpc.fence import kernel
 from parcel_hpc.ledger import SearchDir, TrialState
-from parcel_hpc.testing import launch
+from parcel_hpc.testing import launch, parcel_hpc
 
 pytest.importorskip("torch")  # the [torch] extra; scripts/test.sh installs it
 needs_landlock = pytest.mark.skipif(kernel.abi() < kernel.MIN_ABI, reason="this kernel has no Landlock ABI 2: torch.compile's programs stay refused")
@@ -142,6 +142,11 @@ def test_a_compiled_cnn_search_completes_under_the_fence(tmp_path, data_dir):
     assert [r.state for r in records] == [TrialState.COMPLETED] * 2, [r.detail for r in records]
     admitted = [e for r in records for e in search.events(r.trial_id) if e.kind.value == "admitted"]
     assert {e.data.fence.value for e in admitted} == {"kernel"}
+    # The pack's first trial compiled (its compiler recorded in its attempt); the second, in the same process, found it built.
+    first = records[0].attempts[0].programs
+    assert first and first[0].startswith("g++ x") and all(p.split(" x")[0] in ("g++", "openssl", "python (inductor's ISA probe)") for p in first), first
+    said = parcel_hpc(["logs", str(tmp_path / "compiled"), records[0].trial_id])
+    assert f"torch.compile's programs, allowed by the fence under Landlock: {', '.join(first)}" in said.stdout, said.stdout
     assert any(p.suffix == ".so" for p in cache.rglob("*"))  # inductor built its kernels there
     copy = [p for p in (tmp_path / "compiled").rglob("*") if p.suffix in (".so", ".cpp")]
     assert copy == []  # nothing compiled lands in the search (its code copy included)

@@ -27,6 +27,7 @@ Must not: be armed in a process that must read a protected file afterwards (both
 from parcel_hpc.fence.arming import Armed, arm, is_armed
 from parcel_hpc.fence.audit import allowed, reaches, toolkit_programs, trainer_code, tripped
 from parcel_hpc.fence.child import run_fenced
+from parcel_hpc.fence.compiler import counted
 from parcel_hpc.fence.protected import Protected, Unfenceable
 
-__all__ = ["Armed", "Protected", "Unfenceable", "allowed", "arm", "is_armed", "reaches", "run_fenced", "toolkit_programs", "trainer_code", "tripped"]
+__all__ = ["Armed", "Protected", "Unfenceable", "allowed", "arm", "counted", "is_armed", "reaches", "run_fenced", "toolkit_programs", "trainer_code", "tripped"]

@@ -79,6 +79,11 @@ class Compilers:
         return cls(found, inode_of(os.stat(sys.executable)), tuple((k, environ.get(k)) for k in CHOOSERS))
 
 
+def counted(names: Sequence[str]) -> tuple[str, ...]:
+    """Programs started, each once with its count, in the order first started: ("g++ x14", "openssl x2")."""
+    return tuple(f"{name} x{names.count(name)}" for name in dict.fromkeys(names))
+
+
 def judge_of(compilers: Compilers, reached: Callable[[str], str]) -> Judge:
     """The judgment of one start: ``judge(argv, candidates, env, cwd)`` -> its ``Verdict``.
     ``candidates``: the files ``execve`` tries in turn, the first executable file is the program;
