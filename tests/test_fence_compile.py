@@ -150,3 +150,17 @@ def test_a_compiled_cnn_search_completes_under_the_fence(tmp_path, data_dir):
     assert any(p.suffix == ".so" for p in cache.rglob("*"))  # inductor built its kernels there
     copy = [p for p in (tmp_path / "compiled").rglob("*") if p.suffix in (".so", ".cpp")]
     assert copy == []  # nothing compiled lands in the search (its code copy included)
+
+
+@needs_landlock
+def test_check_trainer_resumes_a_compiled_cnn_exactly_in_a_fenced_child(tmp_path, data_dir):
+    """check-trainer runs the compiled CNN in its fenced child: a build, a checkpoint, a fresh build
+    (compiled again) resumed from it, compared with the uninterrupted run: exact, with the kernels
+    inductor built the same way each time; the preflight's corners and baseline pass too."""
+    res = parcel_hpc(
+        ["check-trainer", "parcel_cnn:CompiledParcelCNN", "space=cnn_compiled", "selection/baseline=cnn_approved"]
+        + [f"hydra.searchpath=[file://{ROOT / 'examples' / 'parcel_cnn' / 'conf'}]", "--data", str(data_dir), "--steps", "4"],
+        env={"PYTHONPATH": str(ROOT / "examples"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")},
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "resumed trainer predicts exactly as the uninterrupted one" in res.stdout and "FAILED" not in res.stdout, res.stdout
