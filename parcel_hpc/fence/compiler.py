@@ -76,7 +76,8 @@ class Compilers:
             where = shutil.which(name, path=path) if name else None
             if where:
                 found.setdefault(inode_of(os.stat(where)), os.path.basename(name))
-        return cls(found, inode_of(os.stat(sys.executable)), tuple((k, environ.get(k)) for k in CHOOSERS))
+        python = inode_of(os.stat(sys.executable)) if sys.executable else (-1, -1)  # an embedded interpreter: no probe to allow
+        return cls(found, python, tuple((k, environ.get(k)) for k in CHOOSERS))
 
 
 def counted(names: Sequence[str]) -> tuple[str, ...]:
@@ -107,8 +108,9 @@ def judge_of(compilers: Compilers, reached: Callable[[str], str]) -> Judge:
         return text if text.startswith("/") or not cwd else cwd + "/" + text
 
     def named(arg: str, cwd: str | None) -> str:
-        """The protected file an argument names: itself, after ``=``, or glued to a short option."""
-        for text in (arg, arg.partition("=")[2], arg[2:] if arg.startswith("-") else ""):
+        """The protected file an argument names: itself, after ``=``, after a one-letter option
+        (``-I``), or from its first ``/`` (an absolute path glued to any option: ``-include/...``)."""
+        for text in (arg, arg.partition("=")[2], arg[2:] if arg.startswith("-") else "", arg[arg.find("/") :] if "/" in arg else ""):
             if text and (found := reached(placed(text, cwd))):
                 return found
         return ""
@@ -127,7 +129,7 @@ def judge_of(compilers: Compilers, reached: Callable[[str], str]) -> Judge:
                 loads += 1
                 continue
             return f"its script is not inductor's ISA probe ({line[:80]!r})"
-        return "" if loads == 1 else "its script is not inductor's ISA probe (it loads no library)"
+        return "" if loads == 1 else "its script is not inductor's ISA probe (it loads one library)"
 
     def judge(argv: Sequence[str], candidates: Sequence[str], env: Mapping[str, str], cwd: str | None) -> Verdict:
         path, inode = runs(candidates)
