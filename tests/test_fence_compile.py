@@ -203,7 +203,7 @@ def test_one_start_is_judged_by_the_file_it_runs_its_arguments_and_what_chooses_
     assert said([gxx, "-x", "c++", str(secret)]) == f"an argument names {secret}"
     assert said([gxx, f"-include{secret}"]) == f"an argument names {secret}"
     assert said([gxx, f"--param={secret}"]) == f"an argument names {secret}"
-    for option in ("-B/tmp", "-wrapper", "-fplugin=x.so", "-specs=x", "-fuse-ld=/tmp/ld", "@args"):
+    for option in ("-B/tmp", "-wrapper", "-fplugin=x.so", "-Wl,-plugin=x.so", "-specs=x", "-fuse-ld=/tmp/ld", "@args"):
         assert said([gxx, option]).startswith(f"the argument {option!r} hands the compiler"), option
     assert said([gxx, "--version"], env={"PATH": f"/tmp:{path}"}).startswith("PATH is not what it was when the fence was armed")
     assert said([gxx, "--version"], env={**env, "GCC_EXEC_PREFIX": "/tmp/"}).startswith("GCC_EXEC_PREFIX is not what it was")

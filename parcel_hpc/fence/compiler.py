@@ -14,7 +14,7 @@ protected file; they are allowed as these programs only, never as programs train
   and ``ld``; ``GCC_EXEC_PREFIX``; ``COMPILER_PATH``) hold what they held at arming, and the start gets
   the environment that was judged;
 - no argument names a protected file, and none hands the compiler a program or a list of arguments
-  of the caller's choosing (``-B``, ``-wrapper``, ``-fplugin``, ``-specs``, ``-fuse-ld``, ``@file``);
+  of the caller's choosing (``-B``, ``-wrapper``, a plugin, ``-specs``, ``-fuse-ld``, ``@file``);
 - Python runs only as the probe: ``-c`` and a script made of the probe's own lines.
 
 Where a start passes, the program is recorded (``audit.allowed``). What it then opens that no
@@ -40,8 +40,9 @@ from parcel_hpc.fence.protected import Inode, inode_of
 COMPILER_NAMES = ("g++", "c++", "gcc", "cc", "clang++", "clang")  # inductor's $CXX default, and what a conda gcc is named
 HELPER_NAMES = ("openssl",)  # inductor checksums a precompiled header with `openssl sha512`
 CHOOSERS = ("PATH", "GCC_EXEC_PREFIX", "COMPILER_PATH")  # which programs a compiler runs in turn
-# Options that hand a compiler a program, a plugin or arguments from a file: the start's argv no longer says what runs.
-STEERING = ("-B", "-wrapper", "-fplugin", "-specs", "--specs", "-fuse-ld", "--ld-path", "-iplugindir", "@")
+# Options that hand a compiler a program or arguments from a file: the start's argv no longer says what runs.
+STEERING = ("-B", "-wrapper", "-specs", "--specs", "-fuse-ld", "--ld-path", "@")
+PLUGIN = "plugin"  # in any argument: gcc's -fplugin and -iplugindir, the linker's -plugin through -Wl, or -Xlinker
 # The ISA probe's script (torch/_inductor/cpu_vec_isa.py ``_avx_py_load``, 2.1 to 2.13), one line at a time.
 PROBE_LINES = frozenset({"", "import sys", 'if sys.platform != "linux":', "    import torch  # noqa: F401", "import torch", "from ctypes import cdll"})
 PROBE_LOAD = ('cdll.LoadLibrary("', '")')  # the one line naming the library it loads
@@ -92,7 +93,7 @@ def judge_of(compilers: Compilers, reached: Callable[[str], str]) -> Judge:
     stat_, access, x_ok, is_reg = posix.stat, posix.access, posix.X_OK, stat.S_ISREG
     os_error, value_error, len_ = OSError, ValueError, len
     programs, python, choosers = dict(compilers.programs), compilers.python, tuple(compilers.choosers)
-    steering, probe_lines, (load_open, load_close), verdict = STEERING, PROBE_LINES, PROBE_LOAD, Verdict
+    steering, plugin, probe_lines, (load_open, load_close), verdict = STEERING, PLUGIN, PROBE_LINES, PROBE_LOAD, Verdict
 
     def runs(candidates: Sequence[str]) -> tuple[str, Inode | None]:
         for path in candidates:
@@ -129,7 +130,7 @@ def judge_of(compilers: Compilers, reached: Callable[[str], str]) -> Judge:
                 loads += 1
                 continue
             return f"its script is not inductor's ISA probe ({line[:80]!r})"
-        return "" if loads == 1 else "its script is not inductor's ISA probe (it loads one library)"
+        return "" if loads == 1 else "its script is not inductor's ISA probe (the probe loads exactly one library)"
 
     def judge(argv: Sequence[str], candidates: Sequence[str], env: Mapping[str, str], cwd: str | None) -> Verdict:
         path, inode = runs(candidates)
@@ -144,7 +145,7 @@ def judge_of(compilers: Compilers, reached: Callable[[str], str]) -> Judge:
             if env.get(key) != value:
                 return verdict(path, f"{key} is not what it was when the fence was armed, and it chooses the programs a compiler runs")
         for arg in argv[1:]:
-            if arg.startswith(steering):
+            if arg.startswith(steering) or plugin in arg:
                 return verdict(path, f"the argument {arg[:80]!r} hands the compiler a program or arguments the fence cannot judge")
             if found := named(arg, cwd):
                 return verdict(path, f"an argument names {found}")
