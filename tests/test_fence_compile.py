@@ -52,6 +52,7 @@ def compiled(k):
 
 tried("compile", lambda: compiled(2.0))
 out["allowed"] = list(fence.allowed())
+out["compile threads"] = inductor.compile_threads
 if layer == "kernel":
     tried("cat", lambda: subprocess.run(["cat", final], capture_output=True).stdout)
     tried("g++ naming the final list", lambda: subprocess.run(["g++", "-x", "c++", "-E", final], capture_output=True).returncode)
@@ -69,7 +70,7 @@ print(json.dumps({"tried": out, "recorded": list(fence.tripped())}))
 @pytest.fixture(scope="module")
 def inductor_cache(tmp_path_factory) -> Path:
     """One compile cache for this module's tests: inductor builds each kernel once, not once a test.
-    Not made here: the fence makes it before arming (``arming.compile_caches``)."""
+    Not made here: the fence makes it before arming (``arming.compile_settings``)."""
     return tmp_path_factory.mktemp("compiled") / "inductor"
 
 
@@ -96,6 +97,7 @@ def test_torch_compile_runs_under_the_kernel_layer_and_what_trainer_code_steers_
     and each is recorded, so the trial that tried would be ``reject:final_partition``."""
     tried, recorded = _probe("kernel", data_dir, tmp_path, inductor_cache)
     assert tried["compile"] == "ran 25.0", tried  # relu(2x + 1) summed over x = -3..4, compiled and run
+    assert tried["compile threads"] == 1  # in the process: with Triton installed, more would start a pool of Python workers
     allowed = tried["allowed"]
     assert "g++" in allowed and all(a in ("g++", "openssl", "python (inductor's ISA probe)") for a in allowed), allowed
     for way in ("cat", "g++ naming the final list", "g++ told to run a program", "python with a script of its own"):

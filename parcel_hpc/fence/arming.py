@@ -35,7 +35,7 @@ def arm(protected: Protected) -> Armed:
         raise Unfenceable(problem)
     protected.blind_descriptors()
     own_tempdir(protected)
-    compile_caches()
+    compile_settings()
     try:
         armed = Armed(FenceLayer.KERNEL, kernel.restrict(protected))
     except kernel.KernelUnavailable as exc:
@@ -52,14 +52,18 @@ def is_armed() -> bool:
 
 
 COMPILE_CACHES = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")  # where torch.compile keeps what it built, when the user says
+COMPILE_THREADS = "TORCHINDUCTOR_COMPILE_THREADS"
 
 
-def compile_caches() -> None:
+def compile_settings() -> None:
     """Make the compile caches the environment names, now: once fenced, a folder on the way to a
-    protected file takes no new entry, and the cache's parent may be one."""
+    protected file takes no new entry, and the cache's parent may be one. And compile in this
+    process unless the user says otherwise: with Triton installed (torch's CUDA builds) inductor
+    otherwise starts a pool of Python compile workers, which the fence refuses (``compiler.py``)."""
     for name in COMPILE_CACHES:
         if os.environ.get(name):
             os.makedirs(os.environ[name], mode=0o700, exist_ok=True)
+    os.environ.setdefault(COMPILE_THREADS, "1")  # read when torch._inductor.config is imported: after arming
 
 
 def own_tempdir(protected: Protected) -> str:
