@@ -11,6 +11,7 @@ depth of the network, dropout, the batch size and the optimizer; ``conf/selectio
 holds the approved CNN it is gated against.
 """
 
+from .compiled import CompiledParcelCNN
 from .trainer import ParcelCNN, ParcelNet
 
-__all__ = ["ParcelCNN", "ParcelNet"]
+__all__ = ["CompiledParcelCNN", "ParcelCNN", "ParcelNet"]

@@ -10,7 +10,7 @@ and serves.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -77,6 +77,7 @@ class ParcelCNN(Trainer):
         # No frames: a served trainer (parcel_hpc.trainer.serving_data), whose pixel statistics come with its state.
         pixel = (frames.mean().item(), frames.std().item()) if len(frames) else (0.0, 1.0)
         self.model = ParcelNet(int(params["width"]), int(params["depth"]), float(params["dropout"]), *pixel).to(self.device)
+        self.train_forward: Callable[[torch.Tensor], torch.Tensor] = self.model  # the training step's forward (compiled.py compiles it)
         self.optimizer = OPTIMIZERS[params["optimizer"]](self.model.parameters(), float(params["lr"]))
         self.loss = nn.BCEWithLogitsLoss()
         dataset = TensorDataset(frames, torch.tensor(np.asarray(data.train.labels), dtype=torch.float32))
@@ -105,7 +106,7 @@ class ParcelCNN(Trainer):
         frames, labels = (t.to(self.device, non_blocking=True) for t in batch)
         self.model.train()
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.amp):
-            loss = self.loss(self.model(frames), labels)
+            loss = self.loss(self.train_forward(frames), labels)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.optimizer.step()

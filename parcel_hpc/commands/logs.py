@@ -106,6 +106,8 @@ def show(search: SearchDir, record: TrialRecord, attempt: Attempt | None, consol
         say(f"{tid} attempt {attempt.number} of {len(record.attempts)}: {how}{cause} (job {job or '?'} on {where}); trial {record.state.value}")
         if record.executor is Executor.SLURM and job:
             say(scheduler_word(job, attempt.restart_count))
+        if attempt.programs:
+            say(f"torch.compile's programs, allowed by the fence under Landlock: {', '.join(attempt.programs)}")
         ending = _ending(search, tid, attempt.number)
         if ending is not None and ending.traceback:
             say("--- traceback (from the ledger)")

@@ -7,8 +7,9 @@ runs (its module's import), and held for the rest of that process:
 kernel.py     Landlock: the kernel refuses the protected files to the process and to every thread and
               program it starts; nothing in the process can lift it
 audit.py      Python's audit hook: records what Python-level code reaches for (the attempt is then
-              ``reject:final_partition``) and refuses programs; the only layer where the kernel has
-              no Landlock
+              ``reject:final_partition``) and refuses programs, but for torch.compile's own under
+              the kernel layer; the only layer where the kernel has no Landlock
+compiler.py   which programs torch.compile starts on the CPU, and the judgment of one start
 protected.py  which files, and the refusal (``Unfenceable``) where a process cannot be fenced from them
 arming.py     ``arm``: both layers, once per process and set of files
 child.py      trainer code run in a forked child that arms itself, for a process that must stay
@@ -24,8 +25,9 @@ Must not: be armed in a process that must read a protected file afterwards (both
 """
 
 from parcel_hpc.fence.arming import Armed, arm, is_armed
-from parcel_hpc.fence.audit import reaches, toolkit_programs, trainer_code, tripped
+from parcel_hpc.fence.audit import allowed, reaches, toolkit_programs, trainer_code, tripped
 from parcel_hpc.fence.child import run_fenced
+from parcel_hpc.fence.compiler import counted
 from parcel_hpc.fence.protected import Protected, Unfenceable
 
-__all__ = ["Armed", "Protected", "Unfenceable", "arm", "is_armed", "reaches", "run_fenced", "toolkit_programs", "trainer_code", "tripped"]
+__all__ = ["Armed", "Protected", "Unfenceable", "allowed", "arm", "counted", "is_armed", "reaches", "run_fenced", "toolkit_programs", "trainer_code", "tripped"]

@@ -20,7 +20,11 @@ layer's sight; under the kernel layer a program cannot read a protected file eit
 kernel denies is told only to the kernel's audit log, which only root reads, so a program that reached
 would go unrecorded: refusing programs keeps every reach recorded. The toolkit's own programs
 (``scontrol`` on the scheduler's signal) run inside ``toolkit_programs``, in their thread only;
-trainer code it calls back runs inside ``trainer_code`` again.
+trainer code it calls back runs inside ``trainer_code`` again. Under the kernel layer, and there
+only, torch.compile's own programs (its C++ compiler, ``openssl``, its ISA probe) start when
+``compiler.py`` judges the start theirs, found at the first arming; each is recorded (``allowed``),
+and runs the file and environment judged. Without Landlock they are refused like any program, saying
+why (what they open would go unseen).
 
 Once installed it judges for the rest of the process: there is no off switch. Its state lives in
 closures, and the C functions it calls were taken when it was made, so assigning a module's attribute
@@ -36,6 +40,7 @@ Must not: be installed in a process that must still read a protected file: it is
 from __future__ import annotations
 
 import _thread
+import os
 import pathlib
 import posix
 import sys
@@ -43,6 +48,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from parcel_hpc.fence.compiler import Compilers, Judge, Verdict, judge_of
 from parcel_hpc.fence.protected import FINAL_PREFIX, FINAL_SUFFIX, Inode, Protected
 
 # Audit events that start another program: it runs outside this process's hook.
@@ -54,8 +60,11 @@ class _CannotJudge(Exception):
     """An open this layer cannot place (a folder descriptor, a path-like object of trainer code's)."""
 
 
-def _make() -> tuple[Callable[[Protected, bool], None], Callable[[], tuple[str, ...]], Callable[[bool], Any]]:
-    """The layer's three doors, sharing one closure: ``install``, ``tripped`` and ``window``.
+Start = tuple[list[str], list[str], dict[str, str], "str | None"]  # argv, the files execve tries, the environment, cwd
+
+
+def _make() -> tuple[Callable[[Protected, bool], None], Callable[[], tuple[str, ...]], Callable[[bool], Any], Callable[[], tuple[str, ...]]]:
+    """The layer's four doors, sharing one closure: ``install``, ``tripped``, ``window`` and ``allowed``.
 
     Everything the hook calls is bound here, builtins included, so that reassigning a module's
     attribute (``os.stat``, ``builtins.isinstance``, this module's constants) changes nothing it does.
@@ -66,6 +75,7 @@ def _make() -> tuple[Callable[[Protected, bool], None], Callable[[], tuple[str, 
     type_: Any = type
     int_, list_, tuple_, isinstance_, len_ = int, list, tuple, isinstance, len
     permission_error, os_error, value_error, cannot_judge = PermissionError, OSError, ValueError, _CannotJudge
+    type_error, index_error = TypeError, IndexError
     encoding, errors, no_follow = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors(), posix.O_NOFOLLOW
     pathlib_types, pathlib_fspath = _PATHLIB_TYPES, pathlib.PurePath.__fspath__
     program_events, prefix, suffix, describe, shown = PROGRAM_EVENTS, FINAL_PREFIX, FINAL_SUFFIX, _program, _shown
@@ -73,6 +83,9 @@ def _make() -> tuple[Callable[[Protected, bool], None], Callable[[], tuple[str, 
     final_dirs: set[Inode] = set()  # folders every final-*.json in which is protected
     names: set[str] = set()  # the protected files' own names (final-group_r8.json, parcels.h5)
     trips: list[str] = []
+    allowed: list[str] = []  # the compiler's programs started under the kernel layer, one entry a start
+    judges: list[Judge] = []  # torch.compile's programs, as found at the first arming
+    environ, defpath, dict_ = os.environ, os.defpath, dict
     windows: dict[int, list[bool]] = {}  # thread -> stack of "programs allowed here"
     armed = {"on": False, "kernel": False}
     wrapped: dict[str, Any] = {}  # the fork_exec wrapper and the module it is in, to notice one restored
@@ -88,6 +101,9 @@ def _make() -> tuple[Callable[[Protected, bool], None], Callable[[], tuple[str, 
         if type_(path) in pathlib_types and type_(path).__fspath__ is pathlib_fspath:
             return str_.__add__("", pathlib_fspath(path))
         raise cannot_judge(f"a path given as {type_(path).__name__}")
+
+    def encode(text: str) -> bytes:
+        return str_.encode(text, encoding, errors)
 
     def reached(text: str, dir_fd: int | None = None, follow: bool = True) -> str:
         """The protected file ``text`` reaches ("" when none)."""
@@ -126,10 +142,58 @@ def _make() -> tuple[Callable[[Protected, bool], None], Callable[[], tuple[str, 
             f"trainer code {what}: the final partition's files are protected from trainer code, which gets its data from parcel_hpc.trainer.TrainingData"
         )
 
-    def program(program_name: str) -> None:
+    def env_of(given: Any) -> dict[str, str]:
+        """The environment a start gets: a mapping (Popen's), ``K=V`` items (fork_exec's), or None: this process's."""
+        if given is None:
+            return dict_(environ)
+        if isinstance_(given, (list_, tuple_)):
+            return {k: v for k, _, v in (text_of(item).partition("=") for item in given)}
+        return {text_of(k): text_of(v) for k, v in given.items()}
+
+    def placed(text: str, cwd: str | None) -> str:
+        return text if text.startswith("/") or cwd is None else cwd + "/" + text
+
+    def popen_start(args: tuple) -> Start:
+        """subprocess.Popen's event: (executable, args, cwd, env); the files it will try, as subprocess finds them."""
+        executable, given, cwd_raw, env_raw = args[:4]
+        argv = [text_of(a) for a in ((given,) if isinstance_(given, (str_, bytes_)) else given)]
+        cwd, env = (None if cwd_raw is None else text_of(cwd_raw)), env_of(env_raw)
+        exe = text_of(executable) if executable is not None else argv[0]
+        if "/" in exe:
+            return argv, [placed(exe, cwd)], env, cwd
+        return argv, [placed((folder or ".") + "/" + exe, cwd) for folder in env.get("PATH", defpath).split(":")], env, cwd
+
+    def fork_exec_start(args: tuple) -> Start:
+        """_posixsubprocess.fork_exec's (argv, executable_list, close_fds, pass_fds, cwd, env_list, ...)."""
+        cwd = None if args[4] is None else text_of(args[4])
+        return [text_of(a) for a in args[0]], [placed(text_of(c), cwd) for c in args[1]], env_of(args[5]), cwd
+
+    def program(program_name: str, start_of: Callable[[], Start] | None = None, runs: bool = False) -> tuple[Verdict, Start] | None:
+        """Refuse and record a program's start, unless the toolkit starts it or it is one of
+        torch.compile's under the kernel layer: then that start, judged (``compiler.py``), and
+        recorded where it ``runs`` (fork_exec, after subprocess's own event)."""
         stack = windows.get(get_ident())
-        if not stack or not stack[-1]:
-            trip(f"started the program {program_name} (what a program opens is out of the fence's record)")
+        if stack and stack[-1]:
+            return None
+        if start_of is not None and judges:
+            try:
+                start = start_of()
+                found = judges[0](*start)
+            except (cannot_judge, os_error, value_error, type_error, index_error):
+                found = None  # a start this layer cannot read is no compiler's: refused below
+            if found is not None and found.problem == "":
+                if armed["kernel"]:
+                    if runs:
+                        allowed.append(found.name)
+                    return found, start
+                trip(
+                    f"started the program {found.path} for torch.compile, which only a kernel with Landlock lets a fenced process start "
+                    "(what it opens would go unseen here): run on a kernel with Landlock ABI 2, or without torch.compile"
+                )
+            if found is not None and found.problem is not None:
+                trip(f"started the program {found.path}, one of torch.compile's, in a way the fence refuses: {found.problem}")
+        trip(f"started the program {program_name} (what a program opens is out of the fence's record)")
+        return None
 
     def hook(event: str, args: tuple) -> None:
         if not armed["on"]:
@@ -149,7 +213,7 @@ def _make() -> tuple[Callable[[Protected, bool], None], Callable[[], tuple[str, 
                 found = reached(text_of(args[0]), args[2], follow=False)
                 found = found and f"moved {found}"
             elif event in program_events:
-                program(describe(event, args))
+                program(describe(event, args), (lambda: popen_start(args)) if event == "subprocess.Popen" else None)
                 return
             elif event == "import" and args and args[0] == "_posixsubprocess":
                 trip("imported a fresh _posixsubprocess (its fork_exec starts programs unreported)")
@@ -173,7 +237,11 @@ def _make() -> tuple[Callable[[Protected, bool], None], Callable[[], tuple[str, 
         def fork_exec(*args: Any) -> Any:
             if armed["on"]:
                 argv = args[0] if args and isinstance_(args[0], (list_, tuple_)) and args[0] else [b"?"]
-                program(shown(argv[0]))
+                judged = program(shown(argv[0]), (lambda: fork_exec_start(args)) if len_(args) > 5 else None, runs=True)
+                if judged is not None:
+                    # One of torch.compile's: it runs the very file judged, with the very environment judged.
+                    found, (_, _, env, _) = judged
+                    args = (args[0], (encode(found.path),), *args[2:5], [encode(f"{k}={v}") for k, v in env.items()], *args[6:])
             return original(*args)
 
         _posixsubprocess.fork_exec = fork_exec
@@ -186,6 +254,7 @@ def _make() -> tuple[Callable[[Protected, bool], None], Callable[[], tuple[str, 
         final_dirs.add(protected.split_dir_inode)
         names.update(p.rpartition("/")[2] for p in protected.paths)
         if not armed["on"]:
+            judges.append(judge_of(Compilers.here(environ), lambda text: reached(text)))  # before any trainer code can change PATH or CXX
             wrap_fork_exec()
             add_hook(hook)  # process-wide and permanent
             armed["on"] = True
@@ -206,7 +275,10 @@ def _make() -> tuple[Callable[[Protected, bool], None], Callable[[], tuple[str, 
         finally:
             stack.pop()
 
-    return install, tripped, window
+    def programs_allowed() -> tuple[str, ...]:
+        return tuple_(allowed)
+
+    return install, tripped, window, programs_allowed
 
 
 def _program(event: str, args: tuple) -> str:
@@ -223,7 +295,7 @@ def _shown(value: object) -> str:
     return " ".join(text.split())[:200]
 
 
-_install, tripped, _window = _make()
+_install, tripped, _window, allowed = _make()
 
 
 def reaches(asked_for: Iterable[str], since: int = 0) -> list[str]:

@@ -249,6 +249,7 @@ class Ended:
     job_id: str = ""
     error_type: str = ""  # failed: the exception's class name
     traceback: str = ""  # failed: the worker's traceback (``parcel-hpc logs`` prints it)
+    programs: tuple[str, ...] = ()  # torch.compile's programs the fence let it start, each with its count ("g++ x14")
 
     def __post_init__(self) -> None:
         how, cause = self.how, self.cause
@@ -372,7 +373,7 @@ _ENUM_FIELDS: Mapping[str, Callable[[Any], Any]] = {
     "outcome": Outcome.parse,
     "fence": FenceLayer,
 }
-_TUPLE_FIELDS = ("exclude_nodes", "with_trials", "devices")
+_TUPLE_FIELDS = ("exclude_nodes", "with_trials", "devices", "programs")
 
 
 def encode_payload(data: Any, *, drop_empty: bool) -> dict:

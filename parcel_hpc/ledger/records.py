@@ -97,6 +97,7 @@ class Attempt:
     error_type: str = ""  # failed: the exception's class name
     outcome: Outcome | None = None  # rejected: the worker's reject:<field>
     device_use: DeviceUse | None = None  # what it used of its GPUs, as its worker read it (None: not recorded)
+    programs: tuple[str, ...] = ()  # torch.compile's programs the fence let it start, each with its count
     said: bool = False  # its own worker said how it ended (``ended``); False: someone else resolved it, or no one yet
     run: Accounted | None = None  # the scheduler's record of the run it ran in, once recorded (job_id, restart_count)
 
@@ -396,6 +397,7 @@ def _fold_ending(f: _Fold, ev: Event, data: Ended, tainted: bool) -> None:
         message=data.message,
         error_type=data.error_type,
         outcome=data.outcome if how is AttemptEnd.REJECTED else None,
+        programs=data.programs,
     )
     if data.step is not None:
         f.step = max(f.step, data.step)

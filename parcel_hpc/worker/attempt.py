@@ -107,6 +107,7 @@ class AttemptRun:
         self.data: TrainingData | None = None
         self.fenced: fence.Armed | None = None  # the fence around this process, once admission armed it
         self.trips_before = len(fence.tripped())  # what earlier trials of the pack tried is theirs
+        self.programs_before = len(fence.allowed())  # and the compiler's programs they started
         self.ended = False
         self.began = False  # its started event is on disk
         self.signals = StepBoundarySignals()  # ``pending`` still holds a signal that arrived after the last step
@@ -409,6 +410,7 @@ class AttemptRun:
     def _end(self, ending: Ended) -> None:
         if not self.ended:
             self._record_device_use()
+            ending = replace(ending, programs=fence.counted(fence.allowed()[self.programs_before :]))
             ended_at = self.ledger.ended(self.attempt, ending).t
             self.ended = True  # only once it is on disk
             if self.reserved:
