@@ -14,6 +14,14 @@ if ! python -c "import torch, sys; sys.exit(torch.__version__ != '$TORCH_CPU+cpu
   python -m pip install -q "torch==$TORCH_CPU+cpu" 2>/dev/null \
     || python -m pip install -q "torch==$TORCH_CPU" --index-url https://download.pytorch.org/whl/cpu
 fi
+# Lightning and Hugging Face for the keep-your-loop examples' tests, installed under a constraint that
+# holds torch at the CPU build (without it pip would swap in PyPI's CUDA torch, gigabytes more).
+if ! python -c "import lightning, transformers, accelerate" 2>/dev/null; then
+  echo "[setup] installing lightning and transformers beside the CPU torch" >&2
+  python -m pip install -q -c <(echo "torch==$TORCH_CPU+cpu") \
+    "lightning==2.6.6" "transformers==5.25.0" "accelerate==1.16.0" 2>&1 | grep -v "is ignored" >&2 || true
+  python -c "import lightning, transformers, accelerate" || { echo "[setup] lightning/transformers install failed" >&2; exit 1; }
+fi
 ruff check .
 ruff format --check .
 vulture  # paths and confidence in pyproject.toml; framework-called names in vulture_allowlist.py
