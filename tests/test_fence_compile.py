@@ -124,26 +124,31 @@ def test_without_landlock_torch_compile_is_refused_saying_why(tmp_path, data_dir
 
 
 ROOT = Path(__file__).resolve().parents[1]
-COMPILED = [
-    "trainer.target=parcel_cnn:CompiledParcelCNN",
-    f"hydra.searchpath=[file://{ROOT / 'examples' / 'parcel_cnn' / 'conf'}]",
-    "space=cnn_compiled",
-    "selection/baseline=cnn_approved",
+COMPILED_LOOP = [
+    "trainer.target=parcel_loop:train_compiled",
+    "~space.params.hidden",
+    "~space.params.l2",
+    "lr=choice(0.003,0.03)",
     "pruner=none",
     "train.steps=6",
 ]
 
 
 @needs_landlock
-def test_a_compiled_cnn_search_completes_under_the_fence(tmp_path, data_dir, inductor_cache):
-    """Two trials of the CNN whose training step is compiled (inductor, C++ on the CPU) run in one
-    fenced worker, after the launch's fenced preflight compiled it too: both complete, held by the
-    kernel layer, and nothing is rejected. The compile cache lives outside the search, made before
-    arming; the trainer's code copy holds nothing of it."""
+def test_a_plain_loop_compiled_by_torch_compile_runs_a_search_under_the_fence(tmp_path, data_dir, inductor_cache):
+    """Two trials of a plain PyTorch loop whose training forward is compiled (examples/parcel_loop,
+    inductor: C++ on the CPU) run in one fenced worker, after the launch's fenced preflight compiled
+    it and checked its resume: both complete, held by the kernel layer, and nothing is rejected. The
+    compile cache lives outside the search, made before arming; the trainer's code copy holds nothing
+    of it."""
     cache = inductor_cache
     overrides = [f"search.root={tmp_path}", "search.revision=compiled", "search.n_trials=2", "hydra.launcher.pack_size=2", "hydra.launcher.parallelism=1"]
     res = launch(
-        [*overrides, *COMPILED], cwd=tmp_path, data_dir=data_dir, env={"PYTHONPATH": str(ROOT / "examples"), "TORCHINDUCTOR_CACHE_DIR": str(cache)}, timeout=900
+        [*overrides, *COMPILED_LOOP],
+        cwd=tmp_path,
+        data_dir=data_dir,
+        env={"PYTHONPATH": str(ROOT / "examples"), "TORCHINDUCTOR_CACHE_DIR": str(cache)},
+        timeout=900,
     )
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     search = SearchDir(tmp_path / "compiled")

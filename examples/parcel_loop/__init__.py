@@ -1,5 +1,6 @@
-"""A plain PyTorch training loop kept as it is, under parcel_hpc's governance (``trainer.target=parcel_loop:train``)."""
+"""A plain PyTorch training loop kept as it is, under parcel_hpc's governance (``trainer.target=parcel_loop:train``;
+``parcel_loop:train_compiled`` is the same loop with its training step compiled by ``torch.compile``)."""
 
-from parcel_loop.loop import train
+from parcel_loop.loop import train, train_compiled
 
-__all__ = ["train"]
+__all__ = ["train", "train_compiled"]

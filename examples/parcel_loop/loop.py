@@ -56,8 +56,24 @@ def load(state: TrainerState, params: Mapping[str, Any], seed: int, data: Traini
     return lambda frames: probabilities(model, frames)
 
 
-@loop(parameters={"lr": Param(float), "width": Param(int, default=8), "batch_size": Param(int, default=32)}, load=load)  # parcel_hpc
+PARAMETERS = {"lr": Param(float), "width": Param(int, default=8), "batch_size": Param(int, default=32)}
+
+
+@loop(parameters=PARAMETERS, load=load)  # parcel_hpc
 def train(run: Run) -> None:
+    fit(run, compiled=False)
+
+
+@loop(parameters=PARAMETERS, load=load)  # parcel_hpc
+def train_compiled(run: Run) -> None:
+    """The same loop with its training forward compiled by ``torch.compile`` (inductor: C++ kernels on
+    the CPU). Every batch has one shape, so it compiles once per process; validation and serving run
+    the module uncompiled. Under the final partition's fence the compiler's programs are allowed and
+    recorded (docs/faults-and-inputs.md, "The final partition's fence")."""
+    fit(run, compiled=True)
+
+
+def fit(run: Run, compiled: bool) -> None:
     parcel_torch.deterministic()
     parcel_torch.seed_everything(run.seed)
     frames = torch.tensor(np.asarray(run.data.train.images))
@@ -65,6 +81,7 @@ def train(run: Run) -> None:
     model = Net(int(run.params["width"]), frames.mean().item(), frames.std().item())
     optimizer = torch.optim.AdamW(model.parameters(), lr=float(run.params["lr"]))
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=run.budget.steps)  # the trial's length, never a second parameter
+    forward = torch.compile(model, dynamic=False) if compiled else model  # shares the module's parameters: the state is the same
     stateful = {"model": model, "optimizer": optimizer, "scheduler": scheduler}
     batch_size = min(int(run.params["batch_size"]), len(labels))
     per_epoch = len(labels) // batch_size
@@ -79,7 +96,7 @@ def train(run: Run) -> None:
         start = parcel_torch.unpack(saved.state, stateful)  # parcel_hpc
     for step in range(start + 1, run.budget.steps + 1):
         idx = batch(step)
-        loss = nn.functional.binary_cross_entropy_with_logits(model(frames[idx]), labels[idx])
+        loss = nn.functional.binary_cross_entropy_with_logits(forward(frames[idx]), labels[idx])
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
