@@ -6,6 +6,7 @@ own) is refused and recorded; without Landlock the compiler is refused too, sayi
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,12 +22,12 @@ needs_landlock = pytest.mark.skipif(kernel.abi() < kernel.MIN_ABI, reason="this 
 
 UNSEEN = "(what a program opens is out of the fence's record)"
 PROBE = r"""
-import json, os, subprocess, sys, tempfile
+import json, os, shutil, subprocess, sys, tempfile
 from pathlib import Path
 from parcel_hpc import fence, fsio
 from parcel_hpc.fence import audit
 
-split, snapshot, layer, fake = sys.argv[1:5]
+split, snapshot, layer, fake, root = sys.argv[1:6]
 final = os.path.join(os.path.dirname(split), "final-group_r8.json")
 protected = fence.Protected.of(split, snapshot)
 if layer == "audit":
@@ -58,6 +59,10 @@ if layer == "kernel":
     tried("g++ naming the final list", lambda: subprocess.run(["g++", "-x", "c++", "-E", final], capture_output=True).returncode)
     tried("g++ told to run a program", lambda: subprocess.run(["g++", "-wrapper", f"{fake}/g++,", "--version"], capture_output=True).returncode)
     tried("python with a script of its own", lambda: subprocess.run([sys.executable, "-c", f"print(open({final!r}).read())"], capture_output=True).stdout)
+    gxx = shutil.which("g++")
+    tried("g++ with a preexec_fn", lambda: subprocess.run([gxx, "--version"], preexec_fn=lambda: None, capture_output=True).returncode)
+    # gcc finds its own programs from argv[0]: a folder of the trainer's named there must not choose them.
+    tried("g++ named from a folder of its own", lambda: subprocess.run([f"{root}/bin/g++", "-print-prog-name=cc1plus"], executable=gxx, capture_output=True, text=True).stdout.strip())
     inductor.cpp.cxx = (None, f"{fake}/g++")  # what CXX set before torch's import does
     tried("compile with cpp.cxx a script", lambda: compiled(3.0))
     inductor.cpp.cxx = (None, "g++")
@@ -82,7 +87,14 @@ def _probe(layer: str, data_dir: Path, tmp_path: Path, cache: Path) -> tuple[dic
     (fake / "g++").chmod(0o755)
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache)}
     env.pop("CXX", None)
-    args = [sys.executable, "-c", PROBE, str(data_dir / "split-group_r8.json"), str(data_dir / "parcels.h5"), layer, str(fake)]
+    root = fake / "root"  # a gcc install of the trainer's: bin/g++ and the cc1plus beside it that gcc would run
+    triple, version = (subprocess.run(["g++", f"-dump{what}"], capture_output=True, text=True).stdout.strip() for what in ("machine", "version"))
+    libexec = root / "lib" / "gcc" / triple / version
+    libexec.mkdir(parents=True)
+    (root / "bin").mkdir()
+    (libexec / "cc1plus").write_text(f"#!/bin/sh\ncat {final}\n")
+    (libexec / "cc1plus").chmod(0o755)
+    args = [sys.executable, "-c", PROBE, str(data_dir / "split-group_r8.json"), str(data_dir / "parcels.h5"), layer, str(fake), str(root)]
     probe = subprocess.run(args, capture_output=True, text=True, timeout=600, env=env)
     assert probe.returncode == 0, probe.stderr[-3000:]
     answer = json.loads(probe.stdout.splitlines()[-1])
@@ -100,8 +112,11 @@ def test_torch_compile_runs_under_the_kernel_layer_and_what_trainer_code_steers_
     assert tried["compile threads"] == 1  # in the process: with Triton installed, more would start a pool of Python workers
     allowed = tried["allowed"]
     assert "g++" in allowed and all(a in ("g++", "openssl", "python (inductor's ISA probe)") for a in allowed), allowed
-    for way in ("cat", "g++ naming the final list", "g++ told to run a program", "python with a script of its own"):
+    for way in ("cat", "g++ naming the final list", "g++ told to run a program", "python with a script of its own", "g++ with a preexec_fn"):
         assert tried[way] == "refused PermissionError", (way, tried)
+    # It ran, as the compiler named by its own path: the cc1plus it would use is the system's, not the folder's.
+    way = tried["g++ named from a folder of its own"]
+    assert way.startswith("ran /") and "cc1plus" in way and str(tmp_path) not in way, way
     for way in ("compile with cpp.cxx a script", "compile with a g++ first on PATH"):
         assert tried[way].startswith("refused "), (way, tried)  # inductor says the compiler failed; the fence's record says why
     final = data_dir / "final-group_r8.json"
@@ -110,8 +125,9 @@ def test_torch_compile_runs_under_the_kernel_layer_and_what_trainer_code_steers_
     assert f"an argument names {final}" in recorded[1]
     assert "the argument '-wrapper' hands the compiler a program" in recorded[2]
     assert "its script is not inductor's ISA probe" in recorded[3]
+    assert recorded[4] == f"started the program {shutil.which('g++')} {UNSEEN}", recorded  # with a preexec_fn: never judged a compiler's
     # inductor's own `g++ --version` meets the fake first each time: the script named, then the g++ that PATH now finds.
-    assert recorded[4:] == [f"started the program {fake} {UNSEEN}", f"started the program g++ {UNSEEN}"], recorded[4:]
+    assert recorded[5:] == [f"started the program {fake} {UNSEEN}", f"started the program g++ {UNSEEN}"], recorded[5:]
 
 
 def test_without_landlock_torch_compile_is_refused_saying_why(tmp_path, data_dir, inductor_cache):
@@ -214,7 +230,14 @@ def test_one_start_is_judged_by_the_file_it_runs_its_arguments_and_what_chooses_
         assert said([gxx, option]).startswith(f"the argument {option!r} hands the compiler"), option
     assert said([gxx, "--version"], env={"PATH": f"/tmp:{path}"}).startswith("PATH is not what it was when the fence was armed")
     assert said([gxx, "--version"], env={**env, "GCC_EXEC_PREFIX": "/tmp/"}).startswith("GCC_EXEC_PREFIX is not what it was")
+    for steer in ("CCC_OVERRIDE_OPTIONS", "LD_PRELOAD", "LD_AUDIT", "GCC_COMPARE_DEBUG"):  # an option, a library, a second run put in by the environment
+        assert said([gxx, "--version"], env={**env, steer: "/tmp/x.so"}).startswith(f"{steer} is not what it was"), steer
     assert said([python, "-c", PROBE_SCRIPT]) == ""
+    assert said([python, "-c", PROBE_SCRIPT], env={**env, "PYTHONPATH": "/tmp"}).startswith("PYTHONPATH is not what it was")  # a sitecustomize of its choosing
+    library = tmp_path / "final-r8.so"  # a protected file the probe's one load names
+    library.write_bytes(b"")
+    judge_library = compiler.judge_of(found, lambda text: str(library) if os.path.exists(text) and os.path.samefile(text, library) else "")
+    assert judge_library([python, "-c", PROBE_SCRIPT.replace("/cache/th/k.so", str(library))], [python], env, None).problem == f"its script loads {library}"
     assert said([python, "-c", PROBE_SCRIPT.replace("/cache/th/k.so", str(secret))]).startswith("its script is not inductor's ISA probe")
     assert said([python, "-c", "import os"]) == "its script is not inductor's ISA probe"
     assert said([python, "-c", PROBE_SCRIPT + PROBE_SCRIPT.split("\n")[-2]]) == "its script is not inductor's ISA probe"

@@ -2,13 +2,15 @@
 checked at the launch for every trainer form: a drifting trainer is refused in one line, exit 2,
 before anything is frozen, naming where the runs part and the likely missing piece."""
 
+import time
 from collections.abc import Mapping
 
 import numpy as np
 import pytest
 
 from parcel_hpc.testing import launch
-from parcel_hpc.trainer import Budget, Due, Restored, Stop, StopTraining, TrainerState
+from parcel_hpc.trainer import Budget, Due, Param, Restored, Stop, StopTraining, TrainerState
+from parcel_hpc.trainer import loop as trainer_loop
 from parcel_hpc.trainer.data import Examples, TrainingData
 from parcel_hpc.trainer.params import with_defaults
 from parcel_hpc.trainer.preflight import few_examples
@@ -67,6 +69,21 @@ def test_the_schedulers_flag_is_read_at_the_next_step_which_is_saved_before_the_
     run = Recorded(Budget(steps=10, milestones=(4,), every=3), signal_at=5)
     assert loop(run) == 5
     assert run.saves == [3, 5] and run.validated == [4] and run.stop is Stop.REQUEUE
+
+
+@pytest.mark.parametrize("prune_at", [0, 4])
+def test_a_signal_read_at_a_milestone_saves_then_hands_the_milestone_which_may_still_prune(prune_at):
+    """No milestone is lost to a requeue: the step the flag is read at is saved, its milestone scored
+    and decided; a prune there ends the trial instead of the requeue."""
+    run = Recorded(Budget(steps=10, milestones=(4,), every=3), signal_at=4, prune_at=prune_at)
+    assert loop(run) == 4
+    assert run.saves == [3, 4] and run.validated == [4]
+    assert run.stop is (Stop.PRUNED if prune_at else Stop.REQUEUE)
+
+
+def test_a_signal_read_at_the_last_step_comes_with_the_result():
+    run = Recorded(Budget(steps=10, milestones=(4,), every=3), signal_at=10)
+    assert loop(run) == 10 and run.validated == [4, 10] and run.stop is Stop.REQUEUE and run.done
 
 
 def test_a_pruned_loop_returns_and_cannot_go_on():
@@ -134,6 +151,28 @@ def test_the_resume_check_names_where_a_resumed_run_parts_and_the_likely_missing
     if likely:
         assert found.detail.startswith("a resumed run parts from the uninterrupted one at step ") and "(largest difference " in found.detail
         assert f"state keys that differ at step {2 * K}: {keys}" in found.detail and likely in found.detail.partition("; likely: ")[2], found.detail
+
+
+def _timed(run: Run) -> None:
+    """A loop that resumes exactly but reports a metric of its own no two runs share (a step's time)."""
+    w, start = 0.0, 0
+    if (saved := run.restore()) is not None:
+        w, start = float(saved.state.arrays["w"][0]), saved.step
+    for step in range(start + 1, run.budget.steps + 1):
+        w += float(run.params["lr"])
+        due = run.stepped(step, {"seconds": time.perf_counter()})
+        if due.checkpoint:
+            run.save(TrainerState({"w": np.array([w])}))
+        if due.validate:
+            run.validate(np.full(len(run.data.validation), 1.0 / (1.0 + np.exp(-w))))
+        if run.should_stop:
+            return
+
+
+def test_exact_resume_is_judged_on_the_validation_not_on_a_loops_own_metrics(small_data):
+    timed = trainer_loop(parameters={"lr": Param(float)}, load=lambda state, params, seed, data: lambda images: np.zeros(len(images)))(_timed)
+    found = check_resume(timed, {"lr": 0.1}, 0, small_data)
+    assert found.exact and found.largest == 0.0, found.detail
 
 
 def test_the_issues_trainer_without_its_scheduler_is_refused_at_the_launch(tmp_path, data_dir):

@@ -73,7 +73,7 @@ def _make() -> tuple[Callable[[Protected, bool], None], Callable[[], tuple[str, 
     str_: Any = str
     bytes_: Any = bytes
     type_: Any = type
-    int_, list_, tuple_, isinstance_, len_ = int, list, tuple, isinstance, len
+    int_, list_, tuple_, isinstance_, len_, callable_, any_ = int, list, tuple, isinstance, len, callable, any
     permission_error, os_error, value_error, cannot_judge = PermissionError, OSError, ValueError, _CannotJudge
     type_error, index_error = TypeError, IndexError
     encoding, errors, no_follow = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors(), posix.O_NOFOLLOW
@@ -237,11 +237,15 @@ def _make() -> tuple[Callable[[Protected, bool], None], Callable[[], tuple[str, 
         def fork_exec(*args: Any) -> Any:
             if armed["on"]:
                 argv = args[0] if args and isinstance_(args[0], (list_, tuple_)) and args[0] else [b"?"]
-                judged = program(shown(argv[0]), (lambda: fork_exec_start(args)) if len_(args) > 5 else None, runs=True)
+                # A preexec_fn is Python run in the child before its exec, where this process's record cannot see it: never judged a compiler's.
+                judgeable = len_(args) > 5 and not any_(callable_(a) for a in args[6:])
+                judged = program(shown(argv[0]), (lambda: fork_exec_start(args)) if judgeable else None, runs=True)
                 if judged is not None:
-                    # One of torch.compile's: it runs the very file judged, with the very environment judged.
+                    # One of torch.compile's: it runs the very file judged, named by it (gcc finds its own programs from
+                    # argv[0], Python its prefix), with the very environment judged.
                     found, (_, _, env, _) = judged
-                    args = (args[0], (encode(found.path),), *args[2:5], [encode(f"{k}={v}") for k, v in env.items()], *args[6:])
+                    run_argv = (encode(found.path), *args[0][1:])
+                    args = (run_argv, (encode(found.path),), *args[2:5], [encode(f"{k}={v}") for k, v in env.items()], *args[6:])
             return original(*args)
 
         _posixsubprocess.fork_exec = fork_exec

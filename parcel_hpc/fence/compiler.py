@@ -39,7 +39,21 @@ from parcel_hpc.fence.protected import Inode, inode_of
 
 COMPILER_NAMES = ("g++", "c++", "gcc", "cc", "clang++", "clang")  # inductor's $CXX default, and what a conda gcc is named
 HELPER_NAMES = ("openssl",)  # inductor checksums a precompiled header with `openssl sha512`
-CHOOSERS = ("PATH", "GCC_EXEC_PREFIX", "COMPILER_PATH")  # which programs a compiler runs in turn
+# What chooses the programs a compiler runs in turn (PATH, gcc's and clang's own variables) and what the
+# dynamic loader or the probe's Python loads into them: each must be as it was at arming.
+CHOOSERS = (
+    "PATH",
+    "GCC_EXEC_PREFIX",
+    "COMPILER_PATH",
+    "GCC_COMPARE_DEBUG",
+    "CCC_OVERRIDE_OPTIONS",
+    "LD_PRELOAD",
+    "LD_LIBRARY_PATH",
+    "LD_AUDIT",
+    "PYTHONPATH",
+    "PYTHONHOME",
+    "PYTHONUSERBASE",
+)
 # Options that hand a compiler a program or arguments from a file: the start's argv no longer says what runs.
 STEERING = ("-B", "-wrapper", "-specs", "--specs", "-fuse-ld", "--ld-path", "@")
 PLUGIN = "plugin"  # in any argument: gcc's -fplugin and -iplugindir, the linker's -plugin through -Wl, or -Xlinker
@@ -136,14 +150,13 @@ def judge_of(compilers: Compilers, reached: Callable[[str], str]) -> Judge:
         path, inode = runs(candidates)
         if inode is None:
             return verdict(path, None)
-        if inode == python:
-            problem = probe_problem(argv, cwd)
-            return verdict(path, problem, "python (inductor's ISA probe)")
-        if inode not in programs:
+        if inode != python and inode not in programs:
             return verdict(path, None)
         for key, value in choosers:
             if env.get(key) != value:
-                return verdict(path, f"{key} is not what it was when the fence was armed, and it chooses the programs a compiler runs")
+                return verdict(path, f"{key} is not what it was when the fence was armed, and it chooses what a compiler runs or loads")
+        if inode == python:
+            return verdict(path, probe_problem(argv, cwd), "python (inductor's ISA probe)")
         for arg in argv[1:]:
             if arg.startswith(steering) or plugin in arg:
                 return verdict(path, f"the argument {arg[:80]!r} hands the compiler a program or arguments the fence cannot judge")

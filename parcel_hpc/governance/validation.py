@@ -242,7 +242,9 @@ NUMBERS: dict[str, Range] = {
     "train.steps": _whole(1, MAX_STEPS, "training steps per trial"),
     "train.seed": _whole(0, MAX_SEED, "the initialisation and batching seed"),
     "train.step_seconds": _real(0, 3600, "minimum seconds per step; 0 trains at full speed"),
-    "train.resume_tolerance": _real(0, 1, "the largest difference a resumed run may show against an uninterrupted one", nullable=True),
+    "train.resume_tolerance": _real(
+        0, 1, "the largest difference in validation probabilities a resumed run may show against an uninterrupted one", nullable=True
+    ),
     "preprocessing.pool": _whole(1, 1024, "pixels per side averaged into one feature"),
     "metric.miss_cost": _real(0, 1e12, "the cost of one missed damaged parcel", above=True),
     "metric.review_cost": _real(0, 1e12, "the cost of one needless review", above=True),

@@ -22,7 +22,7 @@ import numpy as np
 from parcel_hpc.trainer.base import Trainer, TrainerState
 from parcel_hpc.trainer.data import TrainingData
 from parcel_hpc.trainer.params import Param
-from parcel_hpc.trainer.run import LoopError, Run, drive
+from parcel_hpc.trainer.run import LoopError, Run, StopTraining, drive
 
 Predictor = Callable[[np.ndarray], Any]
 Loader = Callable[[TrainerState, Mapping[str, Any], int, TrainingData], Predictor]
@@ -85,9 +85,12 @@ def loop(*, parameters: Mapping[str, Param], load: Loader, unit: str = "step") -
 def run_loop(trainer: Trainer, run: Run) -> None:
     """Train ``trainer`` (built) with ``run``: its own loop, or the toolkit's. A function-form trainer
     then holds the last state its loop saved (what selection scores and releases)."""
-    if isinstance(trainer, FunctionTrainer):
-        type(trainer).function(run)
-        if run.last_saved is not None:
-            trainer.load_state(run.last_saved)
-    else:
-        drive(trainer, run)
+    try:
+        if isinstance(trainer, FunctionTrainer):
+            type(trainer).function(run)
+        else:
+            drive(trainer, run)
+    except StopTraining:
+        pass  # the loop called its run again after a stop: the stop is on the run
+    if isinstance(trainer, FunctionTrainer) and run.last_saved is not None:
+        trainer.load_state(run.last_saved)

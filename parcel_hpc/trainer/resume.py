@@ -107,7 +107,7 @@ class ProbeRun(Run):
 @dataclass(frozen=True)
 class ResumeFinding:
     exact: bool
-    largest: float  # the largest difference between the resumed run and the uninterrupted one (0.0: exact)
+    largest: float  # the largest difference in validation probabilities between the resumed run and the uninterrupted one (0.0: exact)
     detail: str  # what differs first and the likely missing piece ("" when exact)
     unread: tuple[str, ...] = ()  # declared parameters the trainer never read
 
@@ -123,16 +123,18 @@ def check_resume(make: Callable[[], Trainer], params: Mapping[str, Any], seed: i
             return ResumeFinding(False, np.inf, f"its loop saved no state at step {k} where run.stepped said a checkpoint is due")
         restored = Restored(k, cut.saved[k])
         resumed = probe(make, params, seed, data, k, process=3, restored=restored)
-        parted = _parting(whole, resumed, k)
-        if parted is None:
+        gap = _validation_gap(whole, resumed, 2 * k)
+        if gap is None:
             return ResumeFinding(True, 0.0, "", tuple(read.unread()))
         again = probe(make, params, seed, data, k, process=4)
-        likely = _likely(make, params, seed, data, k, whole, again, resumed, restored, cut.rngs_at.get(k))
-        where, largest = parted
         keys = _changed_keys(whole.saved.get(2 * k), resumed.saved.get(2 * k))
+        likely = _likely(make, params, seed, data, k, whole, again, keys, restored, cut.rngs_at.get(k))
         shown = ", ".join(keys[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "") if keys else "none"
-        detail = f"a resumed run parts from the uninterrupted one {where} (largest difference {largest:.3g}); state keys that differ at step {2 * k}: {shown}; likely: {likely}"
-        return ResumeFinding(False, largest, detail, tuple(read.unread()))
+        detail = (
+            f"a resumed run parts from the uninterrupted one {_parting(whole, resumed, again, k)} (largest difference in the validation "
+            f"probabilities at step {2 * k}: {gap:.3g}); state keys that differ at step {2 * k}: {shown}; likely: {likely}"
+        )
+        return ResumeFinding(False, gap, detail, tuple(read.unread()))
     finally:
         rng.restore(*callers)
 
@@ -147,19 +149,28 @@ def probe(make: Callable[[], Trainer], params: Mapping[str, Any], seed: int, dat
     return probe
 
 
-def _parting(whole: ProbeRun, resumed: ProbeRun, k: int, start: int | None = None) -> tuple[str, float] | None:
-    """Where the resumed run (from ``start``, default k) first differs from the uninterrupted one, and by how much (None: nowhere)."""
-    for step in range((k if start is None else start) + 1, 2 * k + 1):
-        a, b = whole.metrics.get(step, {}), resumed.metrics.get(step, {})
-        if a != b:
-            gaps = [abs(a[n] - b[n]) for n in a.keys() & b.keys()] or [np.inf]
-            return f"at step {step} (its metrics {_shown(a)} against {_shown(b)})", float(max(gaps))
-    va, vb = whole.validations.get(2 * k), resumed.validations.get(2 * k)
+def _validation_gap(a: ProbeRun, b: ProbeRun, step: int) -> float | None:
+    """The largest difference between two runs' validation probabilities at ``step`` (None: bit-equal;
+    inf: one did not hand them). Exactness is judged here alone: a loop's own metrics (a step's time,
+    its memory) may differ between runs that train identically."""
+    va, vb = a.validations.get(step), b.validations.get(step)
     if va is None or vb is None or va.shape != vb.shape:
-        return f"at step {2 * k}: the validation was not handed in both", float(np.inf)
-    if not np.array_equal(va, vb):
-        return f"at the validation of step {2 * k}", float(np.max(np.abs(va - vb)))
-    return None
+        return float(np.inf)
+    return None if np.array_equal(va, vb) else float(np.max(np.abs(va - vb)))
+
+
+def _parting(whole: ProbeRun, resumed: ProbeRun, again: ProbeRun, k: int) -> str:
+    """Where the resumed run first differs from the uninterrupted one: the first step after k at which
+    a metric two uninterrupted runs agree on differs; else (an unseeded run agrees on none) the first at
+    which any metric differs; else the validation itself."""
+    steps = range(k + 1, 2 * k + 1)
+    for steady_only in (True, False):
+        for step in steps:
+            a, b, c = whole.metrics.get(step, {}), resumed.metrics.get(step, {}), again.metrics.get(step, {})
+            names = {n for n in a.keys() & c.keys() if a[n] == c[n]} if steady_only else set(a) | set(b)
+            if any(a.get(n) != b.get(n) for n in names):
+                return f"at step {step} (its metrics {_shown({n: a[n] for n in names if n in a})} against {_shown({n: b[n] for n in names if n in b})})"
+    return f"at the validation of step {2 * k}"
 
 
 def _likely(
@@ -170,23 +181,22 @@ def _likely(
     k: int,
     whole: ProbeRun,
     again: ProbeRun,
-    resumed: ProbeRun,
+    keys: list[str],
     restored: Restored,
     rngs_at_save: tuple[rng.Arrays, rng.Scalars] | None,
 ) -> str:
     """The piece the state most likely leaves out, in words with the fix."""
-    if _parting(whole, again, k, start=0) is not None:
+    if _validation_gap(whole, again, k) is not None or _validation_gap(whole, again, 2 * k) is not None:
         return (
             "an unseeded generator: two uninterrupted runs with one seed already differ (a data-loader's shuffle or an initialisation "
             "drawn without run.seed); give the DataLoader a torch.Generator seeded from the seed, and save it"
         )
-    keys = _changed_keys(whole.saved.get(2 * k), resumed.saved.get(2 * k))
     if any(word in key.lower() for key in keys for word in _LR_WORDS):
         return "the LR scheduler: the learning rate differs after the resume; save scheduler.state_dict() with the state (parcel_hpc.trainer.torch.pack)"
     if rngs_at_save is not None:
         for generator in rng.process_rngs():
             tried = probe(make, params, seed, data, k, process=5, restored=restored, put_back=(generator, rngs_at_save))
-            if _parting(whole, tried, k) is None:
+            if _validation_gap(whole, tried, 2 * k) is None:
                 return f"{generator.words}: the state leaves it out; save it (parcel_hpc.trainer.torch.pack saves every process-wide generator)"
     names = [n.lower() for n in restored.state.arrays] + [n.lower() for n in _flat(restored.state.scalars)]
     if not any(word in name for name in names for word in _OPTIMIZER_WORDS):

@@ -122,6 +122,7 @@ class Run(ABC):
         self.step = 0  # the last step the loop told of
         self.stop: Stop | None = None
         self.last_saved: TrainerState | None = None
+        self.saved_step = 0  # the step the last save followed
         self.value = math.nan  # the last validation value
         self.validated_step = 0  # the step it was handed at
         self._metrics: dict[str, float] = {}
@@ -144,8 +145,11 @@ class Run(ABC):
         self._metrics = finite_metrics(metrics or {}, step)
         self.step = step
         self.stop = self._stepped(step)
-        if self.stop is not None:  # nothing is due after a stop but the save it makes due (a requeue's)
-            return Due(checkpoint=self.stop.saves_first, validate=False)
+        if self.stop is not None:
+            # A stop that saves first (a requeue) still hands the milestone due at its step: it is scored and
+            # decided before the loop leaves, so no milestone is lost to a signal; any other stop asks nothing more.
+            first = self.stop.saves_first
+            return Due(checkpoint=first, validate=first and self.budget.is_milestone(step))
         return Due(checkpoint=self.budget.checkpoint_due(step), validate=self.budget.is_milestone(step))
 
     def save(self, state: TrainerState) -> None:
@@ -158,7 +162,7 @@ class Run(ABC):
             raise UnsavableState(f"the state saved is a {type(state).__name__}; return (or run.save) a parcel_hpc.trainer.TrainerState(arrays, scalars)")
         state = state.checked()
         self._save(self.step, state)
-        self.last_saved = state
+        self.last_saved, self.saved_step = state, self.step
 
     @contextmanager
     def checkpoint_dir(self, state: TrainerState | None = None) -> Iterator[Path]:
@@ -172,16 +176,23 @@ class Run(ABC):
     def validate(self, probabilities: Any) -> float:
         """The validation probabilities at a milestone (one per validation example): scored with the
         contract's pinned metric, recorded; may set ``should_stop`` (pruned, cancelled)."""
-        self._open()
+        if self.stop is not None and not self.stop.saves_first:
+            raise StopTraining(self.stop)
         scores = checked_probabilities(probabilities, len(self.data.validation), "validation", self.step)
         self.value, self.validated_step = float(self._score(scores)), self.step
-        self.stop = self._validated(self.step, self.value, self.step == self.budget.steps, self._metrics)
+        decided = self._validated(self.step, self.value, self.step == self.budget.steps, self._metrics)
+        self.stop = decided if decided is not None else self.stop  # a prune or a cancel overrides a requeue
         return self.value
 
     @property
     def should_stop(self) -> bool:
         """Return from the loop now (after saving, where ``stepped`` said a checkpoint is due)."""
         return self.stop is not None
+
+    @property
+    def done(self) -> bool:
+        """The loop handed the last step's validation: the trial's result is whole, whatever stop came with it."""
+        return self.validated_step == self.budget.steps
 
     # --- what a run does with it --------------------------------------------------------------
     def _open(self) -> None:

@@ -307,15 +307,15 @@ class AttemptRun:
         calls = LoopCallbacks(self._restore, self._stepped, self._save, self._validated)
         while True:
             run = train(self.plan, trainer, data, calls, step_hooks())
-            if run.stop is not Stop.REQUEUE:
-                break
+            if run.stop is not Stop.REQUEUE or run.done:
+                break  # a requeue read at the last step came with its result: the trial is complete
             if self.timed_out:
                 raise AttemptTimeLimit()  # the loop saved its whole state at the step it stopped at
             held.deliver()  # submitit's checkpoint: it records the interruption, requeues and ends the process
             if self.ended:
                 raise StopAttempt("interrupted")
             # The handler let the attempt go on (no scheduler behind it): resume from the checkpoint just saved.
-        if run.stop is not None:
+        if run.stop is not None and not (run.stop is Stop.REQUEUE and run.done):
             raise StopAttempt(run.stop.value)  # its ending is on disk already
         return run.step, run.value
 

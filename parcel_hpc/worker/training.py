@@ -24,7 +24,7 @@ from parcel_hpc.governance.metric import MissCost
 from parcel_hpc.trainer import Trainer, TrainerState, TrainingData, build_params
 from parcel_hpc.trainer.data import Budget
 from parcel_hpc.trainer.function import run_loop
-from parcel_hpc.trainer.run import LoopError, Restored, Run, Stop, StopTraining
+from parcel_hpc.trainer.run import LoopError, Restored, Run, Stop
 from parcel_hpc.worker.plan import WorkerPlan
 
 STEP_HOOK_ENV = "PARCEL_HPC_STEP_HOOK"  # "package.module:function", called as f(params, step) after each step
@@ -92,10 +92,11 @@ def train(plan: WorkerPlan, trainer: Trainer, data: TrainingData, calls: LoopCal
     """Run ``trainer``'s loop (built) to ``plan.steps`` or a stop; the run, with its last step, value and stop.
     A loop that returns early without being told to, or never hands the last step's validation, broke the protocol."""
     run = LoopRun(plan, trainer, data, calls, hooks)
-    try:
-        run_loop(trainer, run)
-    except StopTraining:
-        pass  # the loop called its run again after a stop: the stop is on the run, its ending already recorded
+    run_loop(trainer, run)
+    if run.stop is not None and run.stop.saves_first and run.saved_step != run.step and not run.done:
+        raise LoopError(
+            f"the loop returned at the scheduler's signal after step {run.step} without saving it; call run.save (or run.checkpoint_dir) when run.stepped says a checkpoint is due"
+        )
     if run.stop is None and run.step < plan.steps:
         raise LoopError(f"the loop returned after step {run.step} of {plan.steps} without being told to stop; run every step of run.budget.steps")
     if run.stop is None and run.validated_step != plan.steps:
