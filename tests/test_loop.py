@@ -8,12 +8,13 @@ from collections.abc import Mapping
 import numpy as np
 import pytest
 
+from parcel_hpc.errors import UsageError
 from parcel_hpc.testing import launch
 from parcel_hpc.trainer import Budget, Due, Param, Restored, Stop, StopTraining, TrainerState
 from parcel_hpc.trainer import loop as trainer_loop
 from parcel_hpc.trainer.data import Examples, TrainingData
 from parcel_hpc.trainer.params import with_defaults
-from parcel_hpc.trainer.preflight import few_examples
+from parcel_hpc.trainer.preflight import few_examples, preflight
 from parcel_hpc.trainer.resume import K, check_resume
 from parcel_hpc.trainer.run import LoopError, Run
 
@@ -173,6 +174,40 @@ def test_exact_resume_is_judged_on_the_validation_not_on_a_loops_own_metrics(sma
     timed = trainer_loop(parameters={"lr": Param(float)}, load=lambda state, params, seed, data: lambda images: np.zeros(len(images)))(_timed)
     found = check_resume(timed, {"lr": 0.1}, 0, small_data)
     assert found.exact and found.largest == 0.0, found.detail
+
+
+@pytest.mark.parametrize(
+    "name, likely",
+    [
+        ("LeavesOutScheduler", "the LR scheduler"),
+        ("loop_leaves_out_scheduler", "the LR scheduler"),  # the function form: its own loop's save
+        ("UnseededDataOrder", "an unseeded generator"),
+        ("LibraryRNG", "a library RNG without a getter"),
+    ],
+)
+def test_the_launch_s_preflight_refuses_each_drifting_trainer_in_one_line_naming_the_likely_missing_piece(small_data, name, likely):
+    """What the launch runs before anything is frozen (``preflight``: its UsageError is the one line,
+    exit 2; the scheduler-less one is launched for real below)."""
+    torch_trainers = pytest.importorskip("parcel_hpc.testing.torch_trainers")
+    cls = getattr(torch_trainers, name)
+    target = f"parcel_hpc.testing.torch_trainers:{name}"
+    with pytest.raises(UsageError) as refused:
+        preflight(cls, target, cls.parameters, [("the space's low corner", {"lr": 0.05})], 0, small_data)
+    line = str(refused.value)
+    assert "\n" not in line and line.startswith(f"preflight: {target} does not resume exactly with the space's low corner {{"), line
+    assert likely in line.partition("; likely: ")[2] and line.endswith("a preempted trial would end with another metric than an uninterrupted one")
+
+
+def test_a_library_rng_without_a_getter_passes_only_within_a_declared_tolerance(small_data):
+    """Exact resume is impossible for it: a declared train.resume_tolerance above its drift admits it
+    (its resumed trials then marked within_tolerance), one below is refused naming the tolerance."""
+    torch_trainers = pytest.importorskip("parcel_hpc.testing.torch_trainers")
+    cls, target, corner = torch_trainers.LibraryRNG, "parcel_hpc.testing.torch_trainers:LibraryRNG", [("the space's low corner", {"lr": 0.05})]
+    drift = check_resume(cls, with_defaults(cls.parameters, {"lr": 0.05}), 0, small_data).largest
+    assert drift > 0
+    preflight(cls, target, cls.parameters, corner, 0, small_data, tolerance=drift * 2)
+    with pytest.raises(UsageError, match=rf"does not resume exactly beyond train.resume_tolerance={drift / 2:g} "):
+        preflight(cls, target, cls.parameters, corner, 0, small_data, tolerance=drift / 2)
 
 
 def test_the_issues_trainer_without_its_scheduler_is_refused_at_the_launch(tmp_path, data_dir):

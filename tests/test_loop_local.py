@@ -3,7 +3,9 @@
 from its saved state through its ``load``), and a trial signalled mid-run saves at the next step its
 loop tells the run of and resumes to exactly the uninterrupted metric."""
 
+import csv
 import functools
+import io
 import json
 import shutil
 from pathlib import Path
@@ -54,6 +56,23 @@ def test_a_search_with_a_loop_of_its_own_prunes_and_completes(loop_search, unint
         assert milestones[0].step == 82 and set(milestones[0].train) == {"loss", "lr"}  # the loop's own metrics ride along
         if r.state.value == "completed":
             assert r.metric == uninterrupted(r.spec.params) and r.metric_resume is MetricResume.UNINTERRUPTED
+
+
+def test_the_loop_s_own_metrics_are_shown_in_status_and_export_beside_the_metric_that_decides(loop_search):
+    """What the loop hands ``run.stepped`` (loss, lr) at the last step it was validated: in status's
+    JSON and table and in export's ``train_<name>`` columns; the pinned miss-cost alone pruned and ranks."""
+    search = loop_search["search"]
+    records = {r.trial_id: r for r in SearchDir(search).records()}
+    shown = json.loads(parcel_hpc(["status", str(search), "--json"]).stdout)["trials"]
+    assert {t["trial_id"]: t["train_metrics"] for t in shown} == {tid: dict(r.train_metrics) for tid, r in records.items()}
+    assert all(set(r.train_metrics) == {"loss", "lr"} for r in records.values())
+    table = parcel_hpc(["status", str(search)], env={"COLUMNS": "400"}).stdout
+    assert "own metrics" in table and all(f"loss={r.train_metrics['loss']:.4g}" in table for r in records.values()), table
+    rows = {row["trial_id"]: row for row in csv.DictReader(io.StringIO(parcel_hpc(["export", str(search)]).stdout))}
+    assert list(rows[next(iter(rows))])[-2:] == ["train_loss", "train_lr"]  # last: they inform, the columns before decide
+    for tid, r in records.items():
+        assert float(rows[tid]["train_loss"]) == r.train_metrics["loss"] and float(rows[tid]["train_lr"]) == r.train_metrics["lr"]
+        assert rows[tid]["metric_resume"] == r.metric_resume.value
 
 
 def test_a_loop_of_its_own_is_selected_evaluated_once_and_released_serving_from_its_state(loop_search, artifacts):

@@ -25,9 +25,10 @@ from parcel_hpc.data import load_partition, read_split
 from parcel_hpc.errors import UsageError
 from parcel_hpc.governance.release_target import ReleaseTarget, shown
 from parcel_hpc.integrations.mlflow.runs import ENDED_STATUSES, RUN_STATUS
-from parcel_hpc.ledger import TrialState
+from parcel_hpc.ledger import MetricResume, SearchDir, TrialState
 from parcel_hpc.release import load_release
 from parcel_hpc.testing import decide_every_hold, launch, parcel_hpc
+from parcel_hpc.testing.runs import resumed_within_tolerance
 
 pytestmark = pytest.mark.xdist_group("mlflow")  # one server and one search for the module's tests
 MODEL = "parcel-damage-test"
@@ -119,6 +120,8 @@ def test_the_registry_takes_one_version_per_released_selection(story):
     for g in packet["gates"]:  # each check's rule with the contract's numbers, what it found, what lifts its hold
         assert [tags[f"parcel.check.{g['gate']}.{part}"] for part in ("rule", "found", "lift")] == [g["rule"], g["found"], g["lift"]]
     assert tags["parcel.trial_id"] == packet["selection"]["trial_id"] and tags["parcel.selection"] == str(packet["selection"]["number"])
+    winner = SearchDir(search).record(packet["selection"]["trial_id"])
+    assert tags["parcel.metric_resume"] == winner.metric_resume.value == packet["lineage"]["how_it_ended"]["metric_resume"]  # as its record says
     if held:
         assert tags["parcel.decision.1.by"] == "Dana Reviewer" and tags["parcel.decision.1.lifted"] == sel.stdout.splitlines()[0]
     else:
@@ -221,6 +224,10 @@ def test_export_writes_one_run_per_trial_under_one_per_search_and_again_adds_not
         assert run.data.params == {k: str(v) for k, v in spec["params"].items()}
         history = mlflow.get_metric_history(run.info.run_id, "val_miss_cost")
         assert history and [m.step for m in history] == sorted(m.step for m in history)
+        assert run.data.tags["parcel.metric_resume"] == row["metric_resume"]
+        # the trainer's own loss at each validated step, beside the pinned metric; its last is status's
+        losses = mlflow.get_metric_history(run.info.run_id, "train/loss")
+        assert sorted(m.step for m in losses) == sorted(m.step for m in history) and run.data.metrics["train/loss"] == row["train_metrics"]["loss"]
         assert run.data.metrics["attempts"] >= 1 and "gpu_hours" in run.data.metrics and run.data.metrics["cpu_hours"] > 0
         if row["state"] == "completed":
             assert run.data.metrics["final_val_miss_cost"] == pytest.approx(row["metric"])
@@ -233,6 +240,22 @@ def test_export_writes_one_run_per_trial_under_one_per_search_and_again_adds_not
     dead = f"http://127.0.0.1:{free_port()}"
     down = cli(story, "export", str(search), "--to", "mlflow", dead)
     assert down.returncode == 2 and dead in down.stderr and len(down.stderr.strip().splitlines()) == 1, down.stderr
+
+
+def test_a_trial_resumed_within_tolerance_is_tagged_so_in_its_run(story, tmp_path):
+    """A completed trial whose attempt resumed under a declared train.resume_tolerance: its run's
+    ``parcel.metric_resume`` says ``within_tolerance``; every other run's says how its own record stands."""
+    copy = tmp_path / "tolerance"
+    shutil.copytree(story["search"], copy)
+    sd = SearchDir(copy)
+    marked = next(r for r in sd.records() if r.state is TrialState.COMPLETED).trial_id
+    resumed_within_tolerance(sd, marked)
+    out = cli(story, "export", str(copy), "--to", "mlflow", "--experiment", "mlf-tolerance")
+    assert out.returncode == 0, out.stdout + out.stderr
+    mlflow = client(story["uri"])
+    runs = mlflow.search_runs([mlflow.get_experiment_by_name("mlf-tolerance").experiment_id], "tags.`parcel.kind` = 'trial'", max_results=100)
+    tagged = {r.data.tags["parcel.trial_id"]: r.data.tags["parcel.metric_resume"] for r in runs}
+    assert tagged == {r.trial_id: r.metric_resume.value for r in sd.records()} and tagged[marked] == MetricResume.WITHIN_TOLERANCE.value
 
 
 def test_a_run_ends_exactly_when_its_trial_has_finished():

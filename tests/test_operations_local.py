@@ -228,6 +228,7 @@ def test_export_gives_pandas_typed_rows_per_trial_and_per_attempt(tmp_path, data
             assert row.final_metric == pytest.approx(rec.metric) and row.state == rec.state.value
             assert row.best_metric <= row.final_metric and row.milestones_reached == 1  # pruner=none: one milestone, the last step
             assert row.params_lr == rec.spec.params["lr"] and row.attempts == len(rec.attempts)
+            assert row.train_loss == rec.train_metrics["loss"] and row.metric_resume == rec.metric_resume.value  # the class form's step() metrics too
             assert row.gpu_hours == 0.0  # the local executor allocates no GPU on a machine without one
             assert row.cpu_hours > 0 and row.cost > 0 and row.queue_wait_s >= 0
     # the budget journal keeps whole micro-hours: each settled attempt rounds by up to half of one

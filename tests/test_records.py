@@ -70,6 +70,24 @@ def test_a_metric_resumed_under_a_declared_tolerance_is_marked_as_such():
     drifting = fold(SPEC, [*resumed, ev("resumed", 4, attempt=2, step=30, exact=False), *done])
     assert drifting.metric_resume is MetricResume.WITHIN_TOLERANCE and not drifting.metric_resume.is_exact()
     assert drifting.to_json()["metric_resume"] == "within_tolerance"
+    assert exact.metric_resume.mark() == "" and "train.resume_tolerance" in drifting.metric_resume.mark()  # what every view shows beside it
+
+
+def test_a_trial_carries_its_trainer_s_own_metrics_of_its_latest_step_a_quarantine_withdraws_them():
+    events = [
+        ev("started", 1, attempt=1),
+        ev("milestone", 2, attempt=1, step=10, value=0.6, train={"loss": 0.9}),
+        ev("milestone", 3, attempt=1, step=20, value=0.5, train={"loss": 0.7, "lr": 0.01}),
+        ev("ended", 4, attempt=1, how="interrupted", cause="preempted", step=25),
+        ev("started", 5, attempt=2),
+        ev("milestone", 6, attempt=2, step=20, value=0.5, train={"loss": 0.7, "lr": 0.01}),  # resumed before 20: reported again
+        ev("milestone", 7, attempt=2, step=30, value=0.4, is_milestone=False, train={"loss": 0.6, "lr": 0.0}),
+    ]
+    rec = fold(SPEC, events[:3] + events[4:6])
+    assert rec.train_metrics == {"loss": 0.7, "lr": 0.01} and rec.to_json()["train_metrics"] == {"loss": 0.7, "lr": 0.01}
+    assert fold(SPEC, events).train_metrics == {"loss": 0.6, "lr": 0.0}  # its last step, off the milestone grid too
+    assert fold(SPEC, events[:1]).train_metrics == {}
+    assert fold(SPEC, [*events, ev("quarantined", 8, reason="shared prefix", attempts_upto=2)]).train_metrics == {}
 
 
 def test_failure_is_retried_once_then_final():

@@ -18,7 +18,7 @@ from test_accounts import line, rec
 from parcel_hpc.accounting.account import SearchPart, over_searches
 from parcel_hpc.accounting.account_report import figures as account_figures
 from parcel_hpc.accounting.spend import Hours
-from parcel_hpc.ledger import Cause, Event, SearchDir, TrialSpec, TrialState, fold
+from parcel_hpc.ledger import Cause, Event, MetricResume, SearchDir, TrialSpec, TrialState, fold
 from parcel_hpc.ledger.summary import queue_waits
 from parcel_hpc.plotting import pyplot
 from parcel_hpc.report import importance as importance_module
@@ -26,6 +26,7 @@ from parcel_hpc.report.data import AttemptFacts, SearchFacts, TrialFacts, attemp
 from parcel_hpc.report.importance import MIN_TRIALS, importance
 from parcel_hpc.report.plots import figures
 from parcel_hpc.testing import launch, parcel_hpc
+from parcel_hpc.testing.runs import resumed_within_tolerance
 
 pytestmark = pytest.mark.xdist_group("report")  # one search for the module's tests
 
@@ -297,6 +298,25 @@ def test_a_running_trial_is_reported_as_it_stands(search, tmp_path):
     check_html_plots(page, tmp_path, at_least=5, sections=(*SECTIONS, "The search is not finished: 1 trials are queued or running"))
     facts = facts_of("x", SPACE, [(r, sd.events(r.trial_id)) for r in sd.records()], {})
     assert next(t for t in facts.trials if t.trial_id == tid).curve  # its milestones so far are drawn
+
+
+def test_a_metric_resumed_within_tolerance_is_marked_beside_the_trainer_s_own_metrics(search, tmp_path):
+    """Every trial's row says its miss-cost and the metrics its trainer reported (the test trainer's
+    loss); the one resumed under a declared tolerance says so, in the table and as the best so far."""
+    copy = tmp_path / "tolerance"
+    shutil.copytree(search, copy)
+    sd = SearchDir(copy)
+    best = min((r for r in sd.records() if r.state is TrialState.COMPLETED), key=lambda r: (r.metric, r.trial_id))
+    assert resumed_within_tolerance(sd, best.trial_id).metric_resume is MetricResume.WITHIN_TOLERANCE
+    page = tmp_path / "tolerance.html"
+    assert parcel_hpc(["report", str(copy), "--html", str(page)]).returncode == 0
+    dom = check_html_plots(page, tmp_path, at_least=5, sections=("Trials", "<th>loss</th>"))
+    mark = f'<span class="inexact">({MetricResume.WITHIN_TOLERANCE.mark()})</span>'
+    rows = {row.split("</td>", 1)[0]: row for row in dom.split("<tr><td>")[1:] if row.startswith("t0")}
+    assert len(rows) == 12 and mark in rows[best.trial_id] and all(mark not in row for tid, row in rows.items() if tid != best.trial_id)
+    assert f"best so far <b>{best.trial_id}</b>, validation miss-cost {best.metric:.4f} {mark}" in dom
+    losses = {r.trial_id: r.train_metrics["loss"] for r in sd.records()}
+    assert all(f"<td>{losses[tid]:.4g}</td>" in row for tid, row in rows.items())  # each trial's own loss at its last validation
 
 
 def test_bad_input_is_one_line_naming_the_problem_and_exit_2(search, tmp_path):

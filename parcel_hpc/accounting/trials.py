@@ -124,10 +124,12 @@ def table(search: SearchDir, attempts: bool = False) -> pa.Table:
     """The search's rows as one typed table (reads only)."""
     rows: list[dict[str, Any]] = []
     params: list[dict[str, Any]] = []  # each row's trial parameters
+    own: list[Mapping[str, float]] = []  # each trial row's trainer metrics at its last validated step
     for trial in trial_rows(search):
         new = trial.attempts if attempts else [trial.row]
         rows += new
         params += [dict(trial.record.spec.params)] * len(new)
+        own += [] if attempts else [trial.record.train_metrics]
     columns = ATTEMPT_COLUMNS if attempts else TRIAL_COLUMNS
     data = {name: pa.array([r[name] for r in rows], type=kind) for name, kind in columns}
     # The parameters right after the identity columns; pyarrow infers each one's type (ints stay ints).
@@ -136,6 +138,8 @@ def table(search: SearchDir, attempts: bool = False) -> pa.Table:
     ordered = {n: data[n] for n in names[:cut]}
     ordered.update({f"params_{p}": _param_column([row.get(p) for row in params]) for p in sorted({k for row in params for k in row})})
     ordered.update({n: data[n] for n in names[cut:]})
+    # The trainer's own metrics (run.stepped's) last: the pinned metric above decides, these inform.
+    ordered.update({f"train_{k}": pa.array([m.get(k) for m in own], pa.float64()) for k in sorted({k for m in own for k in m})})
     return pa.table(ordered)
 
 

@@ -5,8 +5,10 @@ optuna-journal FILE``: ``integrations/optuna_journal.py``).
 One row per trial (``--attempts``: per attempt) with typed columns, so ``pandas.read_csv`` and
 ``pandas.read_parquet`` give numbers as numbers: ids, every parameter as its own ``params_<name>``
 column (Optuna's ``trials_dataframe`` naming), state and reason, the best and the final validation
-miss-cost, milestones reached, attempts, GPU- and CPU-hours, cost at the search's rates, queue wait,
-and UTC start and end times. Hours are the search's spend (``accounting.spend``), attempt by
+miss-cost and how it stands against an uninterrupted run's (``metric_resume``), milestones reached,
+attempts, GPU- and CPU-hours, cost at the search's rates, queue wait, UTC start and end times, and
+last the trainer's own metrics at its last validated step (``train_<name>``: they inform, the
+contract's metric decides). Hours are the search's spend (``accounting.spend``), attempt by
 attempt: what each settled in the budget journal (one that never reserved: its start to end, times
 the CPUs it held and the GPUs its scheduler allocated), and what is still held; ``reconcile`` has
 the scheduler's own accounting. Pack gaps and selection jobs are no trial's: ``status`` shows them.

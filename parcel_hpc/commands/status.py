@@ -149,7 +149,8 @@ def render(data: dict[str, Any], console: Console | None = None) -> None:
     if data.get("unrecorded_resolutions"):
         console.print(f"[yellow]{data['unrecorded_resolutions']} trials' jobs are gone: {UNRECORDED}[/]")
     table = Table()
-    for col in ("trial", "state", "scheduler", "metric", "step", "milestone", "attempts", "interrupted", "reason", "prune"):
+    own = any(t["train_metrics"] for t in data["trials"])  # a trainer that reports none keeps the table as it was
+    for col in ("trial", "state", "scheduler", "metric", "step", "milestone", "attempts", "interrupted", "reason", "prune", *(["own metrics"] if own else [])):
         table.add_column(col)
     for t in data["trials"]:
         prune = t.get("prune")
@@ -169,11 +170,17 @@ def render(data: dict[str, Any], console: Console | None = None) -> None:
             str(t["interrupted"]),
             safe(_reason(t)[:100]),
             prune_txt,
+            *([safe(_own_metrics(t))] if own else []),
         )
     console.print(table)
     console.print(f"spend: {data['spend_line']}", markup=False, highlight=False)
     if data["gpu_line"]:
         console.print(f"GPUs: {data['gpu_line']}; {_devices_seen(data['trials'])}", markup=False, highlight=False)
+
+
+def _own_metrics(t: dict[str, Any]) -> str:
+    """The trainer's own metrics at its last validated step (``run.stepped``'s): they inform, never decide."""
+    return " ".join(f"{name}={value:.4g}" for name, value in sorted(t["train_metrics"].items()))
 
 
 def last_device_use(record: TrialRecord) -> dict[str, Any] | None:
@@ -294,8 +301,8 @@ def _changes(seen: dict[str, tuple], data: dict[str, Any]) -> list[str]:
 
 def _metric(t: dict[str, Any]) -> str:
     """A trial's metric, marked where it comes from a resume the contract allowed to drift (``MetricResume``)."""
-    inexact = not MetricResume(t.get("metric_resume", MetricResume.UNINTERRUPTED.value)).is_exact()
-    return f"{t['metric']:.4f}" + (" (resumed within train.resume_tolerance)" if inexact else "")
+    mark = MetricResume(t.get("metric_resume", MetricResume.UNINTERRUPTED.value)).mark()
+    return f"{t['metric']:.4f}" + (f" ({mark})" if mark else "")
 
 
 def _live_view(data: dict[str, Any], launcher: LauncherState, height: int) -> Group:

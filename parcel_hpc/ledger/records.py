@@ -156,6 +156,7 @@ class TrialRecord:
     step: int = 0  # last step reached
     milestone: int | None = None  # last milestone reported
     last_value: float | None = None  # value at that milestone (never a result by itself)
+    train_metrics: Mapping[str, float] = field(default_factory=dict)  # the trainer's own metrics (loss, ...) at the last step it was validated
     cause: Cause | None = None  # why it is in its state, when a cause says it (queued for a retry, failed, given up)
     detail: str = ""  # for people: reject:<field>, hold:budget, the prune rule, the quarantine
     interrupted: int = 0
@@ -220,6 +221,7 @@ class TrialRecord:
             "step": self.step,
             "milestone": self.milestone,
             "last_value": self.last_value,
+            "train_metrics": dict(self.train_metrics),
             "attempts": len(self.attempts),
             "interrupted": self.interrupted,
             "resumed": self.resumed,
@@ -259,6 +261,7 @@ class _Fold:
     detail: str = ""
     milestone: int | None = None
     last_value: float | None = None
+    train_metrics: dict[str, float] = field(default_factory=dict)
     failures: list[tuple[int, Cause]] = field(default_factory=list)  # (attempt, failure class)
     quarantines: list[str] = field(default_factory=list)
     interrupted: int = 0
@@ -287,6 +290,7 @@ class _Fold:
             step=self.step,
             milestone=self.milestone,
             last_value=self.last_value,
+            train_metrics=dict(self.train_metrics),
             cause=self.cause,
             detail=self.detail,
             interrupted=self.interrupted,
@@ -358,6 +362,8 @@ def fold(spec: TrialSpec, events: Sequence[Event]) -> TrialRecord:
                 f.step = max(f.step, data.step)
                 if data.is_milestone:
                     f.milestone, f.last_value = data.step, data.value
+                if data.train and data.step >= f.step:  # the latest step's, a resumed attempt's again included
+                    f.train_metrics = dict(data.train)
         elif isinstance(data, Ended):
             _fold_ending(f, ev, data, tainted)
         elif isinstance(data, Quarantined):
@@ -370,6 +376,7 @@ def fold(spec: TrialSpec, events: Sequence[Event]) -> TrialRecord:
                 f.set(TrialState.QUARANTINED, Cause.CHECKPOINT_COLLISION, data.reason)
                 f.metric, f.invalid = None, True
                 f.milestone = f.last_value = None
+                f.train_metrics = {}
         elif isinstance(data, GaveUp):
             if not f.state.is_finished():  # a late give-up (a signal after the result) never overrides an ending
                 f.set(data.state, data.cause, data.reason)

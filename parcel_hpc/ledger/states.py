@@ -35,6 +35,11 @@ class MetricResume(str, enum.Enum):
     def is_exact(self) -> bool:
         return self is not MetricResume.WITHIN_TOLERANCE
 
+    def mark(self) -> str:
+        """What a metric shown anywhere (status, the report, MLflow) carries beside it: "" when it is
+        an uninterrupted run's, exactly; else it never passes for exact."""
+        return "" if self.is_exact() else "resumed within train.resume_tolerance"
+
 
 _FINISHED = frozenset({TrialState.COMPLETED, TrialState.PRUNED, TrialState.FAILED, TrialState.REJECTED, TrialState.BUDGET_EXHAUSTED, TrialState.CANCELLED})
 

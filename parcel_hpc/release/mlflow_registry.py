@@ -59,6 +59,7 @@ def version_tags(packet: Mapping[str, Any], expected: Registration) -> dict[str,
         "parcel.search_revision": str(packet["search"]["revision"]),
         "parcel.packet_digest": digest_of(packet),
         "parcel.outcome": str(packet["outcome"]),
+        "parcel.metric_resume": str((packet["lineage"].get("how_it_ended") or {}).get("metric_resume", "")),  # the winner's record's
         **{f"parcel.lineage.{answer}": fsio.canonical_json(packet["lineage"].get(answer)) for answer in LINEAGE},
         **{f"parcel.check.{name}": str(verdict) for name, verdict in packet["checks"].items()},
     }

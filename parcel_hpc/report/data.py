@@ -1,4 +1,5 @@
-"""The search report's figures as typed values (pure): each trial's result and milestone curve,
+"""The search report's figures as typed values (pure): each trial's result (marked where it was
+resumed within a declared tolerance), its own metrics and milestone curve,
 each attempt's spend, queue wait, duration and cause, and what the page derives from them (the
 best-so-far history, counts by state and by cause).
 
@@ -13,12 +14,12 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from parcel_hpc.accounting.spend import Hours, attempt_spend
 from parcel_hpc.budget import Hold, ReservationKey
-from parcel_hpc.ledger import Cause, Ended, Event, TrialRecord, TrialState
+from parcel_hpc.ledger import Cause, Ended, Event, MetricResume, TrialRecord, TrialState
 from parcel_hpc.ledger.records import counted_milestones
 from parcel_hpc.ledger.states import AttemptEnd
 from parcel_hpc.ledger.summary import count_states, queue_waits
@@ -35,6 +36,8 @@ class TrialFacts:
     ended: float | None = None  # when it finished: its last attempt's end (epoch s); None while it runs or if none ran
     curve: tuple[Point, ...] = ()  # every milestone it reported (and its final step), by step
     pruned_at: Point | None = None  # the milestone that pruned it
+    metric_resume: MetricResume = MetricResume.UNINTERRUPTED  # how its metric stands against an uninterrupted run's
+    train: Mapping[str, float] = field(default_factory=dict)  # the trainer's own metrics at its last validated step
 
     def __post_init__(self) -> None:
         if (self.state is TrialState.COMPLETED) != (self.metric is not None and math.isfinite(self.metric)):
@@ -77,6 +80,16 @@ class SearchFacts:
     @property
     def completed(self) -> tuple[TrialFacts, ...]:
         return tuple(t for t in self.trials if t.state is TrialState.COMPLETED)
+
+    @property
+    def ranked(self) -> tuple[TrialFacts, ...]:
+        """Every trial: the completed ones best first, then the rest by id."""
+        return tuple(sorted(self.completed, key=lambda t: (t.metric, t.trial_id))) + tuple(t for t in self.trials if t.state is not TrialState.COMPLETED)
+
+    @property
+    def train_names(self) -> tuple[str, ...]:
+        """The names of the trainers' own metrics any trial reported, in order."""
+        return tuple(sorted({name for t in self.trials for name in t.train}))
 
     @property
     def best(self) -> TrialFacts | None:
@@ -137,6 +150,8 @@ def trial_facts(record: TrialRecord, events: Sequence[Event]) -> TrialFacts:
         max(ended) if ended and record.state.is_finished() else None,
         tuple(sorted(curve.items())),
         pruned[-1] if pruned and record.state is TrialState.PRUNED else None,
+        record.metric_resume,
+        dict(record.train_metrics),
     )
 
 

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from parcel_hpc.governance.outcome import Outcome
-from parcel_hpc.ledger import AttemptEnd, Cause, SearchDir, Started, TrialRecord
+from parcel_hpc.ledger import AttemptEnd, Cause, Event, EventKind, SearchDir, Started, TrialRecord
+from parcel_hpc.ledger.events import Resumed
 
 
 @dataclass(frozen=True)
@@ -125,6 +126,20 @@ def signalled_once(overrides: Sequence[str], *, cwd: Path, data_dir: Path, env: 
     assert (first.how, first.cause) == (AttemptEnd.INTERRUPTED, Cause.TIMEOUT)
     assert second.resumed_from == first.step and second.how is AttemptEnd.COMPLETED
     return record
+
+
+def resumed_within_tolerance(search: SearchDir, trial_id: str) -> TrialRecord:
+    """A completed trial's record as it reads had its attempt resumed under a declared
+    ``train.resume_tolerance``: a ``resumed(exact=False)`` event appended to that attempt's journal as
+    its own writer would have (a real search of a drifting trainer costs a signal and a rerun)."""
+    record = search.record(trial_id)
+    last = record.attempts[-1]
+    [journal] = search.trial_dir(trial_id).glob(f"journal-a{last.number}-*.jsonl")
+    tail = Event.from_json(json.loads(journal.read_text().splitlines()[-1]))
+    resumed = Event(EventKind.RESUMED, tail.t, tail.writer, tail.seq + 1, last.number, Resumed(step=1, exact=False))
+    with journal.open("a") as f:
+        f.write(json.dumps(resumed.to_json()) + "\n")
+    return search.record(trial_id)
 
 
 def descendants(pid: int) -> list[int]:

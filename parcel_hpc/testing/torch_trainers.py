@@ -3,7 +3,9 @@ resume check (``trainer/resume.py``). ``Resumes`` is the correct one they each b
 
 - ``LeavesOutScheduler``: a cosine LR schedule over ``data.budget.steps``, left out of the state;
 - ``UnseededDataOrder``: shuffles with torch's global generator and never seeds it;
-- ``LibraryRNG``: subsamples each batch with a library's generator that has no getter (LightGBM-style).
+- ``LibraryRNG``: subsamples each batch with a library's generator that has no getter (LightGBM-style);
+- ``loop_leaves_out_scheduler``: the issue's user in the function form (``@loop``), their own loop
+  saving the model and the optimizer and not the cosine schedule.
 
 Choose one with ``trainer.target=parcel_hpc.testing.torch_trainers:<Name>`` (needs ``parcel_hpc[torch]``).
 """
@@ -17,7 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from parcel_hpc.trainer import Param, Trainer, TrainerState, TrainingData
+from parcel_hpc.trainer import Param, Run, Trainer, TrainerState, TrainingData, loop
 from parcel_hpc.trainer import torch as parcel_torch
 
 
@@ -117,3 +119,45 @@ class LibraryRNG(Resumes):
     def _batch(self) -> torch.Tensor:
         idx = super()._batch()
         return idx[torch.from_numpy(LIBRARY.bag(len(idx)))]
+
+
+def _served(state: TrainerState, params: Mapping[str, Any], seed: int, data: TrainingData) -> Any:
+    """The saved model on raw frames (through the pinned preprocessing), built from the state alone."""
+    model = nn.Linear(state.arrays["model/weight"].shape[1], 1).double()
+    parcel_torch.unpack(state, {"model": model}, rngs=False)
+
+    def serve(images: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            return torch.sigmoid(model(torch.tensor(data.preprocessing(images))).squeeze(1)).numpy()
+
+    return serve
+
+
+@loop(parameters=Resumes.parameters, load=_served)
+def loop_leaves_out_scheduler(run: Run) -> None:
+    """``Resumes``' model, optimizer and cosine schedule in a loop of its own, whose save leaves the schedule out."""
+    parcel_torch.seed_everything(run.seed)
+    x = torch.tensor(np.asarray(run.data.train.features))
+    y = torch.tensor(np.asarray(run.data.train.labels), dtype=torch.float64)
+    model = nn.Linear(x.shape[1], 1).double()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=float(run.params["lr"]))
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=run.budget.steps)
+    saved: dict[str, parcel_torch.Stateful] = {"model": model, "optimizer": optimizer}  # the scheduler forgotten
+    start = 0
+    if (restored := run.restore()) is not None:
+        start = parcel_torch.unpack(restored.state, saved)
+    for step in range(start + 1, run.budget.steps + 1):
+        idx = torch.randperm(len(y))[: int(run.params["batch_size"])]
+        loss = nn.functional.binary_cross_entropy_with_logits(model(x[idx]).squeeze(1), y[idx])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        due = run.stepped(step, {"loss": loss.item()})
+        if due.checkpoint:
+            run.save(parcel_torch.pack(saved, step=step))
+        if due.validate:
+            with torch.no_grad():
+                run.validate(torch.sigmoid(model(torch.tensor(np.asarray(run.data.validation.features))).squeeze(1)).numpy())
+        if run.should_stop:
+            return

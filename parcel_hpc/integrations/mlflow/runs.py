@@ -2,7 +2,9 @@
 one child run per trial under it, in an experiment named after the search's revision.
 
 A trial's run holds its parameters, its validation miss-cost at every milestone as a metric with
-steps, its state and cause, its attempts and GPU- and CPU-hours (the search's one spend,
+steps and the trainer's own metrics of those steps (``train/<name>``), its state and cause, how its
+metric stands against an uninterrupted run's (``parcel.metric_resume``: ``within_tolerance`` never
+passes for exact), its attempts and GPU- and CPU-hours (the search's one spend,
 ``accounting.trials``), its config hash and the contract's digest as tags, and its start and end.
 Runs are found again by tags (``parcel.search_key``, ``parcel.trial_id``), so exporting again adds
 nothing, and a trial that moved on since (a running one that ended) gets only what is new. Reads
@@ -11,6 +13,7 @@ the search only; writes only to the tracking server.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,7 +66,10 @@ class RunsExport:
 def trial_plan(trial: TrialRows, key: str, contract_digest: str) -> RunPlan:
     r, row = trial.record, trial.row
     end_ms = row["ended_at"]
-    metrics = [(METRIC, float(m.value), int(t * 1000), int(m.step)) for t, m in trial.milestones()]
+    milestones = trial.milestones()
+    metrics = [(METRIC, float(m.value), int(t * 1000), int(m.step)) for t, m in milestones]
+    # The trainer's own metrics at each validated step, beside the pinned one (which alone decides).
+    metrics += [(train_key(name), float(v), int(t * 1000), int(m.step)) for t, m in milestones for name, v in sorted((m.train or {}).items())]
     if end_ms is not None:  # settled figures, stamped with its end: the same on every export
         metrics += [(name, float(row[name] or 0), end_ms, 0) for name in SUMMARY]
         if r.state is TrialState.COMPLETED and r.metric is not None:
@@ -73,6 +79,7 @@ def trial_plan(trial: TrialRows, key: str, contract_digest: str) -> RunPlan:
         SEARCH_KEY: key,
         TRIAL_KEY: r.trial_id,
         "parcel.state": r.state.value,
+        "parcel.metric_resume": r.metric_resume.value,  # within_tolerance: its metric never passes for an exact one
         "parcel.reason": r.reason or "",
         "parcel.cause": r.cause.value if r.cause is not None else "",
         "parcel.config_hash": r.spec.config_hash,
@@ -81,6 +88,12 @@ def trial_plan(trial: TrialRows, key: str, contract_digest: str) -> RunPlan:
         "parcel.jobs": " ".join(r.jobs),
     }
     return RunPlan(r.trial_id, RUN_STATUS[r.state], row["started_at"], end_ms, {k: str(v) for k, v in sorted(r.spec.params.items())}, tags, metrics)
+
+
+def train_key(name: str) -> str:
+    """The MLflow metric a trainer's own metric is logged as: ``train/<name>``, each character MLflow
+    refuses in a key as ``_``."""
+    return "train/" + re.sub(r"[^\w\-. :/]", "_", name)
 
 
 def export_runs(search: SearchDir, uri: str, experiment: str | None = None) -> RunsExport:

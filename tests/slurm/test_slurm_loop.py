@@ -1,0 +1,49 @@
+"""The function trainer form (examples/parcel_loop, a plain PyTorch loop kept as it is) as a SLURM
+array search on the dev cluster: trials preempted mid-run by a high-priority job read the scheduler's
+signal as a flag at their loop's next step, save there, are requeued, resume, and report at every
+milestone exactly the values of an uninterrupted run, their records saying the metric was resumed
+exactly. On the CPU (resources.gpus=0), as tests/slurm/test_slurm_cnn.py."""
+
+import pytest
+
+pytest.importorskip("torch")  # the [torch] extra; scripts/test.sh installs it
+
+from reference import EXAMPLES, reference_curve  # noqa: E402
+
+from parcel_hpc.ledger import MetricResume, SearchDir  # noqa: E402
+from parcel_hpc.testing import launch  # noqa: E402
+
+from .cluster import PREEMPTOR, preempt, wait_for  # noqa: E402
+from .examples import preempted_and_resumed, running_past  # noqa: E402
+
+pytestmark = pytest.mark.slurm
+
+TARGET = "parcel_loop:train"
+MILESTONES = (10, 20, 41, 82)  # pruner=none's grid, validated all the same
+
+
+def test_a_loop_of_its_own_preempted_on_slurm_resumes_with_every_milestone_exact(tmp_path, data_dir, cluster_guard):
+    _, names = cluster_guard
+    names += ["parcel-loop", PREEMPTOR]
+    args = ["hydra/launcher=submitit_slurm", f"search.root={tmp_path / 'runs'}", "search.revision=loop", f"trainer.target={TARGET}", "search.n_trials=3"]
+    args += ["~space.params.hidden", "~space.params.l2", "batch_size=choice(16,32)", "lr=choice(0.0003,0.03)", "train.steps=100", "pruner=none"]
+    args += ["hydra.launcher.array_parallelism=3", "resources.gpus=0", "train.step_seconds=0.08", "search.wait=false"]
+    res = launch(args, cwd=tmp_path, data_dir=data_dir, env={"PYTHONPATH": str(EXAMPLES)})  # sbatch passes the launch's environment to the jobs
+    assert res.returncode == 0, res.stderr
+    search = SearchDir(tmp_path / "runs" / "loop")
+
+    node = wait_for(lambda: running_past(search, 20), 120, "a running trial with a checkpoint at step >= 20")
+    preempt(node, "--exclusive")  # every trial on that node: its whole CPU
+    wait_for(lambda: all(search.record(t).state.is_finished() for t in search.trial_ids()), 300, "every trial to finish")
+
+    records = list(search.records())
+    assert {r.state.value for r in records} == {"completed"}, [(r.trial_id, r.state.value, r.reason) for r in records]
+    preempted = {r.trial_id for r in preempted_and_resumed(records)}
+    curve = reference_curve(TARGET, data_dir / "parcels.h5", data_dir / "split-group_r8.json", MILESTONES)
+    for r in records:
+        expected = curve(r.spec.params, 100)
+        reported = [(e.data.step, e.data.value) for e in search.events(r.trial_id) if e.kind.value == "milestone"]
+        # every milestone each attempt reported, the resumed ones' included, bit-equal to the uninterrupted run's
+        assert {s for s, _ in reported} == set(expected) and all(v == expected[s] for s, v in reported), (r.trial_id, reported, expected)
+        assert r.metric == expected[100]
+        assert r.metric_resume is (MetricResume.EXACT if r.trial_id in preempted else MetricResume.UNINTERRUPTED), r.trial_id
