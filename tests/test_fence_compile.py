@@ -233,7 +233,12 @@ def test_one_start_is_judged_by_the_file_it_runs_its_arguments_and_what_chooses_
     for steer in ("CCC_OVERRIDE_OPTIONS", "LD_PRELOAD", "LD_AUDIT", "GCC_COMPARE_DEBUG"):  # an option, a library, a second run put in by the environment
         assert said([gxx, "--version"], env={**env, steer: "/tmp/x.so"}).startswith(f"{steer} is not what it was"), steer
     assert said([python, "-c", PROBE_SCRIPT]) == ""
-    assert said([python, "-c", PROBE_SCRIPT], env={**env, "PYTHONPATH": "/tmp"}).startswith("PYTHONPATH is not what it was")  # a sitecustomize of its choosing
+    assert said([python, "-c", PROBE_SCRIPT], env={**env, "LD_PRELOAD": "/tmp/x.so"}).startswith("LD_PRELOAD is not what it was")
+    # What inductor hands the probe (sys.path as PYTHONPATH, its torch first on LD_LIBRARY_PATH) is not what it runs with:
+    # the fence's own (a sitecustomize on a path trainer code chose, or another torch lib folder, never loads).
+    steered = {**env, "PYTHONPATH": "/tmp", "LD_LIBRARY_PATH": "/tmp/lib"}
+    probe = judge([python, "-c", PROBE_SCRIPT], [python], steered, None)
+    assert probe.problem == "" and probe.environment(steered) == {"PATH": path, "LD_LIBRARY_PATH": found.torch_lib}, probe
     library = tmp_path / "final-r8.so"  # a protected file the probe's one load names
     library.write_bytes(b"")
     judge_library = compiler.judge_of(found, lambda text: str(library) if os.path.exists(text) and os.path.samefile(text, library) else "")

@@ -245,7 +245,8 @@ def _make() -> tuple[Callable[[Protected, bool], None], Callable[[], tuple[str, 
                     # argv[0], Python its prefix), with the very environment judged.
                     found, (_, _, env, _) = judged
                     run_argv = (encode(found.path), *args[0][1:])
-                    args = (run_argv, (encode(found.path),), *args[2:5], [encode(f"{k}={v}") for k, v in env.items()], *args[6:])
+                    run_env = [encode(f"{k}={v}") for k, v in found.environment(env).items()]
+                    args = (run_argv, (encode(found.path),), *args[2:5], run_env, *args[6:])
             return original(*args)
 
         _posixsubprocess.fork_exec = fork_exec

@@ -27,6 +27,7 @@ Landlock); call anything a module attribute could replace once judging (``judge_
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import posix
 import shutil
@@ -72,6 +73,17 @@ class Verdict:
     path: str
     problem: str | None
     name: str = ""  # an allowed start: what it runs, for the record ("g++", "python (inductor's ISA probe)")
+    settled: tuple[tuple[str, str | None], ...] = ()  # variables the start gets from the fence instead (None: removed)
+
+    def environment(self, env: Mapping[str, str]) -> dict[str, str]:
+        """``env`` as the allowed start runs with it."""
+        whole = dict(env)
+        for key, value in self.settled:
+            if value is None:
+                whole.pop(key, None)
+            else:
+                whole[key] = value
+        return whole
 
 
 @dataclass(frozen=True)
@@ -81,6 +93,7 @@ class Compilers:
     programs: Mapping[Inode, str]  # inode -> the program's name, for the record ("g++", "openssl")
     python: Inode  # this interpreter: the ISA probe's program
     choosers: tuple[tuple[str, str | None], ...]  # CHOOSERS' values
+    torch_lib: str | None = None  # the folder of the torch installed here, whose libraries the probe's library links
 
     @classmethod
     def here(cls, environ: Mapping[str, str]) -> Compilers:
@@ -92,7 +105,9 @@ class Compilers:
             if where:
                 found.setdefault(inode_of(os.stat(where)), os.path.basename(name))
         python = inode_of(os.stat(sys.executable)) if sys.executable else (-1, -1)  # an embedded interpreter: no probe to allow
-        return cls(found, python, tuple((k, environ.get(k)) for k in CHOOSERS))
+        spec = importlib.util.find_spec("torch")  # found, not imported: nothing of torch runs at arming
+        torch_lib = os.path.join(os.path.dirname(spec.origin), "lib") if spec is not None and spec.origin else None
+        return cls(found, python, tuple((k, environ.get(k)) for k in CHOOSERS), torch_lib)
 
 
 def counted(names: Sequence[str]) -> tuple[str, ...]:
@@ -107,6 +122,13 @@ def judge_of(compilers: Compilers, reached: Callable[[str], str]) -> Judge:
     stat_, access, x_ok, is_reg = posix.stat, posix.access, posix.X_OK, stat.S_ISREG
     os_error, value_error, len_ = OSError, ValueError, len
     programs, python, choosers = dict(compilers.programs), compilers.python, tuple(compilers.choosers)
+    # The probe's Python gets what it loads from the fence: the torch library folder inductor puts first on
+    # LD_LIBRARY_PATH (the one found at arming), and PYTHONPATH as at arming (inductor passes sys.path,
+    # which trainer code may have changed; the probe's script imports nothing from it on Linux).
+    at_arming = dict(choosers)
+    loader = ":".join(p for p in (compilers.torch_lib, at_arming.get("LD_LIBRARY_PATH")) if p) or None
+    probe_settled = (("LD_LIBRARY_PATH", loader), ("PYTHONPATH", at_arming.get("PYTHONPATH")))
+    probe_chooses = tuple((k, v) for k, v in choosers if k not in dict(probe_settled))
     steering, plugin, probe_lines, (load_open, load_close), verdict = STEERING, PLUGIN, PROBE_LINES, PROBE_LOAD, Verdict
 
     def runs(candidates: Sequence[str]) -> tuple[str, Inode | None]:
@@ -152,11 +174,11 @@ def judge_of(compilers: Compilers, reached: Callable[[str], str]) -> Judge:
             return verdict(path, None)
         if inode != python and inode not in programs:
             return verdict(path, None)
-        for key, value in choosers:
+        for key, value in probe_chooses if inode == python else choosers:
             if env.get(key) != value:
                 return verdict(path, f"{key} is not what it was when the fence was armed, and it chooses what a compiler runs or loads")
         if inode == python:
-            return verdict(path, probe_problem(argv, cwd), "python (inductor's ISA probe)")
+            return verdict(path, probe_problem(argv, cwd), "python (inductor's ISA probe)", probe_settled)
         for arg in argv[1:]:
             if arg.startswith(steering) or plugin in arg:
                 return verdict(path, f"the argument {arg[:80]!r} hands the compiler a program or arguments the fence cannot judge")
