@@ -53,7 +53,7 @@ def load(state: TrainerState, params: Mapping[str, Any], seed: int, data: Traini
     return lambda frames: probabilities(net, frames)
 
 
-@loop(parameters={"lr": Param(float), "width": Param(int, default=8), "batch_size": Param(int, default=32)}, load=load)  # parcel_hpc
+@loop(parameters={"lr": Param(float), "width": Param(int, default=16), "batch_size": Param(int, default=32)}, load=load)  # parcel_hpc
 def train(run: Run) -> None:
     set_seed(run.seed)
     governed = Governed(run)  # parcel_hpc

@@ -136,7 +136,9 @@ class Governed(TrainerCallback):
         lr = kwargs["lr_scheduler"].get_last_lr()[0]
         return self._stepped(step, {"learning_rate": lr}, control)
 
-    def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, logs: Mapping[str, float] | None = None, **kwargs: Any) -> TrainerControl:
+    def on_log(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, logs: Mapping[str, float] | None = None, **kwargs: Any
+    ) -> TrainerControl:
         if self._logging != state.global_step:  # an evaluation's log, or a log at the user's own cadence
             return control
         self._logging = 0
@@ -163,6 +165,6 @@ class Governed(TrainerCallback):
         return control
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
-        written = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+        written = Path(str(args.output_dir)) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
         with self.run.checkpoint_dir() as directory:  # the toolkit's copy is the only one
             shutil.move(written, directory / CHECKPOINT)

@@ -1,0 +1,131 @@
+"""The Hugging Face callback's pieces (issue 46): TrainingArguments the governance cannot work with,
+named with their fix; binary logits to probabilities; and an unchanged Trainer told by a run what is
+due: the signal saves the Trainer's checkpoint into the run's and leaves, pruning leaves unsaved."""
+
+import sys
+from collections.abc import Mapping
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("transformers")
+
+from transformers import TrainingArguments  # noqa: E402  # after the skip: transformers is an optional extra
+
+from parcel_hpc.integrations.huggingface import resume_from, saved_checkpoint  # noqa: E402
+from parcel_hpc.integrations.huggingface.governed import probabilities, ungovernable  # noqa: E402
+from parcel_hpc.trainer import Budget, Restored, Stop, TrainerState, build_params  # noqa: E402
+from parcel_hpc.trainer.preflight import few_examples  # noqa: E402
+from parcel_hpc.trainer.run import LoopError, Run  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+import parcel_hf  # noqa: E402  # the example, from examples/
+
+STEPS, SEED = 6, 7
+
+
+def arguments(tmp_path, **changed):
+    given = {"output_dir": str(tmp_path), "max_steps": STEPS, "seed": SEED, "save_strategy": "no", "report_to": "none", **changed}
+    return TrainingArguments(**given)
+
+
+@pytest.mark.parametrize(
+    "changed, named",
+    [
+        ({}, None),
+        ({"report_to": "tensorboard"}, None),
+        ({"max_steps": 5}, "TrainingArguments(max_steps=5) is not the trial's length 6; set max_steps=run.budget.steps"),
+        ({"save_strategy": "steps"}, "TrainingArguments(save_strategy='steps') saves on its own cadence; set save_strategy='no'"),
+        ({"seed": 42}, "TrainingArguments(seed=42, data_seed=None) is not the trial's seed 7; set seed=run.seed"),
+        ({"data_seed": 3}, "TrainingArguments(seed=7, data_seed=3) is not the trial's seed 7; set seed=run.seed"),
+        ({"ignore_data_skip": True}, "TrainingArguments(ignore_data_skip=True) replays consumed batches on resume; leave it False"),
+        ({"report_to": ["mlflow", "tensorboard"]}, "TrainingArguments(report_to=['mlflow']) sends the run elsewhere; set report_to='none'"),
+        ({"push_to_hub": True}, "TrainingArguments(push_to_hub=True) sends the run elsewhere"),
+    ],
+)
+def test_training_arguments_the_governance_cannot_work_with_are_named_with_their_fix(tmp_path, changed, named):
+    found = ungovernable(arguments(tmp_path, **changed), STEPS, SEED)
+    assert found is None if named is None else found is not None and found.startswith(named), found
+
+
+def test_binary_logits_give_the_positive_class_probability():
+    two = np.array([[0.0, 0.0], [0.0, 1000.0], [3.0, 1.0]])
+    assert np.allclose(probabilities(two), [0.5, 1.0, 1 / (1 + np.exp(2.0))])
+    assert np.allclose(probabilities((np.array([[0.0], [2.0]]), "hidden states")), [0.5, 1 / (1 + np.exp(-2.0))])
+    with pytest.raises(Exception, match=r"logits have shape \(2, 3\)"):
+        probabilities(np.zeros((2, 3)))
+
+
+class Told(Run):
+    """A run that keeps what it is told; ``stop``: what it answers at ``at`` (the signal's REQUEUE at a step, PRUNED at a validation)."""
+
+    def __init__(self, data, params, stop=None, at=0, restored=None):
+        super().__init__(params, SEED, data, lambda scores: float(np.mean(scores)))
+        self.stop_with, self.at, self.restored = stop, at, restored
+        self.steps: list[tuple[int, Mapping[str, float]]] = []
+        self.saves: dict[int, TrainerState] = {}
+        self.validated: list[int] = []
+
+    def _restore(self):
+        return self.restored
+
+    def _stepped(self, step):
+        self.steps.append((step, dict(self._metrics)))
+        return Stop.REQUEUE if self.stop_with is Stop.REQUEUE and step == self.at else None
+
+    def _save(self, step, state):
+        self.saves[step] = state
+
+    def _validated(self, step, value, final, metrics):
+        self.validated.append(step)
+        return Stop.PRUNED if self.stop_with is Stop.PRUNED and step == self.at else None
+
+
+@pytest.fixture(scope="module")
+def small(training_data):
+    return replace(few_examples(training_data), budget=Budget(STEPS, (2,), 3, "step"))
+
+
+def trained(small, **told):
+    trainer = parcel_hf.train()
+    params = build_params(trainer, {"lr": 0.01, "batch_size": 8})
+    run = Told(small, params, **told)
+    parcel_hf.train.function(run)
+    return run
+
+
+def test_the_signal_saves_the_trainers_checkpoint_into_the_runs_and_leaves(small):
+    run = trained(small, stop=Stop.REQUEUE, at=4)
+    assert [s for s, _ in run.steps] == [1, 2, 3, 4] and run.validated == [2] and sorted(run.saves) == [3, 4]
+    assert set(run.steps[1][1]) == {"loss", "grad_norm", "learning_rate"} and set(run.steps[0][1]) == {"learning_rate"}  # the milestone's log
+    names = {n.split("/", 2)[-1] for n in run.saves[4].arrays}
+    assert {"model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json"} <= names
+    with saved_checkpoint(run.saves[4]) as checkpoint:
+        assert '"global_step": 4' in (checkpoint / "trainer_state.json").read_text()
+    # The rest of the trial, resumed by the Trainer from the run's checkpoint, at step 5.
+    rest = trained(small, restored=Restored(4, run.saves[4]))
+    assert [s for s, _ in rest.steps] == [5, 6] and rest.validated == [6] and sorted(rest.saves) == [6]
+
+
+def test_a_pruned_trainer_leaves_at_the_milestone_without_saving(small):
+    run = trained(small, stop=Stop.PRUNED, at=2)
+    assert [s for s, _ in run.steps] == [1, 2] and run.validated == [2] and run.saves == {}
+
+
+def test_a_trainer_not_resumed_from_the_runs_checkpoint_is_refused(small, monkeypatch):
+    saved = trained(small, stop=Stop.REQUEUE, at=3).saves[3]
+
+    @contextmanager
+    def forgotten(run):  # restores the run, hands the Trainer nothing
+        run.restore()
+        yield None
+
+    monkeypatch.setattr(sys.modules["parcel_hf.train"], "resume_from", forgotten)
+    with pytest.raises(LoopError, match="the Trainer starts at step 0 and the run's last checkpoint is step 3; train inside `with resume_from"):
+        trained(small, restored=Restored(3, saved))
+    with pytest.raises(LoopError, match="the state holds no Trainer checkpoint"):
+        with resume_from(Told(small, {}, restored=Restored(3, TrainerState({"w": np.zeros(1)})))):
+            pass
