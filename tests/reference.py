@@ -17,7 +17,10 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
 class Uninterrupted(Run):
-    """A run with nothing behind it: no checkpoint to restore, no stop, saves kept nowhere."""
+    """A run with nothing behind it: no checkpoint to restore, no stop, saves kept nowhere; each
+    validation's value kept by its step (``values``)."""
+
+    values: dict[int, float]
 
     def _restore(self):
         return None
@@ -29,12 +32,14 @@ class Uninterrupted(Run):
         pass
 
     def _validated(self, step, value, final, metrics):
+        self.values = {**getattr(self, "values", {}), step: value}
         return None
 
 
-def reference_run(target: str, snapshot: Path, split: Path) -> Callable[..., float]:
+def reference_run(target: str, snapshot: Path, split: Path) -> Callable[..., Any]:
     """``reference(params, steps, seed=1234)``: the validation miss-cost ``target`` (an examples/
-    trainer, of either form) reaches in ``steps`` uninterrupted steps. Its class and the data are loaded once."""
+    trainer, of either form) reaches in ``steps`` uninterrupted steps; with ``milestones``, the value
+    at each of them and at the last step, by step. Its class and the data are loaded once."""
     module, _, name = target.partition(":")
     sys.path.insert(0, str(EXAMPLES))
     try:
@@ -47,12 +52,12 @@ def reference_run(target: str, snapshot: Path, split: Path) -> Callable[..., flo
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     metric = MissCost("miss-cost-r3", 5.0, 1.0)
 
-    def reference(params: Mapping[str, Any], steps: int, seed: int = 1234) -> float:
+    def reference(params: Mapping[str, Any], steps: int, seed: int = 1234, milestones: tuple[int, ...] = ()) -> Any:
         trainer = cls()
-        given = replace(data, budget=Budget(steps, (), steps, cls.unit))  # its length, as a trial's run gives it
+        given = replace(data, budget=Budget(steps, milestones, steps, cls.unit))  # its length, as a trial's run gives it
         trainer.build(build_params(trainer, params), seed, given)
         run = Uninterrupted(build_params(trainer, params), seed, given, lambda scores: metric(scores, data.validation.labels))
         run_loop(trainer, run)  # the class form through the toolkit's loop, the function form through its own
-        return run.value
+        return run.values if milestones else run.value
 
     return reference
