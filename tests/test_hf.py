@@ -13,9 +13,9 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from transformers import TrainingArguments  # noqa: E402  # after the skip: transformers is an optional extra
+from transformers import EvalPrediction, TrainingArguments  # noqa: E402  # after the skip: transformers is an optional extra
 
-from parcel_hpc.integrations.huggingface import resume_from, saved_checkpoint  # noqa: E402
+from parcel_hpc.integrations.huggingface import Governed, resume_from, saved_checkpoint  # noqa: E402
 from parcel_hpc.integrations.huggingface.governed import probabilities, ungovernable  # noqa: E402
 from parcel_hpc.trainer import Budget, Restored, Stop, TrainerState, build_params  # noqa: E402
 from parcel_hpc.trainer.preflight import few_examples  # noqa: E402
@@ -129,3 +129,15 @@ def test_a_trainer_not_resumed_from_the_runs_checkpoint_is_refused(small, monkey
     with pytest.raises(LoopError, match="the state holds no Trainer checkpoint"):
         with resume_from(Told(small, {}, restored=Restored(3, TrainerState({"w": np.zeros(1)})))):
             pass
+
+
+def test_an_eval_set_other_than_the_runs_validation_in_order_is_refused(small):
+    governed = Governed(Told(small, {}))
+    labels = np.asarray(small.validation.labels).astype(np.int64)
+    logits = np.zeros((len(labels), 2))
+    assert governed.compute_metrics(EvalPrediction(predictions=logits, label_ids=labels)) == {}
+    for wrong in (labels[::-1], labels[1:]):
+        with pytest.raises(
+            LoopError, match="the Trainer's eval_dataset is not the run's validation examples in their order; build it from run.data.validation"
+        ):
+            governed.compute_metrics(EvalPrediction(predictions=logits[: len(wrong)], label_ids=wrong))

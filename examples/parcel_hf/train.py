@@ -1,8 +1,9 @@
 """A Hugging Face ``Trainer`` on the raw parcel frames, kept as its author wrote it: a tiny ResNet built
 from its config (nothing downloaded), ``TrainingArguments``, ``Trainer.train``. The lines parcel_hpc
 asks for are marked ``# parcel_hpc`` (docs/bring-your-own-model.md, "Keep your Hugging Face Trainer"):
-the decorator, the trial's length and seed in the arguments, the callback and its ``compute_metrics``,
-the resume line. The Trainer restores its own optimizer, scheduler, RNGs and data order on resume.
+the imports, the serving ``load``, the decorator, the trial's length, seed and save strategy in the
+arguments, the callback and its ``compute_metrics``, the resume lines (15 lines); the datasets are
+built from ``run.data``'s arrays. The Trainer restores its own optimizer, scheduler, RNGs and data order on resume.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import torch
 from torch.utils.data import Dataset
 from transformers import ResNetConfig, ResNetForImageClassification, Trainer, TrainingArguments, set_seed
 
-from parcel_hpc.integrations.huggingface import Governed, resume_from, saved_checkpoint
-from parcel_hpc.trainer import Param, Run, TrainerState, TrainingData, loop
+from parcel_hpc.integrations.huggingface import Governed, resume_from, saved_checkpoint  # parcel_hpc
+from parcel_hpc.trainer import Param, Run, TrainerState, TrainingData, loop  # parcel_hpc
 
 
 class Frames(Dataset):
@@ -48,9 +49,9 @@ def probabilities(net: ResNetForImageClassification, frames: np.ndarray) -> np.n
 
 def load(state: TrainerState, params: Mapping[str, Any], seed: int, data: TrainingData) -> Callable[[np.ndarray], np.ndarray]:  # parcel_hpc
     """The served model: the Trainer's own checkpoint from the saved state, raw frames to probabilities."""
-    with saved_checkpoint(state) as checkpoint:
-        net = ResNetForImageClassification.from_pretrained(checkpoint)
-    return lambda frames: probabilities(net, frames)
+    with saved_checkpoint(state) as checkpoint:  # parcel_hpc
+        net = ResNetForImageClassification.from_pretrained(checkpoint)  # parcel_hpc
+    return lambda frames: probabilities(net, frames)  # parcel_hpc
 
 
 @loop(parameters={"lr": Param(float), "width": Param(int, default=16), "batch_size": Param(int, default=32)}, load=load)  # parcel_hpc
