@@ -41,6 +41,7 @@ def arguments(tmp_path, **changed):
         ({"save_strategy": "steps"}, "TrainingArguments(save_strategy='steps') saves on its own cadence; set save_strategy='no'"),
         ({"seed": 42}, "TrainingArguments(seed=42, data_seed=None) is not the trial's seed 7; set seed=run.seed"),
         ({"data_seed": 3}, "TrainingArguments(seed=7, data_seed=3) is not the trial's seed 7; set seed=run.seed"),
+        ({"save_only_model": True}, "TrainingArguments(save_only_model=True) saves no optimizer, scheduler or RNGs, so nothing resumes"),
         ({"ignore_data_skip": True}, "TrainingArguments(ignore_data_skip=True) replays consumed batches on resume; leave it False"),
         ({"report_to": ["mlflow", "tensorboard"]}, "TrainingArguments(report_to=['mlflow']) sends the run elsewhere; set report_to='none'"),
         ({"push_to_hub": True}, "TrainingArguments(push_to_hub=True) sends the run elsewhere"),

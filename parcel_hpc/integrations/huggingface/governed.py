@@ -58,6 +58,8 @@ def ungovernable(args: Any, steps: int, seed: int) -> str | None:
         return f"TrainingArguments(save_strategy={value('save_strategy')!r}) saves on its own cadence; set save_strategy='no' (the run says when to save)"
     if value("seed") != seed or value("data_seed") not in (None, seed):
         return f"TrainingArguments(seed={value('seed')}, data_seed={value('data_seed')}) is not the trial's seed {seed}; set seed=run.seed"
+    if value("save_only_model"):
+        return "TrainingArguments(save_only_model=True) saves no optimizer, scheduler or RNGs, so nothing resumes; leave it False"
     if value("ignore_data_skip"):
         return "TrainingArguments(ignore_data_skip=True) replays consumed batches on resume; leave it False"
     if value("load_best_model_at_end"):
@@ -149,6 +151,7 @@ class Governed(TrainerCallback):
         control.should_save = due.checkpoint
         control.should_evaluate = control.should_evaluate or due.validate  # the user's own evaluations go on
         self._validating = step if due.validate else 0
+        self._probabilities = None  # only this milestone's evaluation may be handed to run.validate
         control.should_training_stop = control.should_training_stop or self.run.should_stop
         return control
 
