@@ -13,12 +13,13 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from transformers import EvalPrediction, TrainingArguments  # noqa: E402  # after the skip: transformers is an optional extra
+from transformers import EvalPrediction, TrainingArguments, ViTConfig, ViTForImageClassification  # noqa: E402  # after the skip: transformers is an optional extra
 
 from parcel_hpc.integrations.huggingface import Governed, resume_from, saved_checkpoint  # noqa: E402
 from parcel_hpc.integrations.huggingface.governed import probabilities, ungovernable  # noqa: E402
 from parcel_hpc.trainer import Budget, Restored, Stop, TrainerState, build_params  # noqa: E402
 from parcel_hpc.trainer.preflight import few_examples  # noqa: E402
+from parcel_hpc.trainer.resume import check_resume  # noqa: E402
 from parcel_hpc.trainer.run import LoopError, Run  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
@@ -142,3 +143,26 @@ def test_an_eval_set_other_than_the_runs_validation_in_order_is_refused(small):
             LoopError, match="the Trainer's eval_dataset is not the run's validation examples in their order; build it from run.data.validation"
         ):
             governed.compute_metrics(EvalPrediction(predictions=logits[: len(wrong)], label_ids=wrong))
+
+
+def test_the_resume_check_refuses_a_vit_whose_trainer_resume_drops_its_encoder_weights(small, monkeypatch):
+    # transformers 5.25 writes a ViT's checkpoint under the v4 weight names and the Trainer loads it
+    # with strict=False: the resumed run trains on freshly initialised encoder layers (the ResNet of
+    # the example resumes bit-exact: every launch of it passes this check in its preflight).
+    def vit(width):
+        config = ViTConfig(
+            image_size=32,
+            patch_size=8,
+            num_channels=1,
+            hidden_size=width,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=2 * width,
+            num_labels=2,
+        )
+        return ViTForImageClassification(config)
+
+    monkeypatch.setattr(sys.modules["parcel_hf.train"], "model", vit)
+    found = check_resume(parcel_hf.train, build_params(parcel_hf.train(), {"lr": 0.003, "batch_size": 8}), 0, small)
+    assert not found.exact and found.detail.startswith("a resumed run parts from the uninterrupted one at step "), found
+    assert "files/checkpoint/model.safetensors" in found.detail
