@@ -56,7 +56,8 @@ def test_a_signalled_hf_trainer_saves_mid_epoch_and_the_trainer_resumes_exactly(
     # restores optimizer, scheduler and RNGs and skips the epoch's batches already trained.
     # One point (one corner for the preflight); 28 steps an epoch: the signal comes after the checkpoint at step 10.
     space = [o.replace("choice(16,32)", "choice(32)").replace("choice(0.003,0.03)", "choice(0.03)") for o in SPACE]
-    rec = signalled_once([f"trainer.target={TARGET}", "pruner=none", "train.step_seconds=0.08", *space], cwd=tmp_path, data_dir=data_dir, env=ENV)
+    overrides = [f"trainer.target={TARGET}", "pruner=none", "train.step_seconds=0.15", *space]
+    rec = signalled_once(overrides, cwd=tmp_path, data_dir=data_dir, env=ENV, first_checkpoint_within=300)  # transformers takes seconds to import
     per_epoch = math.ceil(len(training_data.train) / int(rec.spec.params["batch_size"]))
     assert 1 <= rec.attempts[0].step < 60 and rec.attempts[0].step % per_epoch != 0, (rec.attempts[0].step, per_epoch)
     assert rec.metric == uninterrupted(rec.spec.params)
