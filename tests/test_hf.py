@@ -110,6 +110,9 @@ def test_the_signal_saves_the_trainers_checkpoint_into_the_runs_and_leaves(small
     # The rest of the trial, resumed by the Trainer from the run's checkpoint, at step 5.
     rest = trained(small, restored=Restored(4, run.saves[4]))
     assert [s for s, _ in rest.steps] == [5, 6] and rest.validated == [6] and sorted(rest.saves) == [6]
+    # Served from the last saved state alone (the example's load: from_pretrained on the Trainer's checkpoint).
+    served = parcel_hf.train.loader(rest.saves[6], rest.params, SEED, small)(small.validation.images)
+    assert served.shape == (len(small.validation),) and np.isclose(np.mean(served), rest.value, rtol=0, atol=1e-6)
 
 
 def test_a_pruned_trainer_leaves_at_the_milestone_without_saving(small):
