@@ -79,6 +79,7 @@ class Told(Run):
         return Stop.REQUEUE if self.stop_with is Stop.REQUEUE and step == self.at else None
 
     def _save(self, step, state):
+        assert step not in self.saves, f"saved twice at step {step}"
         self.saves[step] = state
 
     def _validated(self, step, value, final, metrics):
@@ -91,16 +92,18 @@ def small(training_data):
     return replace(few_examples(training_data), budget=Budget(STEPS, (2,), 3, "step"))
 
 
-def trained(small, **told):
+def trained(small, batch_size=8, **told):
     trainer = parcel_hf.train()
-    params = build_params(trainer, {"lr": 0.01, "batch_size": 8})
+    params = build_params(trainer, {"lr": 0.01, "batch_size": batch_size})
     run = Told(small, params, **told)
     parcel_hf.train.function(run)
     return run
 
 
 def test_the_signal_saves_the_trainers_checkpoint_into_the_runs_and_leaves(small):
-    run = trained(small, stop=Stop.REQUEUE, at=4)
+    # 16 of 32 examples a batch: every second step ends an epoch, where the Trainer logs, evaluates and
+    # saves again if asked; the milestone (2), the signal (4) and the last step (6) each fall there.
+    run = trained(small, batch_size=16, stop=Stop.REQUEUE, at=4)
     assert [s for s, _ in run.steps] == [1, 2, 3, 4] and run.validated == [2] and sorted(run.saves) == [3, 4]
     assert set(run.steps[1][1]) == {"loss", "grad_norm", "learning_rate"} and set(run.steps[0][1]) == {"learning_rate"}  # the milestone's log
     names = {n.split("/", 2)[-1] for n in run.saves[4].arrays}
@@ -108,7 +111,7 @@ def test_the_signal_saves_the_trainers_checkpoint_into_the_runs_and_leaves(small
     with saved_checkpoint(run.saves[4]) as checkpoint:
         assert '"global_step": 4' in (checkpoint / "trainer_state.json").read_text()
     # The rest of the trial, resumed by the Trainer from the run's checkpoint, at step 5.
-    rest = trained(small, restored=Restored(4, run.saves[4]))
+    rest = trained(small, batch_size=16, restored=Restored(4, run.saves[4]))
     assert [s for s, _ in rest.steps] == [5, 6] and rest.validated == [6] and sorted(rest.saves) == [6]
     # Served from the last saved state alone (the example's load: from_pretrained on the Trainer's checkpoint).
     served = parcel_hf.train.loader(rest.saves[6], rest.params, SEED, small)(small.validation.images)
