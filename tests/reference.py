@@ -38,18 +38,17 @@ class Uninterrupted(Run):
         return None
 
 
-def reference_run(target: str, snapshot: Path, split: Path) -> Callable[..., float]:
+def reference_run(target: str, snapshot: Path, split: Path) -> Callable[..., Any]:
     """``reference(params, steps, seed=1234)``: the validation miss-cost ``target`` (an examples/
     trainer, of either form) reaches in ``steps`` uninterrupted steps. Its class and the data are loaded once."""
     run = uninterrupted_run(target, snapshot, split)
-    return lambda params, steps, seed=1234: run(params, steps, seed).value
 
+    def reference(params: Mapping[str, Any], steps: int, seed: int = 1234, milestones: tuple[int, ...] = ()) -> Any:
+        """With ``milestones``: the value at each of them and at the last step, by step."""
+        done = run(params, steps, seed, milestones)
+        return done.values if milestones else done.value
 
-def reference_curve(target: str, snapshot: Path, split: Path, milestones: tuple[int, ...]) -> Callable[..., dict[int, float]]:
-    """``curve(params, steps, seed=1234)``: the miss-cost ``target`` reaches at each of ``milestones``
-    and at its last step, uninterrupted (step to value)."""
-    run = uninterrupted_run(target, snapshot, split)
-    return lambda params, steps, seed=1234: run(params, steps, seed, milestones).values
+    return reference
 
 
 def uninterrupted_run(target: str, snapshot: Path, split: Path) -> Callable[..., Uninterrupted]:

@@ -170,12 +170,21 @@ def test_a_resumed_cnn_ends_bit_equal_to_an_uninterrupted_one(training_data, cnn
     assert np.array_equal(resumed.serve(data.validation.images), straight.predict("validation"))
 
 
+OPTIONAL = ("parcel_hpc.trainer.torch", "parcel_hpc.testing.torch_trainers", "parcel_hpc.integrations.huggingface")  # each imports torch
+
+
 def test_the_core_never_imports_torch():
-    """Every module of parcel_hpc but the optional parcel_hpc.trainer.torch (and the test trainers built
-    on it), imported in a fresh interpreter: torch stays out of sys.modules."""
+    """Every module of parcel_hpc but the optional ones built on torch (``OPTIONAL``, packages not even
+    walked into: walking a package imports it), imported in a fresh interpreter: torch stays out of sys.modules."""
     code = (
-        "import importlib, pkgutil, sys, parcel_hpc\n"
-        "names = [m.name for m in pkgutil.walk_packages(parcel_hpc.__path__, 'parcel_hpc.') if m.name not in ('parcel_hpc.trainer.torch', 'parcel_hpc.testing.torch_trainers') and not m.name.endswith('__main__')]\n"
+        "import importlib, os, pkgutil, sys, parcel_hpc\n"
+        f"OPTIONAL = {OPTIONAL!r}\n"
+        "def walk(path, prefix):\n"
+        "    for m in pkgutil.iter_modules([path], prefix):\n"
+        "        if m.name in OPTIONAL or m.name.endswith('__main__'): continue\n"
+        "        yield m.name\n"
+        "        if m.ispkg: yield from walk(os.path.join(path, m.name.rpartition('.')[2]), m.name + '.')\n"
+        "names = list(walk(parcel_hpc.__path__[0], 'parcel_hpc.'))\n"
         "for name in names: importlib.import_module(name)\n"
         "print(len(names), 'torch' in sys.modules)\n"
     )

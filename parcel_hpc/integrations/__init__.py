@@ -4,5 +4,6 @@ Each backend is an optional extra, imported only inside its own module (the core
 
 mlflow/            MLflow: a client bound to one server, a search exported as runs (the registry
                    as a release target is ``release/mlflow_registry.py``)
+huggingface/       the Hugging Face Trainer kept unchanged: a callback and a resume line (extra ``hf``)
 optuna_journal.py  a search as an Optuna journal file that ``optuna-dashboard FILE`` opens
 """

@@ -106,16 +106,29 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str, every: flo
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
-def signalled_once(overrides: Sequence[str], *, cwd: Path, data_dir: Path, env: Mapping[str, str], revision: str = "sig", timeout: float = 300) -> TrialRecord:
+def signalled_once(
+    overrides: Sequence[str],
+    *,
+    cwd: Path,
+    data_dir: Path,
+    env: Mapping[str, str],
+    revision: str = "sig",
+    timeout: float = 300,
+    first_checkpoint_within: float = 120,
+) -> TrialRecord:
     """A one-trial search (``search.root=cwd``, ``search.revision=revision``) launched in the background,
     its worker sent SIGUSR2 (what submitit's controller sends at the time limit) once its trial has a
     first checkpoint; the trial's record once the launch has ended with exit 0, its two attempts
     checked: the first interrupted (``timeout``), the second resumed from exactly the step the first
-    reached (the signal waits for a step boundary, where the state is saved) and completed."""
+    reached (the signal waits for a step boundary, where the state is saved) and completed.
+    ``first_checkpoint_within``: seconds for the launch's preflight and the worker's start (a trainer
+    importing a large library takes longer on a busy machine)."""
     argv = [sys.executable, "-m", "parcel_hpc.launch", "-m", f"search.root={cwd}", f"search.revision={revision}", "search.n_trials=1", *overrides]
     launcher = subprocess.Popen(argv, cwd=cwd, env=subprocess_env(data_dir, env), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     search = SearchDir(cwd / revision)
-    wait_for(lambda: launcher.poll() is not None or any((cwd / revision / "checkpoints" / "t0000").glob("ckpt-*.h5")), 120, "a first checkpoint")
+    wait_for(
+        lambda: launcher.poll() is not None or any((cwd / revision / "checkpoints" / "t0000").glob("ckpt-*.h5")), first_checkpoint_within, "a first checkpoint"
+    )
     assert launcher.poll() is None, launcher.stderr.read() if launcher.stderr else ""
     started = [e.data for e in search.events("t0000") if isinstance(e.data, Started)][-1]
     os.kill(started.pid, signal.SIGUSR2)

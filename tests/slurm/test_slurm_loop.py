@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("torch")  # the [torch] extra; scripts/test.sh installs it
 
-from reference import EXAMPLES, reference_curve  # noqa: E402
+from reference import EXAMPLES, reference_run  # noqa: E402
 
 from parcel_hpc.ledger import MetricResume, SearchDir  # noqa: E402
 from parcel_hpc.testing import launch  # noqa: E402
@@ -39,9 +39,9 @@ def test_a_loop_of_its_own_preempted_on_slurm_resumes_with_every_milestone_exact
     records = list(search.records())
     assert {r.state.value for r in records} == {"completed"}, [(r.trial_id, r.state.value, r.reason) for r in records]
     preempted = {r.trial_id for r in preempted_and_resumed(records)}
-    curve = reference_curve(TARGET, data_dir / "parcels.h5", data_dir / "split-group_r8.json", MILESTONES)
+    reference = reference_run(TARGET, data_dir / "parcels.h5", data_dir / "split-group_r8.json")
     for r in records:
-        expected = curve(r.spec.params, 100)
+        expected = reference(r.spec.params, 100, milestones=MILESTONES)
         reported = [(e.data.step, e.data.value) for e in search.events(r.trial_id) if e.kind.value == "milestone"]
         # every milestone each attempt reported, the resumed ones' included, bit-equal to the uninterrupted run's
         assert {s for s, _ in reported} == set(expected) and all(v == expected[s] for s, v in reported), (r.trial_id, reported, expected)
