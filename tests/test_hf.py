@@ -118,6 +118,11 @@ def test_the_signal_saves_the_trainers_checkpoint_into_the_runs_and_leaves(small
     assert served.shape == (len(small.validation),) and np.isclose(np.mean(served), rest.value, rtol=0, atol=1e-6)
 
 
+def test_a_signal_at_a_milestone_hands_the_milestone_then_saves_and_leaves(small):
+    run = trained(small, stop=Stop.REQUEUE, at=2)  # mid-epoch (4 steps an epoch), at the milestone
+    assert [s for s, _ in run.steps] == [1, 2] and run.validated == [2] and sorted(run.saves) == [2]
+
+
 def test_a_pruned_trainer_leaves_at_the_milestone_without_saving(small):
     run = trained(small, stop=Stop.PRUNED, at=2)
     assert [s for s, _ in run.steps] == [1, 2] and run.validated == [2] and run.saves == {}

@@ -190,6 +190,11 @@ class Run(ABC):
         return self.stop is not None
 
     @property
+    def leaves_unsaved(self) -> bool:
+        """Return now without saving: pruned, cancelled, rejected or quarantined (a requeue saves first)."""
+        return self.stop is not None and not self.stop.saves_first
+
+    @property
     def done(self) -> bool:
         """The loop handed the last step's validation: the trial's result is whole, whatever stop came with it."""
         return self.validated_step == self.budget.steps

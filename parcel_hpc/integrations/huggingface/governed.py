@@ -163,7 +163,7 @@ class Governed(TrainerCallback):
             raise LoopError("the Trainer evaluated without the run's compute_metrics; pass Trainer(compute_metrics=governed.compute_metrics)")
         probabilities, self._probabilities = self._probabilities, None
         self.run.validate(probabilities)
-        if self.run.should_stop:  # pruned or cancelled: leave without saving
+        if self.run.leaves_unsaved:  # pruned or cancelled: leave without saving (a requeue at a milestone still saves)
             control.should_save, control.should_training_stop = False, True
         return control
 
