@@ -17,7 +17,12 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
 class Uninterrupted(Run):
-    """A run with nothing behind it: no checkpoint to restore, no stop, saves kept nowhere."""
+    """A run with nothing behind it: no checkpoint to restore, no stop, saves kept nowhere; the value
+    it reached at each validation kept in ``values`` (step to miss-cost)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.values: dict[int, float] = {}
 
     def _restore(self):
         return None
@@ -29,12 +34,27 @@ class Uninterrupted(Run):
         pass
 
     def _validated(self, step, value, final, metrics):
+        self.values[step] = value
         return None
 
 
 def reference_run(target: str, snapshot: Path, split: Path) -> Callable[..., float]:
     """``reference(params, steps, seed=1234)``: the validation miss-cost ``target`` (an examples/
     trainer, of either form) reaches in ``steps`` uninterrupted steps. Its class and the data are loaded once."""
+    run = uninterrupted_run(target, snapshot, split)
+    return lambda params, steps, seed=1234: run(params, steps, seed).value
+
+
+def reference_curve(target: str, snapshot: Path, split: Path, milestones: tuple[int, ...]) -> Callable[..., dict[int, float]]:
+    """``curve(params, steps, seed=1234)``: the miss-cost ``target`` reaches at each of ``milestones``
+    and at its last step, uninterrupted (step to value)."""
+    run = uninterrupted_run(target, snapshot, split)
+    return lambda params, steps, seed=1234: run(params, steps, seed, milestones).values
+
+
+def uninterrupted_run(target: str, snapshot: Path, split: Path) -> Callable[..., Uninterrupted]:
+    """``run(params, steps, seed, milestones=())``: ``target`` run uninterrupted for ``steps``, validated
+    at ``milestones`` and its last step."""
     module, _, name = target.partition(":")
     sys.path.insert(0, str(EXAMPLES))
     try:
@@ -47,12 +67,12 @@ def reference_run(target: str, snapshot: Path, split: Path) -> Callable[..., flo
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     metric = MissCost("miss-cost-r3", 5.0, 1.0)
 
-    def reference(params: Mapping[str, Any], steps: int, seed: int = 1234) -> float:
+    def run(params: Mapping[str, Any], steps: int, seed: int, milestones: tuple[int, ...] = ()) -> Uninterrupted:
         trainer = cls()
-        given = replace(data, budget=Budget(steps, (), steps, cls.unit))  # its length, as a trial's run gives it
+        given = replace(data, budget=Budget(steps, milestones, steps, cls.unit))  # its length, as a trial's run gives it
         trainer.build(build_params(trainer, params), seed, given)
-        run = Uninterrupted(build_params(trainer, params), seed, given, lambda scores: metric(scores, data.validation.labels))
-        run_loop(trainer, run)  # the class form through the toolkit's loop, the function form through its own
-        return run.value
+        done = Uninterrupted(build_params(trainer, params), seed, given, lambda scores: metric(scores, data.validation.labels))
+        run_loop(trainer, done)  # the class form through the toolkit's loop, the function form through its own
+        return done
 
-    return reference
+    return run
