@@ -25,6 +25,7 @@ from torch.utils.data import TensorDataset
 
 from parcel_hpc.integrations.lightning import Governed, ResumableLoader, load_module, probabilities
 from parcel_hpc.trainer import Param, Run, TrainerState, TrainingData, loop
+from parcel_hpc.trainer import torch as parcel_torch
 
 
 class ParcelNet(L.LightningModule):
@@ -85,7 +86,7 @@ def train(run: Run) -> None:
             max_epochs=-1,  # parcel_hpc
             plugins=[LightningEnvironment()],  # parcel_hpc: parcel_hpc requeues, not Lightning's SLURM environment
             callbacks=[governed],  # parcel_hpc
-            accelerator="gpu" if run.data.devices.count else "cpu",
+            accelerator="gpu" if parcel_torch.device(run.data).type == "cuda" else "cpu",  # the attempt's GPU grant, or the CPU
             devices=1,
             gradient_clip_val=1.0,
             deterministic=True,

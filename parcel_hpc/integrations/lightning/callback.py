@@ -12,9 +12,10 @@ the ``ckpt_path`` of the trial's last checkpoint (None on a first attempt) and e
 callback left ``fit``.
 
 Exact resume mid-epoch needs what Lightning's checkpoint lacks: the global generators (kept in the
-callback's own state, put back just before the first resumed step) and the train loader's state
-(handed back at ``on_train_start`` as well, Lightning #20550); the loader must be stateful
-(``ResumableLoader``). A Trainer that cannot be governed is refused with ``Ungoverned`` at
+callback's own state, put back just before the first resumed step), and a stateful train loader
+(``ResumableLoader``), whose state Lightning saves and hands back itself. ``max_epochs=-1`` is
+required, which also keeps Lightning #20550 away (with a finite ``max_epochs``,
+``estimated_stepping_batches`` sets the loader up before the restore and it never gets its state). A Trainer that cannot be governed is refused with ``Ungoverned`` at
 ``setup``/``on_train_start``: Lightning's own SLURM requeue on (or left to Lightning to choose),
 ``max_steps`` not the trial's steps, ``max_epochs`` not -1, several processes, a loader that cannot be
 resumed, ``fit`` run outside ``resume()`` or with another ``ckpt_path``.
@@ -173,8 +174,6 @@ class Governed(pl.Callback):
         self._ckpt_path: str | None = None
         self._told = 0  # the last global step told to the run
         self._pending_rngs: dict[str, Any] | None = None
-        self._pending_loader: Any = None
-        self._trainer: pl.Trainer | None = None
 
     @contextmanager
     def resume(self) -> Iterator[str | None]:
@@ -200,7 +199,6 @@ class Governed(pl.Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
-        self._trainer = trainer
         why = refusal(setup_of(trainer), self.run.budget.steps)
         if why is not None:
             raise Ungoverned(why)
@@ -218,17 +216,13 @@ class Governed(pl.Callback):
                 f"the train loader ({', '.join(bad)}) cannot be resumed mid-epoch: a preempted trial would train on other batches; "
                 "use parcel_hpc.integrations.lightning.ResumableLoader(dataset, batch_size, seed=run.seed)"
             )
-        if self._pending_loader is not None:  # Lightning #20550: where Lightning set the loader up before the restore
-            trainer.train_dataloader.load_state_dict(self._pending_loader)
-            self._pending_loader = None
 
     # --- the state Lightning's checkpoint carries for the callback -------------------------------
     def state_dict(self) -> dict[str, Any]:
-        loader = self._trainer.train_dataloader if self._trainer is not None else None
-        return {"rngs": encode_rngs(*rng.save()), "loader": loader.state_dict() if callable(getattr(loader, "state_dict", None)) else None}
+        return {"rngs": encode_rngs(*rng.save())}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._pending_rngs, self._pending_loader = state_dict["rngs"], state_dict.get("loader")
+        self._pending_rngs = state_dict["rngs"]
 
     # --- every step ---------------------------------------------------------------------------
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:

@@ -4,8 +4,8 @@ A plain ``DataLoader(shuffle=True)`` is not stateful: Lightning restarts an inte
 first batch (with a warning only) and a resumed trial trains on other batches than the uninterrupted
 one. ``ResumableLoader`` is a ``DataLoader`` whose batch sampler shuffles with a generator of its
 own (seeded from the trial's seed, never the global one) and whose ``state_dict`` is that generator
-at the epoch's start and the batches yielded since, so Lightning (and ``Governed``, Lightning #20550)
-hand it back and the epoch goes on where it stopped. Skipped batches are never loaded.
+at the epoch's start and the batches yielded since: Lightning saves it and
+hands it back and the epoch goes on where it stopped. Skipped batches are never loaded.
 
 Must not: draw from a process-wide generator; know anything of parcel_hpc's runs.
 """
