@@ -1,8 +1,10 @@
 """A small Lightning CNN on the raw parcel frames, trained by ``Trainer.fit`` as its author wrote it:
 a cosine schedule over ``self.trainer.estimated_stepping_batches``, gradient clipping, a logger, a
 noise augmentation drawing from torch's global generator. The lines parcel_hpc asks for are marked
-``# parcel_hpc`` (docs/bring-your-own-model.md, "Lightning"): the decorator and ``load``, the
-resumable loader, the callback, three Trainer arguments and the ``ckpt_path`` of ``governed.resume()``.
+``# parcel_hpc`` (docs/bring-your-own-model.md, "Lightning", counts them: 15): three imports, ``load``
+(the serving entry), the decorator, the resumable loader, the callback, three Trainer arguments and
+the ``ckpt_path`` of ``governed.resume()``; where the script read its hyperparameters, seed and data,
+it reads ``run.params``, ``run.seed`` and ``run.data``.
 
 What makes a preempted trial end with the uninterrupted one's metric: everything is seeded from
 ``run.seed``, the train loader resumes mid-epoch (``ResumableLoader``), and the callback keeps the
@@ -19,13 +21,12 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.loggers import CSVLogger
-from lightning.pytorch.plugins.environments import LightningEnvironment
+from lightning.pytorch.plugins.environments import LightningEnvironment  # parcel_hpc
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from parcel_hpc.integrations.lightning import Governed, ResumableLoader, load_module, probabilities
-from parcel_hpc.trainer import Param, Run, TrainerState, TrainingData, loop
-from parcel_hpc.trainer import torch as parcel_torch
+from parcel_hpc.integrations.lightning import Governed, ResumableLoader, predictor  # parcel_hpc
+from parcel_hpc.trainer import Param, Run, TrainerState, TrainingData, loop  # parcel_hpc
 
 
 class ParcelNet(L.LightningModule):
@@ -65,12 +66,11 @@ class ParcelNet(L.LightningModule):
 
 def load(state: TrainerState, params: Mapping[str, Any], seed: int, data: TrainingData) -> Callable[[np.ndarray], np.ndarray]:  # parcel_hpc
     """The served model: built without examples, the weights of the saved Lightning checkpoint, raw frames to probabilities."""
-    model = load_module(ParcelNet(float(params["lr"]), int(params["width"])), state)
-    return lambda frames: probabilities(model, frames)
+    return predictor(ParcelNet(float(params["lr"]), int(params["width"])), state)  # parcel_hpc
 
 
 @loop(parameters={"lr": Param(float), "width": Param(int, default=8), "batch_size": Param(int, default=32)}, load=load)  # parcel_hpc
-def train(run: Run) -> None:
+def train(run: Run) -> None:  # parcel_hpc
     L.seed_everything(run.seed, verbose=False)
     frames = torch.tensor(np.asarray(run.data.train.images))
     labels = torch.tensor(np.asarray(run.data.train.labels), dtype=torch.float32)
@@ -86,7 +86,6 @@ def train(run: Run) -> None:
             max_epochs=-1,  # parcel_hpc
             plugins=[LightningEnvironment()],  # parcel_hpc: parcel_hpc requeues, not Lightning's SLURM environment
             callbacks=[governed],  # parcel_hpc
-            accelerator="gpu" if parcel_torch.device(run.data).type == "cuda" else "cpu",  # the attempt's GPU grant, or the CPU
             devices=1,
             gradient_clip_val=1.0,
             deterministic=True,

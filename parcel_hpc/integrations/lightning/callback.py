@@ -119,7 +119,9 @@ def unresumable(loaders: Any) -> list[str]:
 def encode_rngs(arrays: Mapping[str, np.ndarray], scalars: Mapping[str, Any]) -> dict[str, Any]:
     """``rng.save()``'s arrays as bytes tensors with their dtype and shape; scalars as they are (JSON)."""
     return {
-        "arrays": {k: {"bytes": torch.frombuffer(bytearray(a.tobytes()), dtype=torch.uint8), "dtype": a.dtype.str, "shape": list(a.shape)} for k, a in arrays.items()},
+        "arrays": {
+            k: {"bytes": torch.frombuffer(bytearray(a.tobytes()), dtype=torch.uint8), "dtype": a.dtype.str, "shape": list(a.shape)} for k, a in arrays.items()
+        },
         "scalars": dict(scalars),
     }
 
@@ -149,11 +151,13 @@ def probabilities(module: pl.LightningModule, frames: np.ndarray, context: Calla
     return torch.cat(out).double().numpy() if out else np.zeros(0)
 
 
-def load_module(module: pl.LightningModule, state: TrainerState) -> pl.LightningModule:
-    """``module`` (built as for training) with the weights of the Lightning checkpoint ``state`` holds: the served model."""
+def predictor(module: pl.LightningModule, state: TrainerState) -> Callable[[np.ndarray], np.ndarray]:
+    """The served model: ``module`` (built as for training) given the weights of the Lightning checkpoint
+    ``state`` holds, raw frames (n, H, W) to probabilities (n,) through its ``predict_step``."""
     checkpoint = torch.load(io.BytesIO(np.asarray(state.arrays[FILES + CHECKPOINT], dtype=np.uint8).tobytes()), map_location="cpu", weights_only=True)
     module.load_state_dict(checkpoint["state_dict"])
-    return module.eval()
+    module.eval()
+    return lambda frames: probabilities(module, frames)
 
 
 def step_metrics(outputs: Any, trainer: pl.Trainer) -> dict[str, float]:
