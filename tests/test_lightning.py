@@ -11,13 +11,13 @@ import textwrap
 
 import numpy as np
 import pytest
-from reference import EXAMPLES, reference_run
+from reference import EXAMPLES, Uninterrupted, reference_run
 
 from parcel_hpc.errors import UsageError
 from parcel_hpc.ledger import MetricResume, SearchDir
 from parcel_hpc.testing import launch
 from parcel_hpc.testing.runs import signalled_once
-from parcel_hpc.trainer import Budget, Run, Stop, TrainerState, run_loop
+from parcel_hpc.trainer import Budget, Stop, TrainerState, run_loop
 from parcel_hpc.trainer import rng as process_rng
 from parcel_hpc.trainer.params import with_defaults
 from parcel_hpc.trainer.preflight import few_examples, preflight
@@ -191,24 +191,14 @@ def test_the_launchs_check_refuses_a_train_loader_lightning_cannot_resume(drifti
     assert "use parcel_hpc.integrations.lightning.ResumableLoader(dataset, batch_size, seed=run.seed)" in str(refused.value)
 
 
-class Once(Run):
-    """A fresh run that keeps its saves and validations."""
+class PrunedAt4(Uninterrupted):
+    """A fresh run (no checkpoint behind it) pruned at its milestone 4; ``values`` keeps what it was handed."""
 
     def __init__(self, data):
         super().__init__({"lr": 0.03, "width": 4, "batch_size": 8}, 0, data, lambda scores: float(np.mean(scores)))
-        self.validated: dict[int, float] = {}
-
-    def _restore(self):
-        return None
-
-    def _stepped(self, step):
-        return None
-
-    def _save(self, step, state):
-        pass
 
     def _validated(self, step, value, final, metrics):
-        self.validated[step] = value
+        super()._validated(step, value, final, metrics)
         return Stop.PRUNED if step == 4 else None
 
 
@@ -216,14 +206,14 @@ def test_a_fit_outside_resume_is_refused_and_a_pruned_fit_ends_without_a_save(ex
     from dataclasses import replace
 
     data = replace(small_data, budget=Budget(8, (4,), 3))
-    run = Once(data)
+    run = PrunedAt4(data)
     run_loop(example(), run)  # the example's own resume() block: pruned at step 4, fit left quietly
-    assert run.stop is Stop.PRUNED and run.step == 4 and list(run.validated) == [4]
+    assert run.stop is Stop.PRUNED and run.step == 4 and list(run.values) == [4]
     assert isinstance(run.last_saved, TrainerState)  # the cadence's save at step 3, none after the prune
     served = example.loader(run.last_saved, run.params, 0, data)(data.validation.images[:5])
     assert served.shape == (5,) and ((served > 0) & (served < 1)).all()
 
-    governed = Governed(Once(data))
+    governed = Governed(PrunedAt4(data))
     trainer = L.Trainer(max_steps=8, max_epochs=-1, plugins=[LightningEnvironment()], callbacks=[governed], logger=False, enable_checkpointing=False)
     module = sys.modules["parcel_lightning.model"].ParcelNet(0.03, 4)
     loader = ResumableLoader(torch.utils.data.TensorDataset(torch.zeros(8, 32, 32), torch.zeros(8)), 4, seed=0)
@@ -241,7 +231,14 @@ def uninterrupted(artifacts):
 
 def test_a_lightning_search_prunes_and_completes_with_the_uninterrupted_metric(tmp_path, artifacts, uninterrupted):
     shutil.copytree(artifacts["dir"], tmp_path / "data")
-    args = [f"search.root={tmp_path / 'runs'}", "search.revision=lightning", f"trainer.target={TARGET}", "search.n_trials=4", *SPACE, "batch_size=choice(16,32)"]
+    args = [
+        f"search.root={tmp_path / 'runs'}",
+        "search.revision=lightning",
+        f"trainer.target={TARGET}",
+        "search.n_trials=4",
+        *SPACE,
+        "batch_size=choice(16,32)",
+    ]
     # The random sampler draws (32, 0.03) first and (32, 0.0003) third (the others repeat them): the
     # first leads at step 80 (miss-cost 0.520 against 0.582), and the second is pruned there.
     res = launch([*args, "hydra.launcher.parallelism=1", "pruner.milestones=[80,100]", "pruner.min_peers=1"], cwd=tmp_path, data_dir=tmp_path / "data", env=ENV)
