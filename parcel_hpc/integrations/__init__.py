@@ -5,4 +5,5 @@ Each backend is an optional extra, imported only inside its own module (the core
 mlflow/            MLflow: a client bound to one server, a search exported as runs (the registry
                    as a release target is ``release/mlflow_registry.py``)
 optuna_journal.py  a search as an Optuna journal file that ``optuna-dashboard FILE`` opens
+lightning/         Lightning: ``Trainer.fit`` kept, the ``Governed`` callback added (a function-form trainer)
 """

@@ -26,15 +26,15 @@ PER_EPOCH = 56  # 891 train frames in batches of 16
 def test_a_lightning_fit_preempted_on_slurm_mid_epoch_resumes_with_every_milestone_exact(tmp_path, data_dir, cluster_guard):
     _, names = cluster_guard
     names += ["parcel-lightning", PREEMPTOR]
-    args = ["hydra/launcher=submitit_slurm", f"search.root={tmp_path / 'runs'}", "search.revision=lightning", f"trainer.target={TARGET}", "search.n_trials=2"]
-    args += ["~space.params.hidden", "~space.params.l2", "batch_size=choice(16)", "lr=choice(0.0003,0.03)", "train.steps=100", "pruner=none"]
-    args += ["hydra.launcher.array_parallelism=2", "resources.gpus=0", "train.step_seconds=0.1", "search.wait=false"]
+    args = ["hydra/launcher=submitit_slurm", f"search.root={tmp_path / 'runs'}", "search.revision=lightning", f"trainer.target={TARGET}", "search.n_trials=1"]
+    args += ["~space.params.hidden", "~space.params.l2", "batch_size=choice(16)", "lr=choice(0.03)", "train.steps=100", "pruner=none"]
+    args += ["hydra.launcher.array_parallelism=1", "resources.gpus=0", "train.step_seconds=0.1", "search.wait=false"]
     res = launch(args, cwd=tmp_path, data_dir=data_dir, env={"PYTHONPATH": str(EXAMPLES)})  # sbatch passes the launch's environment to the jobs
     assert res.returncode == 0, res.stderr
     search = SearchDir(tmp_path / "runs" / "lightning")
 
     node = wait_for(lambda: running_past(search, 20), 120, "a running trial with a checkpoint at step >= 20")
-    preempt(node, "--exclusive")  # every trial on that node: its whole CPU
+    preempt(node, "--exclusive")  # the whole node: its CPU
     wait_for(lambda: all(search.record(t).state.is_finished() for t in search.trial_ids()), 240, "every trial to finish")
 
     records = list(search.records())
