@@ -126,6 +126,7 @@ def test_the_example_resumes_exactly_mid_epoch_in_the_launchs_check(example, sma
 
 
 DRIFTING = """
+import functools
 import torch
 from torch.utils.data import DataLoader
 import parcel_lightning.model as m
@@ -152,15 +153,23 @@ def plain(run):
     finally:
         m.ResumableLoader = kept
 
+def mixed(run):
+    m.L.Trainer, kept = functools.partial(m.L.Trainer, precision="bf16-mixed", accumulate_grad_batches=2), m.L.Trainer
+    try:
+        m.train.function(run)
+    finally:
+        m.L.Trainer = kept
+
 Jittering = m.loop(parameters=m.train.parameters, load=m.load)(jitter)
+Mixed = m.loop(parameters=m.train.parameters, load=m.load)(mixed)
 PlainLoader = m.loop(parameters=m.train.parameters, load=m.load)(plain)
 """
 
 
 @pytest.fixture(scope="module")
 def drifting(example, tmp_path_factory):
-    """Two Lightning variants of the example a user might write: one drawing noise from a generator
-    of its own, one with a plain DataLoader(shuffle=True)."""
+    """Variants of the example a user might write: one drawing noise from a generator of its own, one
+    with a plain DataLoader(shuffle=True), and one (that resumes) with bf16 autocast and accumulation."""
     import importlib.util
 
     path = tmp_path_factory.mktemp("drift") / "drifting_lightning.py"
@@ -169,6 +178,13 @@ def drifting(example, tmp_path_factory):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def test_bf16_autocast_and_gradient_accumulation_resume_exactly_mid_epoch(drifting, small_data):
+    # 4 batches an epoch, 2 per optimizer step: the interruption after step 3 falls after batch 6 of 8.
+    cls = drifting.Mixed
+    found = check_resume(cls, with_defaults(cls.parameters, {"lr": 0.03, "batch_size": 8}), 0, small_data)
+    assert found.exact, found.detail
 
 
 def test_the_launchs_check_refuses_a_lightning_variant_whose_generator_no_state_holds(drifting, small_data):
