@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _suite import Figure, print_table  # noqa: E402
 
-BENCHES = ("checkpoints", "local", "pruning", "sampler", "rss", "ledger", "reconcile", "scale", "faults", "slurm", "slots", "torch", "report")
+BENCHES = ("checkpoints", "local", "pruning", "sampler", "rss", "ledger", "reconcile", "scale", "faults", "slurm", "slots", "torch", "lightning", "report")
 
 
 def main() -> None:

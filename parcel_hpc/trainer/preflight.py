@@ -13,7 +13,10 @@ nothing written. ``check-trainer`` runs the longer conformance check.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import logging
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -63,7 +66,8 @@ def preflight(
     unread: set[str] | None = None
     for what, params in trials:
         try:
-            found = check_resume(cls, with_defaults(declared, params), seed, data)
+            with quiet():
+                found = check_resume(cls, with_defaults(declared, params), seed, data)
         except Exception as exc:  # the trainer's own error, whatever it is, is the finding
             message = " ".join(str(exc).split()) or "no message"
             raise UsageError(
@@ -83,6 +87,20 @@ def preflight(
             f"preflight: {target} declares {names} but never reads {'them' if len(unread) > 1 else 'it'}: the search would vary "
             f"{'them' if len(unread) > 1 else 'it'} and change nothing; read {sorted(unread)[0]} from params (or run.params) or remove it from the trainer's parameters"
         )
+
+
+@contextmanager
+def quiet() -> Iterator[None]:
+    """The trainer's libraries' logging and warnings held back while it is tried (Lightning announces
+    its accelerator and hints at srun on every fit): the launch's refusal stays one line."""
+    held = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logging.disable(held)
 
 
 def _shown(params: Mapping[str, Any]) -> str:

@@ -199,7 +199,8 @@ def _likely(
             if _validation_gap(whole, tried, 2 * k) is None:
                 return f"{generator.words}: the state leaves it out; save it (parcel_hpc.trainer.torch.pack saves every process-wide generator)"
     names = [n.lower() for n in restored.state.arrays] + [n.lower() for n in _flat(restored.state.scalars)]
-    if not any(word in name for name in names for word in _OPTIMIZER_WORDS):
+    # A library's own checkpoint file (Lightning's, Hugging Face's) holds its optimizer under no key of ours.
+    if not restored.has_files and not any(word in name for name in names for word in _OPTIMIZER_WORDS):
         return "the optimizer: no key of the state holds its moments; save optimizer.state_dict() with the state"
     return (
         "a random generator of the trainer's own that the state leaves out: a sampler's torch.Generator (save it: pack(..., generators=...)) "
