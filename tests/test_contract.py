@@ -5,10 +5,10 @@ import os
 
 import pytest
 
-from parcel_hpc.errors import CorruptRecord, GovernanceRefusal
+from parcel_hpc.errors import CorruptRecord
 from parcel_hpc.governance.admission import TrialIdentity, WorkerObservation, admit, check_worker
 from parcel_hpc.governance.contract import Contract, first_difference, freeze_contract, load_contract
-from parcel_hpc.governance.outcome import Outcome
+from parcel_hpc.governance.outcome import GovernanceRefusal, Outcome
 
 FIELDS = {
     "snapshot_digest": "sha256:" + "a" * 64,
@@ -130,7 +130,7 @@ def test_edited_contract_file_is_detected(tmp_path):
 
 
 def test_every_outcome_token_is_one_type_parsed_and_printed_in_one_place():
-    from parcel_hpc.errors import GovernanceRefusal
+    from parcel_hpc.governance.outcome import GovernanceRefusal
 
     for token in ("admit", "reject:image_digest", "hold:budget", "hold:slice-quality", "evaluate:final-holdout", "release:registered"):
         assert str(Outcome.parse(token)) == token

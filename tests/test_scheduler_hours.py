@@ -11,13 +11,13 @@ from rich.console import Console
 
 from parcel_hpc.accounting.account import SearchPart, over_searches
 from parcel_hpc.accounting.account_report import render_table
+from parcel_hpc.accounting.listing import SearchSummary
 from parcel_hpc.accounting.reconcile import WASTE_OF_CAUSE, FlagKind, Waste, reconcile, waste_of_state
 from parcel_hpc.accounting.spend import Hours, attempt_spend, run_spends, search_spend, stale_holds
 from parcel_hpc.budget import BudgetCaps, BudgetLedger, Hold, JournalTotals, JournalView, KeyState, Rates, ReservationKey, SearchBudget, attempt_usage
 from parcel_hpc.commands.list import render
 from parcel_hpc.errors import UsageError
 from parcel_hpc.ledger import Cause, Event, LauncherState, TrialSpec, fold
-from parcel_hpc.ledger.searches import SearchSummary
 from parcel_hpc.lifecycle.resolution import filed_runs
 from parcel_hpc.scheduler.slurm.runs import JobRun, runs_by_job
 from parcel_hpc.scheduler.slurm.states import JobState
