@@ -100,6 +100,15 @@ def test_a_lost_attempt_counts_to_its_runs_end_once_the_scheduler_recorded_it():
     assert records[1].attempts[0].counted_end() == 1025.0 and records[1].attempts[0].settled_by_scheduler()
 
 
+def test_a_finished_trial_ends_where_its_last_attempts_hours_end():
+    first, second, runs = node_down_pack()
+    filed = [accounted(r, 1400 + i, 9000 + i) for i, r in enumerate(runs)]
+    assert fold(spec("t0002"), second[:4] + filed).ended_at is None  # still running: no end yet
+    done = fold(spec("t0002"), second + filed)
+    assert done.ended_at == 1300.0 == max(a.counted_end() or 0.0 for a in done.attempts)
+    assert fold(spec("t0001"), first).ended_at == 1010.0
+
+
 def test_reconcile_settles_what_sacct_filed_and_the_ledger_did_not_record_in_memory():
     first, second, runs = node_down_pack()
     records = [fold(spec("t0001"), first), fold(spec("t0002"), second)]
