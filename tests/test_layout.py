@@ -258,3 +258,16 @@ def test_one_default_for_how_many_checkpoints_a_trial_keeps():
     from parcel_hpc.config import CONF_DIR, CheckpointConf
 
     assert yaml.safe_load((CONF_DIR / "checkpoint" / "default.yaml").read_text())["keep_last"] == KEEP_LAST == CheckpointConf().keep_last
+
+
+def test_hydra_scanning_plugins_imports_neither_the_launch_nor_submitit():
+    """Hydra imports every plugin module at each app's start (ours too, for any Hydra app in the
+    environment): the sweeper's logic is imported lazily (``_impl``), when it runs."""
+    code = (
+        "import sys; from hydra.core.plugins import Plugins; from hydra.plugins.sweeper import Sweeper; "
+        "found = [p.__module__ for p in Plugins.instance().discover(Sweeper)]; "
+        "print(found); print(sorted(m for m in sys.modules if m == 'submitit' or m.startswith(('parcel_hpc.launch', 'hydra_plugins.parcel_hpc_plugins._impl'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert "hydra_plugins.parcel_hpc_plugins.sweeper" in out[0]
+    assert out[1] == "[]"
