@@ -90,6 +90,20 @@ def test_a_users_own_config_directory_adds_options(installed, artifacts, tmp_pat
     assert len(rows) == 2 and all("batch_size=64" in r for r in rows), run.stdout  # the user's space, not space_r4
 
 
+def test_every_package_directory_ships():
+    """pyproject.toml lists its packages (conf/ and sbatch_templates/ are mapped into the package
+    from the top of the repository): every package directory of the tree is listed, and only those."""
+    import tomllib
+
+    from setuptools import find_namespace_packages
+
+    tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    found = set(find_namespace_packages(str(ROOT), include=["parcel_hpc", "parcel_hpc.*", "hydra_plugins", "hydra_plugins.*"]))
+    found = {p for p in found if (ROOT / p.replace(".", "/") / "__init__.py").is_file() or p == "hydra_plugins"}  # the namespace Hydra scans
+    assert set(tool["packages"]) == found | set(tool["package-dir"]), set(tool["packages"]) ^ (found | set(tool["package-dir"]))
+    assert all((ROOT / d / "__init__.py").is_file() for d in tool["package-dir"].values())
+
+
 def test_the_documented_print_the_config_form_works(tmp_path):
     for argv in (["-m", "--cfg", "job"], ["--cfg", "job"], ["-m", "--cfg", "job", "lr=tag(log,interval(0.003,0.3))", "search.seed=3"]):
         run = subprocess.run([sys.executable, "-m", "parcel_hpc.launch", *argv], cwd=tmp_path, capture_output=True, text=True, timeout=120)

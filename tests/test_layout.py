@@ -118,7 +118,7 @@ def test_the_cycle_finder_finds_a_cycle():
 # may import each other (the module graph stays acyclic: the test above). A name is a package or a
 # module; a module named on its own is a pure one that serves below its package.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("console", "conf"),  # conf: the config groups, package data with no imports
+    ("console",),
     ("errors",),
     ("fsio", "ownership", "documents", "plotting"),
     ("governance",),
