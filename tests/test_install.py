@@ -25,9 +25,7 @@ def installed(tmp_path_factory) -> Path:
     where = tmp_path_factory.mktemp("site")
     wheels = tmp_path_factory.mktemp("wheel")
     source = tmp_path_factory.mktemp("source") / "parcel_hpc"  # a copy: building writes build/ and egg-info beside the sources
-    shutil.copytree(
-        ROOT, source, ignore=shutil.ignore_patterns(".git", ".venv", "runs", "data", "build", "*.egg-info", "__pycache__", ".peers*", "multirun", "outputs")
-    )
+    shutil.copytree(ROOT, source, ignore=_not_sources)
     build = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), str(source)]
     subprocess.run(build, check=True, capture_output=True, text=True, timeout=300)
     (wheel,) = wheels.glob("parcel_hpc-*.whl")
@@ -35,6 +33,13 @@ def installed(tmp_path_factory) -> Path:
         [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(where), str(wheel)], check=True, capture_output=True, timeout=300
     )
     return where
+
+
+def _not_sources(folder: str, names: list[str]) -> list[str]:
+    """What the wheel is not built from: the checkout's own folders (runs/, data/, the venv) at its
+    top only (parcel_hpc/data is a package), and build leftovers anywhere."""
+    top = {".git", ".venv", "runs", "data", "build", "multirun", "outputs"} if Path(folder) == ROOT else set()
+    return [n for n in names if n in top or n == "__pycache__" or n.endswith(".egg-info") or n.startswith(".peers")]
 
 
 def _env(site: Path, data_dir: Path) -> dict[str, str]:
