@@ -1,6 +1,6 @@
 """Batch scripts parcel_hpc renders itself, and the one ``sbatch`` shell-out around them.
 
-Owns: the values that fill ``sbatch_templates/*.sbatch`` (at the top of the repository) (``SbatchValues``, validated at birth),
+Owns: the values that fill ``sbatch_templates/*.sbatch`` at the top of the repository (``SbatchValues``, validated at birth),
 rendering a template, writing the script, the ``sbatch`` argv and the parser of what sbatch prints.
 Must not: decide what to run or when (selection, governance and the CLI do that), read the
 environment or the clock, or render trial jobs (submitit writes those itself).
