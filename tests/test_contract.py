@@ -142,3 +142,18 @@ def test_every_outcome_token_is_one_type_parsed_and_printed_in_one_place():
     assert GovernanceRefusal("reject:cancelled", "why").outcome == Outcome.reject("cancelled")  # a user's token is parsed
     with pytest.raises(ValueError):
         GovernanceRefusal("stop", "not an outcome")
+
+
+def test_a_refusal_ends_with_its_outcome_first_on_stdout_and_exit_3(capsys):
+    """``GovernanceRefusal`` lives beside ``Outcome``; ``errors.exit_on_error`` prints its headline
+    (the outcome) on stdout, the detail on stderr on one line, and exits 3."""
+    from parcel_hpc.errors import exit_on_error
+    from parcel_hpc.governance.outcome import GovernanceRefusal
+
+    for refusal, err in (
+        (GovernanceRefusal(Outcome.HOLD_BUDGET, "the cap\nis spent"), "hold:budget: the cap is spent\n"),
+        (GovernanceRefusal("reject:image_digest"), ""),
+    ):
+        with pytest.raises(SystemExit) as ended, exit_on_error():
+            raise refusal
+        assert ended.value.code == 3 and capsys.readouterr() == (f"{refusal.outcome}\n", err)
