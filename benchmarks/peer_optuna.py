@@ -1,5 +1,5 @@
 """The Optuna peer: hydra-optuna-sweeper's TPE over hydra-submitit-launcher's ``submitit_local``,
-searching our space (parcel_hpc/conf/space/space_r4.yaml in Hydra's grammar) for our objective: each job trains
+searching our space (conf/space/space_r4.yaml in Hydra's grammar) for our objective: each job trains
 the built-in NumpyMLP exactly as our worker does (peer_app/optuna_app.py).
 
     run_peer(peer_python_optuna(), workdir, seed=0)  # {"wall_s", "values", "best", "params", ...}

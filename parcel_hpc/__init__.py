@@ -13,9 +13,9 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from parcel_hpc.errors import GovernanceRefusal, ParcelError, UsageError
+    from parcel_hpc.errors import ParcelError, UsageError
     from parcel_hpc.governance.contract import Contract
-    from parcel_hpc.governance.outcome import Outcome
+    from parcel_hpc.governance.outcome import GovernanceRefusal, Outcome
     from parcel_hpc.ledger import SearchDir, TrialRecord, TrialState
     from parcel_hpc.trainer import Diverged, Examples, InvalidPredictions, Trainer, TrainerState, TrainingData
 
@@ -28,7 +28,7 @@ _PUBLIC = {
     "Contract": "parcel_hpc.governance.contract",
     "Diverged": "parcel_hpc.trainer",
     "Examples": "parcel_hpc.trainer",
-    "GovernanceRefusal": "parcel_hpc.errors",
+    "GovernanceRefusal": "parcel_hpc.governance.outcome",
     "InvalidPredictions": "parcel_hpc.trainer",
     "Outcome": "parcel_hpc.governance.outcome",
     "ParcelError": "parcel_hpc.errors",

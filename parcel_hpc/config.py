@@ -13,6 +13,7 @@ import difflib
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -285,7 +286,8 @@ def register() -> None:
 register()
 
 
-CONF_DIR = Path(__file__).resolve().parent / "conf"
+# The config groups: conf/ at the top of the repository, installed as the package parcel_hpc.conf.
+CONF_DIR = Path(str(resources.files("parcel_hpc.conf")))
 
 
 def configured_search_root() -> Path:

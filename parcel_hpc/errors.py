@@ -8,7 +8,9 @@
     ├── CorruptRecord                exit 2: a record on disk is unreadable (not a torn last line)
     ├── CheckpointCollision          exit 2: another trial's claim or checkpoint in our directory (claims.py)
     └── GovernanceRefusal            exit 3: the search refused to go on; carries the outcome string
-                                     (an ``Outcome``: ``reject:<field>``, ``hold:budget``)
+                                     (an ``Outcome``: ``reject:<field>``, ``hold:budget``); defined
+                                     beside ``Outcome`` in ``governance.outcome``, so this root imports
+                                     nothing above it
 
 A PermissionError anywhere (another user's search, an unreadable folder) is bad input too: one
 line naming the path, exit 2; so is any other refusal of the operating system (a full disk, a
@@ -31,7 +33,6 @@ import sys
 from collections.abc import Iterator
 
 from parcel_hpc.console import plain  # imports nothing of parcel_hpc either
-from parcel_hpc.governance.outcome import Outcome  # imports nothing of parcel_hpc: errors stays the root
 
 EXIT_PENDING = 4
 TRACEBACK_ENV = "PARCEL_TRACEBACK"  # set (to anything): an unexpected error shows its traceback
@@ -39,6 +40,7 @@ TRACEBACK_ENV = "PARCEL_TRACEBACK"  # set (to anything): an unexpected error sho
 
 class ParcelError(Exception):
     exit_code = 1
+    headline = ""  # a line printed on stdout before the message, for scripts to match on (a refusal's outcome)
 
 
 class UsageError(ParcelError):
@@ -64,17 +66,6 @@ class NotTheSearch(UsageError):
 
 class CorruptRecord(ParcelError):
     exit_code = 2
-
-
-class GovernanceRefusal(ParcelError):
-    """A governance decision that stops the command: the outcome string is the first thing printed."""
-
-    exit_code = 3
-
-    def __init__(self, outcome: Outcome | str, detail: str = "") -> None:
-        self.outcome = Outcome.parse(outcome)  # a token from a user's code too; anything else is a ValueError
-        self.detail = detail
-        super().__init__(f"{self.outcome}: {detail}" if detail else str(self.outcome))
 
 
 def one_line(text: str) -> str:
@@ -104,14 +95,13 @@ def os_error_line(exc: OSError) -> str:
 def exit_on_error() -> Iterator[None]:
     try:
         yield
-    except GovernanceRefusal as exc:
-        # The outcome string comes first so scripts can match on it.
-        print(exc.outcome)
-        if exc.detail:
-            print(f"{exc.outcome}: {one_line(exc.detail)}", file=sys.stderr)
-        raise SystemExit(exc.exit_code) from None
     except ParcelError as exc:
-        print(f"error: {one_line(str(exc))}", file=sys.stderr)
+        if exc.headline:  # the outcome string comes first so scripts can match on it
+            print(exc.headline)
+            if str(exc) != exc.headline:
+                print(one_line(str(exc)), file=sys.stderr)
+        else:
+            print(f"error: {one_line(str(exc))}", file=sys.stderr)
         raise SystemExit(exc.exit_code) from None
     except PermissionError as exc:
         print(f"error: {one_line(permission_line(exc))}", file=sys.stderr)

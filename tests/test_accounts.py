@@ -9,7 +9,8 @@ from parcel_hpc.accounting.account import NO_SEARCH, SearchPart, over_account, o
 from parcel_hpc.accounting.reconcile import AttemptLine, Reconciliation
 from parcel_hpc.accounting.spend import GpuUse, search_spend
 from parcel_hpc.budget import AssociationLimit, LimitKind, Rates, admit_account, render_account, worst_case
-from parcel_hpc.errors import GovernanceRefusal, SchedulerUnavailable
+from parcel_hpc.errors import SchedulerUnavailable
+from parcel_hpc.governance.outcome import GovernanceRefusal
 from parcel_hpc.scheduler.slurm.queue import association_chain, limits_of, parse_associations, parse_shares, parse_tres
 from parcel_hpc.scheduler.slurm.runs import JobRun
 from parcel_hpc.scheduler.slurm.states import JobState

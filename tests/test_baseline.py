@@ -5,9 +5,10 @@ import json
 
 import pytest
 
-from parcel_hpc.errors import GovernanceRefusal, UsageError
+from parcel_hpc.errors import UsageError
 from parcel_hpc.governance.contract import digest_of
 from parcel_hpc.governance.image import file_digest
+from parcel_hpc.governance.outcome import GovernanceRefusal
 from parcel_hpc.selection.baseline import Baseline, BaselineKind, ReleasedArtifact, baseline_trainer, resolve
 from parcel_hpc.trainer import BUILTIN, trainer_identity
 from parcel_hpc.trainer.numpy_mlp import NumpyMLP

@@ -32,8 +32,8 @@ from parcel_hpc.budget import (
     render_commitment,
     worst_case,
 )
-from parcel_hpc.errors import CorruptRecord, GovernanceRefusal, UsageError
-from parcel_hpc.governance.outcome import Outcome
+from parcel_hpc.errors import CorruptRecord, UsageError
+from parcel_hpc.governance.outcome import GovernanceRefusal, Outcome
 
 REPO = Path(__file__).resolve().parents[1]
 N_TRIALS, GPUS, CPUS, LIMIT_MIN, RETRIES = 82, 1, 8, 36, 1

@@ -5,10 +5,10 @@ import os
 
 import pytest
 
-from parcel_hpc.errors import CorruptRecord, GovernanceRefusal
+from parcel_hpc.errors import CorruptRecord
 from parcel_hpc.governance.admission import TrialIdentity, WorkerObservation, admit, check_worker
 from parcel_hpc.governance.contract import Contract, first_difference, freeze_contract, load_contract
-from parcel_hpc.governance.outcome import Outcome
+from parcel_hpc.governance.outcome import GovernanceRefusal, Outcome
 
 FIELDS = {
     "snapshot_digest": "sha256:" + "a" * 64,
@@ -130,7 +130,7 @@ def test_edited_contract_file_is_detected(tmp_path):
 
 
 def test_every_outcome_token_is_one_type_parsed_and_printed_in_one_place():
-    from parcel_hpc.errors import GovernanceRefusal
+    from parcel_hpc.governance.outcome import GovernanceRefusal
 
     for token in ("admit", "reject:image_digest", "hold:budget", "hold:slice-quality", "evaluate:final-holdout", "release:registered"):
         assert str(Outcome.parse(token)) == token
@@ -142,3 +142,18 @@ def test_every_outcome_token_is_one_type_parsed_and_printed_in_one_place():
     assert GovernanceRefusal("reject:cancelled", "why").outcome == Outcome.reject("cancelled")  # a user's token is parsed
     with pytest.raises(ValueError):
         GovernanceRefusal("stop", "not an outcome")
+
+
+def test_a_refusal_ends_with_its_outcome_first_on_stdout_and_exit_3(capsys):
+    """``GovernanceRefusal`` lives beside ``Outcome``; ``errors.exit_on_error`` prints its headline
+    (the outcome) on stdout, the detail on stderr on one line, and exits 3."""
+    from parcel_hpc.errors import exit_on_error
+    from parcel_hpc.governance.outcome import GovernanceRefusal
+
+    for refusal, err in (
+        (GovernanceRefusal(Outcome.HOLD_BUDGET, "the cap\nis spent"), "hold:budget: the cap is spent\n"),
+        (GovernanceRefusal("reject:image_digest"), ""),
+    ):
+        with pytest.raises(SystemExit) as ended, exit_on_error():
+            raise refusal
+        assert ended.value.code == 3 and capsys.readouterr() == (f"{refusal.outcome}\n", err)

@@ -225,7 +225,9 @@ def test_every_path_a_page_names_exists():
     """Modules move: a page naming parcel_hpc/..., scripts/..., tests/... names what is there."""
     missing = []
     for page in _pages_with_links():
-        for found in re.findall(r"(?<![\w/.])((?:parcel_hpc|hydra_plugins|scripts|examples|benchmarks|tests|docs)/[\w./-]*)", page.read_text()):
+        for found in re.findall(
+            r"(?<![\w/.])((?:parcel_hpc|hydra_plugins|sbatch_templates|scripts|examples|benchmarks|tests|docs)/[\w./-]*)", page.read_text()
+        ):
             path = found.rstrip(".-")
             if path not in MADE_ON_USE and not (ROOT / path).exists():
                 missing.append(f"{page.relative_to(ROOT)}: {path}")

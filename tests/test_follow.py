@@ -11,8 +11,8 @@ import pytest
 from hydra import compose, initialize_config_module
 from rich.console import Console
 
-from parcel_hpc.errors import GovernanceRefusal, SchedulerUnavailable
-from parcel_hpc.governance.outcome import Outcome
+from parcel_hpc.errors import SchedulerUnavailable
+from parcel_hpc.governance.outcome import GovernanceRefusal, Outcome
 from parcel_hpc.launch import follow
 from parcel_hpc.launch.report import LaunchReport
 from parcel_hpc.launch.search import SearchLaunch, from_hydra

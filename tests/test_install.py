@@ -25,9 +25,7 @@ def installed(tmp_path_factory) -> Path:
     where = tmp_path_factory.mktemp("site")
     wheels = tmp_path_factory.mktemp("wheel")
     source = tmp_path_factory.mktemp("source") / "parcel_hpc"  # a copy: building writes build/ and egg-info beside the sources
-    shutil.copytree(
-        ROOT, source, ignore=shutil.ignore_patterns(".git", ".venv", "runs", "data", "build", "*.egg-info", "__pycache__", ".peers*", "multirun", "outputs")
-    )
+    shutil.copytree(ROOT, source, ignore=_not_sources)
     build = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), str(source)]
     subprocess.run(build, check=True, capture_output=True, text=True, timeout=300)
     (wheel,) = wheels.glob("parcel_hpc-*.whl")
@@ -35,6 +33,13 @@ def installed(tmp_path_factory) -> Path:
         [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(where), str(wheel)], check=True, capture_output=True, timeout=300
     )
     return where
+
+
+def _not_sources(folder: str, names: list[str]) -> list[str]:
+    """What the wheel is not built from: the checkout's own folders (runs/, data/, the venv) at its
+    top only (parcel_hpc/data is a package), and build leftovers anywhere."""
+    top = {".git", ".venv", "runs", "data", "build", "multirun", "outputs"} if Path(folder) == ROOT else set()
+    return [n for n in names if n in top or n == "__pycache__" or n.endswith(".egg-info") or n.startswith(".peers")]
 
 
 def _env(site: Path, data_dir: Path) -> dict[str, str]:
@@ -88,6 +93,20 @@ def test_a_users_own_config_directory_adds_options(installed, artifacts, tmp_pat
     assert run.returncode == 0, run.stderr
     rows = [line for line in run.stdout.splitlines() if "│ t000" in line]
     assert len(rows) == 2 and all("batch_size=64" in r for r in rows), run.stdout  # the user's space, not space_r4
+
+
+def test_every_package_directory_ships():
+    """pyproject.toml lists its packages (conf/ and sbatch_templates/ are mapped into the package
+    from the top of the repository): every package directory of the tree is listed, and only those."""
+    import tomllib
+
+    from setuptools import find_namespace_packages
+
+    tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    found = set(find_namespace_packages(str(ROOT), include=["parcel_hpc", "parcel_hpc.*", "hydra_plugins", "hydra_plugins.*"]))
+    found = {p for p in found if (ROOT / p.replace(".", "/") / "__init__.py").is_file() or p == "hydra_plugins"}  # the namespace Hydra scans
+    assert set(tool["packages"]) == found | set(tool["package-dir"]), set(tool["packages"]) ^ (found | set(tool["package-dir"]))
+    assert all((ROOT / d / "__init__.py").is_file() for d in tool["package-dir"].values())
 
 
 def test_the_documented_print_the_config_form_works(tmp_path):

@@ -1,5 +1,6 @@
-"""The layout holds: no module-level import cycle, no lower layer importing a command, the pure
-packing code without submitit, and the public API pinned (docs/architecture.md)."""
+"""The layout holds: no module-level import cycle, the packages in layers that import only down,
+no lower layer importing a command, the pure packing code without submitit, and the public API
+pinned (docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -91,8 +92,115 @@ def test_no_module_level_import_cycle():
     assert _cycles(GRAPH) == []
 
 
+def _every_import(path: Path) -> set[str]:
+    """The parcel_hpc modules a module names anywhere: inside functions and under ``TYPE_CHECKING`` too."""
+    found: set[str] = set()
+    for sub in ast.walk(ast.parse(path.read_text())):
+        if isinstance(sub, ast.Import):
+            found.update(a.name for a in sub.names)
+        elif isinstance(sub, ast.ImportFrom) and sub.module and sub.level == 0:
+            found.update(f"{sub.module}.{a.name}" if f"{sub.module}.{a.name}" in MODULES else sub.module for a in sub.names)
+    return {m for m in found if m in MODULES}
+
+
+def test_no_import_cycle_hidden_inside_a_function():
+    """An import inside a function is for a library that is optional or slow to import, never to
+    hide a cycle (rng read torch's generators from trainer.torch, which imports rng)."""
+    assert _cycles({name: _every_import(path) - {name} for name, path in MODULES.items()}) == []
+
+
 def test_the_cycle_finder_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+# The packages (and top-level modules) in layers, lowest first (docs/architecture.md draws it): a
+# module imports, when it is imported, only from its own layer or one below. Packages in one layer
+# may import each other (the module graph stays acyclic: the test above). A name is a package or a
+# module; a module named on its own is a pure one that serves below its package.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("console",),
+    ("errors",),
+    ("fsio", "ownership", "documents", "plotting"),
+    ("governance",),
+    ("anchor", "budget", "pruning", "data", "checkpoints", "config"),
+    ("ledger",),
+    ("scheduler",),
+    ("accounting.spend", "selection.store"),  # what a search spent, and the selection's records it counts: read by the lifecycle's settlement
+    ("lifecycle",),
+    ("accounting",),
+    ("fence",),
+    ("trainer",),
+    ("worker",),
+    ("selection",),
+    ("propose",),
+    ("integrations", "report"),
+    ("release",),
+    ("launch",),
+    ("testing",),
+    ("commands",),
+    ("cli", "__main__"),
+)
+
+# Imports that still run upward, each (importer, imported) module: the scheduler's pure modules
+# filed above the ledger and validation that read them, and the scheduler reaching the worker's job
+# gate and the lifecycle's rules. The scheduler backend work moves them; this set only shrinks.
+KNOWN_UPWARD = {
+    ("parcel_hpc.anchor", "parcel_hpc.scheduler.identity"),
+    ("parcel_hpc.checkpoints.claims", "parcel_hpc.scheduler.probe"),
+    ("parcel_hpc.governance.validation", "parcel_hpc.scheduler.packing"),
+    ("parcel_hpc.governance.validation", "parcel_hpc.scheduler.slots"),
+    ("parcel_hpc.ledger.store", "parcel_hpc.scheduler.identity"),
+    ("parcel_hpc.ledger.searches", "parcel_hpc.scheduler.probe"),
+    ("parcel_hpc.scheduler.packing", "parcel_hpc.lifecycle.actions"),
+    ("parcel_hpc.scheduler.slots", "parcel_hpc.lifecycle.actions"),
+    ("parcel_hpc.scheduler.base", "parcel_hpc.worker"),
+    ("parcel_hpc.scheduler.base", "parcel_hpc.worker.gate"),
+    ("parcel_hpc.scheduler.slurm.dispatcher", "parcel_hpc.worker"),
+    ("parcel_hpc.scheduler.slurm.dispatcher", "parcel_hpc.worker.gate"),
+}
+
+
+def _layer(module: str) -> int | None:
+    """The layer of a module: its longest name in ``LAYERS`` (a module before its package)."""
+    parts = module.split(".")[1:]
+    for n in range(len(parts), 0, -1):
+        for i, layer in enumerate(LAYERS):
+            if ".".join(parts[:n]) in layer:
+                return i
+    return None
+
+
+def _upward(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """Every import of a module from a higher layer than its importer's. Importing a submodule runs
+    its package's ``__init__`` first: one that imports nothing (a docstring) is no dependency."""
+    out = set()
+    for me, deps in graph.items():
+        mine = _layer(me)
+        for dep in deps:
+            theirs = _layer(dep)
+            if not graph.get(dep) and any(d.startswith(f"{dep}.") for d in deps):
+                continue
+            if mine is not None and theirs is not None and theirs > mine:
+                out.add((me, dep))
+    return out
+
+
+def test_every_module_has_a_layer():
+    assert [m for m in MODULES if m != "parcel_hpc" and _layer(m) is None] == []
+    named = [name for layer in LAYERS for name in layer]
+    assert len(named) == len(set(named))
+    assert all(any(m == f"parcel_hpc.{n}" or m.startswith(f"parcel_hpc.{n}.") for m in MODULES) for n in named)
+
+
+def test_the_packages_import_only_down():
+    assert _upward(GRAPH) - KNOWN_UPWARD == set()
+    assert KNOWN_UPWARD - _upward(GRAPH) == set(), "an upward import is gone: take it off KNOWN_UPWARD"
+
+
+def test_the_layer_check_finds_an_upward_import():
+    assert _upward({"parcel_hpc.errors": {"parcel_hpc.governance.outcome"}, "parcel_hpc.ledger": {"parcel_hpc.errors"}}) == {
+        ("parcel_hpc.errors", "parcel_hpc.governance.outcome")
+    }
 
 
 def test_only_the_cli_imports_command_modules():
@@ -150,3 +258,16 @@ def test_one_default_for_how_many_checkpoints_a_trial_keeps():
     from parcel_hpc.config import CONF_DIR, CheckpointConf
 
     assert yaml.safe_load((CONF_DIR / "checkpoint" / "default.yaml").read_text())["keep_last"] == KEEP_LAST == CheckpointConf().keep_last
+
+
+def test_hydra_scanning_plugins_imports_neither_the_launch_nor_submitit():
+    """Hydra imports every plugin module at each app's start (ours too, for any Hydra app in the
+    environment): the sweeper's logic is imported lazily (``_impl``), when it runs."""
+    code = (
+        "import sys; from hydra.core.plugins import Plugins; from hydra.plugins.sweeper import Sweeper; "
+        "found = [p.__module__ for p in Plugins.instance().discover(Sweeper)]; "
+        "print(found); print(sorted(m for m in sys.modules if m == 'submitit' or m.startswith(('parcel_hpc.launch', 'hydra_plugins.parcel_hpc_plugins._impl'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert "hydra_plugins.parcel_hpc_plugins.sweeper" in out[0]
+    assert out[1] == "[]"

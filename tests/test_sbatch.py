@@ -1,6 +1,6 @@
 """Tests for parcel_hpc.scheduler.slurm.sbatch: rendering the reviewable templates, refusing smuggled values,
 writing scripts, and the sbatch argv/parser; and for `parcel-hpc schedule-reconcile`, which renders
-and submits parcel_hpc/scheduler/slurm/templates/reconcile.sbatch.
+and submits sbatch_templates/reconcile.sbatch.
 
 Golden files: each template is rendered with fixed values and compared byte for byte with
 tests/golden/<name>.sbatch. After a deliberate template change, rewrite them with
@@ -45,7 +45,7 @@ from parcel_hpc.scheduler.slurm.sbatch import (
 from parcel_hpc.testing import parcel_hpc
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
-# Every template in parcel_hpc/scheduler/slurm/templates/: a new one needs golden values below and an existing command.
+# Every template in sbatch_templates/: a new one needs golden values below and an existing command.
 TEMPLATES = tuple(sorted(p.stem for p in TEMPLATES_DIR.glob("*.sbatch")))
 OPTIONAL = {"partition", "account", "qos", "error", "gres"}  # fields whose line is dropped when empty
 

@@ -11,13 +11,13 @@ from rich.console import Console
 
 from parcel_hpc.accounting.account import SearchPart, over_searches
 from parcel_hpc.accounting.account_report import render_table
+from parcel_hpc.accounting.listing import SearchSummary
 from parcel_hpc.accounting.reconcile import WASTE_OF_CAUSE, FlagKind, Waste, reconcile, waste_of_state
 from parcel_hpc.accounting.spend import Hours, attempt_spend, run_spends, search_spend, stale_holds
 from parcel_hpc.budget import BudgetCaps, BudgetLedger, Hold, JournalTotals, JournalView, KeyState, Rates, ReservationKey, SearchBudget, attempt_usage
 from parcel_hpc.commands.list import render
 from parcel_hpc.errors import UsageError
 from parcel_hpc.ledger import Cause, Event, LauncherState, TrialSpec, fold
-from parcel_hpc.ledger.searches import SearchSummary
 from parcel_hpc.lifecycle.resolution import filed_runs
 from parcel_hpc.scheduler.slurm.runs import JobRun, runs_by_job
 from parcel_hpc.scheduler.slurm.states import JobState
@@ -98,6 +98,15 @@ def test_a_lost_attempt_counts_to_its_runs_end_once_the_scheduler_recorded_it():
     assert settled.attempts.gpu_hours == pytest.approx((8 + 14 + 38) / 3600, abs=1e-6)  # the lost one 1011 -> 1025, the node failure
     assert settled.provisional == Hours() and "provisional" not in settled.line()
     assert records[1].attempts[0].counted_end() == 1025.0 and records[1].attempts[0].settled_by_scheduler()
+
+
+def test_a_finished_trial_ends_where_its_last_attempts_hours_end():
+    first, second, runs = node_down_pack()
+    filed = [accounted(r, 1400 + i, 9000 + i) for i, r in enumerate(runs)]
+    assert fold(spec("t0002"), second[:4] + filed).ended_at is None  # still running: no end yet
+    done = fold(spec("t0002"), second + filed)
+    assert done.ended_at == 1300.0 == max(a.counted_end() or 0.0 for a in done.attempts)
+    assert fold(spec("t0001"), first).ended_at == 1010.0
 
 
 def test_reconcile_settles_what_sacct_filed_and_the_ledger_did_not_record_in_memory():

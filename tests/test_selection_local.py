@@ -10,8 +10,7 @@ import sys
 
 import pytest
 
-from parcel_hpc.errors import GovernanceRefusal
-from parcel_hpc.governance.outcome import Outcome
+from parcel_hpc.governance.outcome import GovernanceRefusal, Outcome
 from parcel_hpc.ledger import Executor, JobRole, SearchDir
 from parcel_hpc.ledger.selection import SelectionWriter
 from parcel_hpc.selection.actions import _why_not_again

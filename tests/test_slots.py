@@ -10,12 +10,12 @@ from hypothesis import strategies as st
 from parcel_hpc.accounting.reconcile import reconcile
 from parcel_hpc.budget import BudgetCaps, Rates
 from parcel_hpc.errors import UsageError
+from parcel_hpc.launch.slot import left_here
 from parcel_hpc.ledger import Event, TrialSpec, fold
 from parcel_hpc.scheduler import slots
 from parcel_hpc.scheduler.slots import Peer, Queued
 from parcel_hpc.scheduler.slurm.runs import JobRun
 from parcel_hpc.scheduler.slurm.states import JobState
-from parcel_hpc.worker.slot import left_here
 
 
 def spec(tid, **params):

@@ -14,13 +14,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
+from parcel_hpc.config import CONF_DIR as CONF
 from parcel_hpc.config import ParcelConf, SubmititSlurmConf, unknown_keys
 from parcel_hpc.errors import UsageError
 from parcel_hpc.governance import validation
 from parcel_hpc.testing import launch, parcel_hpc
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
-CONF = Path(validation.__file__).resolve().parents[1] / "conf"
 
 # A composed job config and launcher group, as the sweeper gets them (only what validation reads).
 CFG = {

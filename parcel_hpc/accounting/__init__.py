@@ -5,6 +5,7 @@
     search_report.py   ``reconcile SEARCH_DIR``: ask sacct (or read a dump), reconcile, report
     account_report.py  ``reconcile --root`` / ``--account``: the admin's report over many searches
     scheduled.py       ``schedule-reconcile``: the reconcile as a recurring SLURM job
+    listing.py         the summary of each search under a root, its spend against its caps (``list``)
 
 sacct itself (argv, parser, states, job runs) is the SLURM backend's: ``scheduler/slurm/``.
 """

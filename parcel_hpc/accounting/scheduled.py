@@ -1,7 +1,7 @@
 """``parcel-hpc schedule-reconcile``: queue the scheduled accounting reconcile of one search (for admins).
 
 Owns: turning a search directory and an admin's Slurm options into validated ``SbatchValues`` for
-``scheduler/slurm/templates/reconcile.sbatch``, where the rendered script and the job's output files go, writing
+``sbatch_templates/reconcile.sbatch``, where the rendered script and the job's output files go, writing
 that script and submitting it once.
 Must not: reconcile anything itself (the job runs ``python -m parcel_hpc reconcile SEARCH_DIR --json``),
 write into the search directory (it only reads ``contract.json``), or queue later runs (the script's

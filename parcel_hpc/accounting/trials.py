@@ -221,7 +221,6 @@ def _trial_row(record: TrialRecord, events: Sequence[Event], attempts: Sequence[
     reached = {m.step for m in valid if m.is_milestone}
     waits = [r["queue_wait_s"] for r in attempts if r["queue_wait_s"] is not None]
     started = [a.started for a in record.attempts if a.started is not None]
-    ended = [end for a in record.attempts if (end := a.counted_end()) is not None]
     return {
         "trial_id": record.trial_id,
         "index": record.spec.index,
@@ -249,7 +248,7 @@ def _trial_row(record: TrialRecord, events: Sequence[Event], attempts: Sequence[
         "gpu_hours_idle": _all_read([r["gpu_hours_idle"] for r in attempts if r["gpu_hours"]]),
         "queue_wait_s": sum(waits) if waits else None,
         "started_at": _ms(min(started)) if started else None,
-        "ended_at": _ms(max(ended)) if ended and record.state.is_finished() else None,
+        "ended_at": _ms(record.ended_at),
         "executor": record.executor.value if record.executor is not None else "",
         "jobs": " ".join(record.jobs),
         "seed": record.spec.seed,

@@ -29,8 +29,8 @@ from parcel_hpc.budget._values import (
     fmt_minutes,
     over_cap,
 )
-from parcel_hpc.errors import GovernanceRefusal, ParcelError, UsageError
-from parcel_hpc.governance.outcome import Outcome
+from parcel_hpc.errors import ParcelError, UsageError
+from parcel_hpc.governance.outcome import GovernanceRefusal, Outcome
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """``parcel-hpc list [ROOT]``: every search under a root, one line each (``ledger.searches`` finds
-and summarizes them).
+them, ``accounting.listing`` summarizes each).
 
 Must not write a byte: admins list other people's searches.
 """
@@ -14,10 +14,10 @@ from pathlib import Path
 
 from rich.table import Table
 
+from parcel_hpc.accounting.listing import SearchSummary, collect
 from parcel_hpc.accounting.spend import ROUNDING_H, shown
 from parcel_hpc.config import configured_search_root
 from parcel_hpc.console import make_console, safe
-from parcel_hpc.ledger.searches import SearchSummary, collect
 
 READ_ONLY = True
 

@@ -23,11 +23,11 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
-from parcel_hpc.errors import GovernanceRefusal, UsageError, one_line
+from parcel_hpc.errors import UsageError, one_line
 from parcel_hpc.fence.arming import arm
 from parcel_hpc.fence.audit import tripped
 from parcel_hpc.fence.protected import Protected, Unfenceable
-from parcel_hpc.governance.outcome import Outcome
+from parcel_hpc.governance.outcome import GovernanceRefusal, Outcome
 
 MAX_ANSWER_BYTES = 16 * 2**20  # a trainer's identity and a preflight's words; more is not an answer
 

@@ -20,8 +20,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from parcel_hpc.errors import GovernanceRefusal
-from parcel_hpc.governance.outcome import Outcome
+from parcel_hpc.governance.outcome import GovernanceRefusal, Outcome
 
 FINAL_PREFIX, FINAL_SUFFIX = "final-", ".json"  # the final partition's lists (data/split.py writes final-<revision>.json)
 

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from parcel_hpc import fsio
-from parcel_hpc.errors import CorruptRecord, GovernanceRefusal, UsageError
-from parcel_hpc.governance.outcome import Outcome
+from parcel_hpc.errors import CorruptRecord, UsageError
+from parcel_hpc.governance.outcome import GovernanceRefusal, Outcome
 
 CONTRACT_FILE = "contract.json"
 CONTRACT_FORMAT = "parcel-contract/1"

@@ -16,6 +16,8 @@ import re
 from dataclasses import dataclass
 from typing import ClassVar
 
+from parcel_hpc.errors import ParcelError
+
 EXIT_REFUSED = 3  # GovernanceRefusal's exit code: a reject or a hold
 
 _WHAT = re.compile(r"[a-z0-9][a-z0-9_-]*")
@@ -117,3 +119,16 @@ Outcome.REJECT_REGISTRY_ENTRY = Outcome.reject("registry-entry")  # a registry e
 Outcome.REJECT_FINAL_PARTITION = Outcome.reject("final_partition")  # trainer code reached for the protected files, or the fence could not hold them
 
 _DECIDABLE = frozenset((Outcome.HOLD_PERFORMANCE, Outcome.HOLD_SLICE_QUALITY, Outcome.HOLD_FINAL_PERFORMANCE))
+
+
+class GovernanceRefusal(ParcelError):
+    """A governance decision that stops the command: the outcome string is the first thing printed
+    (``errors.exit_on_error`` prints the ``headline``)."""
+
+    exit_code = EXIT_REFUSED
+
+    def __init__(self, outcome: Outcome | str, detail: str = "") -> None:
+        self.outcome = Outcome.parse(outcome)  # a token from a user's code too; anything else is a ValueError
+        self.detail = detail
+        self.headline = str(self.outcome)
+        super().__init__(f"{self.outcome}: {detail}" if detail else str(self.outcome))

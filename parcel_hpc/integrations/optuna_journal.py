@@ -199,9 +199,8 @@ def _trial(record: TrialRecord, events: Sequence[Event], distributions: dict[str
     state = {TrialState.COMPLETED: OptunaState.COMPLETE, TrialState.PRUNED: OptunaState.PRUNED}.get(record.state, OptunaState.FAIL)
     params = {k: v for k, v in record.spec.params.items() if k in distributions}
     started = [a.started for a in record.attempts if a.started is not None]
-    ended = [a.ended for a in record.attempts if a.ended is not None]
     # A trial refused or cancelled before any attempt started has only its events' times.
-    start, end = min(started, default=events[0].t), max(ended, default=events[-1].t)
+    start, end = min(started, default=events[0].t), record.ended_at if record.ended_at is not None else events[-1].t
     attrs: dict[str, Any] = {
         TRIAL_ID_ATTR: record.trial_id,
         "state": record.state.value,

@@ -28,6 +28,7 @@ from parcel_hpc.governance.contract import Contract
 from parcel_hpc.governance.outcome import Outcome
 from parcel_hpc.launch import display
 from parcel_hpc.launch.report import LaunchReport
+from parcel_hpc.launch.slot import SlotTask
 from parcel_hpc.ledger import RecordView, SearchDir, TrialRecord, TrialSpec, TrialState, TrialWriter
 from parcel_hpc.lifecycle import resolution, systematic
 from parcel_hpc.lifecycle.actions import Action, Next, RetryPolicy, next_action, runs_alone
@@ -38,7 +39,6 @@ from parcel_hpc.propose.specs import sampler_of, trial_id_of
 from parcel_hpc.scheduler import packing, slots
 from parcel_hpc.scheduler.base import Dispatcher, Submitted
 from parcel_hpc.worker import TrialTask, WorkerPlan
-from parcel_hpc.worker.slot import SlotTask
 
 OUTAGE_LIMIT_S = 900.0  # how long a launch waits for a scheduler that stopped answering
 TAKE_GRACE_S = 60.0  # a slot journals its submission a moment after taking a dispatch: longer, and it died between
@@ -514,10 +514,11 @@ class Follower:
         tid = spec.trial_id
         if tid in self.plans:
             return
-        assert self.report is not None and self.plan_of is not None  # called only after proposing() set them
-        if not admitted(spec, self.contract, self.report, self.writer(tid)):
+        assert self.proposer is not None and self.report is not None and self.plan_of is not None  # called only after proposing() set them
+        outcome = self.proposer.adopt(spec, self.plan_of(spec), self.writer(tid))
+        if not outcome.is_admit:
+            self.report.rejected[tid] = str(outcome)
             return
-        self.search.write_plan(tid, self.plan_of(spec).to_json())
         self.plans[tid] = WorkerPlan.load(self.search, tid)
         self.report.dispatched.append(tid)
         self._act(tid, self._next(self.search.record(tid)))

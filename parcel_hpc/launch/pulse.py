@@ -13,7 +13,8 @@ import socket
 import threading
 import time
 
-from parcel_hpc.errors import GovernanceRefusal, NotTheSearch
+from parcel_hpc.errors import NotTheSearch
+from parcel_hpc.governance.outcome import GovernanceRefusal
 from parcel_hpc.ledger import HEARTBEAT_S, Heartbeat, LauncherState, SearchDir
 
 

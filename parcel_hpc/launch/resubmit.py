@@ -18,8 +18,8 @@ from rich.table import Table
 from parcel_hpc import anchor
 from parcel_hpc.budget import launch_decision
 from parcel_hpc.console import safe
-from parcel_hpc.errors import GovernanceRefusal, SchedulerUnavailable, UsageError
-from parcel_hpc.governance.outcome import Outcome
+from parcel_hpc.errors import SchedulerUnavailable, UsageError
+from parcel_hpc.governance.outcome import GovernanceRefusal, Outcome
 from parcel_hpc.launch.display import commitment_text
 from parcel_hpc.launch.follow import Follower, account_decision, choose_packing
 from parcel_hpc.launch.pulse import Pulse

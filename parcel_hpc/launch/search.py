@@ -25,10 +25,10 @@ from parcel_hpc.checkpoints import owner
 from parcel_hpc.config import LAUNCHERS, ParcelConf, unknown_keys
 from parcel_hpc.console import make_console
 from parcel_hpc.data import read_split
-from parcel_hpc.errors import GovernanceRefusal, UsageError
+from parcel_hpc.errors import UsageError
 from parcel_hpc.governance import validation
 from parcel_hpc.governance.contract import Contract, first_difference, freeze_contract, load_contract
-from parcel_hpc.governance.outcome import Outcome
+from parcel_hpc.governance.outcome import GovernanceRefusal, Outcome
 from parcel_hpc.launch import display
 from parcel_hpc.launch.follow import ACCOUNT_WAIT_S, Follower, SlotPlan, account_decision, admitted, choose_packing, detached_slots, uses_slots
 from parcel_hpc.launch.pulse import Pulse

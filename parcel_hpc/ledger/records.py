@@ -178,6 +178,15 @@ class TrialRecord:
     def trial_id(self) -> str:
         return self.spec.trial_id
 
+    @property
+    def ended_at(self) -> float | None:
+        """When the trial ended, the one rule every reader uses (the report, the trials' rows, an
+        exported study, the systematic-failure order): the latest end of its attempts, each where its
+        hours end (``Attempt.counted_end``); None while it is not finished, or when no attempt started."""
+        if not self.state.is_finished():
+            return None
+        return max((end for a in self.attempts if (end := a.counted_end()) is not None), default=None)
+
     def with_runs(self, runs: Iterable[Accounted]) -> TrialRecord:
         """The record as it reads once these runs of its jobs are recorded (pure: ``reconcile``
         settles at read time what sacct filed and the ledger has not recorded yet)."""

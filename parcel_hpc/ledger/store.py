@@ -7,7 +7,7 @@
       held.json                     why dispatching stopped for good: its first trials failed alike (created once)
       trials/<trial_id>/spec.json   the proposed trial, created exclusively
       trials/<trial_id>/dispatch-<n>.json   the n-th dispatch, claimed exclusively by one launcher
-      trials/<trial_id>/dispatch-<n>.taken  the slot that took a queued dispatch (created once: worker.slot)
+      trials/<trial_id>/dispatch-<n>.taken  the slot that took a queued dispatch (created once: launch.slot)
       queue/<trial_id>.<n>          dispatch n waits for a slot (hydra.launcher.dispatch=slots); removed once taken
       slots/<name>.json             a slot job a launcher submitted: its job id, launch and time limit
       trials/<trial_id>/journal-*.jsonl     per-writer event journals (journal.py)
@@ -291,7 +291,7 @@ class SearchDir:
         itself stays: dispatches are numbered by count, and a hole would break the numbering."""
         fsio.create_exclusive_json(self.trial_dir(trial_id) / f"dispatch-{n}.withdrawn", {"launch_id": launch_id})
 
-    # --- the slots' queue (worker.slot takes from it) -----------------------------------------
+    # --- the slots' queue (launch.slot takes from it) -----------------------------------------
     @property
     def queue_dir(self) -> Path:
         return self.path / "queue"

@@ -53,8 +53,7 @@ class SystematicFailure:
 
 
 def _result_time(record: TrialRecord) -> float:
-    ends = [a.ended for a in record.attempts if a.ended is not None]
-    return max(ends) if ends else float("inf")
+    return record.ended_at if record.ended_at is not None else float("inf")
 
 
 def decide(records: Iterable[TrialRecord], k: int) -> SystematicFailure | None:

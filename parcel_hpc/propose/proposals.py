@@ -25,11 +25,14 @@ from typing import Any
 
 from parcel_hpc import fsio
 from parcel_hpc.errors import CorruptRecord
+from parcel_hpc.governance.admission import admit_proposal
 from parcel_hpc.governance.contract import Contract
-from parcel_hpc.ledger import SearchDir, TrialRecord, TrialSpec, TrialState
+from parcel_hpc.governance.outcome import Outcome
+from parcel_hpc.ledger import SearchDir, TrialRecord, TrialSpec, TrialState, TrialWriter
 from parcel_hpc.propose import learning
 from parcel_hpc.propose.samplers import NEEDS, SamplerSpec, revision
 from parcel_hpc.propose.specs import history_free_params, sampler_of, space_of, trial_id_of, trial_spec
+from parcel_hpc.worker.plan import WorkerPlan
 
 PROPOSAL_FORMAT = "parcel-proposal/1"
 ORPHAN_AFTER_S = 60.0
@@ -157,6 +160,16 @@ class Proposer:
         self.stopped = ""  # why no more proposals are made before n_trials (the budget)
         self.waiting: int | None = None  # the proposal another asker was drawing when ``propose`` last asked for it
         self._lease_seen: tuple[int, tuple[int, int], float] | None = None  # (k, its lease's inode and mtime, when first seen so)
+
+    def adopt(self, spec: TrialSpec, plan: WorkerPlan, writer: TrialWriter) -> Outcome:
+        """A proposal made a trial, the one way whoever adopts it (a launcher's follower, a slot):
+        admitted and its plan written (a plan it has is kept), or its refusal journaled by ``writer``."""
+        outcome = admit_proposal(spec.trial_id, spec.config_hash, self.contract)
+        if outcome.is_admit:
+            self.search.write_plan(spec.trial_id, plan.to_json())
+        else:
+            writer.admission_refused(outcome, self.launch_id)
+        return outcome
 
     def next_index(self) -> int:
         """The next proposal's number (after the highest recorded: one moved aside leaves a hole, never a clash)."""

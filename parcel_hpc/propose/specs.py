@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from parcel_hpc import data, fence, fsio, ownership
-from parcel_hpc.errors import GovernanceRefusal, UsageError
+from parcel_hpc.errors import UsageError
 from parcel_hpc.governance import validation
 from parcel_hpc.governance.admission import config_hash
 from parcel_hpc.governance.contract import Contract
 from parcel_hpc.governance.image import image_digest
-from parcel_hpc.governance.outcome import Outcome
+from parcel_hpc.governance.outcome import GovernanceRefusal, Outcome
 from parcel_hpc.governance.release_target import ReleaseTarget
 from parcel_hpc.ledger.records import TrialSpec
 from parcel_hpc.lifecycle import systematic

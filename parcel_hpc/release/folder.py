@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from parcel_hpc import anchor, fsio, ownership
-from parcel_hpc.errors import CorruptRecord, GovernanceRefusal, UsageError
+from parcel_hpc.errors import CorruptRecord, UsageError
 from parcel_hpc.governance.contract import digest_of, sha256_of
 from parcel_hpc.governance.image import file_digest
-from parcel_hpc.governance.outcome import Outcome
+from parcel_hpc.governance.outcome import GovernanceRefusal, Outcome
 from parcel_hpc.trainer import code
 
 MARKER = "registered.json"

@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from parcel_hpc import fsio
-from parcel_hpc.errors import CorruptRecord, GovernanceRefusal
+from parcel_hpc.errors import CorruptRecord
 from parcel_hpc.governance.contract import digest_of
 from parcel_hpc.governance.image import file_digest
-from parcel_hpc.governance.outcome import Outcome
+from parcel_hpc.governance.outcome import GovernanceRefusal, Outcome
 from parcel_hpc.governance.release_target import ReleaseTarget, shown
 from parcel_hpc.integrations.mlflow.client import answering, connect
 from parcel_hpc.release.folder import Registration

@@ -24,9 +24,9 @@ import numpy as np
 from rich.console import Console
 
 from parcel_hpc import anchor, fsio
-from parcel_hpc.errors import CorruptRecord, GovernanceRefusal, UsageError
+from parcel_hpc.errors import CorruptRecord, UsageError
 from parcel_hpc.governance.contract import Contract, sha256_of
-from parcel_hpc.governance.outcome import Outcome
+from parcel_hpc.governance.outcome import GovernanceRefusal, Outcome
 from parcel_hpc.governance.release_target import RegistryKind, ReleaseTarget, shown
 from parcel_hpc.integrations.mlflow import model
 from parcel_hpc.ledger import JobRole, SearchDir

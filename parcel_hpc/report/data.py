@@ -141,13 +141,12 @@ def trial_facts(record: TrialRecord, events: Sequence[Event]) -> TrialFacts:
         and e.data.value is not None
         and math.isfinite(e.data.value)
     ]
-    ended = [a.ended for a in record.attempts if a.ended is not None]
     return TrialFacts(
         record.trial_id,
         record.state,
         dict(record.spec.params),
         record.metric,
-        max(ended) if ended and record.state.is_finished() else None,
+        record.ended_at,
         tuple(sorted(curve.items())),
         pruned[-1] if pruned and record.state is TrialState.PRUNED else None,
         record.metric_resume,

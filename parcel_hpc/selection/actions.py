@@ -18,9 +18,9 @@ from rich.console import Console
 from rich.table import Table
 
 from parcel_hpc.console import safe
-from parcel_hpc.errors import GovernanceRefusal, ParcelError, UsageError
+from parcel_hpc.errors import ParcelError, UsageError
 from parcel_hpc.governance.contract import Contract
-from parcel_hpc.governance.outcome import Outcome
+from parcel_hpc.governance.outcome import GovernanceRefusal, Outcome
 from parcel_hpc.ledger import Admitted, AttemptEnd, JobRole, SearchDir, TrialState
 from parcel_hpc.ledger.records import counted_milestones
 from parcel_hpc.ledger.selection import Decided, FinalAttempt, Frozen, JobEnded, SelectionRecord, SelectionWriter

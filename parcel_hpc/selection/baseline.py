@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from parcel_hpc import fsio
-from parcel_hpc.errors import GovernanceRefusal, UsageError
+from parcel_hpc.errors import UsageError
 from parcel_hpc.governance.contract import digest_of
 from parcel_hpc.governance.image import file_digest
-from parcel_hpc.governance.outcome import Outcome
+from parcel_hpc.governance.outcome import GovernanceRefusal, Outcome
 from parcel_hpc.trainer import Trainer, make_trainer, trainer_class, trainer_identity
 from parcel_hpc.trainer.params import check_params, declared, with_defaults
 from parcel_hpc.trainer.target import observed_identity

@@ -44,12 +44,12 @@ from parcel_hpc.checkpoints import store as ckpt
 from parcel_hpc.checkpoints.format import Unusable
 from parcel_hpc.checkpoints.format import read as read_checkpoint
 from parcel_hpc.data import Partition, load_final_partition, read_split
-from parcel_hpc.errors import GovernanceRefusal, ParcelError, UsageError, one_line
+from parcel_hpc.errors import ParcelError, UsageError, one_line
 from parcel_hpc.governance.admission import TrialIdentity, check_worker, config_hash
 from parcel_hpc.governance.contract import Contract
 from parcel_hpc.governance.image import environment_digest, file_digest
 from parcel_hpc.governance.metric import MissCost
-from parcel_hpc.governance.outcome import Outcome
+from parcel_hpc.governance.outcome import GovernanceRefusal, Outcome
 from parcel_hpc.ledger import Admitted, AttemptEnd, Cause, Ended, JobRole, SearchDir, TrialSpec, TrialWriter
 from parcel_hpc.ledger.events import encode_payload
 from parcel_hpc.ledger.selection import FinalOpened, JobSubmitted

@@ -44,9 +44,9 @@ from pathlib import Path
 from typing import Any
 
 from parcel_hpc import anchor
-from parcel_hpc.errors import GovernanceRefusal, UsageError
+from parcel_hpc.errors import UsageError
 from parcel_hpc.fsio import FILE_MODE, ensure_dir, fsync_dir
-from parcel_hpc.governance.outcome import Outcome
+from parcel_hpc.governance.outcome import GovernanceRefusal, Outcome
 
 CODE_DIR = "code"  # under the search directory
 MAX_BYTES = 64 * 2**20  # a trainer's package is code, not data: more is a mistake worth a line

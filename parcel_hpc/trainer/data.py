@@ -23,8 +23,7 @@ import numpy as np
 
 from parcel_hpc.data import Partition, Split, load_partition
 from parcel_hpc.data.preprocessing import Preprocessor
-from parcel_hpc.errors import GovernanceRefusal
-from parcel_hpc.governance.outcome import Outcome
+from parcel_hpc.governance.outcome import GovernanceRefusal, Outcome
 
 FINAL_PARTITION_OUTCOME = Outcome.REJECT_FINAL_PARTITION
 SPLITS = ("train", "validation")

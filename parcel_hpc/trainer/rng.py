@@ -3,7 +3,7 @@
 A trainer that draws from a global generator (Python's ``random``, ``np.random.*``, torch's dropout)
 continues exactly after a resume only if its state holds that generator. ``process_rngs`` lists the
 ones this process has: Python's and numpy's always, torch's once a trainer has imported torch
-(``parcel_hpc.trainer.torch`` defines those; nothing here imports torch). The conformance check
+(read from ``sys.modules``: nothing here imports torch). The conformance check
 runs each trainer with generators of its own, as in its own worker, and names the one a state left out.
 """
 
@@ -56,13 +56,58 @@ PYTHON = ProcessRNG("rng/python", "Python's random module", _save_python, _resto
 NUMPY = ProcessRNG("rng/numpy", "numpy's global generator (np.random.*)", _save_numpy, _restore_numpy, lambda seed: np.random.seed(seed % 2**32))
 
 
+def _torch() -> Any:
+    """The torch a trainer has imported: only ever called once it is in ``sys.modules``."""
+    return sys.modules["torch"]
+
+
+def _save_torch() -> tuple[Arrays, Scalars]:
+    return {"rng/torch": _torch().get_rng_state().numpy()}, {}
+
+
+def _restore_torch(arrays: Mapping[str, np.ndarray], scalars: Mapping[str, Any]) -> None:
+    if "rng/torch" in arrays:
+        torch = _torch()
+        torch.set_rng_state(torch.from_numpy(np.array(arrays["rng/torch"], dtype=np.uint8)))
+
+
+def _save_torch_cuda() -> tuple[Arrays, Scalars]:
+    cuda = _torch().cuda
+    if not (cuda.is_available() and cuda.is_initialized()):
+        return {}, {}  # saving would start CUDA in a trainer that never used it
+    return {f"rng/torch_cuda/{i}": s.numpy() for i, s in enumerate(cuda.get_rng_state_all())}, {}
+
+
+def _restore_torch_cuda(arrays: Mapping[str, np.ndarray], scalars: Mapping[str, Any]) -> None:
+    torch = _torch()
+    saved = sorted((int(k.rsplit("/", 1)[1]), v) for k, v in arrays.items() if k.startswith("rng/torch_cuda/"))
+    if saved and torch.cuda.is_available():
+        # Index i is this process's i-th visible device, whichever physical GPU the resumed attempt got.
+        for i, s in saved[: torch.cuda.device_count()]:
+            torch.cuda.set_rng_state(torch.from_numpy(np.array(s, dtype=np.uint8)), i)
+
+
+TORCH_RNGS = (
+    ProcessRNG(
+        "rng/torch",
+        "torch's CPU generator (torch.get_rng_state: dropout, torch.rand, a DataLoader without a generator)",
+        _save_torch,
+        _restore_torch,
+        lambda seed: _torch().manual_seed(seed),
+    ),
+    ProcessRNG(
+        "rng/torch_cuda",
+        "torch's CUDA generators (torch.cuda.get_rng_state_all: dropout on a GPU)",
+        _save_torch_cuda,
+        _restore_torch_cuda,
+        lambda seed: _torch().cuda.manual_seed_all(seed),
+    ),
+)
+
+
 def process_rngs() -> tuple[ProcessRNG, ...]:
     """The global generators of this process: torch's only where a trainer imported torch."""
-    if "torch" not in sys.modules:
-        return (PYTHON, NUMPY)
-    from parcel_hpc.trainer.torch import TORCH_RNGS  # torch is loaded already: no import of it here
-
-    return (PYTHON, NUMPY, *TORCH_RNGS)
+    return (PYTHON, NUMPY, *TORCH_RNGS) if "torch" in sys.modules else (PYTHON, NUMPY)
 
 
 def save(rngs: Sequence[ProcessRNG] | None = None) -> tuple[Arrays, Scalars]:

@@ -8,8 +8,8 @@ puts them back, so ``unpack(pack())`` continues exactly. ``device`` and ``device
 to the GPUs its attempt was granted, and refuse more; ``deterministic`` turns on the settings that
 make a resumed trial end with the uninterrupted one's metric.
 
-Optional: ``pip install parcel_hpc[torch]``. Nothing else in parcel_hpc imports torch; the
-conformance check reads ``TORCH_RNGS`` (``rng.process_rngs``) only where a trainer already has.
+Optional: ``pip install parcel_hpc[torch]``. Nothing else in parcel_hpc imports torch; torch's
+generators are ``rng``'s (``rng.TORCH_RNGS``), read from the torch a trainer has already imported.
 """
 
 from __future__ import annotations
@@ -132,47 +132,6 @@ def _to_tensor(array: np.ndarray, dtype_name: str) -> torch.Tensor:
 
 
 # --- random generators ----------------------------------------------------------------------------
-
-
-def _save_torch() -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    return {"rng/torch": torch.get_rng_state().numpy()}, {}
-
-
-def _restore_torch(arrays: Mapping[str, np.ndarray], scalars: Mapping[str, Any]) -> None:
-    if "rng/torch" in arrays:
-        torch.set_rng_state(torch.from_numpy(np.array(arrays["rng/torch"], dtype=np.uint8)))
-
-
-def _save_torch_cuda() -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
-        return {}, {}  # saving would start CUDA in a trainer that never used it
-    return {f"rng/torch_cuda/{i}": s.numpy() for i, s in enumerate(torch.cuda.get_rng_state_all())}, {}
-
-
-def _restore_torch_cuda(arrays: Mapping[str, np.ndarray], scalars: Mapping[str, Any]) -> None:
-    saved = sorted((int(k.rsplit("/", 1)[1]), v) for k, v in arrays.items() if k.startswith("rng/torch_cuda/"))
-    if saved and torch.cuda.is_available():
-        # Index i is this process's i-th visible device, whichever physical GPU the resumed attempt got.
-        for i, s in saved[: torch.cuda.device_count()]:
-            torch.cuda.set_rng_state(torch.from_numpy(np.array(s, dtype=np.uint8)), i)
-
-
-TORCH_RNGS = (
-    rng.ProcessRNG(
-        "rng/torch",
-        "torch's CPU generator (torch.get_rng_state: dropout, torch.rand, a DataLoader without a generator)",
-        _save_torch,
-        _restore_torch,
-        torch.manual_seed,
-    ),
-    rng.ProcessRNG(
-        "rng/torch_cuda",
-        "torch's CUDA generators (torch.cuda.get_rng_state_all: dropout on a GPU)",
-        _save_torch_cuda,
-        _restore_torch_cuda,
-        torch.cuda.manual_seed_all,
-    ),
-)
 
 
 def seed_everything(seed: int) -> None:

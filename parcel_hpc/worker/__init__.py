@@ -1,8 +1,8 @@
 """The per-trial task: admit -> claim -> resume or start -> train -> milestones -> end.
 
 gate.py      every job's first code: holds the search directory named on its command line, then submitit runs the task
-task.py      TrialTask, what submitit pickles and runs: one or more trials in turn (a pack)
-slot.py      SlotTask: a job that takes its trials (and a learning sampler's proposals) in turn
+task.py      TrialTask, what submitit pickles and runs: one or more trials in turn (a pack); a slot
+             that takes its trials in turn is the launch's (``launch/slot.py``: it proposes too)
 attempt.py   AttemptRun: one attempt, every transition journaled
 training.py  the training loop around a trainer (steps, checkpoint cadence, validation)
 signals.py   the scheduler's signal, held until the trainer is between steps

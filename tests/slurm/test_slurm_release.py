@@ -1,5 +1,5 @@
 """Select once, then evaluate, on the dev SLURM cluster: the rerun and the final evaluation run as
-batch jobs rendered from parcel_hpc/scheduler/slurm/templates/, the top candidate is held on crushed_corner, a decision
+batch jobs rendered from sbatch_templates/, the top candidate is held on crushed_corner, a decision
 releases it, the final partition is evaluated once, and the packet carries sacct's accounting."""
 
 import json

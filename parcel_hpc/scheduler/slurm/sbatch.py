@@ -1,6 +1,6 @@
 """Batch scripts parcel_hpc renders itself, and the one ``sbatch`` shell-out around them.
 
-Owns: the values that fill ``templates/*.sbatch`` (beside this module) (``SbatchValues``, validated at birth),
+Owns: the values that fill ``sbatch_templates/*.sbatch`` at the top of the repository (``SbatchValues``, validated at birth),
 rendering a template, writing the script, the ``sbatch`` argv and the parser of what sbatch prints.
 Must not: decide what to run or when (selection, governance and the CLI do that), read the
 environment or the clock, or render trial jobs (submitit writes those itself).
@@ -20,7 +20,7 @@ Template syntax (a ``string.Template`` that only knows braced lower-case names):
 Every rendered line comes from exactly one template line, and no value can hold a line break. So
 rendering can never add an ``#SBATCH`` directive or a command.
 
-Adding a template: write ``templates/<name>.sbatch`` from the fields below. A value it needs
+Adding a template: write ``sbatch_templates/<name>.sbatch`` from the fields below. A value it needs
 that no field has becomes a new ``SbatchValues`` field (default None or empty, validated in
 ``__post_init__``) plus an entry in ``_FIELDS``. The command that submits the job renders it, like
 ``accounting/scheduled.py`` does; tests/test_sbatch.py then asks for golden values for the new template.
@@ -37,6 +37,7 @@ import subprocess
 import unicodedata
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import cast
 
@@ -57,8 +58,9 @@ __all__ = [
     "write_script",
 ]
 
-# The templates are package data beside this module (parcel_hpc/scheduler/slurm/templates/), where an admin reviews them.
-TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
+# The templates are package data: sbatch_templates/ at the top of the repository, where an admin reviews them,
+# installed as parcel_hpc.scheduler.slurm.templates.
+TEMPLATES_DIR = Path(str(resources.files("parcel_hpc.scheduler.slurm.templates")))
 # Not executable: sbatch reads the file, it never execs it. A script that cannot be started with
 # ./name.sbatch cannot run its job on a login node by accident.
 SCRIPT_MODE = 0o644

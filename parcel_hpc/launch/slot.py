@@ -34,8 +34,6 @@ from submitit.core.utils import UncompletedJobError
 
 from parcel_hpc import anchor
 from parcel_hpc.fsio import owner_only_writes
-from parcel_hpc.governance.admission import admit_proposal
-from parcel_hpc.governance.contract import Contract
 from parcel_hpc.ledger import RecordView, SearchDir, Started, TrialRecord, TrialSpec, TrialWriter
 from parcel_hpc.ledger.events import FailureSignature
 from parcel_hpc.lifecycle.actions import skipped_in_turn
@@ -183,7 +181,7 @@ class SlotTask:
         then: a proposal is never left behind by a slot that ends)."""
         limit_s = 60.0 * float(self.template["time_limit_min"])
         for spec in proposer.finish_orphans(time.time()):  # their asker died between record and trial (a detached search has no launcher to)
-            if (record := self._take_proposed(search, view, facts, proposer.contract, spec)) is not None:
+            if (record := self._take_proposed(search, view, facts, proposer, spec)) is not None:
                 return record
         lost = 0
         while lost < MAX_LOST_RACES:
@@ -193,7 +191,7 @@ class SlotTask:
             # a slot preempted in between would leave a record or a trial no one dispatches.
             with StepBoundarySignals() as held:
                 made = proposer.propose(view.records)
-                record = self._take_proposed(search, view, facts, proposer.contract, made.spec) if made is not None and made.spec is not None else None
+                record = self._take_proposed(search, view, facts, proposer, made.spec) if made is not None and made.spec is not None else None
                 held.deliver()  # a requeue now resumes the trial just taken first (``left_here``)
             if record is not None:
                 return record
@@ -206,15 +204,12 @@ class SlotTask:
                     lost += 1  # another asker recorded proposal k first: this one asks for k + 1
         return None  # lost MAX_LOST_RACES draws in a row: the other slots make the proposals left
 
-    def _take_proposed(self, search: SearchDir, view: RecordView, facts: Started, contract: Contract, spec: TrialSpec) -> TrialRecord | None:
+    def _take_proposed(self, search: SearchDir, view: RecordView, facts: Started, proposer: Proposer, spec: TrialSpec) -> TrialRecord | None:
         """A new proposal's trial admitted, planned, queued and taken by this slot; None when refused
         or when a launcher adopting an orphaned proposal claimed its dispatch first (it queues it)."""
         tid = spec.trial_id
-        outcome = admit_proposal(tid, spec.config_hash, contract)
-        if not outcome.is_admit:
-            TrialWriter(search.trial_dir(tid), "slot").admission_refused(outcome, self.launch_id)
+        if not proposer.adopt(spec, WorkerPlan.for_trial(self.template, spec), TrialWriter(search.trial_dir(tid), "slot")).is_admit:
             return None
-        search.write_plan(tid, WorkerPlan.for_trial(self.template, spec).to_json())
         n = search.claim_dispatch(tid, self.launch_id, 0)
         if n is None:
             return None
