@@ -2,6 +2,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from clusters import cluster, fake_slurm  # noqa: F401 (fixtures every test may ask for)
 
 from parcel_hpc.data import make_default_artifacts, read_split
 from parcel_hpc.ledger import SearchDir
@@ -54,7 +55,7 @@ def pytest_collection_modifyitems(config, items):
     # the other tests spread over the remaining workers (scripts/test.sh: pytest-xdist --dist loadgroup).
     selected_scale = "scale" in (config.getoption("markexpr") or "")
     for item in items:
-        if "slurm" in item.keywords or "scale" in item.keywords:
+        if item.get_closest_marker("slurm") or "scale" in item.keywords:
             item.add_marker(pytest.mark.xdist_group("cluster"))
         if "scale" in item.keywords and not selected_scale:
             item.add_marker(pytest.mark.skip(reason="run apart: bash scripts/test.sh -m scale tests/scale (about 18 minutes on 2 cores)"))

@@ -27,7 +27,7 @@ def pytest_collection_modifyitems(config, items):
     if not problem:
         return
     for item in items:
-        if "slurm" in item.keywords:
+        if item.get_closest_marker("slurm"):  # the marker, not the keyword: every test here has tests/slurm's name
             if os.environ.get("PARCEL_REQUIRE_SLURM") == "1":
                 item.fixturenames.insert(0, "_fail_without_cluster")
             else:

@@ -104,7 +104,7 @@ def job_env(job: Job, config: Config) -> dict[str, str]:
         SLURM_JOB_UID=str(job.uid), SLURM_JOB_PARTITION=job.partition, SLURM_JOB_ACCOUNT=job.account,
         SLURM_JOB_QOS=job.qos, SLURM_CLUSTER_NAME=config.cluster, SLURM_SUBMIT_DIR=job.workdir,
         SLURM_JOB_NODELIST=job.node, SLURM_NODELIST=job.node, SLURMD_NODENAME=job.node, SLURM_JOB_NUM_NODES="1",
-        SLURM_NNODES="1", SLURM_NODEID="0", SLURM_PROCID="0", SLURM_LOCALID="0", SLURM_NTASKS="1",
+        SLURM_NNODES="1", SLURM_NODEID="0", SLURM_PROCID="0", SLURM_LOCALID="0", SLURM_TASKS_PER_NODE="1",
         SLURM_CPUS_PER_TASK=str(job.cpus), SLURM_CPUS_ON_NODE=str(job.cpus), SLURM_MEM_PER_NODE=str(job.mem_mb),
         SLURM_JOB_CPUS_PER_NODE=str(job.cpus),
     )  # fmt: skip

@@ -55,7 +55,7 @@ class Config:
     cluster: str = "fake"
     minute_s: float = 60.0  # seconds of wall time per minute of --time (tests shrink it)
     kill_wait_s: float = 5.0  # KillWait: SIGTERM, then SIGKILL this much later (the dev cluster's 5)
-    requeue_delay_s: float = 0.5  # a requeued job's new BeginTime: this much after its run ended
+    requeue_delay_s: float = 0.5  # a requeued job's new BeginTime after its run ended (the dev cluster's run again ~10 s later: faster here)
     partitions: dict[str, dict] = field(
         default_factory=lambda: {
             "low": {"default": True, "tier": 1, "grace_s": 15.0},  # the dev cluster's partitions (PreemptMode=REQUEUE)

@@ -484,7 +484,7 @@ def srun(store: Store, argv: list[str]) -> int:
     steps = Path(os.environ["PARCEL_FAKE_SLURM_STEPS"])
     with open(steps, "a") as f:
         f.write(f"{os.getpid()}\n")
-    os.environ.update(SLURM_STEP_ID="0", SLURM_STEPID="0", SLURM_STEP_NUM_TASKS="1", SLURM_STEP_NODELIST=job.node)
+    os.environ.update(SLURM_STEP_ID="0", SLURM_STEPID="0", SLURM_STEP_NUM_TASKS="1", SLURM_NTASKS="1", SLURM_NPROCS="1", SLURM_STEP_NODELIST=job.node)
     for names, fd in ((("--output", "-o"), 1), (("--error", "-e"), 2)):
         pattern = next((opts[n] for n in names if n in opts), None)
         if pattern:
