@@ -40,9 +40,12 @@ def _fail_without_cluster():
 
 
 @pytest.fixture
-def cluster_guard():
+def cluster_guard(request):
     """Whatever a test does to nodes, they are resumed and its stray jobs cancelled afterwards.
-    ``names`` holds job-name prefixes: a search's jobs are named <job_name>-<search id>."""
+    ``names`` holds job-name prefixes: a search's jobs are named <job_name>-<search id>. A test on
+    the fake cluster (``cluster``) has it set up first: the guard then cleans the fake, never the real one."""
+    if "cluster" in request.fixturenames:
+        request.getfixturevalue("cluster")
     touched: list[str] = []
     names: list[str] = []
     yield touched, names

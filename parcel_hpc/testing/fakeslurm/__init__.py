@@ -60,9 +60,6 @@ class FakeSlurm:
         env["SLURM_CONF"] = str(self.root / "etc" / "slurm.conf")
         return env
 
-    def jobs(self) -> list[Job]:
-        return self.store.all_jobs()
-
     def set_down(self, what: str, down: bool = True) -> None:
         """``controller`` stops answering (every tool fails as with slurmctld down), ``dbd`` makes
         sacct fail as with slurmdbd down."""

@@ -3,8 +3,8 @@ local process group with the environment a SLURM job sees, and ends runs the way
 
 Owns: every process a fake job runs and every signal sent to one. A tool (scancel, scontrol) only
 writes what should happen (``Job.ending``); this loop carries it out: SIGTERM, then SIGKILL after
-KillWait (or the partition's GraceTime for a preemption), a run recorded in sacct's terms, and a
-requeue when SLURM would requeue. The job's ``--signal`` goes to its srun step (to the batch shell
+KillWait; for a preemption the job's ``--signal`` at once and SIGTERM at the end of the partition's
+GraceTime; a run recorded in sacct's terms, and a requeue when SLURM would requeue. The job's ``--signal`` goes to its srun step (to the batch shell
 too with ``B:``) that many seconds before the limit, and a job still running at its limit ends
 TIMEOUT. Started by sbatch when none runs; exits once no job is left. Must not: print what a tool
 prints.
@@ -18,7 +18,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from parcel_hpc.testing.fakeslurm.state import REQUEUES, Config, Job, Run, State, Store, now, place, preemptable, wait_reason
@@ -30,9 +30,9 @@ TICK_S = 0.1
 class _Running:
     proc: subprocess.Popen
     signalled: bool = False  # the job's --signal was sent
-    term_at: float = 0.0  # when SIGTERM went out (0: not yet)
-    killed: bool = False
-    steps: list[int] = field(default_factory=list)
+    term_due: float = 0.0  # when SIGTERM is to go out (0: no end asked for yet)
+    term_at: float = 0.0  # when it went out
+    kill_at: float = 0.0  # when SIGKILL goes out
 
 
 def ensure_running(store: Store) -> None:
@@ -78,7 +78,7 @@ def _schedule(store: Store, config: Config, job: Job, jobs: list[Job], nodes: li
     reason = wait_reason(job, jobs, nodes, t)
     if reason == "Resources":
         for victim in preemptable(job, jobs, nodes, tiers):
-            victim.ending, victim.ending_at, victim.preempt_time = State.PREEMPTED.value, t, t
+            victim.ending, victim.preempt_time = State.PREEMPTED.value, t
             store.save(victim)
     if reason:
         if reason != job.reason:
@@ -152,31 +152,47 @@ def _out(job: Job, pattern: str):  # a file object the child inherits
 def _watch(store: Store, config: Config, job: Job, running: dict[int, _Running]) -> None:
     r = running[job.raw]
     t = now()
-    pgid = r.proc.pid
     limit_at = job.start + job.time_min * config.minute_s
     if job.signal and not r.signalled and not job.ending and t >= limit_at - job.signal[1] * config.minute_s / 60:
-        r.signalled = True
-        sig = signal.Signals[f"SIG{job.signal[0]}"]
-        for pid in _step_pids(store, job) + ([pgid] if job.signal[2] or not _step_pids(store, job) else []):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
+        _warn(store, job, r)
     if not job.ending and t >= limit_at:
-        job.ending, job.ending_at = State.TIMEOUT.value, t
+        job.ending = State.TIMEOUT.value
         store.save(job)
-    exited = r.proc.poll() is not None
-    if job.ending and not r.term_at:
+    if job.ending and not r.term_at and not r.kill_at:
+        if job.ending == State.NODE_FAIL.value:
+            r.kill_at = t  # the node is gone: nothing is told
+        elif job.ending == State.PREEMPTED.value:
+            # PreemptMode=REQUEUE with GraceTime: the job's --signal at once (SIGTERM without one), then
+            # at the end of the grace SIGTERM and, KillWait later, SIGKILL (the dev cluster's order).
+            grace = float(config.partitions.get(job.partition, {}).get("grace_s", 0.0))
+            if job.signal and not r.signalled:
+                _warn(store, job, r)
+                r.term_due, r.kill_at = t + grace, t + grace + config.kill_wait_s
+            else:
+                r.term_due, r.kill_at = t, t + grace
+        else:
+            r.term_due, r.kill_at = t, t + config.kill_wait_s
+    if r.term_due and not r.term_at and t >= r.term_due:
         r.term_at = t
-        _killpg(pgid, signal.SIGKILL if job.ending == State.NODE_FAIL.value else signal.SIGTERM)
-        for pid in _step_pids(store, job):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
-    wait = config.partitions.get(job.partition, {}).get("grace_s", 0.0) if job.ending == State.PREEMPTED.value else config.kill_wait_s
-    if (exited and not job.ending) or (r.term_at and t - r.term_at >= max(wait, 0.0)):
-        _killpg(pgid, signal.SIGKILL)  # a job's leftovers die with its batch script, as under slurmd
-    if not exited or _group_alive(pgid):
+        _killpg(r.proc.pid, signal.SIGTERM)
+    exited = r.proc.poll() is not None
+    if (exited and not job.ending) or (r.kill_at and t >= r.kill_at):
+        _killpg(r.proc.pid, signal.SIGKILL)  # a job's leftovers die with its batch script, as under slurmd
+    if not exited or _group_alive(r.proc.pid):
         return
     del running[job.raw]
     _end_run(store, config, job, r.proc.returncode, t)
+
+
+def _warn(store: Store, job: Job, r: _Running) -> None:
+    """The job's ``--signal``: to its srun step, to the batch shell too with ``B:`` (or without a step)."""
+    assert job.signal is not None
+    r.signalled = True
+    sig = signal.Signals[f"SIG{job.signal[0]}"]
+    steps = _step_pids(store, job)
+    for pid in steps + ([r.proc.pid] if job.signal[2] or not steps else []):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
 
 
 def _end_run(store: Store, config: Config, job: Job, rc: int, t: float) -> None:

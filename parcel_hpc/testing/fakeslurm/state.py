@@ -55,7 +55,7 @@ class Config:
     cluster: str = "fake"
     minute_s: float = 60.0  # seconds of wall time per minute of --time (tests shrink it)
     kill_wait_s: float = 5.0  # KillWait: SIGTERM, then SIGKILL this much later (the dev cluster's 5)
-    requeue_delay_s: float = 0.5  # a requeued job's new BeginTime after its run ended (the dev cluster's run again ~10 s later: faster here)
+    requeue_delay_s: float = 10.0  # a requeued job's BeginTime after its run ended (the dev cluster ran one again 13 s later)
     partitions: dict[str, dict] = field(
         default_factory=lambda: {
             "low": {"default": True, "tier": 1, "grace_s": 15.0},  # the dev cluster's partitions (PreemptMode=REQUEUE)
@@ -70,7 +70,6 @@ class Config:
 class Node:
     name: str
     gpus: int = 4
-    cpus: int = 8
     state: str = "IDLE"  # IDLE (up), DOWN, DRAIN
     reason: str = ""
 
@@ -131,7 +130,6 @@ class Job:
     end: float = 0.0
     preempt_time: float = 0.0
     ending: str = ""  # the state an outside request ends the current run with (set by a tool, carried out by the controller)
-    ending_at: float = 0.0
     runs: list[Run] = field(default_factory=list)
 
     @property

@@ -371,7 +371,7 @@ def scancel(store: Store, argv: list[str]) -> int:
                 job.state, job.end = State.CANCELLED.value, t
                 store.save(job)
             elif job.status is State.RUNNING and not job.ending:
-                job.ending, job.ending_at = State.CANCELLED.value, t
+                job.ending = State.CANCELLED.value
                 store.save(job)
     return 0
 
@@ -406,11 +406,10 @@ def scontrol(store: Store, argv: list[str]) -> int:
                 f"   Partition={job.partition} NodeList={job.node or '(null)'}\n"
             )
     elif args[:1] in (["release"], ["hold"], ["requeue"]) and len(args) == 2:
-        t = now()
         with store.locked():
             for job in _find(store, args[1].split(","), "scontrol"):
                 if args[0] == "requeue" and job.status is State.RUNNING and not job.ending:
-                    job.ending, job.ending_at = State.REQUEUED.value, t
+                    job.ending = State.REQUEUED.value
                 elif args[0] in ("release", "hold") and job.status is State.PENDING:
                     job.held = args[0] == "hold"
                     job.reason = "JobHeldUser" if job.held else "None"
@@ -432,7 +431,6 @@ def _update_node(store: Store, fields: dict[str, str]) -> int:
     name, state = lower.get("nodename", ""), lower.get("state", "").upper()
     if state in ("DOWN", "DRAIN") and not lower.get("reason"):
         raise _Refused("You must specify a reason when DOWNING or DRAINING a node. Request denied")
-    t = now()
     with store.locked():
         nodes = store.nodes()
         targets = [n for n in nodes if n.name in _names(name)]
@@ -445,7 +443,7 @@ def _update_node(store: Store, fields: dict[str, str]) -> int:
             if state == "DOWN":
                 for job in store.active():
                     if job.status is State.RUNNING and job.node == node.name:
-                        job.ending, job.ending_at = State.NODE_FAIL.value, t
+                        job.ending = State.NODE_FAIL.value
                         store.save(job)
         store.save_nodes(nodes)
     return 0
