@@ -33,6 +33,7 @@ class _Running:
     term_due: float = 0.0  # when SIGTERM is to go out (0: no end asked for yet)
     term_at: float = 0.0  # when it went out
     kill_at: float = 0.0  # when SIGKILL goes out
+    acting_on: str = ""  # the ending the two times above were set for
 
 
 def ensure_running(store: Store) -> None:
@@ -158,7 +159,9 @@ def _watch(store: Store, config: Config, job: Job, running: dict[int, _Running])
     if not job.ending and t >= limit_at:
         job.ending = State.TIMEOUT.value
         store.save(job)
-    if job.ending and not r.term_at and not r.kill_at:
+    if job.ending and job.ending != r.acting_on:
+        # A requeue asked for in a preemption's grace (submitit's own, on the --signal) ends the run REQUEUED.
+        r.acting_on = job.ending
         if job.ending == State.NODE_FAIL.value:
             r.kill_at = t  # the node is gone: nothing is told
         elif job.ending == State.PREEMPTED.value:

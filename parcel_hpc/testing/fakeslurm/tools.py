@@ -408,7 +408,7 @@ def scontrol(store: Store, argv: list[str]) -> int:
     elif args[:1] in (["release"], ["hold"], ["requeue"]) and len(args) == 2:
         with store.locked():
             for job in _find(store, args[1].split(","), "scontrol"):
-                if args[0] == "requeue" and job.status is State.RUNNING and not job.ending:
+                if args[0] == "requeue" and job.status is State.RUNNING and job.ending in ("", State.PREEMPTED.value):
                     job.ending = State.REQUEUED.value
                 elif args[0] in ("release", "hold") and job.status is State.PENDING:
                     job.held = args[0] == "hold"
