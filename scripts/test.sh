@@ -3,9 +3,20 @@
 # a real 3-node SLURM cluster (started here unless SLURM is already configured and answering, stopped
 # again at the end), then pytest.
 #   scripts/test.sh [pytest args...]
+#   scripts/test.sh --fast [pytest args...]   the fast tier: lint, dead code, types and the modules
+#     tests/fast-tier.txt lists (unit tests, the fake SLURM's behaviour suite); no cluster, no installs
 set -euo pipefail
 source "$(dirname "$0")/_env.sh"
 cd "$ROOT"
+if [ "${1:-}" = "--fast" ]; then
+  shift
+  ruff check .
+  ruff format --check .
+  vulture
+  mypy
+  mapfile -t fast < <(grep -v '^#' tests/fast-tier.txt | grep . | sed 's|^|tests/|')
+  exec python -m pytest -n "${PARCEL_TEST_WORKERS:-2}" -m "fast and not slurm" "${fast[@]}" "$@"
+fi
 # torch for the PyTorch example's tests (examples/parcel_cnn): the CPU build of the version they were
 # measured with. PyPI's torch is the CUDA build, gigabytes more, for nothing a CPU uses.
 TORCH_CPU=2.13.0

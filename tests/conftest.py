@@ -2,6 +2,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from clusters import cluster, fake_slurm  # noqa: F401 (fixtures every test may ask for)
 
 from parcel_hpc.data import make_default_artifacts, read_split
 from parcel_hpc.ledger import SearchDir
@@ -48,13 +49,23 @@ def data_dir(artifacts, tmp_path) -> Path:
     return dest
 
 
+# The fast tier (scripts/test.sh --fast, `-m fast`): the modules tests/fast-tier.txt lists (why those, there).
+FAST_MODULES = frozenset(
+    (Path(__file__).parent / line.strip()).resolve()
+    for line in Path(__file__).with_name("fast-tier.txt").read_text().splitlines()
+    if line.strip() and not line.startswith("#")
+)
+
+
 @pytest.hookimpl(wrapper=True)  # around every other impl: pytest-xdist turns the groups into node ids in its own
 def pytest_collection_modifyitems(config, items):
     # One worker at a time drives the dev cluster (tests set nodes down, preempt, restart daemons);
     # the other tests spread over the remaining workers (scripts/test.sh: pytest-xdist --dist loadgroup).
     selected_scale = "scale" in (config.getoption("markexpr") or "")
     for item in items:
-        if "slurm" in item.keywords or "scale" in item.keywords:
+        if Path(item.path).resolve() in FAST_MODULES and not item.get_closest_marker("slurm"):
+            item.add_marker(pytest.mark.fast)  # before the other impls: `-m fast` selects it
+        if item.get_closest_marker("slurm") or "scale" in item.keywords:
             item.add_marker(pytest.mark.xdist_group("cluster"))
         if "scale" in item.keywords and not selected_scale:
             item.add_marker(pytest.mark.skip(reason="run apart: bash scripts/test.sh -m scale tests/scale (about 18 minutes on 2 cores)"))

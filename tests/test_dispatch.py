@@ -1,5 +1,7 @@
 """One conformance suite for the dispatcher interface, run against every implementation: the local
-executor always, SLURM on the real dev cluster (``slurm``-marked)."""
+executor, SLURM on the fake cluster (``parcel_hpc.testing.fakeslurm``, the fast tier) and on the real
+dev cluster (``slurm``-marked). tests/test_slurm_behaviour.py holds the fake to the real cluster's
+behaviour below the dispatcher (sacct's rows, squeue's reasons, requeue, preemption)."""
 
 import os
 import subprocess
@@ -7,6 +9,7 @@ import time
 import uuid
 
 import pytest
+from clusters import ON_BOTH
 from submitit.slurm import slurm as submitit_slurm
 
 from parcel_hpc import anchor
@@ -88,8 +91,8 @@ def test_local_dispatcher_conforms(tmp_path):
     conformance(d, tmp_path)
 
 
-@pytest.mark.slurm
-def test_slurm_dispatcher_conforms(tmp_path):
+@ON_BOTH
+def test_slurm_dispatcher_conforms(tmp_path, cluster):
     d = slurm(tmp_path)
     assert isinstance(d, SlurmDispatcher) and d.can_detach
 

@@ -27,7 +27,7 @@ def pytest_collection_modifyitems(config, items):
     if not problem:
         return
     for item in items:
-        if "slurm" in item.keywords:
+        if item.get_closest_marker("slurm"):  # the marker, not the keyword: every test here has tests/slurm's name
             if os.environ.get("PARCEL_REQUIRE_SLURM") == "1":
                 item.fixturenames.insert(0, "_fail_without_cluster")
             else:
@@ -40,9 +40,12 @@ def _fail_without_cluster():
 
 
 @pytest.fixture
-def cluster_guard():
+def cluster_guard(request):
     """Whatever a test does to nodes, they are resumed and its stray jobs cancelled afterwards.
-    ``names`` holds job-name prefixes: a search's jobs are named <job_name>-<search id>."""
+    ``names`` holds job-name prefixes: a search's jobs are named <job_name>-<search id>. A test on
+    the fake cluster (``cluster``) has it set up first: the guard then cleans the fake, never the real one."""
+    if "cluster" in request.fixturenames:
+        request.getfixturevalue("cluster")
     touched: list[str] = []
     names: list[str] = []
     yield touched, names

@@ -13,13 +13,12 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from clusters import ON_BOTH
 
 from parcel_hpc.ledger import AttemptEnd, Cause, EventKind, SearchDir, TrialState
 from parcel_hpc.testing import launch, parcel_hpc
 
 from .cluster import REPO, cluster_base, daemons, kill_daemon, restart_daemons, sh, wait_for
-
-pytestmark = pytest.mark.slurm
 
 SLURM = "hydra/launcher=submitit_slurm"
 # Three trials of 41 steps in one job, about 12 s each: long enough to act on each in turn.
@@ -42,7 +41,8 @@ def node_failure_reported(job: str) -> bool:
     return bool(restarts) and int(restarts[0]) >= 1 and "NODE_FAIL" in states
 
 
-def test_a_trial_lost_on_a_down_node_is_seen_at_once_and_a_cancel_leaves_no_failure(tmp_path, data_dir, cluster_guard):
+@ON_BOTH
+def test_a_trial_lost_on_a_down_node_is_seen_at_once_and_a_cancel_leaves_no_failure(cluster, tmp_path, data_dir, cluster_guard):
     touched, names = cluster_guard
     names.append("parcel-lostpack")
     res = launch([SLURM, f"search.root={tmp_path / 'runs'}", "search.revision=lostpack", *PACK], cwd=tmp_path, data_dir=data_dir)
@@ -95,6 +95,7 @@ def test_a_trial_lost_on_a_down_node_is_seen_at_once_and_a_cancel_leaves_no_fail
     )
 
 
+@pytest.mark.slurm
 def test_names_slurm_does_not_know_are_one_line_and_exit_2(tmp_path, data_dir):
     wrong = parcel_hpc(["reconcile", "--account", "nosuch", "--since", "2026-01-01", "--root", str(tmp_path)])
     assert wrong.returncode == 2 and wrong.stdout == "", wrong.stdout + wrong.stderr
@@ -124,6 +125,7 @@ def _free_ports(start: int, offsets: tuple[int, ...]) -> int:
     return next(b for b in range(start, start + 5000, 7) if all(_free(b + o) for o in offsets))
 
 
+@pytest.mark.slurm
 def test_another_dev_cluster_outlives_this_suites_daemon_kills_and_restarts():
     """A second, one-node dev cluster in its own folder and ports, up while the fault tests' helpers
     kill and restart this cluster's daemons: every one of its daemons keeps its pid and it answers;

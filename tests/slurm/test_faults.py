@@ -10,14 +10,13 @@ import signal
 import time
 
 import pytest
+from clusters import ON_BOTH
 
 from parcel_hpc.budget import BudgetLedger, KeyState
 from parcel_hpc.ledger import AttemptEnd, SearchDir, TrialState
 from parcel_hpc.testing import finish, launch, parcel_hpc, start_launch
 
 from .cluster import kill_daemon, restart_daemons, sh, wait_for
-
-pytestmark = pytest.mark.slurm
 
 SLURM = "hydra/launcher=submitit_slurm"
 SLOW = ["pruner=none", "checkpoint.every_steps=10"]  # with train.step_seconds: trials long enough to hit
@@ -91,6 +90,7 @@ def own_gpu_hours(search: SearchDir) -> float:
     return total
 
 
+@pytest.mark.slurm
 def test_same_revision_in_two_roots(tmp_path, data_dir, cluster_guard):
     """Two researchers keep the default revision name in their own roots, at the same time: neither
     search sees, counts or orphans the other's jobs."""
@@ -124,7 +124,8 @@ def test_same_revision_in_two_roots(tmp_path, data_dir, cluster_guard):
         assert {t["trial_id"]: t["state"] for t in json.loads(status.stdout)["trials"]} == {r.trial_id: "completed" for r in search.records()}
 
 
-def test_scontrol_requeue(tmp_path, data_dir, cluster_guard):
+@ON_BOTH
+def test_scontrol_requeue(cluster, tmp_path, data_dir, cluster_guard):
     """An admin requeues a running trial's job: it resumes from its checkpoint, to the same metric,
     and the attempt the requeue ended (the worker is killed before it can say how: ``lost``,
     resolved by the next attempt) has its budget hold settled, not held for good."""
@@ -149,7 +150,8 @@ def test_scontrol_requeue(tmp_path, data_dir, cluster_guard):
     assert spend["parts"]["attempts"]["gpu_hours"] == pytest.approx(view.totals.used_gpu_hours, abs=1e-6)
 
 
-def test_a_stale_hold_is_flagged_by_reconcile_and_settled_by_sync(tmp_path, data_dir, cluster_guard):
+@ON_BOTH
+def test_a_stale_hold_is_flagged_by_reconcile_and_settled_by_sync(cluster, tmp_path, data_dir, cluster_guard):
     """A hold an older parcel_hpc left on a ``lost`` attempt (its settle entry missing): reconcile
     flags it and names the fix, and ``sync`` settles it with the hours the ledger saw."""
     _, names = cluster_guard
@@ -180,7 +182,8 @@ def one_spend(search: SearchDir, reconciled: dict) -> dict:
     return status
 
 
-def test_node_drained_while_trials_pending(tmp_path, data_dir, cluster_guard):
+@ON_BOTH
+def test_node_drained_while_trials_pending(cluster, tmp_path, data_dir, cluster_guard):
     """Every node is drained before the trials start: they wait in the queue, never retried or
     counted as failures, and run once the nodes are back."""
     touched, names = cluster_guard
@@ -208,6 +211,7 @@ def test_node_drained_while_trials_pending(tmp_path, data_dir, cluster_guard):
     assert min(w for t in out["trials"] for w in t["queue_wait_s"]) >= 5  # they really waited for the nodes
 
 
+@pytest.mark.slurm
 def test_slurmd_killed_mid_trial(tmp_path, data_dir, cluster_guard):
     """The node daemon dies under a running trial and comes back: the job lives on (slurmstepd
     runs it), the trial ends once, and accounting agrees."""
@@ -226,6 +230,7 @@ def test_slurmd_killed_mid_trial(tmp_path, data_dir, cluster_guard):
     matches_sacct(search)
 
 
+@pytest.mark.slurm
 def test_slurmctld_restarted_mid_search(tmp_path, data_dir, cluster_guard):
     """The controller goes away while a launch follows its trials: the launch waits for it instead
     of failing, and every trial ends once."""
@@ -249,6 +254,7 @@ def test_slurmctld_restarted_mid_search(tmp_path, data_dir, cluster_guard):
     matches_sacct(search)
 
 
+@pytest.mark.slurm
 def test_slurmdbd_down_during_reconcile(tmp_path, data_dir, cluster_guard):
     """Accounting is down: reconcile says so in one line and writes nothing; once it is back the
     report is complete."""
@@ -270,6 +276,7 @@ def test_slurmdbd_down_during_reconcile(tmp_path, data_dir, cluster_guard):
     matches_sacct(search)
 
 
+@pytest.mark.slurm
 def test_500_short_trials_from_two_concurrent_launchers(tmp_path, data_dir, cluster_guard):
     """Load: two launchers start the same 500-trial search at once (packed, as by default). Every
     trial is owned, dispatched and run exactly once; the ledger stays whole and every count is exact."""

@@ -4,7 +4,7 @@ releases it, the final partition is evaluated once, and the packet carries sacct
 
 import json
 
-import pytest
+from clusters import ON_BOTH
 
 from parcel_hpc.ledger import Executor, JobRole, SearchDir
 from parcel_hpc.ledger.selection import JobSubmitted
@@ -12,8 +12,6 @@ from parcel_hpc.selection.store import SelectionStore
 from parcel_hpc.testing import launch, parcel_hpc
 
 from .cluster import sh, wait_for
-
-pytestmark = pytest.mark.slurm
 
 
 def submitted_jobs(record, role):
@@ -24,7 +22,8 @@ def accounted(name: str) -> list[str]:
     return sh("sacct", "--noheader", "--parsable2", "-X", f"--name={name}", "--starttime=now-1days", "--format=JobID,State").split()
 
 
-def test_select_decide_evaluate_release_as_slurm_jobs(tmp_path, data_dir, cluster_guard):
+@ON_BOTH
+def test_select_decide_evaluate_release_as_slurm_jobs(cluster, tmp_path, data_dir, cluster_guard):
     _, names = cluster_guard
     names.append("parcel-rel")  # its trial, rerun and final jobs: parcel-rel-<search id>, parcel-rel-rerun-<id>, ...
     res = launch(

@@ -8,13 +8,12 @@ import json
 import re
 
 import pytest
+from clusters import ON_BOTH
 
 from parcel_hpc.ledger.store import SearchDir
 from parcel_hpc.testing import launch, parcel_hpc
 
 from .cluster import PREEMPTOR, preempt, sh, wait_for, what_the_cluster_says
-
-pytestmark = pytest.mark.slurm
 
 SLURM = "hydra/launcher=submitit_slurm"
 
@@ -55,6 +54,7 @@ def wait_finished(tmp_path, rev, timeout):
     return wait_for(lambda: record(tmp_path, rev).state.is_finished() and record(tmp_path, rev), timeout, "the trial to finish")
 
 
+@pytest.mark.slurm
 def test_82_trial_array_search_with_gpu_limits(tmp_path, data_dir, cluster_guard):
     _, names = cluster_guard
     names.append("parcel-arr82")
@@ -105,6 +105,7 @@ def reconcile_json(tmp_path, rev):
     return json.loads(res.stdout)["campaigns"][0]
 
 
+@pytest.mark.slurm
 def test_a_preempted_pack_requeues_without_losing_or_rerunning_a_trial(tmp_path, data_dir, cluster_guard):
     """Three trials in one array task; the second is preempted mid-way: the first (finished) is not
     run again, the second resumes from its checkpoint, the third (not started) runs once."""
@@ -151,6 +152,7 @@ def test_a_preempted_pack_requeues_without_losing_or_rerunning_a_trial(tmp_path,
     assert [a["run"] for a in out["attempts"] if not a["trial_id"]] == [0, 1]  # the pack's own line per run
 
 
+@pytest.mark.slurm
 def test_a_search_larger_than_max_array_size_is_split_into_arrays(tmp_path, data_dir, cluster_guard):
     """1,100 trials one a task: above the controller's MaxArraySize (1001 here), so two arrays, every
     job id recorded before release; cancelled at once (the split is what is tested)."""
@@ -175,7 +177,8 @@ def test_a_search_larger_than_max_array_size_is_split_into_arrays(tmp_path, data
     assert len(launched["jobs"]) == 1100
 
 
-def test_preempted_trial_resumes_to_the_uninterrupted_metric(tmp_path, data_dir, cluster_guard):
+@ON_BOTH
+def test_preempted_trial_resumes_to_the_uninterrupted_metric(cluster, tmp_path, data_dir, cluster_guard):
     _, names = cluster_guard
     names += ["parcel-preempt", PREEMPTOR]
     res = slurm_launch(tmp_path, data_dir, "preempt", "search.n_trials=1", "pruner=none", "search.wait=false", "resources.gpus=4", "train.step_seconds=0.35")
@@ -202,6 +205,7 @@ def test_preempted_trial_resumes_to_the_uninterrupted_metric(tmp_path, data_dir,
     assert out["waste_hours"]["preemption"] > 0
 
 
+@pytest.mark.slurm
 def test_time_limit_with_checkpoint_resumes(tmp_path, data_dir, cluster_guard):
     _, names = cluster_guard
     names.append("parcel-tlimit")
@@ -230,7 +234,8 @@ def test_time_limit_with_checkpoint_resumes(tmp_path, data_dir, cluster_guard):
     assert rec.metric == reference_metric(tmp_path, data_dir, "tlimit")
 
 
-def test_node_down_then_resubmit_excludes_the_node(tmp_path, data_dir, cluster_guard):
+@ON_BOTH
+def test_node_down_then_resubmit_excludes_the_node(cluster, tmp_path, data_dir, cluster_guard):
     touched, names = cluster_guard
     names.append("parcel-drain")
     res = slurm_launch(
@@ -268,7 +273,8 @@ def test_node_down_then_resubmit_excludes_the_node(tmp_path, data_dir, cluster_g
     assert "nothing" in again.stdout  # a completed trial is never resubmitted
 
 
-def test_job_killed_for_good_is_not_retried_forever(tmp_path, data_dir, cluster_guard):
+@ON_BOTH
+def test_job_killed_for_good_is_not_retried_forever(cluster, tmp_path, data_dir, cluster_guard):
     _, names = cluster_guard
     names.append("parcel-killed")
     res = slurm_launch(
@@ -303,7 +309,8 @@ def test_job_killed_for_good_is_not_retried_forever(tmp_path, data_dir, cluster_
     assert "nothing" in last.stdout
 
 
-def test_dry_run_submits_nothing_and_shows_the_batch_script(tmp_path, data_dir):
+@ON_BOTH
+def test_dry_run_submits_nothing_and_shows_the_batch_script(cluster, tmp_path, data_dir):
     res = slurm_launch(tmp_path, data_dir, "dry", "search.n_trials=5", "search.dry_run=true", "resources.gpus=2")
     assert res.returncode == 0, res.stderr
     for line in ("#SBATCH --array=0-4%", "#SBATCH --gres=gpu:2", "#SBATCH --time=10", "#SBATCH --mem=1024M", "#SBATCH --job-name=parcel-dry"):
@@ -320,6 +327,7 @@ def test_dry_run_submits_nothing_and_shows_the_batch_script(tmp_path, data_dir):
     assert not (tmp_path / "runs" / "dry").exists()
 
 
+@pytest.mark.slurm
 def test_ctrl_c_stops_waiting_but_not_the_trials(tmp_path, data_dir, cluster_guard):
     import signal
     import subprocess
