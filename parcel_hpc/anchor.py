@@ -38,8 +38,8 @@ from pathlib import Path
 
 from parcel_hpc import fsio
 from parcel_hpc.errors import NotTheSearch, UsageError
+from parcel_hpc.identity import IDENTITY_FILE, SearchIdentity
 from parcel_hpc.ownership import OTHERS_WRITE, user_name
-from parcel_hpc.scheduler.identity import IDENTITY_FILE, SearchIdentity
 
 _FD_NAMES = Path("/proc/self/fd")
 _MAX_IDENTITY_BYTES = 64 * 1024  # identity.json is a few hundred bytes

@@ -10,7 +10,7 @@ from parcel_hpc.ledger.events import Cause
 from parcel_hpc.ledger.searches import launcher_state
 from parcel_hpc.ledger.states import AttemptEnd, TrialState
 from parcel_hpc.lifecycle import resolution
-from parcel_hpc.lifecycle.actions import RetryPolicy, skipped_in_turn
+from parcel_hpc.lifecycle.actions import RetryPolicy
 from parcel_hpc.lifecycle.resolution import SchedulerFacts
 from parcel_hpc.lifecycle.resubmit import decide
 from parcel_hpc.scheduler.slurm.queue import QueuedJob, parse_squeue
@@ -120,7 +120,7 @@ def test_a_pack_requeued_after_a_node_failure_leaves_its_lost_trial_to_resubmit_
     # status and sync see the same at once (sacct filed the NODE_FAIL run): the trial waits for a job of its own.
     (seen,) = resolution.resolve(records, facts, resolution.DEFINITE)
     after = fold(spec("t0002"), [*events["t0002"], preview(seen.attempt, seen.ending, 200.0)])
-    assert after.state is TrialState.QUEUED and skipped_in_turn(after)
+    assert after.state is TrialState.QUEUED and after.skipped_in_turn()
     assert not facts.runs_again(after) and facts.runs_again(records[2])  # the pack still runs t0004
     before = requeued(records, [run("RUNNING")], restarts=0, state="RUNNING")
     assert before.runs_again(records[1])  # while t0002 trains there, its pack runs it

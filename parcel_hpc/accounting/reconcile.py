@@ -37,7 +37,6 @@ from parcel_hpc.budget import BudgetCaps, JournalView
 from parcel_hpc.ledger import Attempt, AttemptEnd, Cause, Executor, TrialRecord, TrialState
 from parcel_hpc.ledger.events import Accounted, field_names
 from parcel_hpc.ledger.summary import counts_by_state
-from parcel_hpc.lifecycle.actions import runs_alone
 from parcel_hpc.scheduler.slurm.runs import JobRun, runs_by_job, runs_table
 from parcel_hpc.scheduler.slurm.states import JobState
 
@@ -519,7 +518,7 @@ def _work_for(record: TrialRecord, t: float) -> bool:
     left to run alone (``worker.task`` skips those)."""
     if record.state.is_finished() and all(a.ended is not None and a.ended <= t for a in record.attempts):
         return False
-    return not (record.attempts and runs_alone(record))
+    return not (record.attempts and record.runs_alone())
 
 
 def _last_word(record: TrialRecord, job: str) -> float | None:

@@ -29,7 +29,7 @@ from parcel_hpc.ledger import HEARTBEAT_S, Heartbeat, LauncherState, SearchDir
 from parcel_hpc.ledger.journal import journals
 from parcel_hpc.ledger.summary import best_completed, counts_by_state
 from parcel_hpc.ownership import user_name
-from parcel_hpc.scheduler.probe import pid_alive
+from parcel_hpc.probe import pid_alive
 
 MAX_DEPTH = 3  # <root>/<user>/<project>/<revision>: deep enough for shared roots, never the whole disk
 # What reading one search of a root may raise when its records are damaged, hostile (JSON of the

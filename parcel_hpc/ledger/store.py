@@ -46,10 +46,10 @@ from parcel_hpc import anchor, fsio
 from parcel_hpc.errors import CorruptRecord, UsageError
 from parcel_hpc.governance.admission import check_trial_id
 from parcel_hpc.governance.contract import Contract, load_contract
+from parcel_hpc.identity import IDENTITY_FILE, SearchIdentity
 from parcel_hpc.ledger.events import Event, Executor
 from parcel_hpc.ledger.journal import TrialWriter, events_in, read_events
 from parcel_hpc.ledger.records import TrialRecord, TrialSpec, fold
-from parcel_hpc.scheduler.identity import IDENTITY_FILE, SearchIdentity
 
 CANCELLED_FILE = "cancelled.json"
 HELD_FILE = "held.json"

@@ -14,7 +14,7 @@ after the attempt began (squeue's restart count passed the attempt's: a node fai
 without warning, an admin's requeue); its ending is read from sacct's record of that very run (the
 attempt's ``restart_count``), never from the job's later runs. A job requeued that way reruns a
 trial of its own, but a job that runs trials in turn (a pack, a slot) passes by a trial whose
-attempt died unannounced (``actions.skipped_in_turn``): that trial waits for a job of its own
+attempt died unannounced (``TrialRecord.skipped_in_turn``): that trial waits for a job of its own
 (``SchedulerFacts.runs_again``), which ``resubmit`` gives it at once. A cancelled trial's attempt
 ended by the cancel is ``interrupted`` with its owner's cause, never a failure.
 
@@ -42,8 +42,7 @@ from parcel_hpc.errors import SchedulerUnavailable
 from parcel_hpc.ledger import AttemptEnd, Cause, Ended, Executor, SearchDir, TrialRecord, TrialState, TrialWriter
 from parcel_hpc.ledger.events import Accounted
 from parcel_hpc.lifecycle import settlement
-from parcel_hpc.lifecycle.actions import skipped_in_turn
-from parcel_hpc.scheduler.probe import pid_alive
+from parcel_hpc.probe import pid_alive
 from parcel_hpc.scheduler.slurm import queue as slurm
 from parcel_hpc.scheduler.slurm.runs import JobRun, job_runs, runs_by_job
 from parcel_hpc.scheduler.slurm.sacct import build_sacct_argv, run_sacct
@@ -109,7 +108,7 @@ class SchedulerFacts:
         does, one that runs trials in turn passes it by once its attempt there died unannounced."""
         if not record.jobs or self.job_gone(record):
             return False
-        return not (self.attempt_over(record) and record.jobs[-1] in self.turn_jobs and skipped_in_turn(record))
+        return not (self.attempt_over(record) and record.jobs[-1] in self.turn_jobs and record.skipped_in_turn())
 
 
 def attempt_run(record: TrialRecord, runs: Sequence[JobRun]) -> JobRun | None:
@@ -123,7 +122,7 @@ def attempt_run(record: TrialRecord, runs: Sequence[JobRun]) -> JobRun | None:
 def ending_from_accounting(record: TrialRecord, job: str, runs: Sequence[JobRun], requeued: bool = False) -> Ended:
     """How the last attempt ended, from sacct's record of its run (``lost`` without one).
     ``requeued``: its job is held again (``SchedulerFacts.requeued_since``): the attempt is ``lost``,
-    so a job that runs trials in turn leaves it to a job of its own (``actions.runs_alone``)."""
+    so a job that runs trials in turn leaves it to a job of its own (``TrialRecord.runs_alone``)."""
     run = attempt_run(record, runs)
     if run is not None:
         said = run.state.text + (f" on {run.node_list}" if run.node_list and run.node_list != "None assigned" else "")

@@ -2,10 +2,8 @@
 trials to run (``launch`` and ``propose`` do).
 
     base.py        Dispatcher (the interface every backend implements), Task, Submitted, LauncherSettings
-    probe.py       the one job probe: alive, gone, or this host cannot tell
     packing.py     how many trials one job runs in turn, and which share a job (pure; no submitit)
     slots.py       which queued trial a slot takes next, a trial's expected length (pure; no submitit)
-    identity.py    what names a search's jobs on the scheduler, and nothing else's
     factory.py     the launcher's ``kind`` -> its backend's dispatcher
     local/         the embedded default: submitit's LocalExecutor, trials as child processes
     slurm/         SLURM: held sbatch arrays, squeue/scontrol, sacct argv + parser + states,

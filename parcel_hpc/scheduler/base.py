@@ -18,14 +18,23 @@ from parcel_hpc import anchor
 from parcel_hpc.budget import AssociationLimit
 from parcel_hpc.errors import ParcelError
 from parcel_hpc.ledger import Executor
-from parcel_hpc.worker import WorkerPlan, gate
+from parcel_hpc.worker import gate
+
+
+class Plan(Protocol):
+    """What a dispatcher reads of one trial a task runs (``worker.WorkerPlan`` is one)."""
+
+    @property
+    def trial_id(self) -> str: ...
 
 
 class Task(Protocol):
     """What a dispatcher submits, one job each: a ``worker.TrialTask`` (its trials) or a
     ``worker.slot.SlotTask`` (no trial: it takes them from the search)."""
 
-    plans: tuple[WorkerPlan, ...]
+    @property
+    def plans(self) -> Sequence[Plan]: ...
+
     own_limits: bool  # each attempt stops at its own limit (the job's is longer)
     slot: str  # a slot's name; "" for a task handed its trials
 

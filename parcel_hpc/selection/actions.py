@@ -25,8 +25,8 @@ from parcel_hpc.ledger import Admitted, AttemptEnd, JobRole, SearchDir, TrialSta
 from parcel_hpc.ledger.records import counted_milestones
 from parcel_hpc.ledger.selection import Decided, FinalAttempt, Frozen, JobEnded, SelectionRecord, SelectionWriter
 from parcel_hpc.ownership import current_user
+from parcel_hpc.probe import pid_alive
 from parcel_hpc.pruning import MilestoneStore
-from parcel_hpc.scheduler.probe import pid_alive
 from parcel_hpc.selection.candidates import Entry, TrialFacts, best_candidate, completed_list, list_digest
 from parcel_hpc.selection.disposition import Verdict, disposition
 from parcel_hpc.selection.gates import Check, Comparison, Final, GateFacts, Parity, ParityCheck, RerunCheck

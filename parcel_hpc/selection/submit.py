@@ -23,11 +23,11 @@ from rich.console import Console
 
 from parcel_hpc import anchor, fsio
 from parcel_hpc.errors import CorruptRecord, UsageError
+from parcel_hpc.identity import scheduler_name
 from parcel_hpc.ledger import Executor, JobRole
 from parcel_hpc.ledger.selection import JobSubmitted, SelectionWriter
+from parcel_hpc.probe import local_process
 from parcel_hpc.scheduler.base import LauncherSettings
-from parcel_hpc.scheduler.identity import scheduler_name
-from parcel_hpc.scheduler.probe import local_process
 from parcel_hpc.scheduler.slurm import queue as slurm
 from parcel_hpc.scheduler.slurm import sbatch
 from parcel_hpc.selection.store import SelectionStore

@@ -38,7 +38,6 @@ from parcel_hpc.governance.admission import admit_proposal
 from parcel_hpc.governance.contract import Contract
 from parcel_hpc.ledger import RecordView, SearchDir, Started, TrialRecord, TrialSpec, TrialWriter
 from parcel_hpc.ledger.events import FailureSignature
-from parcel_hpc.lifecycle.actions import skipped_in_turn
 from parcel_hpc.propose.proposals import Proposer
 from parcel_hpc.scheduler.slots import Candidate, Queued, choose, expected_s, free_to_take, peers
 from parcel_hpc.worker.attempt import AttemptRun
@@ -247,4 +246,4 @@ def left_here(record: TrialRecord, job_id: str) -> bool:
     that failed or ended without saying how is the launcher's to dispatch (alone: ``runs_alone``),
     never rerun here without a dispatch claim."""
     mine = bool(record.jobs) and record.jobs[-1] == job_id and not record.state.is_finished()
-    return mine and not skipped_in_turn(record)
+    return mine and not record.skipped_in_turn()

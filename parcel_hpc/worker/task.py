@@ -30,7 +30,6 @@ from parcel_hpc.fsio import owner_only_writes
 from parcel_hpc.ledger import SearchDir, TrialRecord
 from parcel_hpc.ledger.events import FailureSignature
 from parcel_hpc.lifecycle import systematic
-from parcel_hpc.lifecycle.actions import skipped_in_turn
 from parcel_hpc.worker.attempt import AttemptRun
 from parcel_hpc.worker.cache import WorkerCache
 from parcel_hpc.worker.jobenv import facts_from_env, signal_cause
@@ -152,6 +151,6 @@ def _not_here(record: TrialRecord, job_id: str) -> str:
         return "finished"
     if record.jobs and job_id and record.jobs[-1] != job_id:
         return f"dispatched since as job {record.jobs[-1]}"
-    if skipped_in_turn(record):
+    if record.skipped_in_turn():
         return "its last attempt ended without saying how: it runs alone"
     return ""

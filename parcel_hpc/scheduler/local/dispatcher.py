@@ -23,8 +23,8 @@ import submitit
 
 from parcel_hpc.errors import UsageError
 from parcel_hpc.ledger import Executor, SearchDir
+from parcel_hpc.probe import pid_alive, runs_submitit
 from parcel_hpc.scheduler.base import Dispatcher, LauncherSettings, Record, Submitted, Task, submitted_of
-from parcel_hpc.scheduler.probe import pid_alive, runs_submitit
 
 WAKE_S = 0.02  # how often a waiting launch asks its children whether one ended
 

@@ -22,10 +22,10 @@ from submitit.slurm import slurm as submitit_slurm
 
 from parcel_hpc.budget import AssociationLimit
 from parcel_hpc.errors import ReleaseFailed, SchedulerUnavailable
+from parcel_hpc.identity import SearchIdentity, scheduler_name
 from parcel_hpc.ledger import Executor, SearchDir
 from parcel_hpc.ownership import current_user
 from parcel_hpc.scheduler.base import Dispatcher, LauncherSettings, Record, Submitted, Task, submitted_of
-from parcel_hpc.scheduler.identity import SearchIdentity, scheduler_name
 from parcel_hpc.scheduler.packing import job_time_limit_min
 from parcel_hpc.scheduler.slurm import calls
 from parcel_hpc.scheduler.slurm import queue as slurm
