@@ -4,13 +4,14 @@ for real in tests/test_launch_local.py (local) and tests/slurm/test_slurm_search
 
 import pytest
 
-from parcel_hpc.accounting.reconcile import PACK_OVERHEAD, local_runs, reconcile
+from parcel_hpc.accounting.reconcile import PACK_OVERHEAD, reconcile
 from parcel_hpc.budget import BudgetCaps, Rates
 from parcel_hpc.errors import UsageError
 from parcel_hpc.governance import validation
 from parcel_hpc.ledger import Event, TrialSpec, fold
 from parcel_hpc.lifecycle.cancel import plan as cancel_plan
 from parcel_hpc.scheduler import packing
+from parcel_hpc.scheduler.local.runs import local_runs
 from parcel_hpc.scheduler.slurm import queue as slurm
 from parcel_hpc.scheduler.slurm.runs import JobRun
 from parcel_hpc.scheduler.slurm.states import JobState

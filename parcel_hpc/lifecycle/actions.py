@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from parcel_hpc.ledger import Attempt, AttemptEnd, Cause, Ended, Executor, Started, TrialRecord, TrialState
+from parcel_hpc.ledger import Attempt, AttemptEnd, Cause, Ended, Started, TrialRecord, TrialState
 
 MAX_QUARANTINE_RERUNS = 2
 
@@ -102,7 +102,7 @@ def next_action(record: TrialRecord, *, dispatches: int, job_alive: bool, policy
 
 def previous_attempt_ending(last: Attempt, facts: Started) -> Ended:
     """A new attempt found the previous one without an ending: SLURM requeued it, or it was lost."""
-    requeued = facts.executor is Executor.SLURM and facts.restart_count > last.restart_count
+    requeued = facts.restart_count > last.restart_count  # only a scheduler that requeues counts restarts
     return Ended(
         AttemptEnd.LOST,
         Cause.REQUEUED_BY_SCHEDULER if requeued else Cause.LOST,
