@@ -14,7 +14,7 @@ from parcel_hpc.lifecycle.actions import RetryPolicy
 from parcel_hpc.lifecycle.resolution import SchedulerFacts
 from parcel_hpc.lifecycle.resubmit import decide
 from parcel_hpc.scheduler.base import QueuedJob, QueueState
-from parcel_hpc.scheduler.slurm.queue import parse_squeue
+from parcel_hpc.scheduler.slurm.queue import parse_squeue, queue_state
 from parcel_hpc.scheduler.slurm.runs import JobRun
 from parcel_hpc.scheduler.slurm.states import JobState
 
@@ -206,3 +206,17 @@ def test_a_cancelled_search_lists_its_launcher_as_cancelled():
     assert launcher_state(launches, detached, 1000.0, "login", lambda pid: False, cancelled=True) is LauncherState.CANCELLED
     following = {"L2": Heartbeat(995.0, "login", 8, LauncherState.FOLLOWING)}
     assert launcher_state(launches, following, 1000.0, "login", lambda pid: True, cancelled=True) is LauncherState.FOLLOWING  # still stopping
+
+
+def test_every_squeue_state_is_a_queue_state_and_an_unknown_word_is_one_line():
+    # squeue lists a job while the controller holds it: every state word it may print means alive,
+    # in one of the typed queue states (an ended run still listed is ENDING).
+    assert {queue_state(s.text) for s in JobState} == set(QueueState)
+    assert (queue_state("PENDING"), queue_state("REQUEUED"), queue_state("COMPLETING"), queue_state("BOOT_FAIL")) == (
+        QueueState.PENDING,
+        QueueState.REQUEUED,
+        QueueState.ENDING,
+        QueueState.ENDING,
+    )
+    with pytest.raises(SchedulerUnavailable, match="unknown job state 'WAITING'"):
+        queue_state("WAITING")
