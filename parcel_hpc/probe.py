@@ -25,10 +25,10 @@ class Liveness(enum.Enum):
         return None if self is Liveness.UNKNOWN else self is Liveness.ALIVE
 
 
-def seen_from_here(host: str) -> bool:
-    """Whether a process started on ``host`` ("": this host) can be judged from here: a pid means
-    something only on the host that started it (the one statement of that rule)."""
-    return not host or host == socket.gethostname()
+def seen_from_here(host: str, here: str = "") -> bool:
+    """Whether a process started on ``host`` ("": this host) can be judged from ``here`` ("": this
+    host): a pid means something only on the host that started it (the one statement of that rule)."""
+    return not host or host == (here or socket.gethostname())
 
 
 def local_process(pid: object, host: str = "") -> Liveness:
