@@ -32,14 +32,16 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shlex
 import stat
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from parcel_hpc import fsio
 from parcel_hpc.errors import NotTheSearch, UsageError
+from parcel_hpc.identity import IDENTITY_FILE, SearchIdentity
 from parcel_hpc.ownership import OTHERS_WRITE, user_name
-from parcel_hpc.scheduler.identity import IDENTITY_FILE, SearchIdentity
 
 _FD_NAMES = Path("/proc/self/fd")
 _MAX_IDENTITY_BYTES = 64 * 1024  # identity.json is a few hundred bytes
@@ -208,3 +210,15 @@ def _read_in(fd: int, file: str, name: str) -> bytes | None:
         return os.read(f, _MAX_IDENTITY_BYTES + 1)
     finally:
         os.close(f)
+
+
+# --- the command line every job of a dispatcher starts with (``worker.gate`` parses it) ----------
+
+GATE_MODULE = "parcel_hpc.worker.gate"
+SUBMITIT_ENTRY = ("-u", "-m", "submitit.core._submit")  # what submitit appends to its python, before the folder
+
+
+def job_command(owned: Owned, python: str = sys.executable) -> str:
+    """The interpreter command a dispatcher gives submitit for every job of the search ``owned``:
+    the gate holds the search directory before submitit unpickles anything."""
+    return " ".join([shlex.quote(python), "-P", "-u", "-m", GATE_MODULE, *map(shlex.quote, owned.argv())])

@@ -14,10 +14,10 @@ from submitit.slurm import slurm as submitit_slurm
 
 from parcel_hpc import anchor
 from parcel_hpc.errors import UsageError
+from parcel_hpc.identity import SearchIdentity
 from parcel_hpc.ledger import Executor, SearchDir
 from parcel_hpc.scheduler.base import Dispatcher, LauncherSettings
 from parcel_hpc.scheduler.factory import executor_kind, make_dispatcher
-from parcel_hpc.scheduler.identity import SearchIdentity
 from parcel_hpc.scheduler.local.dispatcher import LocalDispatcher
 from parcel_hpc.scheduler.slurm.dispatcher import SlurmDispatcher, sbatch_parameters, submitit_batch_script
 from parcel_hpc.testing import SleepTask

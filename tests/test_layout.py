@@ -120,7 +120,7 @@ def test_the_cycle_finder_finds_a_cycle():
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("console",),
     ("errors",),
-    ("fsio", "ownership", "documents", "plotting"),
+    ("fsio", "ownership", "documents", "plotting", "probe", "identity"),
     ("governance",),
     ("anchor", "budget", "pruning", "data", "checkpoints", "config"),
     ("ledger",),
@@ -140,25 +140,6 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("commands",),
     ("cli", "__main__"),
 )
-
-# Imports that still run upward, each (importer, imported) module: the scheduler's pure modules
-# filed above the ledger and validation that read them, and the scheduler reaching the worker's job
-# gate and the lifecycle's rules. The scheduler backend work moves them; this set only shrinks.
-KNOWN_UPWARD = {
-    ("parcel_hpc.anchor", "parcel_hpc.scheduler.identity"),
-    ("parcel_hpc.checkpoints.claims", "parcel_hpc.scheduler.probe"),
-    ("parcel_hpc.governance.validation", "parcel_hpc.scheduler.packing"),
-    ("parcel_hpc.governance.validation", "parcel_hpc.scheduler.slots"),
-    ("parcel_hpc.ledger.store", "parcel_hpc.scheduler.identity"),
-    ("parcel_hpc.ledger.searches", "parcel_hpc.scheduler.probe"),
-    ("parcel_hpc.scheduler.packing", "parcel_hpc.lifecycle.actions"),
-    ("parcel_hpc.scheduler.slots", "parcel_hpc.lifecycle.actions"),
-    ("parcel_hpc.scheduler.base", "parcel_hpc.worker"),
-    ("parcel_hpc.scheduler.base", "parcel_hpc.worker.gate"),
-    ("parcel_hpc.scheduler.slurm.dispatcher", "parcel_hpc.worker"),
-    ("parcel_hpc.scheduler.slurm.dispatcher", "parcel_hpc.worker.gate"),
-}
-
 
 def _layer(module: str) -> int | None:
     """The layer of a module: its longest name in ``LAYERS`` (a module before its package)."""
@@ -193,8 +174,7 @@ def test_every_module_has_a_layer():
 
 
 def test_the_packages_import_only_down():
-    assert _upward(GRAPH) - KNOWN_UPWARD == set()
-    assert KNOWN_UPWARD - _upward(GRAPH) == set(), "an upward import is gone: take it off KNOWN_UPWARD"
+    assert _upward(GRAPH) == set()
 
 
 def test_the_layer_check_finds_an_upward_import():
@@ -218,7 +198,7 @@ def test_every_registered_command_has_its_module_and_says_whether_it_reads_only(
 
 
 def test_the_pure_packing_code_imports_no_scheduler_library():
-    code = "import sys, parcel_hpc.scheduler.packing, parcel_hpc.scheduler.probe, parcel_hpc.scheduler.slots; print(sorted(m for m in ('submitit', 'h5py', 'pyarrow') if m in sys.modules))"
+    code = "import sys, parcel_hpc.scheduler.packing, parcel_hpc.probe, parcel_hpc.scheduler.slots; print(sorted(m for m in ('submitit', 'h5py', 'pyarrow') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 

@@ -4,13 +4,14 @@ for real in tests/test_launch_local.py (local) and tests/slurm/test_slurm_search
 
 import pytest
 
-from parcel_hpc.accounting.reconcile import PACK_OVERHEAD, local_runs, reconcile
+from parcel_hpc.accounting.reconcile import PACK_OVERHEAD, reconcile
 from parcel_hpc.budget import BudgetCaps, Rates
 from parcel_hpc.errors import UsageError
+from parcel_hpc.governance import validation
 from parcel_hpc.ledger import Event, TrialSpec, fold
-from parcel_hpc.lifecycle.actions import runs_alone
 from parcel_hpc.lifecycle.cancel import plan as cancel_plan
 from parcel_hpc.scheduler import packing
+from parcel_hpc.scheduler.local.runs import local_runs
 from parcel_hpc.scheduler.slurm import queue as slurm
 from parcel_hpc.scheduler.slurm.runs import JobRun
 from parcel_hpc.scheduler.slurm.states import JobState
@@ -44,9 +45,9 @@ def run(job, attempt, state, start, end, submit=1000):
 def test_a_fixed_pack_size_is_taken_as_given_and_bad_values_name_the_option():
     assert packing.decide(4, 82, 16, 10, 60, (None, 0)).size == 4
     assert packing.decide("1", 82, 16, 10, 60, (None, 0)).size == 1
-    for bad in (0, -1, "two", 1.5, True, packing.MAX_PACK + 1):
+    for bad in (0, -1, "two", 1.5, True, validation.MAX_PACK + 1):
         with pytest.raises(UsageError, match="hydra.launcher.pack_size"):
-            packing.pack_option(bad)
+            validation.pack_option(bad)
 
 
 def test_auto_packs_about_pack_minutes_of_expected_work_but_keeps_every_slot_busy():
@@ -93,7 +94,7 @@ def test_groups_are_even_and_a_trial_whose_job_died_runs_alone():
     packs = packing.groups(ids, 6, {"t0001": never, "t0002": interrupted, "t0003": died})
     assert packs[-1] == ["t0003"] and sorted(t for p in packs for t in p) == ids
     assert packing.groups([], 6) == []
-    assert not runs_alone(never) and not runs_alone(interrupted) and runs_alone(died)
+    assert not never.runs_alone() and not interrupted.runs_alone() and died.runs_alone()
     assert packing.job_time_limit_min(6, 10) == 60
 
 

@@ -10,10 +10,11 @@ from parcel_hpc.ledger.events import Cause
 from parcel_hpc.ledger.searches import launcher_state
 from parcel_hpc.ledger.states import AttemptEnd, TrialState
 from parcel_hpc.lifecycle import resolution
-from parcel_hpc.lifecycle.actions import RetryPolicy, skipped_in_turn
+from parcel_hpc.lifecycle.actions import RetryPolicy
 from parcel_hpc.lifecycle.resolution import SchedulerFacts
 from parcel_hpc.lifecycle.resubmit import decide
-from parcel_hpc.scheduler.slurm.queue import QueuedJob, parse_squeue
+from parcel_hpc.scheduler.base import QueuedJob, QueueState
+from parcel_hpc.scheduler.slurm.queue import parse_squeue, queue_state
 from parcel_hpc.scheduler.slurm.runs import JobRun
 from parcel_hpc.scheduler.slurm.states import JobState
 
@@ -73,21 +74,21 @@ def pack_after_node_failure() -> tuple[list[TrialRecord], dict[str, list[Event]]
 
 def requeued(records: list[TrialRecord], runs: list[JobRun], job: str = PACK, restarts: int = 1, state: str = "PENDING") -> SchedulerFacts:
     """The facts right after the scheduler requeued ``job``: squeue lists it again, restart count ``restarts``."""
-    return SchedulerFacts("login", queued={job: QueuedJob(job, state, "BeginTime", "", restarts)}, runs={job: runs}, turn_jobs=resolution.turn_jobs(records))
+    return SchedulerFacts(queued={job: QueuedJob(job, state, "BeginTime", "", restarts)}, runs={job: runs}, turn_jobs=resolution.turn_jobs(records))
 
 
 def test_resubmit_decides_on_the_record_as_its_resolution_will_leave_it():
     running = history("t0001", "7_0")
     node_failed = fold(spec("t0001"), running)
     done = fold(spec("t0002"), history("t0002", "7_1", ev("ended", 3, attempt=1, how="completed", metric=0.3, step=82)))
-    facts = SchedulerFacts("h", runs={"7_0": [run("NODE_FAIL", job="7_0", node="n2")]})
+    facts = SchedulerFacts(runs={"7_0": [run("NODE_FAIL", job="7_0", node="n2")]})
     plan = decide([node_failed, done], {"t0001": running}, facts, dispatches={"t0001": 1}, policy=POLICY, now=9.0)
     assert [(r.trial_id, r.ending.how.value, r.ending.cause.value) for r in plan.resolve] == [("t0001", "interrupted", "node_fail")]
     assert [(r.trial_id, r.exclude_nodes) for r in plan.resubmit] == [("t0001", ("n2",))]
     assert "node_fail (NODE_FAIL)" in plan.resubmit[0].reason
     assert plan.untouched == (("t0002", "completed"),)
     # Still queued: nothing is resolved or resubmitted.
-    alive = SchedulerFacts("h", queued={"7_0": QueuedJob("7_0", "RUNNING", "None", "n2")})
+    alive = SchedulerFacts(queued={"7_0": QueuedJob("7_0", QueueState.RUNNING, "None", "n2")})
     assert decide([node_failed], {"t0001": running}, alive, dispatches={"t0001": 1}, policy=POLICY, now=9.0).resubmit == ()
 
 
@@ -120,7 +121,7 @@ def test_a_pack_requeued_after_a_node_failure_leaves_its_lost_trial_to_resubmit_
     # status and sync see the same at once (sacct filed the NODE_FAIL run): the trial waits for a job of its own.
     (seen,) = resolution.resolve(records, facts, resolution.DEFINITE)
     after = fold(spec("t0002"), [*events["t0002"], preview(seen.attempt, seen.ending, 200.0)])
-    assert after.state is TrialState.QUEUED and skipped_in_turn(after)
+    assert after.state is TrialState.QUEUED and after.skipped_in_turn()
     assert not facts.runs_again(after) and facts.runs_again(records[2])  # the pack still runs t0004
     before = requeued(records, [run("RUNNING")], restarts=0, state="RUNNING")
     assert before.runs_again(records[1])  # while t0002 trains there, its pack runs it
@@ -155,7 +156,7 @@ def test_a_gone_job_is_resolved_from_the_run_its_attempt_ran_in_not_the_jobs_las
     """The pack was requeued after the NODE_FAIL and its next run completed the other trials: the
     lost trial's attempt ended NODE_FAIL on n3 (resubmit once called it ``lost (COMPLETED)``)."""
     records, events = pack_after_node_failure()
-    gone = SchedulerFacts("login", runs={PACK: [run("NODE_FAIL"), run("COMPLETED", attempt=1, node="n2")]}, turn_jobs=resolution.turn_jobs(records))
+    gone = SchedulerFacts(runs={PACK: [run("NODE_FAIL"), run("COMPLETED", attempt=1, node="n2")]}, turn_jobs=resolution.turn_jobs(records))
     (res,) = resolution.resolve(records, gone, resolution.DEFINITE)
     assert (res.trial_id, res.ending.how, res.ending.cause) == ("t0002", AttemptEnd.INTERRUPTED, Cause.NODE_FAIL)
     assert "NODE_FAIL on n3" in res.ending.message and "COMPLETED" not in res.ending.message
@@ -168,7 +169,7 @@ def test_an_attempt_a_cancel_cut_off_is_interrupted_by_its_owner_never_failed():
     events = history("t0001", PACK, cancelled)
     record = fold(spec("t0001"), events)
     assert record.state is TrialState.CANCELLED and resolution.needs_resolution(record)  # left running by the old cancel
-    gone = SchedulerFacts("login", runs={PACK: [run("CANCELLED")]})
+    gone = SchedulerFacts(runs={PACK: [run("CANCELLED")]})
     (res,) = resolution.resolve([record], gone, resolution.DEFINITE)  # what sync records
     assert (res.ending.how, res.ending.cause) == (AttemptEnd.INTERRUPTED, Cause.CANCELLED_BY_OWNER)
     after = fold(spec("t0001"), [*events, preview(res.attempt, res.ending, 4.0)])
@@ -181,7 +182,7 @@ def test_an_attempt_a_cancel_cut_off_is_interrupted_by_its_owner_never_failed():
     with pytest.raises(ValueError):
         Ended(AttemptEnd.INTERRUPTED, Cause.EXCEPTION)
     # A cancelled trial whose pack still runs its other trials is left to stop itself.
-    still = SchedulerFacts("login", queued={PACK: QueuedJob(PACK, "RUNNING", "None", "n3")})
+    still = SchedulerFacts(queued={PACK: QueuedJob(PACK, QueueState.RUNNING, "None", "n3")})
     assert resolution.resolve([record], still, resolution.DEFINITE) == []
 
 
@@ -193,7 +194,7 @@ def test_packs_and_slots_are_the_jobs_that_run_trials_in_turn():
 
 def test_squeue_says_how_often_the_scheduler_requeued_a_job():
     jobs = parse_squeue("5_0|PENDING|1|BeginTime|\n5_1|RUNNING|0|None|n2\n")
-    assert jobs == {"5_0": QueuedJob("5_0", "PENDING", "BeginTime", "", 1), "5_1": QueuedJob("5_1", "RUNNING", "None", "n2", 0)}
+    assert jobs == {"5_0": QueuedJob("5_0", QueueState.PENDING, "BeginTime", "", 1), "5_1": QueuedJob("5_1", QueueState.RUNNING, "None", "n2", 0)}
     with pytest.raises(SchedulerUnavailable):
         parse_squeue("5_0|PENDING|x|BeginTime|\n")
 
@@ -205,3 +206,17 @@ def test_a_cancelled_search_lists_its_launcher_as_cancelled():
     assert launcher_state(launches, detached, 1000.0, "login", lambda pid: False, cancelled=True) is LauncherState.CANCELLED
     following = {"L2": Heartbeat(995.0, "login", 8, LauncherState.FOLLOWING)}
     assert launcher_state(launches, following, 1000.0, "login", lambda pid: True, cancelled=True) is LauncherState.FOLLOWING  # still stopping
+
+
+def test_every_squeue_state_is_a_queue_state_and_an_unknown_word_is_one_line():
+    # squeue lists a job while the controller holds it: every state word it may print means alive,
+    # in one of the typed queue states (an ended run still listed is ENDING).
+    assert {queue_state(s.text) for s in JobState} == set(QueueState)
+    assert (queue_state("PENDING"), queue_state("REQUEUED"), queue_state("COMPLETING"), queue_state("BOOT_FAIL")) == (
+        QueueState.PENDING,
+        QueueState.REQUEUED,
+        QueueState.ENDING,
+        QueueState.ENDING,
+    )
+    with pytest.raises(SchedulerUnavailable, match="unknown job state 'WAITING'"):
+        queue_state("WAITING")

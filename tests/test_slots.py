@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from parcel_hpc.accounting.reconcile import reconcile
 from parcel_hpc.budget import BudgetCaps, Rates
 from parcel_hpc.errors import UsageError
+from parcel_hpc.governance import validation
 from parcel_hpc.launch.slot import left_here
 from parcel_hpc.ledger import Event, TrialSpec, fold
 from parcel_hpc.scheduler import slots
@@ -106,12 +107,12 @@ def test_peers_are_attempts_that_ran_to_a_result():
 
 
 def test_the_dispatch_option_and_a_slots_time_limit():
-    assert slots.dispatch_option(None) is slots.Dispatch.JOBS  # a launch recorded before slots
-    assert slots.dispatch_option("Slots") is slots.Dispatch.SLOTS
-    assert [slots.dispatch_option("auto").slotted(learns) for learns in (True, False)] == [True, False]
-    assert slots.dispatch_option("slots").slotted(False) and not slots.dispatch_option("jobs").slotted(True)
+    assert validation.dispatch_option(None) is validation.Dispatch.JOBS  # a launch recorded before slots
+    assert validation.dispatch_option("Slots") is validation.Dispatch.SLOTS
+    assert [validation.dispatch_option("auto").slotted(learns) for learns in (True, False)] == [True, False]
+    assert validation.dispatch_option("slots").slotted(False) and not validation.dispatch_option("jobs").slotted(True)
     with pytest.raises(UsageError, match=r"hydra.launcher.dispatch='pilots' must be auto, jobs or slots"):
-        slots.dispatch_option("pilots")
+        validation.dispatch_option("pilots")
     assert slots.slot_minutes(6, 10) == 60 and slots.slot_minutes(0, 10) == 10  # at least one trial's limit
 
 

@@ -22,8 +22,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections import Counter
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from itertools import islice
@@ -34,10 +33,10 @@ import pyarrow as pa
 from parcel_hpc.accounting import columns
 from parcel_hpc.accounting.spend import GpuUse, Hours, JobHours, Spend, StaleHold, attempt_hours, run_hours, search_spend, shown, stale_holds
 from parcel_hpc.budget import BudgetCaps, JournalView
-from parcel_hpc.ledger import Attempt, AttemptEnd, Cause, Executor, TrialRecord, TrialState
+from parcel_hpc.ledger import Attempt, AttemptEnd, Cause, TrialRecord, TrialState
 from parcel_hpc.ledger.events import Accounted, field_names
 from parcel_hpc.ledger.summary import counts_by_state
-from parcel_hpc.lifecycle.actions import runs_alone
+from parcel_hpc.scheduler.registry import backend_of
 from parcel_hpc.scheduler.slurm.runs import JobRun, runs_by_job, runs_table
 from parcel_hpc.scheduler.slurm.states import JobState
 
@@ -344,12 +343,12 @@ def reconcile(
 
 
 def _settled(records: Sequence[TrialRecord], by_job: Mapping[str, Sequence[JobRun]]) -> tuple[list[TrialRecord], list[tuple[str, int]]]:
-    """The SLURM trials' records with every run sacct filed that they have not recorded, settled in
+    """The records of trials whose scheduler files runs with every run it filed that they have not recorded, settled in
     memory (pure); and those runs (job, run)."""
     out: list[TrialRecord] = []
     unrecorded: dict[tuple[str, int], None] = {}
     for r in records:
-        if r.executor is not Executor.SLURM:
+        if not backend_of(r.executor).files_runs:
             out.append(r)
             continue
         held = {a.key for a in r.accounted}
@@ -519,7 +518,7 @@ def _work_for(record: TrialRecord, t: float) -> bool:
     left to run alone (``worker.task`` skips those)."""
     if record.state.is_finished() and all(a.ended is not None and a.ended <= t for a in record.attempts):
         return False
-    return not (record.attempts and runs_alone(record))
+    return not (record.attempts and record.runs_alone())
 
 
 def _last_word(record: TrialRecord, job: str) -> float | None:
@@ -655,68 +654,3 @@ def _figures(lines: Sequence[AttemptLine], trials: Sequence[TrialLine], gpu_h: f
         "effective_trials_per_hour": effective / wall_h if wall_h else None,
         "cost_per_effective_result": cost / effective if effective else None,
     }
-
-
-def local_runs(records: Iterable[TrialRecord], user: str = "") -> list[JobRun]:
-    """The local executor's own record of each attempt, as job runs in sacct's shape (no scheduler to
-    ask), with the GPUs it really handed out (none on a machine without them). A packed job (one
-    process, several trials in turn) is one run from its first start to its last end."""
-    records = list(records)
-    sharers = Counter(job for r in records for job in dict.fromkeys(r.jobs))  # a pack: one job submitted for several trials, as reconcile reads it
-    out: list[JobRun] = []
-    packs: dict[str, tuple[int, int, list]] = {}
-    for r in records:
-        gpus, cpus = int(r.spec.resources.get("gpus", 0)), int(r.spec.resources.get("cpus", 1))
-        runs_of_job: dict[str, int] = {}
-        for a in r.attempts:
-            if a.started is None or not a.job_id:
-                continue
-            if sharers[a.job_id] > 1:
-                packs.setdefault(a.job_id, (a.gpus_or(gpus), cpus, []))[2].append(a)
-                continue
-            run = runs_of_job.get(a.job_id, 0)
-            runs_of_job[a.job_id] = run + 1
-            out.append(_local_run(a.job_id, run, a, a.started, a.ended, a.gpus_or(gpus), cpus, len(out) + 1, user))
-    for job, (gpus, cpus, attempts) in packs.items():
-        attempts.sort(key=lambda a: a.started)
-        ends = [a.ended for a in attempts]
-        end = max(ends) if None not in ends else None
-        out.append(_local_run(job, 0, attempts[-1], attempts[0].started, end, gpus, cpus, len(out) + 1, user))
-    return out
-
-
-def _local_run(job: str, run: int, last: Attempt, start: float, end: float | None, gpus: int, cpus: int, line: int, user: str) -> JobRun:
-    state = _LOCAL_STATE.get(last.how, JobState.RUNNING) if last.how is not None and end is not None else JobState.RUNNING
-    return JobRun(
-        job_id=job,
-        raw_job_id=int(job) if job.isdigit() else 0,
-        base_job_id=int(job) if job.isdigit() else 0,
-        array_task=None,
-        attempt=run,
-        state=state,
-        exit_status=0,
-        exit_signal=0,
-        node_list=last.host,
-        partition="local",
-        account="",
-        submit=int(start),
-        start=int(start),
-        end=int(end) if end is not None else None,
-        elapsed_s=int(round((end if end is not None else start) - start)),
-        gpus=gpus,
-        cpus=cpus,
-        line=line,
-        user=user,
-    )
-
-
-_LOCAL_STATE = {
-    AttemptEnd.COMPLETED: JobState.COMPLETED,
-    AttemptEnd.PRUNED: JobState.COMPLETED,
-    AttemptEnd.REJECTED: JobState.COMPLETED,
-    AttemptEnd.BUDGET_EXHAUSTED: JobState.COMPLETED,
-    AttemptEnd.FAILED: JobState.FAILED,
-    AttemptEnd.INTERRUPTED: JobState.REQUEUED,
-    AttemptEnd.LOST: JobState.CANCELLED,
-    AttemptEnd.QUARANTINED: JobState.COMPLETED,
-}

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from parcel_hpc import fsio
 from parcel_hpc.governance.contract import load_contract
+from parcel_hpc.identity import SearchIdentity, scheduler_name
 from parcel_hpc.ledger import SearchDir
-from parcel_hpc.scheduler.identity import SearchIdentity, scheduler_name
 from parcel_hpc.scheduler.slurm import sbatch
 
 TEMPLATE = "reconcile"

@@ -18,13 +18,14 @@ import pyarrow.compute as pc
 from rich.table import Table
 
 from parcel_hpc.accounting import columns, spend
-from parcel_hpc.accounting.reconcile import Reconciliation, local_runs, reconcile
+from parcel_hpc.accounting.reconcile import Reconciliation, reconcile
 from parcel_hpc.budget import BudgetLedger, search_caps
 from parcel_hpc.console import safe
 from parcel_hpc.errors import UsageError
 from parcel_hpc.ledger import Executor, SearchDir, collector_paused
 from parcel_hpc.ledger.searches import owner_of
 from parcel_hpc.plotting import png_of, pyplot
+from parcel_hpc.scheduler.registry import DEFAULT, backend_of
 from parcel_hpc.scheduler.slurm.runs import job_runs, run_table, runs_table
 from parcel_hpc.scheduler.slurm.sacct import SACCT_FORMAT, build_sacct_argv, run_sacct
 from parcel_hpc.scheduler.slurm.sacct_parse import parse_sacct, parse_sacct_file
@@ -58,8 +59,9 @@ def reconcile_search(search: SearchDir, sacct_file: Path | None = None) -> Recon
             search_path=path,
             slot_jobs=_slot_jobs(search),
         )
-    if not any(r.executor is Executor.SLURM for r in records):
-        runs = local_runs(records, owner_of(search))
+    backends = {backend_of(r.executor) for r in records} or {DEFAULT}
+    if not any(b.files_runs for b in backends):  # no scheduler keeps a record: each backend's own
+        runs = [run for b in backends for run in b.local_runs(records, owner_of(search)) or []]
         return reconcile(campaign, objective, "local executor", records, runs, [], caps, journal, jobs_run, search_path=path)
     jobs = sorted({j for r in records for j in r.jobs})
     runs = job_runs(parse_sacct(run_sacct(build_sacct_argv(jobs)), source="sacct", allocations_only=True)) if jobs else []
@@ -67,7 +69,7 @@ def reconcile_search(search: SearchDir, sacct_file: Path | None = None) -> Recon
     # --allusers: an admin reconciling a colleague's search sees the orphans of every user
     named = (
         run_table(parse_sacct(run_sacct(build_sacct_argv([], since=since, name=name, all_users=True)), source="sacct --name", allocations_only=True))
-        for name in search.slurm_job_names()
+        for name in search.job_names(Executor.SLURM)
     )
     listed = pa.concat_tables([runs_table([]), *named])
     return reconcile(

@@ -42,8 +42,9 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from parcel_hpc.budget import BudgetLedger, Hold, JournalView, KeyState, Rates, ReservationKey, attempt_usage, counted_gpus, hours_between, search_caps
-from parcel_hpc.ledger import Attempt, DeviceUse, Executor, JobRole, SearchDir, TrialRecord
+from parcel_hpc.ledger import Attempt, DeviceUse, JobRole, SearchDir, TrialRecord
 from parcel_hpc.ledger.events import Accounted
+from parcel_hpc.scheduler.registry import backend_of
 from parcel_hpc.selection.store import SelectionStore
 
 DECIMALS = 4  # every printed figure: hours and cost, the same rounding everywhere
@@ -217,8 +218,8 @@ def attempt_hours(record: TrialRecord, attempt: Attempt, until: float | None = N
 
 def is_provisional(record: TrialRecord, attempt: Attempt) -> bool:
     """Its end is the ledger's noticing of a loss, until the scheduler's record of its run is
-    recorded (a SLURM job; the local executor keeps no other record)."""
-    return record.executor is Executor.SLURM and not attempt.settled_by_scheduler()
+    recorded (where the scheduler files one: ``Backend.files_runs``)."""
+    return backend_of(record.executor).files_runs and not attempt.settled_by_scheduler()
 
 
 @dataclass(frozen=True)
@@ -281,8 +282,8 @@ def run_spends(records: Iterable[TrialRecord]) -> dict[tuple[str, int], RunSpend
             run, owner = recorded[key]
             out[key] = RunSpend(key, used, run_hours(run, int(owner.spec.resources.get("gpus", 0))) - used, False)
         else:
-            slurm = any(r.executor is Executor.SLURM for r, _ in attempts)
-            out[key] = RunSpend(key, used, _estimated_rest(attempts), slurm)
+            filed_later = any(backend_of(r.executor).files_runs for r, _ in attempts)
+            out[key] = RunSpend(key, used, _estimated_rest(attempts), filed_later)
     return out
 
 

@@ -47,7 +47,7 @@ from typing import Any, cast
 from parcel_hpc.errors import CorruptRecord, ParcelError, UsageError
 from parcel_hpc.fsio import DIR_MODE, FILE_MODE, atomic_write_json, create_exclusive, ensure_dir, fsync_dir, read_json
 from parcel_hpc.governance.admission import TrialIdentity, check_trial_id
-from parcel_hpc.scheduler.probe import local_process
+from parcel_hpc.probe import local_process
 
 CLAIM_FORMAT = "parcel_hpc.claim/1"
 CLAIM_FILE_RE = re.compile(r"claim-(\d{6,})\.json")

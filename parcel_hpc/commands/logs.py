@@ -20,9 +20,9 @@ from rich.console import Console
 from parcel_hpc import fsio
 from parcel_hpc.console import make_console
 from parcel_hpc.errors import CorruptRecord, UsageError
-from parcel_hpc.ledger import Attempt, AttemptEnd, Ended, Executor, SearchDir, TrialRecord
+from parcel_hpc.ledger import Attempt, AttemptEnd, Ended, SearchDir, TrialRecord
 from parcel_hpc.lifecycle import resolution
-from parcel_hpc.scheduler.factory import job_logs
+from parcel_hpc.scheduler.registry import backend_of
 
 READ_ONLY = True
 
@@ -104,8 +104,8 @@ def show(search: SearchDir, record: TrialRecord, attempt: Attempt | None, consol
         cause = f" {attempt.cause.value}" if attempt.cause is not None else ""
         where = f"node {attempt.node} (host {attempt.host or '?'})" if attempt.node and attempt.node != attempt.host else attempt.host or "?"
         say(f"{tid} attempt {attempt.number} of {len(record.attempts)}: {how}{cause} (job {job or '?'} on {where}); trial {record.state.value}")
-        if record.executor is Executor.SLURM and job:
-            say(scheduler_word(job, attempt.restart_count))
+        if backend_of(record.executor).files_runs and job:
+            say(scheduler_word(record, job, attempt.restart_count))
         if attempt.programs:
             say(f"torch.compile's programs, allowed by the fence under Landlock: {', '.join(attempt.programs)}")
         ending = _ending(search, tid, attempt.number)
@@ -119,15 +119,15 @@ def show(search: SearchDir, record: TrialRecord, attempt: Attempt | None, consol
     shared = [r.trial_id for r in search.records() if job in r.jobs and r.trial_id != tid]
     if shared:
         say(f"job {job} ran {len(shared) + 1} trials in turn (a pack: {tid} {' '.join(shared)}): its files hold them all")
-    for path in job_logs(record.executor or Executor.LOCAL, search, job):
+    for path in backend_of(record.executor).job_logs(search, job):
         _tail(search, path, job, say)
 
 
-def scheduler_word(job: str, run: int) -> str:
+def scheduler_word(record: TrialRecord, job: str, run: int) -> str:
     """What sacct says of run ``run`` of ``job`` (the run an attempt ran in: its requeue count):
     its state, node and length; or, in words, why it cannot say (logs goes on without it)."""
     try:
-        runs = [r for r in resolution.accounted_runs([job]).get(job, []) if r.attempt == run]
+        runs = [r for r in resolution.accounted_runs([record], [job]).get(job, []) if r.attempt == run]
     except UsageError as exc:  # sacct unreachable or refusing: the ledger's word and the files still show
         return f"--- the scheduler: sacct did not answer ({exc})"
     if not runs:

@@ -31,6 +31,7 @@ from parcel_hpc.ledger.events import encode_payload
 from parcel_hpc.ledger.summary import counts_by_state
 from parcel_hpc.lifecycle import resolution
 from parcel_hpc.pruning import MilestoneStore
+from parcel_hpc.scheduler.base import QueueState
 
 READ_ONLY = True
 
@@ -90,8 +91,8 @@ def collect(search: SearchDir, view: RecordView | None = None) -> dict[str, Any]
         # The queue's word on the job, where that job will still run this trial (a requeued pack
         # passes a trial whose attempt died unannounced: it waits for a job of its own).
         queued = facts.queued.get(last_job) if facts.runs_again(r) else None
-        row["scheduler"] = queued.state.lower() if queued is not None else ""
-        row["queue_reason"] = queued.reason if queued is not None and queued.state == "PENDING" else ""
+        row["scheduler"] = queued.state.value if queued is not None else ""
+        row["queue_reason"] = queued.reason if queued is not None and queued.state is QueueState.PENDING else ""
         row["prune"] = decisions.get(r.trial_id)
         row["device_use"] = last_device_use(r)
         if r.trial_id in resolved:
@@ -106,7 +107,7 @@ def collect(search: SearchDir, view: RecordView | None = None) -> dict[str, Any]
         "spend": spend.to_json(),
         "spend_line": spend.line(),
         "gpu_line": spend.gpus.line() if spend.gpus.allocated else "",
-        "scheduler_error": facts.slurm_error,
+        "scheduler_error": facts.queue_error,
         "unrecorded_resolutions": len(resolved),
         "hold": search.hold(),
         "trials": trials,

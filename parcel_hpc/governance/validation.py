@@ -22,8 +22,6 @@ from enum import Enum
 from typing import Any, cast
 
 from parcel_hpc.errors import UsageError
-from parcel_hpc.scheduler.packing import pack_option
-from parcel_hpc.scheduler.slots import dispatch_option
 
 MAX_NAME = 64  # characters in a revision, job, partition, account or qos name
 MAX_JOB_NAME = 80  # a search's job name (the default is parcel-<revision>); the scheduler adds "-<search id>"
@@ -31,6 +29,8 @@ MAX_PATH = 1024  # characters in a path (Linux allows 4096; ours are short)
 MAX_TIME_MIN = 366 * 24 * 60  # a year and a day: anything longer is a typo
 MAX_MEM_GB = 64 * 1024.0  # 64 TiB per trial: anything larger is a typo
 MAX_PACK_MINUTES = 7 * 24 * 60  # a week of work in one packed job
+MAX_PACK = 256  # trials in one job at most, whatever else allows
+AUTO = "auto"  # hydra.launcher.pack_size: sized by the search's history
 MAX_SYSTEMATIC = 1000  # budget.systematic_failures: more first failures alike than this is a typo
 MAX_STEPS = 10**8  # training steps (and checkpoint cadence, milestones): more is a typo
 MAX_TRIALS = 10**6  # trials in one search
@@ -485,3 +485,36 @@ def _copy(node: Any) -> Any:
     if isinstance(node, list):
         return [_copy(v) for v in node]
     return node
+
+
+# --- the launcher's dispatch options (the scheduler's packing and slots read them) --------------
+
+
+def pack_option(value: Any) -> int | None:
+    """``hydra.launcher.pack_size``: None for auto, else a whole number >= 1 (UsageError otherwise)."""
+    if value is None or str(value).strip().lower() == AUTO:
+        return None
+    if isinstance(value, bool) or not str(value).strip().isdigit() or not 1 <= int(value) <= MAX_PACK:
+        raise UsageError(f"hydra.launcher.pack_size={value!r} must be auto or a whole number from 1 to {MAX_PACK}; 1 runs each trial in its own job")
+    return int(value)
+
+
+class Dispatch(Enum):
+    """``hydra.launcher.dispatch``: how a launch's trials reach their jobs."""
+
+    JOBS = "jobs"  # each job is handed its trials when submitted (a pack of ``pack_size``)
+    SLOTS = "slots"  # each job is a slot that takes trials (and proposals) while it has time
+    AUTO = "auto"  # slots for a sampler that learns (its proposals are made as slots free), jobs for a fixed list
+
+    def slotted(self, learns: bool) -> bool:
+        return self is Dispatch.SLOTS or (self is Dispatch.AUTO and learns)
+
+
+def dispatch_option(value: Any) -> Dispatch:
+    """``hydra.launcher.dispatch`` (absent in a launch recorded before slots: jobs); UsageError otherwise."""
+    if value is None:
+        return Dispatch.JOBS
+    try:
+        return Dispatch(str(value).strip().lower())
+    except ValueError:
+        raise UsageError(f"hydra.launcher.dispatch={value!r} must be auto, jobs or slots; slots run trials one after another, each taking the next") from None

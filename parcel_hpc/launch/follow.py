@@ -23,6 +23,7 @@ from rich.console import Console
 from parcel_hpc.budget import AssociationLimit, BudgetDecision, admit_account, render_account
 from parcel_hpc.console import safe
 from parcel_hpc.errors import AccountingError, ReleaseFailed, SchedulerUnavailable
+from parcel_hpc.governance import validation
 from parcel_hpc.governance.admission import admit_proposal
 from parcel_hpc.governance.contract import Contract
 from parcel_hpc.governance.outcome import Outcome
@@ -31,7 +32,7 @@ from parcel_hpc.launch.report import LaunchReport
 from parcel_hpc.launch.slot import SlotTask
 from parcel_hpc.ledger import RecordView, SearchDir, TrialRecord, TrialSpec, TrialState, TrialWriter
 from parcel_hpc.lifecycle import resolution, systematic
-from parcel_hpc.lifecycle.actions import Action, Next, RetryPolicy, next_action, runs_alone
+from parcel_hpc.lifecycle.actions import Action, Next, RetryPolicy, next_action
 from parcel_hpc.lifecycle.resubmit import Resubmission
 from parcel_hpc.propose.proposals import ORPHAN_AFTER_S, Proposer
 from parcel_hpc.propose.samplers import SamplerSpec
@@ -67,7 +68,7 @@ def choose_packing(dispatcher: Dispatcher, search: SearchDir, n_trials: int, sam
     params, resources = dispatcher.settings.params, dispatcher.settings.resources
     size = params.get("pack_size", 1)  # a launch recorded before packing existed resubmits as it ran: one a job
     minutes = params.get("pack_minutes")
-    by_length = minutes is not None and packing.pack_option(size) is None
+    by_length = minutes is not None and validation.pack_option(size) is None
     measured = packing.expected_trial_s(search.records()) if by_length else (None, 0)
     limit = float(resources["time_limit_min"])
     return packing.decide(size, n_trials, dispatcher.slots(), limit, minutes, measured, dispatcher.max_job_minutes())
@@ -78,14 +79,14 @@ def detached_slots(chosen: packing.Packing, work: int, dispatcher: Dispatcher) -
     limit, one more each for the time a slot cannot use at its end (within the partition's MaxTime)."""
     need = -(-work // max(1, dispatcher.slots())) + 1
     limit, longest = float(dispatcher.settings.resources["time_limit_min"]), dispatcher.max_job_minutes()
-    fit = packing.MAX_PACK if longest is None else max(1, int(longest // max(limit, 1e-9)))
-    size = min(max(chosen.size, need), fit, packing.MAX_PACK)
+    fit = validation.MAX_PACK if longest is None else max(1, int(longest // max(limit, 1e-9)))
+    size = min(max(chosen.size, need), fit, validation.MAX_PACK)
     return chosen if size == chosen.size else packing.Packing(size, f"{chosen.basis}; detached: room for all {work} at their limit over the slots")
 
 
 def uses_slots(dispatcher: Dispatcher, sampler: SamplerSpec) -> bool:
     """Whether this launch's trials run in slots that take them (``hydra.launcher.dispatch``)."""
-    return slots.dispatch_option(dispatcher.settings.params.get("dispatch")).slotted(sampler.learns)
+    return validation.dispatch_option(dispatcher.settings.params.get("dispatch")).slotted(sampler.learns)
 
 
 @dataclass(frozen=True)
@@ -320,7 +321,7 @@ class Follower:
             elif taken is not None and now - taken > TAKE_GRACE_S:
                 del self.queued[tid]  # its slot died between taking and journaling: decided again next round
         records = {tid: read[tid] if tid in read else self.view.record(tid) for tid in self.waiting}
-        alone = [t for t in self.waiting if not records[t].state.is_finished() and runs_alone(records[t])]
+        alone = [t for t in self.waiting if not records[t].state.is_finished() and records[t].runs_alone()]
         for tid in self.waiting:
             if tid not in alone and not records[tid].state.is_finished():
                 self.search.enqueue(tid, self.claims[tid], self.launch_id)

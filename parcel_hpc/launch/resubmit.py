@@ -48,8 +48,8 @@ def run(search: SearchDir, *, dry_run: bool, wait: bool, console: Console) -> Re
     dispatcher.check()
     account = dispatcher.account_limits()  # an unknown account is refused here, before anything is written
     records, facts = resolution.observe(search, list(search.records()), resolution.RESUBMIT, every_gone_job=True)
-    if facts.slurm_error:
-        raise SchedulerUnavailable(facts.slurm_error)
+    if facts.queue_error:
+        raise SchedulerUnavailable(facts.queue_error)
     launch_id = "resubmit-" + time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
     # Only the trials a resolution may touch are read again: their previews fold over their events.
     events = {r.trial_id: search.events(r.trial_id) for r in records if resolution.needs_resolution(r)}

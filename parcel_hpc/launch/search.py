@@ -233,7 +233,7 @@ class SearchLaunch:
             follower = Follower(search, dispatcher, plans, launch_id, frozen, self.console, self.poll_s)
             if slotted:
                 # Slots take the admitted trials and, for a sampler that learns, make the proposals.
-                fixed = packing.pack_option(dispatcher.settings.params.get("pack_size")) or 0
+                fixed = validation.pack_option(dispatcher.settings.params.get("pack_size")) or 0
                 slot_plan = SlotPlan(plan_template(cfg, frozen, path), n_trials if proposer is not None else 0, fixed, detached=not cfg["search"]["wait"])
                 follower.slotting(slot_plan)
             if proposer is not None and (slotted or cfg["search"]["wait"]):

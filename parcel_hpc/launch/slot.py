@@ -36,13 +36,13 @@ from parcel_hpc import anchor
 from parcel_hpc.fsio import owner_only_writes
 from parcel_hpc.ledger import RecordView, SearchDir, Started, TrialRecord, TrialSpec, TrialWriter
 from parcel_hpc.ledger.events import FailureSignature
-from parcel_hpc.lifecycle.actions import skipped_in_turn
 from parcel_hpc.propose.proposals import Proposer
 from parcel_hpc.scheduler.slots import Candidate, Queued, choose, expected_s, free_to_take, peers
 from parcel_hpc.worker.attempt import AttemptRun
 from parcel_hpc.worker.cache import WorkerCache
 from parcel_hpc.worker.jobenv import facts_from_env, signal_cause
 from parcel_hpc.worker.plan import WorkerPlan
+from parcel_hpc.worker.result import Ran, WorkerResult
 from parcel_hpc.worker.signals import StepBoundarySignals
 from parcel_hpc.worker.task import stops_turn
 
@@ -91,7 +91,7 @@ class SlotTask:
         self.__init__(*state["args"])  # type: ignore[misc]  # unpickling runs the constructor on the new instance
 
     # --- the slot -------------------------------------------------------------------------------
-    def __call__(self) -> list[dict]:
+    def __call__(self) -> list[WorkerResult]:
         owner_only_writes()
         anchor.enter(self.search_dir)  # held by the job's gate already; a slot run by hand holds its own now
         began = time.monotonic()
@@ -101,7 +101,7 @@ class SlotTask:
         search = self._search = SearchDir(Path(self.search_dir))
         view = RecordView(search)
         proposer = Proposer(search, search.contract(), self.proposals, self.launch_id) if self.proposals else None
-        results: list[dict] = []
+        results: list[WorkerResult] = []
         ran: list[FailureSignature | None] = []
         own = [r for r in view.records() if left_here(r, facts.job_id)]
         while True:
@@ -116,11 +116,11 @@ class SlotTask:
                 break
             results.append(self._attempt(record, facts, cache))
             if why := stops_turn(search, record.trial_id, ran):
-                results.append({"slot": self.name, "state": "stopped", "why": why})
+                results.append(WorkerResult("", Ran.SLOT_STOPPED, why, slot=self.name))
                 break
         return results
 
-    def _attempt(self, record: TrialRecord, facts: Started, cache: WorkerCache) -> dict:
+    def _attempt(self, record: TrialRecord, facts: Started, cache: WorkerCache) -> WorkerResult:
         assert self._search is not None  # set by __call__ before any attempt
         plan = WorkerPlan.load(self._search, record.trial_id)
         try:
@@ -130,7 +130,7 @@ class SlotTask:
         except UncompletedJobError:
             raise
         except Exception as exc:  # journaled by the attempt: the slot goes on with the next trial
-            return {"trial_id": plan.trial_id, "state": "failed", "error": f"{type(exc).__name__}: {exc}"[:500]}
+            return WorkerResult(plan.trial_id, Ran.FAILED, f"{type(exc).__name__}: {exc}"[:500])
         finally:
             pending = self._run.signals.pending[:1] if self._run is not None else []
             if self._run is not None:
@@ -242,4 +242,4 @@ def left_here(record: TrialRecord, job_id: str) -> bool:
     that failed or ended without saying how is the launcher's to dispatch (alone: ``runs_alone``),
     never rerun here without a dispatch claim."""
     mine = bool(record.jobs) and record.jobs[-1] == job_id and not record.state.is_finished()
-    return mine and not skipped_in_turn(record)
+    return mine and not record.skipped_in_turn()

@@ -194,6 +194,20 @@ class TrialRecord:
         mine.update((r.key, r) for r in runs if r.job_id in self.jobs or any(a.job_id == r.job_id for a in self.attempts))
         return replace(self, accounted=tuple(mine.values()), attempts=_with_runs(self.attempts, mine))
 
+    def runs_alone(self) -> bool:
+        """Whether its next run gets a job of its own, never a pack: its last attempt ended without
+        saying how (its process died, maybe taking its pack with it), or failed (the retry checks
+        whether that reproduces), or was quarantined; or it was dispatched and never started."""
+        if not self.jobs:
+            return False
+        last = self.attempts[-1] if self.attempts else None
+        return last is None or last.how is not AttemptEnd.INTERRUPTED
+
+    def skipped_in_turn(self) -> bool:
+        """Whether a job that runs trials in turn (a pack, a slot) passes it by, requeued or not: an
+        attempt of it ran, and its next run must be a job of its own (``runs_alone``)."""
+        return bool(self.attempts) and self.runs_alone()
+
     def awaiting_failure_check(self) -> bool:
         """Queued after a first training failure: the rerun tells whether it reproduces."""
         return self.state is TrialState.QUEUED and self.cause is not None and self.cause.is_training_failure()

@@ -21,7 +21,7 @@ from pathlib import Path
 from parcel_hpc.errors import ParcelError, UsageError, permission_line
 from parcel_hpc.ledger import HEARTBEAT_S, Heartbeat, LauncherState, SearchDir
 from parcel_hpc.ownership import user_name
-from parcel_hpc.scheduler.probe import pid_alive
+from parcel_hpc.probe import pid_alive, seen_from_here
 
 MAX_DEPTH = 3  # <root>/<user>/<project>/<revision>: deep enough for shared roots, never the whole disk
 # What reading one search of a root may raise when its records are damaged, hostile (JSON of the
@@ -39,7 +39,7 @@ def launcher_state(
     ``alive(pid)`` is asked only for a launch on this ``host``; other hosts' clocks are trusted to
     agree with this one's within NTP's error, far below ``STALE_AFTER_S``."""
     for beat in beats.values():
-        if beat.state is LauncherState.FOLLOWING and now - beat.at < STALE_AFTER_S and (beat.host != host or alive(beat.pid)):
+        if beat.state is LauncherState.FOLLOWING and now - beat.at < STALE_AFTER_S and (not seen_from_here(beat.host, host) or alive(beat.pid)):
             return LauncherState.FOLLOWING
     if cancelled:
         return LauncherState.CANCELLED

@@ -46,10 +46,10 @@ from parcel_hpc import anchor, fsio
 from parcel_hpc.errors import CorruptRecord, UsageError
 from parcel_hpc.governance.admission import check_trial_id
 from parcel_hpc.governance.contract import Contract, load_contract
+from parcel_hpc.identity import IDENTITY_FILE, SearchIdentity
 from parcel_hpc.ledger.events import Event, Executor
 from parcel_hpc.ledger.journal import TrialWriter, events_in, read_events
 from parcel_hpc.ledger.records import TrialRecord, TrialSpec, fold
-from parcel_hpc.scheduler.identity import IDENTITY_FILE, SearchIdentity
 
 CANCELLED_FILE = "cancelled.json"
 HELD_FILE = "held.json"
@@ -446,14 +446,14 @@ class SearchDir:
         the selection jobs reuse them); None when nothing was ever dispatched."""
         return next((l["launcher"] for l in reversed(self.launches()) if l.get("launcher")), None)
 
-    def slurm_job_names(self) -> list[str]:
-        """The scheduler names of this search's trial jobs (squeue and sacct find them by these).
+    def job_names(self, kind: Executor) -> list[str]:
+        """The scheduler names of this search's trial jobs on the ``kind`` of launcher (squeue and sacct find them by these).
         Each carries the search id; a launch recorded before ids existed used the bare job name."""
         return sorted(
             {
                 str(l["launcher"].get("scheduler_job_name") or l["launcher"]["params"]["job_name"])
                 for l in self.launches()
-                if l.get("launcher", {}).get("kind") == Executor.SLURM.value
+                if l.get("launcher", {}).get("kind") == kind.value
             }
         )
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from parcel_hpc.ledger import Attempt, AttemptEnd, Cause, Ended, Executor, Started, TrialRecord, TrialState
+from parcel_hpc.ledger import Attempt, AttemptEnd, Cause, Ended, Started, TrialRecord, TrialState
 
 MAX_QUARANTINE_RERUNS = 2
 
@@ -100,25 +100,9 @@ def next_action(record: TrialRecord, *, dispatches: int, job_alive: bool, policy
     return Next(Action.RETRY, "the job ended before the worker started")
 
 
-def runs_alone(record: TrialRecord) -> bool:
-    """Whether this trial's next run gets a job of its own, never a pack: its last attempt ended
-    without saying how (its process died, maybe taking its pack with it), or failed (the retry
-    checks whether that reproduces), or was quarantined; or it was dispatched and never started."""
-    if not record.jobs:
-        return False
-    last = record.attempts[-1] if record.attempts else None
-    return last is None or last.how is not AttemptEnd.INTERRUPTED
-
-
-def skipped_in_turn(record: TrialRecord) -> bool:
-    """Whether a job that runs trials in turn (a pack, a slot) passes this trial by, requeued or not:
-    an attempt of it ran, and its next run must be a job of its own (``runs_alone``)."""
-    return bool(record.attempts) and runs_alone(record)
-
-
 def previous_attempt_ending(last: Attempt, facts: Started) -> Ended:
     """A new attempt found the previous one without an ending: SLURM requeued it, or it was lost."""
-    requeued = facts.executor is Executor.SLURM and facts.restart_count > last.restart_count
+    requeued = facts.restart_count > last.restart_count  # only a scheduler that requeues counts restarts
     return Ended(
         AttemptEnd.LOST,
         Cause.REQUEUED_BY_SCHEDULER if requeued else Cause.LOST,

@@ -14,7 +14,6 @@ an infrastructure interruption, retried like a preemption.
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -26,11 +25,12 @@ from rich.table import Table
 from parcel_hpc.console import safe
 from parcel_hpc.errors import UsageError
 from parcel_hpc.governance import validation
-from parcel_hpc.ledger import Executor, SearchDir, TrialRecord, TrialState, TrialWriter
+from parcel_hpc.ledger import SearchDir, TrialRecord, TrialState, TrialWriter
 from parcel_hpc.lifecycle import resolution, settlement
 from parcel_hpc.ownership import current_user
 from parcel_hpc.scheduler.base import Dispatcher, LauncherSettings
 from parcel_hpc.scheduler.factory import make_dispatcher
+from parcel_hpc.scheduler.registry import backend_of
 
 JOB_EXIT_WAIT_S = 60.0  # how long cancel waits for signalled jobs to leave the scheduler
 
@@ -177,11 +177,9 @@ def _end_jobs(dispatcher: Dispatcher, jobs: Sequence[tuple[str, str]], wait_s: f
 
 
 def _ran_here_or_on_slurm(search: SearchDir, trial_id: str) -> bool:
-    """Whether this host can tell the trial's job has ended: a local job only from its own host."""
+    """Whether this host can tell the trial's job has ended (``Backend.judged_here``)."""
     record = search.record(trial_id)
-    if record.executor is Executor.SLURM or not record.attempts:
-        return True
-    return record.attempts[-1].host in ("", socket.gethostname())
+    return not record.attempts or backend_of(record.executor).judged_here(record.attempts[-1])
 
 
 def render(report: CancelReport, whole: bool) -> Table:

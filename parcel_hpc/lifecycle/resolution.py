@@ -14,7 +14,7 @@ after the attempt began (squeue's restart count passed the attempt's: a node fai
 without warning, an admin's requeue); its ending is read from sacct's record of that very run (the
 attempt's ``restart_count``), never from the job's later runs. A job requeued that way reruns a
 trial of its own, but a job that runs trials in turn (a pack, a slot) passes by a trial whose
-attempt died unannounced (``actions.skipped_in_turn``): that trial waits for a job of its own
+attempt died unannounced (``TrialRecord.skipped_in_turn``): that trial waits for a job of its own
 (``SchedulerFacts.runs_again``), which ``resubmit`` gives it at once. A cancelled trial's attempt
 ended by the cancel is ``interrupted`` with its owner's cause, never a failure.
 
@@ -32,7 +32,6 @@ attempt that did not say how it ended at the run's end, and the run's start-up a
 
 from __future__ import annotations
 
-import socket
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -42,12 +41,9 @@ from parcel_hpc.errors import SchedulerUnavailable
 from parcel_hpc.ledger import AttemptEnd, Cause, Ended, Executor, SearchDir, TrialRecord, TrialState, TrialWriter
 from parcel_hpc.ledger.events import Accounted
 from parcel_hpc.lifecycle import settlement
-from parcel_hpc.lifecycle.actions import skipped_in_turn
-from parcel_hpc.scheduler.probe import pid_alive
-from parcel_hpc.scheduler.slurm import queue as slurm
-from parcel_hpc.scheduler.slurm.runs import JobRun, job_runs, runs_by_job
-from parcel_hpc.scheduler.slurm.sacct import build_sacct_argv, run_sacct
-from parcel_hpc.scheduler.slurm.sacct_parse import parse_sacct
+from parcel_hpc.scheduler.base import Backend, QueuedJob
+from parcel_hpc.scheduler.registry import backend_of
+from parcel_hpc.scheduler.slurm.runs import JobRun  # the common record of a run (sacct's shape)
 
 
 @dataclass(frozen=True)
@@ -70,32 +66,24 @@ class Resolution:
 
 @dataclass(frozen=True)
 class SchedulerFacts:
-    """What the scheduler said, once, for one decision."""
+    """What the schedulers said, once, for one decision."""
 
-    host: str  # this host: local jobs are seen only here
-    queued: Mapping[str, slurm.QueuedJob] = field(default_factory=dict)  # SLURM jobs still held
-    local_alive: frozenset[str] = frozenset()  # pids alive on this host
-    runs: Mapping[str, Sequence[JobRun]] = field(default_factory=dict)  # sacct runs per job id, in order
+    queued: Mapping[str, QueuedJob] = field(default_factory=dict)  # jobs still held (``Backend.held``: a local job another host runs counts)
+    runs: Mapping[str, Sequence[JobRun]] = field(default_factory=dict)  # the scheduler's runs per job id, in order
     seen_ending: frozenset[str] = frozenset()  # jobs the caller's own dispatcher saw end
-    slurm_error: str = ""  # squeue did not answer: no SLURM job is resolved
+    queue_error: str = ""  # a scheduler did not answer: none of its jobs is resolved (``unread``)
     turn_jobs: frozenset[str] = frozenset()  # jobs that run trials in turn: packs (several trials list them) and slots
+    unread: frozenset[Executor] = frozenset()  # the backends whose queue did not answer
 
     def job_gone(self, record: TrialRecord) -> bool:
         job = record.jobs[-1]
-        if job in self.seen_ending:
-            return True
-        if record.executor is Executor.SLURM:
-            return not self.slurm_error and job not in self.queued
-        last = record.attempts[-1] if record.attempts else None
-        if last is None:  # never started: the job is submitit's child of a launch on this host
-            return job not in self.local_alive
-        return last.host == self.host and job not in self.local_alive and str(last.pid) not in self.local_alive
+        return job in self.seen_ending or (backend_of(record.executor).executor not in self.unread and job not in self.queued)
 
     def requeued_since(self, record: TrialRecord) -> bool:
         """The scheduler requeued the trial's job after its last attempt began there: the run that
         attempt ran in has ended, though the job waits or runs again (squeue counts the restarts)."""
         last = record.attempts[-1] if record.attempts else None
-        if record.executor is not Executor.SLURM or last is None or last.started is None or last.job_id != record.jobs[-1]:
+        if last is None or last.started is None or last.job_id != record.jobs[-1]:
             return False
         queued = self.queued.get(last.job_id)
         return queued is not None and queued.restarts > last.restart_count
@@ -109,7 +97,7 @@ class SchedulerFacts:
         does, one that runs trials in turn passes it by once its attempt there died unannounced."""
         if not record.jobs or self.job_gone(record):
             return False
-        return not (self.attempt_over(record) and record.jobs[-1] in self.turn_jobs and skipped_in_turn(record))
+        return not (self.attempt_over(record) and record.jobs[-1] in self.turn_jobs and record.skipped_in_turn())
 
 
 def attempt_run(record: TrialRecord, runs: Sequence[JobRun]) -> JobRun | None:
@@ -123,7 +111,7 @@ def attempt_run(record: TrialRecord, runs: Sequence[JobRun]) -> JobRun | None:
 def ending_from_accounting(record: TrialRecord, job: str, runs: Sequence[JobRun], requeued: bool = False) -> Ended:
     """How the last attempt ended, from sacct's record of its run (``lost`` without one).
     ``requeued``: its job is held again (``SchedulerFacts.requeued_since``): the attempt is ``lost``,
-    so a job that runs trials in turn leaves it to a job of its own (``actions.runs_alone``)."""
+    so a job that runs trials in turn leaves it to a job of its own (``TrialRecord.runs_alone``)."""
     run = attempt_run(record, runs)
     if run is not None:
         said = run.state.text + (f" on {run.node_list}" if run.node_list and run.node_list != "None assigned" else "")
@@ -156,7 +144,7 @@ def resolve(records: Iterable[TrialRecord], facts: SchedulerFacts, policy: Polic
             continue
         job = r.jobs[-1]
         runs = facts.runs.get(job, ())
-        if r.executor is Executor.SLURM and policy.require_final_record and job not in facts.seen_ending and attempt_run(r, runs) is None:
+        if backend_of(r.executor).files_runs and policy.require_final_record and job not in facts.seen_ending and attempt_run(r, runs) is None:
             continue  # its run is over, but sacct has not filed how yet: no definite answer
         ending = ending_from_accounting(r, job, runs if policy.ask_accounting else (), requeued=not facts.job_gone(r))
         out.append(Resolution(r.trial_id, r.attempts[-1].number, ending))
@@ -184,36 +172,43 @@ def observe(
     ``records``: every trial of the search where the caller has them (which jobs are packs).
     """
     open_records = [r for r in records if r.jobs and (not r.state.is_finished() or needs_resolution(r))]
-    queued: dict[str, slurm.QueuedJob] = {}
-    error = ""
-    if any(r.executor is Executor.SLURM for r in open_records):
+    queued: dict[str, QueuedJob] = {}
+    errors: dict[Executor, str] = {}
+    for backend in dict.fromkeys(backend_of(r.executor) for r in open_records):
         try:
-            for name in search.slurm_job_names():
-                queued.update(slurm.queued_jobs(name))
+            queued.update(backend.held(search, [r for r in open_records if backend_of(r.executor) is backend]))
         except SchedulerUnavailable as exc:
-            error = str(exc)
-    local_alive = frozenset(
-        pid for r in open_records if r.executor is not Executor.SLURM for pid in (r.jobs[-1], *(str(a.pid) for a in r.attempts[-1:])) if pid_alive(pid)
-    )
+            errors[backend.executor] = str(exc)
     by_id = {r.trial_id: r for r in records}
     by_id.update((r.trial_id, search.record(r.trial_id)) for r in open_records)
     fresh = list(by_id.values())
     turns = turn_jobs(records, (str(s.get("job_id", "")) for s in search.slot_records())) if open_records else frozenset()
-    facts = SchedulerFacts(socket.gethostname(), queued, local_alive, seen_ending=frozenset(seen_ending), slurm_error=error, turn_jobs=turns)
+    facts = SchedulerFacts(queued, seen_ending=frozenset(seen_ending), queue_error=next(iter(errors.values()), ""), turn_jobs=turns, unread=frozenset(errors))
     if policy.ask_accounting:
         asked = [
             r.jobs[-1]
             for r in fresh
-            if r.executor is Executor.SLURM and r.jobs and (needs_resolution(r) or (every_gone_job and not r.state.is_finished())) and facts.attempt_over(r)
+            if backend_of(r.executor).files_runs
+            and r.jobs
+            and (needs_resolution(r) or (every_gone_job and not r.state.is_finished()))
+            and facts.attempt_over(r)
         ]
         if asked:
-            facts = replace(facts, runs=accounted_runs(asked))
+            facts = replace(facts, runs=accounted_runs(fresh, asked))
     return fresh, facts
 
 
-def accounted_runs(job_ids: Iterable[str]) -> dict[str, list[JobRun]]:
-    """sacct's runs of these jobs (every requeued run), by job id."""
-    return runs_by_job(job_runs(parse_sacct(run_sacct(build_sacct_argv(job_ids)), source="sacct", allocations_only=True)))
+def accounted_runs(records: Iterable[TrialRecord], job_ids: Iterable[str]) -> dict[str, list[JobRun]]:
+    """The scheduler's record of every run of these jobs of ``records`` (every requeued run), by job
+    id, each asked of its own backend where that files runs."""
+    wanted, kinds = set(job_ids), dict[Backend, set[str]]()
+    for r in records:
+        kinds.setdefault(backend_of(r.executor), set()).update(j for j in r.jobs if j in wanted)
+    out: dict[str, list[JobRun]] = {}
+    for backend, jobs in kinds.items():
+        if jobs and backend.files_runs:
+            out.update(backend.runs(sorted(jobs)))
+    return out
 
 
 def record(search: SearchDir, resolutions: Iterable[Resolution], writer: Callable[[str], TrialWriter]) -> list[settlement.StaleHold]:
@@ -243,8 +238,8 @@ def sync(search: SearchDir) -> Synced:
     ``lost``) or restate one the scheduler's record changed."""
     search.contract()  # not a search directory: one line, exit 2
     records, facts = observe(search, list(search.records()), DEFINITE)
-    if facts.slurm_error:
-        raise SchedulerUnavailable(facts.slurm_error)
+    if facts.queue_error:
+        raise SchedulerUnavailable(facts.queue_error)
     found = resolve(records, facts, DEFINITE)
     writers: dict[str, TrialWriter] = {}
 
@@ -282,8 +277,9 @@ def filed_runs(records: Iterable[TrialRecord], runs: Mapping[str, Sequence[JobRu
 
 
 def unfiled(records: Iterable[TrialRecord]) -> list[str]:
-    """The SLURM jobs with a started attempt whose run the ledger holds no record of (pure)."""
-    jobs = {a.job_id for r in records if r.executor is Executor.SLURM for a in r.attempts if a.job_id and a.started is not None and a.run is None}
+    """The jobs with a started attempt whose run the ledger holds no record of, where their scheduler
+    files one (pure)."""
+    jobs = {a.job_id for r in records if backend_of(r.executor).files_runs for a in r.attempts if a.job_id and a.started is not None and a.run is None}
     return sorted(jobs)
 
 
@@ -292,10 +288,11 @@ def record_filed_runs(records: Sequence[TrialRecord], writer: Callable[[str], Tr
     journal every run it filed through the caller's writer for each trial; what was recorded. The
     caller then settles or restates the holds those records change (``settlement.settle_ended``).
     A failing sacct raises (AccountingError)."""
-    jobs = sorted({j for r in records if r.executor is Executor.SLURM for j in r.jobs}) if every_job else unfiled(records)
+    records = list(records)
+    jobs = sorted({j for r in records if backend_of(r.executor).files_runs for j in r.jobs}) if every_job else unfiled(records)
     if not jobs:
         return []
-    runs = runs_by_job(job_runs(parse_sacct(run_sacct(build_sacct_argv(jobs)), source="sacct", allocations_only=True)))
+    runs = accounted_runs(records, jobs)
     found = filed_runs(records, runs)
     for f in found:
         writer(f.trial_id).accounted(f.run, f.attempt)

@@ -22,6 +22,7 @@ from parcel_hpc.governance.outcome import Outcome
 from parcel_hpc.ledger import SearchDir, TrialRecord, TrialSpec, fold, read_events
 from parcel_hpc.ledger.summary import counts_by_state
 from parcel_hpc.propose.specs import sampler_of, space_of
+from parcel_hpc.scheduler.registry import BACKENDS
 from parcel_hpc.selection.actions import Assessment, assess
 from parcel_hpc.selection.candidates import TrialFacts, lineage_problems
 from parcel_hpc.selection.gates import GATES, Check, release_outcome
@@ -133,7 +134,7 @@ def _compute(search, records, sacct: bool) -> dict[str, Any]:
     sacct's account of the same jobs beside it as a reconciliation."""
     spent = read_spend(search, records)
     out: dict[str, Any] = {"spend": spent.to_json(), "line": spent.line(), "sacct": None, "sacct_note": ""}
-    if sacct and search.slurm_job_names():
+    if sacct and any(search.job_names(b.executor) for b in BACKENDS if b.files_runs):
         try:
             rec = accounting.reconcile_search(search, None)
             out["sacct"] = {"scheduler": {k: dict(v) for k, v in rec.scheduler.items()}, "flags": rec.flag_count}

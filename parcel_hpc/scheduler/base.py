@@ -1,4 +1,11 @@
-"""The dispatcher interface: how governed trials reach a scheduler, and what it says back.
+"""The roles a scheduler backend fills: how governed trials reach a scheduler, and what it says back.
+
+``Backend`` is everything the toolkit knows about one scheduler: its dispatcher (submit, alive,
+cancel), its queue as the common ``QueuedJob`` records (a job is alive while its scheduler holds
+it), the job environment a worker reads, what a signal to a job means, whether the scheduler files
+its own record of each run (then an attempt's hours stay provisional until it does) and those
+records (``runs``). ``registry.BACKENDS`` names each backend once; no module outside a backend's
+package asks which executor a trial ran on.
 
 Modelled on submitit's Executor roles: the launch (``launch``, from ``propose``) decides which trials run; a
 dispatcher only hands tasks to its scheduler, tells which of its jobs are alive, cancels them and
@@ -8,24 +15,38 @@ LocalExecutor, the embedded default) and ``slurm.dispatcher.SlurmDispatcher`` (s
 
 from __future__ import annotations
 
+import enum
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from parcel_hpc import anchor
 from parcel_hpc.budget import AssociationLimit
 from parcel_hpc.errors import ParcelError
-from parcel_hpc.ledger import Executor
-from parcel_hpc.worker import WorkerPlan, gate
+from parcel_hpc.ledger import Attempt, Cause, Executor, JobRole, SearchDir, Started, TrialRecord
+from parcel_hpc.probe import Liveness
+
+if TYPE_CHECKING:  # the common record of a run is sacct's shape (the local executor's runs are mapped to it)
+    from parcel_hpc.scheduler.slurm.runs import JobRun
+
+
+class Plan(Protocol):
+    """What a dispatcher reads of one trial a task runs (``worker.WorkerPlan`` is one)."""
+
+    @property
+    def trial_id(self) -> str: ...
 
 
 class Task(Protocol):
     """What a dispatcher submits, one job each: a ``worker.TrialTask`` (its trials) or a
     ``worker.slot.SlotTask`` (no trial: it takes them from the search)."""
 
-    plans: tuple[WorkerPlan, ...]
+    @property
+    def plans(self) -> Sequence[Plan]: ...
+
     own_limits: bool  # each attempt stops at its own limit (the job's is longer)
     slot: str  # a slot's name; "" for a task handed its trials
 
@@ -92,10 +113,10 @@ class Dispatcher(ABC):
         anchor.check(self.owned)
 
     def job_python(self) -> str:
-        """The interpreter command that starts each job (``gate.command``), the search checked now."""
+        """The interpreter command that starts each job (``anchor.job_command``), the search checked now."""
         self.check_search()
         assert self.owned is not None  # check_search raised otherwise
-        return gate.command(self.owned)
+        return anchor.job_command(self.owned)
 
     def launch_record(self) -> dict:
         """What a launch record says this dispatcher submitted with (``resubmit`` reads it back)."""
@@ -160,3 +181,104 @@ class Dispatcher(ABC):
     def describe(self, pack_lengths: Sequence[int], slots: bool = False) -> str:
         """What submitting jobs of these many trials each would do (the dry run prints it); with
         ``slots``, jobs that take trials in turn, with room for these many at the time limit."""
+
+
+def devices_in(listing: str) -> int:
+    """How many devices a comma-separated list names (``CUDA_VISIBLE_DEVICES``, ``SLURM_JOB_GPUS``)."""
+    return len([d for d in listing.split(",") if d.strip()])
+
+
+class QueueState(enum.Enum):
+    """What a scheduler says of a job it still holds."""
+
+    PENDING = "pending"  # waits for resources (or is held)
+    RUNNING = "running"
+    SUSPENDED = "suspended"
+    REQUEUED = "requeued"  # ended a run and waits to run again
+    ENDING = "ending"  # its run is ending (SLURM's COMPLETING): still held
+
+
+@dataclass(frozen=True)
+class QueuedJob:
+    """A job its scheduler holds now: it is alive while listed (and only then)."""
+
+    job_id: str  # "123" or "123_4"
+    state: QueueState
+    reason: str  # why it waits, in the scheduler's words
+    nodes: str
+    restarts: int = 0  # how often the scheduler requeued it (the restart count of its next run)
+
+
+@dataclass(frozen=True)
+class SelectionJob:
+    """A selection job (the winner's rerun, the final evaluation) for a backend to run: it runs
+    ``parcel-hpc selection-job`` on the search ``owned``, as the launch's trials ran."""
+
+    search: SearchDir
+    owned: anchor.Owned  # the search directory as the command found it: the job holds it to this
+    role: JobRole
+    selection: int  # the selection's number
+    settings: LauncherSettings  # the launcher the trials ran on: its resources (partition, account, qos, GPUs, memory)
+    time_limit_min: int
+    log_dir: Path  # its output goes to ``<role>-<job id>.out`` there
+
+    def log(self, job_id: str) -> Path:
+        return self.log_dir / f"{self.role.value}-{job_id}.out"
+
+
+# Called with a selection job's id and the host it runs on ("": the scheduler's) once it is submitted.
+Submit = Callable[[str, str], None]
+
+
+class Backend(ABC):
+    """Everything the toolkit knows about one scheduler (``registry.BACKENDS`` names each once)."""
+
+    executor: ClassVar[Executor]  # recorded with each job it runs
+    files_runs: ClassVar[bool]  # the scheduler files its own record of each run: hours stay provisional until it does
+
+    @abstractmethod
+    def dispatcher(self, settings: LauncherSettings, search: SearchDir, max_num_timeout: int, env: Mapping[str, str]) -> Dispatcher:
+        """The dispatcher of a launch on this scheduler."""
+
+    @abstractmethod
+    def job_logs(self, search: SearchDir, job_id: str) -> tuple[Path, Path]:
+        """A trial job's output and error files."""
+
+    @abstractmethod
+    def held(self, search: SearchDir, records: Sequence[TrialRecord]) -> dict[str, QueuedJob]:
+        """The jobs of ``records`` (this backend's) that the scheduler still holds, asked once; a job
+        this host cannot judge (a local job of another host) counts as held. SchedulerUnavailable
+        (one line) when the scheduler does not answer."""
+
+    @abstractmethod
+    def started(self, env: Mapping[str, str], host: str, pid: int, process_started: float | None) -> Started | None:
+        """The facts of a job of this scheduler read from its environment; None where ``env`` is not one."""
+
+    def judged_here(self, attempt: Attempt) -> bool:
+        """Whether this host can tell that the job ``attempt`` ran in has ended (a cluster's queue
+        answers from any of its hosts)."""
+        return True
+
+    @abstractmethod
+    def run_selection_job(self, job: SelectionJob, submitted: Submit, poll_s: float) -> str:
+        """Submit ``job``, tell ``submitted`` its id before it can end, and wait until it ended; its id."""
+
+    @abstractmethod
+    @abstractmethod
+    def selection_job_liveness(self, job_id: str, host: str, search: SearchDir, role: JobRole) -> Liveness:
+        """Whether a selection job of ``search`` still runs (``host``: where a local one started)."""
+
+    def signal_cause(self, facts: Started) -> Cause:
+        """What an early signal to a job of this scheduler means (its sender: the time limit, unless
+        the scheduler says it preempted the job)."""
+        return Cause.TIMEOUT
+
+    def runs(self, job_ids: Sequence[str]) -> dict[str, list[JobRun]]:
+        """The scheduler's record of every run of these jobs, by job id (``files_runs`` backends); a
+        failing accounting tool raises (AccountingError)."""
+        return {}
+
+    def local_runs(self, records: Sequence[TrialRecord], user: str) -> list[JobRun] | None:
+        """The runs of ``records`` as this backend recorded them itself, where the scheduler files
+        none (``files_runs`` false); None where it does."""
+        return None

@@ -1,24 +1,17 @@
 """Which dispatcher runs a launch: the launcher group's ``kind`` mapped to its backend.
 
-The one place that knows every backend; adding one is a package beside ``local/`` and ``slurm/``
-and a line here (see docs/architecture.md).
+The backends themselves are named in ``registry.py``; this module only asks the launcher's backend for its dispatcher.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from pathlib import Path
-
-from submitit.core.utils import JobPaths
 
 from parcel_hpc.errors import UsageError
 from parcel_hpc.ledger import Executor, SearchDir
 from parcel_hpc.scheduler.base import Dispatcher, LauncherSettings
-from parcel_hpc.scheduler.local import dispatcher as local
-from parcel_hpc.scheduler.local.dispatcher import LocalDispatcher
-from parcel_hpc.scheduler.slurm import dispatcher as slurm
-from parcel_hpc.scheduler.slurm.dispatcher import SlurmDispatcher
+from parcel_hpc.scheduler.registry import backend_of
 
 
 def executor_kind(kind: str | None) -> Executor:
@@ -34,13 +27,4 @@ def make_dispatcher(settings: LauncherSettings, search: SearchDir, env: Mapping[
     """The dispatcher for a launch's settings (also as recorded in a launch, for resubmit)."""
     # submitit's own timeout countdown must never end a trial before parcel_hpc's retry policy does.
     max_num_timeout = int(settings.budget["max_retries"]) + int(settings.budget["max_preemptions"]) + 1
-    if settings.kind is Executor.LOCAL:
-        return LocalDispatcher(settings, search, max_num_timeout=max_num_timeout)
-    return SlurmDispatcher(settings, search, max_num_timeout=max_num_timeout, env=os.environ if env is None else env)
-
-
-def job_logs(executor: Executor, search: SearchDir, job_id: str) -> tuple[Path, Path]:
-    """The scheduler's output and error files of a trial job (submitit's names, one task a job)."""
-    folder = local.job_folder(search) if executor is Executor.LOCAL else slurm.job_folder(search)
-    paths = JobPaths(folder, job_id)
-    return paths.stdout, paths.stderr
+    return backend_of(settings.kind).dispatcher(settings, search, max_num_timeout, os.environ if env is None else env)

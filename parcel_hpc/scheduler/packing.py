@@ -13,7 +13,7 @@ or with ``auto``:
 
 A job's time limit is then its trials' limits added up (``job_time_limit_min``); each packed attempt
 stops itself at its own limit (``worker.task``). A trial that must run alone
-(``lifecycle.actions.runs_alone``) gets a pack of one.
+(``TrialRecord.runs_alone``) gets a pack of one.
 """
 
 from __future__ import annotations
@@ -24,13 +24,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from parcel_hpc.errors import UsageError
+from parcel_hpc.governance.validation import MAX_PACK, pack_option
 from parcel_hpc.ledger import AttemptEnd, TrialRecord
-from parcel_hpc.lifecycle.actions import runs_alone
 
-AUTO = "auto"
 MIN_HISTORY = 5
-MAX_PACK = 256  # trials in one job at most, whatever else allows
 
 
 @dataclass(frozen=True)
@@ -40,15 +37,6 @@ class Packing:
 
     def to_json(self) -> dict:
         return {"size": self.size, "basis": self.basis}
-
-
-def pack_option(value: Any) -> int | None:
-    """``hydra.launcher.pack_size``: None for auto, else a whole number >= 1 (UsageError otherwise)."""
-    if value is None or str(value).strip().lower() == AUTO:
-        return None
-    if isinstance(value, bool) or not str(value).strip().isdigit() or not 1 <= int(value) <= MAX_PACK:
-        raise UsageError(f"hydra.launcher.pack_size={value!r} must be auto or a whole number from 1 to {MAX_PACK}; 1 runs each trial in its own job")
-    return int(value)
 
 
 def expected_trial_s(records: Iterable[TrialRecord]) -> tuple[float | None, int]:
@@ -96,8 +84,8 @@ def groups(trial_ids: Sequence[str], size: int, records: Mapping[str, TrialRecor
     """``trial_ids`` in packs of at most ``size``, as even as possible, dealt in turn (pack i gets
     trials i, i+k, i+2k...): the jobs running at any moment run neighbouring trials, so milestones
     reach the pruner in about the order they would without packing. A trial whose record (in
-    ``records``) says it must run alone (``lifecycle.actions.runs_alone``) gets a pack of one."""
-    alone = {t for t in trial_ids if records is not None and t in records and runs_alone(records[t])}
+    ``records``) says it must run alone (``TrialRecord.runs_alone``) gets a pack of one."""
+    alone = {t for t in trial_ids if records is not None and t in records and records[t].runs_alone()}
     rest = [t for t in trial_ids if t not in alone]
     n_packs = math.ceil(len(rest) / size) if rest else 0
     return [rest[i::n_packs] for i in range(n_packs)] + [[t] for t in trial_ids if t in alone]

@@ -26,12 +26,9 @@ import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from enum import Enum
 from typing import Any
 
-from parcel_hpc.errors import UsageError
 from parcel_hpc.ledger import AttemptEnd, TrialRecord
-from parcel_hpc.lifecycle.actions import runs_alone
 
 NEIGHBOURS = 5
 MIN_PEERS = 3
@@ -111,7 +108,7 @@ def free_to_take(record: TrialRecord, dispatch: int, taken: bool, withdrawn: boo
         return False
     if len(record.jobs) >= dispatch:
         return False  # submitted already (a slot took it, or the launcher gave it a job of its own)
-    return not runs_alone(record)
+    return not record.runs_alone()
 
 
 @dataclass(frozen=True)
@@ -133,24 +130,3 @@ def choose(candidates: Sequence[Candidate], remaining_s: float, first: bool) -> 
 def slot_minutes(trials_per_slot: int, time_limit_min: int) -> int:
     """A slot's job time limit: room for ``trials_per_slot`` trials at their limit (at least one)."""
     return max(1, trials_per_slot) * int(time_limit_min)
-
-
-class Dispatch(Enum):
-    """``hydra.launcher.dispatch``: how a launch's trials reach their jobs."""
-
-    JOBS = "jobs"  # each job is handed its trials when submitted (a pack of ``pack_size``)
-    SLOTS = "slots"  # each job is a slot that takes trials (and proposals) while it has time
-    AUTO = "auto"  # slots for a sampler that learns (its proposals are made as slots free), jobs for a fixed list
-
-    def slotted(self, learns: bool) -> bool:
-        return self is Dispatch.SLOTS or (self is Dispatch.AUTO and learns)
-
-
-def dispatch_option(value: Any) -> Dispatch:
-    """``hydra.launcher.dispatch`` (absent in a launch recorded before slots: jobs); UsageError otherwise."""
-    if value is None:
-        return Dispatch.JOBS
-    try:
-        return Dispatch(str(value).strip().lower())
-    except ValueError:
-        raise UsageError(f"hydra.launcher.dispatch={value!r} must be auto, jobs or slots; slots run trials one after another, each taking the next") from None

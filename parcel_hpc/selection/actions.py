@@ -25,8 +25,8 @@ from parcel_hpc.ledger import Admitted, AttemptEnd, JobRole, SearchDir, TrialSta
 from parcel_hpc.ledger.records import counted_milestones
 from parcel_hpc.ledger.selection import Decided, FinalAttempt, Frozen, JobEnded, SelectionRecord, SelectionWriter
 from parcel_hpc.ownership import current_user
+from parcel_hpc.probe import Liveness, local_process
 from parcel_hpc.pruning import MilestoneStore
-from parcel_hpc.scheduler.probe import pid_alive
 from parcel_hpc.selection.candidates import Entry, TrialFacts, best_candidate, completed_list, list_digest
 from parcel_hpc.selection.disposition import Verdict, disposition
 from parcel_hpc.selection.gates import Check, Comparison, Final, GateFacts, Parity, ParityCheck, RerunCheck
@@ -398,9 +398,10 @@ def _why_not_again(store: SelectionStore, record: SelectionRecord, claim: dict[s
         return f"its result is sealed ({result['digest'][:19]})"
     last = record.last_job(n, JobRole.FINAL)
     if last is None:  # claimed; the claiming process may still be submitting its job
-        if claim.get("host") != socket.gethostname():
+        claimant = local_process(str(claim.get("pid", "")), str(claim.get("host", "")))
+        if claimant is Liveness.UNKNOWN:
             return f"no job is recorded yet; if the claiming process ({claim.get('host')} pid {claim.get('pid')}) is gone, run evaluate-final on that host"
-        return f"the claiming process (pid {claim.get('pid')}) is still starting it" if pid_alive(str(claim.get("pid", ""))) else ""
+        return f"the claiming process (pid {claim.get('pid')}) is still starting it" if claimant is Liveness.ALIVE else ""
     if isinstance(last, JobEnded):
         return "" if not last.ok else f"job {last.job_id} ended with a result"
     alive = job_alive(store, last)

@@ -7,6 +7,7 @@ attempt.py   AttemptRun: one attempt, every transition journaled
 training.py  the training loop around a trainer (steps, checkpoint cadence, validation)
 signals.py   the scheduler's signal, held until the trainer is between steps
 plan.py      WorkerPlan, what the worker is told
+result.py    WorkerResult, what a job's task returns for each trial (typed: Ran)
 jobenv.py    the scheduler's facts from the environment; preemption or time limit
 cache.py     what a packed task's process observed once (digests, arrays) and reuses
 quarantine.py two trials on one checkpoint prefix

@@ -59,6 +59,7 @@ from parcel_hpc.worker import quarantine
 from parcel_hpc.worker.cache import WorkerCache
 from parcel_hpc.worker.devices import UtilizationSampler, device_use
 from parcel_hpc.worker.plan import WorkerPlan
+from parcel_hpc.worker.result import Ran, WorkerResult
 from parcel_hpc.worker.signals import StepBoundarySignals, toolkit_handlers
 from parcel_hpc.worker.training import LoopCallbacks, budget, scorer, step_hooks, train
 
@@ -119,11 +120,11 @@ class AttemptRun:
         self.sampler: UtilizationSampler | None = None  # from the build to the end: what it used of its GPUs
 
     # --- the attempt --------------------------------------------------------------------------
-    def execute(self) -> dict:
+    def execute(self) -> WorkerResult:
         plan = self.plan
         if self.prior.state.is_finished():
             # A late requeue or a duplicate dispatch of a finished trial: it never trains twice.
-            return {"trial_id": plan.trial_id, "state": self.prior.state.value, "note": "already finished"}
+            return WorkerResult(plan.trial_id, Ran.ALREADY_FINISHED, self.prior.state.value)
         if self.limit_s is not None:
             self.deadline = time.monotonic() + self.limit_s
         self._resolve_unended_attempt()
@@ -159,45 +160,45 @@ class AttemptRun:
             self._stop_if_final_requested()
             self._end(Ended(AttemptEnd.COMPLETED, metric=value, step=step))
             claim.release()
-            return {"trial_id": plan.trial_id, "state": TrialState.COMPLETED.value, "metric": value, "step": step}
+            return WorkerResult(plan.trial_id, Ran.COMPLETED, metric=value, step=step)
         except claims.CheckpointCollision as exc:
             return self._collided(exc)
         except StopAttempt as exc:
-            return {"trial_id": plan.trial_id, "state": str(exc)}
+            return WorkerResult(plan.trial_id, Ran.STOPPED, str(exc))
         except AttemptTimeLimit:
             try:
                 again = self.interrupt(Cause.TIMEOUT)
             except Exception as exc:  # saving at the limit failed (a full disk, the trainer's state())
                 return self._unexpected(exc)
-            return {"trial_id": plan.trial_id, "state": "interrupted", "cause": Cause.TIMEOUT.value, "again": again}
+            return WorkerResult(plan.trial_id, Ran.INTERRUPTED, cause=Cause.TIMEOUT, again=again)
         except Exception as exc:
             return self._unexpected(exc)
 
-    def _collided(self, exc: claims.CheckpointCollision) -> dict:
+    def _collided(self, exc: claims.CheckpointCollision) -> WorkerResult:
         plan = self.plan
         if _same_trial(exc, plan):
             # A newer attempt of this same trial took the directory over (we were presumed dead,
             # e.g. our node was set down): stop writing, it is not a collision between trials.
             self._end(Ended(AttemptEnd.LOST, Cause.SUPERSEDED, reason=exc.reason))
-            return {"trial_id": plan.trial_id, "state": "superseded"}
+            return WorkerResult(plan.trial_id, Ran.SUPERSEDED)
         self._end(Ended(AttemptEnd.QUARANTINED, Cause.CHECKPOINT_COLLISION, reason=str(exc)))
         if not self.search.is_quarantined_attempt(plan.trial_id, self.attempt):
             # The first to find the collision quarantines both; the other attempt only stops.
             quarantine.quarantine_collision(self.search, plan.trial_id, self.attempt, exc)
-        return {"trial_id": plan.trial_id, "state": TrialState.QUARANTINED.value, "reason": str(exc)}
+        return WorkerResult(plan.trial_id, Ran.QUARANTINED, str(exc))
 
-    def _unexpected(self, exc: Exception) -> dict:
+    def _unexpected(self, exc: Exception) -> WorkerResult:
         """How an exception out of the trainer or the loop ends the attempt; re-raised when it is a failure."""
         plan = self.plan
         if self._final_requests():
             # Refused or fenced and not caught (or caught, then failing): the request is the result.
             self._reject_final()
-            return {"trial_id": plan.trial_id, "state": TrialState.REJECTED.value, "outcome": str(FINAL_PARTITION_OUTCOME)}
+            return WorkerResult(plan.trial_id, Ran.REJECTED, str(FINAL_PARTITION_OUTCOME))
         if _no_space(exc):
             # A full filesystem is the cluster's problem, not the configuration's: an interruption,
             # retried within budget.max_retries, never a failure class of the design.
             self._end(Ended(AttemptEnd.INTERRUPTED, Cause.NO_SPACE, step=self.step, message=" ".join(str(exc).split())[:500]))
-            return {"trial_id": plan.trial_id, "state": "interrupted", "cause": Cause.NO_SPACE.value}
+            return WorkerResult(plan.trial_id, Ran.INTERRUPTED, cause=Cause.NO_SPACE)
         self._fail(_failure_class(exc), exc)
         raise exc
 

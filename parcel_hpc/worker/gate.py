@@ -24,7 +24,6 @@ Owns: the job's command line and its check. Must not: read anything of the searc
 from __future__ import annotations
 
 import os
-import shlex
 import sys
 from collections.abc import Sequence
 
@@ -34,19 +33,13 @@ from parcel_hpc import anchor
 from parcel_hpc.errors import UsageError, exit_on_error
 from parcel_hpc.fsio import owner_only_writes
 
-MODULE = "parcel_hpc.worker.gate"
-SUBMITIT = ("-u", "-m", "submitit.core._submit")  # what submitit appends to its python, before the folder
-
-
-def command(owned: anchor.Owned, python: str = sys.executable) -> str:
-    """The interpreter command a dispatcher gives submitit for every job of the search ``owned``."""
-    return " ".join([shlex.quote(python), "-P", "-u", "-m", MODULE, *map(shlex.quote, owned.argv())])
-
 
 def parse(argv: Sequence[str]) -> tuple[anchor.Owned, str]:
-    """The search's identity and submitit's job folder from the gate's arguments (``command``'s)."""
-    if len(argv) != 8 or tuple(argv[4:7]) != SUBMITIT:
-        raise UsageError(f"usage: python -m {MODULE} SEARCH UID INODE ID {' '.join(SUBMITIT)} FOLDER (a dispatcher writes this line, not a person)")
+    """The search's identity and submitit's job folder from the gate's arguments (``anchor.job_command``'s)."""
+    if len(argv) != 8 or tuple(argv[4:7]) != anchor.SUBMITIT_ENTRY:
+        raise UsageError(
+            f"usage: python -m {anchor.GATE_MODULE} SEARCH UID INODE ID {' '.join(anchor.SUBMITIT_ENTRY)} FOLDER (a dispatcher writes this line, not a person)"
+        )
     owned = anchor.Owned.from_argv(list(argv[:4]))
     folder = os.path.abspath(argv[7])
     if not folder.startswith(owned.path + os.sep):

@@ -4,44 +4,19 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
-from parcel_hpc.ledger import Cause, Executor, Started
+from parcel_hpc.ledger import Cause, Started
+from parcel_hpc.scheduler.registry import BACKENDS, backend_of
 
 
 def facts_from_env(env: Mapping[str, str] | None = None) -> Started:
-    """The facts an attempt's ``started`` event records (the only place that reads them)."""
+    """The facts an attempt's ``started`` event records (the only place that reads them): the first
+    backend whose job this environment is says them (``registry.BACKENDS``)."""
     env = os.environ if env is None else env
-    host = socket.gethostname()
-    if env.get("SLURM_JOB_ID"):
-        array_job, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
-        job_id = f"{array_job}_{task}" if array_job and task else env["SLURM_JOB_ID"]
-        return Started(
-            Executor.SLURM,
-            job_id,
-            env["SLURM_JOB_ID"],
-            env.get("SLURMD_NODENAME", host),
-            host,
-            os.getpid(),
-            int(env.get("SLURM_RESTART_COUNT", "0") or 0),
-            env.get("CUDA_VISIBLE_DEVICES", ""),
-            _slurm_gpus(env),
-            process_started(),
-        )
-    return Started(
-        Executor.LOCAL,
-        env.get("SUBMITIT_LOCAL_JOB_ID", ""),
-        env.get("SUBMITIT_LOCAL_JOB_ID", ""),
-        host,
-        host,
-        os.getpid(),
-        0,
-        env.get("CUDA_VISIBLE_DEVICES", ""),
-        _devices(env.get("CUDA_VISIBLE_DEVICES", "")),  # the local executor sets it for each child: what it handed out
-        process_started(),
-    )
+    host, pid, begun = socket.gethostname(), os.getpid(), process_started()
+    return next(facts for b in BACKENDS if (facts := b.started(env, host, pid, begun)) is not None)
 
 
 def process_started(proc: str = "/proc") -> float | None:
@@ -57,32 +32,6 @@ def process_started(proc: str = "/proc") -> float | None:
         return None
 
 
-def _devices(listing: str) -> int:
-    return len([d for d in listing.split(",") if d.strip()])
-
-
-def _slurm_gpus(env: Mapping[str, str]) -> int | None:
-    """GPUs SLURM allocated to the job on this node (None where it does not say: the request stands)."""
-    if env.get("SLURM_GPUS_ON_NODE", "").strip().isdigit():
-        return int(env["SLURM_GPUS_ON_NODE"])
-    if env.get("SLURM_JOB_GPUS", "").strip():
-        return _devices(env["SLURM_JOB_GPUS"])
-    return None
-
-
 def signal_cause(facts: Started) -> Cause:
-    """Preemption or time limit? submitit counts every early signal as a timeout; ask the scheduler.
-
-    On SLURM a preemption sets PreemptTime on the job (observed on 22.05); a time-limit warning leaves
-    it None. Locally the only sender is the controller's timeout (or a test's interrupt).
-    """
-    if facts.executor is not Executor.SLURM:
-        return Cause.TIMEOUT
-    try:
-        out = subprocess.run(["scontrol", "show", "job", facts.raw_job_id], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return Cause.TIMEOUT
-    for token in out.split():
-        if token.startswith("PreemptTime="):
-            return Cause.TIMEOUT if token.split("=", 1)[1] in ("None", "") else Cause.PREEMPTED
-    return Cause.TIMEOUT
+    """Preemption or time limit? submitit counts every early signal as a timeout; ask the job's scheduler."""
+    return backend_of(facts.executor).signal_cause(facts)

@@ -30,11 +30,11 @@ from parcel_hpc.fsio import owner_only_writes
 from parcel_hpc.ledger import SearchDir, TrialRecord
 from parcel_hpc.ledger.events import FailureSignature
 from parcel_hpc.lifecycle import systematic
-from parcel_hpc.lifecycle.actions import skipped_in_turn
 from parcel_hpc.worker.attempt import AttemptRun
 from parcel_hpc.worker.cache import WorkerCache
 from parcel_hpc.worker.jobenv import facts_from_env, signal_cause
 from parcel_hpc.worker.plan import WorkerPlan
+from parcel_hpc.worker.result import Ran, WorkerResult
 
 
 class TrialTask:
@@ -64,7 +64,7 @@ class TrialTask:
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["plans"], state.get("own_limits"))  # type: ignore[misc]  # unpickling runs the constructor on the new instance
 
-    def __call__(self) -> dict | list[dict]:
+    def __call__(self) -> WorkerResult | list[WorkerResult]:
         owner_only_writes()
         for search_dir in sorted({p.search_dir for p in self.plans}):
             anchor.enter(search_dir)  # held by the job's gate already; a task run by hand holds its own now
@@ -81,11 +81,11 @@ class TrialTask:
                 search = SearchDir(Path(plan.search_dir))
                 if (held := search.hold()) is not None:
                     # Held after this job was queued (its first trials failed alike): start nothing more.
-                    results.append({"trial_id": plan.trial_id, "state": "skipped", "why": str(held["outcome"])})
+                    results.append(WorkerResult(plan.trial_id, Ran.SKIPPED, str(held["outcome"])))
                     continue
                 record = search.record(plan.trial_id) if self.packed else None
                 if record is not None and (why := _not_here(record, facts.job_id)):
-                    results.append({"trial_id": plan.trial_id, "state": "skipped", "why": why})
+                    results.append(WorkerResult(plan.trial_id, Ran.SKIPPED, why))
                     continue
                 limit_s = 60.0 * plan.time_limit_min if self.own_limits else None
                 self._run = AttemptRun(plan, facts, cache, limit_s=limit_s, prior=record)
@@ -95,7 +95,7 @@ class TrialTask:
             except Exception as exc:
                 if not self.packed:
                     raise  # the job's own state says FAILED, as without packing
-                result = {"trial_id": plan.trial_id, "state": "failed", "error": f"{type(exc).__name__}: {exc}"[:500]}
+                result = WorkerResult(plan.trial_id, Ran.FAILED, f"{type(exc).__name__}: {exc}"[:500])
             finally:
                 pending = self._run.signals.pending[:1] if self._run is not None else []
                 if self._run is not None:
@@ -104,9 +104,9 @@ class TrialTask:
             results.append(result)
             if self.packed and (why := stops_turn(search, plan.trial_id, ran)):
                 # The trials left stay queued, never run against what stopped it (``stops_turn``).
-                results += [{"trial_id": p.trial_id, "state": "skipped", "why": why} for p in turn]
+                results += [WorkerResult(p.trial_id, Ran.SKIPPED, why) for p in turn]
                 turn = []
-            if result.get("again"):
+            if result.again:
                 turn.append(plan)  # stopped at its own limit within its retries: resumes after the others
             if pending and self.packed:
                 # The job's warning came after that trial's last step, its ending now on disk: the
@@ -152,6 +152,6 @@ def _not_here(record: TrialRecord, job_id: str) -> str:
         return "finished"
     if record.jobs and job_id and record.jobs[-1] != job_id:
         return f"dispatched since as job {record.jobs[-1]}"
-    if skipped_in_turn(record):
+    if record.skipped_in_turn():
         return "its last attempt ended without saying how: it runs alone"
     return ""

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from parcel_hpc.ledger import SearchDir, TrialState
+from parcel_hpc.ledger import Executor, SearchDir, TrialState
 from parcel_hpc.testing import launch
 from parcel_hpc.testing.users import BOB, ensure_users, exchange_line, planted_pickle, run_as, team_dir
 
@@ -48,7 +48,7 @@ def test_a_queued_array_whose_search_is_swapped_before_it_starts_runs_nothing_of
         )
         assert res.returncode == 0, res.stdout + res.stderr
         search = SearchDir(root / "swapped")
-        (name,) = search.slurm_job_names()
+        (name,) = search.job_names(Executor.SLURM)
         queued = lambda: sh("squeue", "-h", f"--name={name}", "--array", "-o", "%i").split()  # noqa: E731
         jobs = wait_for(lambda: len(queued()) == 2 and queued(), 60, "two queued jobs")
 

@@ -8,7 +8,7 @@ import time
 import pytest
 from browser import check_html_plots
 
-from parcel_hpc.ledger import SearchDir
+from parcel_hpc.ledger import Executor, SearchDir
 from parcel_hpc.testing import launch, parcel_hpc
 
 from .cluster import sh, wait_for
@@ -29,7 +29,7 @@ def test_an_account_report_totals_every_users_jobs_and_lists_those_no_search_kno
     res = launch([*SLURM, f"search.root={tmp_path / 'runs'}", "search.revision=acctday", "search.n_trials=3"], cwd=tmp_path, data_dir=data_dir)
     assert res.returncode == 0, res.stderr[-2000:]
     search = SearchDir(tmp_path / "runs" / "acctday")
-    (name,) = search.slurm_job_names()
+    (name,) = search.job_names(Executor.SLURM)
     stray = sh(
         "sbatch", "--parsable", "-A", "parcel", "-J", f"stray-{int(time.time())}", "-o", "/dev/null", "--mem=50M", "-t", "1", "--wrap", "sleep 1"
     ).strip()

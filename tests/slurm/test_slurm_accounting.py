@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from parcel_hpc.ledger import SearchDir
+from parcel_hpc.ledger import Executor, SearchDir
 from parcel_hpc.testing import faults, launch, parcel_hpc
 from parcel_hpc.worker.training import STEP_HOOK_ENV
 
@@ -40,7 +40,7 @@ def test_failed_jobs_and_an_orphan_reconcile_with_sacct(tmp_path, data_dir, clus
     search = SearchDir(tmp_path / "runs" / "acct")
     states = {r.trial_id: r.state.value for r in search.records()}
     assert set(states.values()) == {"completed", "failed"}, states  # the space draws both
-    (name,) = search.slurm_job_names()
+    (name,) = search.job_names(Executor.SLURM)
     assert name == f"parcel-acct-{search.identity().short}"
     orphan = sh("sbatch", "--parsable", "-J", name, "-o", "/dev/null", "--mem=50M", "-t", "1", "--wrap", "true").strip()
     wait_for(

@@ -1,4 +1,6 @@
 """The embedded default backend: submitit's LocalExecutor on this host.
 
+backend.py      LocalBackend: jobs judged from their own host only, the job environment, selection jobs as children
+runs.py         the local executor's runs, built from the ledger in sacct's shape (reconcile reads them)
 dispatcher.py   LocalDispatcher: trials as child processes of the launch, GPUs handed out
 """

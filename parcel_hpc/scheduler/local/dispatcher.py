@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import submitit
+from submitit.core.utils import JobPaths
 
 from parcel_hpc.errors import UsageError
 from parcel_hpc.ledger import Executor, SearchDir
+from parcel_hpc.probe import pid_alive, runs_submitit
 from parcel_hpc.scheduler.base import Dispatcher, LauncherSettings, Record, Submitted, Task, submitted_of
-from parcel_hpc.scheduler.probe import pid_alive, runs_submitit
 
 WAKE_S = 0.02  # how often a waiting launch asks its children whether one ended
 
@@ -153,3 +154,9 @@ def machine_gpus(env: Mapping[str, str] | None = None) -> tuple[int, ...]:
     except (OSError, subprocess.TimeoutExpired):
         return ()
     return tuple(range(sum(1 for line in out.splitlines() if line.startswith("GPU "))))
+
+
+def job_logs(search: SearchDir, job_id: str) -> tuple[Path, Path]:
+    """A trial job's output and error files (submitit's names, one task a job)."""
+    paths = JobPaths(job_folder(search), job_id)
+    return paths.stdout, paths.stderr

@@ -1,5 +1,7 @@
 """The SLURM backend, and every line of parcel_hpc that talks to SLURM.
 
+backend.py           SlurmBackend: squeue's jobs, the job environment, scontrol's word on a signal, sacct's runs
+selection.py         a selection job's batch script, submitted and followed with squeue
 dispatcher.py        SlurmDispatcher: held ``sbatch --array`` submissions through submitit
 queue.py             squeue / scontrol / sacctmgr / sshare: argv built here, text parsed (pure)
 sacct.py             the sacct field list, its argv (pure) and the one place that runs it

@@ -18,18 +18,19 @@ from pathlib import Path
 from typing import Any
 
 import submitit
+from submitit.core.utils import JobPaths
 from submitit.slurm import slurm as submitit_slurm
 
+from parcel_hpc import anchor
 from parcel_hpc.budget import AssociationLimit
 from parcel_hpc.errors import ReleaseFailed, SchedulerUnavailable
+from parcel_hpc.identity import SearchIdentity, scheduler_name
 from parcel_hpc.ledger import Executor, SearchDir
 from parcel_hpc.ownership import current_user
-from parcel_hpc.scheduler.base import Dispatcher, LauncherSettings, Record, Submitted, Task, submitted_of
-from parcel_hpc.scheduler.identity import SearchIdentity, scheduler_name
+from parcel_hpc.scheduler.base import Dispatcher, LauncherSettings, QueuedJob, QueueState, Record, Submitted, Task, submitted_of
 from parcel_hpc.scheduler.packing import job_time_limit_min
 from parcel_hpc.scheduler.slurm import calls
 from parcel_hpc.scheduler.slurm import queue as slurm
-from parcel_hpc.worker import gate
 
 
 class SlurmDispatcher(Dispatcher):
@@ -42,7 +43,7 @@ class SlurmDispatcher(Dispatcher):
         self.search = search
         self._max_num_timeout = max_num_timeout
         self._executor: submitit.SlurmExecutor | None = None
-        self._queued: dict[str, slurm.QueuedJob] = {}
+        self._queued: dict[str, QueuedJob] = {}
         self._limits: slurm.ControllerLimits | None = None
         self._max_job_minutes: tuple[float | None] | None = None
 
@@ -143,15 +144,15 @@ class SlurmDispatcher(Dispatcher):
 
     def refresh(self) -> None:
         # Every name the search's launches used: a job_name changed between launches hides nothing.
-        queued: dict[str, slurm.QueuedJob] = {}
-        for name in sorted({self.job_name, *self.search.slurm_job_names()}):
+        queued: dict[str, QueuedJob] = {}
+        for name in sorted({self.job_name, *self.search.job_names(Executor.SLURM)}):
             queued.update(slurm.queued_jobs(name, self.env))
         self._queued = queued
 
     def recover(self, known_jobs: set[str]) -> list[str]:
         # Only jobs the ledger knows: a held array it does not know yet may be another launcher's,
         # between its sbatch and its records (released by that launcher; reconcile shows it otherwise).
-        held = [j for j, q in self._queued.items() if q.state == "PENDING" and q.reason == "JobHeldUser" and j in known_jobs]
+        held = [j for j, q in self._queued.items() if q.state is QueueState.PENDING and q.reason == "JobHeldUser" and j in known_jobs]
         release = sorted({j.split("_")[0] for j in held})
         slurm.release(release, self.env)
         return release
@@ -173,8 +174,12 @@ class SlurmDispatcher(Dispatcher):
         params["map_count"] = min(len(pack_lengths), self.limits.max_array_size)
         params["time"] = job_time_limit_min(max(pack_lengths, default=1), int(self.settings.resources["time_limit_min"]))
         # The search's identity is known once its directory exists (a dry run of a new search: placeholders).
-        python = gate.command(self.owned) if self.owned is not None else f"{shlex.quote(sys.executable)} -P -u -m {gate.MODULE} SEARCH_DIR UID INODE SEARCH_ID"
-        command = " ".join([python, *gate.SUBMITIT, shlex.quote(str(self.executor.folder))])
+        python = (
+            anchor.job_command(self.owned)
+            if self.owned is not None
+            else f"{shlex.quote(sys.executable)} -P -u -m {anchor.GATE_MODULE} SEARCH_DIR UID INODE SEARCH_ID"
+        )
+        command = " ".join([python, *anchor.SUBMITIT_ENTRY, shlex.quote(str(self.executor.folder))])
         script = submitit_batch_script(command, self.executor.folder, params)
         if self.search.identity() is None:
             script = f"# job name and comment gain this search's id (-<12 hex digits>) when its contract freezes\n{script}"
@@ -227,3 +232,9 @@ def sbatch_parameters(settings: LauncherSettings, identity: SearchIdentity | Non
     if resources.get("partition"):
         out["partition"] = resources["partition"]
     return out
+
+
+def job_logs(search: SearchDir, job_id: str) -> tuple[Path, Path]:
+    """A trial job's output and error files (submitit's names, one task a job)."""
+    paths = JobPaths(job_folder(search), job_id)
+    return paths.stdout, paths.stderr

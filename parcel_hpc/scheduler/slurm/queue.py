@@ -13,22 +13,15 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from parcel_hpc.budget import AssociationLimit, LimitKind
-from parcel_hpc.errors import SchedulerUnavailable, UsageError
+from parcel_hpc.errors import AccountingError, SchedulerUnavailable, UsageError
 from parcel_hpc.governance.validation import time_min  # SLURM's time forms, parsed in one place
+from parcel_hpc.scheduler.base import QueuedJob, QueueState
 from parcel_hpc.scheduler.slurm.calls import count
+from parcel_hpc.scheduler.slurm.states import JobState
 
 # --Format, not --format: only it prints the restart count. A "|" suffix and no width: whole values.
 SQUEUE_FIELDS = ("JobArrayID", "State", "RestartCnt", "Reason", "NodeList")
 SQUEUE_FORMAT = ",".join(f"{name}:|" for name in SQUEUE_FIELDS[:-1]) + f",{SQUEUE_FIELDS[-1]}:"
-
-
-@dataclass(frozen=True)
-class QueuedJob:
-    job_id: str  # "123" or "123_4"
-    state: str  # PENDING, RUNNING, REQUEUED, ...
-    reason: str
-    nodes: str
-    restarts: int = 0  # how often the scheduler requeued it (SLURM_RESTART_COUNT of its next run)
 
 
 def check_reachable(env: Mapping[str, str] | None = None, timeout: float = 15.0) -> None:
@@ -279,8 +272,36 @@ def parse_squeue(text: str) -> dict[str, QueuedJob]:
     for job, state, restarts, reason, nodes in _pipe_rows(text, len(SQUEUE_FIELDS), "squeue"):
         if not restarts.strip().isdigit():
             raise SchedulerUnavailable(f"squeue printed a restart count {restarts!r} for job {job}; check that it matches SLURM 22.05+")
-        out[job.strip()] = QueuedJob(job.strip(), state.strip(), reason.strip(), nodes.strip(), int(restarts))
+        out[job.strip()] = QueuedJob(job.strip(), queue_state(state.strip()), reason.strip(), nodes.strip(), int(restarts))
     return out
+
+
+# What squeue's word for a job it lists says of it (the job is alive while listed, whatever the word).
+_QUEUE_STATE = {
+    JobState.PENDING: QueueState.PENDING,
+    JobState.REQUEUE_HOLD: QueueState.PENDING,
+    JobState.REQUEUE_FED: QueueState.PENDING,
+    JobState.SPECIAL_EXIT: QueueState.PENDING,
+    JobState.RESV_DEL_HOLD: QueueState.PENDING,
+    JobState.POWER_UP_NODE: QueueState.PENDING,
+    JobState.CONFIGURING: QueueState.RUNNING,
+    JobState.RUNNING: QueueState.RUNNING,
+    JobState.RESIZING: QueueState.RUNNING,
+    JobState.SIGNALING: QueueState.RUNNING,
+    JobState.UPDATE_DB: QueueState.RUNNING,
+    JobState.SUSPENDED: QueueState.SUSPENDED,
+    JobState.STOPPED: QueueState.SUSPENDED,
+    JobState.REQUEUED: QueueState.REQUEUED,
+}
+
+
+def queue_state(word: str) -> QueueState:
+    """squeue's state word -> QueueState (pure); an ended state still listed is a run ending."""
+    try:
+        state = JobState.parse(word)
+    except AccountingError:
+        raise SchedulerUnavailable(f"squeue printed an unknown job state {word!r}; check that it matches SLURM 22.05+") from None
+    return _QUEUE_STATE.get(state, QueueState.ENDING)
 
 
 def queued_jobs(job_name: str, env: Mapping[str, str] | None = None) -> dict[str, QueuedJob]:

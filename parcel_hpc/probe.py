@@ -25,9 +25,15 @@ class Liveness(enum.Enum):
         return None if self is Liveness.UNKNOWN else self is Liveness.ALIVE
 
 
+def seen_from_here(host: str, here: str = "") -> bool:
+    """Whether a process started on ``host`` ("": this host) can be judged from ``here`` ("": this
+    host): a pid means something only on the host that started it (the one statement of that rule)."""
+    return not host or host == (here or socket.gethostname())
+
+
 def local_process(pid: object, host: str = "") -> Liveness:
     """A process started on ``host`` ("": this host): alive, gone, or unknown from here."""
-    if host and host != socket.gethostname():
+    if not seen_from_here(host):
         return Liveness.UNKNOWN
     return Liveness.ALIVE if pid_alive(pid) else Liveness.GONE
 

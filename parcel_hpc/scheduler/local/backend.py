@@ -1,0 +1,77 @@
+"""The local backend as the toolkit sees it (``base.Backend``): trials as child processes of a
+launch on this host, judged only from this host, and recorded by the ledger alone.
+
+Owns every answer that depends on a job being the local executor's. Must not: signal anything to
+learn whether it lives (``probe`` asks with signal 0).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from parcel_hpc.ledger import Attempt, Executor, JobRole, SearchDir, Started, TrialRecord
+from parcel_hpc.probe import Liveness, local_process, seen_from_here
+from parcel_hpc.scheduler.base import Backend, Dispatcher, LauncherSettings, QueuedJob, QueueState, SelectionJob, Submit, devices_in
+from parcel_hpc.scheduler.local.runs import local_runs
+from parcel_hpc.scheduler.slurm.runs import JobRun
+
+
+class LocalBackend(Backend):
+    executor = Executor.LOCAL
+    files_runs = False  # no scheduler keeps a record: the ledger's own is final
+
+    def dispatcher(self, settings: LauncherSettings, search: SearchDir, max_num_timeout: int, env: Mapping[str, str]) -> Dispatcher:
+        # Imported here: submitit (about 0.1 s) is for a launch; read commands reach this module too.
+        from parcel_hpc.scheduler.local.dispatcher import LocalDispatcher
+
+        return LocalDispatcher(settings, search, max_num_timeout=max_num_timeout)
+
+    def job_logs(self, search: SearchDir, job_id: str) -> tuple[Path, Path]:
+        from parcel_hpc.scheduler.local.dispatcher import job_logs  # submitit's names: as in ``dispatcher``
+
+        return job_logs(search, job_id)
+
+    def held(self, search: SearchDir, records: Sequence[TrialRecord]) -> dict[str, QueuedJob]:
+        # A local job is judged only from its own host (``probe.local_process``): another host's
+        # is held, for all this host can tell. A job never started is a child of a launch here.
+        out = {}
+        for r in records:
+            if not r.jobs:
+                continue
+            job, last = r.jobs[-1], (r.attempts[-1] if r.attempts else None)
+            seen = [local_process(job)] if last is None else [local_process(job, last.host), local_process(last.pid, last.host)]
+            if any(s is not Liveness.GONE for s in seen):
+                out[job] = QueuedJob(job, QueueState.RUNNING, "", last.host if last is not None else "")
+        return out
+
+    def run_selection_job(self, job: SelectionJob, submitted: Submit, poll_s: float) -> str:
+        # -P: the working directory (a checkout beside the search) never shadows the installed parcel_hpc.
+        owned = job.owned.argv()
+        argv = [sys.executable, "-P", "-m", "parcel_hpc", "selection-job", *owned[:1], job.role.value, "--selection", str(job.selection), "--owned", *owned[1:]]
+        pending = job.log_dir / f"{job.role.value}-starting-{os.getpid()}.out"
+        with open(pending, "ab") as out:
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=dict(os.environ))
+        job_id = str(proc.pid)
+        os.replace(pending, job.log(job_id))  # named by its job id, like a SLURM job's output (the open file follows)
+        submitted(job_id, socket.gethostname())
+        proc.wait()
+        return job_id
+
+    def selection_job_liveness(self, job_id: str, host: str, search: SearchDir, role: JobRole) -> Liveness:
+        return local_process(job_id, host)
+
+    def judged_here(self, attempt: Attempt) -> bool:
+        return seen_from_here(attempt.host)
+
+    def started(self, env: Mapping[str, str], host: str, pid: int, process_started: float | None) -> Started:
+        job = env.get("SUBMITIT_LOCAL_JOB_ID", "")
+        devices = env.get("CUDA_VISIBLE_DEVICES", "")
+        return Started(Executor.LOCAL, job, job, host, host, pid, 0, devices, devices_in(devices), process_started)  # the executor set it: what it handed out
+
+    def local_runs(self, records: Sequence[TrialRecord], user: str) -> list[JobRun]:
+        return local_runs(records, user)

@@ -1,0 +1,90 @@
+"""The SLURM backend as the toolkit sees it (``base.Backend``): its queue, its job environment,
+what a signal to its job means, and sacct's record of each run.
+
+Owns every answer that depends on a job being SLURM's. Must not: decide anything about trials
+(``lifecycle`` does, from what this says).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from parcel_hpc.ledger import Cause, Executor, JobRole, SearchDir, Started, TrialRecord
+from parcel_hpc.probe import Liveness
+from parcel_hpc.scheduler.base import Backend, Dispatcher, LauncherSettings, QueuedJob, SelectionJob, Submit, devices_in
+from parcel_hpc.scheduler.slurm import queue, selection
+from parcel_hpc.scheduler.slurm.runs import JobRun, job_runs, runs_by_job
+from parcel_hpc.scheduler.slurm.sacct import build_sacct_argv, run_sacct
+from parcel_hpc.scheduler.slurm.sacct_parse import parse_sacct
+
+
+class SlurmBackend(Backend):
+    executor = Executor.SLURM
+    files_runs = True  # slurmdbd files each run (sacct): an attempt's hours are provisional until recorded
+
+    def dispatcher(self, settings: LauncherSettings, search: SearchDir, max_num_timeout: int, env: Mapping[str, str]) -> Dispatcher:
+        # Imported here: submitit (about 0.1 s) is for a launch; read commands reach this module too.
+        from parcel_hpc.scheduler.slurm.dispatcher import SlurmDispatcher
+
+        return SlurmDispatcher(settings, search, max_num_timeout=max_num_timeout, env=env)
+
+    def job_logs(self, search: SearchDir, job_id: str) -> tuple[Path, Path]:
+        from parcel_hpc.scheduler.slurm.dispatcher import job_logs  # submitit's names: as in ``dispatcher``
+
+        return job_logs(search, job_id)
+
+    def held(self, search: SearchDir, records: Sequence[TrialRecord]) -> dict[str, QueuedJob]:
+        # A SLURM job is alive while squeue lists it: every name the search's launches used.
+        out: dict[str, QueuedJob] = {}
+        for name in search.job_names(self.executor):
+            out.update(queue.queued_jobs(name))
+        return out
+
+    def started(self, env: Mapping[str, str], host: str, pid: int, process_started: float | None) -> Started | None:
+        if not env.get("SLURM_JOB_ID"):
+            return None
+        array_job, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
+        job_id = f"{array_job}_{task}" if array_job and task else env["SLURM_JOB_ID"]
+        return Started(
+            Executor.SLURM,
+            job_id,
+            env["SLURM_JOB_ID"],
+            env.get("SLURMD_NODENAME", host),
+            host,
+            pid,
+            int(env.get("SLURM_RESTART_COUNT", "0") or 0),
+            env.get("CUDA_VISIBLE_DEVICES", ""),
+            _gpus(env),
+            process_started,
+        )
+
+    def run_selection_job(self, job: SelectionJob, submitted: Submit, poll_s: float) -> str:
+        return selection.run(job, submitted, poll_s)
+
+    def selection_job_liveness(self, job_id: str, host: str, search: SearchDir, role: JobRole) -> Liveness:
+        return Liveness.ALIVE if job_id in queue.queued_jobs(selection.job_name_of(search, role)) else Liveness.GONE
+
+    def signal_cause(self, facts: Started) -> Cause:
+        # A preemption sets PreemptTime on the job (observed on 22.05); a time-limit warning leaves it None.
+        try:
+            out = subprocess.run(["scontrol", "show", "job", facts.raw_job_id], capture_output=True, text=True, timeout=10).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            return Cause.TIMEOUT
+        for token in out.split():
+            if token.startswith("PreemptTime="):
+                return Cause.TIMEOUT if token.split("=", 1)[1] in ("None", "") else Cause.PREEMPTED
+        return Cause.TIMEOUT
+
+    def runs(self, job_ids: Sequence[str]) -> dict[str, list[JobRun]]:
+        return runs_by_job(job_runs(parse_sacct(run_sacct(build_sacct_argv(job_ids)), source="sacct", allocations_only=True)))
+
+
+def _gpus(env: Mapping[str, str]) -> int | None:
+    """GPUs SLURM allocated to the job on this node (None where it does not say: the request stands)."""
+    if env.get("SLURM_GPUS_ON_NODE", "").strip().isdigit():
+        return int(env["SLURM_GPUS_ON_NODE"])
+    if env.get("SLURM_JOB_GPUS", "").strip():
+        return devices_in(env["SLURM_JOB_GPUS"])
+    return None

@@ -1,0 +1,97 @@
+"""A scheduler backend is one package: only ``scheduler/<backend>/`` and the registry name one
+(docs/architecture.md, "Adding a backend"). Every other module asks the registry's backend of a
+trial's executor, so adding a backend touches none of them."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import parcel_hpc
+from parcel_hpc.ledger import Executor
+from parcel_hpc.scheduler.base import Backend
+from parcel_hpc.scheduler.registry import BACKENDS, DEFAULT, backend_of
+
+PACKAGE = Path(parcel_hpc.__file__).resolve().parent
+BACKEND_PACKAGES = tuple(f"parcel_hpc.scheduler.{p.name}" for p in (PACKAGE / "scheduler").iterdir() if (p / "__init__.py").exists())
+REGISTRY = "parcel_hpc.scheduler.registry"
+
+# Modules outside a backend that still name one, each a step not taken yet (docs/architecture.md):
+# the common record of a run is still SLURM's JobRun and JobState (scheduler/slurm/runs.py,
+# states.py), the admins' sacct reports read SLURM directly, and the fake dispatcher stands in for
+# the local executor.
+STILL_NAMING = {
+    "parcel_hpc.ledger.events",  # where the Executor values are (a backend's is one line) and Started's default
+    "parcel_hpc.scheduler.base",  # JobRun, for typing only
+    "parcel_hpc.accounting.account",
+    "parcel_hpc.accounting.account_report",
+    "parcel_hpc.accounting.reconcile",
+    "parcel_hpc.accounting.scheduled",
+    "parcel_hpc.accounting.search_report",
+    "parcel_hpc.commands.reconcile",
+    "parcel_hpc.lifecycle.resolution",  # JobRun, for typing only
+    "parcel_hpc.lifecycle.resubmit",
+    "parcel_hpc.testing.dispatchers",
+}
+
+
+def names_a_backend(source: str) -> set[str]:
+    """What ``source`` names of a backend: a backend module it imports (anywhere, typing too) and
+    each ``Executor.<MEMBER>`` it spells out."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            modules = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+        elif isinstance(node, ast.Import):
+            modules = [a.name for a in node.names]
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "Executor" and node.attr in Executor.__members__:
+            found.add(f"Executor.{node.attr}")
+            continue
+        else:
+            continue
+        found.update(m for m in modules if any(m == p or m.startswith(p + ".") for p in BACKEND_PACKAGES))
+    return found
+
+
+def _module(path: Path) -> str:
+    parts = ["parcel_hpc", *path.relative_to(PACKAGE).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def naming_modules() -> dict[str, set[str]]:
+    """Every module outside the backend packages and the registry that names a backend, and what."""
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        module = _module(path)
+        if module == REGISTRY or any(module == p or module.startswith(p + ".") for p in BACKEND_PACKAGES):
+            continue
+        if named := names_a_backend(path.read_text()):
+            out[module] = named
+    return out
+
+
+def test_only_a_backend_package_and_the_registry_name_a_backend():
+    naming = naming_modules()
+    assert set(naming) - STILL_NAMING == set(), {m: naming[m] for m in set(naming) - STILL_NAMING}
+    assert STILL_NAMING - set(naming) == set(), "a module no longer names a backend: drop it from STILL_NAMING"
+
+
+def test_the_check_sees_an_import_a_typing_import_and_an_executor_member():
+    assert names_a_backend("from parcel_hpc.scheduler.slurm import queue") == {"parcel_hpc.scheduler.slurm", "parcel_hpc.scheduler.slurm.queue"}
+    assert names_a_backend("if TYPE_CHECKING:\n    import parcel_hpc.scheduler.local.runs") == {"parcel_hpc.scheduler.local.runs"}
+    assert names_a_backend("x = r.executor is Executor.SLURM") == {"Executor.SLURM"}
+    assert names_a_backend("from parcel_hpc.scheduler.registry import backend_of\nx = backend_of(r.executor).files_runs") == set()
+
+
+def test_the_registry_holds_one_backend_per_executor():
+    assert sorted(b.executor.value for b in BACKENDS) == sorted(e.value for e in Executor)
+    assert all(isinstance(b, Backend) and backend_of(b.executor) is b for b in BACKENDS)
+    assert backend_of(None) is DEFAULT and not DEFAULT.files_runs  # a trial never submitted reads as the embedded default's
+
+
+def test_a_job_environment_is_the_first_backend_that_recognises_it():
+    slurm_env = {"SLURM_JOB_ID": "12", "SLURM_ARRAY_JOB_ID": "10", "SLURM_ARRAY_TASK_ID": "2", "SLURM_RESTART_COUNT": "1", "SLURM_GPUS_ON_NODE": "2"}
+    started = next(s for b in BACKENDS if (s := b.started(slurm_env, "h", 1, None)) is not None)
+    assert (started.executor, started.job_id, started.raw_job_id, started.restart_count, started.gpus) == (Executor.SLURM, "10_2", "12", 1, 2)
+    local = next(s for b in BACKENDS if (s := b.started({"SUBMITIT_LOCAL_JOB_ID": "77", "CUDA_VISIBLE_DEVICES": "0,1"}, "h", 1, None)) is not None)
+    assert (local.executor, local.job_id, local.gpus, local.restart_count) == (Executor.LOCAL, "77", 2, 0)
