@@ -42,7 +42,7 @@ class Plan(Protocol):
 
 class Task(Protocol):
     """What a dispatcher submits, one job each: a ``worker.TrialTask`` (its trials) or a
-    ``worker.slot.SlotTask`` (no trial: it takes them from the search)."""
+    ``launch.slot.SlotTask`` (no trial: it takes them from the search)."""
 
     @property
     def plans(self) -> Sequence[Plan]: ...

@@ -1,7 +1,7 @@
 """Which queued trial a slot takes next, and how long a slot's job is (pure).
 
 A slot is one job (a local process, a SLURM array task) that runs trials one after another, taking
-each from the search's queue when it is free (``worker.slot``). What it takes:
+each from the search's queue when it is free (``launch.slot``). What it takes:
 
 - only a trial it may run now (``free_to_take``): queued by a launcher's dispatch claim, neither
   finished nor taken by another slot, and not one that must run alone (``runs_alone``: the follower
