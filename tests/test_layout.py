@@ -141,6 +141,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("cli", "__main__"),
 )
 
+
 def _layer(module: str) -> int | None:
     """The layer of a module: its longest name in ``LAYERS`` (a module before its package)."""
     parts = module.split(".")[1:]
