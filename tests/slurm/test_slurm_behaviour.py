@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from clusters import ON_BOTH
 
+from parcel_hpc.scheduler.base import QueueState
 from parcel_hpc.scheduler.slurm import queue
 from parcel_hpc.scheduler.slurm.sacct import build_sacct_argv, run_sacct
 from parcel_hpc.scheduler.slurm.sacct_parse import parse_sacct
@@ -79,10 +80,10 @@ def test_a_held_throttled_array_waits_as_squeue_says_and_its_last_task_carries_t
     array = submit(name, "sleep 2", "--hold", "--array=0-3%2")
     held = queue.queued_jobs(name)
     assert sorted(held) == [f"{array}_{i}" for i in range(4)]
-    assert {(q.state, q.reason, q.restarts) for q in held.values()} == {("PENDING", "JobHeldUser", 0)}
+    assert {(q.state, q.reason, q.restarts) for q in held.values()} == {(QueueState.PENDING, "JobHeldUser", 0)}
     queue.release([array])
     waiting = wait_for(lambda: [q for q in queue.queued_jobs(name).values() if q.reason == "JobArrayTaskLimit"], 30, "the throttle")
-    assert waiting and sum(q.state == "RUNNING" for q in queue.queued_jobs(name).values()) <= 2
+    assert waiting and sum(q.state is QueueState.RUNNING for q in queue.queued_jobs(name).values()) <= 2
     wait_for(lambda: gone(name), 60, "the array to end")
     tasks = {r["job_id"]: r["raw"] for r in ended(array) if "." not in r["job_id"]}
     assert sorted(tasks) == [f"{array}_{i}" for i in range(4)] and tasks[f"{array}_3"] == array
@@ -139,7 +140,7 @@ def test_a_node_going_down_fails_its_job_and_slurm_requeues_it(cluster, cluster_
     wait_for(lambda: marker.exists(), 60, "the job to run")
     touched.append("n3")
     sh("scontrol", "update", "nodename=n3", "state=down", "reason=behaviour-test")
-    wait_for(lambda: (q := queue.queued_jobs(name).get(job)) is not None and q.restarts == 1 and q.state == "PENDING", 60, "the requeue")
+    wait_for(lambda: (q := queue.queued_jobs(name).get(job)) is not None and q.restarts == 1 and q.state is QueueState.PENDING, 60, "the requeue")
     sh("scancel", job)
     runs = [r for r in ended(job) if "." not in r["job_id"]]
     assert [r["state"] for r in runs][:1] == ["NODE_FAIL"]
