@@ -8,10 +8,13 @@ import pytest
 
 from parcel_hpc.accounting.reconcile import FlagKind, Waste, reconcile
 from parcel_hpc.budget import BudgetCaps, Rates
+from parcel_hpc.errors import AccountingError
 from parcel_hpc.ledger import Event, TrialSpec, fold
 from parcel_hpc.scheduler.slurm.runs import JobRun, job_runs
+from parcel_hpc.scheduler.slurm.sacct import SACCT_FORMAT, build_sacct_argv
 from parcel_hpc.scheduler.slurm.sacct_parse import parse_sacct
 from parcel_hpc.scheduler.slurm.states import JobState
+from parcel_hpc.scheduler.slurm.version import SlurmVersion
 
 FIXTURES = sorted((Path(__file__).parent / "fixtures" / "sacct").glob("preempt_requeue_*.txt"))
 CAPS = BudgetCaps(max_trials=10, gpu_hours_cap=1.0, cost_cap=10.0, rates=Rates(per_gpu_hour=2.0, per_cpu_hour=0.5))
@@ -39,7 +42,7 @@ def test_every_version_s_preemption_parses_to_runs(path):
     assert all(r.gpus == 1 and r.start is not None and r.end is not None for r in victim)
     (killed,) = _runs(path, "rec-exit137")
     # `exit 137`: stored modulo 128 before 25.11, whole since.
-    assert (killed.state, killed.exit_status) == (JobState.FAILED, 137 if _version(path) >= (25, 11) else 9)
+    assert (killed.state, killed.exit_status) == (JobState.FAILED, 137 if SlurmVersion.parse(path.stem).stores_whole_exit_status else 9)
 
 
 def _ev(kind, t, **kw):
@@ -94,3 +97,30 @@ def test_22_05_s_preemption_reconciles_without_flags():
     rec = reconcile("s1", "m", "test", [fold(_spec(), _ledger(runs, ["interrupted", "completed"]))], runs, [], CAPS, now=runs[-1].end + 10)
     assert rec.flags == () and [a.waste for a in rec.attempts] == [Waste.PREEMPTION, Waste.USEFUL]
     assert rec.waste_hours["preemption"] == pytest.approx(runs[0].gpu_hours)
+
+
+@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.stem)
+def test_26_05_s_per_run_columns_are_read_where_sacct_printed_them(path):
+    table = parse_sacct(path.read_bytes(), source=path.name, allocations_only=True)
+    version = SlurmVersion.parse(path.stem)
+    sluid, restarts = table.column("sluid").to_pylist(), table.column("restarts").to_pylist()
+    if not version.per_run_fields:
+        assert set(sluid) == {None} and set(restarts) == {None}
+        return
+    victim = [i for i, name in enumerate(table.column("job_name").to_pylist()) if name == "rec-victim"]
+    assert [restarts[i] for i in victim] == list(range(len(victim)))  # the run's own count, as --duplicates orders them
+    assert len({sluid[i] for i in victim}) == len(victim) and all(sluid[i] for i in victim)  # one id per run
+
+
+def test_the_version_decides_what_sacct_is_asked_and_how_its_exit_statuses_read():
+    old, new = SlurmVersion.parse("slurm 24.11.5"), SlurmVersion.parse("slurm-wlm 26.05.5")
+    assert (str(old), old < new, old.stores_whole_exit_status, new.stores_whole_exit_status) == ("24.11.5", True, False, True)
+    assert SlurmVersion.parse("slurm 25.11.0").stores_whole_exit_status and not SlurmVersion.parse("25.05.3").per_run_fields
+    assert (
+        build_sacct_argv([7], version=old)
+        == build_sacct_argv([7])
+        == ["sacct", "--parsable2", "--noheader", "--duplicates", f"--format={SACCT_FORMAT}", "--jobs=7"]
+    )
+    assert build_sacct_argv([7], version=new)[4] == f"--format={SACCT_FORMAT},SLUID,Restarts"
+    with pytest.raises(AccountingError, match="cannot read a Slurm version from 'slurm'"):
+        SlurmVersion.parse("slurm")

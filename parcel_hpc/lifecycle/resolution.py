@@ -46,7 +46,7 @@ from parcel_hpc.lifecycle.actions import skipped_in_turn
 from parcel_hpc.scheduler.probe import pid_alive
 from parcel_hpc.scheduler.slurm import queue as slurm
 from parcel_hpc.scheduler.slurm.runs import JobRun, job_runs, runs_by_job
-from parcel_hpc.scheduler.slurm.sacct import build_sacct_argv, run_sacct
+from parcel_hpc.scheduler.slurm.sacct import build_sacct_argv, installed_version, run_sacct
 from parcel_hpc.scheduler.slurm.sacct_parse import parse_sacct
 
 
@@ -213,7 +213,7 @@ def observe(
 
 def accounted_runs(job_ids: Iterable[str]) -> dict[str, list[JobRun]]:
     """sacct's runs of these jobs (every requeued run), by job id."""
-    return runs_by_job(job_runs(parse_sacct(run_sacct(build_sacct_argv(job_ids)), source="sacct", allocations_only=True)))
+    return runs_by_job(job_runs(parse_sacct(run_sacct(build_sacct_argv(job_ids, version=installed_version())), source="sacct", allocations_only=True)))
 
 
 def record(search: SearchDir, resolutions: Iterable[Resolution], writer: Callable[[str], TrialWriter]) -> list[settlement.StaleHold]:
@@ -295,7 +295,7 @@ def record_filed_runs(records: Sequence[TrialRecord], writer: Callable[[str], Tr
     jobs = sorted({j for r in records if r.executor is Executor.SLURM for j in r.jobs}) if every_job else unfiled(records)
     if not jobs:
         return []
-    runs = runs_by_job(job_runs(parse_sacct(run_sacct(build_sacct_argv(jobs)), source="sacct", allocations_only=True)))
+    runs = runs_by_job(job_runs(parse_sacct(run_sacct(build_sacct_argv(jobs, version=installed_version())), source="sacct", allocations_only=True)))
     found = filed_runs(records, runs)
     for f in found:
         writer(f.trial_id).accounted(f.run, f.attempt)

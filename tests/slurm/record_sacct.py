@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from parcel_hpc.scheduler.slurm.sacct import build_sacct_argv, run_sacct
+from parcel_hpc.scheduler.slurm.sacct import build_sacct_argv, installed_version, run_sacct
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "sacct"
 
@@ -39,7 +39,7 @@ def _until(what: str, ready, timeout: float) -> None:
 
 
 def main() -> None:
-    version = subprocess.run(["sacct", "--version"], capture_output=True, text=True, check=True).stdout.split()[1]
+    version = installed_version()
     with tempfile.TemporaryDirectory(prefix="record-sacct-") as tmp:
         done = Path(tmp) / "done"
         work = f"test -e {done} && exit 0; sleep 20; touch {done}"
@@ -51,7 +51,7 @@ def main() -> None:
         # 24.11 files the run that finished as PREEMPTED and starts one more: wait for every run.
         _until("every run to end", lambda: not any(_state(j) for j in (victim, preemptor, killed)), 300)
         time.sleep(2)  # slurmdbd writes the last run's end a moment after squeue forgets the job
-    text = run_sacct(build_sacct_argv([victim, preemptor, killed]))
+    text = run_sacct(build_sacct_argv([victim, preemptor, killed], version=version))
     out = FIXTURES / f"preempt_requeue_{version}.txt"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(text)
