@@ -3,7 +3,7 @@
 # its own (installing it on the host would replace the host's libc). Needs root and the Debian archive.
 #
 #   scripts/newer-slurm.sh VERSION [--record] [pytest args...]
-#     VERSION   24.11 (Debian 13, trixie: Python 3.13) or 26.05 (sid: Python 3.14, see below)
+#     VERSION   24.11 (Debian 13, trixie: Python 3.13) or 26.05 (sid: its Python 3.13, not its python3 3.14)
 #     --record  also record sacct's text of a preemption and requeue into tests/fixtures/sacct/
 #     pytest args replace the core test list (NEWER_SLURM_TESTS below)
 #
@@ -78,22 +78,33 @@ if [[ ! -f $ROOT/.parcel-root-ready ]]; then
   say "apt install in $SUITE: $((SECONDS - t)) s"
   touch "$ROOT/.parcel-root-ready"
 fi
-say "Slurm $(in_root slurmd -V | awk '{print $2}'), $(in_root python3 --version) in $ROOT"
+say "Slurm $(in_root slurmd -V | awk '{print $2}') in $ROOT"
 
 # ------------------------------------------------------------------ the checkout and its virtualenv
 rm -rf "$ROOT/work/parcel" && mkdir -p "$ROOT/work/parcel"
 git -C "$REPO" ls-files -z --cached --others --exclude-standard | (cd "$REPO" && tar --null -T - -cf - 2>/dev/null) | tar -xf - -C "$ROOT/work/parcel"
+# The root's Python if parcel_hpc runs on it (3.11 to 3.13), else Debian's 3.13 beside it: sid's
+# python3 is 3.14, on which Hydra 1.3.8 fails (hydra issue 3121).
+PY=python3
+if ! in_root python3 -c 'import sys; sys.exit(not (3, 11) <= sys.version_info[:2] < (3, 14))'; then
+  PY=python3.13
+  in_root test -x /usr/bin/python3.13 || in_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3.13-venv >>"$ROOT.apt.log" 2>&1 \
+    || did_not_run "the $SUITE root has $(in_root python3 --version) and no python3.13 to install (see $ROOT.apt.log)"
+fi
 if [[ ! -x $ROOT/opt/parcel-venv/bin/python || $REPO/pyproject.toml -nt $ROOT/opt/parcel-venv/.installed ]]; then
   t=$SECONDS
   # The host's CA bundle: a site whose proxy re-signs TLS trusts its own CA there.
   cp /etc/ssl/certs/ca-certificates.crt "$ROOT/etc/parcel-host-ca.crt"
-  in_root python3 -m venv /opt/parcel-venv
-  # The core tests need the package, pytest and what the examples' trainer imports (scikit-learn).
-  in_root env PIP_CERT=/etc/parcel-host-ca.crt /opt/parcel-venv/bin/pip install -q -e /work/parcel pytest pytest-xdist hypothesis scikit-learn optuna >"$ROOT.pip.log" 2>&1 \
+  rm -rf "$ROOT/opt/parcel-venv" && in_root "$PY" -m venv /opt/parcel-venv
+  # The core tests need the package, pytest (below 9, as pyproject's test extra says) and what the
+  # examples' trainer and the samplers import.
+  in_root env PIP_CERT=/etc/parcel-host-ca.crt /opt/parcel-venv/bin/pip install -q -e /work/parcel "pytest>=8,<9" "pytest-xdist>=3.5" "hypothesis>=6.100" \
+    scikit-learn "optuna>=4.2,<6" >"$ROOT.pip.log" 2>&1 \
     || did_not_run "pip install in the $SUITE root failed (PyPI unreachable? see $ROOT.pip.log)"
   touch "$ROOT/opt/parcel-venv/.installed"
   say "virtualenv: $((SECONDS - t)) s"
 fi
+say "$(in_root /opt/parcel-venv/bin/python --version) in the root's virtualenv"
 in_root /opt/parcel-venv/bin/pip install -q --no-deps --no-build-isolation -e /work/parcel >/dev/null 2>&1 || true
 
 # ------------------------------------------------------------------ the cluster and the tests
