@@ -31,7 +31,7 @@ def _runs(path: Path, name: str) -> list[JobRun]:
 
 
 def test_fixtures_from_every_version_are_here():
-    assert {v[:2] for v in map(_version, FIXTURES)} >= {(22, 5), (24, 11)}
+    assert {v[:2] for v in map(_version, FIXTURES)} >= {(22, 5), (24, 11), (26, 5)}
 
 
 @pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.stem)
@@ -42,7 +42,7 @@ def test_every_version_s_preemption_parses_to_runs(path):
     assert all(r.gpus == 1 and r.start is not None and r.end is not None for r in victim)
     (killed,) = _runs(path, "rec-exit137")
     # `exit 137`: stored modulo 128 before 25.11, whole since.
-    assert (killed.state, killed.exit_status) == (JobState.FAILED, 137 if SlurmVersion.parse(path.stem).stores_whole_exit_status else 9)
+    assert (killed.state, killed.exit_status) == (JobState.FAILED, 137 if SlurmVersion(*_version(path)).stores_whole_exit_status else 9)
 
 
 def _ev(kind, t, **kw):
@@ -64,17 +64,39 @@ def _ledger(runs: list[JobRun], worked: list[str]) -> list[Event]:
     return events
 
 
-def test_24_11_s_preempted_run_that_completed_is_the_trial_s_and_its_extra_run_overhead_flagged_once():
-    """24.11 filed the run that did the work PREEMPTED (its batch step COMPLETED) and ran the job once
-    more; that run found the work done and did nothing."""
-    (path,) = [p for p in FIXTURES if _version(p)[:2] == (24, 11)]
+def _first_run_s_work_completed(path: Path) -> bool:
+    """The victim's first run: its batch step COMPLETED (the work ended inside the preemption's grace
+    time, and Slurm filed the run PREEMPTED anyway), or was killed."""
+    table = parse_sacct(path.read_bytes(), source=path.name)
+    steps = [
+        (s, t)
+        for s, t, n in zip(table.column("step").to_pylist(), table.column("state_text").to_pylist(), table.column("job_id").to_pylist())
+        if s == "batch" and n == "1"
+    ]
+    return steps[0][1] == "COMPLETED"
+
+
+@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.stem)
+def test_a_preempted_run_that_completed_is_the_trial_s_and_an_extra_run_overhead_flagged_once(path):
+    """24.11 and 26.05 filed the run that did the work PREEMPTED (its batch step COMPLETED within the
+    grace time) and ran the job once more, a run that found the work done and did nothing; 22.05
+    killed the first run at the grace time's end and the second did the work."""
     runs = _runs(path, "rec-victim")
+    if not _first_run_s_work_completed(path):
+        rec = reconcile("s1", "m", "test", [fold(_spec(), _ledger(runs, ["interrupted", "completed"]))], runs, [], CAPS, now=runs[-1].end + 10)
+        assert rec.flags == () and [a.waste for a in rec.attempts] == [Waste.PREEMPTION, Waste.USEFUL]
+        assert rec.waste_hours["preemption"] == pytest.approx(runs[0].gpu_hours)
+        return
     assert [r.state for r in runs] == [JobState.PREEMPTED, JobState.COMPLETED]
     rec = reconcile("s1", "m", "test", [fold(_spec(), _ledger(runs, ["completed"]))], runs, [], CAPS, now=runs[-1].end + 10)
     assert [(f.kind, f.job_id) for f in rec.flags] == [(FlagKind.RUN_AFTER_FINISH, runs[0].job_id)]
     assert [(a.run, a.ledger_attempt, a.waste) for a in rec.attempts] == [(0, 1, Waste.USEFUL), (1, None, Waste.RUN_AFTER_FINISH)]
     assert rec.waste_hours["preemption"] == 0.0 and rec.waste_hours["run_after_finish"] == pytest.approx(runs[1].gpu_hours)
     assert rec.pending == () and rec.complete  # the extra run is not a worker yet to report: nothing to wait for
+
+
+def test_the_recordings_show_both_endings_of_a_preemption():
+    assert {_first_run_s_work_completed(p) for p in FIXTURES} == {True, False}
 
 
 def test_the_issue_s_24_11_pattern_preempted_resumed_filed_preempted_and_run_again():
@@ -91,18 +113,10 @@ def test_the_issue_s_24_11_pattern_preempted_resumed_filed_preempted_and_run_aga
     assert rec.waste_hours["preemption"] == pytest.approx(first.gpu_hours)
 
 
-def test_22_05_s_preemption_reconciles_without_flags():
-    (path,) = [p for p in FIXTURES if _version(p)[:2] == (22, 5)]
-    runs = _runs(path, "rec-victim")
-    rec = reconcile("s1", "m", "test", [fold(_spec(), _ledger(runs, ["interrupted", "completed"]))], runs, [], CAPS, now=runs[-1].end + 10)
-    assert rec.flags == () and [a.waste for a in rec.attempts] == [Waste.PREEMPTION, Waste.USEFUL]
-    assert rec.waste_hours["preemption"] == pytest.approx(runs[0].gpu_hours)
-
-
 @pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.stem)
 def test_26_05_s_per_run_columns_are_read_where_sacct_printed_them(path):
     table = parse_sacct(path.read_bytes(), source=path.name, allocations_only=True)
-    version = SlurmVersion.parse(path.stem)
+    version = SlurmVersion(*_version(path))
     sluid, restarts = table.column("sluid").to_pylist(), table.column("restarts").to_pylist()
     if not version.per_run_fields:
         assert set(sluid) == {None} and set(restarts) == {None}
