@@ -455,7 +455,11 @@ def _packed_job(
                 by_run.setdefault(att.restart_count, []).append((r, att))
     for ran in by_run.values():
         ran.sort(key=lambda item: cast(float, item[1].started))  # by_run holds started attempts only
-    started_runs = [a for a in job_runs if a.start is not None]
+    # A run that started once every trial of the pack had finished ran nothing: overhead, one flag.
+    after = tuple(a for a in job_runs if a.start is not None and a.attempt not in by_run and all(_finished_by(r, cast(int, a.start)) for r in recs))
+    if after:
+        flags.append(Flag(FlagKind.RUN_AFTER_FINISH, pack, job, _after_finish_detail(after)))
+    started_runs = [a for a in job_runs if a.start is not None and a not in after]
     firsts = [ran[0][1] for _, ran in sorted(by_run.items())]
     lag = _filing_lag(job, job_runs, started_runs, firsts, now)
     if lag:
@@ -480,14 +484,14 @@ def _packed_job(
                 flags.append(flag)
             # No state_mismatch here: the job's state is the pack's (a pack goes on past a failed trial,
             # and may be signalled between two trials), each trial's own ending is the worker's word.
-        _split(a, ran, caps, lines)
+        _split(a, ran, caps, lines, Waste.RUN_AFTER_FINISH if a in after else Waste.USEFUL)
 
 
-def _split(a: JobRun, ran: Sequence[tuple[TrialRecord, Attempt]], caps: BudgetCaps, lines: list[AttemptLine]) -> None:
+def _split(a: JobRun, ran: Sequence[tuple[TrialRecord, Attempt]], caps: BudgetCaps, lines: list[AttemptLine], rest_waste: Waste = Waste.USEFUL) -> None:
     """One run's lines, as the spend counts its hours: each attempt that ran in it its own (its
     start to its counted end: ``spend.attempt_hours``; one still running, to the run's end so far),
     and the rest (start-up, imports, a pack's gaps, the moments after the last trial) one line of
-    the job itself, so that the run's lines add up to sacct's hours."""
+    the job itself (``rest_waste``: what its hours bought), so that the run's lines add up to sacct's hours."""
     run_end = a.end if a.end is not None else (a.start or 0) + a.elapsed_s  # sacct's elapsed so far, while it runs
     parts = Hours()
     seconds = 0
@@ -509,13 +513,13 @@ def _split(a: JobRun, ran: Sequence[tuple[TrialRecord, Attempt]], caps: BudgetCa
         parts += hours
         seconds += end_s - start_s
     rest = Hours(a.gpu_hours, a.cpu_hours) - parts
-    lines.append(_line("", replace(a, elapsed_s=max(0, a.elapsed_s - seconds)), None, PACK_OVERHEAD, Waste.USEFUL, caps, rest))
+    lines.append(_line("", replace(a, elapsed_s=max(0, a.elapsed_s - seconds)), None, PACK_OVERHEAD, rest_waste, caps, rest))
 
 
 def _runs_after_finish(rec: TrialRecord, ledger_attempts: Sequence[Attempt], job_runs: Sequence[JobRun]) -> tuple[JobRun, ...]:
     """The runs of a trial's own job after the ledger's attempts, started once the trial had
-    finished: the scheduler ran the job again with nothing left to do (Slurm 24.11 requeues a
-    preempted job once more after its rerun completes, and files that rerun PREEMPTED). Pure."""
+    finished: the scheduler ran the job again with nothing left to do (Slurm 24.11 and 26.05 requeue a
+    preempted job that completed inside its grace time, and file the run that did the work PREEMPTED). Pure."""
     later = [a for a in job_runs if a.start is not None and a.attempt >= len(ledger_attempts)]
     return tuple(a for a in later if _finished_by(rec, cast(int, a.start)))
 
@@ -640,8 +644,8 @@ def _waste(rec: TrialRecord | None, led, a: JobRun) -> Waste:
 
 def _work_done_before_requeue(how: AttemptEnd | None, state: JobState) -> bool:
     """The attempt finished its work and the scheduler filed its run PREEMPTED: the job was requeued
-    after the work ended (Slurm 24.11 files the rerun of a preempted job that way), so the run's
-    hours bought the trial's result, and the two records do not disagree."""
+    after the work ended (Slurm 24.11 and 26.05 file a run that completed inside its preemption's grace
+    time that way), so the run's hours bought the trial's result, and the two records do not disagree."""
     return state is JobState.PREEMPTED and how in _WORK_DONE
 
 
