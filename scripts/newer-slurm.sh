@@ -48,7 +48,11 @@ if [[ ! -f $ROOT/.parcel-root-ready ]]; then
   command -v debootstrap >/dev/null || apt-get install -y -qq debootstrap >/dev/null 2>&1 \
     || { apt-get update -qq && apt-get install -y -qq debootstrap >/dev/null 2>&1; } || did_not_run "debootstrap could not be installed (apt unreachable?)"
   timeout 20 bash -c "exec 3<>/dev/tcp/deb.debian.org/80" 2>/dev/null || did_not_run "deb.debian.org:80 is unreachable"
-  rm -rf "$ROOT" && mkdir -p "$ROOT"
+  # Never delete through a bind mount left by a killed run: that would delete the host's /dev.
+  if awk -v r="$ROOT/" 'index($2, r) == 1 {found = 1} END {exit !found}' /proc/mounts; then
+    usage "something is still mounted under $ROOT (a killed run?); umount it (see /proc/mounts) and rerun"
+  fi
+  rm -rf --one-file-system "$ROOT" && mkdir -p "$ROOT"
   t=$SECONDS
   timeout 900 debootstrap --variant=minbase "$SUITE" "$ROOT" "$MIRROR" >"$ROOT.debootstrap.log" 2>&1 \
     || did_not_run "debootstrap $SUITE failed (see $ROOT.debootstrap.log)"
