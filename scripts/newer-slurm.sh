@@ -132,5 +132,7 @@ if ((RECORD)); then
   mkdir -p "$REPO/tests/fixtures/sacct"
   cp -v "$ROOT"/work/parcel/tests/fixtures/sacct/preempt_requeue_*.txt "$REPO/tests/fixtures/sacct/" 2>/dev/null || true
 fi
-say "Slurm $VERSION: tests $( ((rc == 0)) && echo passed || echo FAILED) (exit $rc) in $((SECONDS - T0)) s"
+verdict=passed
+((rc == 0)) || verdict=FAILED
+say "Slurm $VERSION: tests $verdict (exit $rc) in $((SECONDS - T0)) s"
 exit $((rc == 0 ? 0 : 1))
