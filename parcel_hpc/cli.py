@@ -16,7 +16,7 @@ from typing import Any, NoReturn, TextIO
 
 from parcel_hpc import fsio
 from parcel_hpc.commands import BY_NAME, COMMANDS
-from parcel_hpc.errors import exit_on_error
+from parcel_hpc.errors import exit_on_error, require_supported_python
 
 DESCRIPTION = "Governed model searches on SLURM clusters (the search itself: python -m parcel_hpc.launch -m)."
 
@@ -109,6 +109,8 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
 
 
 def _run(args_list: list[str]) -> NoReturn:
+    with exit_on_error():
+        require_supported_python()
     fsio.owner_only_writes()
     chosen = next((a for a in args_list if not a.startswith("-")), "")
     real = sys.stdout

@@ -35,6 +35,10 @@ from collections.abc import Iterator
 from parcel_hpc.console import plain  # imports nothing of parcel_hpc either
 
 EXIT_PENDING = 4
+# The Pythons parcel_hpc runs on: from the first, below the second. Hydra 1.3.8, which composes every
+# entry point's config, fails on 3.14 ("badly formed help string", hydra issue 3121). pyproject.toml's
+# requires-python and scripts/_env.sh say the same (tests/test_python_range.py holds them together).
+PYTHON_RANGE = ((3, 11), (3, 14))
 TRACEBACK_ENV = "PARCEL_TRACEBACK"  # set (to anything): an unexpected error shows its traceback
 
 
@@ -66,6 +70,18 @@ class NotTheSearch(UsageError):
 
 class CorruptRecord(ParcelError):
     exit_code = 2
+
+
+def require_supported_python(version: tuple[int, ...] | None = None) -> None:
+    """Refuse, in one line (exit 2), a Python outside ``PYTHON_RANGE``; ``version`` defaults to this one's."""
+    found = tuple(sys.version_info[:3] if version is None else version[:3])
+    low, high = PYTHON_RANGE
+    if not low <= found[:2] < high:
+        shown = ".".join(map(str, found))
+        raise UsageError(
+            f"parcel_hpc runs on Python {low[0]}.{low[1]} to {high[0]}.{high[1] - 1}, not {shown}"
+            f" (Hydra 1.3.8 fails on 3.14: hydra issue 3121); run it with python3.13 or older, e.g. PYTHON=python3.13 bash scripts/test.sh"
+        )
 
 
 def one_line(text: str) -> str:

@@ -1,11 +1,12 @@
 # Sourced by scripts/demo.sh and scripts/test.sh: make (once) and activate the project virtualenv.
-# Needs only Python 3.11 on a Debian machine; installs python3-venv with apt when venv is missing.
+# Needs only Python 3.11 to 3.13 on a Debian machine; installs python3-venv with apt when venv is missing.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${PARCEL_VENV:-$ROOT/.venv}
-PY=${PYTHON:-$(command -v python3.11 || command -v python3)}
-"$PY" -c 'import sys; assert sys.version_info >= (3, 11), sys.version' \
-  || { echo "parcel_hpc needs Python >= 3.11 (found $("$PY" --version 2>&1))" >&2; exit 2; }
+PY=${PYTHON:-$(command -v python3.11 || command -v python3.12 || command -v python3.13 || command -v python3)}
+# Python 3.11 to 3.13 (parcel_hpc.errors.PYTHON_RANGE): Hydra 1.3.8 fails on 3.14 (hydra issue 3121).
+"$PY" -c 'import sys; assert (3, 11) <= sys.version_info[:2] < (3, 14), sys.version' 2>/dev/null \
+  || { echo "parcel_hpc runs on Python 3.11 to 3.13, not $("$PY" --version 2>&1) (Hydra 1.3.8 fails on 3.14: hydra issue 3121); set PYTHON=python3.13 or older" >&2; exit 2; }
 if [ ! -x "$VENV/bin/python" ]; then
   if ! "$PY" -m venv "$VENV" 2>/dev/null; then
     # Debian ships venv separately; a fresh machine may lack it.

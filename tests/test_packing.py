@@ -151,6 +151,18 @@ def test_a_pack_is_not_flagged_for_what_only_the_pack_did():
     assert second.queue_wait_s == 0  # it waited for its turn in the job, not in the queue
 
 
+def test_a_pack_run_again_after_every_trial_finished_is_one_flag_not_a_wait():
+    """Slurm 24.11 files the run in which the pack's trials completed PREEMPTED and runs the job once
+    more: that run is the trials', the next one overhead (run_after_finish), flagged once, at once."""
+    recs = [trial("t0001", "77_3", 2010, 2030), trial("t0002", "77_3", 2031, 2040)]
+    runs = [run("77_3", 0, JobState.PREEMPTED, 2000, 2045), run("77_3", 1, JobState.COMPLETED, 2100, 2102, submit=2050)]
+    rec = reconcile("s", "m", "test", recs, runs, [], CAPS, now=2110)
+    assert [(f.kind, f.trial_id, f.job_id) for f in rec.flags] == [("run_after_finish", "t0001,t0002", "77_3")]
+    assert rec.pending == () and rec.complete
+    assert {(l.trial_id, l.run): l.waste for l in rec.attempts} == {("t0001", 0): "", ("t0002", 0): "", ("", 0): "", ("", 1): "run_after_finish"}
+    assert rec.waste_hours["preemption"] == 0 and rec.waste_hours["run_after_finish"] == pytest.approx(2 / 3600)
+
+
 def t2_events_first_run():
     return [
         ev("submitted", 1000, job_id="77_3"),

@@ -111,7 +111,8 @@ def test_state_mismatch_is_flagged():
     events = [ev("submitted", 1, job_id="12"), ev("started", 2, attempt=1, job_id="12"), ev("ended", 3, attempt=1, how="completed", metric=0.2, step=82)]
     runs = job_runs(parse_sacct(sample("requeue_duplicates.txt")))
     rec = reconcile("s1", "m", "test", [fold(spec("t0003"), events)], runs, [], CAPS)
-    assert "state_mismatch" in {f.kind for f in rec.flags} and "attempt_mismatch" in {f.kind for f in rec.flags}
+    # Run 1 started after the ledger's one attempt had completed the trial: a run after finish, not a missing attempt.
+    assert sorted(f.kind for f in rec.flags) == ["run_after_finish", "state_mismatch"]
 
 
 def _search(tmp_path) -> SearchDir:

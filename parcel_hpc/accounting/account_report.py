@@ -29,7 +29,7 @@ from parcel_hpc.ledger.searches import UNREADABLE, find_searches, owner_of, prob
 from parcel_hpc.ledger.selection import JobSubmitted
 from parcel_hpc.plotting import hbars, png_of, pyplot, wrapped
 from parcel_hpc.scheduler.slurm.runs import run_table
-from parcel_hpc.scheduler.slurm.sacct import build_sacct_argv, run_sacct
+from parcel_hpc.scheduler.slurm.sacct import build_sacct_argv, installed_version, run_sacct
 from parcel_hpc.scheduler.slurm.sacct_parse import parse_sacct
 from parcel_hpc.selection.store import SelectionStore
 
@@ -68,7 +68,7 @@ def _over(root: Path, account: str | None, since: _dt.datetime | None, searches:
         return over_searches(f"root {Path(root).absolute()}", parts)
     if since is None:
         raise UsageError("--account needs --since DATE: the report covers the account's jobs from then (sacct would start at today's midnight)")
-    argv = build_sacct_argv([], since=since, account=account, all_users=True, truncate=True)
+    argv = build_sacct_argv([], since=since, account=account, all_users=True, truncate=True, version=installed_version())
     runs = run_table(parse_sacct(run_sacct(argv), source=f"sacct --accounts={account}", allocations_only=True))
     # Only searches that ran on SLURM can own an account's jobs (a local job id is a pid).
     slurm = [(s, p) for s, p in zip(searches, parts) if p.reconciliation.source.startswith("sacct")]

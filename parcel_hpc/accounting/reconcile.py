@@ -59,6 +59,7 @@ class Waste(str, Enum):
     QUARANTINE = "quarantine"
     REPRODUCIBLE_FAILURE = "reproducible_failure"
     PRUNED = "pruned"
+    RUN_AFTER_FINISH = "run_after_finish"  # a requeued run that found its trial finished: start-up, no work
 
 
 WASTE_CAUSES = tuple(w for w in Waste if w is not Waste.USEFUL)  # the causes ``waste_hours`` totals, in this order
@@ -84,6 +85,7 @@ class FlagKind(str, Enum):
     UNKNOWN_TO_SCHEDULER = "unknown_to_scheduler"  # a job the ledger recorded that the scheduler has no accounting for
     STALE_HOLD = "stale_hold"  # a budget hold that does not charge what its attempt used: `sync` settles or restates it
     HOURS_MISMATCH = "hours_mismatch"  # the ledger's record of a run and sacct's differ
+    RUN_AFTER_FINISH = "run_after_finish"  # the scheduler ran a trial's job again after the trial finished (overhead)
 
 
 def report_row(line: object) -> dict:
@@ -262,8 +264,11 @@ def reconcile(
             continue
         tid = owners.get(job, [""])[0]
         rec = by_trial.get(tid)
-        started_runs = [a for a in job_runs if a.start is not None]
         ledger_attempts = [a for a in rec.attempts if a.job_id == job and a.started is not None] if rec else []
+        after = _runs_after_finish(rec, ledger_attempts, job_runs) if rec is not None else ()
+        started_runs = [a for a in job_runs if a.start is not None and a not in after]
+        if after:
+            flags.append(Flag(FlagKind.RUN_AFTER_FINISH, tid, job, _after_finish_detail(after)))
         lag = _filing_lag(job, job_runs, started_runs, ledger_attempts, now) if rec is not None else ""
         if lag:
             pending.append(Pending(tid, job, lag))
@@ -281,7 +286,7 @@ def reconcile(
                 if problem:
                     flags.append(Flag(FlagKind.STATE_MISMATCH, tid, job, problem))
             how = led.how.value if led is not None and led.how is not None else ""
-            lines.append(_line(tid, a, led, how, _waste(rec, led, a), caps))
+            lines.append(_line(tid, a, led, how, Waste.RUN_AFTER_FINISH if a in after else _waste(rec, led, a), caps))
 
     # The jobs the ledger does not know: a slot that took no trial is a line (its start-up), the
     # rest are orphans, a line per run and a flag per job.
@@ -449,7 +454,11 @@ def _packed_job(
                 by_run.setdefault(att.restart_count, []).append((r, att))
     for ran in by_run.values():
         ran.sort(key=lambda item: cast(float, item[1].started))  # by_run holds started attempts only
-    started_runs = [a for a in job_runs if a.start is not None]
+    # A run that started once every trial of the pack had finished ran nothing: overhead, one flag.
+    after = tuple(a for a in job_runs if a.start is not None and a.attempt not in by_run and all(_finished_by(r, cast(int, a.start)) for r in recs))
+    if after:
+        flags.append(Flag(FlagKind.RUN_AFTER_FINISH, pack, job, _after_finish_detail(after)))
+    started_runs = [a for a in job_runs if a.start is not None and a not in after]
     firsts = [ran[0][1] for _, ran in sorted(by_run.items())]
     lag = _filing_lag(job, job_runs, started_runs, firsts, now)
     if lag:
@@ -474,14 +483,14 @@ def _packed_job(
                 flags.append(flag)
             # No state_mismatch here: the job's state is the pack's (a pack goes on past a failed trial,
             # and may be signalled between two trials), each trial's own ending is the worker's word.
-        _split(a, ran, caps, lines)
+        _split(a, ran, caps, lines, Waste.RUN_AFTER_FINISH if a in after else Waste.USEFUL)
 
 
-def _split(a: JobRun, ran: Sequence[tuple[TrialRecord, Attempt]], caps: BudgetCaps, lines: list[AttemptLine]) -> None:
+def _split(a: JobRun, ran: Sequence[tuple[TrialRecord, Attempt]], caps: BudgetCaps, lines: list[AttemptLine], rest_waste: Waste = Waste.USEFUL) -> None:
     """One run's lines, as the spend counts its hours: each attempt that ran in it its own (its
     start to its counted end: ``spend.attempt_hours``; one still running, to the run's end so far),
     and the rest (start-up, imports, a pack's gaps, the moments after the last trial) one line of
-    the job itself, so that the run's lines add up to sacct's hours."""
+    the job itself (``rest_waste``: what its hours bought), so that the run's lines add up to sacct's hours."""
     run_end = a.end if a.end is not None else (a.start or 0) + a.elapsed_s  # sacct's elapsed so far, while it runs
     parts = Hours()
     seconds = 0
@@ -503,7 +512,24 @@ def _split(a: JobRun, ran: Sequence[tuple[TrialRecord, Attempt]], caps: BudgetCa
         parts += hours
         seconds += end_s - start_s
     rest = Hours(a.gpu_hours, a.cpu_hours) - parts
-    lines.append(_line("", replace(a, elapsed_s=max(0, a.elapsed_s - seconds)), None, PACK_OVERHEAD, Waste.USEFUL, caps, rest))
+    lines.append(_line("", replace(a, elapsed_s=max(0, a.elapsed_s - seconds)), None, PACK_OVERHEAD, rest_waste, caps, rest))
+
+
+def _runs_after_finish(rec: TrialRecord, ledger_attempts: Sequence[Attempt], job_runs: Sequence[JobRun]) -> tuple[JobRun, ...]:
+    """The runs of a trial's own job after the ledger's attempts, started once the trial had
+    finished: the scheduler ran the job again with nothing left to do (Slurm 24.11 and 26.05 requeue a
+    preempted job that completed inside its grace time, and file the run that did the work PREEMPTED). Pure."""
+    later = [a for a in job_runs if a.start is not None and a.attempt >= len(ledger_attempts)]
+    return tuple(a for a in later if _finished_by(rec, cast(int, a.start)))
+
+
+def _after_finish_detail(after: Sequence[JobRun]) -> str:
+    runs = ", ".join(str(a.attempt) for a in after)
+    return (
+        f"the scheduler ran this job again (run {runs}) after its trial had finished, with nothing left to do:"
+        f" {_hours(Hours(sum(a.gpu_hours for a in after), sum(a.cpu_hours for a in after)))} of start-up,"
+        " counted as run_after_finish (a requeue after completion, as Slurm 24.11 does after a preemption)"
+    )
 
 
 def _running_but_ended(trial_id: str, led: Attempt, a: JobRun) -> Flag | None:
@@ -516,9 +542,14 @@ def _running_but_ended(trial_id: str, led: Attempt, a: JobRun) -> Flag | None:
 def _work_for(record: TrialRecord, t: float) -> bool:
     """Whether a requeued pack starting at ``t`` had this trial to run: not finished by then, and not
     left to run alone (``worker.task`` skips those)."""
-    if record.state.is_finished() and all(a.ended is not None and a.ended <= t for a in record.attempts):
+    if _finished_by(record, t):
         return False
     return not (record.attempts and record.runs_alone())
+
+
+def _finished_by(record: TrialRecord, t: float) -> bool:
+    """The trial had finished, every attempt of it ended, by ``t``."""
+    return record.state.is_finished() and all(a.ended is not None and a.ended <= t for a in record.attempts)
 
 
 def _last_word(record: TrialRecord, job: str) -> float | None:
@@ -594,6 +625,8 @@ def _waste(rec: TrialRecord | None, led, a: JobRun) -> Waste:
         return Waste.USEFUL
     if led is not None and (led.how is AttemptEnd.QUARANTINED or led.number <= rec.tainted_upto):
         return Waste.QUARANTINE
+    if led is not None and _work_done_before_requeue(led.how, a.state):
+        return Waste.USEFUL
     by_state = waste_of_state(a.state)
     if by_state is not None:
         return by_state
@@ -608,10 +641,20 @@ def _waste(rec: TrialRecord | None, led, a: JobRun) -> Waste:
     return Waste.USEFUL
 
 
+def _work_done_before_requeue(how: AttemptEnd | None, state: JobState) -> bool:
+    """The attempt finished its work and the scheduler filed its run PREEMPTED: the job was requeued
+    after the work ended (Slurm 24.11 and 26.05 file a run that completed inside its preemption's grace
+    time that way), so the run's hours bought the trial's result, and the two records do not disagree."""
+    return state is JobState.PREEMPTED and how in _WORK_DONE
+
+
+_WORK_DONE = (AttemptEnd.COMPLETED, AttemptEnd.PRUNED, AttemptEnd.REJECTED)
+
+
 def _state_mismatch(how: AttemptEnd, state: JobState) -> str:
-    if state.is_active():
+    if state.is_active() or _work_done_before_requeue(how, state):
         return ""
-    if how in (AttemptEnd.COMPLETED, AttemptEnd.PRUNED, AttemptEnd.REJECTED) and state is not JobState.COMPLETED:
+    if how in _WORK_DONE and state is not JobState.COMPLETED:
         return f"the ledger says the attempt ended {how.value}; the scheduler says {state.text}"
     if how is AttemptEnd.FAILED and state is JobState.COMPLETED:
         return "the ledger says the attempt failed; the scheduler says COMPLETED"

@@ -27,7 +27,7 @@ from parcel_hpc.ledger.searches import owner_of
 from parcel_hpc.plotting import png_of, pyplot
 from parcel_hpc.scheduler.registry import DEFAULT, backend_of
 from parcel_hpc.scheduler.slurm.runs import job_runs, run_table, runs_table
-from parcel_hpc.scheduler.slurm.sacct import SACCT_FORMAT, build_sacct_argv, run_sacct
+from parcel_hpc.scheduler.slurm.sacct import SACCT_FORMAT, build_sacct_argv, installed_version, run_sacct
 from parcel_hpc.scheduler.slurm.sacct_parse import parse_sacct, parse_sacct_file
 
 
@@ -64,11 +64,17 @@ def reconcile_search(search: SearchDir, sacct_file: Path | None = None) -> Recon
         runs = [run for b in backends for run in b.local_runs(records, owner_of(search)) or []]
         return reconcile(campaign, objective, "local executor", records, runs, [], caps, journal, jobs_run, search_path=path)
     jobs = sorted({j for r in records for j in r.jobs})
-    runs = job_runs(parse_sacct(run_sacct(build_sacct_argv(jobs)), source="sacct", allocations_only=True)) if jobs else []
+    runs = job_runs(parse_sacct(run_sacct(build_sacct_argv(jobs, version=installed_version())), source="sacct", allocations_only=True)) if jobs else []
     since = _created(search)
     # --allusers: an admin reconciling a colleague's search sees the orphans of every user
     named = (
-        run_table(parse_sacct(run_sacct(build_sacct_argv([], since=since, name=name, all_users=True)), source="sacct --name", allocations_only=True))
+        run_table(
+            parse_sacct(
+                run_sacct(build_sacct_argv([], since=since, name=name, all_users=True, version=installed_version())),
+                source="sacct --name",
+                allocations_only=True,
+            )
+        )
         for name in search.job_names(Executor.SLURM)
     )
     listed = pa.concat_tables([runs_table([]), *named])

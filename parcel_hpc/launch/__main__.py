@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from parcel_hpc.config import ParcelSweeperConf
-from parcel_hpc.errors import UsageError, exit_on_error, one_line
+from parcel_hpc.errors import UsageError, exit_on_error, one_line, require_supported_python
 from parcel_hpc.fsio import owner_only_writes
 
 
@@ -80,6 +80,8 @@ def _is_sweep(arg: str) -> bool:
 
 
 def main() -> None:
+    with exit_on_error():
+        require_supported_python()
     owner_only_writes()
     if any(a in PRINT_ONLY or a.startswith(("--cfg=", "--info=")) for a in sys.argv[1:]):
         # ``-m --cfg job`` (the documented form) asks Hydra for two modes at once, which it refuses:

@@ -33,24 +33,25 @@ _CANCELLED_BY = r"^CANCELLED by \d+$"
 _TIME_PARTS = {"year": (0, 4), "month": (5, 7), "day": (8, 10), "hour": (11, 13), "minute": (14, 16), "second": (17, 19)}
 
 
-def raise_malformed(body: memoryview, source: str, first_line: int, row: int | None, detail: str) -> None:
-    """Raise AccountingError for the bad line at 0-based ``row`` of ``body`` (None: find it)."""
+def raise_malformed(body: memoryview, source: str, first_line: int, row: int | None, detail: str, fields: tuple[str, ...] = SACCT_FIELDS) -> None:
+    """Raise AccountingError for the bad line at 0-based ``row`` of ``body`` (None: find it), whose
+    lines hold ``fields``."""
     if row is None:
         row = _first_non_utf8_line(body)
     if row is None:
-        row = locate_read_error(body)
+        row = locate_read_error(body, fields)
     if row is None:  # the locator could not pin it down: examine every line (slow, rare)
         lines = bytes(body).split(b"\n")
-        row = next((i for i, line in enumerate(lines) if line_problem(line) is not None), None)
+        row = next((i for i, line in enumerate(lines) if line_problem(line, fields) is not None), None)
         if row is None:
             raise AccountingError(f"{source}: sacct text could not be parsed ({_first_line_of(detail)})")
-    problem = line_problem(_line_at(body, row))
+    problem = line_problem(_line_at(body, row), fields)
     if problem is None:  # the fast path saw something this check does not: still name the line
         problem = f"could not be parsed ({_first_line_of(detail)})"
     raise AccountingError(f"{source}:{first_line + row}: {problem}; sacct text must come from sacct --parsable2 --noheader --format={SACCT_FORMAT}")
 
 
-def locate_read_error(body: memoryview) -> int | None:
+def locate_read_error(body: memoryview, fields: tuple[str, ...] = SACCT_FIELDS) -> int | None:
     """0-based row of the first line pyarrow's typed read would reject, or None if unsure."""
     first_invalid: list[int] = []
 
@@ -63,9 +64,9 @@ def locate_read_error(body: memoryview) -> int | None:
         text = pacsv.read_csv(
             pa.py_buffer(body),
             # Serial reading is what makes pyarrow report each invalid row's line number.
-            read_options=pacsv.ReadOptions(column_names=list(SACCT_FIELDS), use_threads=False, block_size=4 << 20),
+            read_options=pacsv.ReadOptions(column_names=list(fields), use_threads=False, block_size=4 << 20),
             parse_options=pacsv.ParseOptions(delimiter="|", quote_char=False, ignore_empty_lines=False, invalid_row_handler=on_invalid_row),
-            convert_options=pacsv.ConvertOptions(column_types={f: pa.string() for f in SACCT_FIELDS}, strings_can_be_null=False),
+            convert_options=pacsv.ConvertOptions(column_types={f: pa.string() for f in fields}, strings_can_be_null=False),
         )
         suspect = _suspect_rows(text)
     except (pa.ArrowException, ValueError):
@@ -109,7 +110,7 @@ def _suspect_rows(text: pa.Table) -> pa.ChunkedArray:
     return bad
 
 
-def line_problem(line_bytes: bytes) -> str | None:
+def line_problem(line_bytes: bytes, names: tuple[str, ...] = SACCT_FIELDS) -> str | None:
     """What is wrong with one line of sacct text, or None if nothing is."""
     line_bytes = line_bytes[:-1] if line_bytes.endswith(b"\r") else line_bytes
     try:
@@ -117,10 +118,10 @@ def line_problem(line_bytes: bytes) -> str | None:
     except UnicodeDecodeError:
         return "line is not UTF-8"
     fields = line.split("|")
-    if len(fields) != len(SACCT_FIELDS):
-        hint = " (a '|' inside a job name?)" if len(fields) > len(SACCT_FIELDS) else ""
-        return f"expected {len(SACCT_FIELDS)} '|'-separated fields, found {len(fields)}{hint}"
-    row = dict(zip(SACCT_FIELDS, fields))
+    if len(fields) != len(names):
+        hint = " (a '|' inside a job name?)" if len(fields) > len(names) else ""
+        return f"expected {len(names)} '|'-separated fields, found {len(fields)}{hint}"
+    row = dict(zip(names, fields))
     if not re.match(_JOB_ID_TEXT, row["JobID"]):
         return f"JobID {row['JobID']!r} is not a SLURM job id (12, 29_3, 12.batch)"
     if not re.match(_RAW_ID_TEXT, row["JobIDRaw"]):

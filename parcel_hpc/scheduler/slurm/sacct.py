@@ -1,7 +1,8 @@
 """The sacct shell-out: the field list we export, the argv we build, and the one place that runs it.
 
-Owns: ``SACCT_FIELDS`` (the on-the-wire format every parser and recorded sample agrees on),
-``build_sacct_argv`` (pure), ``run_sacct`` (the only subprocess). Must not: parse the text
+Owns: ``SACCT_FIELDS`` (the on-the-wire format every parser and recorded sample agrees on; a
+version's per-run columns may follow it: ``version.PER_RUN_FIELDS``), ``build_sacct_argv`` (pure),
+``run_sacct`` and ``installed_version`` (the only subprocesses: the version is read once a process). Must not: parse the text
 (that is ``parcel_hpc.scheduler.slurm.sacct_parse``), retry, or return a partial answer — a sacct that
 fails, times out or complains on stderr raises AccountingError.
 
@@ -17,10 +18,12 @@ import os
 import re
 import subprocess
 from collections.abc import Iterable, Mapping
+from functools import cache
 
 from parcel_hpc.errors import AccountingError, UsageError
 from parcel_hpc.scheduler.slurm.calls import count
 from parcel_hpc.scheduler.slurm.states import JobState
+from parcel_hpc.scheduler.slurm.version import SlurmVersion
 
 # Every name was checked against Debian's slurm-client 22.05.8 sacct binary (its --helpformat
 # table). "Restarts" is NOT one: the requeue history comes from --duplicates instead.
@@ -55,6 +58,7 @@ __all__ = [
     "DEFAULT_TIMEOUT_S",
     "JobState",
     "build_sacct_argv",
+    "installed_version",
     "run_sacct",
 ]
 
@@ -67,6 +71,7 @@ def build_sacct_argv(
     account: str | None = None,
     all_users: bool = False,
     truncate: bool = False,
+    version: SlurmVersion | None = None,
 ) -> list[str]:
     """The sacct command line for these jobs, every array task and every requeued run.
 
@@ -77,6 +82,8 @@ def build_sacct_argv(
     ``all_users``: every user's jobs (sacct otherwise lists only the caller's, root's excepted).
     ``truncate``: a job that straddles ``since`` counts only its time after it (a month's report
     does not count again what the last month's counted).
+    ``version``: the Slurm that answers, whose per-run columns (SLUID, Restarts on 26.05) follow
+    SACCT_FIELDS; None asks for SACCT_FIELDS alone, which every version prints alike.
     """
     ids = _job_id_list(job_ids)
     if not ids and name is None and account is None:
@@ -86,7 +93,8 @@ def build_sacct_argv(
             "listing jobs by name/account needs since= (sacct would otherwise start at today's midnight and miss older jobs); pass the search's creation time"
         )
     # Steps (.batch/.extern/.0) are kept: the batch step's exit code explains a FAILED job.
-    argv = ["sacct", "--parsable2", "--noheader", "--duplicates", f"--format={SACCT_FORMAT}"]
+    fields = SACCT_FORMAT if version is None or not version.per_run_fields else ",".join(SACCT_FIELDS + version.per_run_fields)
+    argv = ["sacct", "--parsable2", "--noheader", "--duplicates", f"--format={fields}"]
     if since is not None:
         argv.append(f"--starttime={_slurm_time(since)}")
         # With -S, sacct's default end is "now"; say it so a dump is reproducible from its argv.
@@ -152,6 +160,18 @@ def run_sacct(
             f"sacct reported an error and exited 0: {_first_error(stderr)}; the answer may be partial, so nothing was read — fix the error above and rerun"
         )
     return proc.stdout
+
+
+@cache
+def installed_version() -> SlurmVersion:
+    """The version of the sacct on PATH (which must reach the cluster: SLURM_CONF), read once a process."""
+    try:
+        proc = subprocess.run(["sacct", "--version"], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=DEFAULT_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise AccountingError(f"sacct --version failed ({exc}); install slurm-client on this host and check SLURM_CONF") from None
+    if proc.returncode != 0:
+        raise AccountingError(f"sacct --version exited {proc.returncode}: {_first_error(proc.stderr)}; check SLURM_CONF")
+    return SlurmVersion.parse(proc.stdout)
 
 
 def _job_id_list(job_ids: Iterable[int | str]) -> list[str]:

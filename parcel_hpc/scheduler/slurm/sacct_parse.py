@@ -36,6 +36,7 @@ from parcel_hpc.errors import AccountingError, UsageError
 from parcel_hpc.scheduler.slurm._sacct_malformed import EXIT_CODE, MAX_DIGITS, NULL_TIMES, raise_malformed
 from parcel_hpc.scheduler.slurm.sacct import SACCT_FIELDS, SACCT_FORMAT
 from parcel_hpc.scheduler.slurm.states import JobState
+from parcel_hpc.scheduler.slurm.version import PER_RUN_FIELDS
 
 _TEXT = pa.string()  # plain: pyarrow's own dictionary conversion while reading is slower
 _TS = pa.timestamp("s")
@@ -56,8 +57,11 @@ _READ_TYPES = {
     "QOS": _TEXT,
     "User": _TEXT,
     "Reason": _TEXT,
+    "SLUID": _TEXT,  # 26.05's per-run columns, when asked for (version.PER_RUN_FIELDS)
+    "Restarts": _TEXT,  # a number on a job's row, empty on its steps': cast after reading
 }
-assert tuple(_READ_TYPES) == SACCT_FIELDS
+_WITH_PER_RUN = SACCT_FIELDS + PER_RUN_FIELDS
+assert tuple(_READ_TYPES) == _WITH_PER_RUN
 # sacct prints Unknown for a time not reached yet; None shows up in some dumps for never-started jobs.
 _NULL_TIMES = list(NULL_TIMES)
 _MAX_DIGITS = MAX_DIGITS
@@ -92,6 +96,8 @@ SCHEMA = pa.schema(
         ("qos", _TEXT),
         ("user", _TEXT),
         ("reason", _TEXT),
+        ("sluid", _TEXT),  # the run's own id (26.05's SLUID); null where sacct was not asked for it
+        ("restarts", pa.int64()),  # requeues before this run (26.05's Restarts); null where not asked for
     ]
 )
 
@@ -125,18 +131,20 @@ class SacctTable:
 
 
 def parse_sacct(data: bytes, *, source: str = "<sacct>", tz: str = "UTC", allocations_only: bool = False) -> SacctTable:
-    """Parse ``sacct --parsable2 --noheader --format=SACCT_FORMAT`` output.
+    """Parse ``sacct --parsable2 --noheader --format=SACCT_FORMAT`` output (with 26.05's per-run
+    SLUID and Restarts after it, when ``build_sacct_argv`` was given that version: told by the header or the
+    first line's field count).
 
     ``tz`` is the zone the times were printed in (``run_sacct`` makes it UTC). A header line
-    is accepted only if it names exactly ``SACCT_FIELDS``. Raises AccountingError on any
+    is accepted only if it names exactly ``SACCT_FIELDS`` (and the per-run fields). Raises AccountingError on any
     malformed line, naming ``source`` and the line. ``allocations_only``: every line is checked,
     only the jobs' own rows (one per run) are kept, a third of a dump's lines.
     """
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise UsageError(f"parse_sacct needs bytes, got {type(data).__name__}; read the file in binary mode")
-    body, first_line = _split_header(memoryview(data), source)
+    body, first_line, fields = _split_header(memoryview(data), source)
     body = _without_trailing_newlines(body)
-    return _parse(pa.BufferReader(pa.py_buffer(body)), lambda: body, first_line, source, tz, allocations_only)
+    return _parse(pa.BufferReader(pa.py_buffer(body)), lambda: body, first_line, fields, source, tz, allocations_only)
 
 
 def parse_sacct_file(path: str | os.PathLike, *, source: str, tz: str = "UTC", allocations_only: bool = False) -> SacctTable:
@@ -151,17 +159,20 @@ def parse_sacct_file(path: str | os.PathLike, *, source: str, tz: str = "UTC", a
     last_line_ended = tail.removesuffix(b"\n").removesuffix(b"\r")
     if len(head) == size or last_line_ended.endswith((b"\n", b"\r")):  # small, or blank lines at the end: as bytes
         return parse_sacct(Path(path).read_bytes(), source=source, tz=tz, allocations_only=allocations_only)
-    header_end = len(head) - len(_split_header(memoryview(head), source)[0])
+    after_header, _, fields = _split_header(memoryview(head), source)
+    header_end = len(head) - len(after_header)
 
     def text() -> memoryview:
         return _without_trailing_newlines(memoryview(Path(path).read_bytes())[header_end:])
 
     with pa.OSFile(str(path)) as stream:
         stream.seek(header_end)
-        return _parse(stream, text, 1 if header_end == 0 else 2, source, tz, allocations_only)
+        return _parse(stream, text, 1 if header_end == 0 else 2, fields, source, tz, allocations_only)
 
 
-def _parse(stream: pa.NativeFile, text: Callable[[], memoryview], first_line: int, source: str, tz: str, allocations_only: bool) -> SacctTable:
+def _parse(
+    stream: pa.NativeFile, text: Callable[[], memoryview], first_line: int, fields: tuple[str, ...], source: str, tz: str, allocations_only: bool
+) -> SacctTable:
     """Read the text a block at a time and derive each block's columns in a thread as the next is
     read (pyarrow.compute releases the GIL but runs each call on one core); ``text()`` is the body
     again, only to name the line of an error."""
@@ -171,7 +182,7 @@ def _parse(stream: pa.NativeFile, text: Callable[[], memoryview], first_line: in
         pending: deque[Future[pa.Table]] = deque()
         try:
             row0 = 0
-            for batch in _batches(stream):
+            for batch in _batches(stream, fields):
                 pending.append(pool.submit(_derive_block, batch, row0, first_line, tz, problems, allocations_only))
                 row0 += batch.num_rows
                 if len(pending) > _THREADS:  # a few blocks in flight: the text read ahead stays bounded
@@ -180,24 +191,24 @@ def _parse(stream: pa.NativeFile, text: Callable[[], memoryview], first_line: in
                     break
             derived += [f.result() for f in pending]
         except (pa.ArrowException, ValueError) as exc:
-            raise_malformed(text(), source, first_line, None, str(exc))
+            raise_malformed(text(), source, first_line, None, str(exc), fields)
     if problems:
         row, what = min(problems)
-        raise_malformed(text(), source, first_line, row, what)
+        raise_malformed(text(), source, first_line, row, what, fields)
     return SacctTable(pa.concat_tables([SCHEMA.empty_table(), *derived]), source)
 
 
-def _batches(stream: pa.NativeFile) -> Iterator[pa.RecordBatch]:
+def _batches(stream: pa.NativeFile, fields: tuple[str, ...]) -> Iterator[pa.RecordBatch]:
     if stream.size() == stream.tell():  # no text, no rows (pyarrow would ask for a first line)
         return iter(())
     return iter(
         pacsv.open_csv(
             stream,
             # 4 MiB blocks: fewer, larger chunks make every compute call after this cheaper.
-            read_options=pacsv.ReadOptions(column_names=list(SACCT_FIELDS), block_size=_BLOCK_BYTES),
+            read_options=pacsv.ReadOptions(column_names=list(fields), block_size=_BLOCK_BYTES),
             parse_options=pacsv.ParseOptions(delimiter="|", quote_char=False, ignore_empty_lines=False),
             convert_options=pacsv.ConvertOptions(
-                column_types=_READ_TYPES,
+                column_types={f: _READ_TYPES[f] for f in fields},
                 null_values=_NULL_TIMES,
                 strings_can_be_null=False,
                 quoted_strings_can_be_null=False,
@@ -266,7 +277,17 @@ def _derive_rows(raw: pa.Table, row0: int, tz: str, problems: list[tuple[int, st
         "qos": raw.column("QOS"),
         "user": raw.column("User"),
         "reason": raw.column("Reason"),
+        **_per_run(raw),
     }
+
+
+def _per_run(raw: pa.Table) -> dict[str, pa.ChunkedArray]:
+    """26.05's SLUID and Restarts where sacct printed them, else null columns."""
+    if "SLUID" not in raw.column_names:
+        nulls = pa.nulls(raw.num_rows)
+        return {"sluid": pa.chunked_array([nulls.cast(_TEXT)]), "restarts": pa.chunked_array([nulls.cast(pa.int64())])}
+    restarts = raw.column("Restarts")
+    return {"sluid": raw.column("SLUID"), "restarts": pc.cast(pc.if_else(pc.equal(restarts, ""), pa.scalar(None, _TEXT), restarts), pa.int64())}
 
 
 def _job_id_columns(job_id_full: pa.ChunkedArray, found: list[tuple[int, str]]) -> tuple[pa.ChunkedArray, ...]:
@@ -424,18 +445,20 @@ def _epoch(ts: pa.ChunkedArray, tz: str) -> pa.ChunkedArray:
     return pc.cast(ts, pa.int64())
 
 
-def _split_header(view: memoryview, source: str) -> tuple[memoryview, int]:
-    """The text after an optional header line, and the line number its first row has."""
-    if bytes(view[:6]) != b"JobID|":
-        return view, 1
+def _split_header(view: memoryview, source: str) -> tuple[memoryview, int, tuple[str, ...]]:
+    """The text after an optional header line, the line number its first row has, and the fields
+    (SACCT_FIELDS, or with the per-run ones after: named by the header, else counted on the first line)."""
     end = bytes(view[:4096]).find(b"\n")
     end = len(view) if end < 0 else end
-    header = bytes(view[:end]).rstrip(b"\r").decode("utf-8", "replace")
-    if header != "|".join(SACCT_FIELDS):
+    first = bytes(view[:end]).rstrip(b"\r")
+    if bytes(view[:6]) != b"JobID|":
+        return view, 1, _WITH_PER_RUN if first.count(b"|") == len(_WITH_PER_RUN) - 1 else SACCT_FIELDS
+    header = first.decode("utf-8", "replace")
+    if header not in ("|".join(SACCT_FIELDS), "|".join(_WITH_PER_RUN)):
         raise AccountingError(
             f"{source}:1: header names the fields {header!r}, not parcel_hpc's; export with sacct --parsable2 --noheader --duplicates --format={SACCT_FORMAT}"
         )
-    return view[end + 1 :], 2
+    return view[end + 1 :], 2, tuple(header.split("|"))
 
 
 def _without_trailing_newlines(body: memoryview) -> memoryview:

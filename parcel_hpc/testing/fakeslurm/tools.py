@@ -36,6 +36,9 @@ class _Refused(Exception):
     """A tool's one-line refusal, printed on stderr with exit status 1 as SLURM's tools do."""
 
 
+VERSION = "slurm 22.05.8"  # what `sacct --version` prints: the version whose output this fake prints
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):
         raise _Refused(f"{self.prog}: error: {message}")
@@ -300,6 +303,9 @@ def _rows(job: Job, run: Run | None, t: float, steps: bool) -> list[dict[str, st
 
 
 def sacct(store: Store, argv: list[str]) -> int:
+    if argv == ["--version"]:  # answered without the database, as the real one does
+        print(VERSION)
+        return 0
     if store.flag("dbd-down"):
         sys.stderr.write(DBD_DOWN)
         return 1
