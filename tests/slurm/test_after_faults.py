@@ -21,8 +21,9 @@ from parcel_hpc.testing import launch, parcel_hpc
 from .cluster import REPO, cluster_base, daemons, kill_daemon, restart_daemons, sh, wait_for
 
 SLURM = "hydra/launcher=submitit_slurm"
-# Three trials of 41 steps in one job, about 12 s each: long enough to act on each in turn.
-PACK = ["search.n_trials=3", "search.wait=false", "pruner=none", "train.steps=41", "train.step_seconds=0.3", "hydra.launcher.pack_size=3"]
+# Three trials of 82 steps in one job, about 25 s each: long enough to act on each in turn on a
+# loaded machine (at 41 steps, 12 s, the last trial could end before the whole cancel reached it).
+PACK = ["search.n_trials=3", "search.wait=false", "pruner=none", "train.steps=82", "train.step_seconds=0.3", "hydra.launcher.pack_size=3"]
 
 
 def training(search: SearchDir, tid: str, past: int):
