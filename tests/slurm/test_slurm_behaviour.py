@@ -85,8 +85,15 @@ def test_a_held_throttled_array_waits_as_squeue_says_and_its_last_task_carries_t
     waiting = wait_for(lambda: [q for q in queue.queued_jobs(name).values() if q.reason == "JobArrayTaskLimit"], 30, "the throttle")
     assert waiting and sum(q.state is QueueState.RUNNING for q in queue.queued_jobs(name).values()) <= 2
     wait_for(lambda: gone(name), 60, "the array to end")
-    tasks = {r["job_id"]: r["raw"] for r in ended(array) if "." not in r["job_id"]}
-    assert sorted(tasks) == [f"{array}_{i}" for i in range(4)] and tasks[f"{array}_3"] == array
+    # slurmdbd files a task a moment after squeue stops listing it: wait for all four, bounded.
+    expected = [f"{array}_{i}" for i in range(4)]
+
+    def filed():
+        tasks = {r["job_id"]: r["raw"] for r in ended(array) if "." not in r["job_id"]}
+        return tasks if sorted(tasks) == expected else None
+
+    tasks = wait_for(filed, 30, "sacct to file every task")
+    assert sorted(tasks) == expected and tasks[f"{array}_3"] == array
 
 
 def test_a_job_sees_its_slurm_environment(cluster, cluster_guard, tmp_path):
