@@ -264,7 +264,6 @@ class Backend(ABC):
         """Submit ``job``, tell ``submitted`` its id before it can end, and wait until it ended; its id."""
 
     @abstractmethod
-    @abstractmethod
     def selection_job_liveness(self, job_id: str, host: str, search: SearchDir, role: JobRole) -> Liveness:
         """Whether a selection job of ``search`` still runs (``host``: where a local one started)."""
 
