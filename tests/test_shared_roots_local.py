@@ -188,18 +188,24 @@ def test_the_recorded_user_is_the_process_uid_not_logname(team_root, artifacts):
 def test_a_searchs_spend_is_its_directory_owners_whatever_its_records_say(search, team_root):
     """Readers attribute a search to the uid that owns its directory (its identity), never to the
     user field of its launch records, which their owner (or a tool of theirs) can write anything into."""
-    records = sorted((search / "launches").glob("*.json"))
-    before = {p: p.read_bytes() for p in records}
-    try:
-        for p in records:
-            p.write_text(json.dumps({**json.loads(p.read_text()), "user": BOB}))
+    def spend_by_user() -> dict[str, dict]:
         spent = parcel_hpc(["reconcile", "--root", str(team_root), "--json"])
         assert spent.returncode == 0, spent.stderr
         report = json.loads(spent.stdout)
         ours = next(s for s in report["searches"] if s["path"] == str(search))
         assert ours["user"] == ROOT_USER
-        users = {t["key"]: t for t in report["by_user"]}
-        assert ROOT_USER in users and BOB not in users and users[ROOT_USER]["cpu_hours"] > 0
+        return {t["key"]: t for t in report["by_user"]}
+
+    # the figures themselves may be 0 h (two trials can end within one second on a fast machine):
+    # what must not move is whose they are
+    honest = spend_by_user()
+    assert list(honest) == [ROOT_USER] and honest[ROOT_USER]["lines"] >= 2, honest  # each trial ran at least once
+    records = sorted((search / "launches").glob("*.json"))
+    before = {p: p.read_bytes() for p in records}
+    try:
+        for p in records:
+            p.write_text(json.dumps({**json.loads(p.read_text()), "user": BOB}))
+        assert spend_by_user() == honest
         listed = parcel_hpc(["list", str(team_root), "--json"])
         assert listed.returncode == 0, listed.stderr
         row = next(s for s in json.loads(listed.stdout)["searches"] if s["path"] == str(search))
