@@ -188,6 +188,7 @@ def test_the_recorded_user_is_the_process_uid_not_logname(team_root, artifacts):
 def test_a_searchs_spend_is_its_directory_owners_whatever_its_records_say(search, team_root):
     """Readers attribute a search to the uid that owns its directory (its identity), never to the
     user field of its launch records, which their owner (or a tool of theirs) can write anything into."""
+
     def spend_by_user() -> dict[str, dict]:
         spent = parcel_hpc(["reconcile", "--root", str(team_root), "--json"])
         assert spent.returncode == 0, spent.stderr

@@ -66,10 +66,30 @@ class Split:
     final_digest: str
     digest: str  # of the split file's content; recomputed by read_split
     path: str
+    # K folds of the non-final ids (disjoint, covering train + validation once); () for one split
+    folds: tuple[Ids, ...] = ()
+
+    @property
+    def fold_count(self) -> int:
+        return len(self.folds) or 1
+
+    def fold(self, index: int) -> tuple[Ids, Ids]:
+        """(train ids, validation ids) of fold ``index``: the other folds and its own; of a split
+        without folds, fold 0 is its train and validation partitions."""
+        if not 0 <= index < self.fold_count:
+            raise UsageError(f"{self.path} has {self.fold_count} fold(s); fold {index} does not exist")
+        if not self.folds:
+            return self.train, self.validation
+        rest = [i for k, part in enumerate(self.folds) if k != index for i in part]
+        return tuple(sorted(rest)), self.folds[index]  # type: ignore[return-value]
 
     def __post_init__(self) -> None:
         _check_ids(self.method, self.train, "train", self.path)
         _check_ids(self.method, self.validation, "validation", self.path)
+        for k, part in enumerate(self.folds):
+            _check_ids(self.method, part, f"fold {k}", self.path)
+        if self.folds and sorted(i for part in self.folds for i in part) != sorted([*self.train, *self.validation]):
+            raise CorruptRecord(f"{self.path}: its folds must cover its train and validation ids once each; regenerate the split under a new revision")
         if self.key != self.method.key:
             raise CorruptRecord(f"{self.path}: a {self.method.value} split must have key {self.method.key!r}, not {self.key!r}")
         if set(self.train) & set(self.validation):
