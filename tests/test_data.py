@@ -17,10 +17,12 @@ from hypothesis import strategies as st
 from parcel_hpc.data import (
     PartitionName,
     SplitMethod,
+    assign_group_folds,
     assign_groups,
     load_final_partition,
     load_partition,
     make_default_artifacts,
+    make_group_kfold_split,
     make_group_split,
     make_random_split,
     make_snapshot,
@@ -320,6 +322,39 @@ def test_assign_groups_is_a_deterministic_partition(ids, seed):
     parts = assign_groups(ids, seed, (0.7, 0.15, 0.15))
     assert parts == assign_groups(list(reversed(ids)), seed, (0.7, 0.15, 0.15))  # input order is irrelevant
     assert all(parts) and sum(map(len, parts)) == len(distinct) == len(set().union(*map(set, parts)))
+
+
+@given(ids=st.lists(st.text("ABC-0123", min_size=1, max_size=6), min_size=1, max_size=60), seed=st.integers(0, 2**63 - 1), k=st.integers(2, 6))
+def test_group_folds_are_disjoint_cover_every_non_final_group_once_and_hold_the_final_out(ids, seed, k):
+    distinct = set(ids)
+    if len(distinct) - max(1, int(0.15 * len(distinct) + 0.5)) < k:
+        with pytest.raises(UsageError, match="fewer folds"):
+            assign_group_folds(ids, seed, k, 0.15)
+        return
+    final, folds = assign_group_folds(ids, seed, k, 0.15)
+    assert (final, folds) == assign_group_folds(list(reversed(ids)), seed, k, 0.15)  # input order is irrelevant
+    if len(distinct) - len(final) > k:
+        assert assign_group_folds(ids, seed, k + 1, 0.15)[0] == final  # K never moves the final partition
+    assert len(folds) == k and all(folds) and max(map(len, folds)) - min(map(len, folds)) <= 1
+    cover = [i for part in folds for i in part]
+    assert len(cover) == len(set(cover)) and set(cover) | set(final) == distinct and not set(cover) & set(final)
+
+
+def test_a_kfold_split_file_gives_each_fold_its_training_part_and_reads_back_as_fold_0(art, columns, tmp_path):
+    info = make_group_kfold_split(art["snapshot_path"], tmp_path, seed=3, folds=4, revision="kf")
+    split = read_split(info.split_path)
+    final = set(json.loads(Path(info.final_path).read_text())["final"])
+    assert split.method is SplitMethod.GROUP_KFOLD and split.fold_count == 4
+    assert split.fold(0) == (split.train, split.validation)  # a reader that knows no folds sees fold 0
+    for i in range(4):
+        train, validation = split.fold(i)
+        assert not set(train) & set(validation) and not (set(train) | set(validation)) & final
+        assert set(train) | set(validation) == {s.decode() for s in np.unique(columns["shipment_id"])} - final
+    with pytest.raises(UsageError, match="fold 4 does not exist"):
+        split.fold(4)
+    assert make_group_kfold_split(art["snapshot_path"], tmp_path, seed=3, folds=4, revision="kf") == info  # idempotent
+    with pytest.raises(UsageError, match="immutable"):
+        make_group_kfold_split(art["snapshot_path"], tmp_path, seed=3, folds=5, revision="kf")
 
 
 def test_split_revision_is_immutable(art, tmp_path):

@@ -17,7 +17,7 @@ from parcel_hpc.data.artifacts import GROUP_REVISION, RANDOM_REVISION, make_defa
 from parcel_hpc.data.digest import json_digest, snapshot_digest
 from parcel_hpc.data.partition import Partition, PartitionName, load_final_partition, load_partition
 from parcel_hpc.data.schema import SCHEMA_VERSION, SNAPSHOT_FILENAME, SnapshotMeta, validate_snapshot
-from parcel_hpc.data.split import Split, SplitInfo, SplitMethod, assign_groups, assign_rows, make_group_split, make_random_split, read_split
+from parcel_hpc.data.split import Split, SplitInfo, SplitMethod, assign_group_folds, assign_groups, assign_rows, make_group_kfold_split, make_group_split, make_random_split, read_split
 from parcel_hpc.data.synthetic import SnapshotInfo, make_snapshot
 
 __all__ = [
@@ -32,12 +32,14 @@ __all__ = [
     "Split",
     "SplitInfo",
     "SplitMethod",
+    "assign_group_folds",
     "assign_groups",
     "assign_rows",
     "json_digest",
     "load_final_partition",
     "load_partition",
     "make_default_artifacts",
+    "make_group_kfold_split",
     "make_group_split",
     "make_random_split",
     "make_snapshot",

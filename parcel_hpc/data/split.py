@@ -39,11 +39,12 @@ _REVISION = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
 
 class SplitMethod(enum.Enum):
     GROUP = "group"
+    GROUP_KFOLD = "group_kfold"  # the final partition by shipment as GROUP, the rest K folds by shipment
     RANDOM = "random"
 
     @property
     def key(self) -> str:
-        return SHIPMENT_ID if self is SplitMethod.GROUP else ROW
+        return ROW if self is SplitMethod.RANDOM else SHIPMENT_ID
 
     def leaks_shipments(self) -> bool:
         return self is SplitMethod.RANDOM
@@ -142,6 +143,40 @@ def make_group_split(snapshot_path: str | os.PathLike, out_dir: str | os.PathLik
     return _make_split(SplitMethod.GROUP, snapshot_path, out_dir, seed, fractions, revision)
 
 
+def assign_group_folds(ids: Sequence[str], seed: int, k: int, final_fraction: float) -> tuple[tuple[str, ...], tuple[tuple[str, ...], ...]]:
+    """Shuffle the distinct ids with the seed, hold out the final partition, cut the rest into ``k``
+    folds of as equal a number of ids as can be: (final, folds)."""
+    distinct = sorted(set(ids))
+    if not isinstance(k, int) or isinstance(k, bool) or k < 2:
+        raise UsageError(f"split.folds={k!r} must be an integer of at least 2 (one validation fold, one to train on)")
+    n_final = max(1, math.floor(float(final_fraction) * len(distinct) + 0.5))
+    if not 0 < final_fraction < 1 or len(distinct) - n_final < k:
+        raise UsageError(f"{len(distinct)} shipments cannot give a final partition of {final_fraction} and {k} non-empty folds; use more shipments or fewer folds")
+    order = _permutation(len(distinct), seed)
+    final = tuple(sorted(distinct[i] for i in order[len(order) - n_final :]))
+    rest = order[: len(order) - n_final]
+    return final, tuple(tuple(sorted(distinct[i] for i in rest[f::k])) for f in range(k))
+
+
+def make_group_kfold_split(snapshot_path: str | os.PathLike, out_dir: str | os.PathLike, *, seed: int, folds: int = 5,
+                           final_fraction: float = 0.15, revision: str = "group_kfold_r1") -> SplitInfo:
+    """The final partition held out by shipment as a group split does; the rest cut into ``folds``
+    folds by shipment. The file's train and validation are fold 0's, so a reader that knows no
+    folds sees one honest split."""
+    split_path, final_path = split_paths(out_dir, revision)
+    _check_seed(seed)
+    with open_snapshot(snapshot_path) as f:
+        snapshot = digest_open_snapshot(f)
+        final, parts = assign_group_folds(np.char.decode(f[SHIPMENT_ID][:], "ascii").tolist(), seed, folds, final_fraction)
+    validation, train = parts[0], tuple(sorted(i for part in parts[1:] for i in part))
+    method = SplitMethod.GROUP_KFOLD
+    common = {"method": method.value, "key": method.key, "revision": revision, "snapshot_digest": snapshot, "seed": seed}
+    final_content = _sealed({"format": FINAL_FORMAT, **common, "final": list(final)})
+    split_content = _sealed({"format": SPLIT_FORMAT, **common, "final_fraction": float(final_fraction), "train": list(train),
+                             "validation": list(validation), "folds": [list(part) for part in parts], "final_digest": final_content[DIGEST_FIELD]})
+    return _write_split(method, revision, split_path, final_path, split_content, final_content, seed, (len(train), len(validation), len(final)))
+
+
 def make_random_split(snapshot_path: str | os.PathLike, out_dir: str | os.PathLike, *, seed: int,
                       fractions: Sequence[float] = (0.7, 0.15, 0.15), revision: str = "random_r7") -> SplitInfo:
     return _make_split(SplitMethod.RANDOM, snapshot_path, out_dir, seed, fractions, revision)
@@ -153,7 +188,8 @@ def read_split(path: str | os.PathLike) -> Split:
     try:
         return Split(method=_method(c, path), key=c["key"], revision=c["revision"], snapshot_digest=c["snapshot_digest"],
                      seed=c["seed"], train=tuple(c["train"]), validation=tuple(c["validation"]),
-                     final_digest=c["final_digest"], digest=c[DIGEST_FIELD], path=str(path))
+                     final_digest=c["final_digest"], digest=c[DIGEST_FIELD], path=str(path),
+                     folds=tuple(tuple(part) for part in c.get("folds", ())))
     except (KeyError, TypeError) as exc:
         raise CorruptRecord(f"{path} lacks field {exc}; regenerate the split under a new revision") from None
 
@@ -175,8 +211,7 @@ def split_paths(out_dir: str | os.PathLike, revision: str) -> tuple[Path, Path]:
 
 def _make_split(method: SplitMethod, snapshot_path, out_dir, seed, fractions, revision) -> SplitInfo:
     split_path, final_path = split_paths(out_dir, revision)
-    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-        raise UsageError(f"split seed must be a non-negative integer, got {seed!r}")
+    _check_seed(seed)
     with open_snapshot(snapshot_path) as f:
         n_rows = inspect_structure(f).n_frames
         snapshot = digest_open_snapshot(f)
@@ -193,12 +228,22 @@ def _make_split(method: SplitMethod, snapshot_path, out_dir, seed, fractions, re
     split_content = _sealed({"format": SPLIT_FORMAT, **common, "fractions": [float(x) for x in fractions],
                              "train": list(train), "validation": list(validation),
                              "final_digest": final_content[DIGEST_FIELD]})
-    ensure_dir(out_dir)
+    return _write_split(method, revision, split_path, final_path, split_content, final_content, seed, (len(train), len(validation), len(final)))
+
+
+def _write_split(method: SplitMethod, revision: str, split_path: Path, final_path: Path, split_content: dict[str, Any],
+                 final_content: dict[str, Any], seed: int, counts: tuple[int, int, int]) -> SplitInfo:
+    ensure_dir(split_path.parent)
     _write_once(final_path, final_content)
     _write_once(split_path, split_content)
     return SplitInfo(method=method, revision=revision, split_path=str(split_path), final_path=str(final_path),
                      split_digest=split_content[DIGEST_FIELD], final_digest=final_content[DIGEST_FIELD],
-                     snapshot_digest=snapshot, seed=seed, counts=(len(train), len(validation), len(final)))
+                     snapshot_digest=split_content["snapshot_digest"], seed=seed, counts=counts)
+
+
+def _check_seed(seed: int) -> None:
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise UsageError(f"split seed must be a non-negative integer, got {seed!r}")
 
 
 def _cut(n: int, seed: int, fractions: Sequence[float], unit: str) -> tuple[np.ndarray, ...]:
@@ -207,9 +252,13 @@ def _cut(n: int, seed: int, fractions: Sequence[float], unit: str) -> tuple[np.n
     n_train = n - n_val - n_final
     if n_train < 1:
         raise UsageError(f"{n} {unit} cannot be cut into {list(fr)} with every partition non-empty; use more {unit}")
-    # argsort of raw uniforms: a permutation that does not depend on numpy's shuffle algorithm
-    order = np.argsort(np.random.Generator(np.random.PCG64(seed)).random(n), kind="stable")
+    order = _permutation(n, seed)
     return order[:n_train], order[n_train : n_train + n_val], order[n_train + n_val :]
+
+
+def _permutation(n: int, seed: int) -> np.ndarray:
+    # argsort of raw uniforms: a permutation that does not depend on numpy's shuffle algorithm
+    return np.argsort(np.random.Generator(np.random.PCG64(seed)).random(n), kind="stable")
 
 
 def _check_fractions(fractions: Sequence[float]) -> tuple[float, float, float]:
@@ -264,6 +313,6 @@ def _method(c: dict[str, Any], path) -> SplitMethod:
 
 
 def _check_ids(method: SplitMethod, ids: Ids, part: str, path: str) -> None:
-    kind = str if method is SplitMethod.GROUP else int
+    kind = int if method is SplitMethod.RANDOM else str
     if not ids or not all(isinstance(i, kind) and not isinstance(i, bool) for i in ids) or len(set(ids)) != len(ids):
         raise CorruptRecord(f"{path}: {part} must be a non-empty list of distinct {kind.__name__} ids")
