@@ -2,6 +2,8 @@
 26.05 in sid), recorded by tests/slurm/record_sacct.py (scripts/newer-slurm.sh VERSION --record): the
 parser reads them all, and reconcile stays exact on what each version does with a preempted job."""
 
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,7 @@ from parcel_hpc.scheduler.slurm.sacct import SACCT_FORMAT, build_sacct_argv
 from parcel_hpc.scheduler.slurm.sacct_parse import parse_sacct
 from parcel_hpc.scheduler.slurm.states import JobState
 from parcel_hpc.scheduler.slurm.version import SlurmVersion
+from parcel_hpc.testing.fakeslurm import FakeSlurm
 
 FIXTURES = sorted((Path(__file__).parent / "fixtures" / "sacct").glob("preempt_requeue_*.txt"))
 CAPS = BudgetCaps(max_trials=10, gpu_hours_cap=1.0, cost_cap=10.0, rates=Rates(per_gpu_hour=2.0, per_cpu_hour=0.5))
@@ -138,3 +141,46 @@ def test_the_version_decides_what_sacct_is_asked_and_how_its_exit_statuses_read(
     assert build_sacct_argv([7], version=new)[4] == f"--format={SACCT_FORMAT},SLUID,Restarts"
     with pytest.raises(AccountingError, match="cannot read a Slurm version from 'slurm'"):
         SlurmVersion.parse("slurm")
+
+
+@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.stem)
+def test_the_fake_slurm_in_each_version_prints_that_version_s_rows(path, tmp_path):
+    """The fake cluster told a version answers as the recording of that version's real sacct does:
+    its version string, its columns (26.05's SLUID and Restarts when asked), its exit statuses."""
+    version = SlurmVersion(*_version(path))
+    fake = FakeSlurm.create(tmp_path / "fake", version=str(version), requeue_delay_s=0.5)
+    env = fake.env()
+
+    def sh(*argv: str) -> str:
+        proc = subprocess.run(list(argv), capture_output=True, text=True, env=env, timeout=60, check=False)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    assert SlurmVersion.parse(sh("sacct", "--version")) == version
+    killed = sh("sbatch", "--parsable", "-J", "rec-exit137", "-o", "/dev/null", "--wrap", "exit 137").strip()
+    requeued = sh("sbatch", "--parsable", "-J", "rec-victim", "-o", "/dev/null", "--wrap", f"touch {tmp_path}/ran.${{SLURM_RESTART_COUNT:-0}}; sleep 1").strip()
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "ran.0").exists():
+        assert time.monotonic() < deadline, "the job never ran"
+        time.sleep(0.1)
+    sh("scontrol", "requeue", requeued)
+    fake.wait_idle(timeout=60)
+    text = sh(*build_sacct_argv([killed, requeued], version=version)).encode()
+    recorded = [line.count("|") for line in path.read_text().splitlines() if "." not in line.split("|")[0]]
+    printed = [line.count("|") for line in text.decode().splitlines() if "." not in line.split("|")[0]]
+    assert set(printed) == set(recorded)  # every job row as many columns as the real one printed
+    runs = job_runs(parse_sacct(text, source="fake", allocations_only=True))
+    by_job = {r.job_id: [x for x in runs if x.job_id == r.job_id] for r in runs}
+    (exit137,) = by_job[killed]
+    assert (exit137.state, exit137.exit_status) == (JobState.FAILED, 137 if version.stores_whole_exit_status else 9)
+    assert [r.state for r in by_job[requeued]] == [JobState.REQUEUED, JobState.COMPLETED]
+    table = parse_sacct(text, source="fake", allocations_only=True)
+    if version.per_run_fields:
+        mine = [
+            (s, n)
+            for j, s, n in zip(table.column("job_id").to_pylist(), table.column("sluid").to_pylist(), table.column("restarts").to_pylist())
+            if j == requeued
+        ]
+        assert [n for _, n in mine] == [0, 1] and len({s for s, _ in mine}) == 2  # a run's own id; the requeues before it
+    else:
+        assert table.column("sluid").null_count == len(table)

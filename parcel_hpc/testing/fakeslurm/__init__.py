@@ -1,4 +1,5 @@
-"""A fake SLURM that behaves like SLURM 22.05 at the process boundary, for the fast tier of tests.
+"""A fake SLURM that behaves like SLURM 22.05 (or prints 24.11's or 26.05's text: ``version=``) at the
+process boundary, for the fast tier of tests.
 
 ``FakeSlurm.create(dir)`` writes a state directory with ``bin/sbatch``, ``squeue``, ``sacct``,
 ``scancel``, ``scontrol``, ``sinfo`` and ``srun`` wrappers and an ``etc/slurm.conf``; with its
@@ -36,9 +37,10 @@ class FakeSlurm:
     root: Path
 
     @classmethod
-    def create(cls, root: str | os.PathLike, *, nodes: int = 3, gpus: int = 4, **config: float) -> FakeSlurm:
+    def create(cls, root: str | os.PathLike, *, nodes: int = 3, gpus: int = 4, **config: float | str) -> FakeSlurm:
         """A fresh fake cluster in ``root``: ``nodes`` nodes n1.. with ``gpus`` GPUs each, the dev
-        cluster's partitions (low, high), and ``Config`` fields (``minute_s``, ``kill_wait_s``...)."""
+        cluster's partitions (low, high), and ``Config`` fields (``minute_s``, ``kill_wait_s``,
+        ``version``...)."""
         fake = cls(Path(root).resolve())
         fake.store.create(Config(**config), [Node(f"n{i}", gpus) for i in range(1, nodes + 1)])  # type: ignore[arg-type]
         for tool in TOOLS:

@@ -202,7 +202,7 @@ def _end_run(store: Store, config: Config, job: Job, rc: int, t: float) -> None:
     if rc == 0:
         batch = (State.COMPLETED.value, "0:0")
     elif rc > 0:
-        batch = (State.FAILED.value, f"{rc % 128 if rc > 128 else rc}:0")  # 22.05 stores statuses above 128 modulo 128
+        batch = (State.FAILED.value, f"{rc % 128 if rc > 128 and not config.stores_whole_exit_status else rc}:0")
     else:
         batch = (State.CANCELLED.value, f"0:{-rc}")
     if job.ending == State.NODE_FAIL.value:

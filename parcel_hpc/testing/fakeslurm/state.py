@@ -64,6 +64,20 @@ class Config:
     )
     max_array_size: int = 1001
     max_job_count: int = 10000
+    version: str = "22.05.8"  # the Slurm whose text it prints: 22.05.8, 24.11.5 or 26.05.5 (recorded from each)
+
+    def release(self) -> tuple[int, int]:
+        """(year, month) of ``version``: what changed between releases is told by it."""
+        major, minor = self.version.split(".")[:2]
+        return int(major), int(minor)
+
+    @property
+    def stores_whole_exit_status(self) -> bool:
+        return self.release() >= (25, 11)  # before, statuses above 128 are stored modulo 128
+
+    @property
+    def per_run_fields(self) -> tuple[str, ...]:
+        return ("SLUID", "Restarts") if self.release() >= (26, 5) else ()
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """The fake SLURM commands: sbatch, squeue, sacct, scancel, scontrol, sinfo and srun, each
-``main(store, argv) -> exit status``, printing what SLURM 22.05 prints for the command lines
-parcel_hpc (and submitit) issue.
+``main(store, argv) -> exit status``, printing what SLURM prints for the command lines parcel_hpc
+(and submitit) issue: 22.05's text, or 24.11's or 26.05's (``Config.version``: the exit statuses
+above 128 stored whole from 25.11, sacct's per-run SLUID and Restarts columns from 26.05).
 
 Owns: parsing each tool's options and printing its text (sacct's rows, one per run and step, as
 ``--duplicates`` lists them; squeue's ``--Format``/``-o`` fields). Must not: run or signal a job's
@@ -34,9 +35,6 @@ DBD_DOWN = (
 
 class _Refused(Exception):
     """A tool's one-line refusal, printed on stderr with exit status 1 as SLURM's tools do."""
-
-
-VERSION = "slurm 22.05.8"  # what `sacct --version` prints: the version whose output this fake prints
 
 
 class _Parser(argparse.ArgumentParser):
@@ -280,6 +278,7 @@ def _tres(job: Job, billing: bool) -> str:
 
 def _rows(job: Job, run: Run | None, t: float, steps: bool) -> list[dict[str, str]]:
     """sacct's rows for one run of ``job`` (None: its present pending or running state)."""
+    restarts = next((i for i, r in enumerate(job.runs) if r is run), len(job.runs))  # requeues before this run
     if run is None:
         pending = job.status is State.PENDING
         run = Run(job.state, "0:0", job.submit, 0.0 if pending else job.start, 0.0, "" if pending else job.node, "RUNNING", "0:0", job.reason)
@@ -290,21 +289,22 @@ def _rows(job: Job, run: Run | None, t: float, steps: bool) -> list[dict[str, st
         "Submit": _time(run.submit), "Start": _time(run.start), "End": _time(run.end), "ElapsedRaw": str(elapsed),
         "Elapsed": str(dt.timedelta(seconds=elapsed)), "AllocTRES": _tres(job, True) if run.node else "",
         "NodeList": run.node or "None assigned", "Partition": job.partition, "Account": job.account, "QOS": job.qos,
-        "User": job.user, "Reason": run.reason,
+        "User": job.user, "Reason": run.reason, "SLUID": f"sF{job.raw:08d}{restarts:04d}", "Restarts": str(restarts),
     }  # fmt: skip
     rows = [base]
     if steps and run.node and run.batch_state:
         for suffix, name in (("batch", "batch"), ("0", "python")) if run.stepped else (("batch", "batch"),):
             rows.append(
                 {**base, "JobID": f"{job.job_id}.{suffix}", "JobIDRaw": f"{job.raw}.{suffix}", "JobName": name, "State": run.batch_state,
-                 "ExitCode": run.batch_exit, "Submit": _time(run.start), "AllocTRES": _tres(job, False), "Partition": "", "QOS": "", "User": "", "Reason": ""}
+                 "ExitCode": run.batch_exit, "Submit": _time(run.start), "AllocTRES": _tres(job, False), "Partition": "", "QOS": "", "User": "", "Reason": "",
+                 "Restarts": ""}
             )  # fmt: skip
     return rows
 
 
 def sacct(store: Store, argv: list[str]) -> int:
     if argv == ["--version"]:  # answered without the database, as the real one does
-        print(VERSION)
+        print(f"slurm {store.config().version}")
         return 0
     if store.flag("dbd-down"):
         sys.stderr.write(DBD_DOWN)
@@ -318,7 +318,7 @@ def sacct(store: Store, argv: list[str]) -> int:
     cli = p.parse_args(argv)
     fields = (cli.format or "JobID,JobName,Partition,Account,AllocCPUS,State,ExitCode").split(",")
     for name in fields:
-        if name not in SACCT_KNOWN:
+        if name not in SACCT_KNOWN + store.config().per_run_fields:
             raise _Refused(f'sacct: error: Invalid field requested: "{name}"')
     ids = [i for group in cli.jobs for i in group.split(",")]
     t = now()
