@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import h5py
@@ -35,6 +36,8 @@ from parcel_hpc.data.entities import components, find_leak, group_leaks_away, sh
 from parcel_hpc.data.periods import assign_periods, kfold_fractions
 from parcel_hpc.data.split import _sealed, split_paths
 from parcel_hpc.errors import UsageError
+from parcel_hpc.testing import parcel_hpc
+from parcel_hpc.trainer import load_training_data
 
 SHIPMENTS = st.sampled_from([f"S{i}" for i in range(12)])
 PARCELS = st.sampled_from([f"P{i}" for i in range(16)])
@@ -307,3 +310,51 @@ def test_a_time_kfold_split_trains_each_fold_on_the_past_only(reshipped, tmp_pat
         assert max(when[s].max() for s in train) <= min(when[s].min() for s in validation)
         assert set(train) == set(split.train_only).union(*split.folds[:i])
     assert min(when[s].min() for s in final) >= max(when[s].max() for s in set(split.train) | set(split.validation))
+
+
+# --- what a time split is for ---------------------------------------------------------------------
+
+
+def _logistic(x: np.ndarray, y: np.ndarray, steps: int = 400, lr: float = 0.5, l2: float = 1e-3):
+    w, b = np.zeros(x.shape[1]), 0.0
+    for _ in range(steps):
+        g = 1.0 / (1.0 + np.exp(-(x @ w + b))) - y
+        w -= lr * (x.T @ g / len(y) + l2 * w)
+        b -= lr * g.mean()
+    return lambda q: q @ w + b
+
+
+def _auc(score: np.ndarray, y: np.ndarray) -> float:
+    ranks = np.argsort(np.argsort(score)) + 1
+    pos = int(y.sum())
+    return float((ranks[y].sum() - pos * (pos + 1) / 2) / (pos * (len(y) - pos)))
+
+
+def _validation_auc(snapshot: str, split) -> float:
+    """A logistic fit over the pinned preprocessing's features (fitted on the train part only)."""
+    data = load_training_data(snapshot, split, {"revision": "stats-r1", "pool": 4})
+    return _auc(_logistic(data.train.features, data.train.labels.astype(float))(data.validation.features), data.validation.labels)
+
+
+def _flattery(tmp_path: Path, *drift: str) -> tuple[float, float, float]:
+    """(time split, group split, group K-fold's mean over folds) validation AUCs of a snapshot the CLI makes."""
+    made = parcel_hpc(["make-snapshot", str(tmp_path), *drift])
+    assert made.returncode == 0, made.stderr
+    snapshot = str(tmp_path / "parcels.h5")
+    kfold = read_split(tmp_path / "split-group_kfold_r1.json")
+    out_of_fold = [_validation_auc(snapshot, replace(kfold, train=kfold.fold(i)[0], validation=kfold.fold(i)[1])) for i in range(kfold.fold_count)]
+    return (
+        _validation_auc(snapshot, read_split(tmp_path / "split-time_r1.json")),
+        _validation_auc(snapshot, read_split(tmp_path / "split-group_r8.json")),
+        float(np.mean(out_of_fold)),
+    )
+
+
+def test_on_a_drifting_snapshot_a_time_split_scores_lower_than_the_group_split_that_flatters_it(tmp_path):
+    """The synthetic drift (new lighting and review policy for the latest shipments): a model trained on
+    the past meets it on the next shipments, as in deployment; the group split trains on every period."""
+    time_auc, group_auc, kfold_auc = _flattery(tmp_path / "drift", "--drift", "1")
+    assert time_auc < group_auc and time_auc < kfold_auc
+    # The drift is what opens the gap: the same snapshot without it flatters less.
+    still_time, still_group, still_kfold = _flattery(tmp_path / "still")
+    assert group_auc - time_auc > still_group - still_time and kfold_auc - time_auc > still_kfold - still_time

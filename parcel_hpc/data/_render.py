@@ -14,11 +14,13 @@ Cameras differ in gain, offset, blur and noise; cam_c (dark, blurred, noisy) is 
 Shipments share a box tone, tape, belt shade and damage rate, so frames of one shipment are
 correlated: a split that lets a shipment straddle partitions flatters the validation score.
 
-Time: shipments arrive in order, every six hours; each frame has a capture time. With ``drift``,
-damage fades over time (its marks lose up to 60% of their contrast by the last shipment, as if
-a new box material hid it), so a split that validates on shipments from every period flatters the
-score a model will see on the next shipments. With ``reshipped``, a few parcels are shipped again
-in one of the next two shipments: the same parcel (id, damage, label, box) seen again.
+Time: shipments arrive in order, every six hours; each frame has a capture time. With ``drift``
+(0..1), the last ``30% x drift`` of the shipments come after a switch: new lighting shows every
+damage mark with its contrast reversed (bright where it was dark), and a new review policy flags
+wet parcels, which were not reviewed before. A model trained on the past meets both on the next
+shipments, while a split that validates on shipments from every period has trained on both: it
+flatters the score. With ``reshipped``, a few parcels are shipped again in one of the next two
+shipments: the same parcel (id, damage, label, box) seen again.
 
 Determinism on any machine: every random number comes from ``Generator(PCG64(seed)).random()``
 (raw 53-bit doubles, a stream numpy keeps stable); normals, integers and categorical draws are
@@ -47,7 +49,7 @@ _DAMAGE_WEIGHTS = (0.18, 0.30, 0.26, 0.26)  # crushed, torn, wet, puncture, give
 # Per camera: gain, offset, blur passes of [1/4, 1/2, 1/4], noise sigma (in 0..1 units).
 _CAMERAS = ((1.00, 0.00, 0, 0.025), (1.12, 0.04, 1, 0.05), (0.80, -0.03, 2, 0.14))
 _START_S, _SHIPMENT_EVERY_S = 1_767_225_600.0, 6 * 3600.0  # 2026-01-01 UTC; a shipment every six hours
-_FADE = 0.6  # the share of a damage mark's contrast lost by the last shipment at drift=1
+_SWITCH = 0.3  # at drift=1, the last 30% of the shipments come after the switch (new lighting, new review policy)
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,7 @@ def render(seed: int, n_shipments: int, parcels_per_shipment: tuple[int, int], f
     ship = np.repeat(np.arange(n_shipments), counts)
     camera = d.categorical(_CAMERA_WEIGHTS, n_parcels)
     damaged = d.uniform(0.0, 1.0, n_parcels) < ship_rough[ship]
+    when = np.arange(n_shipments) / max(1, n_shipments - 1)  # 0 for the first shipment .. 1 for the last
     damage = np.where(damaged, 1 + d.categorical(_DAMAGE_WEIGHTS, n_parcels), NONE)
     flipped = d.uniform(0.0, 1.0, n_parcels) < label_noise  # an annotator's mistake, per parcel
     review = (damage != NONE) ^ flipped
@@ -124,6 +127,8 @@ def render(seed: int, n_shipments: int, parcels_per_shipment: tuple[int, int], f
     extra = _Draw([seed, 1])  # a second stream: the draws above and below stay what they were
     ship_start = _START_S + _SHIPMENT_EVERY_S * np.arange(n_shipments) + extra.uniform(0.0, 3600.0, n_shipments)
     identity = _reship(extra, ship, counts, first_parcel, reshipped)
+    switched = when[ship] >= 1.0 - _SWITCH * drift if drift else np.zeros(n_parcels, dtype=bool)  # per parcel
+    review = np.where((damage == WET) & ~switched, flipped, review) if drift else review  # the old policy: wet is not reviewed
     if reshipped:  # the slot shows the first shipment's parcel again: its box, damage and label
         damage, review, hw, hh, tone, tear_y, tear_len, tear_walk = (a[identity] for a in (damage, review, hw, hh, tone, tear_y, tear_len, tear_walk))
         wet_x, wet_y, wet_sigma, wet_depth, hole_x, hole_y, hole_r, corner, dent = (
@@ -151,14 +156,14 @@ def render(seed: int, n_shipments: int, parcels_per_shipment: tuple[int, int], f
     belt = ship_belt[ship][p][:, None, None] + 0.04 * (Y / size - 0.5)
     box = col(tone) + np.where(col(ship_tape[ship]) & (np.abs(ry + 0.5) < 1.5), 0.12, 0.0)
     img = np.where(inside, np.where(edge, col(tone) - 0.15, box), belt)
-    # How much of a damage mark's contrast shows: all of it without drift (the same arithmetic as before).
-    fade = col(1.0 - _FADE * drift * ship / max(1, n_shipments - 1)) if drift else None
+    # Which way a damage mark's contrast goes: reversed under the new lighting; without drift, the same arithmetic as before.
+    glare = col(np.where(switched, -1.0, 1.0)) if drift else None
 
     def shade(img, mask, delta):
-        return np.where(mask, img + (delta if fade is None else fade * delta), img)
+        return np.where(mask, img + (delta if glare is None else glare * delta), img)
 
     def paint(img, mask, value):
-        return np.where(mask, value if fade is None else img + fade * (value - img), img)
+        return np.where(mask, value if glare is None else img + glare * (value - img), img)
 
     # torn: the gap follows the parcel's random walk, indexed by box column
     idx = np.clip(X - jx[:, None, None], 0, size - 1)  # (N, 1, W): box column of each pixel column
@@ -169,7 +174,7 @@ def render(seed: int, n_shipments: int, parcels_per_shipment: tuple[int, int], f
     img = shade(img, tear & (ry - line >= -2.1) & (ry - line < -1.1), 0.10)
     # wet: a soft darker blotch
     g = np.exp(-((rx - col(wet_x)) ** 2 + (ry - col(wet_y)) ** 2) / (2.0 * col(wet_sigma) ** 2))
-    depth = col(wet_depth) if fade is None else fade * col(wet_depth)
+    depth = col(wet_depth) if glare is None else glare * col(wet_depth)
     img = np.where((kind == WET) & inside, img * (1.0 - depth * g), img)
     # puncture: a hole and its shadow
     r2 = (rx - col(hole_x)) ** 2 + (ry - col(hole_y)) ** 2

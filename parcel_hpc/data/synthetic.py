@@ -65,12 +65,13 @@ def make_snapshot(
     """Write a deterministic synthetic snapshot; the same arguments give the same digest anywhere.
 
     Every frame gets a capture time (shipments arrive in order). ``reshipped`` parcels appear again
-    in a later shipment; ``drift`` (0..1) fades damage over time (see _render.py)."""
+    in a later shipment; with ``drift`` (0..1) the last 30% x drift of the shipments come after a
+    switch of lighting and review policy (see _render.py)."""
     _check_args(seed, n_shipments, parcels_per_shipment, frames_per_parcel, image_size, label_noise)
     if isinstance(reshipped, bool) or not isinstance(reshipped, int) or reshipped < 0:
         raise UsageError(f"reshipped is {reshipped!r}; give how many parcels to ship again, 0 or more")
     if not 0.0 <= drift <= 1.0:
-        raise UsageError(f"drift is {drift!r}; give 0 (none) to 1 (damage loses 60% of its contrast by the last shipment)")
+        raise UsageError(f"drift is {drift!r}; give 0 (none) to 1 (the last 30% of the shipments come after a switch of lighting and review policy)")
     out = ensure_dir(out_dir)
     target = out / S.SNAPSHOT_FILENAME
     t0 = clock()
