@@ -21,7 +21,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--reshipped", type=int, default=0, metavar="N", help="parcels shipped a second time, in a later shipment")
-    parser.add_argument("--drift", type=float, default=0.0, metavar="X", help="0..1: the last 30%% x X of the shipments come after a switch of lighting and review policy")
+    parser.add_argument(
+        "--drift", type=float, default=0.0, metavar="X", help="0..1: the last 30%% x X of the shipments follow a switch of lighting and review policy"
+    )
     parser.add_argument("--assign", type=Path, metavar="FILE", help='a JSON object {"<shipment_id>": "train" | "validation" | "final", ...}')
     parser.add_argument("--revision", help="the revision of the --assign split")
     parser.add_argument("--group-leaks", action="store_true", help="with --assign: move each component that crosses partitions into its latest one")
