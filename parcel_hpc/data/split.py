@@ -247,6 +247,8 @@ def make_assigned_split(snapshot_path: str | os.PathLike, out_dir: str | os.Path
     if group_leaks:
         index = group_leaks_away(index, made.entities.together())
     parts = tuple(tuple(sorted(s for s, i in index.items() if i == k)) for k in range(len(_PARTS)))
+    if not all(parts):
+        raise UsageError(f"partition {_PARTS[[bool(p) for p in parts].index(False)]!r} would hold no shipment; assign at least one shipment to each of {list(_PARTS)}")
     return made.write(SplitMethod.GROUP, out_dir, revision, 0, parts, {"assigned": True}, fix=_GROUP_AWAY)
 
 
