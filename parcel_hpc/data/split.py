@@ -165,8 +165,8 @@ def assign_rows(n_rows: int, seed: int, fractions: Sequence[float]) -> tuple[tup
 def make_group_split(snapshot_path: str | os.PathLike, out_dir: str | os.PathLike, *, seed: int,
                      fractions: Sequence[float] = (0.7, 0.15, 0.15), revision: str = "group_r8") -> SplitInfo:
     _check_seed(seed)
-    with _Made(snapshot_path) as made:
-        parts = assign_groups(made.entities.shipments.tolist(), seed, fractions, made.entities.together())
+    made = _Source.read(snapshot_path)
+    parts = assign_groups(made.entities.shipments.tolist(), seed, fractions, made.entities.together())
     return made.write(SplitMethod.GROUP, out_dir, revision, seed, parts, {"fractions": [float(x) for x in fractions]})
 
 
@@ -196,8 +196,8 @@ def make_group_kfold_split(snapshot_path: str | os.PathLike, out_dir: str | os.P
     folds by shipment. The file's train and validation are fold 0's, so a reader that knows no
     folds sees one honest split."""
     _check_seed(seed)
-    with _Made(snapshot_path) as made:
-        final, parts = assign_group_folds(made.entities.shipments.tolist(), seed, folds, final_fraction, made.entities.together())
+    made = _Source.read(snapshot_path)
+    final, parts = assign_group_folds(made.entities.shipments.tolist(), seed, folds, final_fraction, made.entities.together())
     train = tuple(sorted(i for part in parts[1:] for i in part))
     return made.write(SplitMethod.GROUP_KFOLD, out_dir, revision, seed, (train, parts[0], final),
                       {"final_fraction": float(final_fraction)}, folds=parts)
@@ -209,8 +209,8 @@ def make_time_split(snapshot_path: str | os.PathLike, out_dir: str | os.PathLike
     (fractions count shipments; each boundary falls where no component straddles it, periods.py).
     Nothing is drawn at random: the file's seed is 0."""
     fr = _check_fractions(fractions)
-    with _Made(snapshot_path) as made:
-        parts = assign_periods(made.entities.shipments.tolist(), made.times(), made.entities.together(), fr)
+    made = _Source.read(snapshot_path)
+    parts = assign_periods(made.entities.shipments.tolist(), made.times(), made.entities.together(), fr)
     return made.write(SplitMethod.TIME, out_dir, revision, 0, parts, {"fractions": list(fr)})
 
 
@@ -221,8 +221,8 @@ def make_time_kfold_split(snapshot_path: str | os.PathLike, out_dir: str | os.Pa
     it (forward chaining). The file's train and validation are the last fold's: a reader that knows
     no folds sees the time split nearest deployment."""
     shares = kfold_fractions(folds, final_fraction)
-    with _Made(snapshot_path) as made:
-        periods = assign_periods(made.entities.shipments.tolist(), made.times(), made.entities.together(), shares)
+    made = _Source.read(snapshot_path)
+    periods = assign_periods(made.entities.shipments.tolist(), made.times(), made.entities.together(), shares)
     head, parts, final = periods[0], periods[1:-1], periods[-1]
     train = tuple(sorted(i for part in (head, *parts[:-1]) for i in part))
     return made.write(SplitMethod.TIME_KFOLD, out_dir, revision, 0, (train, parts[-1], final),
@@ -234,8 +234,8 @@ def make_assigned_split(snapshot_path: str | os.PathLike, out_dir: str | os.Path
     """A group split whose partitions the user chose: ``assignment`` maps every shipment id to
     ``train``, ``validation`` or ``final``. One whose parcels (or declared groups) cross partitions is
     refused; ``group_leaks`` moves each crossing component whole into its latest partition instead."""
-    with _Made(snapshot_path) as made:
-        known = set(made.entities.shipments.tolist())
+    made = _Source.read(snapshot_path)
+    known = set(made.entities.shipments.tolist())
     missing, unknown = sorted(known - set(assignment)), sorted(set(assignment) - known)
     if missing or unknown:
         what = f"shipment {missing[0]!r} has no partition" if missing else f"shipment {unknown[0]!r} is not in the snapshot"
@@ -255,8 +255,8 @@ def make_assigned_split(snapshot_path: str | os.PathLike, out_dir: str | os.Path
 def make_random_split(snapshot_path: str | os.PathLike, out_dir: str | os.PathLike, *, seed: int,
                       fractions: Sequence[float] = (0.7, 0.15, 0.15), revision: str = "random_r7") -> SplitInfo:
     _check_seed(seed)
-    with _Made(snapshot_path) as made:
-        parts = assign_rows(len(made.entities.shipments), seed, fractions)
+    made = _Source.read(snapshot_path)
+    parts = assign_rows(len(made.entities.shipments), seed, fractions)
     return made.write(SplitMethod.RANDOM, out_dir, revision, seed, parts, {"fractions": [float(x) for x in fractions]})
 
 
@@ -308,21 +308,19 @@ _PARTS = ("train", "validation", "final")
 _GROUP_AWAY = "assign its shipments to one partition, or ask to group leaks away (group_leaks=True, --group-leaks) to move each crossing component into its latest partition"
 
 
-class _Made:
-    """A split being made: the snapshot's digest and entities, read once; then its files, written
-    only when no entity crosses its partitions (a random split excepted: it leaks by design)."""
+@dataclass(frozen=True)
+class _Source:
+    """The snapshot a split is made from, read once (digest and entities); ``write`` writes the
+    split's files only when no entity crosses its partitions (a random split leaks by design)."""
 
-    def __init__(self, snapshot_path: str | os.PathLike) -> None:
-        self.path = snapshot_path
-        self.f = open_snapshot(snapshot_path)
+    path: str
+    snapshot: str  # its content digest
+    entities: Entities
 
-    def __enter__(self) -> _Made:
-        self.snapshot = digest_open_snapshot(self.f)
-        self.entities: Entities = read_entities(self.f)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.f.close()
+    @classmethod
+    def read(cls, snapshot_path: str | os.PathLike) -> _Source:
+        with open_snapshot(snapshot_path) as f:
+            return cls(str(snapshot_path), digest_open_snapshot(f), read_entities(f))
 
     def times(self) -> np.ndarray:
         if self.entities.capture_time is None:
