@@ -18,6 +18,7 @@ from parcel_hpc.data import (
     SplitMethod,
     assign_group_folds,
     assign_groups,
+    json_digest,
     make_assigned_split,
     make_group_kfold_split,
     make_group_split,
@@ -34,7 +35,7 @@ from parcel_hpc.data import (
 )
 from parcel_hpc.data.entities import components, find_leak, group_leaks_away, shipment_components
 from parcel_hpc.data.periods import assign_periods, kfold_fractions
-from parcel_hpc.data.split import _sealed, split_paths
+from parcel_hpc.data.split import split_paths
 from parcel_hpc.errors import UsageError
 from parcel_hpc.testing import parcel_hpc
 from parcel_hpc.trainer import load_training_data
@@ -181,6 +182,10 @@ def test_the_generator_ships_parcels_twice_and_every_honest_split_keeps_them_in_
         assert split_leak(entities, split) is None
     random = read_split(make_random_split(reshipped, tmp_path, seed=1, revision="rnd").split_path)
     assert split_leak(entities, random).column == "shipment_id"
+
+
+def _sealed(content: dict) -> dict:
+    return content | {"digest": json_digest(content)}
 
 
 def _old_group_split(path, out_dir, revision: str) -> str:
@@ -358,3 +363,21 @@ def test_on_a_drifting_snapshot_a_time_split_scores_lower_than_the_group_split_t
     # The drift is what opens the gap: the same snapshot without it flatters less.
     still_time, still_group, still_kfold = _flattery(tmp_path / "still")
     assert group_auc - time_auc > still_group - still_time and kfold_auc - time_auc > still_kfold - still_time
+
+
+def test_make_snapshot_refuses_a_leaking_assignment_in_one_line_and_groups_it_away_when_asked(tmp_path):
+    assert parcel_hpc(["make-snapshot", str(tmp_path), "--reshipped", "4", "--drift", "0.5"]).returncode == 0
+    cols = _frames(tmp_path / "parcels.h5")
+    crossing = next(p for p in np.unique(cols["parcel_id"]) if len(set(cols["shipment_id"][cols["parcel_id"] == p])) == 2)
+    later = max(cols["shipment_id"][cols["parcel_id"] == crossing])
+    shipments = sorted(set(cols["shipment_id"].tolist()))
+    assignment = {s: "final" if s == shipments[-1] else "validation" if s in (later, shipments[-2]) else "train" for s in shipments}
+    (tmp_path / "mine.json").write_text(json.dumps(assignment))
+    args = ["make-snapshot", str(tmp_path), "--assign", str(tmp_path / "mine.json"), "--revision", "mine_r1"]
+    refused = parcel_hpc(args)
+    lines = [line for line in refused.stderr.splitlines() if line.strip()]
+    assert refused.returncode == 2 and len(lines) == 1 and f"parcel_id '{crossing}' lies in train and validation" in lines[0], refused.stderr
+    assert not (tmp_path / "split-mine_r1.json").exists()
+    grouped = parcel_hpc([*args, "--group-leaks"])
+    assert grouped.returncode == 0, grouped.stderr
+    assert set(read_split(tmp_path / "split-mine_r1.json").validation) >= set(cols["shipment_id"][cols["parcel_id"] == crossing])
