@@ -34,7 +34,7 @@ from parcel_hpc.errors import CorruptRecord, UsageError
 
 # Golden digest of make_snapshot(seed=0, n_shipments=5). If it changes, the generator draws
 # different parcels for the same seed: bump GENERATOR in synthetic.py and update this value.
-GOLDEN_SMALL = "sha256:2f19a3d181b7210dfde8441c3bf8848ec9c08cbc64b45a52dbbadd0782480506"
+GOLDEN_SMALL = "sha256:a87cf8f098685a071fe6252203023c7032d7019551a0456eecd378a9e68a610c"
 
 
 @pytest.fixture(scope="module")

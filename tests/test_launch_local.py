@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+from test_splits import _old_group_split
 
 from parcel_hpc.data import make_snapshot
 from parcel_hpc.governance.contract import load_contract
@@ -89,6 +90,27 @@ def test_random_split_cannot_start_a_search(tmp_path, data_dir):
     res = run(tmp_path, data_dir, "split=random_r7", "search.n_trials=1")
     assert res.returncode == 3 and res.stdout.splitlines()[0] == "reject:split_method"
     assert not search_dir(tmp_path).exists()
+
+
+def test_a_split_that_leaks_a_reshipped_parcel_cannot_start_a_search(tmp_path):
+    """A group split made by shipment alone, before splits were checked, on a snapshot whose parcel
+    travelled in two shipments: a new search refuses it in one line before anything is written."""
+    data = tmp_path / "leaky"
+    snap = make_snapshot(data, seed=0, reshipped=4)
+    _old_group_split(snap.path, data, "group_r8")
+    res = run(tmp_path, data, "search.n_trials=1")
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert res.returncode == 2 and len(lines) == 1, res.stderr
+    assert "leaks: parcel_id 'SHP-" in lines[0] and " lies in " in lines[0] and "make a new split revision" in lines[0]
+    assert not search_dir(tmp_path).exists()
+
+
+@pytest.mark.parametrize("split,method", [("time_r1", "time"), ("time_kfold_r1", "time_kfold"), ("group_kfold_r1", "group_kfold")])
+def test_a_search_pins_the_boundary_it_validates_across(tmp_path, data_dir, split, method):
+    res = run(tmp_path, data_dir, f"split={split}", "search.n_trials=0")
+    assert res.returncode == 0, res.stderr
+    contract = load_contract(search_dir(tmp_path))
+    assert contract["split_method"] == method and contract["split_revision"] == split
 
 
 def test_pinned_snapshot_digest_must_match(tmp_path, data_dir):

@@ -2,7 +2,8 @@
 
 Owns the rule that a digest names content, never a file: the snapshot digest hashes a canonical
 header (format tag, root attributes, each dataset's name, little-endian dtype, shape and label
-names) followed by each dataset's bytes in the schema's order, read in row blocks so a large
+names) followed by each dataset's bytes in the schema's order (then the optional ``capture_time``
+and the declared group columns, each only when present), read in row blocks so a large
 real snapshot is never held in memory. Path, mtime, HDF5 chunking, compression and file layout
 do not enter it; one changed pixel does.
 
@@ -19,7 +20,7 @@ import h5py
 import numpy as np
 
 from parcel_hpc.fsio import canonical_json
-from parcel_hpc.data.schema import DATASETS, LABELLED, inspect_structure, label_names, open_snapshot
+from parcel_hpc.data.schema import DATASETS, GROUP_COLUMNS_ATTR, LABELLED, OPTIONAL_DATASETS, inspect_structure, label_names, open_snapshot
 
 DIGEST_FORMAT = "parcel-snapshot-digest/1"
 DIGEST_FIELD = "digest"
@@ -34,13 +35,13 @@ def snapshot_digest(path: str | os.PathLike) -> str:
 
 def digest_open_snapshot(f: h5py.File) -> str:
     meta = inspect_structure(f)
-    header = {
-        "format": DIGEST_FORMAT,
-        "attrs": {"schema_version": meta.schema_version, "generator": meta.generator, "seed": meta.seed},
-        "datasets": [_describe(f[name]) for name in DATASETS],
-    }
+    attrs: dict[str, Any] = {"schema_version": meta.schema_version, "generator": meta.generator, "seed": meta.seed}
+    if meta.group_columns:  # only when declared: a snapshot without the optional parts keeps its digest
+        attrs[GROUP_COLUMNS_ATTR] = list(meta.group_columns)
+    hashed = (*DATASETS, *(name for name in OPTIONAL_DATASETS if name in f), *meta.group_columns)
+    header = {"format": DIGEST_FORMAT, "attrs": attrs, "datasets": [_describe(f[name]) for name in hashed]}
     h = hashlib.sha256(canonical_json(header).encode("ascii"))
-    for name in DATASETS:
+    for name in hashed:
         _hash_rows(h, f[name])
     return "sha256:" + h.hexdigest()
 

@@ -5,6 +5,10 @@ against them (``validate_snapshot``), so a user's own snapshot of real images is
 rules the synthetic generator follows. docs/snapshot-format.md is the user-facing description of
 the same rules; keep the two in step.
 
+Optional parts, each held to its rules when present: a ``capture_time`` column (time-ordered
+splits) and a ``group_columns`` root attribute naming further per-frame id columns (entities a
+split must never cut apart, as it never cuts a shipment or a parcel).
+
 Must not: generate data, compute digests or read partitions (synthetic.py, digest.py, partition.py).
 Every refusal is a one-line UsageError naming the dataset or attribute and the fix.
 """
@@ -36,6 +40,13 @@ DATASETS = (IMAGES, NEEDS_REVIEW, SHIPMENT_ID, PARCEL_ID, FRAME, DAMAGE_TYPE, CA
 LABELLED = (DAMAGE_TYPE, CAMERA_CLASS)  # small-int codes with their names in a ``labels`` attribute
 ID_COLUMNS = (SHIPMENT_ID, PARCEL_ID)  # fixed-length ASCII byte strings
 LABELS_ATTR = "labels"
+# Optional, digested when present: when each frame was captured (seconds; any epoch, only the order
+# matters), for time-ordered splits. A snapshot without it keeps the digest it always had.
+CAPTURE_TIME = "capture_time"
+OPTIONAL_DATASETS = (CAPTURE_TIME,)
+# Optional root attribute: the names of further per-frame id columns (ASCII, as the id columns) that
+# group frames which must never be split apart, e.g. a customer or a production batch.
+GROUP_COLUMNS_ATTR = "group_columns"
 
 REQUIRED_ROOT_ATTRS = ("schema_version", "generator")
 OPTIONAL_ROOT_ATTRS = ("seed",)  # synthetic snapshots only: a real snapshot has no seed
@@ -58,6 +69,8 @@ class SnapshotMeta:
     schema_version: str
     generator: str
     seed: int | None  # None for a snapshot that was not generated
+    has_capture_time: bool = False  # the optional capture_time dataset is present
+    group_columns: tuple[str, ...] = ()  # further id columns the snapshot declares (GROUP_COLUMNS_ATTR)
 
     def __post_init__(self) -> None:
         if self.n_frames <= 0:
@@ -113,13 +126,17 @@ def inspect_structure(f: h5py.File) -> SnapshotMeta:
     if images.dtype not in IMAGE_DTYPES:
         raise UsageError(f"dataset {IMAGES} has dtype {images.dtype}; store uint8 (0..255) or float32 (0..1) pixels")
     n = images.shape[0]
-    for name in DATASETS[1:]:
+    groups = _group_columns(f)
+    has_time = CAPTURE_TIME in f
+    for name in (*DATASETS[1:], *(opt for opt in OPTIONAL_DATASETS if opt in f), *groups):
         ds = f[name]
-        if ds.shape != (n,):
-            raise UsageError(f"dataset {name} has shape {ds.shape}; it must be ({n},), one value per image")
+        if not isinstance(ds, h5py.Dataset) or ds.shape != (n,):
+            raise UsageError(f"dataset {name} has shape {getattr(ds, 'shape', None)}; it must be ({n},), one value per image")
     _check_kind(f[NEEDS_REVIEW], "biu", "uint8 0/1 (or bool)")
     _check_kind(f[FRAME], "iu", "an integer frame index")
-    for name in ID_COLUMNS:
+    if has_time:
+        _check_kind(f[CAPTURE_TIME], "iuf", "capture times in seconds (integer or float)")
+    for name in (*ID_COLUMNS, *groups):
         ds = f[name]
         if ds.dtype.kind != "S" or not 1 <= ds.dtype.itemsize <= MAX_ID_BYTES:
             raise UsageError(
@@ -138,6 +155,8 @@ def inspect_structure(f: h5py.File) -> SnapshotMeta:
         schema_version=root["schema_version"],
         generator=root["generator"],
         seed=root.get("seed"),
+        has_capture_time=has_time,
+        group_columns=groups,
     )
 
 
@@ -157,8 +176,10 @@ def validate_snapshot(path: str | os.PathLike) -> SnapshotMeta:
             _check_range(f[FRAME][rows], FRAME, 0, None, "number the frames of a parcel from 0")
             _check_range(f[DAMAGE_TYPE][rows], DAMAGE_TYPE, 0, n_damage - 1, f"codes index its labels {list(meta.damage_labels)}")
             _check_range(f[CAMERA_CLASS][rows], CAMERA_CLASS, 0, n_camera - 1, f"codes index its labels {list(meta.camera_labels)}")
-            for name in ID_COLUMNS:
+            for name in (*ID_COLUMNS, *meta.group_columns):
                 _check_ids(f[name][rows], name, start)
+            if meta.has_capture_time:
+                _check_finite(f[CAPTURE_TIME][rows], start)
     return meta
 
 
@@ -183,6 +204,30 @@ def _root_attrs(f: h5py.File) -> dict[str, Any]:
             raise UsageError(f"snapshot {f.filename} root attribute 'seed' must be one integer; delete it for a real snapshot")
         out["seed"] = int(seed)
     return out
+
+
+def _group_columns(f: h5py.File) -> tuple[str, ...]:
+    """The declared group columns: distinct names of datasets other than the format's own."""
+    if GROUP_COLUMNS_ATTR not in f.attrs:
+        return ()
+    fix = f"set f.attrs['{GROUP_COLUMNS_ATTR}'] = np.array(['customer_id', ...], dtype='S'), each naming a per-frame id dataset"
+    try:
+        names = tuple(attr_text(v) for v in np.atleast_1d(np.asarray(f.attrs[GROUP_COLUMNS_ATTR])))
+    except (TypeError, UnicodeDecodeError):
+        raise UsageError(f"snapshot {f.filename} root attribute '{GROUP_COLUMNS_ATTR}' is not a list of strings; {fix}") from None
+    taken = set(DATASETS) | set(OPTIONAL_DATASETS)
+    if not names or len(set(names)) != len(names) or any(not n or n in taken for n in names):
+        raise UsageError(f"snapshot {f.filename} root attribute '{GROUP_COLUMNS_ATTR}' must name distinct datasets other than the format's own, got {list(names)}; {fix}")
+    for name in names:
+        if name not in f:
+            raise UsageError(f"snapshot {f.filename} declares group column '{name}' but has no such dataset; add it (one id per image) or drop it from '{GROUP_COLUMNS_ATTR}'")
+    return names
+
+
+def _check_finite(values: np.ndarray, offset: int) -> None:
+    bad = ~np.isfinite(values.astype(np.float64))
+    if bad.any():
+        raise UsageError(f"dataset {CAPTURE_TIME} row {offset + int(np.argmax(bad))} is not a finite number; give every image its capture time in seconds")
 
 
 def _check_kind(ds: h5py.Dataset, kinds: str, what: str) -> None:

@@ -6,12 +6,17 @@ final partition's ids; read only by the one-time final evaluation). Each file ca
 of its own canonical content; readers recompute it. A revision is immutable: writing it again with
 the same content is a no-op, with different content a refusal.
 
-Two methods: ``group`` keeps every frame of a shipment in one partition (the only honest one, since
-frames of a shipment share box, belt and handling); ``random`` assigns frames at random and so
+Methods: ``group`` keeps every frame of a shipment in one partition (frames of a shipment share box,
+belt and handling), and with it every shipment joined to it by a shared parcel or declared group
+column (entities.py); ``group_kfold`` holds the final partition out so and cuts the rest into K folds;
+``time`` trains on the past, validates on later shipments and holds the latest period out, and
+``time_kfold`` chains K folds forward in time (periods.py). ``random`` assigns frames at random and so
 leaks shipments across partitions. It exists so that governance has something real to reject.
+Every other split is checked when it is made: one whose entities cross partitions is refused
+(``split_leak`` names the entity), and a user's own assignment may ask to group the leak away.
 
 The assignment functions are pure; must not: read pixels or hand out the final ids to a trial
-(``read_split`` never opens the final file).
+(``read_split`` never opens the final file; the leak check counts as final whatever is in no fold).
 """
 
 from __future__ import annotations
@@ -22,14 +27,17 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from parcel_hpc.errors import CorruptRecord, UsageError
 from parcel_hpc.fsio import create_exclusive_json, ensure_dir, read_json
 from parcel_hpc.data.digest import DIGEST_FIELD, digest_open_snapshot, json_digest
-from parcel_hpc.data.schema import SHIPMENT_ID, inspect_structure, open_snapshot
+from parcel_hpc.data.entities import Entities, Leak, find_leak, group_leaks_away, read_entities
+from parcel_hpc.data.periods import assign_periods, kfold_fractions
+from parcel_hpc.data.schema import CAPTURE_TIME, SHIPMENT_ID, open_snapshot
 
 SPLIT_FORMAT = "parcel-split/1"
 FINAL_FORMAT = "parcel-final/1"
@@ -40,6 +48,8 @@ _REVISION = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
 class SplitMethod(enum.Enum):
     GROUP = "group"
     GROUP_KFOLD = "group_kfold"  # the final partition by shipment as GROUP, the rest K folds by shipment
+    TIME = "time"  # train on the past, validate on later shipments, the latest period final
+    TIME_KFOLD = "time_kfold"  # the latest period final; fold i validates on a period after all it trains on
     RANDOM = "random"
 
     @property
@@ -48,6 +58,10 @@ class SplitMethod(enum.Enum):
 
     def leaks_shipments(self) -> bool:
         return self is SplitMethod.RANDOM
+
+    def chains_folds(self) -> bool:
+        """Fold i trains only on what comes before it (time), not on every other fold."""
+        return self is SplitMethod.TIME_KFOLD
 
 
 Ids = tuple[str, ...] | tuple[int, ...]  # shipment ids (group) or row numbers (random)
@@ -67,29 +81,36 @@ class Split:
     final_digest: str
     digest: str  # of the split file's content; recomputed by read_split
     path: str
-    # K folds of the non-final ids (disjoint, covering train + validation once); () for one split
+    # K validation folds of the non-final ids; with train_only, disjoint and covering train + validation once; () for one split
     folds: tuple[Ids, ...] = ()
+    train_only: Ids = ()  # ids every fold trains on and none validates on (a time K-fold's earliest period)
 
     @property
     def fold_count(self) -> int:
         return len(self.folds) or 1
 
     def fold(self, index: int) -> tuple[Ids, Ids]:
-        """(train ids, validation ids) of fold ``index``: the other folds and its own; of a split
-        without folds, fold 0 is its train and validation partitions."""
+        """(train ids, validation ids) of fold ``index``: its own fold to validate on; to train on, the
+        other folds (grouped K-fold) or only the earlier ones (time K-fold), with ``train_only``. Of a
+        split without folds, fold 0 is its train and validation partitions."""
         if not 0 <= index < self.fold_count:
             raise UsageError(f"{self.path} has {self.fold_count} fold(s); fold {index} does not exist")
         if not self.folds:
             return self.train, self.validation
-        rest = [i for k, part in enumerate(self.folds) if k != index for i in part]
-        return tuple(sorted(rest)), self.folds[index]  # type: ignore[return-value]
+        trained = self.folds[:index] if self.method.chains_folds() else self.folds[:index] + self.folds[index + 1 :]
+        rest = [*self.train_only, *(i for part in trained for i in part)]
+        return tuple(sorted(rest)), self.folds[index]
 
     def __post_init__(self) -> None:
         _check_ids(self.method, self.train, "train", self.path)
         _check_ids(self.method, self.validation, "validation", self.path)
         for k, part in enumerate(self.folds):
             _check_ids(self.method, part, f"fold {k}", self.path)
-        if self.folds and sorted(i for part in self.folds for i in part) != sorted([*self.train, *self.validation]):
+        if self.train_only:
+            _check_ids(self.method, self.train_only, "train_only", self.path)
+        if self.train_only and not self.folds:
+            raise CorruptRecord(f"{self.path}: train_only needs folds; regenerate the split under a new revision")
+        if self.folds and sorted([*self.train_only, *(i for part in self.folds for i in part)]) != sorted([*self.train, *self.validation]):
             raise CorruptRecord(f"{self.path}: its folds must cover its train and validation ids once each; regenerate the split under a new revision")
         if self.key != self.method.key:
             raise CorruptRecord(f"{self.path}: a {self.method.value} split must have key {self.method.key!r}, not {self.key!r}")
@@ -126,11 +147,14 @@ class SplitInfo:
     counts: tuple[int, int, int]  # ids in train, validation, final (shipments, or rows for random)
 
 
-def assign_groups(ids: Sequence[str], seed: int, fractions: Sequence[float]) -> tuple[tuple[str, ...], ...]:
-    """Shuffle the distinct ids with the seed and cut them into (train, validation, final)."""
-    distinct = sorted(set(ids))
-    parts = _cut(len(distinct), seed, fractions, "shipments")
-    return tuple(tuple(sorted(distinct[i] for i in part)) for part in parts)
+def assign_groups(ids: Sequence[str], seed: int, fractions: Sequence[float],
+                  together: Mapping[str, str] | None = None) -> tuple[tuple[str, ...], ...]:
+    """Shuffle the distinct ids with the seed and cut them into (train, validation, final); with
+    ``together`` (each id's component, entities.py), whole components are shuffled and cut."""
+    units = _units(ids, together)
+    reps = sorted(units)
+    parts = _cut(len(reps), seed, fractions, "shipments")
+    return tuple(tuple(sorted(s for i in part for s in units[reps[i]])) for part in parts)
 
 
 def assign_rows(n_rows: int, seed: int, fractions: Sequence[float]) -> tuple[tuple[int, ...], ...]:
@@ -140,22 +164,30 @@ def assign_rows(n_rows: int, seed: int, fractions: Sequence[float]) -> tuple[tup
 
 def make_group_split(snapshot_path: str | os.PathLike, out_dir: str | os.PathLike, *, seed: int,
                      fractions: Sequence[float] = (0.7, 0.15, 0.15), revision: str = "group_r8") -> SplitInfo:
-    return _make_split(SplitMethod.GROUP, snapshot_path, out_dir, seed, fractions, revision)
+    _check_seed(seed)
+    made = _Source.read(snapshot_path)
+    parts = assign_groups(made.entities.shipments.tolist(), seed, fractions, made.entities.together())
+    return made.write(SplitMethod.GROUP, out_dir, revision, seed, parts, {"fractions": [float(x) for x in fractions]})
 
 
-def assign_group_folds(ids: Sequence[str], seed: int, k: int, final_fraction: float) -> tuple[tuple[str, ...], tuple[tuple[str, ...], ...]]:
-    """Shuffle the distinct ids with the seed, hold out the final partition, cut the rest into ``k``
-    folds of as equal a number of ids as can be: (final, folds)."""
-    distinct = sorted(set(ids))
+def assign_group_folds(ids: Sequence[str], seed: int, k: int, final_fraction: float,
+                       together: Mapping[str, str] | None = None) -> tuple[tuple[str, ...], tuple[tuple[str, ...], ...]]:
+    """Shuffle the distinct ids (or components, with ``together``) with the seed, hold out the final
+    partition, cut the rest into ``k`` folds of as equal a number of units as can be: (final, folds)."""
+    units = _units(ids, together)
+    distinct = sorted(units)
     if not isinstance(k, int) or isinstance(k, bool) or k < 2:
         raise UsageError(f"split.folds={k!r} must be an integer of at least 2 (one validation fold, one to train on)")
     n_final = max(1, math.floor(float(final_fraction) * len(distinct) + 0.5))
     if not 0 < final_fraction < 1 or len(distinct) - n_final < k:
         raise UsageError(f"{len(distinct)} shipments cannot give a final partition of {final_fraction} and {k} non-empty folds; use more shipments or fewer folds")
     order = _permutation(len(distinct), seed)
-    final = tuple(sorted(distinct[i] for i in order[len(order) - n_final :]))
+
+    def members(picked) -> tuple[str, ...]:
+        return tuple(sorted(s for i in picked for s in units[distinct[i]]))
+
     rest = order[: len(order) - n_final]
-    return final, tuple(tuple(sorted(distinct[i] for i in rest[f::k])) for f in range(k))
+    return members(order[len(order) - n_final :]), tuple(members(rest[f::k]) for f in range(k))
 
 
 def make_group_kfold_split(snapshot_path: str | os.PathLike, out_dir: str | os.PathLike, *, seed: int, folds: int = 5,
@@ -163,23 +195,69 @@ def make_group_kfold_split(snapshot_path: str | os.PathLike, out_dir: str | os.P
     """The final partition held out by shipment as a group split does; the rest cut into ``folds``
     folds by shipment. The file's train and validation are fold 0's, so a reader that knows no
     folds sees one honest split."""
-    split_path, final_path = split_paths(out_dir, revision)
     _check_seed(seed)
-    with open_snapshot(snapshot_path) as f:
-        snapshot = digest_open_snapshot(f)
-        final, parts = assign_group_folds(np.char.decode(f[SHIPMENT_ID][:], "ascii").tolist(), seed, folds, final_fraction)
-    validation, train = parts[0], tuple(sorted(i for part in parts[1:] for i in part))
-    method = SplitMethod.GROUP_KFOLD
-    common = {"method": method.value, "key": method.key, "revision": revision, "snapshot_digest": snapshot, "seed": seed}
-    final_content = _sealed({"format": FINAL_FORMAT, **common, "final": list(final)})
-    split_content = _sealed({"format": SPLIT_FORMAT, **common, "final_fraction": float(final_fraction), "train": list(train),
-                             "validation": list(validation), "folds": [list(part) for part in parts], "final_digest": final_content[DIGEST_FIELD]})
-    return _write_split(method, revision, split_path, final_path, split_content, final_content, seed, (len(train), len(validation), len(final)))
+    made = _Source.read(snapshot_path)
+    final, parts = assign_group_folds(made.entities.shipments.tolist(), seed, folds, final_fraction, made.entities.together())
+    train = tuple(sorted(i for part in parts[1:] for i in part))
+    return made.write(SplitMethod.GROUP_KFOLD, out_dir, revision, seed, (train, parts[0], final),
+                      {"final_fraction": float(final_fraction)}, folds=parts)
+
+
+def make_time_split(snapshot_path: str | os.PathLike, out_dir: str | os.PathLike, *,
+                    fractions: Sequence[float] = (0.7, 0.15, 0.15), revision: str = "time_r1") -> SplitInfo:
+    """Train on the earliest shipments, validate on the later ones, hold the latest out as final
+    (fractions count shipments; each boundary falls where no component straddles it, periods.py).
+    Nothing is drawn at random: the file's seed is 0."""
+    fr = _check_fractions(fractions)
+    made = _Source.read(snapshot_path)
+    parts = assign_periods(made.entities.shipments.tolist(), made.times(), made.entities.together(), fr)
+    return made.write(SplitMethod.TIME, out_dir, revision, 0, parts, {"fractions": list(fr)})
+
+
+def make_time_kfold_split(snapshot_path: str | os.PathLike, out_dir: str | os.PathLike, *, folds: int = 4,
+                          final_fraction: float = 0.15, revision: str = "time_kfold_r1") -> SplitInfo:
+    """The latest shipments held out as final; the rest cut into ``folds + 1`` periods: the earliest
+    only ever trained on, and fold i validating on period i + 1 after training on every period before
+    it (forward chaining). The file's train and validation are the last fold's: a reader that knows
+    no folds sees the time split nearest deployment."""
+    shares = kfold_fractions(folds, final_fraction)
+    made = _Source.read(snapshot_path)
+    periods = assign_periods(made.entities.shipments.tolist(), made.times(), made.entities.together(), shares)
+    head, parts, final = periods[0], periods[1:-1], periods[-1]
+    train = tuple(sorted(i for part in (head, *parts[:-1]) for i in part))
+    return made.write(SplitMethod.TIME_KFOLD, out_dir, revision, 0, (train, parts[-1], final),
+                      {"final_fraction": float(final_fraction)}, folds=parts, train_only=head)
+
+
+def make_assigned_split(snapshot_path: str | os.PathLike, out_dir: str | os.PathLike, assignment: Mapping[str, str], *,
+                        revision: str, group_leaks: bool = False) -> SplitInfo:
+    """A group split whose partitions the user chose: ``assignment`` maps every shipment id to
+    ``train``, ``validation`` or ``final``. One whose parcels (or declared groups) cross partitions is
+    refused; ``group_leaks`` moves each crossing component whole into its latest partition instead."""
+    made = _Source.read(snapshot_path)
+    known = set(made.entities.shipments.tolist())
+    missing, unknown = sorted(known - set(assignment)), sorted(set(assignment) - known)
+    if missing or unknown:
+        what = f"shipment {missing[0]!r} has no partition" if missing else f"shipment {unknown[0]!r} is not in the snapshot"
+        raise UsageError(f"{what}; assign every shipment of {snapshot_path} to one of {list(_PARTS)}")
+    bad = sorted(p for p in set(assignment.values()) if p not in _PARTS)
+    if bad:
+        raise UsageError(f"partition {bad[0]!r} is unknown; assign each shipment to one of {list(_PARTS)}")
+    index = {s: _PARTS.index(p) for s, p in assignment.items()}
+    if group_leaks:
+        index = group_leaks_away(index, made.entities.together())
+    parts = tuple(tuple(sorted(s for s, i in index.items() if i == k)) for k in range(len(_PARTS)))
+    if not all(parts):
+        raise UsageError(f"partition {_PARTS[[bool(p) for p in parts].index(False)]!r} would hold no shipment; assign at least one shipment to each of {list(_PARTS)}")
+    return made.write(SplitMethod.GROUP, out_dir, revision, 0, parts, {"assigned": True}, fix=_GROUP_AWAY)
 
 
 def make_random_split(snapshot_path: str | os.PathLike, out_dir: str | os.PathLike, *, seed: int,
                       fractions: Sequence[float] = (0.7, 0.15, 0.15), revision: str = "random_r7") -> SplitInfo:
-    return _make_split(SplitMethod.RANDOM, snapshot_path, out_dir, seed, fractions, revision)
+    _check_seed(seed)
+    made = _Source.read(snapshot_path)
+    parts = assign_rows(len(made.entities.shipments), seed, fractions)
+    return made.write(SplitMethod.RANDOM, out_dir, revision, seed, parts, {"fractions": [float(x) for x in fractions]})
 
 
 def read_split(path: str | os.PathLike) -> Split:
@@ -189,7 +267,7 @@ def read_split(path: str | os.PathLike) -> Split:
         return Split(method=_method(c, path), key=c["key"], revision=c["revision"], snapshot_digest=c["snapshot_digest"],
                      seed=c["seed"], train=tuple(c["train"]), validation=tuple(c["validation"]),
                      final_digest=c["final_digest"], digest=c[DIGEST_FIELD], path=str(path),
-                     folds=tuple(tuple(part) for part in c.get("folds", ())))
+                     folds=tuple(tuple(part) for part in c.get("folds", ())), train_only=tuple(c.get("train_only", ())))
     except (KeyError, TypeError) as exc:
         raise CorruptRecord(f"{path} lacks field {exc}; regenerate the split under a new revision") from None
 
@@ -209,26 +287,87 @@ def split_paths(out_dir: str | os.PathLike, revision: str) -> tuple[Path, Path]:
     return Path(out_dir) / f"split-{revision}.json", Path(out_dir) / f"final-{revision}.json"
 
 
-def _make_split(method: SplitMethod, snapshot_path, out_dir, seed, fractions, revision) -> SplitInfo:
-    split_path, final_path = split_paths(out_dir, revision)
-    _check_seed(seed)
+def split_leak(entities: Entities, split: Split) -> Leak | None:
+    """The first entity whose frames lie in more than one of the split's partitions (its folds, when
+    it has them; whatever is in no fold or partition counts as final, so the final file stays shut)."""
+    return _leak_of(entities, split.method, _named_parts(split))
+
+
+def refuse_leaking_split(snapshot_path: str | os.PathLike, split: Split) -> None:
+    """One line naming the entity, its partitions and the fix, for a split that leaks (made before
+    splits were checked); a random split is governance's to reject, not this check's."""
+    if split.method.leaks_shipments():
+        return
     with open_snapshot(snapshot_path) as f:
-        n_rows = inspect_structure(f).n_frames
-        snapshot = digest_open_snapshot(f)
-        train: tuple[str | int, ...]  # shipment ids for a group split, row numbers otherwise
-        validation: tuple[str | int, ...]
-        final: tuple[str | int, ...]
-        if method is SplitMethod.GROUP:
-            shipments = np.char.decode(f[SHIPMENT_ID][:], "ascii").tolist()
-            train, validation, final = assign_groups(shipments, seed, fractions)
-        else:
-            train, validation, final = assign_rows(n_rows, seed, fractions)
-    common = {"method": method.value, "key": method.key, "revision": revision, "snapshot_digest": snapshot, "seed": seed}
-    final_content = _sealed({"format": FINAL_FORMAT, **common, "final": list(final)})
-    split_content = _sealed({"format": SPLIT_FORMAT, **common, "fractions": [float(x) for x in fractions],
-                             "train": list(train), "validation": list(validation),
-                             "final_digest": final_content[DIGEST_FIELD]})
-    return _write_split(method, revision, split_path, final_path, split_content, final_content, seed, (len(train), len(validation), len(final)))
+        leak = split_leak(read_entities(f), split)
+    if leak is not None:
+        raise UsageError(f"split {split.path} leaks: {leak}; make a new split revision (`parcel-hpc make-snapshot`, make_group_split), which keeps connected shipments together")
+
+
+_PARTS = ("train", "validation", "final")
+_GROUP_AWAY = "assign its shipments to one partition, or ask to group leaks away (group_leaks=True, --group-leaks) to move each crossing component into its latest partition"
+
+
+@dataclass(frozen=True)
+class _Source:
+    """The snapshot a split is made from, read once (digest and entities); ``write`` writes the
+    split's files only when no entity crosses its partitions (a random split leaks by design)."""
+
+    path: str
+    snapshot: str  # its content digest
+    entities: Entities
+
+    @classmethod
+    def read(cls, snapshot_path: str | os.PathLike) -> _Source:
+        with open_snapshot(snapshot_path) as f:
+            return cls(str(snapshot_path), digest_open_snapshot(f), read_entities(f))
+
+    def times(self) -> np.ndarray:
+        if self.entities.capture_time is None:
+            raise UsageError(f"snapshot {self.path} has no {CAPTURE_TIME} dataset; a time split needs each frame's capture time (docs/snapshot-format.md)")
+        return self.entities.capture_time
+
+    def write(self, method: SplitMethod, out_dir, revision: str, seed: int, parts: tuple[Ids, ...], extra: dict[str, Any], *,
+              folds: tuple[Ids, ...] = (), train_only: Ids = (), fix: str = "") -> SplitInfo:
+        split_path, final_path = split_paths(out_dir, revision)
+        train, validation, final = parts
+        if not method.leaks_shipments():
+            named = ((("train only", train_only),) if train_only else ()) + tuple((f"fold {k}", p) for k, p in enumerate(folds))
+            leak = _leak_of(self.entities, method, named or (("train", train), ("validation", validation)))
+            if leak is not None:
+                raise UsageError(f"split {revision} would leak: {leak}; {fix or 'report it: this split keeps components whole'}")
+        common = {"method": method.value, "key": method.key, "revision": revision, "snapshot_digest": self.snapshot, "seed": seed}
+        final_content = _sealed({"format": FINAL_FORMAT, **common, "final": list(final)})
+        split_content = {"format": SPLIT_FORMAT, **common, **extra, "train": list(train), "validation": list(validation)}
+        if folds:
+            split_content["folds"] = [list(part) for part in folds]
+        if train_only:
+            split_content["train_only"] = list(train_only)
+        split_content = _sealed({**split_content, "final_digest": final_content[DIGEST_FIELD]})
+        return _write_split(method, revision, split_path, final_path, split_content, final_content, seed, (len(train), len(validation), len(final)))
+
+
+def _named_parts(split: Split) -> tuple[tuple[str, Ids], ...]:
+    if not split.folds:
+        return (("train", split.train), ("validation", split.validation))
+    return ((("train only", split.train_only),) if split.train_only else ()) + tuple((f"fold {k}", p) for k, p in enumerate(split.folds))
+
+
+def _leak_of(entities: Entities, method: SplitMethod, parts: tuple[tuple[str, Ids], ...]) -> Leak | None:
+    """The first leak among the named partitions, the frames in none of them named final."""
+    names = [name for name, _ in parts] + ["final"]
+    by_frame = np.arange(len(entities.shipments)) if method.key == ROW else entities.shipments
+    index = {i: k for k, (_, ids) in enumerate(parts) for i in ids}
+    labels = [index.get(i, len(parts)) for i in by_frame.tolist()]
+    return find_leak(entities.columns, labels, names)
+
+
+def _units(ids: Sequence[str], together: Mapping[str, str] | None) -> dict[str, list[str]]:
+    """The units a group split shuffles: each component's shipments, under its name."""
+    units: dict[str, list[str]] = {}
+    for s in sorted(set(ids)):
+        units.setdefault(together[s] if together is not None else s, []).append(s)
+    return units
 
 
 def _write_split(method: SplitMethod, revision: str, split_path: Path, final_path: Path, split_content: dict[str, Any],

@@ -25,7 +25,7 @@ from parcel_hpc.data import schema as S
 from parcel_hpc.data._render import CAMERA_LABELS, DAMAGE_LABELS, render
 from parcel_hpc.data.digest import snapshot_digest
 
-GENERATOR = "parcel_hpc.data.synthetic/1"  # bump when the same seed would draw different parcels
+GENERATOR = "parcel_hpc.data.synthetic/2"  # bump when the same seed would draw different parcels
 
 
 @dataclass(frozen=True)
@@ -58,16 +58,26 @@ def make_snapshot(
     frames_per_parcel: int = 3,
     image_size: int = 32,
     label_noise: float = 0.02,
+    reshipped: int = 0,
+    drift: float = 0.0,
     clock=time.perf_counter,
 ) -> SnapshotInfo:
-    """Write a deterministic synthetic snapshot; the same arguments give the same digest anywhere."""
+    """Write a deterministic synthetic snapshot; the same arguments give the same digest anywhere.
+
+    Every frame gets a capture time (shipments arrive in order). ``reshipped`` parcels appear again
+    in a later shipment; with ``drift`` (0..1) the last 30% x drift of the shipments come after a
+    switch of lighting and review policy (see _render.py)."""
     _check_args(seed, n_shipments, parcels_per_shipment, frames_per_parcel, image_size, label_noise)
+    if isinstance(reshipped, bool) or not isinstance(reshipped, int) or reshipped < 0:
+        raise UsageError(f"reshipped is {reshipped!r}; give how many parcels to ship again, 0 or more")
+    if not 0.0 <= drift <= 1.0:
+        raise UsageError(f"drift is {drift!r}; give 0 (none) to 1 (the last 30% of the shipments come after a switch of lighting and review policy)")
     out = ensure_dir(out_dir)
     target = out / S.SNAPSHOT_FILENAME
     t0 = clock()
-    r = render(seed, n_shipments, cast(tuple[int, int], tuple(parcels_per_shipment)), frames_per_parcel, image_size, label_noise)  # _check_args: two ints
+    r = render(seed, n_shipments, cast(tuple[int, int], tuple(parcels_per_shipment)), frames_per_parcel, image_size, label_noise, reshipped, drift)  # _check_args: two ints
     params = dict(n_shipments=n_shipments, parcels_per_shipment=list(parcels_per_shipment),
-                  frames_per_parcel=frames_per_parcel, image_size=image_size, label_noise=label_noise)
+                  frames_per_parcel=frames_per_parcel, image_size=image_size, label_noise=label_noise, reshipped=reshipped, drift=drift)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=out)
     os.close(fd)
     try:
@@ -92,7 +102,7 @@ def make_snapshot(
         digest=digest,
         seed=seed,
         n_frames=int(r.images.shape[0]),
-        n_parcels=int(r.parcel_index[-1]) + 1,
+        n_parcels=len(np.unique(r.identity)),
         n_shipments=n_shipments,
         image_shape=(image_size, image_size),
         size_bytes=target.stat().st_size,
@@ -109,7 +119,11 @@ def shipment_name(i: int) -> str:
 def _write(path: str, r, seed: int, params: dict) -> None:
     ship_ids = np.array([shipment_name(i).encode() for i in range(int(r.shipment_index.max()) + 1)])
     shipment_id = ship_ids[r.shipment_index]
-    parcel_id = np.char.add(np.char.add(shipment_id, b"-P"), np.char.zfill(r.parcel_in_shipment.astype("S2"), 2))
+    # A parcel's id names the shipment it first travelled in: a re-shipped parcel keeps it.
+    first = np.zeros(int(r.parcel_index.max()) + 1, dtype=np.int64)
+    first[r.parcel_index] = np.arange(len(r.parcel_index))  # a frame of each parcel slot
+    parcel_id = np.char.add(np.char.add(ship_ids[r.shipment_index[first[r.identity]]], b"-P"),
+                            np.char.zfill(r.parcel_in_shipment[first[r.identity]].astype("S2"), 2))
     columns = {
         S.IMAGES: r.images,
         S.NEEDS_REVIEW: r.needs_review,
@@ -118,6 +132,7 @@ def _write(path: str, r, seed: int, params: dict) -> None:
         S.FRAME: r.frame,
         S.DAMAGE_TYPE: r.damage_type,
         S.CAMERA_CLASS: r.camera_class,
+        S.CAPTURE_TIME: r.capture_time,
     }
     labels = {S.DAMAGE_TYPE: DAMAGE_LABELS, S.CAMERA_CLASS: CAMERA_LABELS}
     with h5py.File(path, "w") as f:
@@ -125,7 +140,7 @@ def _write(path: str, r, seed: int, params: dict) -> None:
         f.attrs["generator"] = GENERATOR
         f.attrs["seed"] = np.int64(seed)
         f.attrs["generator_params"] = canonical_json(params)  # lineage only; the digest covers the pixels
-        for name in S.DATASETS:
+        for name in (*S.DATASETS, S.CAPTURE_TIME):
             ds = f.create_dataset(name, data=columns[name], track_times=False)
             if name in labels:
                 ds.attrs[S.LABELS_ATTR] = np.array(labels[name], dtype="S")

@@ -24,7 +24,7 @@ from parcel_hpc.budget import BudgetDecision, launch_decision
 from parcel_hpc.checkpoints import owner
 from parcel_hpc.config import LAUNCHERS, ParcelConf, unknown_keys
 from parcel_hpc.console import make_console
-from parcel_hpc.data import read_split
+from parcel_hpc.data import read_split, refuse_leaking_split
 from parcel_hpc.errors import UsageError
 from parcel_hpc.governance import validation
 from parcel_hpc.governance.contract import Contract, first_difference, freeze_contract, load_contract
@@ -125,6 +125,8 @@ class SearchLaunch:
         owner.refuse_foreign(ckpt_root, _dir_owner(search, ours))  # another search's checkpoints: bad input, exit 2
         if fresh:
             check_policy(contract)
+            # A split made before splits were checked may let a parcel cross partitions: a new search refuses it.
+            refuse_leaking_split(cfg["snapshot"]["path"], read_split(cfg["split"]["path"]))
             preflight_checks(cfg, contract)
         dispatcher = self.dispatcher_factory(search)
         dispatcher.check()  # an unreachable scheduler is refused before anything is written
