@@ -1,4 +1,4 @@
-"""``parcel-hpc make-snapshot OUT_DIR``: write the synthetic parcel snapshot and its two splits."""
+"""``parcel-hpc make-snapshot OUT_DIR``: write the synthetic parcel snapshot and its splits (group, 5-fold group, random)."""
 
 from __future__ import annotations
 
