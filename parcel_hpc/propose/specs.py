@@ -138,10 +138,10 @@ def _seed(value: Any) -> int:
 
 def check_policy(contract: Contract) -> None:
     """Governance that holds for every search, checked when a contract is first frozen."""
-    if contract["split_method"] != "group":
+    if data.SplitMethod(contract["split_method"]).leaks_shipments():
         raise GovernanceRefusal(
             Outcome.reject("split_method"),
-            f"split {contract['split_revision']} is a {contract['split_method']} split; trials must be split by shipment (split=group_r8)",
+            f"split {contract['split_revision']} is a {contract['split_method']} split; trials must be split by shipment (split=group_r8 or split=group_kfold_r1)",
         )
     if contract["split_snapshot_digest"] != contract["snapshot_digest"]:
         raise GovernanceRefusal(Outcome.reject("split_digest"), "the split was made from another snapshot; regenerate the split for this snapshot")
