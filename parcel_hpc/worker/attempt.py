@@ -417,7 +417,8 @@ class AttemptRun:
             return None
         decision = store.decide(self.pruner, self.plan.trial_id, step)
         if decision.action.stops_trial:
-            where = f"milestone {step}" if self.fold is None else f"milestone {step} of fold {self.fold} (the mean over folds 0..{self.fold})"
+            over = f" (the mean over folds 0..{self.fold})" if self.fold else ""
+            where = f"milestone {step}" if self.fold is None else f"milestone {step} of fold {self.fold}{over}"
             self._end(
                 Ended(
                     AttemptEnd.PRUNED,
