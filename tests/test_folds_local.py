@@ -13,6 +13,7 @@ import sys
 
 import pytest
 
+from parcel_hpc.budget import BudgetLedger
 from parcel_hpc.data import read_split
 from parcel_hpc.ledger import AttemptEnd, Cause, SearchDir, Started, TrialState
 from parcel_hpc.ledger.events import Milestone, Resumed
@@ -54,8 +55,11 @@ def test_a_fold_trial_runs_k_fold_runs_each_on_its_own_claimed_chain_and_scores_
             claims = sorted(chain.glob("claim-*.json"))
             assert claims and {json.loads(c.read_text())["fold"] for c in claims} == {k}
             assert json.loads(claims[-1].read_text())["state"] == "released"
-    # The worst case a launch admits is K fold runs' time limit per attempt (resources.time_limit_min=10).
+    # The worst case a launch admits, and each attempt reserves, is K fold runs' time limit (resources.time_limit_min=10).
     assert f"x {K * 10 / 60:.2f} h limit" in fold_search["stdout"]
+    assert search.contract()["resources"]["time_limit_min"] == K * 10
+    cpus = search.contract()["resources"]["cpus"]
+    assert [h.reserved_cpu_hours for h in BudgetLedger.read(search.path).holds.values()] == pytest.approx([cpus * K * 10 / 60] * 6)
 
 
 def test_a_fold_trial_is_compared_on_its_mean_over_the_folds_so_far_with_the_same_fold_s_peers(fold_search):
