@@ -37,12 +37,12 @@ T7_OTHER_CONFIG = TrialIdentity("t0007", "sha256:" + "b" * 64, T7.contract_diges
 T7_OTHER_CONTRACT = TrialIdentity("t0007", T7.config_hash, "sha256:" + "e" * 64, T7.snapshot_digest)
 
 
-def ident(trial=T7, attempt=1, job_id="100", host="node1", pid=4242) -> ClaimIdentity:
-    return ClaimIdentity(trial, job_id, attempt, host, pid)
+def ident(trial=T7, attempt=1, job_id="100", host="node1", pid=4242, fold=None) -> ClaimIdentity:
+    return ClaimIdentity(trial, job_id, attempt, host, pid, fold=fold)
 
 
-def record(trial=T7, attempt=1, job_id="100", host="node1", pid=4242, state=ClaimState.HELD, gen=0) -> ClaimRecord:
-    return ClaimRecord(trial, job_id, attempt, host, pid, "2025-01-01T00:00:00.000Z", state, gen)
+def record(trial=T7, attempt=1, job_id="100", host="node1", pid=4242, state=ClaimState.HELD, gen=0, fold=None) -> ClaimRecord:
+    return ClaimRecord(trial, job_id, attempt, host, pid, "2025-01-01T00:00:00.000Z", state, gen, fold=fold)
 
 
 # ---------------------------------------------------------------------------- pure decision table
@@ -54,6 +54,9 @@ TABLE = [
     ("other trial, released", record(trial=T8, state=ClaimState.RELEASED), ident(), None, O.FOREIGN_TRIAL),
     ("other config", record(trial=T7_OTHER_CONFIG), ident(attempt=2), False, O.FOREIGN_CONFIG),
     ("other contract", record(trial=T7_OTHER_CONTRACT), ident(), None, O.FOREIGN_SEARCH),
+    ("the trial's other fold run, released", record(fold=1, state=ClaimState.RELEASED), ident(fold=2), None, O.FOREIGN_FOLD),
+    ("a fold run where a trial without folds was", record(), ident(attempt=2, fold=0), False, O.FOREIGN_FOLD),
+    ("the same fold run, older attempt, dead", record(fold=3), ident(attempt=2, fold=3, pid=5), False, O.TAKEN_OVER),
     ("newer attempt holds it", record(attempt=3), ident(attempt=2, pid=1), False, O.STALE_ATTEMPT),
     ("newer attempt released it", record(attempt=3, state=ClaimState.RELEASED), ident(attempt=2), None, O.STALE_ATTEMPT),
     ("ourselves again", record(), ident(), True, O.REENTERED),
@@ -120,6 +123,19 @@ def test_claim_lifecycle_in_one_process(tmp_path):
         claim_directory(d, ident(trial=T8, attempt=9), is_alive=lambda r: False)
     assert isinstance(exc.value, ParcelError) and "t0008" in str(exc.value) and "HINT" in str(exc.value)
     assert sorted(p.name for p in d.iterdir()) == [f"claim-00000{i}.json" for i in range(4)]
+
+
+def test_a_fold_run_s_claim_names_its_fold_and_no_other_fold_run_of_the_trial_takes_it(tmp_path):
+    fold = claim_directory(tmp_path / "f1", ident(fold=1))
+    assert read_claim(tmp_path / "f1") == fold.record and fold.record.fold == 1
+    assert json.loads((tmp_path / "f1" / "claim-000000.json").read_text())["fold"] == 1
+    fold.release()
+    with pytest.raises(CheckpointCollision) as exc:
+        claim_directory(tmp_path / "f1", ident(attempt=2, fold=2), is_alive=lambda r: False)
+    assert exc.value.other_fold and "fold 1 of trial t0007, we are its fold 2" in exc.value.reason
+    assert claim_directory(tmp_path / "f1", ident(attempt=2, fold=1)).outcome is O.REENTERED  # its own next attempt resumes
+    claim_directory(tmp_path / "plain", ident())
+    assert "fold" not in json.loads((tmp_path / "plain" / "claim-000000.json").read_text())  # a trial without folds: as before
 
 
 def test_a_taken_over_attempt_is_fenced_at_its_next_save(tmp_path):

@@ -44,6 +44,8 @@ TRIAL_COLUMNS = [
     ("final_metric", pa.float64()),  # a completed trial's validation miss-cost
     ("metric_resume", pa.string()),  # uninterrupted, exact (resumed bit-equal), or within_tolerance (train.resume_tolerance)
     ("best_metric", pa.float64()),  # the lowest miss-cost it reported at any milestone or at its end
+    ("fold_metrics", pa.string()),  # a completed K-fold trial's miss-cost per fold, in fold order, space-separated (final_metric: their mean)
+    ("fold_spread", pa.float64()),  # their sample standard deviation (null: a trial without folds)
     ("milestones_reached", pa.int64()),
     ("last_milestone", pa.float64()),  # the step of the last milestone reported (NaN: none)
     ("step", pa.int64()),
@@ -229,6 +231,8 @@ def _trial_row(record: TrialRecord, events: Sequence[Event], attempts: Sequence[
         "final_metric": record.metric,
         "metric_resume": record.metric_resume.value,
         "best_metric": min(values) if values else None,
+        "fold_metrics": " ".join(repr(v) for v in record.folds.values) if record.folds is not None else None,
+        "fold_spread": record.folds.spread if record.folds is not None else None,
         "milestones_reached": len(reached),
         "last_milestone": record.milestone,
         "step": record.step,

@@ -14,6 +14,7 @@ Decision table (``decide_claim``; "same holder" = same attempt, job_id, host and
     no claim                                              -> CLAIMED
     another search's claim (its search id)                -> conflict FOREIGN_SEARCH, never taken over
     other trial_id / config_hash / contract or snapshot   -> conflict (FOREIGN_*), never taken over
+    same trial, another fold (a K-fold trial's fold runs)  -> conflict FOREIGN_FOLD, never taken over
     same trial, claim has a HIGHER attempt than ours      -> STALE_ATTEMPT: we are a stale duplicate
                                                              (an old array task, a resubmission that
                                                              was superseded); the newer attempt owns
@@ -91,6 +92,12 @@ class CheckpointCollision(ParcelError):
         return ""
 
     @property
+    def other_fold(self) -> bool:
+        """The holder is another fold run (or none) of a K-fold trial than ours: never this run's own attempt."""
+        theirs, ours = self.theirs, self.ours
+        return isinstance(theirs, ClaimIdentity) and isinstance(ours, ClaimIdentity) and theirs.fold != ours.fold
+
+    @property
     def their_attempt(self) -> int | None:
         """The holder's attempt number, when the holder is a claim."""
         return self.theirs.attempt if isinstance(self.theirs, ClaimIdentity) else None
@@ -107,8 +114,11 @@ class ClaimIdentity:
     host: str  # socket.gethostname() of the claiming process
     pid: int  # os.getpid() of the claiming process
     search_id: str = ""  # the claiming search's id (identity.json); "" for a search frozen before ids
+    fold: int | None = None  # the fold run of a K-fold trial that claims (each fold its own chain); None: a trial without folds
 
     def __post_init__(self) -> None:
+        if self.fold is not None and (not isinstance(self.fold, int) or isinstance(self.fold, bool) or self.fold < 0):
+            raise UsageError(f"fold={self.fold!r} must be a fold index >= 0, or None for a trial without folds")
         if not isinstance(self.trial, TrialIdentity):
             raise UsageError("ClaimIdentity.trial must be a TrialIdentity")
         missing = [name for name in TrialIdentity.CLAIM_FIELDS if not getattr(self.trial, name)]
@@ -124,9 +134,9 @@ class ClaimIdentity:
             raise UsageError("job_id must be a string and host a non-empty string")
 
     @classmethod
-    def here(cls, trial: TrialIdentity, *, job_id: str = "", attempt: int = 1, search_id: str = "") -> ClaimIdentity:
+    def here(cls, trial: TrialIdentity, *, job_id: str = "", attempt: int = 1, search_id: str = "", fold: int | None = None) -> ClaimIdentity:
         """This process on this host (the one place that reads them)."""
-        return cls(trial, job_id, attempt, socket.gethostname(), os.getpid(), search_id)
+        return cls(trial, job_id, attempt, socket.gethostname(), os.getpid(), search_id, fold)
 
     def same_holder(self, other: ClaimIdentity | ClaimRecord) -> bool:
         return (self.attempt, self.job_id, self.host, self.pid) == (other.attempt, other.job_id, other.host, other.pid)
@@ -150,15 +160,16 @@ class ClaimRecord:
     state: ClaimState
     generation: int  # position in the chain; equals the number in the file name
     search_id: str = ""  # the claiming search's (ClaimIdentity.search_id)
+    fold: int | None = None  # ClaimIdentity.fold
 
     def __post_init__(self) -> None:
-        ClaimIdentity(self.trial, self.job_id, self.attempt, self.host, self.pid, self.search_id)  # same validation
+        ClaimIdentity(self.trial, self.job_id, self.attempt, self.host, self.pid, self.search_id, self.fold)  # same validation
         if not isinstance(self.state, ClaimState) or not isinstance(self.generation, int) or self.generation < 0:
             raise UsageError("ClaimRecord needs a ClaimState and a generation >= 0")
 
     @property
     def holder(self) -> ClaimIdentity:
-        return ClaimIdentity(self.trial, self.job_id, self.attempt, self.host, self.pid, self.search_id)
+        return ClaimIdentity(self.trial, self.job_id, self.attempt, self.host, self.pid, self.search_id, self.fold)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -172,6 +183,7 @@ class ClaimRecord:
             "state": self.state.value,
             "generation": self.generation,
             "search_id": self.search_id,
+            **({} if self.fold is None else {"fold": self.fold}),  # a trial without folds writes the claim it always did
         }
 
     @classmethod
@@ -190,6 +202,7 @@ class ClaimRecord:
                 ClaimState(obj["state"]),
                 obj["generation"],
                 obj.get("search_id", ""),
+                obj.get("fold"),
             )
         except (KeyError, TypeError, ValueError, UsageError) as exc:
             raise CorruptRecord(f"{where} is not a valid claim ({exc}); move the directory aside with quarantine_move") from None
@@ -202,6 +215,7 @@ class ClaimOutcome(Enum):
     FOREIGN_TRIAL = "conflict:trial_id"
     FOREIGN_CONFIG = "conflict:config_hash"
     FOREIGN_SEARCH = "conflict:contract"  # same trial_id and config, another contract or snapshot
+    FOREIGN_FOLD = "conflict:fold"  # the same trial's other fold run: each fold has its own chain
     STALE_ATTEMPT = "conflict:stale_attempt"
     LIVE_HOLDER = "conflict:live_holder"
 
@@ -230,6 +244,8 @@ def decide_claim(existing: ClaimRecord | None, ours: ClaimIdentity, *, holder_al
         return ClaimOutcome.FOREIGN_CONFIG
     if field is not None:
         return ClaimOutcome.FOREIGN_SEARCH
+    if existing.fold != ours.fold:
+        return ClaimOutcome.FOREIGN_FOLD
     if existing.attempt > ours.attempt:
         return ClaimOutcome.STALE_ATTEMPT
     if ours.same_holder(existing) or existing.state is ClaimState.RELEASED:
@@ -259,6 +275,8 @@ def describe_conflict(outcome: ClaimOutcome, existing: ClaimRecord, ours: ClaimI
     if outcome is ClaimOutcome.FOREIGN_SEARCH:
         field = cast(str, them.mismatch(us))  # a foreign search: some search field differs
         return f"trial {us.trial_id} claimed under {field} {getattr(them, field)}, ours is {getattr(us, field)}"
+    if outcome is ClaimOutcome.FOREIGN_FOLD:
+        return f"claimed by fold {existing.fold} of trial {them.trial_id}, we are its fold {ours.fold}"
     if outcome is ClaimOutcome.STALE_ATTEMPT:
         return f"a newer {holder} owns trial {us.trial_id}; this attempt {ours.attempt} is a stale duplicate and must stop"
     if outcome is ClaimOutcome.LIVE_HOLDER:
@@ -312,6 +330,7 @@ class Claim:
             ClaimState.RELEASED,
             current.generation + 1,
             current.search_id,
+            current.fold,
         )
         return _create_generation(self.ckpt_dir, nxt)
 
@@ -340,7 +359,16 @@ def claim_directory(
             return Claim(ckpt_dir, outcome, current, current)  # idempotent: already ours
         gen = 0 if current is None else current.generation + 1
         mine = ClaimRecord(
-            identity.trial, identity.job_id, identity.attempt, identity.host, identity.pid, _iso(clock()), ClaimState.HELD, gen, identity.search_id
+            identity.trial,
+            identity.job_id,
+            identity.attempt,
+            identity.host,
+            identity.pid,
+            _iso(clock()),
+            ClaimState.HELD,
+            gen,
+            identity.search_id,
+            identity.fold,
         )
         if _create_generation(ckpt_dir, mine):
             return Claim(ckpt_dir, outcome, mine, current)
@@ -355,6 +383,7 @@ def _liveness_matters(existing: ClaimRecord | None, ours: ClaimIdentity) -> bool
         and existing.state is ClaimState.HELD
         and not _other_search(existing, ours)
         and not existing.trial.mismatch(ours.trial)
+        and existing.fold == ours.fold
         and existing.attempt <= ours.attempt
         and not ours.same_holder(existing)
     )

@@ -301,9 +301,12 @@ def _changes(seen: dict[str, tuple], data: dict[str, Any]) -> list[str]:
 
 
 def _metric(t: dict[str, Any]) -> str:
-    """A trial's metric, marked where it comes from a resume the contract allowed to drift (``MetricResume``)."""
+    """A trial's metric, marked where it comes from a resume the contract allowed to drift (``MetricResume``);
+    a K-fold trial's, the mean over its folds with their spread and each fold's value."""
     mark = MetricResume(t.get("metric_resume", MetricResume.UNINTERRUPTED.value)).mark()
-    return f"{t['metric']:.4f}" + (f" ({mark})" if mark else "")
+    folds = t.get("fold_metrics")
+    over = f" ±{t['fold_spread']:.4f} over {len(folds)} folds [{' '.join(f'{v:.4f}' for v in folds)}]" if folds else ""
+    return f"{t['metric']:.4f}{over}" + (f" ({mark})" if mark else "")
 
 
 def _live_view(data: dict[str, Any], launcher: LauncherState, height: int) -> Group:

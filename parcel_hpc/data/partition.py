@@ -67,14 +67,15 @@ class Partition:
 
 
 def load_partition(snapshot_path: str | os.PathLike, split: Split, partition: PartitionName | str, *,
-                   verify_digest: bool = True) -> Partition:
-    """Train or validation frames of ``split``; the final partition cannot be asked for here.
+                   verify_digest: bool = True, fold: int = 0) -> Partition:
+    """Train or validation frames of ``split``'s fold ``fold`` (``Split.fold``: of a split without
+    folds, its train and validation); the final partition cannot be asked for here.
 
     ``verify_digest`` re-hashes the snapshot and refuses one the split was not made from; skip it
     only where the caller has just verified the same file (it reads the whole snapshot).
     """
     name = _partition_name(partition)
-    ids = split.train if name is PartitionName.TRAIN else split.validation
+    ids = split.fold(fold)[0 if name is PartitionName.TRAIN else 1]
     return _load(snapshot_path, split.key, ids, name.value, split.revision, split.snapshot_digest, verify_digest)
 
 

@@ -8,6 +8,7 @@ choices a trial could game.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,3 +40,26 @@ class MissCost:
         misses = np.count_nonzero(positive & ~flagged)
         reviews = np.count_nonzero(~positive & flagged)
         return float((self.miss_cost * misses + self.review_cost * reviews) / max(1, labels.shape[0]))
+
+
+@dataclass(frozen=True)
+class FoldScores:
+    """A K-fold trial's metric: one value per fold run, in fold order; the trial's metric is their mean
+    (every fold's validation frames are scored once, by a model that never saw them), and their spread
+    says how much one split would have told (the sample standard deviation over the folds)."""
+
+    values: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.values) < 2 or not all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in self.values):
+            raise ValueError(f"a K-fold trial's metric needs a finite value for each of at least 2 folds, not {self.values!r}")
+        object.__setattr__(self, "values", tuple(float(v) for v in self.values))
+
+    @property
+    def mean(self) -> float:
+        return math.fsum(self.values) / len(self.values)
+
+    @property
+    def spread(self) -> float:
+        mean = self.mean
+        return math.sqrt(math.fsum((v - mean) ** 2 for v in self.values) / (len(self.values) - 1))

@@ -72,6 +72,11 @@ def from_hydra(config: DictConfig, grammar: Sequence[str]) -> tuple[dict[str, An
     refuse_unknown_keys(cfg, launcher)
     cfg["space"]["params"] = normalize(cfg["space"]["params"], list(grammar), sections=set(cfg))
     cfg, launcher = validation.checked(cfg, launcher)
+    split_path = Path(cfg["split"]["path"])
+    folds = read_split(split_path).fold_count if split_path.is_file() else 1  # a missing file: build_contract says so
+    # A K-fold trial's attempt runs its K fold runs in turn: its limit (the job's, the packed attempt's, and
+    # the budget's worst case, every reader of resources.time_limit_min) is K times a fold run's.
+    cfg["resources"]["time_limit_min"] = folds * cfg["resources"]["time_limit_min"]
     return cfg, LauncherSettings(executor_kind(launcher.pop("kind", None)), launcher, cfg["resources"], cfg["budget"])
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from parcel_hpc.errors import CorruptRecord
+from parcel_hpc.governance.metric import FoldScores
 from parcel_hpc.governance.outcome import Outcome
 from parcel_hpc.ledger.states import AttemptEnd, TrialState
 
@@ -164,6 +165,7 @@ class Admitted:
 class Resumed:
     step: int
     exact: bool = True  # False: under a declared train.resume_tolerance, the resumed run may differ from an uninterrupted one
+    fold: int | None = None  # the fold run of a K-fold trial that resumed (None: a trial without folds)
 
 
 @dataclass(frozen=True)
@@ -172,6 +174,7 @@ class Milestone:
     value: float
     is_milestone: bool = True  # False: the final step off the milestone grid (never a peer)
     train: Mapping[str, float] | None = None  # the trainer's metrics of this step (loss, ...)
+    fold: int | None = None  # the fold run of a K-fold trial this value is of (None: a trial without folds)
 
 
 @dataclass(frozen=True)
@@ -239,7 +242,8 @@ class Ended:
     how: AttemptEnd
     cause: Cause | None = None
     step: int | None = None
-    metric: float | None = None  # completed: the final validation value
+    metric: float | None = None  # completed: the final validation value (a K-fold trial's: the mean over its folds)
+    folds: tuple[float, ...] = ()  # completed, a K-fold trial: each fold run's final validation value, in fold order
     value: float | None = None  # pruned: the value at the milestone
     milestone: int | None = None  # pruned: where
     final: bool = False  # failed: the same class failed before, so this failure is the result
@@ -257,6 +261,8 @@ class Ended:
             raise ValueError(f"a completed attempt carries a finite metric, not {self.metric!r}")
         if how is not AttemptEnd.COMPLETED and self.metric is not None:
             raise ValueError(f"only a completed attempt carries a metric ({how.value} has {self.metric!r})")
+        if self.folds and self.metric != FoldScores(self.folds).mean:
+            raise ValueError(f"a K-fold attempt's metric is the mean over its folds {self.folds!r}, not {self.metric!r}")
         if how is AttemptEnd.FAILED and (cause is None or not cause.is_training_failure()):
             raise ValueError(f"a failed attempt names its failure class, not {cause!r}")
         if how is AttemptEnd.INTERRUPTED and (cause is None or not cause.interrupts()):
@@ -373,7 +379,7 @@ _ENUM_FIELDS: Mapping[str, Callable[[Any], Any]] = {
     "outcome": Outcome.parse,
     "fence": FenceLayer,
 }
-_TUPLE_FIELDS = ("exclude_nodes", "with_trials", "devices", "programs")
+_TUPLE_FIELDS = ("exclude_nodes", "with_trials", "devices", "programs", "folds")
 
 
 def encode_payload(data: Any, *, drop_empty: bool) -> dict:

@@ -105,11 +105,11 @@ class TrialWriter:
     def admitted(self, attempt: int, observed: Admitted) -> Event:
         return self._append(EventKind.ADMITTED, observed, attempt)
 
-    def resumed(self, attempt: int, step: int, exact: bool = True) -> Event:
-        return self._append(EventKind.RESUMED, Resumed(step, exact), attempt)
+    def resumed(self, attempt: int, step: int, exact: bool = True, fold: int | None = None) -> Event:
+        return self._append(EventKind.RESUMED, Resumed(step, exact, fold), attempt)
 
-    def milestone(self, attempt: int, step: int, value: float, is_milestone: bool, train: Mapping[str, float] | None = None) -> Event:
-        return self._append(EventKind.MILESTONE, Milestone(step, value, is_milestone, dict(train) if train else None), attempt)
+    def milestone(self, attempt: int, step: int, value: float, is_milestone: bool, train: Mapping[str, float] | None = None, fold: int | None = None) -> Event:
+        return self._append(EventKind.MILESTONE, Milestone(step, value, is_milestone, dict(train) if train else None, fold), attempt)
 
     def checkpoint_skipped(self, attempt: int, path: str, reason: str) -> Event:
         return self._append(EventKind.CHECKPOINT_SKIPPED, CheckpointSkipped(path, reason), attempt)

@@ -13,6 +13,7 @@ from typing import Any
 
 from parcel_hpc.budget._values import counted_gpus, hours_between
 from parcel_hpc.governance.admission import check_trial_id
+from parcel_hpc.governance.metric import FoldScores
 from parcel_hpc.governance.outcome import Outcome
 from parcel_hpc.ledger.events import (
     Accounted,
@@ -153,6 +154,7 @@ class TrialRecord:
     submitted_at: float | None = None  # when its latest job was recorded submitted (the submitter's clock)
     executor: Executor | None = None  # where its latest job was submitted
     metric: float | None = None  # final validation miss-cost; only a completed trial has one
+    folds: FoldScores | None = None  # a completed K-fold trial's value per fold (its metric is their mean); None: no folds
     step: int = 0  # last step reached
     milestone: int | None = None  # last milestone reported
     last_value: float | None = None  # value at that milestone (never a result by itself)
@@ -173,6 +175,8 @@ class TrialRecord:
             raise ValueError(f"{self.spec.trial_id}: a completed trial must carry its metric")
         if self.state is not TrialState.COMPLETED and self.metric is not None:
             raise ValueError(f"{self.spec.trial_id}: only a completed trial is scored")
+        if self.folds is not None and self.metric != self.folds.mean:
+            raise ValueError(f"{self.spec.trial_id}: a K-fold trial's metric is the mean over its folds")
 
     @property
     def trial_id(self) -> str:
@@ -241,6 +245,8 @@ class TrialRecord:
             "trial_id": self.trial_id,
             "state": self.state.value,
             "metric": self.metric,
+            "fold_metrics": list(self.folds.values) if self.folds is not None else None,
+            "fold_spread": self.folds.spread if self.folds is not None else None,
             "step": self.step,
             "milestone": self.milestone,
             "last_value": self.last_value,
@@ -280,6 +286,7 @@ class _Fold:
     submitted_at: float | None = None
     executor: Executor | None = None
     metric: float | None = None
+    folds: FoldScores | None = None
     cause: Cause | None = None
     detail: str = ""
     milestone: int | None = None
@@ -310,6 +317,7 @@ class _Fold:
             submitted_at=self.submitted_at,
             executor=self.executor,
             metric=self.metric,
+            folds=self.folds,
             step=self.step,
             milestone=self.milestone,
             last_value=self.last_value,
@@ -397,7 +405,7 @@ def fold(spec: TrialSpec, events: Sequence[Event]) -> TrialRecord:
             if f.state not in (TrialState.REJECTED, TrialState.BUDGET_EXHAUSTED, TrialState.CANCELLED):
                 # A quarantined result is withdrawn, never scored: the trial is rerun cleanly.
                 f.set(TrialState.QUARANTINED, Cause.CHECKPOINT_COLLISION, data.reason)
-                f.metric, f.invalid = None, True
+                f.metric, f.folds, f.invalid = None, None, True
                 f.milestone = f.last_value = None
                 f.train_metrics = {}
         elif isinstance(data, GaveUp):
@@ -442,6 +450,7 @@ def _fold_ending(f: _Fold, ev: Event, data: Ended, tainted: bool) -> None:
         f.set(_TERMINAL_ENDS[how], data.cause, data.reason or str(data.outcome or ""))
         if how is AttemptEnd.COMPLETED:
             f.metric = data.metric
+            f.folds = FoldScores(data.folds) if data.folds else None
     elif how is AttemptEnd.FAILED:
         assert data.cause is not None  # Ended.__post_init__: a failed attempt names its failure class
         f.failures.append((n, data.cause))

@@ -141,7 +141,7 @@ def check_policy(contract: Contract) -> None:
     if data.SplitMethod(contract["split_method"]).leaks_shipments():
         raise GovernanceRefusal(
             Outcome.reject("split_method"),
-            f"split {contract['split_revision']} is a {contract['split_method']} split; trials must be split by shipment or by time (split=group_r8, time_r1)",
+            f"split {contract['split_revision']} is a {contract['split_method']} split; trials must be split by shipment or by time (split=group_r8, group_kfold_r1, time_r1 or time_kfold_r1)",
         )
     if contract["split_snapshot_digest"] != contract["snapshot_digest"]:
         raise GovernanceRefusal(Outcome.reject("split_digest"), "the split was made from another snapshot; regenerate the split for this snapshot")

@@ -10,11 +10,12 @@ calls ``report`` then ``decide`` at each milestone, and the ledger calls ``inval
         if store.decide(pruner, trial_id, step, exclude=quarantined).action.stops_trial:
             ...  # record the trial as pruned and stop
 
-The rule (ties included) is in ``_rule``; the concurrency guarantees are in ``_store``.
+A K-fold trial reports each fold run's milestones to that fold's store (``store.of_fold(f)``) the
+mean over its folds so far (``value_over_folds``). The rule (ties included) is in ``_rule``; the concurrency guarantees are in ``_store``.
 """
 
 from parcel_hpc.errors import UsageError
-from parcel_hpc.pruning._rule import AsyncSuccessiveHalving, NopPruner, PruneAction, PruneDecision, Pruner
+from parcel_hpc.pruning._rule import AsyncSuccessiveHalving, NopPruner, PruneAction, PruneDecision, Pruner, value_over_folds
 from parcel_hpc.pruning._store import Invalidation, MilestoneReport, MilestoneStore, RecordedDecision
 
 
@@ -39,4 +40,5 @@ __all__ = [
     "PruneDecision",
     "Pruner",
     "RecordedDecision",
+    "value_over_folds",
 ]

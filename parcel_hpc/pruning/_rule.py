@@ -14,6 +14,14 @@ at step ``s`` with peer values ``peers`` (other trials' values at the SAME miles
    ``threshold`` is the ``keep``-th smallest of the ``n`` values (the trial's own value included):
    CONTINUE iff ``value <= threshold``, else PRUNE.
 
+A K-fold trial (its fold runs in turn, fold 0 first) is compared at milestone ``m`` of fold run ``f``
+on the mean of its values at ``m`` over folds ``0..f`` (``value_over_folds``), with peers that
+reported at the same ``(f, m)``: every value compared is a mean over the same folds at the same
+step, so a trial is never judged on a fold its peers lacked, nor its peers on one it lacked. Paired,
+as Optuna's WilcoxonPruner pairs per-instance values, but by fold index rather than a test over the
+instances: with K of 3 to 10 folds a signed-rank test has too few pairs to reject at any usual level
+until the last folds, while successive halving over the running mean prunes from fold 0 on.
+
 Equivalently: a trial is pruned iff at least ``keep`` of its peers are STRICTLY better. Ties never
 prune: every trial whose value equals the threshold continues, so more than ``keep`` trials may go
 on, and the best value at a milestone (ties included) always continues. ``eta`` is the reduction
@@ -63,6 +71,20 @@ def check_value(value: object, what: str = "value") -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise UsageError(f"{what} {value!r} must be a finite number; report a diverged trial as failed instead of pruning it")
     return float(value)
+
+
+def value_over_folds(mean_before: float | None, fold: int, value: float) -> float | None:
+    """The value a K-fold trial is compared on at one milestone of fold run ``fold``: the mean of its
+    values there over folds ``0..fold``, from ``mean_before`` (that mean over folds ``0..fold-1``, as
+    it was compared at the same milestone of the fold before) and this fold's ``value``. None when a
+    later fold has no ``mean_before`` (its earlier fold's report was withdrawn): then it is not compared."""
+    check_step(fold, "fold")
+    value = check_value(value)
+    if fold == 0:
+        return value
+    if mean_before is None:
+        return None
+    return (check_value(mean_before, "mean_before") * fold + value) / (fold + 1)
 
 
 def check_milestones(milestones: object) -> tuple[int, ...]:

@@ -9,6 +9,8 @@ Owns this layout (every file create-exclusive, first writer wins, never rewritte
     <search_dir>/prune_decisions/<m>/<trial>.invalid/<peer>.json
                                                     that decision used <peer>, later quarantined
     <search_dir>/prune_excluded/<trial>.json        <trial> was quarantined: never a peer again
+    <search_dir>/folds/<f>/...                      the same layout for fold run <f> >= 1 of K-fold trials
+                                                    (fold 0's is the search's own: ``of_fold``)
 
 Must not decide anything itself (the ``Pruner`` does) nor know why a trial was quarantined (the
 ledger does; it calls ``invalidate_uses_of``). No server, no lock: NFS gives us ``link(2)`` failing
@@ -116,6 +118,18 @@ class MilestoneStore:
         self.milestones = check_milestones(tuple(milestones))
         self._clock = clock
         self._check_frozen_milestones(readonly)
+
+    def of_fold(self, fold: int | None) -> MilestoneStore:
+        """The store of fold run ``fold`` of K-fold trials, whose peers are the same fold's (fold 0 and a
+        trial without folds, None: this one); it shares this store's milestones and clock."""
+        if not fold:
+            return self
+        return MilestoneStore(self.root / "folds" / str(check_step(fold, "fold")), self.milestones, self._clock)
+
+    def fold_stores(self) -> list[MilestoneStore]:
+        """This store and every fold run's found beside it: what a quarantine invalidates."""
+        folds = sorted(int(n) for n in fsio.names(self.root / "folds", within=self.root) if n.isdigit() and n != "0")
+        return [self, *(self.of_fold(f) for f in folds)]
 
     # -- reports --------------------------------------------------------------------------------
 

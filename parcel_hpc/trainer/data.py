@@ -155,12 +155,15 @@ def serving_data(frame_shape: tuple[int, int], preprocessing: Mapping[str, Any],
     return TrainingData(empty, empty, unfitted, split_revision)
 
 
-def load_training_data(snapshot_path: str | os.PathLike, split: Split, preprocessing: Mapping[str, Any], *, verify_digest: bool = True) -> TrainingData:
-    """Read train and validation of ``split`` and fit the pinned preprocessing on train only.
+def load_training_data(
+    snapshot_path: str | os.PathLike, split: Split, preprocessing: Mapping[str, Any], *, verify_digest: bool = True, fold: int = 0
+) -> TrainingData:
+    """Read train and validation of ``split``'s fold ``fold`` and fit the pinned preprocessing on that
+    fold's train only (a K-fold trial's fold run sees no statistic of its own validation fold).
 
     ``verify_digest=False`` only where the caller has just hashed this very file (the worker's admission).
     """
-    train = load_partition(snapshot_path, split, "train", verify_digest=verify_digest)
-    validation = load_partition(snapshot_path, split, "validation", verify_digest=False)  # the same file, just verified
+    train = load_partition(snapshot_path, split, "train", verify_digest=verify_digest, fold=fold)
+    validation = load_partition(snapshot_path, split, "validation", verify_digest=False, fold=fold)  # the same file, just verified
     fitted, x_train = Preprocessor.fit_transform(str(preprocessing["revision"]), int(preprocessing["pool"]), train.images)
     return TrainingData(Examples.of(train, x_train), Examples.of(validation, fitted(validation.images)), fitted, split.revision)

@@ -5,12 +5,22 @@ Order matters and is the point of this module:
 2. the checkpoint-directory claim (a collision quarantines both trials before any training);
 3. build the researcher's trainer on the loader's arrays; resume it from the last good checkpoint;
 4. train (``training.py``); report at milestones only; the stop rule compares same-milestone peers;
-5. end: completed with its metric, pruned, failed with a class, interrupted, quarantined, or
+5. end: completed with its metric (a K-fold trial's: the mean over its fold runs), pruned, failed with a class, interrupted, quarantined, or
    rejected (also when the trainer asks for the final partition).
 
 The process is fenced from the final partition's files (``parcel_hpc.fence``) once admission has read
 the snapshot and before it imports the trainer: every moment trainer code runs (its import, its
 ``__init__``, every call) is behind the fence, which no code in the process can lift.
+
+A K-fold trial (its split has folds: ``Split.fold_count``) runs its K fold runs in turn inside this
+one attempt, steps 2 to 4 once per fold: each fold run claims its own checkpoint directory (the
+trial's, ``fold-<k>`` inside it; the claim names the fold), trains a fresh trainer on that fold's
+training part with the preprocessing fitted there, is scored on its validation fold, and reports
+its milestones to that fold's pruning store. An attempt after an interruption walks the folds
+again: a fold whose last checkpoint is at the last step is scored from it (no step runs twice), and
+the first unfinished fold resumes from its own checkpoint, bit-exact as a trial without folds. The
+attempt, not the fold run, is what the scheduler sees, retries and classifies, and what the budget
+reserves (its time limit covers the K fold runs). Left out: fold runs of one trial in parallel slots.
 
 The trainer's state is taken only between steps: the scheduler's signal is held until the loop's next
 step boundary (``signals.py``; ``Run.stepped`` reads it), where the loop checkpoints and returns; the
@@ -35,11 +45,12 @@ from parcel_hpc.data import Split, read_split
 from parcel_hpc.errors import UsageError
 from parcel_hpc.governance.admission import TrialIdentity, admit, check_worker, drift_detail
 from parcel_hpc.governance.contract import Contract
+from parcel_hpc.governance.metric import FoldScores
 from parcel_hpc.governance.outcome import Outcome
 from parcel_hpc.ledger import Admitted, AttemptEnd, Cause, DeviceUse, Ended, SearchDir, Started, TrialRecord, TrialState
 from parcel_hpc.lifecycle import settlement
 from parcel_hpc.lifecycle.actions import interruption_counts, previous_attempt_ending
-from parcel_hpc.pruning import MilestoneStore, make_pruner
+from parcel_hpc.pruning import MilestoneStore, make_pruner, value_over_folds
 from parcel_hpc.trainer import (
     FINAL_PARTITION_OUTCOME,
     Devices,
@@ -68,8 +79,9 @@ TRACEBACK_CHARS = 20_000  # the end of a failure's traceback kept in its journal
 
 
 def _same_trial(exc: claims.CheckpointCollision, plan: WorkerPlan) -> bool:
+    """The holder is another attempt of this very trial's run (of the same fold, for a K-fold trial)."""
     trial = exc.their_trial
-    return trial is not None and not exc.other_search and trial.trial_id == plan.trial_id and trial.config_hash == plan.config_hash
+    return trial is not None and not exc.other_search and not exc.other_fold and trial.trial_id == plan.trial_id and trial.config_hash == plan.config_hash
 
 
 class StopAttempt(Exception):
@@ -101,11 +113,13 @@ class AttemptRun:
         self.store: ckpt.CheckpointStore | None = None
         self.claim: claims.Claim | None = None
         self.milestones = MilestoneStore(self.search.path, plan.pruner["milestones"])
+        self.fold: int | None = None  # the fold run under way of a K-fold trial (None: a trial without folds)
         self.pruner = make_pruner(plan.pruner)
         self._restored: Restored | None = None  # the checkpoint read before the loop, until the loop restores it
         self.timed_out = False  # the attempt's own limit stopped its loop
         self.step = 0  # steps the trainer has done
         self.data: TrainingData | None = None
+        self._asked: list[str] = []  # every fold run's requests for the final partition: one record for the attempt
         self.fenced: fence.Armed | None = None  # the fence around this process, once admission armed it
         self.trips_before = len(fence.tripped())  # what earlier trials of the pack tried is theirs
         self.programs_before = len(fence.allowed())  # and the compiler's programs they started
@@ -136,31 +150,21 @@ class AttemptRun:
             self._reserve(contract)
             # The claim fields only: claims and checkpoint headers store and compare exactly these.
             identity = TrialIdentity(plan.trial_id, plan.config_hash, contract.digest, contract["snapshot_digest"])
-            ckpt_dir = self._checkpoint_dir()
-            claim = self.claim = self._claim(ckpt_dir, identity)
-            self.store = ckpt.CheckpointStore(ckpt_dir, identity, keep_last=plan.keep_last, claim=claim)
-            # Admission read the snapshot and the split before the fence: neither is read twice.
-            data = self.cache.training_data(plan.snapshot_path, cast(Split, self.split), plan.preprocessing)  # _admit read it
-            data = self.data = replace(data, devices=Devices.from_env(self.facts.gpus, self.facts.cuda_visible_devices))
-            self.sampler = UtilizationSampler(data.devices.visible).start()  # after the fence: its thread is inside it
+            k = cast(Split, self.split).fold_count  # _admit read it
+            values = []
             with self.signals as held:
-                trainer = make_trainer(contract["trainer"], self.search.path)  # the trainer's __init__
-                data = self.data = replace(data, budget=budget(plan, type(trainer).unit))  # its steps, milestones, cadence
-                trainer.build(build_params(trainer, plan.params), plan.seed, data)
-                restored = self._restored = self._latest()
-                self._stop_if_final_requested()
-                if restored is not None:
-                    self.step = restored.step
-                    # Under a declared train.resume_tolerance the launch admitted a resume that may drift: its metric says so.
-                    self.ledger.resumed(self.attempt, restored.step, exact=not contract["train"].get("resume_tolerance"))
-                if restored is not None and restored.step >= plan.steps:
-                    step, value = self._score_last(trainer, restored, data)
-                else:
-                    step, value = self._train(trainer, data, held)
+                for fold in range(k):
+                    step, value = self._run_fold(contract, identity, held, fold if k > 1 else None)
+                    values.append(value)
+                    if fold < k - 1:
+                        cast(claims.Claim, self.claim).release()  # this fold run is done: its chain is left in order
+                        self._interrupt_between_folds(held)
             self._stop_if_final_requested()
-            self._end(Ended(AttemptEnd.COMPLETED, metric=value, step=step))
-            claim.release()
-            return WorkerResult(plan.trial_id, Ran.COMPLETED, metric=value, step=step)
+            folds = FoldScores(tuple(values)) if k > 1 else None
+            metric = folds.mean if folds is not None else value
+            self._end(Ended(AttemptEnd.COMPLETED, metric=metric, step=step, folds=folds.values if folds is not None else ()))
+            cast(claims.Claim, self.claim).release()
+            return WorkerResult(plan.trial_id, Ran.COMPLETED, metric=metric, step=step)
         except claims.CheckpointCollision as exc:
             return self._collided(exc)
         except StopAttempt as exc:
@@ -173,6 +177,41 @@ class AttemptRun:
             return WorkerResult(plan.trial_id, Ran.INTERRUPTED, cause=Cause.TIMEOUT, again=again)
         except Exception as exc:
             return self._unexpected(exc)
+
+    def _run_fold(self, contract: Contract, identity: TrialIdentity, held: StepBoundarySignals, fold: int | None) -> tuple[int, float]:
+        """One fold run of a K-fold trial (``fold`` None: the one run of a trial without folds): claim
+        its checkpoint chain, build a fresh trainer on its data, resume it, train or score its last
+        checkpoint; its (step, validation value)."""
+        plan = self.plan
+        self.fold, self.step = fold, 0
+        ckpt_dir = self._checkpoint_dir(fold)
+        claim = self.claim = self._claim(ckpt_dir, identity)
+        self.store = ckpt.CheckpointStore(ckpt_dir, identity, keep_last=plan.keep_last, claim=claim)
+        # Admission read the snapshot and the split before the fence: neither is read twice.
+        data = self.cache.training_data(plan.snapshot_path, cast(Split, self.split), plan.preprocessing, fold or 0)
+        data = self.data = replace(data, devices=Devices.from_env(self.facts.gpus, self.facts.cuda_visible_devices), _asked_for_final=self._asked)
+        if self.sampler is None:
+            self.sampler = UtilizationSampler(data.devices.visible).start()  # after the fence: its thread is inside it
+        trainer = make_trainer(contract["trainer"], self.search.path)  # the trainer's __init__
+        data = self.data = replace(data, budget=budget(plan, type(trainer).unit))  # its steps, milestones, cadence
+        trainer.build(build_params(trainer, plan.params), plan.seed, data)
+        restored = self._restored = self._latest()
+        self._stop_if_final_requested()
+        if restored is not None:
+            self.step = restored.step
+            # Under a declared train.resume_tolerance the launch admitted a resume that may drift: its metric says so.
+            self.ledger.resumed(self.attempt, restored.step, exact=not contract["train"].get("resume_tolerance"), fold=fold)
+        if restored is not None and restored.step >= plan.steps:
+            return self._score_last(trainer, restored, data)
+        return self._train(trainer, data, held)
+
+    def _interrupt_between_folds(self, held: StepBoundarySignals) -> None:
+        """A signal that came during the last step of a fold run: honoured here, before the next fold
+        starts (the next attempt scores the finished fold from its last checkpoint)."""
+        if held.pending:
+            held.deliver()
+            if self.ended:
+                raise StopAttempt("interrupted")
 
     def _collided(self, exc: claims.CheckpointCollision) -> WorkerResult:
         plan = self.plan
@@ -216,7 +255,8 @@ class AttemptRun:
             raise StopAttempt(TrialState.REJECTED.value)
         split = self.split = read_split(plan.split_path)
         try:
-            self.cache.training_data(plan.snapshot_path, split, plan.preprocessing)  # the snapshot is read before the fence or never
+            for fold in range(split.fold_count):  # the snapshot is read before the fence or never: every fold's part
+                self.cache.training_data(plan.snapshot_path, split, plan.preprocessing, fold)
         except PermissionError:
             if not fence.is_armed():
                 raise
@@ -265,7 +305,9 @@ class AttemptRun:
         while True:
             try:
                 found = self.search.identity()  # claims name their search: another search's directory is never taken over or moved
-                here = claims.ClaimIdentity.here(identity, job_id=self.facts.job_id, attempt=self.attempt, search_id=found.search_id if found else "")
+                here = claims.ClaimIdentity.here(
+                    identity, job_id=self.facts.job_id, attempt=self.attempt, search_id=found.search_id if found else "", fold=self.fold
+                )
                 return claims.claim_directory(ckpt_dir, here)
             except claims.CheckpointCollision as exc:
                 theirs = exc.their_attempt
@@ -288,12 +330,15 @@ class AttemptRun:
             raise StopAttempt(TrialState.BUDGET_EXHAUSTED.value)
         self.reserved = True
 
-    def _checkpoint_dir(self) -> str:
+    def _checkpoint_dir(self, fold: int | None) -> str:
+        """The trial's directory; a K-fold trial's fold run's, ``fold-<k>`` inside it (each its own chain)."""
         if self.prior.quarantines:
             # A quarantined trial reruns in a directory nobody else can have been pointed at, named
             # by its quarantine generation, so a preempted clean rerun resumes its own checkpoints.
-            return str(self.search.path / "checkpoints-clean" / f"{self.plan.trial_id}-q{self.prior.tainted_upto}")
-        return self.plan.checkpoint_dir()
+            trial_dir = str(self.search.path / "checkpoints-clean" / f"{self.plan.trial_id}-q{self.prior.tainted_upto}")
+        else:
+            trial_dir = self.plan.checkpoint_dir()
+        return trial_dir if fold is None else str(Path(trial_dir) / f"fold-{fold}")
 
     def _latest(self) -> Restored | None:
         """The trial's last good checkpoint (None: a fresh start); the files it skipped are journaled."""
@@ -358,19 +403,29 @@ class AttemptRun:
             self._stop_if_cancelled()
         except StopAttempt as exc:
             return Stop(str(exc))  # ended and journaled: the loop returns
-        is_milestone = self.milestones.report(self.plan.trial_id, step, value, self.attempt)
-        self.ledger.milestone(self.attempt, step, value, is_milestone, train_metrics)
+        self.ledger.milestone(self.attempt, step, value, step in self.milestones.milestones, train_metrics, fold=self.fold)
+        if self.fold:
+            # A K-fold trial is compared on its mean over folds 0..fold at this step, with the peers of this fold run.
+            before = self.milestones.of_fold(self.fold - 1).report_of(self.plan.trial_id, step)
+            compared = value_over_folds(before.value if before is not None else None, self.fold, value)
+            if compared is None:
+                return None  # its earlier fold's report was withdrawn: not compared on folds its peers have
+            value = compared
+        store = self.milestones.of_fold(self.fold)
+        is_milestone = store.report(self.plan.trial_id, step, value, self.attempt)
         if final or not is_milestone:
             return None
-        decision = self.milestones.decide(self.pruner, self.plan.trial_id, step)
+        decision = store.decide(self.pruner, self.plan.trial_id, step)
         if decision.action.stops_trial:
+            over = f" (the mean over folds 0..{self.fold})" if self.fold else ""
+            where = f"milestone {step}" if self.fold is None else f"milestone {step} of fold {self.fold}{over}"
             self._end(
                 Ended(
                     AttemptEnd.PRUNED,
                     step=step,
                     milestone=step,
                     value=value,
-                    reason=f"pruned at milestone {step}: {value:.4f} > threshold {decision.threshold:.4f}",
+                    reason=f"pruned at {where}: {value:.4f} > threshold {decision.threshold:.4f}",
                 )
             )
             return Stop.PRUNED

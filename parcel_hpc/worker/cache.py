@@ -72,13 +72,13 @@ class WorkerCache:
             found, problem = {}, str(exc)
         return WorkerObservation(snapshot, split.digest, split.method.value, image_digest, found), problem
 
-    def training_data(self, snapshot_path: str, split: Split, preprocessing: Mapping[str, Any]) -> TrainingData:
-        """The loader's arrays for this trial, read before the process is fenced (admission then hashes
-        the same file, ``observe``); a later trial of the pack takes them from here."""
-        key = (_file_key(snapshot_path), split.digest, canonical_json(dict(preprocessing)))
+    def training_data(self, snapshot_path: str, split: Split, preprocessing: Mapping[str, Any], fold: int = 0) -> TrainingData:
+        """The loader's arrays for fold ``fold`` of this trial, read before the process is fenced
+        (admission then hashes the same file, ``observe``); a later trial of the pack takes them from here."""
+        key = (_file_key(snapshot_path), split.digest, canonical_json(dict(preprocessing)), fold)
         data = self._data.get(key)
         if data is None:
-            data = self._data[key] = load_training_data(snapshot_path, split, preprocessing, verify_digest=False)
+            data = self._data[key] = load_training_data(snapshot_path, split, preprocessing, verify_digest=False, fold=fold)
         return replace(data, _asked_for_final=[])  # this trial's own record of requests for the final partition
 
     def _snapshot(self, path: str) -> str:

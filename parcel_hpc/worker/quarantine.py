@@ -15,6 +15,7 @@ marked. The launch refuses a ``checkpoint.dir`` in use by another search at the 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from parcel_hpc import anchor, fsio
 from parcel_hpc.checkpoints import claims
@@ -40,12 +41,13 @@ def quarantine_collision(search: SearchDir, trial_id: str, attempt: int, exc: cl
         moved = anchor.shown(claims.quarantine_move(exc.ckpt_dir, search.quarantine_dir, "_".join(involved), reason))
     except UsageError:
         pass  # already moved by the other trial's attempt: nothing is lost
-    milestones = MilestoneStore(search.path, _milestones(search))
+    stores = MilestoneStore(search.path, _milestones(search)).fold_stores()
     for tid in involved:
         upto = uptos[tid]
         search.writer(tid, "quarantine").quarantined(reason, upto, moved, [t for t in involved if t != tid])
         _move_reports(search, tid, upto)
-        milestones.invalidate_uses_of(tid, reason)
+        for store in stores:
+            store.invalidate_uses_of(tid, reason)
     return involved
 
 
@@ -55,7 +57,8 @@ def _quarantine_alone(search: SearchDir, trial_id: str, attempt: int, reason: st
     if search.mark_quarantined(trial_id, attempt, reason):
         search.writer(trial_id, "quarantine").quarantined(reason, attempt, "", [])
         _move_reports(search, trial_id, attempt)
-        MilestoneStore(search.path, _milestones(search)).invalidate_uses_of(trial_id, reason)
+        for store in MilestoneStore(search.path, _milestones(search)).fold_stores():
+            store.invalidate_uses_of(trial_id, reason)
     return [trial_id]
 
 
@@ -80,10 +83,12 @@ def _move_reports(search: SearchDir, trial_id: str, upto: int) -> None:
     (The pruning store separately keeps a quarantined trial out of every later peer set.)
     """
     dest = fsio.ensure_dir(search.quarantine_dir / "reports" / f"{trial_id}-a{upto}")
-    for area in ("milestones", "off_milestone", "prune_decisions"):
-        for path in list((search.path / area).glob(f"*/{trial_id}.json")) + list((search.path / area).glob(f"*/{trial_id}.invalid")):
-            target = fsio.ensure_dir(dest / area / path.parent.name) / path.name
-            try:
-                os.replace(path, target)
-            except FileNotFoundError:
-                pass  # moved by a concurrent quarantine of the same collision
+    roots = [Path(), *(Path("folds") / p.name for p in sorted((search.path / "folds").glob("[0-9]*")))]  # a K-fold trial's fold runs' stores too
+    for root in roots:
+        for area in ("milestones", "off_milestone", "prune_decisions"):
+            for path in list((search.path / root / area).glob(f"*/{trial_id}.json")) + list((search.path / root / area).glob(f"*/{trial_id}.invalid")):
+                target = fsio.ensure_dir(dest / root / area / path.parent.name) / path.name
+                try:
+                    os.replace(path, target)
+                except FileNotFoundError:
+                    pass  # moved by a concurrent quarantine of the same collision

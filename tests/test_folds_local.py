@@ -1,0 +1,122 @@
+"""A 5-fold search end to end on the local executor (issue 48): each trial is five fold runs in turn,
+each with its own claimed checkpoint chain, pruned on the mean over the folds it has run, scored as
+the mean over its folds (shown with their spread); and a trial signalled in the middle of a fold
+resumes that fold from its own checkpoint to exactly the uninterrupted trial's values."""
+
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+
+import pytest
+
+from parcel_hpc.budget import BudgetLedger
+from parcel_hpc.data import read_split
+from parcel_hpc.ledger import AttemptEnd, Cause, SearchDir, Started, TrialState
+from parcel_hpc.ledger.events import Milestone, Resumed
+from parcel_hpc.pruning import MilestoneStore
+from parcel_hpc.testing import launch, parcel_hpc
+from parcel_hpc.testing.runs import subprocess_env, wait_for
+
+K = 5
+SPLIT = "split=group_kfold_r1"
+MILESTONES = (10, 20, 41, 82)
+
+
+@pytest.fixture(scope="module")
+def fold_search(tmp_path_factory, artifacts):
+    root = tmp_path_factory.mktemp("folds")
+    args = [f"search.root={root / 'runs'}", "search.revision=kf", SPLIT, "search.n_trials=6", "pruner.min_peers=2", "hydra.launcher.parallelism=2"]
+    shutil.copytree(artifacts["dir"], root / "data")
+    res = launch(args, cwd=root, data_dir=root / "data")
+    assert res.returncode == 0, res.stderr[-3000:]
+    return {"root": root, "search": SearchDir(root / "runs" / "kf"), "stdout": res.stdout}
+
+
+def test_a_fold_trial_runs_k_fold_runs_each_on_its_own_claimed_chain_and_scores_their_mean(fold_search, artifacts):
+    search = fold_search["search"]
+    assert read_split(artifacts["group_kfold_split_path"]).fold_count == K
+    records = search.records()
+    assert len(records) == 6 and all(r.state in (TrialState.COMPLETED, TrialState.PRUNED) for r in records)
+    completed = [r for r in records if r.state is TrialState.COMPLETED]
+    assert completed
+    for r in completed:
+        assert r.folds is not None and len(r.folds.values) == K
+        assert r.metric == pytest.approx(statistics.fmean(r.folds.values), abs=1e-12)
+        assert r.folds.spread == pytest.approx(statistics.stdev(r.folds.values), abs=1e-12)
+        # Each fold's last milestone in the ledger is its value: the metric is theirs, fold by fold.
+        last = {m.fold: m.value for m in (e.data for e in search.events(r.trial_id)) if isinstance(m, Milestone) and m.step == 82}
+        assert tuple(last[k] for k in range(K)) == r.folds.values
+        for k in range(K):
+            chain = fold_search["root"] / "runs" / "kf" / "checkpoints" / r.trial_id / f"fold-{k}"
+            claims = sorted(chain.glob("claim-*.json"))
+            assert claims and {json.loads(c.read_text())["fold"] for c in claims} == {k}
+            assert json.loads(claims[-1].read_text())["state"] == "released"
+    # The worst case a launch admits, and each attempt reserves, is K fold runs' time limit (resources.time_limit_min=10).
+    assert f"x {K * 10 / 60:.2f} h limit" in fold_search["stdout"]
+    assert search.contract()["resources"]["time_limit_min"] == K * 10
+    cpus = search.contract()["resources"]["cpus"]
+    assert [h.reserved_cpu_hours for h in BudgetLedger.read(search.path).holds.values()] == pytest.approx([cpus * K * 10 / 60] * 6)
+
+
+def test_a_fold_trial_is_compared_on_its_mean_over_the_folds_so_far_with_the_same_fold_s_peers(fold_search):
+    search = fold_search["search"]
+    store = MilestoneStore(search.path, MILESTONES, readonly=True)
+    for r in search.records():
+        values = [m for m in (e.data for e in search.events(r.trial_id)) if isinstance(m, Milestone) and m.is_milestone]
+        for fold in range(K):
+            for step in MILESTONES:
+                report = store.of_fold(fold).report_of(r.trial_id, step) if fold else store.report_of(r.trial_id, step)
+                own = [m.value for m in values if m.step == step and m.fold is not None and m.fold <= fold]
+                if report is None:
+                    continue
+                assert len(own) == fold + 1 and report.value == pytest.approx(statistics.fmean(own), abs=1e-12)
+    # Later folds decide among the trials that reached them (each decision's peers are that fold's).
+    later = [d.decision for f in range(1, K) for d in store.of_fold(f).decisions()]
+    assert later and all(set(d.peer_ids) <= {r.trial_id for r in search.records()} for d in later)
+    assert all("of fold" in r.reason for r in search.records() if r.state is TrialState.PRUNED)
+
+
+def test_status_and_export_show_each_fold_and_the_spread(fold_search):
+    search = fold_search["search"]
+    status = parcel_hpc(["status", str(search.path)], env={"COLUMNS": "400"})
+    assert status.returncode == 0 and f"over {K} folds [" in status.stdout, status.stdout[-2000:]
+    shown = json.loads(parcel_hpc(["status", str(search.path), "--json"]).stdout)["trials"]
+    assert {t["trial_id"]: t["fold_metrics"] for t in shown} == {r.trial_id: list(r.folds.values) if r.folds else None for r in search.records()}
+    export = parcel_hpc(["export", str(search.path), "--format", "jsonl"])
+    assert export.returncode == 0, export.stderr
+    rows = {row["trial_id"]: row for row in map(json.loads, export.stdout.splitlines())}
+    for r in search.records():
+        if r.state is TrialState.COMPLETED:
+            assert r.folds is not None
+            assert [float(v) for v in rows[r.trial_id]["fold_metrics"].split()] == list(r.folds.values)
+            assert rows[r.trial_id]["fold_spread"] == pytest.approx(r.folds.spread)
+
+
+def test_a_fold_signalled_mid_run_resumes_its_own_chain_to_the_uninterrupted_values(tmp_path, data_dir):
+    common = [SPLIT, "search.n_trials=1", "pruner=none", "train.step_seconds=0.03"]
+    ref = launch([f"search.root={tmp_path}", "search.revision=ref", *common], cwd=tmp_path, data_dir=data_dir)
+    assert ref.returncode == 0, ref.stderr[-2000:]
+    reference = SearchDir(tmp_path / "ref").record("t0000")
+
+    argv = [sys.executable, "-m", "parcel_hpc.launch", "-m", f"search.root={tmp_path}", "search.revision=sig", *common]
+    launcher = subprocess.Popen(argv, cwd=tmp_path, env=subprocess_env(data_dir, {}), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    fold_2 = tmp_path / "sig" / "checkpoints" / "t0000" / "fold-2"
+    wait_for(lambda: launcher.poll() is not None or any(fold_2.glob("ckpt-*.h5")), 180, "a first checkpoint of fold 2")
+    assert launcher.poll() is None, launcher.stderr.read() if launcher.stderr else ""
+    search = SearchDir(tmp_path / "sig")
+    started = [e.data for e in search.events("t0000") if isinstance(e.data, Started)][-1]
+    os.kill(started.pid, signal.SIGUSR2)  # what submitit's controller sends at the time limit
+    _, err = launcher.communicate(timeout=300)
+    assert launcher.returncode == 0, err[-2000:]
+
+    record = search.record("t0000")
+    first, second = record.attempts
+    assert (first.how, first.cause) == (AttemptEnd.INTERRUPTED, Cause.TIMEOUT) and 0 < first.step < 82
+    assert second.how is AttemptEnd.COMPLETED
+    resumed = {e.data.fold: e.data.step for e in search.events("t0000") if isinstance(e.data, Resumed) and e.attempt == second.number}
+    assert resumed == {0: 82, 1: 82, 2: first.step}  # the finished folds scored from their last checkpoint; fold 2 where it stopped
+    assert record.folds == reference.folds and record.metric == reference.metric  # bit-equal to the uninterrupted trial
