@@ -17,20 +17,13 @@ BACKEND_PACKAGES = tuple(f"parcel_hpc.scheduler.{p.name}" for p in (PACKAGE / "s
 REGISTRY = "parcel_hpc.scheduler.registry"
 
 # Modules outside a backend that still name one, each a step not taken yet (docs/architecture.md):
-# the common record of a run is still SLURM's JobRun and JobState (scheduler/slurm/runs.py,
-# states.py), the admins' sacct reports read SLURM directly, and the fake dispatcher stands in for
-# the local executor.
+# the admins' sacct reports read SLURM directly, and the fake dispatcher stands in for the local executor.
 STILL_NAMING = {
     "parcel_hpc.ledger.events",  # where the Executor values are (a backend's is one line) and Started's default
-    "parcel_hpc.scheduler.base",  # JobRun, for typing only
-    "parcel_hpc.accounting.account",
     "parcel_hpc.accounting.account_report",
-    "parcel_hpc.accounting.reconcile",
     "parcel_hpc.accounting.scheduled",
     "parcel_hpc.accounting.search_report",
     "parcel_hpc.commands.reconcile",
-    "parcel_hpc.lifecycle.resolution",  # JobRun, for typing only
-    "parcel_hpc.lifecycle.resubmit",
     "parcel_hpc.testing.dispatchers",
 }
 

@@ -10,11 +10,12 @@ from parcel_hpc.accounting.reconcile import FlagKind, Waste, reconcile
 from parcel_hpc.budget import BudgetCaps, Rates
 from parcel_hpc.errors import AccountingError
 from parcel_hpc.ledger import Event, TrialSpec, fold
-from parcel_hpc.scheduler.slurm.runs import JobRun, job_runs
+from parcel_hpc.scheduler.runs import JobRun
+from parcel_hpc.scheduler.slurm.runs import sacct_runs
 from parcel_hpc.scheduler.slurm.sacct import SACCT_FORMAT, build_sacct_argv
 from parcel_hpc.scheduler.slurm.sacct_parse import parse_sacct
-from parcel_hpc.scheduler.slurm.states import JobState
 from parcel_hpc.scheduler.slurm.version import SlurmVersion
+from parcel_hpc.scheduler.states import JobState
 
 FIXTURES = sorted((Path(__file__).parent / "fixtures" / "sacct").glob("preempt_requeue_*.txt"))
 CAPS = BudgetCaps(max_trials=10, gpu_hours_cap=1.0, cost_cap=10.0, rates=Rates(per_gpu_hour=2.0, per_cpu_hour=0.5))
@@ -27,7 +28,7 @@ def _version(path: Path) -> tuple[int, ...]:
 def _runs(path: Path, name: str) -> list[JobRun]:
     table = parse_sacct(path.read_bytes(), source=path.name, allocations_only=True)
     named = {j for j, n in zip(table.column("job_id").to_pylist(), table.column("job_name").to_pylist()) if n == name}
-    return [r for r in job_runs(table) if r.job_id in named]
+    return [r for r in sacct_runs(table) if r.job_id in named]
 
 
 def test_fixtures_from_every_version_are_here():

@@ -26,7 +26,8 @@ from parcel_hpc.ledger import Executor, SearchDir, collector_paused
 from parcel_hpc.ledger.searches import owner_of
 from parcel_hpc.plotting import png_of, pyplot
 from parcel_hpc.scheduler.registry import DEFAULT, backend_of
-from parcel_hpc.scheduler.slurm.runs import job_runs, run_table, runs_table
+from parcel_hpc.scheduler.runs import job_runs, runs_table
+from parcel_hpc.scheduler.slurm.runs import run_table, sacct_runs
 from parcel_hpc.scheduler.slurm.sacct import SACCT_FORMAT, build_sacct_argv, installed_version, run_sacct
 from parcel_hpc.scheduler.slurm.sacct_parse import parse_sacct, parse_sacct_file
 
@@ -64,7 +65,7 @@ def reconcile_search(search: SearchDir, sacct_file: Path | None = None) -> Recon
         runs = [run for b in backends for run in b.local_runs(records, owner_of(search)) or []]
         return reconcile(campaign, objective, "local executor", records, runs, [], caps, journal, jobs_run, search_path=path)
     jobs = sorted({j for r in records for j in r.jobs})
-    runs = job_runs(parse_sacct(run_sacct(build_sacct_argv(jobs, version=installed_version())), source="sacct", allocations_only=True)) if jobs else []
+    runs = sacct_runs(parse_sacct(run_sacct(build_sacct_argv(jobs, version=installed_version())), source="sacct", allocations_only=True)) if jobs else []
     since = _created(search)
     # --allusers: an admin reconciling a colleague's search sees the orphans of every user
     named = (

@@ -21,16 +21,14 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 from parcel_hpc import anchor
 from parcel_hpc.budget import AssociationLimit
 from parcel_hpc.errors import ParcelError
 from parcel_hpc.ledger import Attempt, Cause, Executor, JobRole, SearchDir, Started, TrialRecord
 from parcel_hpc.probe import Liveness
-
-if TYPE_CHECKING:  # the common record of a run is sacct's shape (the local executor's runs are mapped to it)
-    from parcel_hpc.scheduler.slurm.runs import JobRun
+from parcel_hpc.scheduler.runs import JobRun
 
 
 class Plan(Protocol):

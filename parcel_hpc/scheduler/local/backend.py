@@ -18,7 +18,7 @@ from parcel_hpc.ledger import Attempt, Executor, JobRole, SearchDir, Started, Tr
 from parcel_hpc.probe import Liveness, local_process, seen_from_here
 from parcel_hpc.scheduler.base import Backend, Dispatcher, LauncherSettings, QueuedJob, QueueState, SelectionJob, Submit, devices_in
 from parcel_hpc.scheduler.local.runs import local_runs
-from parcel_hpc.scheduler.slurm.runs import JobRun
+from parcel_hpc.scheduler.runs import JobRun
 
 
 class LocalBackend(Backend):

@@ -14,8 +14,9 @@ from pathlib import Path
 from parcel_hpc.ledger import Cause, Executor, JobRole, SearchDir, Started, TrialRecord
 from parcel_hpc.probe import Liveness
 from parcel_hpc.scheduler.base import Backend, Dispatcher, LauncherSettings, QueuedJob, SelectionJob, Submit, devices_in
+from parcel_hpc.scheduler.runs import JobRun, runs_by_job
 from parcel_hpc.scheduler.slurm import queue, selection
-from parcel_hpc.scheduler.slurm.runs import JobRun, job_runs, runs_by_job
+from parcel_hpc.scheduler.slurm.runs import sacct_runs
 from parcel_hpc.scheduler.slurm.sacct import build_sacct_argv, installed_version, run_sacct
 from parcel_hpc.scheduler.slurm.sacct_parse import parse_sacct
 
@@ -78,7 +79,7 @@ class SlurmBackend(Backend):
         return Cause.TIMEOUT
 
     def runs(self, job_ids: Sequence[str]) -> dict[str, list[JobRun]]:
-        return runs_by_job(job_runs(parse_sacct(run_sacct(build_sacct_argv(job_ids, version=installed_version())), source="sacct", allocations_only=True)))
+        return runs_by_job(sacct_runs(parse_sacct(run_sacct(build_sacct_argv(job_ids, version=installed_version())), source="sacct", allocations_only=True)))
 
 
 def _gpus(env: Mapping[str, str]) -> int | None:

@@ -17,7 +17,7 @@ from parcel_hpc.errors import AccountingError, SchedulerUnavailable, UsageError
 from parcel_hpc.governance.validation import time_min  # SLURM's time forms, parsed in one place
 from parcel_hpc.scheduler.base import QueuedJob, QueueState
 from parcel_hpc.scheduler.slurm.calls import count
-from parcel_hpc.scheduler.slurm.states import JobState
+from parcel_hpc.scheduler.states import JobState
 
 # --Format, not --format: only it prints the restart count. A "|" suffix and no width: whole values.
 SQUEUE_FIELDS = ("JobArrayID", "State", "RestartCnt", "Reason", "NodeList")
