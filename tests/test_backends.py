@@ -5,25 +5,25 @@ trial's executor, so adding a backend touches none of them."""
 from __future__ import annotations
 
 import ast
+import datetime as dt
 from pathlib import Path
 
+import pytest
+
 import parcel_hpc
+from parcel_hpc.errors import UsageError
 from parcel_hpc.ledger import Executor
-from parcel_hpc.scheduler.base import Backend
+from parcel_hpc.scheduler.base import Backend, ReconcileSchedule
 from parcel_hpc.scheduler.registry import BACKENDS, DEFAULT, backend_of
 
 PACKAGE = Path(parcel_hpc.__file__).resolve().parent
 BACKEND_PACKAGES = tuple(f"parcel_hpc.scheduler.{p.name}" for p in (PACKAGE / "scheduler").iterdir() if (p / "__init__.py").exists())
 REGISTRY = "parcel_hpc.scheduler.registry"
 
-# Modules outside a backend that still name one, each a step not taken yet (docs/architecture.md):
-# the admins' sacct reports read SLURM directly, and the fake dispatcher stands in for the local executor.
+# Modules outside a backend that still name one: where the Executor values are declared, and the
+# fake dispatcher that stands in for the local executor.
 STILL_NAMING = {
     "parcel_hpc.ledger.events",  # where the Executor values are (a backend's is one line) and Started's default
-    "parcel_hpc.accounting.account_report",
-    "parcel_hpc.accounting.scheduled",
-    "parcel_hpc.accounting.search_report",
-    "parcel_hpc.commands.reconcile",
     "parcel_hpc.testing.dispatchers",
 }
 
@@ -88,3 +88,17 @@ def test_a_job_environment_is_the_first_backend_that_recognises_it():
     assert (started.executor, started.job_id, started.raw_job_id, started.restart_count, started.gpus) == (Executor.SLURM, "10_2", "12", 1, 2)
     local = next(s for b in BACKENDS if (s := b.started({"SUBMITIT_LOCAL_JOB_ID": "77", "CUDA_VISIBLE_DEVICES": "0,1"}, "h", 1, None)) is not None)
     assert (local.executor, local.job_id, local.gpus, local.restart_count) == (Executor.LOCAL, "77", 2, 0)
+
+
+def test_a_backend_that_files_no_runs_answers_the_admins_reads_from_nothing(tmp_path):
+    local = DEFAULT
+    assert not local.queues_jobs and local.dump_runs(tmp_path / "dump.txt") is None and local.known_accounts() == []
+    assert local.account_runs("acct", dt.datetime(2026, 1, 1, tzinfo=dt.UTC)).num_rows == 0
+    with pytest.raises(UsageError, match="schedule-reconcile needs a scheduler that queues jobs"):
+        local.schedule_reconcile(ReconcileSchedule(tmp_path, tmp_path, 0, "", "", "", 5, "1G"), dry_run=True)
+
+
+def test_a_dump_that_cannot_be_read_is_one_line_naming_how_to_export_it(tmp_path):
+    slurm = next(b for b in BACKENDS if b.files_runs)
+    with pytest.raises(UsageError, match=r"cannot read --sacct-file .*missing\.txt.*export it with `sacct --parsable2"):
+        slurm.dump_runs(tmp_path / "missing.txt")

@@ -15,6 +15,7 @@ LocalExecutor, the embedded default) and ``slurm.dispatcher.SlurmDispatcher`` (s
 
 from __future__ import annotations
 
+import datetime as _dt
 import enum
 import time
 from abc import ABC, abstractmethod
@@ -23,12 +24,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
+import pyarrow as pa
+
 from parcel_hpc import anchor
 from parcel_hpc.budget import AssociationLimit
-from parcel_hpc.errors import ParcelError
+from parcel_hpc.errors import ParcelError, UsageError
 from parcel_hpc.ledger import Attempt, Cause, Executor, JobRole, SearchDir, Started, TrialRecord
 from parcel_hpc.probe import Liveness
-from parcel_hpc.scheduler.runs import JobRun
+from parcel_hpc.scheduler.runs import JobRun, runs_table
 
 
 class Plan(Protocol):
@@ -224,6 +227,21 @@ class SelectionJob:
         return self.log_dir / f"{self.role.value}-{job_id}.out"
 
 
+@dataclass(frozen=True)
+class ReconcileSchedule:
+    """An admin's ``schedule-reconcile``: ``reconcile SEARCH_DIR --json`` as a job of the
+    scheduler, again every ``every_min``."""
+
+    search_dir: Path
+    output_dir: Path  # where the script and each run's report and errors go
+    every_min: int  # minutes between runs; 0: one run (cron submits the written script)
+    partition: str  # "": the cluster's default
+    account: str  # "": the submitter's default
+    qos: str  # "": the account's default
+    time_limit_min: int  # minutes, each run
+    mem: str  # each run's memory, like "1G"
+
+
 # Called with a selection job's id and the host it runs on ("": the scheduler's) once it is submitted.
 Submit = Callable[[str, str], None]
 
@@ -233,6 +251,8 @@ class Backend(ABC):
 
     executor: ClassVar[Executor]  # recorded with each job it runs
     files_runs: ClassVar[bool]  # the scheduler files its own record of each run: hours stay provisional until it does
+    accounting: ClassVar[str]  # what its record of runs is called in a report ("sacct")
+    queues_jobs: ClassVar[bool]  # a job waits in its queue and runs without the process that submitted it
 
     @abstractmethod
     def dispatcher(self, settings: LauncherSettings, search: SearchDir, max_num_timeout: int, env: Mapping[str, str]) -> Dispatcher:
@@ -274,6 +294,34 @@ class Backend(ABC):
         """The scheduler's record of every run of these jobs, by job id (``files_runs`` backends); a
         failing accounting tool raises (AccountingError)."""
         return {}
+
+    def listed(self, search: SearchDir) -> pa.Table:
+        """Every run of every user the scheduler filed under ``search``'s job names since the search
+        began (``runs.RUN_SCHEMA``): those the ledger lacks are orphans. None where it files none."""
+        return runs_table([])
+
+    def account_runs(self, account: str, since: _dt.datetime) -> pa.Table:
+        """Every run of every user charged to ``account`` since ``since`` (``runs.RUN_SCHEMA``, a
+        run straddling ``since`` counted from it); none where jobs are charged to no account."""
+        return runs_table([])
+
+    def known_accounts(self) -> list[str]:
+        """Every account this scheduler charges jobs to, sorted; none where it charges none."""
+        return []
+
+    def dump_runs(self, path: Path) -> pa.Table | None:
+        """The runs of an accounting dump exported from this scheduler (``reconcile --sacct-file``,
+        ``runs.RUN_SCHEMA``); None where it exports none. UsageError (one line, how to export one)
+        when the file cannot be read."""
+        return None
+
+    def schedule_reconcile(self, request: ReconcileSchedule, dry_run: bool) -> None:
+        """Queue ``request`` and print its job id and how to stop the schedule; with ``dry_run``,
+        print what would be queued and write nothing. UsageError where jobs do not wait in a queue
+        (``queues_jobs`` false)."""
+        raise UsageError(
+            f"schedule-reconcile needs a scheduler that queues jobs; the {self.executor.value} executor runs none later: run `parcel-hpc reconcile` instead"
+        )
 
     def local_runs(self, records: Sequence[TrialRecord], user: str) -> list[JobRun] | None:
         """The runs of ``records`` as this backend recorded them itself, where the scheduler files

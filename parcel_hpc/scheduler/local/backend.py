@@ -24,6 +24,8 @@ from parcel_hpc.scheduler.runs import JobRun
 class LocalBackend(Backend):
     executor = Executor.LOCAL
     files_runs = False  # no scheduler keeps a record: the ledger's own is final
+    accounting = "local executor"
+    queues_jobs = False  # a child process of the command that runs it
 
     def dispatcher(self, settings: LauncherSettings, search: SearchDir, max_num_timeout: int, env: Mapping[str, str]) -> Dispatcher:
         # Imported here: submitit (about 0.1 s) is for a launch; read commands reach this module too.

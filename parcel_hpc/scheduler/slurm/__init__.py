@@ -9,5 +9,6 @@ sacct_parse.py       sacct's ``--parsable2`` text -> columns (pyarrow; no object
 _sacct_malformed.py  the error path: which sacct line is bad and why
 runs.py              sacct's rows as runs (``scheduler.runs.JobRun``): one per allocation row of ``sacct --duplicates``
 sbatch.py            batch scripts parcel_hpc renders itself (templates/), and ``sbatch``
+scheduled.py         ``schedule-reconcile``: the reconcile as a recurring SLURM job
 calls.py             how often this process asked SLURM, by command (the launch reports it)
 """
