@@ -81,7 +81,7 @@ class LauncherSettings:
     budget: Mapping[str, Any]
 
     def to_json(self) -> dict:
-        return {"kind": self.kind.value, "params": dict(self.params), "resources": dict(self.resources), "budget": dict(self.budget)}
+        return {"kind": str(self.kind), "params": dict(self.params), "resources": dict(self.resources), "budget": dict(self.budget)}
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> LauncherSettings:
@@ -253,6 +253,8 @@ class Backend(ABC):
     files_runs: ClassVar[bool]  # the scheduler files its own record of each run: hours stay provisional until it does
     accounting: ClassVar[str]  # what its record of runs is called in a report ("sacct")
     queues_jobs: ClassVar[bool]  # a job waits in its queue and runs without the process that submitted it
+    launcher: ClassVar[type]  # the schema (a dataclass) of its ``hydra/launcher`` group; its ``kind`` is ``executor``
+    launcher_name: ClassVar[str]  # that group's option name: ``hydra/launcher=<launcher_name>``
 
     @abstractmethod
     def dispatcher(self, settings: LauncherSettings, search: SearchDir, max_num_timeout: int, env: Mapping[str, str]) -> Dispatcher:
@@ -315,12 +317,17 @@ class Backend(ABC):
         when the file cannot be read."""
         return None
 
+    def check_launcher(self, launcher: Mapping[str, Any]) -> None:
+        """Its launcher group's own values checked (``governance.validation.checked`` calls this in
+        turn; UsageError, one line); the schema's types Hydra checked already. Nothing more by default."""
+        return None
+
     def schedule_reconcile(self, request: ReconcileSchedule, dry_run: bool) -> None:
         """Queue ``request`` and print its job id and how to stop the schedule; with ``dry_run``,
         print what would be queued and write nothing. UsageError where jobs do not wait in a queue
         (``queues_jobs`` false)."""
         raise UsageError(
-            f"schedule-reconcile needs a scheduler that queues jobs; the {self.executor.value} executor runs none later: run `parcel-hpc reconcile` instead"
+            f"schedule-reconcile needs a scheduler that queues jobs; the {self.executor} executor runs none later: run `parcel-hpc reconcile` instead"
         )
 
     def local_runs(self, records: Sequence[TrialRecord], user: str) -> list[JobRun] | None:

@@ -12,3 +12,7 @@ sbatch.py            batch scripts parcel_hpc renders itself (templates/), and `
 scheduled.py         ``schedule-reconcile``: the reconcile as a recurring SLURM job
 calls.py             how often this process asked SLURM, by command (the launch reports it)
 """
+
+from parcel_hpc.ledger import Executor
+
+EXECUTOR = Executor("slurm")  # the name its jobs are recorded with (and its launcher's ``kind``)

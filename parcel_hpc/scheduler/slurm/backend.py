@@ -11,15 +11,17 @@ import datetime as _dt
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
 from parcel_hpc.errors import UsageError
-from parcel_hpc.ledger import Cause, Executor, JobRole, SearchDir, Started, TrialRecord
+from parcel_hpc.ledger import Cause, JobRole, SearchDir, Started, TrialRecord
 from parcel_hpc.probe import Liveness
 from parcel_hpc.scheduler.base import Backend, Dispatcher, LauncherSettings, QueuedJob, ReconcileSchedule, SelectionJob, Submit, devices_in
 from parcel_hpc.scheduler.runs import JobRun, runs_by_job, runs_table
-from parcel_hpc.scheduler.slurm import queue, scheduled, selection
+from parcel_hpc.scheduler.slurm import EXECUTOR, queue, scheduled, selection
+from parcel_hpc.scheduler.slurm.launcher import SubmititSlurmConf, check
 from parcel_hpc.scheduler.slurm.runs import run_table, sacct_runs
 from parcel_hpc.scheduler.slurm.sacct import SACCT_FORMAT, build_sacct_argv, installed_version, run_sacct
 from parcel_hpc.scheduler.slurm.sacct_parse import parse_sacct, parse_sacct_file
@@ -29,10 +31,12 @@ DUMP_HINT = f"sacct --parsable2 --noheader --duplicates --format={SACCT_FORMAT}"
 
 
 class SlurmBackend(Backend):
-    executor = Executor.SLURM
+    executor = EXECUTOR
     files_runs = True  # slurmdbd files each run (sacct): an attempt's hours are provisional until recorded
     accounting = "sacct"
     queues_jobs = True
+    launcher = SubmititSlurmConf
+    launcher_name = "submitit_slurm"  # hydra-submitit-launcher's names, so its users feel at home
 
     def dispatcher(self, settings: LauncherSettings, search: SearchDir, max_num_timeout: int, env: Mapping[str, str]) -> Dispatcher:
         # Imported here: submitit (about 0.1 s) is for a launch; read commands reach this module too.
@@ -58,7 +62,7 @@ class SlurmBackend(Backend):
         array_job, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
         job_id = f"{array_job}_{task}" if array_job and task else env["SLURM_JOB_ID"]
         return Started(
-            Executor.SLURM,
+            self.executor,
             job_id,
             env["SLURM_JOB_ID"],
             env.get("SLURMD_NODENAME", host),
@@ -109,6 +113,9 @@ class SlurmBackend(Backend):
     def account_runs(self, account: str, since: _dt.datetime) -> pa.Table:
         argv = build_sacct_argv([], since=since, account=account, all_users=True, truncate=True, version=installed_version())
         return run_table(parse_sacct(run_sacct(argv), source=f"sacct --accounts={account}", allocations_only=True))
+
+    def check_launcher(self, launcher: Mapping[str, Any]) -> None:
+        check(launcher)
 
     def schedule_reconcile(self, request: ReconcileSchedule, dry_run: bool) -> None:
         scheduled.run(request, dry_run)
