@@ -50,11 +50,7 @@ class SlurmBackend(Backend):
         return job_logs(search, job_id)
 
     def held(self, search: SearchDir, records: Sequence[TrialRecord]) -> dict[str, QueuedJob]:
-        # A SLURM job is alive while squeue lists it: every name the search's launches used.
-        out: dict[str, QueuedJob] = {}
-        for name in search.job_names(self.executor):
-            out.update(queue.queued_jobs(name))
-        return out
+        return queue.search_jobs(search)
 
     def started(self, env: Mapping[str, str], host: str, pid: int, process_started: float | None) -> Started | None:
         if not env.get("SLURM_JOB_ID"):

@@ -143,11 +143,7 @@ class SlurmDispatcher(Dispatcher):
         return submitted
 
     def refresh(self) -> None:
-        # Every name the search's launches used: a job_name changed between launches hides nothing.
-        queued: dict[str, QueuedJob] = {}
-        for name in sorted({self.job_name, *self.search.job_names(EXECUTOR)}):
-            queued.update(slurm.queued_jobs(name, self.env))
-        self._queued = queued
+        self._queued = slurm.search_jobs(self.search, self.env, also=[self.job_name])
 
     def recover(self, known_jobs: set[str]) -> list[str]:
         # Only jobs the ledger knows: a held array it does not know yet may be another launcher's,
