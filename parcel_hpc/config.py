@@ -214,42 +214,6 @@ class ParcelConf:
 
 
 @dataclass
-class SubmititLocalConf:
-    """``hydra/launcher=submitit_local``: trials as child processes of the launch (the embedded default).
-    The names follow hydra-submitit-launcher so its users feel at home."""
-
-    kind: str = "local"
-    parallelism: int = 2  # trials at once (processes)
-    signal_delay_s: int = 30  # seconds before the time limit that the worker is told to checkpoint
-    pack_size: Any = "auto"  # trials one process runs in turn: auto (docs/slurm-and-accounting.md, packed trials) or 1, 2, ...
-    pack_minutes: float | None = None  # auto: expected work per process; null: the trials split evenly over the processes
-    dispatch: str = (
-        "auto"  # jobs: each process is handed its trials; slots: each takes the next trial (and proposal) when free; auto: slots where the sampler learns
-    )
-
-
-@dataclass
-class SubmititSlurmConf:
-    """``hydra/launcher=submitit_slurm``: trials as SLURM array jobs."""
-
-    kind: str = "slurm"
-    job_name: str = "parcel-${search.revision}"  # jobs are named <job_name>-<search id>: only this search's
-    array_parallelism: int = 16  # array tasks running at once (sbatch --array=...%N)
-    signal_delay_s: int = 60  # seconds before the time limit that SIGUSR2 arrives
-    pack_size: Any = "auto"  # trials one array task runs in turn: auto (docs/slurm-and-accounting.md, packed trials) or 1, 2, ...
-    pack_minutes: float = 60.0  # auto: about this much expected work per packed task
-    dispatch: str = (
-        "auto"  # jobs: each array task is handed its trials; slots: each takes the next trial (and proposal) when free; auto: slots where the sampler learns
-    )
-    check_account_limits: bool = True  # refuse (hold:budget) a launch whose worst case the account's SLURM association limits cannot hold
-    setup: list[str] = field(default_factory=list)  # shell lines run before the worker (module load, ...)
-    additional_parameters: dict[str, Any] = field(default_factory=dict)  # extra sbatch options
-
-
-LAUNCHERS: dict[str, type] = {"local": SubmititLocalConf, "slurm": SubmititSlurmConf}  # hydra.launcher.kind -> its schema
-
-
-@dataclass
 class ParcelSweeperConf:
     """``hydra/sweeper=parcel``: the only sweeper a search runs (hydra_plugins/parcel_hpc_plugins registers it)."""
 
@@ -278,9 +242,6 @@ def unknown_keys(values: Mapping[str, Any], schema: type, where: str = "") -> li
 def register() -> None:
     store = ConfigStore.instance()
     store.store(name="parcel_schema", node=ParcelConf)
-    # A plain config group that the parcel sweeper reads (no Launcher plugin behind it).
-    store.store(group="hydra/launcher", name="submitit_local", node=SubmititLocalConf, provider="parcel_hpc")
-    store.store(group="hydra/launcher", name="submitit_slurm", node=SubmititSlurmConf, provider="parcel_hpc")
 
 
 register()

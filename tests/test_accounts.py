@@ -11,9 +11,9 @@ from parcel_hpc.accounting.spend import GpuUse, search_spend
 from parcel_hpc.budget import AssociationLimit, LimitKind, Rates, admit_account, render_account, worst_case
 from parcel_hpc.errors import SchedulerUnavailable
 from parcel_hpc.governance.outcome import GovernanceRefusal
+from parcel_hpc.scheduler.runs import JobRun
 from parcel_hpc.scheduler.slurm.queue import association_chain, limits_of, parse_associations, parse_shares, parse_tres
-from parcel_hpc.scheduler.slurm.runs import JobRun
-from parcel_hpc.scheduler.slurm.states import JobState
+from parcel_hpc.scheduler.states import JobState
 
 # Recorded on the dev cluster (SLURM 22.05): `sacctmgr -nP show associations format=...` and
 # `sshare -nP -a --format=...`, after `sacctmgr modify account tight set GrpTRESMins=gres/gpu=600`

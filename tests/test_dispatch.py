@@ -34,14 +34,14 @@ def acting_for(dispatcher: Dispatcher, search: SearchDir) -> Dispatcher:
 
 
 def local(tmp_path) -> Dispatcher:
-    settings = LauncherSettings(Executor.LOCAL, {"parallelism": 2, "signal_delay_s": 5}, RESOURCES, BUDGET)
+    settings = LauncherSettings(Executor("local"), {"parallelism": 2, "signal_delay_s": 5}, RESOURCES, BUDGET)
     search = SearchDir(tmp_path / "search")
     return acting_for(make_dispatcher(settings, search), search)
 
 
 def slurm(tmp_path) -> Dispatcher:
     name = f"parcel-conformance-{uuid.uuid4().hex[:6]}"
-    settings = LauncherSettings(Executor.SLURM, {"job_name": name, "array_parallelism": 4, "signal_delay_s": 5}, RESOURCES, BUDGET)
+    settings = LauncherSettings(Executor("slurm"), {"job_name": name, "array_parallelism": 4, "signal_delay_s": 5}, RESOURCES, BUDGET)
     search = SearchDir(tmp_path / "search")
     return acting_for(make_dispatcher(settings, search), search)
 
@@ -114,7 +114,7 @@ def test_submitit_private_batch_script_api_still_exists(tmp_path):
     assert callable(getattr(submitit_slurm, "_make_sbatch_string", None)), (
         "submitit dropped _make_sbatch_string: update parcel_hpc/scheduler/slurm/dispatcher.py"
     )
-    settings = LauncherSettings(Executor.SLURM, {"job_name": "parcel-x", "array_parallelism": 3, "signal_delay_s": 60}, {**RESOURCES, "gpus": 1}, BUDGET)
+    settings = LauncherSettings(Executor("slurm"), {"job_name": "parcel-x", "array_parallelism": 3, "signal_delay_s": 60}, {**RESOURCES, "gpus": 1}, BUDGET)
     identity = SearchIdentity("0123456789abcdef" * 2, "sha256:" + "c" * 64)
     params = {**sbatch_parameters(settings, identity, "rev-a"), "map_count": 5}
     script = submitit_batch_script("python -u -m submitit.core._submit /f", tmp_path, params)

@@ -96,7 +96,7 @@ def test_logs_reads_its_output_files_as_records_are_read(finished_search, tmp_pa
     than any record, of which only the tail is read."""
     search = _copy(finished_search, tmp_path / "runs", "logs-r1")
     record = next(r for r in SearchDir(search).records() if r.state.value == "failed")
-    failed, (out, err) = record.trial_id, backend_of(Executor.LOCAL).job_logs(SearchDir(search), record.attempts[-1].job_id)
+    failed, (out, err) = record.trial_id, backend_of(Executor("local")).job_logs(SearchDir(search), record.attempts[-1].job_id)
     secret = tmp_path / "root-only"
     secret.write_text(SECRET + "\n")
     secret.chmod(0o600)

@@ -12,9 +12,9 @@ from parcel_hpc.ledger import Event, TrialSpec, fold
 from parcel_hpc.lifecycle.cancel import plan as cancel_plan
 from parcel_hpc.scheduler import packing
 from parcel_hpc.scheduler.local.runs import local_runs
+from parcel_hpc.scheduler.runs import JobRun
 from parcel_hpc.scheduler.slurm import queue as slurm
-from parcel_hpc.scheduler.slurm.runs import JobRun
-from parcel_hpc.scheduler.slurm.states import JobState
+from parcel_hpc.scheduler.states import JobState
 
 CAPS = BudgetCaps(max_trials=82, gpu_hours_cap=10.0, cost_cap=100.0, rates=Rates(per_gpu_hour=2.0, per_cpu_hour=0.5))
 

@@ -14,7 +14,7 @@ from parcel_hpc.budget import BudgetCaps, Rates
 from parcel_hpc.governance.contract import Contract, freeze_contract
 from parcel_hpc.ledger import Event, SearchDir, TrialSpec, fold
 from parcel_hpc.plotting import hbars
-from parcel_hpc.scheduler.slurm.runs import job_runs
+from parcel_hpc.scheduler.slurm.runs import sacct_runs
 from parcel_hpc.scheduler.slurm.sacct_parse import parse_sacct
 from parcel_hpc.testing import parcel_hpc
 
@@ -46,7 +46,7 @@ STILL_RUNNING = [ev("submitted", 1, job_id="24"), ev("started", 2, attempt=1, jo
 
 
 def test_requeued_job_reconciles_to_the_second_with_waste_by_cause():
-    runs = job_runs(parse_sacct(sample("requeue_duplicates.txt")))
+    runs = sacct_runs(parse_sacct(sample("requeue_duplicates.txt")))
     rec = reconcile("s1", "miss-cost-r3", "test", [fold(spec("t0001"), PREEMPTED_THEN_DONE)], runs, [], CAPS)
     assert [(a.run, a.state, a.elapsed_s, a.ledger_attempt) for a in rec.attempts] == [(0, "REQUEUED", 4, 1), (1, "COMPLETED", 20, 2)]
     assert rec.flags == ()
@@ -59,7 +59,7 @@ def test_requeued_job_reconciles_to_the_second_with_waste_by_cause():
 
 
 def test_flags_running_but_ended_mismatch_and_orphans():
-    runs = job_runs(parse_sacct(sample("node_fail.txt")))
+    runs = sacct_runs(parse_sacct(sample("node_fail.txt")))
     mine = [a for a in runs if a.job_id == "24"]
     orphans = [a for a in runs if a.job_id == "48"]
     rec = reconcile("s1", "m", "test", [fold(spec("t0002"), STILL_RUNNING)], mine, orphans, CAPS)
@@ -78,7 +78,7 @@ def test_flags_running_but_ended_mismatch_and_orphans():
 def test_a_run_the_worker_has_not_reported_yet_is_pending_then_a_mismatch():
     """Run 1 of job 24 started in sacct; the ledger has heard only of attempt 1: lag for five
     minutes (pending, no flag), a mismatch after that."""
-    runs = job_runs(parse_sacct(sample("node_fail.txt")))
+    runs = sacct_runs(parse_sacct(sample("node_fail.txt")))
     mine = [a for a in runs if a.job_id == "24"]
     started = max(a.start for a in mine)
     fresh = reconcile("s1", "m", "test", [fold(spec("t0002"), STILL_RUNNING)], mine, [], CAPS, now=started + 10)
@@ -102,14 +102,14 @@ def test_a_job_sacct_has_not_filed_is_pending_within_the_grace_then_unknown():
 
 
 def test_a_finished_filed_search_is_complete():
-    runs = job_runs(parse_sacct(sample("requeue_duplicates.txt")))
+    runs = sacct_runs(parse_sacct(sample("requeue_duplicates.txt")))
     rec = reconcile("s1", "m", "test", [fold(spec("t0001"), PREEMPTED_THEN_DONE)], runs, [], CAPS, now=2e9)
     assert rec.complete and rec.pending == () and json.loads(b"".join(rec.json_chunks()))["pending"] == []
 
 
 def test_state_mismatch_is_flagged():
     events = [ev("submitted", 1, job_id="12"), ev("started", 2, attempt=1, job_id="12"), ev("ended", 3, attempt=1, how="completed", metric=0.2, step=82)]
-    runs = job_runs(parse_sacct(sample("requeue_duplicates.txt")))
+    runs = sacct_runs(parse_sacct(sample("requeue_duplicates.txt")))
     rec = reconcile("s1", "m", "test", [fold(spec("t0003"), events)], runs, [], CAPS)
     # Run 1 started after the ledger's one attempt had completed the trial: a run after finish, not a missing attempt.
     assert sorted(f.kind for f in rec.flags) == ["run_after_finish", "state_mismatch"]
@@ -194,7 +194,7 @@ def test_unreachable_sacct_is_an_error_not_a_partial_report(tmp_path):
 
 def test_step_rows_of_a_failed_node_have_no_exit_code_but_allocations_must():
     # Recorded on the dev cluster: a node set DOWN leaves the job's steps with an empty ExitCode.
-    runs = job_runs(parse_sacct(sample("node_fail_steps_without_exit_code.txt")))
+    runs = sacct_runs(parse_sacct(sample("node_fail_steps_without_exit_code.txt")))
     assert [(a.job_id, a.state.text, a.elapsed_s) for a in runs] == [("46", "NODE_FAIL", 5)]
     broken = sample("node_fail_steps_without_exit_code.txt").replace(b"|NODE_FAIL|0:0|", b"|NODE_FAIL||", 1)
     from parcel_hpc.errors import AccountingError

@@ -120,7 +120,7 @@ def test_rejection_and_budget_exhaustion_are_final():
 def test_journals_merge_in_time_order_and_survive_a_torn_tail(tmp_path):
     a = TrialWriter(tmp_path, "launch", clock=iter([1.0, 4.0]).__next__)
     b = TrialWriter(tmp_path, "a1", clock=iter([2.0, 3.0]).__next__)
-    a.submitted("7", Executor.LOCAL, "l1")
+    a.submitted("7", Executor("local"), "l1")
     b.started(1, ev("started", 0).data)
     b.milestone(1, 10, 0.5, True)
     a.gave_up("a limit")
@@ -139,7 +139,7 @@ def test_a_record_view_folds_again_only_what_changed(tmp_path):
     assert first == search.record("t0001") and first.state is TrialState.QUEUED
     assert view.record("t0001") is first  # nothing changed: not read again
     launch = search.writer("t0001", "launch")
-    launch.submitted("7", Executor.LOCAL, "l1")
+    launch.submitted("7", Executor("local"), "l1")
     assert view.record("t0001") == search.record("t0001") and view.record("t0001").jobs == ("7",)
     worker = search.writer("t0001", "a1")  # a new journal
     worker.started(1, ev("started", 0).data)

@@ -14,9 +14,9 @@ from parcel_hpc.lifecycle.actions import RetryPolicy
 from parcel_hpc.lifecycle.resolution import SchedulerFacts
 from parcel_hpc.lifecycle.resubmit import decide
 from parcel_hpc.scheduler.base import QueuedJob, QueueState
+from parcel_hpc.scheduler.runs import JobRun
 from parcel_hpc.scheduler.slurm.queue import parse_squeue, queue_state
-from parcel_hpc.scheduler.slurm.runs import JobRun
-from parcel_hpc.scheduler.slurm.states import JobState
+from parcel_hpc.scheduler.states import JobState
 
 POLICY = RetryPolicy(max_retries=2, max_preemptions=10)
 PACK = "5_0"

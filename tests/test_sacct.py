@@ -23,11 +23,12 @@ from hypothesis import strategies as st
 
 from parcel_hpc.errors import AccountingError, UsageError
 from parcel_hpc.ledger import Cause
-from parcel_hpc.scheduler.slurm.runs import RUN_COLUMNS, JobRun, job_runs, run_table, totals_by_job
+from parcel_hpc.scheduler.runs import RUN_COLUMNS, JobRun
+from parcel_hpc.scheduler.slurm.runs import run_table, sacct_runs, totals_by_job
 from parcel_hpc.scheduler.slurm.sacct import SACCT_FIELDS, SACCT_FORMAT, build_sacct_argv, installed_version, run_sacct
 from parcel_hpc.scheduler.slurm.sacct_parse import SacctTable, parse_sacct
-from parcel_hpc.scheduler.slurm.states import JobState
 from parcel_hpc.scheduler.slurm.version import SlurmVersion
+from parcel_hpc.scheduler.states import JobState
 from parcel_hpc.testing.samples import read_sample, sample_names, sample_path
 
 GOOD_SAMPLES = [n for n in sample_names() if not n.startswith("malformed")]
@@ -47,7 +48,7 @@ def parse_lines(*lines: str, source: str = "inline") -> SacctTable:
 
 def by_job(name: str) -> dict[str, list[JobRun]]:
     out: dict[str, list[JobRun]] = {}
-    for a in job_runs(parse_sacct(read_sample(name), source=name)):
+    for a in sacct_runs(parse_sacct(read_sample(name), source=name)):
         out.setdefault(a.job_id, []).append(a)
     return out
 
@@ -270,7 +271,7 @@ def test_cancelled_by_uid_keeps_its_text_and_step_rows_are_not_runs():
     rows = table.table.to_pylist()
     assert {r["state_text"] for r in rows if r["job_id"] == "6"} == {"FAILED", "CANCELLED by 0"}
     assert [r["step"] for r in rows if r["job_id"] == "39"] == [None, "batch"]
-    assert len(job_runs(table)) == 11
+    assert len(sacct_runs(table)) == 11
 
 
 def test_array_last_task_carries_the_master_id_but_stays_its_own_job():
@@ -291,7 +292,7 @@ def test_steps_are_rows_of_their_job():
     assert set(table.column("job_id").to_pylist()) == {"16"}
     assert table.column("raw_job_id").to_pylist() == [16] * 4
     assert table.column("gpus").to_pylist() == [3, 1, 3, 3]
-    (job,) = job_runs(parse_sacct(read_sample("steps_multinode.txt"), source="s"))
+    (job,) = sacct_runs(parse_sacct(read_sample("steps_multinode.txt"), source="s"))
     assert (job.node_list, job.gpus, job.cpus) == ("n[1-3]", 3, 3)
 
 
@@ -446,7 +447,7 @@ def test_run_order_follows_start_then_submit_not_the_line_order():
     late = row("3", state="COMPLETED", submit="2026-11-29T07:00:00", start="2026-11-29T07:00:05", end="2026-11-29T07:00:09", elapsed="4")
     early = row("3", state="PREEMPTED", submit="2026-11-29T06:00:00", start="2026-11-29T06:00:01", end="2026-11-29T06:00:02", elapsed="1")
     pending = row("3", state="PENDING", submit="2026-11-29T06:30:00", start="Unknown", end="Unknown", tres="")
-    got = [(a.state.name, a.attempt, a.line) for a in job_runs(parse_lines(late, early, pending))]
+    got = [(a.state.name, a.attempt, a.line) for a in sacct_runs(parse_lines(late, early, pending))]
     assert got == [("PREEMPTED", 0, 2), ("PENDING", 1, 3), ("COMPLETED", 2, 1)]
 
 
@@ -457,7 +458,7 @@ def test_columnar_totals_match_the_records():
     assert tuple(at.column_names) == RUN_COLUMNS
     totals = {r["job_id"]: r for r in totals_by_job(at).to_pylist()}
     records: dict[str, list[JobRun]] = {}
-    for a in job_runs(table):
+    for a in sacct_runs(table):
         records.setdefault(a.job_id, []).append(a)
     assert set(totals) == set(records)
     for job_id, runs in records.items():
@@ -505,7 +506,7 @@ def test_threaded_derivation_equals_single_threaded(monkeypatch):
     single = parse_sacct(data, source="big").table
     assert threaded.equals(single)
     assert threaded.column("line")[-1].as_py() == 120_000
-    assert len(job_runs(SacctTable(single, "big"))) == 80_000
+    assert len(sacct_runs(SacctTable(single, "big"))) == 80_000
 
 
 def test_allocations_only_keeps_the_runs_and_still_checks_every_step_line(monkeypatch):
@@ -517,7 +518,7 @@ def test_allocations_only_keeps_the_runs_and_still_checks_every_step_line(monkey
     every = parse_sacct(data, source="big")
     runs = parse_sacct(data, source="big", allocations_only=True)
     assert runs.table.equals(every.allocations()) and len(runs) < len(every)
-    assert job_runs(runs) == job_runs(every)
+    assert sacct_runs(runs) == sacct_runs(every)
     step = next(i for i, line in enumerate(lines) if i > 20_000 and ".batch|" in line)
     fields = lines[step].split("|")
     lines[step] = "|".join([*fields[:4], "x", *fields[5:]])  # a step's ExitCode
@@ -594,7 +595,7 @@ def _sbatch(*args: str) -> str:
 def _runs_when(job_ids: list[str], done) -> list[JobRun]:
     deadline = time.monotonic() + CLUSTER_WAIT_S
     while True:
-        got = job_runs(parse_sacct(run_sacct(build_sacct_argv(job_ids)), source="sacct"))
+        got = sacct_runs(parse_sacct(run_sacct(build_sacct_argv(job_ids)), source="sacct"))
         if done(got) or time.monotonic() > deadline:
             return got
         time.sleep(0.5)
@@ -633,10 +634,10 @@ def test_real_sacct_requeue_array_and_listing_by_name(tmp_path):
     deadline = time.monotonic() + CLUSTER_WAIT_S
     while True:
         listed = parse_sacct(run_sacct(build_sacct_argv([], since=since, name=name, account="parcel")), source="list")
-        if {key(a) for a in job_runs(listed)} >= {key(a) for a in got} or time.monotonic() > deadline:
+        if {key(a) for a in sacct_runs(listed)} >= {key(a) for a in got} or time.monotonic() > deadline:
             break
         time.sleep(0.5)
-    assert {key(a) for a in job_runs(listed)} >= {key(a) for a in got}
+    assert {key(a) for a in sacct_runs(listed)} >= {key(a) for a in got}
 
 
 @pytest.mark.slurm

@@ -12,11 +12,12 @@ from parcel_hpc.accounting.reconcile import FlagKind, Waste, reconcile
 from parcel_hpc.budget import BudgetCaps, Rates
 from parcel_hpc.errors import AccountingError
 from parcel_hpc.ledger import Event, TrialSpec, fold
-from parcel_hpc.scheduler.slurm.runs import JobRun, job_runs
+from parcel_hpc.scheduler.runs import JobRun
+from parcel_hpc.scheduler.slurm.runs import sacct_runs
 from parcel_hpc.scheduler.slurm.sacct import SACCT_FORMAT, build_sacct_argv
 from parcel_hpc.scheduler.slurm.sacct_parse import parse_sacct
-from parcel_hpc.scheduler.slurm.states import JobState
 from parcel_hpc.scheduler.slurm.version import SlurmVersion
+from parcel_hpc.scheduler.states import JobState
 from parcel_hpc.testing.fakeslurm import FakeSlurm
 
 FIXTURES = sorted((Path(__file__).parent / "fixtures" / "sacct").glob("preempt_requeue_*.txt"))
@@ -30,7 +31,7 @@ def _version(path: Path) -> tuple[int, ...]:
 def _runs(path: Path, name: str) -> list[JobRun]:
     table = parse_sacct(path.read_bytes(), source=path.name, allocations_only=True)
     named = {j for j, n in zip(table.column("job_id").to_pylist(), table.column("job_name").to_pylist()) if n == name}
-    return [r for r in job_runs(table) if r.job_id in named]
+    return [r for r in sacct_runs(table) if r.job_id in named]
 
 
 def test_fixtures_from_every_version_are_here():
@@ -169,7 +170,7 @@ def test_the_fake_slurm_in_each_version_prints_that_version_s_rows(path, tmp_pat
     recorded = [line.count("|") for line in path.read_text().splitlines() if "." not in line.split("|")[0]]
     printed = [line.count("|") for line in text.decode().splitlines() if "." not in line.split("|")[0]]
     assert set(printed) == set(recorded)  # every job row as many columns as the real one printed
-    runs = job_runs(parse_sacct(text, source="fake", allocations_only=True))
+    runs = sacct_runs(parse_sacct(text, source="fake", allocations_only=True))
     by_job = {r.job_id: [x for x in runs if x.job_id == r.job_id] for r in runs}
     (exit137,) = by_job[killed]
     assert (exit137.state, exit137.exit_status) == (JobState.FAILED, 137 if version.stores_whole_exit_status else 9)

@@ -19,8 +19,8 @@ from parcel_hpc.commands.list import render
 from parcel_hpc.errors import UsageError
 from parcel_hpc.ledger import Cause, Event, LauncherState, TrialSpec, fold
 from parcel_hpc.lifecycle.resolution import filed_runs
-from parcel_hpc.scheduler.slurm.runs import JobRun, runs_by_job
-from parcel_hpc.scheduler.slurm.states import JobState
+from parcel_hpc.scheduler.runs import JobRun, runs_by_job
+from parcel_hpc.scheduler.states import JobState
 
 RATES = Rates(per_gpu_hour=2.0, per_cpu_hour=0.05)
 RESOURCES = {"gpus": 1, "cpus": 2, "time_limit_min": 60}

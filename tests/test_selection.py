@@ -259,7 +259,7 @@ def test_decision_text_is_one_printable_line(text):
 def test_selection_events_round_trip_and_fold(tmp_path):
     w = SelectionWriter(tmp_path, "test")
     w.frozen(Frozen(1, "t1", 0.5, "sha256:l", 3, 2, False, "", "me"))
-    w.job_submitted(1, JobRole.RERUN, "123", Executor.LOCAL, "node1")
+    w.job_submitted(1, JobRole.RERUN, "123", Executor("local"), "node1")
     w.job_ended(1, JobRole.RERUN, "123", True, "sha256:r")
     w.disposed(1, Outcome.HOLD_SLICE_QUALITY, ["gate failed"])
     w.decided(Decided(1, "t1", Outcome.HOLD_SLICE_QUALITY, "Dana", "accepted"))

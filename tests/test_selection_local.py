@@ -83,7 +83,7 @@ def test_a_running_final_job_is_not_evaluated_again_and_a_failed_one_may_be(tmp_
 
     from parcel_hpc.ledger import Executor
 
-    writer.job_submitted(1, JobRole.FINAL, str(os.getpid()), Executor.LOCAL, socket.gethostname())
+    writer.job_submitted(1, JobRole.FINAL, str(os.getpid()), Executor("local"), socket.gethostname())
     assert "evaluating it now" in _why_not_again(store, store.record(), store.final_claim(), writer)
     writer.job_ended(1, JobRole.FINAL, str(os.getpid()), False, message="killed")
     assert _why_not_again(store, store.record(), store.final_claim(), writer) == ""
@@ -106,9 +106,9 @@ def test_the_final_check_passes_only_for_this_selections_checked_artifact(final,
 def test_a_final_job_that_evaluate_final_did_not_submit_never_opens_the_partition(tmp_path):
     """Run by hand, or an orphan whose submitter died before recording it: refused, nothing read."""
     store, writer = _claimed_store(tmp_path, 1)
-    writer.job_submitted(1, JobRole.FINAL, "999999", Executor.LOCAL, socket.gethostname())  # another job
+    writer.job_submitted(1, JobRole.FINAL, "999999", Executor("local"), socket.gethostname())  # another job
     with pytest.raises(GovernanceRefusal) as refused:
         _wait_for_own_submission(store, 1, str(os.getpid()), wait_s=0.3)
     assert str(refused.value.outcome) == "reject:final-holdout-unclaimed"
-    writer.job_submitted(1, JobRole.FINAL, str(os.getpid()), Executor.LOCAL, socket.gethostname())
+    writer.job_submitted(1, JobRole.FINAL, str(os.getpid()), Executor("local"), socket.gethostname())
     _wait_for_own_submission(store, 1, str(os.getpid()), wait_s=0.3)  # the newest submission is this one

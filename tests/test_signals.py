@@ -5,6 +5,8 @@ import signal
 
 import pytest
 
+from parcel_hpc.trainer.run import Stop
+from parcel_hpc.worker.attempt import StopAttempt, StopReason
 from parcel_hpc.worker.signals import StepBoundarySignals
 
 
@@ -54,3 +56,11 @@ def test_a_signal_that_came_after_the_last_boundary_stays_pending_for_the_task()
         assert signal.getsignal(signal.SIGUSR2) is handler
     finally:
         signal.signal(signal.SIGUSR2, original)
+
+
+def test_a_stop_a_loop_returned_on_is_the_attempts_reason_and_back():
+    for stop in (Stop.PRUNED, Stop.CANCELLED, Stop.QUARANTINED, Stop.REJECTED):
+        assert StopReason.of(stop).stop() is stop and StopReason.of(stop).value == stop.value
+    with pytest.raises(KeyError):
+        StopReason.of(Stop.REQUEUE)  # the loop saved and goes on: not a stop without a result
+    assert StopAttempt(StopReason.SUPERSEDED).reason is StopReason.SUPERSEDED

@@ -14,9 +14,9 @@ from parcel_hpc.governance import validation
 from parcel_hpc.launch.slot import left_here
 from parcel_hpc.ledger import Event, TrialSpec, fold
 from parcel_hpc.scheduler import slots
+from parcel_hpc.scheduler.runs import JobRun
 from parcel_hpc.scheduler.slots import Peer, Queued
-from parcel_hpc.scheduler.slurm.runs import JobRun
-from parcel_hpc.scheduler.slurm.states import JobState
+from parcel_hpc.scheduler.states import JobState
 
 
 def spec(tid, **params):

@@ -108,7 +108,7 @@ def test_the_first_k_results_failing_alike_hold_and_nothing_else_does():
 def test_a_drift_rejection_leaves_the_trial_queued_and_dispatchable_without_spending_a_retry():
     reject = Outcome.reject("image_digest")
     events = [
-        Event(EventKind.SUBMITTED, 1.0, "launch", 1, 0, Submitted("11", Executor.LOCAL, "L1")),
+        Event(EventKind.SUBMITTED, 1.0, "launch", 1, 0, Submitted("11", Executor("local"), "L1")),
         Event(EventKind.STARTED, 2.0, "a1", 1, 1, Started(job_id="11")),
         Event(EventKind.ENDED, 3.0, "a1", 2, 1, Ended(AttemptEnd.REJECTED, Cause.DRIFT, outcome=reject, reason="reject:image_digest: differs")),
     ]

@@ -15,9 +15,12 @@ from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 from parcel_hpc.config import CONF_DIR as CONF
-from parcel_hpc.config import ParcelConf, SubmititSlurmConf, unknown_keys
+from parcel_hpc.config import ParcelConf, unknown_keys
 from parcel_hpc.errors import UsageError
 from parcel_hpc.governance import validation
+from parcel_hpc.scheduler.factory import executor_kind
+from parcel_hpc.scheduler.registry import backend_of
+from parcel_hpc.scheduler.slurm.launcher import SubmititSlurmConf
 from parcel_hpc.testing import launch, parcel_hpc
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
@@ -41,6 +44,11 @@ CFG = {
 SLURM = {"kind": "slurm", "job_name": "parcel-parcel-search-r1", "array_parallelism": 16, "signal_delay_s": 60, "setup": [], "additional_parameters": {}}
 
 
+def checked(cfg, launcher):
+    """``validation.checked`` with the launcher's backend's own checks, as a launch calls it."""
+    return validation.checked(cfg, launcher, backend_of(executor_kind(launcher.get("kind"))).check_launcher)
+
+
 def with_value(dotted: str, value, base=CFG):
     cfg = copy.deepcopy(base)
     node = cfg
@@ -53,14 +61,14 @@ def with_value(dotted: str, value, base=CFG):
 
 def refusal(cfg=CFG, launcher=SLURM) -> str:
     with pytest.raises(UsageError) as info:
-        validation.checked(cfg, launcher)
+        checked(cfg, launcher)
     message = str(info.value)
     assert "\n" not in message and "; " in message
     return message
 
 
 def test_the_default_config_passes_and_units_become_the_contracts():
-    cfg, launcher = validation.checked(with_value("resources.mem_gb", "512M"), SLURM)
+    cfg, launcher = checked(with_value("resources.mem_gb", "512M"), SLURM)
     assert cfg["resources"]["mem_gb"] == 0.5 and isinstance(cfg["resources"]["time_limit_min"], int)
     assert launcher == SLURM
     assert CFG["resources"]["mem_gb"] == 1.0  # the caller's config is not changed
@@ -71,7 +79,7 @@ def test_systematic_failures_is_a_whole_number_of_trials_or_zero_for_never(value
     message = refusal(with_value("budget.systematic_failures", value))
     assert message.startswith("budget.systematic_failures=") and "0..1000" in message
     for fine in (0, 1, 3):
-        validation.checked(with_value("budget.systematic_failures", fine), SLURM)
+        checked(with_value("budget.systematic_failures", fine), SLURM)
 
 
 @pytest.mark.parametrize(
@@ -150,17 +158,17 @@ def test_bad_slurm_launcher_values_are_refused(key, value, rule):
 def test_setup_lines_are_shell_and_extra_options_are_passed():
     extra = {"constraint": "a100|h100&ib", "contiguous": True, "nice": 10, "nodelist": "n[1-3]"}
     launcher = {**SLURM, "setup": ["module load cuda/12 && source $HOME/venv/bin/activate"], "additional_parameters": extra}
-    assert validation.checked(CFG, launcher)[1] == launcher
-    assert validation.checked(with_value("resources.partition", "gpu,gpu-low"), SLURM)[0]["resources"]["partition"] == "gpu,gpu-low"
+    assert checked(CFG, launcher)[1] == launcher
+    assert checked(with_value("resources.partition", "gpu,gpu-low"), SLURM)[0]["resources"]["partition"] == "gpu,gpu-low"
     long_revision = with_value("search.revision", "r" * 64)
-    assert validation.checked(long_revision, {**SLURM, "job_name": "parcel-" + "r" * 64})  # the default job name of the longest revision
+    assert checked(long_revision, {**SLURM, "job_name": "parcel-" + "r" * 64})  # the default job name of the longest revision
 
 
 def test_a_choice_value_that_names_a_checkpoint_directory_must_be_a_name():
     cfg = with_value("space.params", {"act": {"type": "choice", "values": ["relu", "../../etc"]}})
     cfg = with_value("checkpoint.prefix", "{trial_id}/{act}", cfg)
     assert refusal(cfg).startswith("space.params.act.values='../../etc' is not a safe name")
-    assert validation.checked(with_value("checkpoint.prefix", "{trial_id}", cfg), SLURM)  # not in the prefix: any text
+    assert checked(with_value("checkpoint.prefix", "{trial_id}", cfg), SLURM)  # not in the prefix: any text
 
 
 # --- numbers: every one has a range ------------------------------------------------------------
@@ -275,7 +283,7 @@ def test_launcher_numbers_are_ranged(key, value):
 def test_milestones_increase_and_an_asha_rule_stays_within_the_steps(milestones, kind, steps, rule):
     cfg = {**with_value("pruner", {"kind": kind, "revision": "p", "milestones": milestones}), "train": {"steps": steps}}
     assert refusal(cfg).startswith("pruner.milestones=") and rule in refusal(cfg)
-    validation.checked({**cfg, "pruner": {"kind": "none", "revision": "p", "milestones": [10, 20, 41, 82]}}, SLURM)  # pruner=none only scores there
+    checked({**cfg, "pruner": {"kind": "none", "revision": "p", "milestones": [10, 20, 41, 82]}}, SLURM)  # pruner=none only scores there
 
 
 def test_a_key_no_schema_knows_is_named_with_the_nearest_one():

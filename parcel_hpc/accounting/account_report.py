@@ -1,8 +1,8 @@
 """``parcel-hpc reconcile --root ROOT`` and ``--account NAME --since DATE``: the admin's report over
 many searches, and its terminal, JSON, CSV and HTML forms.
 
-The edge of ``account.py``: finds the searches, reconciles each (``run.reconcile_search``), asks
-sacct for every job charged to the account, and renders. Reads only, like every reconcile.
+The edge of ``account.py``: finds the searches, reconciles each (``search_report.reconcile_search``),
+asks each scheduler for every run charged to the account (``Backend.account_runs``), and renders. Reads only, like every reconcile.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+import pyarrow as pa
 from rich.table import Table
 
 from parcel_hpc.accounting import columns
@@ -28,9 +29,8 @@ from parcel_hpc.ledger import SearchDir
 from parcel_hpc.ledger.searches import UNREADABLE, find_searches, owner_of, problem_of
 from parcel_hpc.ledger.selection import JobSubmitted
 from parcel_hpc.plotting import hbars, png_of, pyplot, wrapped
-from parcel_hpc.scheduler.slurm.runs import run_table
-from parcel_hpc.scheduler.slurm.sacct import build_sacct_argv, installed_version, run_sacct
-from parcel_hpc.scheduler.slurm.sacct_parse import parse_sacct
+from parcel_hpc.scheduler.registry import BACKENDS
+from parcel_hpc.scheduler.runs import runs_table
 from parcel_hpc.selection.store import SelectionStore
 
 _ENV = jinja2.Environment(
@@ -68,13 +68,13 @@ def _over(root: Path, account: str | None, since: _dt.datetime | None, searches:
         return over_searches(f"root {Path(root).absolute()}", parts)
     if since is None:
         raise UsageError("--account needs --since DATE: the report covers the account's jobs from then (sacct would start at today's midnight)")
-    argv = build_sacct_argv([], since=since, account=account, all_users=True, truncate=True, version=installed_version())
-    runs = run_table(parse_sacct(run_sacct(argv), source=f"sacct --accounts={account}", allocations_only=True))
-    # Only searches that ran on SLURM can own an account's jobs (a local job id is a pid).
-    slurm = [(s, p) for s, p in zip(searches, parts) if p.reconciliation.source.startswith("sacct")]
-    rates = {p.path: search_caps(s.contract()).rates for s, p in slurm}
-    selection_jobs = {p.path: _selection_jobs(s) for s, p in slurm}
-    return over_account(f"account {account} since {since.isoformat()}", [p for _, p in slurm], runs, rates, selection_jobs)
+    runs = pa.concat_tables([runs_table([]), *(b.account_runs(account, since) for b in BACKENDS)])
+    # Only searches whose scheduler files its runs can own an account's jobs (a local job id is a pid).
+    filed = {b.accounting for b in BACKENDS if b.files_runs}
+    charged = [(s, p) for s, p in zip(searches, parts) if p.reconciliation.source in filed]
+    rates = {p.path: search_caps(s.contract()).rates for s, p in charged}
+    selection_jobs = {p.path: _selection_jobs(s) for s, p in charged}
+    return over_account(f"account {account} since {since.isoformat()}", [p for _, p in charged], runs, rates, selection_jobs)
 
 
 def _selection_jobs(search: SearchDir) -> frozenset[str]:

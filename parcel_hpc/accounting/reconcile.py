@@ -37,8 +37,8 @@ from parcel_hpc.ledger import Attempt, AttemptEnd, Cause, TrialRecord, TrialStat
 from parcel_hpc.ledger.events import Accounted, field_names
 from parcel_hpc.ledger.summary import counts_by_state
 from parcel_hpc.scheduler.registry import backend_of
-from parcel_hpc.scheduler.slurm.runs import JobRun, runs_by_job, runs_table
-from parcel_hpc.scheduler.slurm.states import JobState
+from parcel_hpc.scheduler.runs import JobRun, runs_by_job, runs_table
+from parcel_hpc.scheduler.states import JobState
 
 SECONDS_PER_HOUR = 3600.0
 # slurmdbd files a job's last record a moment after the job ends (seconds, a minute when busy).

@@ -1,7 +1,8 @@
 """``parcel-hpc reconcile``: ask the scheduler (or read an exported dump), reconcile, report.
 
-The edge of the accounting package: the only place that runs sacct for a search or reads a
-``--sacct-file``. A failing or unreachable sacct is an error (exit 2), never a partial report.
+The edge of the accounting package: the only place that asks a search's scheduler for its runs
+(its backend's ``runs`` and ``listed``) or reads a ``--sacct-file`` (``dump_runs``). A failing or
+unreachable accounting tool is an error (exit 2), never a partial report.
 """
 
 from __future__ import annotations
@@ -22,13 +23,11 @@ from parcel_hpc.accounting.reconcile import Reconciliation, reconcile
 from parcel_hpc.budget import BudgetLedger, search_caps
 from parcel_hpc.console import safe
 from parcel_hpc.errors import UsageError
-from parcel_hpc.ledger import Executor, SearchDir, collector_paused
+from parcel_hpc.ledger import SearchDir, collector_paused
 from parcel_hpc.ledger.searches import owner_of
 from parcel_hpc.plotting import png_of, pyplot
-from parcel_hpc.scheduler.registry import DEFAULT, backend_of
-from parcel_hpc.scheduler.slurm.runs import job_runs, run_table, runs_table
-from parcel_hpc.scheduler.slurm.sacct import SACCT_FORMAT, build_sacct_argv, installed_version, run_sacct
-from parcel_hpc.scheduler.slurm.sacct_parse import parse_sacct, parse_sacct_file
+from parcel_hpc.scheduler.registry import BACKENDS, DEFAULT, backend_of
+from parcel_hpc.scheduler.runs import job_runs, runs_table
 
 
 @collector_paused()
@@ -39,17 +38,18 @@ def reconcile_search(search: SearchDir, sacct_file: Path | None = None) -> Recon
     # The budget journal and the selection's jobs, read only: the search's one spend, and its holds.
     journal, jobs_run, path = BudgetLedger.read(search.path), spend.selection_jobs(search), str(search.path)
     campaign, objective = contract["search_revision"], contract["metric_revision"]
+    backends = {backend_of(r.executor) for r in records} or {DEFAULT}
     if sacct_file is not None:
-        try:
-            rows = run_table(parse_sacct_file(sacct_file, source=str(sacct_file), allocations_only=True))
-        except OSError as exc:
-            raise UsageError(f"cannot read --sacct-file {sacct_file}: {exc.strerror or exc}; export it with `sacct {SACCT_FORMAT_HINT}`") from None
+        # The search's own scheduler's dump first, else the first that exports one.
+        reader, rows = next(((b, t) for b in (*sorted(backends, key=BACKENDS.index), *BACKENDS) if (t := b.dump_runs(sacct_file)) is not None), (None, None))
+        if reader is None or rows is None:
+            raise UsageError(f"--sacct-file {sacct_file}: no scheduler here exports an accounting dump; reconcile without --sacct-file")
         ours = pc.is_in(rows.column("job_id"), value_set=pa.array(sorted({j for r in records for j in r.jobs}), pa.string()))
         # The dump is exported by the search's job name (README): every row the ledger lacks is an orphan.
         return reconcile(
             campaign,
             objective,
-            f"sacct-file:{sacct_file}",
+            f"{reader.accounting}-file:{sacct_file}",
             records,
             job_runs(rows.filter(ours)),
             columns.without(rows, ours),
@@ -59,39 +59,24 @@ def reconcile_search(search: SearchDir, sacct_file: Path | None = None) -> Recon
             search_path=path,
             slot_jobs=_slot_jobs(search),
         )
-    backends = {backend_of(r.executor) for r in records} or {DEFAULT}
-    if not any(b.files_runs for b in backends):  # no scheduler keeps a record: each backend's own
+    filing = sorted((b for b in backends if b.files_runs), key=BACKENDS.index)
+    if not filing:  # no scheduler keeps a record: each backend's own
         runs = [run for b in backends for run in b.local_runs(records, owner_of(search)) or []]
-        return reconcile(campaign, objective, "local executor", records, runs, [], caps, journal, jobs_run, search_path=path)
-    jobs = sorted({j for r in records for j in r.jobs})
-    runs = job_runs(parse_sacct(run_sacct(build_sacct_argv(jobs, version=installed_version())), source="sacct", allocations_only=True)) if jobs else []
-    since = _created(search)
-    # --allusers: an admin reconciling a colleague's search sees the orphans of every user
-    named = (
-        run_table(
-            parse_sacct(
-                run_sacct(build_sacct_argv([], since=since, name=name, all_users=True, version=installed_version())),
-                source="sacct --name",
-                allocations_only=True,
-            )
-        )
-        for name in search.job_names(Executor.SLURM)
-    )
-    listed = pa.concat_tables([runs_table([]), *named])
+        source = "+".join(b.accounting for b in sorted(backends, key=BACKENDS.index))
+        return reconcile(campaign, objective, source, records, runs, [], caps, journal, jobs_run, search_path=path)
+    runs = []
+    for b in filing:
+        if jobs := sorted({j for r in records if backend_of(r.executor) is b for j in r.jobs}):
+            runs += [run for of_job in b.runs(jobs).values() for run in of_job]
+    listed = pa.concat_tables([runs_table([]), *(b.listed(search) for b in filing)])
+    source = "+".join(b.accounting for b in filing)
     return reconcile(
-        campaign, objective, "sacct", records, runs, listed, caps, journal, jobs_run, now=time.time(), search_path=path, slot_jobs=_slot_jobs(search)
+        campaign, objective, source, records, runs, listed, caps, journal, jobs_run, now=time.time(), search_path=path, slot_jobs=_slot_jobs(search)
     )
 
 
 def _slot_jobs(search: SearchDir) -> set[str]:
     return {str(s.get("job_id", "")) for s in search.slot_records()}
-
-
-SACCT_FORMAT_HINT = f"--parsable2 --noheader --duplicates --format={SACCT_FORMAT}"
-
-
-def _created(search: SearchDir) -> int:
-    return int((search.path / "contract.json").stat().st_mtime) - 60
 
 
 # --- renderers ---------------------------------------------------------------------------------

@@ -253,7 +253,7 @@ def _trial_row(record: TrialRecord, events: Sequence[Event], attempts: Sequence[
         "queue_wait_s": sum(waits) if waits else None,
         "started_at": _ms(min(started)) if started else None,
         "ended_at": _ms(record.ended_at),
-        "executor": record.executor.value if record.executor is not None else "",
+        "executor": str(record.executor or ""),
         "jobs": " ".join(record.jobs),
         "seed": record.spec.seed,
         "config_hash": record.spec.config_hash,

@@ -25,7 +25,7 @@ from parcel_hpc.accounting import search_report
 from parcel_hpc.console import make_console
 from parcel_hpc.errors import EXIT_PENDING, UsageError
 from parcel_hpc.ledger import SearchDir
-from parcel_hpc.scheduler.slurm import queue as slurm
+from parcel_hpc.scheduler.registry import BACKENDS
 
 READ_ONLY = True
 RETRY_S = 5.0  # between passes while --wait lasts and jobs are pending
@@ -119,10 +119,10 @@ NAMES_SHOWN = 20  # of the accounts an unknown --account is told to choose from
 
 def _require_known_account(account: str) -> None:
     """UsageError (one line, exit 2) unless the accounting database has an association for ``account``."""
-    known = slurm.known_accounts()
+    known = sorted({a for b in BACKENDS for a in b.known_accounts()})
     if account not in known:
         shown = ", ".join(known[:NAMES_SHOWN]) + (f" and {len(known) - NAMES_SHOWN} more (sacctmgr show accounts)" if len(known) > NAMES_SHOWN else "")
-        raise UsageError(f"--account {account} is not an account SLURM knows; give one of {shown or 'none: the accounting database has no account'}")
+        raise UsageError(f"--account {account} is not an account the scheduler knows; give one of {shown or 'none: the accounting database has no account'}")
 
 
 def _reconciled(one_pass: Callable[[], tuple[Any, int]], wait_s: float, retry: bool = True) -> tuple[Any, int]:

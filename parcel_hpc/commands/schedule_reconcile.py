@@ -1,12 +1,14 @@
-"""``parcel-hpc schedule-reconcile SEARCH_DIR --output-dir DIR``: submit a Slurm job that runs
-``reconcile --json`` on a schedule (for admins; ``accounting.scheduled``)."""
+"""``parcel-hpc schedule-reconcile SEARCH_DIR --output-dir DIR``: submit a job that runs
+``reconcile --json`` on a schedule (for admins): the first backend that queues jobs, SLURM's
+``scheduler/slurm/scheduled.py``."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from parcel_hpc.accounting import scheduled
+from parcel_hpc.scheduler.base import ReconcileSchedule
+from parcel_hpc.scheduler.registry import BACKENDS, DEFAULT
 
 READ_ONLY = False
 
@@ -26,15 +28,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    scheduled.run(
-        args.search_dir,
-        args.output_dir,
-        dry_run=args.dry_run,
-        every_min=args.every_min,
-        partition=args.partition,
-        account=args.account,
-        qos=args.qos,
-        time_limit_min=args.time_limit_min,
-        mem=args.mem,
-    )
+    request = ReconcileSchedule(args.search_dir, args.output_dir, args.every_min, args.partition, args.account, args.qos, args.time_limit_min, args.mem)
+    next((b for b in BACKENDS if b.queues_jobs), DEFAULT).schedule_reconcile(request, dry_run=args.dry_run)
     return 0

@@ -16,7 +16,7 @@ import os
 import re
 import string
 import unicodedata
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, cast
@@ -24,7 +24,7 @@ from typing import Any, cast
 from parcel_hpc.errors import UsageError
 
 MAX_NAME = 64  # characters in a revision, job, partition, account or qos name
-MAX_JOB_NAME = 80  # a search's job name (the default is parcel-<revision>); the scheduler adds "-<search id>"
+
 MAX_PATH = 1024  # characters in a path (Linux allows 4096; ours are short)
 MAX_TIME_MIN = 366 * 24 * 60  # a year and a day: anything longer is a typo
 MAX_MEM_GB = 64 * 1024.0  # 64 TiB per trial: anything larger is a typo
@@ -43,24 +43,14 @@ PATH_FIX = "use letters, digits and . _ / + , @ = ~ - only (a symlink with such 
 _IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 _MODULE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _TARGET_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
-_OPTION_RE = re.compile(r"[a-z][a-z0-9_-]{0,39}")
+
 # What an #SBATCH value may be made of: nothing sbatch's directive parser or a shell could misread.
 HEADER_SAFE_RE = re.compile(r"[A-Za-z0-9._/+,@=%:-]+")
 # sbatch option values may also hold constraint and node-list syntax: harmless in an #SBATCH line.
-_OPTION_VALUE_RE = re.compile(r"[A-Za-z0-9._/+,@=%:|&\[\]*-]+")
+
 _PARTITIONS_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(,[A-Za-z0-9][A-Za-z0-9._-]*)*")
 _MEM_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)([KMGT])", re.IGNORECASE)
 _TIME_RE = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
-# sbatch options parcel_hpc sets itself: a search's identity, its hold-until-recorded, its logs.
-RESERVED_OPTIONS = frozenset(
-    {"job-name", "comment", "wckey", "hold", "array", "output", "error", "signal", "requeue", "exclude", "open-mode"}
-    | {"time", "mem", "cpus-per-task", "gres", "gpus", "partition", "account", "qos"}
-    # Also pinned resources in another spelling: they would slip past the contract and the budget.
-    | {"ntasks", "ntasks-per-node", "nodes", "gpus-per-node", "gpus-per-task", "gpus-per-socket", "mem-per-cpu", "mem-per-gpu", "cpus-per-gpu"}
-    # ... and what else makes an allocation larger than the contract's: TRES, whole nodes, CPU minimums, layouts.
-    | {"tres-per-task", "tres-per-job", "exclusive", "mincpus", "ntasks-per-core", "ntasks-per-socket", "ntasks-per-gpu"}
-    | {"sockets-per-node", "cores-per-socket", "threads-per-core", "extra-node-info", "time-min"}
-)
 
 
 def show(value: object) -> str:
@@ -128,14 +118,6 @@ def whole(key: str, value: object, lo: int, hi: int) -> int:
         raise bad(key, value, f"is a {type(value).__name__}, not an int", f"give a whole number in {lo}..{hi}")
     if not lo <= value <= hi:
         raise bad(key, value, "is out of range", f"give a whole number in {lo}..{hi}")
-    return value
-
-
-def option_value(key: str, value: object, max_len: int = 200) -> str:
-    """A value that goes into an #SBATCH line as it is (never through a shell)."""
-    value = text(key, value, max_len)
-    if not _OPTION_VALUE_RE.fullmatch(value):
-        raise bad(key, value, "is not safe in an #SBATCH line", "use letters, digits and . _ / + , @ = % : | & [ ] * - only")
     return value
 
 
@@ -360,9 +342,10 @@ _OPTIONAL_NAMES = ("resources.account", "resources.qos")
 _PATHS = ("search.root", "snapshot.path", "split.path", "checkpoint.dir")
 
 
-def checked(cfg: Mapping[str, Any], launcher: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def checked(cfg: Mapping[str, Any], launcher: Mapping[str, Any], check_launcher: Callable[[Mapping[str, Any]], None]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The composed job config and launcher group, checked, with memory and time in the contract's
-    units (``resources.mem_gb`` in GiB, ``resources.time_limit_min`` in minutes). Raises UsageError."""
+    units (``resources.mem_gb`` in GiB, ``resources.time_limit_min`` in minutes); ``check_launcher``:
+    its backend's own checks of the launcher group (``Backend.check_launcher``). Raises UsageError."""
     cfg = _copy(cfg)
     launcher = _copy(launcher)
     for key in _NAMES:
@@ -394,8 +377,7 @@ def checked(cfg: Mapping[str, Any], launcher: Mapping[str, Any]) -> tuple[dict[s
     resources = cfg["resources"]
     resources["mem_gb"] = mem_gb("resources.mem_gb", resources["mem_gb"])
     resources["time_limit_min"] = time_min("resources.time_limit_min", resources["time_limit_min"])
-    if launcher.get("kind") == "slurm":
-        _check_slurm_launcher(launcher)
+    check_launcher(launcher)
     if "pack_size" in launcher:
         pack_option(launcher["pack_size"])
     dispatch_option(launcher.get("dispatch"))
@@ -438,25 +420,6 @@ def _check_prefix(prefix: object, params: Mapping[str, Mapping[str, Any]]) -> No
         for value in params[field].get("values") or ():  # a choice's values become directory names
             if isinstance(value, str):
                 name(f"space.params.{field}.values", value)
-
-
-def _check_slurm_launcher(launcher: Mapping[str, Any]) -> None:
-    name("hydra.launcher.job_name", launcher["job_name"], max_len=MAX_JOB_NAME)
-    for i, line in enumerate(launcher.get("setup") or []):
-        text(f"hydra.launcher.setup[{i}]", line)  # shell by design (module load, source ...): one line each
-    for option, value in (launcher.get("additional_parameters") or {}).items():
-        key = f"hydra.launcher.additional_parameters.{option}"
-        if not _OPTION_RE.fullmatch(str(option)):
-            raise bad(key, option, "is not an sbatch option name", "use the long option without dashes, like constraint or mail_type")
-        if option.replace("_", "-") in RESERVED_OPTIONS:
-            raise bad(key, value, "is set by parcel_hpc itself (search identity, hold, logs or limits)", "remove it; limits go in the resources group")
-        if value is None or value is True:
-            continue  # None: not passed; True: a flag such as --exclusive
-        if isinstance(value, bool):
-            raise bad(key, value, "is false", "remove the option instead")
-        if isinstance(value, int):
-            continue
-        option_value(key, value)
 
 
 def _every_text(node: Any, prefix: str) -> None:

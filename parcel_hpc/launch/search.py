@@ -22,7 +22,7 @@ from rich.console import Console
 from parcel_hpc import anchor, fence, ownership
 from parcel_hpc.budget import BudgetDecision, launch_decision
 from parcel_hpc.checkpoints import owner
-from parcel_hpc.config import LAUNCHERS, ParcelConf, unknown_keys
+from parcel_hpc.config import ParcelConf, unknown_keys
 from parcel_hpc.console import make_console
 from parcel_hpc.data import read_split, refuse_leaking_split
 from parcel_hpc.errors import UsageError
@@ -54,6 +54,7 @@ from parcel_hpc.propose.specs import (
 from parcel_hpc.scheduler import packing, slots
 from parcel_hpc.scheduler.base import Dispatcher, LauncherSettings
 from parcel_hpc.scheduler.factory import executor_kind
+from parcel_hpc.scheduler.registry import BACKENDS, backend_of
 from parcel_hpc.selection.baseline import Baseline, BaselineKind
 from parcel_hpc.selection.store import write_final_plan
 from parcel_hpc.trainer import Devices, code, load_training_data, trainer_class
@@ -71,19 +72,21 @@ def from_hydra(config: DictConfig, grammar: Sequence[str]) -> tuple[dict[str, An
     cfg = cast(dict[str, Any], OmegaConf.to_container(job_cfg, resolve=True, throw_on_missing=True))
     refuse_unknown_keys(cfg, launcher)
     cfg["space"]["params"] = normalize(cfg["space"]["params"], list(grammar), sections=set(cfg))
-    cfg, launcher = validation.checked(cfg, launcher)
+    kind = executor_kind(launcher.get("kind"))
+    cfg, launcher = validation.checked(cfg, launcher, backend_of(kind).check_launcher)
+    del launcher["kind"]
     split_path = Path(cfg["split"]["path"])
     folds = read_split(split_path).fold_count if split_path.is_file() else 1  # a missing file: build_contract says so
     # A K-fold trial's attempt runs its K fold runs in turn: its limit (the job's, the packed attempt's, and
     # the budget's worst case, every reader of resources.time_limit_min) is K times a fold run's.
     cfg["resources"]["time_limit_min"] = folds * cfg["resources"]["time_limit_min"]
-    return cfg, LauncherSettings(executor_kind(launcher.pop("kind", None)), launcher, cfg["resources"], cfg["budget"])
+    return cfg, LauncherSettings(kind, launcher, cfg["resources"], cfg["budget"])
 
 
 def refuse_unknown_keys(cfg: Mapping[str, Any], launcher: Mapping[str, Any]) -> None:
     """One line (exit 2) for the first key no schema knows, however it came in (Hydra's ``+key=value``
     appends one the schema lacks): nothing reads it, and the search would run as if it were not there."""
-    schema = LAUNCHERS.get(str(launcher.get("kind")))
+    schema = next((b.launcher for b in BACKENDS if b.executor == launcher.get("kind")), None)
     unknown = unknown_keys(cfg, ParcelConf) + (unknown_keys(launcher, schema, "hydra.launcher") if schema else [])
     if unknown:
         key, near = unknown[0]
@@ -137,7 +140,8 @@ class SearchLaunch:
         dispatcher.check()  # an unreachable scheduler is refused before anything is written
         if not cfg["search"]["wait"] and not dispatcher.can_detach:
             raise UsageError(
-                "search.wait=false needs a scheduler: the local executor runs trials as children of this process; use hydra/launcher=submitit_slurm"
+                f"search.wait=false needs a scheduler: the {dispatcher.name} executor runs trials as children of this process; use "
+                + " or ".join(f"hydra/launcher={b.launcher_name}" for b in BACKENDS if b.queues_jobs)
             )
         sampler = sampler_of(contract)
         slotted = uses_slots(dispatcher, sampler)

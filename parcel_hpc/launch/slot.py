@@ -37,6 +37,7 @@ from parcel_hpc.fsio import owner_only_writes
 from parcel_hpc.ledger import RecordView, SearchDir, Started, TrialRecord, TrialSpec, TrialWriter
 from parcel_hpc.ledger.events import FailureSignature
 from parcel_hpc.propose.proposals import Proposer
+from parcel_hpc.scheduler.registry import backend_of
 from parcel_hpc.scheduler.slots import Candidate, Queued, choose, expected_s, free_to_take, peers
 from parcel_hpc.worker.attempt import AttemptRun
 from parcel_hpc.worker.cache import WorkerCache
@@ -171,7 +172,7 @@ class SlotTask:
         search.dequeue(tid, n)
         if search.dispatch_mark(tid, n, "withdrawn") or search.dispatch_count(tid) != n:
             return False  # withdrawn, or given up for a newer dispatch, as it was taken: that one runs
-        TrialWriter(search.trial_dir(tid), "slot").submitted(facts.job_id, facts.executor, self.launch_id)
+        TrialWriter(search.trial_dir(tid), "slot").submitted(facts.job_id, backend_of(facts.executor).executor, self.launch_id)
         self._taken = tid
         return True
 

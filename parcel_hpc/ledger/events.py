@@ -42,11 +42,21 @@ class EventKind(str, enum.Enum):
     ACCOUNTED = "accounted"  # the scheduler filed a run of one of its jobs: the run's start, end and hours
 
 
-class Executor(str, enum.Enum):
-    """Where a trial's jobs run: submitit's local executor or SLURM."""
+_EXECUTOR_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 
-    LOCAL = "local"
-    SLURM = "slurm"
+
+class Executor(str):
+    """Where a trial's jobs run: the name its scheduler backend declares (``scheduler/registry.py``
+    holds one backend per name). A name, not an Enum: the ledger is below the schedulers, and a new
+    backend adds no member here. A journal naming a backend this installation lacks is refused where
+    a backend is asked for it (``registry.backend_of``), in one line."""
+
+    __slots__ = ()
+
+    def __new__(cls, name: str) -> Executor:
+        if not isinstance(name, str) or not _EXECUTOR_NAME.fullmatch(name):
+            raise ValueError(f"executor {name!r} is not a backend's name (a lowercase letter, then lowercase letters, digits or _)")
+        return super().__new__(cls, name)
 
 
 class FenceLayer(str, enum.Enum):
@@ -138,7 +148,7 @@ class AdmissionRefused:
 class Started:
     """The scheduler's facts about where an attempt runs, read once from its environment."""
 
-    executor: Executor = Executor.LOCAL
+    executor: Executor | None = None  # its backend (None: not said, read as the embedded default's: ``registry.backend_of``)
     job_id: str = ""  # as submitted: "123" or "123_4" for an array task
     raw_job_id: str = ""  # SLURM_JOB_ID (differs from job_id for array tasks)
     node: str = ""

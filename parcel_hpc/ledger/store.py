@@ -453,7 +453,7 @@ class SearchDir:
             {
                 str(l["launcher"].get("scheduler_job_name") or l["launcher"]["params"]["job_name"])
                 for l in self.launches()
-                if l.get("launcher", {}).get("kind") == kind.value
+                if l.get("launcher", {}).get("kind") == kind
             }
         )
 

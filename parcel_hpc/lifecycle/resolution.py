@@ -43,7 +43,7 @@ from parcel_hpc.ledger.events import Accounted
 from parcel_hpc.lifecycle import settlement
 from parcel_hpc.scheduler.base import Backend, QueuedJob
 from parcel_hpc.scheduler.registry import backend_of
-from parcel_hpc.scheduler.slurm.runs import JobRun  # the common record of a run (sacct's shape)
+from parcel_hpc.scheduler.runs import JobRun
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ from parcel_hpc.ledger import Event, TrialRecord, fold, preview
 from parcel_hpc.lifecycle import resolution
 from parcel_hpc.lifecycle.actions import Action, RetryPolicy, next_action
 from parcel_hpc.lifecycle.resolution import Resolution, SchedulerFacts
-from parcel_hpc.scheduler.slurm.runs import JobRun
-from parcel_hpc.scheduler.slurm.states import JobState
+from parcel_hpc.scheduler.runs import JobRun
+from parcel_hpc.scheduler.states import JobState
 
 
 @dataclass(frozen=True)

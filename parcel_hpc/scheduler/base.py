@@ -15,22 +15,23 @@ LocalExecutor, the embedded default) and ``slurm.dispatcher.SlurmDispatcher`` (s
 
 from __future__ import annotations
 
+import datetime as _dt
 import enum
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
+
+import pyarrow as pa
 
 from parcel_hpc import anchor
 from parcel_hpc.budget import AssociationLimit
-from parcel_hpc.errors import ParcelError
+from parcel_hpc.errors import ParcelError, UsageError
 from parcel_hpc.ledger import Attempt, Cause, Executor, JobRole, SearchDir, Started, TrialRecord
 from parcel_hpc.probe import Liveness
-
-if TYPE_CHECKING:  # the common record of a run is sacct's shape (the local executor's runs are mapped to it)
-    from parcel_hpc.scheduler.slurm.runs import JobRun
+from parcel_hpc.scheduler.runs import JobRun, runs_table
 
 
 class Plan(Protocol):
@@ -80,7 +81,7 @@ class LauncherSettings:
     budget: Mapping[str, Any]
 
     def to_json(self) -> dict:
-        return {"kind": self.kind.value, "params": dict(self.params), "resources": dict(self.resources), "budget": dict(self.budget)}
+        return {"kind": str(self.kind), "params": dict(self.params), "resources": dict(self.resources), "budget": dict(self.budget)}
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> LauncherSettings:
@@ -226,6 +227,21 @@ class SelectionJob:
         return self.log_dir / f"{self.role.value}-{job_id}.out"
 
 
+@dataclass(frozen=True)
+class ReconcileSchedule:
+    """An admin's ``schedule-reconcile``: ``reconcile SEARCH_DIR --json`` as a job of the
+    scheduler, again every ``every_min``."""
+
+    search_dir: Path
+    output_dir: Path  # where the script and each run's report and errors go
+    every_min: int  # minutes between runs; 0: one run (cron submits the written script)
+    partition: str  # "": the cluster's default
+    account: str  # "": the submitter's default
+    qos: str  # "": the account's default
+    time_limit_min: int  # minutes, each run
+    mem: str  # each run's memory, like "1G"
+
+
 # Called with a selection job's id and the host it runs on ("": the scheduler's) once it is submitted.
 Submit = Callable[[str, str], None]
 
@@ -235,6 +251,10 @@ class Backend(ABC):
 
     executor: ClassVar[Executor]  # recorded with each job it runs
     files_runs: ClassVar[bool]  # the scheduler files its own record of each run: hours stay provisional until it does
+    accounting: ClassVar[str]  # what its record of runs is called in a report ("sacct")
+    queues_jobs: ClassVar[bool]  # a job waits in its queue and runs without the process that submitted it
+    launcher: ClassVar[type]  # the schema (a dataclass) of its ``hydra/launcher`` group; its ``kind`` is ``executor``
+    launcher_name: ClassVar[str]  # that group's option name: ``hydra/launcher=<launcher_name>``
 
     @abstractmethod
     def dispatcher(self, settings: LauncherSettings, search: SearchDir, max_num_timeout: int, env: Mapping[str, str]) -> Dispatcher:
@@ -276,6 +296,39 @@ class Backend(ABC):
         """The scheduler's record of every run of these jobs, by job id (``files_runs`` backends); a
         failing accounting tool raises (AccountingError)."""
         return {}
+
+    def listed(self, search: SearchDir) -> pa.Table:
+        """Every run of every user the scheduler filed under ``search``'s job names since the search
+        began (``runs.RUN_SCHEMA``): those the ledger lacks are orphans. None where it files none."""
+        return runs_table([])
+
+    def account_runs(self, account: str, since: _dt.datetime) -> pa.Table:
+        """Every run of every user charged to ``account`` since ``since`` (``runs.RUN_SCHEMA``, a
+        run straddling ``since`` counted from it); none where jobs are charged to no account."""
+        return runs_table([])
+
+    def known_accounts(self) -> list[str]:
+        """Every account this scheduler charges jobs to, sorted; none where it charges none."""
+        return []
+
+    def dump_runs(self, path: Path) -> pa.Table | None:
+        """The runs of an accounting dump exported from this scheduler (``reconcile --sacct-file``,
+        ``runs.RUN_SCHEMA``); None where it exports none. UsageError (one line, how to export one)
+        when the file cannot be read."""
+        return None
+
+    def check_launcher(self, launcher: Mapping[str, Any]) -> None:
+        """Its launcher group's own values checked (``governance.validation.checked`` calls this in
+        turn; UsageError, one line); the schema's types Hydra checked already. Nothing more by default."""
+        return None
+
+    def schedule_reconcile(self, request: ReconcileSchedule, dry_run: bool) -> None:
+        """Queue ``request`` and print its job id and how to stop the schedule; with ``dry_run``,
+        print what would be queued and write nothing. UsageError where jobs do not wait in a queue
+        (``queues_jobs`` false)."""
+        raise UsageError(
+            f"schedule-reconcile needs a scheduler that queues jobs; the {self.executor} executor runs none later: run `parcel-hpc reconcile` instead"
+        )
 
     def local_runs(self, records: Sequence[TrialRecord], user: str) -> list[JobRun] | None:
         """The runs of ``records`` as this backend recorded them itself, where the scheduler files

@@ -11,16 +11,16 @@ from collections.abc import Mapping
 from parcel_hpc.errors import UsageError
 from parcel_hpc.ledger import Executor, SearchDir
 from parcel_hpc.scheduler.base import Dispatcher, LauncherSettings
-from parcel_hpc.scheduler.registry import backend_of
+from parcel_hpc.scheduler.registry import BACKENDS, backend_of, launchers
 
 
 def executor_kind(kind: str | None) -> Executor:
     """The launcher group's ``kind`` as an Executor, or one line saying which launchers exist
     (Hydra's own ``hydra/launcher=basic`` has no kind: it runs task functions, not governed trials)."""
-    try:
-        return Executor(kind)
-    except ValueError:
-        raise UsageError(f"launcher kind {kind!r} is not a parcel_hpc launcher; use hydra/launcher=submitit_local or submitit_slurm") from None
+    backend = next((b for b in BACKENDS if b.executor == kind), None)
+    if backend is None:
+        raise UsageError(f"launcher kind {kind!r} is not a parcel_hpc launcher; use {launchers()}")
+    return backend.executor
 
 
 def make_dispatcher(settings: LauncherSettings, search: SearchDir, env: Mapping[str, str] | None = None) -> Dispatcher:

@@ -72,7 +72,7 @@ def run_job(store: SelectionStore, role: JobRole, n: int, writer: SelectionWrite
 
         def submitted(job_id: str, host: str) -> None:
             writer.job_submitted(n, role, job_id, backend.executor, host)
-            console.print(f"{role.value} job {job_id} submitted to the {backend.executor.value} launcher; waiting for it to end")
+            console.print(f"{role.value} job {job_id} submitted to the {backend.executor} launcher; waiting for it to end")
 
         job_id = backend.run_selection_job(job, submitted, poll_s)
     log = store.log_dir(n) / f"{role.value}-{job_id}.out"

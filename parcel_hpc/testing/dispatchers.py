@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from parcel_hpc.errors import SchedulerUnavailable
-from parcel_hpc.ledger import Executor
 from parcel_hpc.scheduler.base import Dispatcher, LauncherSettings, Record, Submitted, Task, submitted_of
+from parcel_hpc.scheduler.registry import DEFAULT
 
 
 class FakeDispatcher(Dispatcher):
-    name = Executor.LOCAL
+    name = DEFAULT.executor  # stands in for the embedded default's dispatcher
     can_detach = True
 
     def __init__(self, settings: LauncherSettings, *, slots: int = 2, capacity: int = 100) -> None:

@@ -29,6 +29,7 @@ held signal then reaches submitit's handler, whose ``interrupt`` records the int
 
 from __future__ import annotations
 
+import enum
 import errno
 import time
 import traceback
@@ -84,8 +85,38 @@ def _same_trial(exc: claims.CheckpointCollision, plan: WorkerPlan) -> bool:
     return trial is not None and not exc.other_search and not exc.other_fold and trial.trial_id == plan.trial_id and trial.config_hash == plan.config_hash
 
 
+class StopReason(enum.Enum):
+    """Why an attempt stopped without a result (its ending is journaled already)."""
+
+    REJECTED = "rejected"  # its plan is not of this contract, or its trainer asked for the final partition
+    QUEUED = "queued"  # drift, or no fence here: the trial stays queued for a worker where it matches
+    BUDGET_EXHAUSTED = "budget_exhausted"  # the budget cannot hold its worst case
+    SUPERSEDED = "superseded"  # a newer attempt of the trial took its checkpoint directory over
+    PREVIOUS_ATTEMPT_ALIVE = "previous_attempt_alive"  # an earlier attempt's process still holds the directory
+    INTERRUPTED = "interrupted"  # saved, and the scheduler's handler ended it (it resumes later)
+    QUARANTINED = "quarantined"  # its checkpoint directory collided with another trial's while it ran
+    CANCELLED = "cancelled"  # its owner cancelled it while it ran in a pack
+    PRUNED = "pruned"  # its milestone value lost to its peers'
+
+    @classmethod
+    def of(cls, stop: Stop) -> StopReason:
+        """The reason of a training loop that returned on ``stop`` with its ending journaled."""
+        return _OF_STOP[stop]
+
+    def stop(self) -> Stop:
+        """What the training loop is told when this stop is read at one of its steps."""
+        return next(s for s, r in _OF_STOP.items() if r is self)
+
+
+_OF_STOP = {Stop.PRUNED: StopReason.PRUNED, Stop.CANCELLED: StopReason.CANCELLED, Stop.QUARANTINED: StopReason.QUARANTINED, Stop.REJECTED: StopReason.REJECTED}
+
+
 class StopAttempt(Exception):
     """Stop this attempt without a result; the reason is already journaled."""
+
+    def __init__(self, reason: StopReason) -> None:
+        super().__init__(reason.value)
+        self.reason = reason
 
 
 class AttemptTimeLimit(Exception):
@@ -168,7 +199,7 @@ class AttemptRun:
         except claims.CheckpointCollision as exc:
             return self._collided(exc)
         except StopAttempt as exc:
-            return WorkerResult(plan.trial_id, Ran.STOPPED, str(exc))
+            return WorkerResult(plan.trial_id, Ran.STOPPED, exc.reason.value)
         except AttemptTimeLimit:
             try:
                 again = self.interrupt(Cause.TIMEOUT)
@@ -211,7 +242,7 @@ class AttemptRun:
         if held.pending:
             held.deliver()
             if self.ended:
-                raise StopAttempt("interrupted")
+                raise StopAttempt(StopReason.INTERRUPTED)
 
     def _collided(self, exc: claims.CheckpointCollision) -> WorkerResult:
         plan = self.plan
@@ -252,7 +283,7 @@ class AttemptRun:
         if not outcome.is_admit:
             # The plan itself is not of this contract: no environment makes it one.
             self._end(Ended(AttemptEnd.REJECTED, outcome=outcome, reason=str(outcome)))
-            raise StopAttempt(TrialState.REJECTED.value)
+            raise StopAttempt(StopReason.REJECTED)
         split = self.split = read_split(plan.split_path)
         try:
             for fold in range(split.fold_count):  # the snapshot is read before the fence or never: every fold's part
@@ -263,7 +294,7 @@ class AttemptRun:
             # A later trial of a pack: the snapshot changed since this process read it, and it is fenced from it now.
             reason = f"{plan.snapshot_path} changed since this worker read it, and the worker is fenced from it now; a fresh worker reads it"
             self._end(Ended(AttemptEnd.REJECTED, Cause.DRIFT, outcome=Outcome.reject("snapshot_digest"), reason=reason))
-            raise StopAttempt(TrialState.QUEUED.value) from None
+            raise StopAttempt(StopReason.QUEUED) from None
         observed, problem = self.cache.observe(plan.snapshot_path, split, plan.image, contract["trainer"], self.search.path, self._fence)
         self._stop_if_final_requested()  # what the trainer's module did at its import
         outcome = check_worker(observed, contract)
@@ -272,7 +303,7 @@ class AttemptRun:
             # stays queued for a worker whose environment matches again (the launch stops on it).
             reason = f"{outcome}: {problem if problem and outcome == Outcome.reject('trainer') else drift_detail(outcome, observed, contract)}"
             self._end(Ended(AttemptEnd.REJECTED, Cause.DRIFT, outcome=outcome, reason=reason))
-            raise StopAttempt(TrialState.QUEUED.value)
+            raise StopAttempt(StopReason.QUEUED)
         layer = self.fenced.layer if self.fenced is not None else None
         self.ledger.admitted(
             self.attempt, Admitted(observed.snapshot_digest, observed.split_digest, observed.image_digest, observed.trainer["source_digest"], layer)
@@ -286,7 +317,7 @@ class AttemptRun:
             self.fenced = fence.arm(fence.Protected.of(self.plan.split_path, self.plan.snapshot_path))
         except fence.Unfenceable as exc:
             self._end(Ended(AttemptEnd.REJECTED, Cause.DRIFT, outcome=exc.outcome, reason=f"{exc.outcome}: {exc.detail}"))
-            raise StopAttempt(TrialState.QUEUED.value) from None
+            raise StopAttempt(StopReason.QUEUED) from None
         toolkit_handlers()  # the scheduler's handler (submitit's requeue) starts scontrol: the toolkit's program, not the trainer's
 
     def _resolve_unended_attempt(self) -> None:
@@ -315,10 +346,10 @@ class AttemptRun:
                     raise
                 if theirs > self.attempt:
                     self._end(Ended(AttemptEnd.LOST, Cause.SUPERSEDED, reason=exc.reason))
-                    raise StopAttempt("superseded") from None
+                    raise StopAttempt(StopReason.SUPERSEDED) from None
                 if time.monotonic() > deadline:
                     self._end(Ended(AttemptEnd.INTERRUPTED, Cause.PREVIOUS_ATTEMPT_ALIVE, reason=exc.reason))
-                    raise StopAttempt("previous_attempt_alive") from None
+                    raise StopAttempt(StopReason.PREVIOUS_ATTEMPT_ALIVE) from None
                 time.sleep(2.0)
 
     def _reserve(self, contract: Contract) -> None:
@@ -327,7 +358,7 @@ class AttemptRun:
         held = self.budget.reserve(self.plan.trial_id, self.attempt)
         if not held.ok:
             self._end(Ended(AttemptEnd.BUDGET_EXHAUSTED, outcome=Outcome.HOLD_BUDGET, reason=f"{Outcome.HOLD_BUDGET}: {held.message}"))
-            raise StopAttempt(TrialState.BUDGET_EXHAUSTED.value)
+            raise StopAttempt(StopReason.BUDGET_EXHAUSTED)
         self.reserved = True
 
     def _checkpoint_dir(self, fold: int | None) -> str:
@@ -359,10 +390,10 @@ class AttemptRun:
                 raise AttemptTimeLimit()  # the loop saved its whole state at the step it stopped at
             held.deliver()  # submitit's checkpoint: it records the interruption, requeues and ends the process
             if self.ended:
-                raise StopAttempt("interrupted")
+                raise StopAttempt(StopReason.INTERRUPTED)
             # The handler let the attempt go on (no scheduler behind it): resume from the checkpoint just saved.
         if run.stop is not None and not (run.stop is Stop.REQUEUE and run.done):
-            raise StopAttempt(run.stop.value)  # its ending is on disk already
+            raise StopAttempt(StopReason.of(run.stop))  # its ending is on disk already
         return run.step, run.value
 
     def _score_last(self, trainer: Trainer, restored: Restored, data: TrainingData) -> tuple[int, float]:
@@ -371,7 +402,7 @@ class AttemptRun:
         scores = checked_probabilities(trainer.predict("validation"), len(data.validation), "validation", restored.step)
         value = scorer(self.plan, data)(scores)
         if (stop := self._validated(restored.step, value, True, {})) is not None:
-            raise StopAttempt(stop.value)
+            raise StopAttempt(StopReason.of(stop))
         return restored.step, value
 
     # --- the loop's callbacks -----------------------------------------------------------------
@@ -402,7 +433,7 @@ class AttemptRun:
             self._stop_if_quarantined()
             self._stop_if_cancelled()
         except StopAttempt as exc:
-            return Stop(str(exc))  # ended and journaled: the loop returns
+            return exc.reason.stop()  # ended and journaled: the loop returns
         self.ledger.milestone(self.attempt, step, value, step in self.milestones.milestones, train_metrics, fold=self.fold)
         if self.fold:
             # A K-fold trial is compared on its mean over folds 0..fold at this step, with the peers of this fold run.
@@ -439,7 +470,7 @@ class AttemptRun:
         """A trainer that asked for the final partition is rejected, even if it caught the refusal."""
         if self._final_requests():
             self._reject_final()
-            raise StopAttempt(TrialState.REJECTED.value)
+            raise StopAttempt(StopReason.REJECTED)
 
     def _reject_final(self) -> None:
         asked = "; ".join(self._final_requests())
@@ -448,13 +479,13 @@ class AttemptRun:
     def _stop_if_quarantined(self) -> None:
         if self.search.is_quarantined_attempt(self.plan.trial_id, self.attempt):
             self._end(Ended(AttemptEnd.QUARANTINED, Cause.CHECKPOINT_COLLISION, reason="quarantined while running"))
-            raise StopAttempt(TrialState.QUARANTINED.value)
+            raise StopAttempt(StopReason.QUARANTINED)
 
     def _stop_if_cancelled(self) -> None:
         """A trial of a pack is cancelled without its job (which runs other trials): it stops itself."""
         if self.limit_s is not None and self.search.record(self.plan.trial_id).state is TrialState.CANCELLED:
             self._end(Ended(AttemptEnd.INTERRUPTED, Cause.CANCELLED_BY_OWNER, step=self.step, reason="cancelled while it ran in a pack"))
-            raise StopAttempt(TrialState.CANCELLED.value)
+            raise StopAttempt(StopReason.CANCELLED)
 
     def release_claim(self) -> None:
         """Leave the checkpoint directory in order. A packed task calls it after every attempt: its

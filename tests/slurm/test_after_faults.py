@@ -101,7 +101,7 @@ def test_names_slurm_does_not_know_are_one_line_and_exit_2(tmp_path, data_dir):
     wrong = parcel_hpc(["reconcile", "--account", "nosuch", "--since", "2026-01-01", "--root", str(tmp_path)])
     assert wrong.returncode == 2 and wrong.stdout == "", wrong.stdout + wrong.stderr
     (line,) = wrong.stderr.strip().splitlines()
-    assert "--account nosuch is not an account SLURM knows" in line and "parcel" in line and "other" in line, line
+    assert "--account nosuch is not an account the scheduler knows" in line and "parcel" in line and "other" in line, line
     launched = launch(
         [SLURM, f"search.root={tmp_path / 'runs'}", "search.revision=nopart", "search.n_trials=1", "resources.partition=nosuch"],
         cwd=tmp_path,

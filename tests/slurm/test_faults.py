@@ -113,7 +113,7 @@ def test_same_revision_in_two_roots(tmp_path, data_dir, cluster_guard):
     jobs = [{j for r in s.records() for j in r.jobs} for s in searches]
     assert not jobs[0] & jobs[1]
     for search, own in zip(searches, jobs):
-        (name,) = search.job_names(Executor.SLURM)
+        (name,) = search.job_names(Executor("slurm"))
         assert name == f"parcel-twin-{search.identity().short}"
         out = matches_sacct(search)
         listed = {l.split("|")[0] for l in sh("sacct", "-X", "-n", "-P", f"--name={name}", "-S", "now-1hour", "-o", "JobID").splitlines()}
@@ -196,7 +196,7 @@ def test_node_drained_while_trials_pending(cluster, tmp_path, data_dir, cluster_
     )
     assert res.returncode == 0, res.stderr
     search = SearchDir(tmp_path / "runs" / "drained")
-    (name,) = search.job_names(Executor.SLURM)
+    (name,) = search.job_names(Executor("slurm"))
     wait_for(lambda: len(sh("squeue", "-h", f"--name={name}", "--array", "-t", "PENDING", "-o", "%i").split()) == 3, 30, "three pending jobs")
     dry = parcel_hpc(["resubmit", str(search.path), "--dry-run"])
     assert dry.returncode == 0 and "nothing" in dry.stdout, dry.stdout

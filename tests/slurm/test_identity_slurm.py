@@ -48,7 +48,7 @@ def test_a_queued_array_whose_search_is_swapped_before_it_starts_runs_nothing_of
         )
         assert res.returncode == 0, res.stdout + res.stderr
         search = SearchDir(root / "swapped")
-        (name,) = search.job_names(Executor.SLURM)
+        (name,) = search.job_names(Executor("slurm"))
         queued = lambda: sh("squeue", "-h", f"--name={name}", "--array", "-o", "%i").split()  # noqa: E731
         jobs = wait_for(lambda: len(queued()) == 2 and queued(), 60, "two queued jobs")
 

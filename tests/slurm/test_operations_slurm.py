@@ -29,7 +29,7 @@ def test_an_account_report_totals_every_users_jobs_and_lists_those_no_search_kno
     res = launch([*SLURM, f"search.root={tmp_path / 'runs'}", "search.revision=acctday", "search.n_trials=3"], cwd=tmp_path, data_dir=data_dir)
     assert res.returncode == 0, res.stderr[-2000:]
     search = SearchDir(tmp_path / "runs" / "acctday")
-    (name,) = search.job_names(Executor.SLURM)
+    (name,) = search.job_names(Executor("slurm"))
     stray = sh(
         "sbatch", "--parsable", "-A", "parcel", "-J", f"stray-{int(time.time())}", "-o", "/dev/null", "--mem=50M", "-t", "1", "--wrap", "sleep 1"
     ).strip()

@@ -48,7 +48,7 @@ def test_tpe_search_on_slurm_proposes_into_free_slots_and_replays(tmp_path, data
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.json()["replayed"] == 9 and out.json()["first_difference"] is None
     # the jobs carry the search's own name, so sacct finds every one of them
-    name = search.job_names(Executor.SLURM)[0]
+    name = search.job_names(Executor("slurm"))[0]
     rows = wait_for(
         lambda: (lambda r: r if len(r.split()) == len(records) else None)(sh("sacct", "-n", "-X", "-P", "--name", name, "--format=JobID")), 60, "sacct rows"
     )

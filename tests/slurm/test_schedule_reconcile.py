@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from parcel_hpc.accounting import scheduled as scheduled_reconcile
 from parcel_hpc.ledger import SearchDir
+from parcel_hpc.scheduler.slurm import scheduled as scheduled_reconcile
 from parcel_hpc.testing import launch, parcel_hpc
 
 from .cluster import sh, wait_for

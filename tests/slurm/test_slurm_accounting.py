@@ -40,7 +40,7 @@ def test_failed_jobs_and_an_orphan_reconcile_with_sacct(tmp_path, data_dir, clus
     search = SearchDir(tmp_path / "runs" / "acct")
     states = {r.trial_id: r.state.value for r in search.records()}
     assert set(states.values()) == {"completed", "failed"}, states  # the space draws both
-    (name,) = search.job_names(Executor.SLURM)
+    (name,) = search.job_names(Executor("slurm"))
     assert name == f"parcel-acct-{search.identity().short}"
     orphan = sh("sbatch", "--parsable", "-J", name, "-o", "/dev/null", "--mem=50M", "-t", "1", "--wrap", "true").strip()
     wait_for(

@@ -96,6 +96,15 @@ def test_a_held_throttled_array_waits_as_squeue_says_and_its_last_task_carries_t
     assert sorted(tasks) == expected and tasks[f"{array}_3"] == array
 
 
+def test_one_squeue_lists_the_jobs_of_every_name_asked_and_no_other(cluster, cluster_guard):
+    _, names = cluster_guard
+    first, second, other = unique("beh-qa", names), unique("beh-qb", names), unique("beh-qc", names)
+    jobs = [submit(first, "true", "--hold"), submit(second, "true", "--hold")]
+    submit(other, "true", "--hold")
+    assert sorted(queue.queued_jobs(first, second)) == sorted(jobs) and queue.queued_jobs() == {}
+    sh("scancel", f"--name={first},{second},{other}")
+
+
 def test_a_job_sees_its_slurm_environment(cluster, cluster_guard, tmp_path):
     _, names = cluster_guard
     name = unique("beh-env", names)

@@ -4,3 +4,7 @@ backend.py      LocalBackend: jobs judged from their own host only, the job envi
 runs.py         the local executor's runs, built from the ledger in sacct's shape (reconcile reads them)
 dispatcher.py   LocalDispatcher: trials as child processes of the launch, GPUs handed out
 """
+
+from parcel_hpc.ledger import Executor
+
+EXECUTOR = Executor("local")  # the name its jobs are recorded with (and its launcher's ``kind``)

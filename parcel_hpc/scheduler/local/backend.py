@@ -14,16 +14,22 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from parcel_hpc.ledger import Attempt, Executor, JobRole, SearchDir, Started, TrialRecord
+from parcel_hpc.ledger import Attempt, JobRole, SearchDir, Started, TrialRecord
 from parcel_hpc.probe import Liveness, local_process, seen_from_here
 from parcel_hpc.scheduler.base import Backend, Dispatcher, LauncherSettings, QueuedJob, QueueState, SelectionJob, Submit, devices_in
+from parcel_hpc.scheduler.local import EXECUTOR
+from parcel_hpc.scheduler.local.launcher import SubmititLocalConf
 from parcel_hpc.scheduler.local.runs import local_runs
-from parcel_hpc.scheduler.slurm.runs import JobRun
+from parcel_hpc.scheduler.runs import JobRun
 
 
 class LocalBackend(Backend):
-    executor = Executor.LOCAL
+    executor = EXECUTOR
     files_runs = False  # no scheduler keeps a record: the ledger's own is final
+    accounting = "local executor"
+    queues_jobs = False  # a child process of the command that runs it
+    launcher = SubmititLocalConf
+    launcher_name = "submitit_local"  # hydra-submitit-launcher's names, so its users feel at home
 
     def dispatcher(self, settings: LauncherSettings, search: SearchDir, max_num_timeout: int, env: Mapping[str, str]) -> Dispatcher:
         # Imported here: submitit (about 0.1 s) is for a launch; read commands reach this module too.
@@ -71,7 +77,7 @@ class LocalBackend(Backend):
     def started(self, env: Mapping[str, str], host: str, pid: int, process_started: float | None) -> Started:
         job = env.get("SUBMITIT_LOCAL_JOB_ID", "")
         devices = env.get("CUDA_VISIBLE_DEVICES", "")
-        return Started(Executor.LOCAL, job, job, host, host, pid, 0, devices, devices_in(devices), process_started)  # the executor set it: what it handed out
+        return Started(self.executor, job, job, host, host, pid, 0, devices, devices_in(devices), process_started)  # the executor set it: what it handed out
 
     def local_runs(self, records: Sequence[TrialRecord], user: str) -> list[JobRun]:
         return local_runs(records, user)

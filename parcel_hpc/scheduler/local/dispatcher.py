@@ -23,15 +23,16 @@ import submitit
 from submitit.core.utils import JobPaths
 
 from parcel_hpc.errors import UsageError
-from parcel_hpc.ledger import Executor, SearchDir
+from parcel_hpc.ledger import SearchDir
 from parcel_hpc.probe import pid_alive, runs_submitit
 from parcel_hpc.scheduler.base import Dispatcher, LauncherSettings, Record, Submitted, Task, submitted_of
+from parcel_hpc.scheduler.local import EXECUTOR
 
 WAKE_S = 0.02  # how often a waiting launch asks its children whether one ended
 
 
 class LocalDispatcher(Dispatcher):
-    name = Executor.LOCAL
+    name = EXECUTOR
     can_detach = False
 
     def __init__(self, settings: LauncherSettings, search: SearchDir, *, max_num_timeout: int) -> None:

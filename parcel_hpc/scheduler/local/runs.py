@@ -8,8 +8,8 @@ from collections import Counter
 from collections.abc import Iterable
 
 from parcel_hpc.ledger import Attempt, AttemptEnd, TrialRecord
-from parcel_hpc.scheduler.slurm.runs import JobRun
-from parcel_hpc.scheduler.slurm.states import JobState
+from parcel_hpc.scheduler.runs import JobRun
+from parcel_hpc.scheduler.states import JobState
 
 
 def local_runs(records: Iterable[TrialRecord], user: str = "") -> list[JobRun]:

@@ -7,8 +7,12 @@ queue.py             squeue / scontrol / sacctmgr / sshare: argv built here, tex
 sacct.py             the sacct field list, its argv (pure) and the one place that runs it
 sacct_parse.py       sacct's ``--parsable2`` text -> columns (pyarrow; no object per line)
 _sacct_malformed.py  the error path: which sacct line is bad and why
-states.py            JobState: every SLURM state word, mapped once, and the cause each means
-runs.py              job runs: one per allocation row of ``sacct --duplicates``
+runs.py              sacct's rows as runs (``scheduler.runs.JobRun``): one per allocation row of ``sacct --duplicates``
 sbatch.py            batch scripts parcel_hpc renders itself (templates/), and ``sbatch``
+scheduled.py         ``schedule-reconcile``: the reconcile as a recurring SLURM job
 calls.py             how often this process asked SLURM, by command (the launch reports it)
 """
+
+from parcel_hpc.ledger import Executor
+
+EXECUTOR = Executor("slurm")  # the name its jobs are recorded with (and its launcher's ``kind``)

@@ -21,7 +21,7 @@ import pyarrow.csv as pacsv
 
 from parcel_hpc.errors import AccountingError
 from parcel_hpc.scheduler.slurm.sacct import SACCT_FIELDS, SACCT_FORMAT
-from parcel_hpc.scheduler.slurm.states import JobState
+from parcel_hpc.scheduler.states import JobState
 
 NULL_TIMES = ("Unknown", "None")
 MAX_DIGITS = 18  # int64 holds 18 digits; SLURM ids are 32-bit, so a longer one is garbage

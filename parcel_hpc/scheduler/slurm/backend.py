@@ -7,22 +7,36 @@ Owns every answer that depends on a job being SLURM's. Must not: decide anything
 
 from __future__ import annotations
 
+import datetime as _dt
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
-from parcel_hpc.ledger import Cause, Executor, JobRole, SearchDir, Started, TrialRecord
+import pyarrow as pa
+
+from parcel_hpc.errors import UsageError
+from parcel_hpc.ledger import Cause, JobRole, SearchDir, Started, TrialRecord
 from parcel_hpc.probe import Liveness
-from parcel_hpc.scheduler.base import Backend, Dispatcher, LauncherSettings, QueuedJob, SelectionJob, Submit, devices_in
-from parcel_hpc.scheduler.slurm import queue, selection
-from parcel_hpc.scheduler.slurm.runs import JobRun, job_runs, runs_by_job
-from parcel_hpc.scheduler.slurm.sacct import build_sacct_argv, installed_version, run_sacct
-from parcel_hpc.scheduler.slurm.sacct_parse import parse_sacct
+from parcel_hpc.scheduler.base import Backend, Dispatcher, LauncherSettings, QueuedJob, ReconcileSchedule, SelectionJob, Submit, devices_in
+from parcel_hpc.scheduler.runs import JobRun, runs_by_job, runs_table
+from parcel_hpc.scheduler.slurm import EXECUTOR, queue, scheduled, selection
+from parcel_hpc.scheduler.slurm.launcher import SubmititSlurmConf, check
+from parcel_hpc.scheduler.slurm.runs import run_table, sacct_runs
+from parcel_hpc.scheduler.slurm.sacct import SACCT_FORMAT, build_sacct_argv, installed_version, run_sacct
+from parcel_hpc.scheduler.slurm.sacct_parse import parse_sacct, parse_sacct_file
+
+# How an admin exports the dump ``reconcile --sacct-file`` reads.
+DUMP_HINT = f"sacct --parsable2 --noheader --duplicates --format={SACCT_FORMAT}"
 
 
 class SlurmBackend(Backend):
-    executor = Executor.SLURM
+    executor = EXECUTOR
     files_runs = True  # slurmdbd files each run (sacct): an attempt's hours are provisional until recorded
+    accounting = "sacct"
+    queues_jobs = True
+    launcher = SubmititSlurmConf
+    launcher_name = "submitit_slurm"  # hydra-submitit-launcher's names, so its users feel at home
 
     def dispatcher(self, settings: LauncherSettings, search: SearchDir, max_num_timeout: int, env: Mapping[str, str]) -> Dispatcher:
         # Imported here: submitit (about 0.1 s) is for a launch; read commands reach this module too.
@@ -36,11 +50,7 @@ class SlurmBackend(Backend):
         return job_logs(search, job_id)
 
     def held(self, search: SearchDir, records: Sequence[TrialRecord]) -> dict[str, QueuedJob]:
-        # A SLURM job is alive while squeue lists it: every name the search's launches used.
-        out: dict[str, QueuedJob] = {}
-        for name in search.job_names(self.executor):
-            out.update(queue.queued_jobs(name))
-        return out
+        return queue.search_jobs(search)
 
     def started(self, env: Mapping[str, str], host: str, pid: int, process_started: float | None) -> Started | None:
         if not env.get("SLURM_JOB_ID"):
@@ -48,7 +58,7 @@ class SlurmBackend(Backend):
         array_job, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
         job_id = f"{array_job}_{task}" if array_job and task else env["SLURM_JOB_ID"]
         return Started(
-            Executor.SLURM,
+            self.executor,
             job_id,
             env["SLURM_JOB_ID"],
             env.get("SLURMD_NODENAME", host),
@@ -78,7 +88,42 @@ class SlurmBackend(Backend):
         return Cause.TIMEOUT
 
     def runs(self, job_ids: Sequence[str]) -> dict[str, list[JobRun]]:
-        return runs_by_job(job_runs(parse_sacct(run_sacct(build_sacct_argv(job_ids, version=installed_version())), source="sacct", allocations_only=True)))
+        return runs_by_job(sacct_runs(parse_sacct(run_sacct(build_sacct_argv(job_ids, version=installed_version())), source="sacct", allocations_only=True)))
+
+    def listed(self, search: SearchDir) -> pa.Table:
+        # From a minute before the contract was frozen (the search's first job is after it), every
+        # user's: an admin reconciling a colleague's search sees the orphans of every user.
+        since = int((search.path / "contract.json").stat().st_mtime) - 60
+        named = (
+            run_table(
+                parse_sacct(
+                    run_sacct(build_sacct_argv([], since=since, name=name, all_users=True, version=installed_version())),
+                    source="sacct --name",
+                    allocations_only=True,
+                )
+            )
+            for name in search.job_names(self.executor)
+        )
+        return pa.concat_tables([runs_table([]), *named])
+
+    def account_runs(self, account: str, since: _dt.datetime) -> pa.Table:
+        argv = build_sacct_argv([], since=since, account=account, all_users=True, truncate=True, version=installed_version())
+        return run_table(parse_sacct(run_sacct(argv), source=f"sacct --accounts={account}", allocations_only=True))
+
+    def check_launcher(self, launcher: Mapping[str, Any]) -> None:
+        check(launcher)
+
+    def schedule_reconcile(self, request: ReconcileSchedule, dry_run: bool) -> None:
+        scheduled.run(request, dry_run)
+
+    def known_accounts(self) -> list[str]:
+        return queue.known_accounts()
+
+    def dump_runs(self, path: Path) -> pa.Table:
+        try:
+            return run_table(parse_sacct_file(path, source=str(path), allocations_only=True))
+        except OSError as exc:
+            raise UsageError(f"cannot read --sacct-file {path}: {exc.strerror or exc}; export it with `{DUMP_HINT}`") from None
 
 
 def _gpus(env: Mapping[str, str]) -> int | None:

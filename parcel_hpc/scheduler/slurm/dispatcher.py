@@ -25,16 +25,16 @@ from parcel_hpc import anchor
 from parcel_hpc.budget import AssociationLimit
 from parcel_hpc.errors import ReleaseFailed, SchedulerUnavailable
 from parcel_hpc.identity import SearchIdentity, scheduler_name
-from parcel_hpc.ledger import Executor, SearchDir
+from parcel_hpc.ledger import SearchDir
 from parcel_hpc.ownership import current_user
 from parcel_hpc.scheduler.base import Dispatcher, LauncherSettings, QueuedJob, QueueState, Record, Submitted, Task, submitted_of
 from parcel_hpc.scheduler.packing import job_time_limit_min
-from parcel_hpc.scheduler.slurm import calls
+from parcel_hpc.scheduler.slurm import EXECUTOR, calls
 from parcel_hpc.scheduler.slurm import queue as slurm
 
 
 class SlurmDispatcher(Dispatcher):
-    name = Executor.SLURM
+    name = EXECUTOR
     can_detach = True
 
     def __init__(self, settings: LauncherSettings, search: SearchDir, *, max_num_timeout: int, env: Mapping[str, str]) -> None:
@@ -143,11 +143,7 @@ class SlurmDispatcher(Dispatcher):
         return submitted
 
     def refresh(self) -> None:
-        # Every name the search's launches used: a job_name changed between launches hides nothing.
-        queued: dict[str, QueuedJob] = {}
-        for name in sorted({self.job_name, *self.search.job_names(Executor.SLURM)}):
-            queued.update(slurm.queued_jobs(name, self.env))
-        self._queued = queued
+        self._queued = slurm.search_jobs(self.search, self.env, also=[self.job_name])
 
     def recover(self, known_jobs: set[str]) -> list[str]:
         # Only jobs the ledger knows: a held array it does not know yet may be another launcher's,

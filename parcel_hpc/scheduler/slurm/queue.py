@@ -15,9 +15,11 @@ from dataclasses import dataclass
 from parcel_hpc.budget import AssociationLimit, LimitKind
 from parcel_hpc.errors import AccountingError, SchedulerUnavailable, UsageError
 from parcel_hpc.governance.validation import time_min  # SLURM's time forms, parsed in one place
+from parcel_hpc.ledger import SearchDir
 from parcel_hpc.scheduler.base import QueuedJob, QueueState
+from parcel_hpc.scheduler.slurm import EXECUTOR
 from parcel_hpc.scheduler.slurm.calls import count
-from parcel_hpc.scheduler.slurm.states import JobState
+from parcel_hpc.scheduler.states import JobState
 
 # --Format, not --format: only it prints the restart count. A "|" suffix and no width: whole values.
 SQUEUE_FIELDS = ("JobArrayID", "State", "RestartCnt", "Reason", "NodeList")
@@ -262,8 +264,8 @@ def known_accounts(env: Mapping[str, str] | None = None) -> list[str]:
     return sorted({line.strip() for line in _run(accounts_argv(), env, 30.0).splitlines() if line.strip()})
 
 
-def squeue_argv(job_name: str) -> list[str]:
-    return ["squeue", "--noheader", "--array", f"--name={job_name}", f"--Format={SQUEUE_FORMAT}"]
+def squeue_argv(job_names: Iterable[str]) -> list[str]:
+    return ["squeue", "--noheader", "--array", f"--name={','.join(job_names)}", f"--Format={SQUEUE_FORMAT}"]
 
 
 def parse_squeue(text: str) -> dict[str, QueuedJob]:
@@ -304,9 +306,17 @@ def queue_state(word: str) -> QueueState:
     return _QUEUE_STATE.get(state, QueueState.ENDING)
 
 
-def queued_jobs(job_name: str, env: Mapping[str, str] | None = None) -> dict[str, QueuedJob]:
-    """Jobs of this search that the controller still holds (pending, running, requeued)."""
-    return parse_squeue(_run(squeue_argv(job_name), env, 30.0))
+def queued_jobs(*job_names: str, env: Mapping[str, str] | None = None) -> dict[str, QueuedJob]:
+    """Jobs under any of these names that the controller still holds (pending, running, requeued),
+    asked once."""
+    return parse_squeue(_run(squeue_argv(job_names), env, 30.0)) if job_names else {}
+
+
+def search_jobs(search: SearchDir, env: Mapping[str, str] | None = None, also: Iterable[str] = ()) -> dict[str, QueuedJob]:
+    """The jobs of ``search`` the controller still holds, in one squeue: a SLURM job is alive while
+    squeue lists it. Every name the search's launches used (a job_name changed between launches
+    hides nothing), and ``also`` (a launch's own, before its first record)."""
+    return queued_jobs(*sorted({*also, *search.job_names(EXECUTOR)}), env=env)
 
 
 def release_argv(job_ids: Iterable[str]) -> list[str]:

@@ -1,11 +1,11 @@
-"""Job runs: one per allocation row of ``sacct --duplicates``, numbered within their job.
+"""sacct's allocation rows as runs (the common ``scheduler.runs`` record): one per allocation row
+of ``sacct --duplicates``, numbered within their job.
 
-Owns: the ``JobRun`` record, the columnar ``run_table`` it is built from (``RUN_SCHEMA``), and
-``totals_by_job``, the per-job sums reconciliation reads. A requeued job (REQUEUED,
-PREEMPTED or NODE_FAIL rows, then its final row) yields several runs of one job id;
-array tasks are jobs of their own ("29_3"), keyed by the id as submitted, not by JobIDRaw
-(the array's last task carries the master's raw id). Must not: read sacct, price hours,
-or know trials — mapping job ids to trials is the reconciler's job.
+Owns: ``run_table``, sacct's parsed rows as a ``RUN_SCHEMA`` table, and ``totals_by_job``, the
+per-job sums reconciliation reads. A requeued job (REQUEUED, PREEMPTED or NODE_FAIL rows, then its
+final row) yields several runs of one job id; array tasks are jobs of their own ("29_3"), keyed by
+the id as submitted, not by JobIDRaw (the array's last task carries the master's raw id). Must
+not: read sacct, price hours, or know trials — mapping job ids to trials is the reconciler's job.
 
 Run order within a job: Start, falling back to Submit when the run never started
 (a PENDING row after a requeue), then source line. Everything stays columnar until
@@ -15,119 +15,18 @@ object per row.
 
 from __future__ import annotations
 
-import dataclasses
-import re
-from collections.abc import Iterable, Sequence
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from parcel_hpc.errors import AccountingError
-from parcel_hpc.ledger.events import Accounted
-from parcel_hpc.scheduler.slurm.sacct_parse import SCHEMA, SacctTable
-from parcel_hpc.scheduler.slurm.states import JobState
+from parcel_hpc.scheduler.runs import RUN_COLUMNS, RUN_SCHEMA, SECONDS_PER_HOUR, JobRun, check_times, job_runs
+from parcel_hpc.scheduler.slurm.sacct_parse import SacctTable
 
-_SECONDS_PER_HOUR = 3600.0
-_JOB_ID = re.compile(r"^\d+(?:_(?:\d+|\[[^\]]*\]))?(?:\+\d+)?$")
-
-# Columns of run_table, in this order, sorted by (job, attempt).
-RUN_COLUMNS = (
-    "job_id",
-    "base_job_id",
-    "array_task",
-    "raw_job_id",
-    "attempt",
-    "is_last",
-    "state",
-    "state_text",
-    "exit_status",
-    "exit_signal",
-    "job_name",
-    "node_list",
-    "partition",
-    "account",
-    "user",
-    "submit",
-    "start",
-    "end",
-    "elapsed_s",
-    "gpus",
-    "cpus",
-    "billing",
-    "gpu_hours",
-    "cpu_hours",
-    "queue_wait_s",
-    "line",
-)
-
-_DERIVED = {"attempt": pa.int32(), "is_last": pa.bool_(), "gpu_hours": pa.float64(), "cpu_hours": pa.float64(), "queue_wait_s": pa.int64()}
-RUN_SCHEMA = pa.schema([(name, _DERIVED[name] if name in _DERIVED else SCHEMA.field(name).type) for name in RUN_COLUMNS])
 _ALLOCATION_COLUMNS = [c for c in RUN_COLUMNS if c not in ("attempt", "is_last", "gpu_hours", "cpu_hours", "queue_wait_s")]
 _TOTALS_COLUMNS = ["job_id", "base_job_id", "array_task", "state", "exit_status", "submit", "start", "end", "elapsed_s", "gpus", "cpus", "line"]
 
-__all__ = ["RUN_COLUMNS", "RUN_SCHEMA", "JobRun", "job_runs", "run_table", "runs_by_job", "runs_table", "totals_by_job"]
-
-
-@dataclasses.dataclass(frozen=True)
-class JobRun:
-    """One run (or one wait) of one job id, as SLURM accounted it."""
-
-    job_id: str  # as submitted: "12", "29_3"
-    raw_job_id: int  # JobIDRaw
-    base_job_id: int  # 29 for "29_3"
-    array_task: int | None  # 3 for "29_3"
-    attempt: int  # 0 for the first run of this job id, 1 after the first requeue ...
-    state: JobState
-    exit_status: int  # ExitCode before the colon (modulo 128 above 128 on 22.05)
-    exit_signal: int  # ExitCode after the colon
-    node_list: str  # "n1", "n[1-3]", "None assigned"
-    partition: str
-    account: str
-    submit: int | None  # epoch seconds
-    start: int | None  # epoch seconds; None: never started
-    end: int | None  # epoch seconds; None: not ended yet
-    elapsed_s: int  # seconds, SLURM's ElapsedRaw
-    gpus: int  # gres/gpu in AllocTRES
-    cpus: int  # cpu in AllocTRES
-    line: int  # 1-based line of the allocation row in the sacct text
-    user: str = ""  # who submitted it (sacct's User)
-
-    def __post_init__(self) -> None:
-        if not _JOB_ID.match(self.job_id):
-            raise ValueError(f"JobRun.job_id {self.job_id!r} is not a SLURM job id without a step")
-        if not isinstance(self.state, JobState):
-            raise TypeError(f"JobRun.state must be a JobState, got {self.state!r}")
-        for name in ("raw_job_id", "base_job_id", "attempt", "elapsed_s", "gpus", "cpus", "exit_status", "exit_signal"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"JobRun.{name} must be a non-negative int, got {value!r}")
-        if self.line < 1:
-            raise ValueError(f"JobRun.line must be >= 1, got {self.line}")
-        _check_times(self.submit, self.start, self.end, where=f"job {self.job_id}")
-
-    @property
-    def gpu_hours(self) -> float:
-        return self.gpus * self.elapsed_s / _SECONDS_PER_HOUR
-
-    @property
-    def cpu_hours(self) -> float:
-        return self.cpus * self.elapsed_s / _SECONDS_PER_HOUR
-
-    def accounted(self) -> Accounted | None:
-        """This run as the ledger records it (``Accounted``), once sacct filed it in full: it started,
-        it ended, its state is final and its allocation is known (slurmdbd can list a finished job
-        a moment before its AllocTRES: every run holds a CPU). None before."""
-        if self.start is None or self.end is None or self.state.is_active() or self.cpus == 0:
-            return None
-        return Accounted(self.job_id, self.attempt, self.start, self.end, min(self.elapsed_s, self.end - self.start), self.gpus, self.cpus, self.node_list)
-
-    @property
-    def queue_wait_s(self) -> int | None:
-        """Submit to Start of this run (SLURM resets Submit on a requeue); None if it never started."""
-        if self.start is None or self.submit is None:
-            return None
-        return self.start - self.submit
+__all__ = ["run_table", "sacct_runs", "totals_by_job"]
 
 
 def run_table(sacct: SacctTable) -> pa.Table:
@@ -138,7 +37,7 @@ def run_table(sacct: SacctTable) -> pa.Table:
     """
     t, attempt, is_last = _ordered_allocations(sacct, _ALLOCATION_COLUMNS)
     elapsed = t.column("elapsed_s")
-    hours = pc.divide(pc.cast(elapsed, pa.float64()), _SECONDS_PER_HOUR)
+    hours = pc.divide(pc.cast(elapsed, pa.float64()), SECONDS_PER_HOUR)
     columns = {name: t.column(name) for name in _ALLOCATION_COLUMNS}
     columns.update(
         attempt=pa.array(attempt.astype(np.int32)),
@@ -147,7 +46,7 @@ def run_table(sacct: SacctTable) -> pa.Table:
         cpu_hours=pc.multiply(pc.cast(t.column("cpus"), pa.float64()), hours),
         queue_wait_s=pc.subtract(t.column("start"), t.column("submit")),
     )
-    return pa.table([columns[name] for name in RUN_COLUMNS], names=list(RUN_COLUMNS))
+    return pa.table([columns[name] for name in RUN_COLUMNS], schema=RUN_SCHEMA)
 
 
 def _ordered_allocations(sacct: SacctTable, columns: list[str]) -> tuple[pa.Table, np.ndarray, np.ndarray]:
@@ -177,45 +76,9 @@ def _ordered_allocations(sacct: SacctTable, columns: list[str]) -> tuple[pa.Tabl
     return t, np.arange(n) - group_start, is_last
 
 
-def job_runs(sacct: SacctTable | pa.Table) -> list[JobRun]:
-    """Every run (of the dump, or of these ``run_table`` rows) as a validated record, grouped by job
-    id in run order."""
-    cols = (run_table(sacct) if isinstance(sacct, SacctTable) else sacct).to_pydict()
-    return [
-        JobRun(
-            job_id=cols["job_id"][i],
-            raw_job_id=cols["raw_job_id"][i],
-            base_job_id=cols["base_job_id"][i],
-            array_task=cols["array_task"][i],
-            attempt=cols["attempt"][i],
-            state=JobState.from_code(cols["state"][i]),
-            exit_status=cols["exit_status"][i],
-            exit_signal=cols["exit_signal"][i],
-            node_list=cols["node_list"][i],
-            partition=cols["partition"][i],
-            account=cols["account"][i],
-            submit=cols["submit"][i],
-            start=cols["start"][i],
-            end=cols["end"][i],
-            elapsed_s=cols["elapsed_s"][i],
-            gpus=cols["gpus"][i],
-            cpus=cols["cpus"][i],
-            line=cols["line"][i],
-            user=cols["user"][i],
-        )
-        for i in range(len(cols["job_id"]))
-    ]
-
-
-def runs_table(runs: Sequence[JobRun]) -> pa.Table:
-    """Records back as ``run_table`` columns (a test's runs, or none)."""
-    rows = [
-        dataclasses.asdict(r)
-        | {"state": r.state.code, "state_text": r.state.text, "job_name": "", "billing": 0, "is_last": True}
-        | {"gpu_hours": r.gpu_hours, "cpu_hours": r.cpu_hours, "queue_wait_s": r.queue_wait_s}
-        for r in runs
-    ]
-    return pa.Table.from_pylist(rows, schema=RUN_SCHEMA)
+def sacct_runs(sacct: SacctTable) -> list[JobRun]:
+    """Every run of the dump as a validated record, grouped by job id in run order."""
+    return job_runs(run_table(sacct))
 
 
 def totals_by_job(source: SacctTable | pa.Table) -> pa.Table:
@@ -253,8 +116,8 @@ def totals_by_job(source: SacctTable | pa.Table) -> pa.Table:
             "attempts": pa.array((lasts - starts + 1).astype(np.int32)),
             "final_state": table.column("state").take(pa.array(lasts)),
             "final_exit_status": table.column("exit_status").take(pa.array(lasts)),
-            "gpu_hours": group_sum(table.column("gpus").to_numpy() * elapsed / _SECONDS_PER_HOUR, np.float64),
-            "cpu_hours": group_sum(table.column("cpus").to_numpy() * elapsed / _SECONDS_PER_HOUR, np.float64),
+            "gpu_hours": group_sum(table.column("gpus").to_numpy() * elapsed / SECONDS_PER_HOUR, np.float64),
+            "cpu_hours": group_sum(table.column("cpus").to_numpy() * elapsed / SECONDS_PER_HOUR, np.float64),
             "elapsed_s": group_sum(elapsed, np.int64),
             "queue_wait_s": group_sum(wait, np.int64),
             "first_submit": _from_np(np.fmin.reduceat(submit, starts) if n else submit[:0]),
@@ -311,23 +174,6 @@ def _check_columns(submit: np.ndarray, start: np.ndarray, end: np.ndarray, line:
         i = int(np.argmax(bad))
         as_int = [None if np.isnan(v) else int(v) for v in (submit[i], start[i], end[i])]
         try:
-            _check_times(*as_int, where=f"{source}:{int(line[i])}")
+            check_times(*as_int, where=f"{source}:{int(line[i])}")
         except ValueError as exc:
             raise AccountingError(f"{exc}; the accounting record is inconsistent — ask the SLURM admin") from None
-
-
-def _check_times(submit: int | None, start: int | None, end: int | None, *, where: str) -> None:
-    if start is not None and submit is not None and start < submit:
-        raise ValueError(f"{where}: Start ({start}) is before Submit ({submit})")
-    if end is not None and start is not None and end < start:
-        raise ValueError(f"{where}: End ({end}) is before Start ({start})")
-
-
-def runs_by_job(runs: Iterable[JobRun]) -> dict[str, list[JobRun]]:
-    """Each job id's runs in the order SLURM ran them (a requeued job has several)."""
-    by_job: dict[str, list[JobRun]] = {}
-    for run in runs:
-        by_job.setdefault(run.job_id, []).append(run)
-    for rows in by_job.values():
-        rows.sort(key=lambda r: r.attempt)
-    return by_job

@@ -22,8 +22,8 @@ from functools import cache
 
 from parcel_hpc.errors import AccountingError, UsageError
 from parcel_hpc.scheduler.slurm.calls import count
-from parcel_hpc.scheduler.slurm.states import JobState
 from parcel_hpc.scheduler.slurm.version import SlurmVersion
+from parcel_hpc.scheduler.states import JobState
 
 # Every name was checked against Debian's slurm-client 22.05.8 sacct binary (its --helpformat
 # table). "Restarts" is NOT one: the requeue history comes from --duplicates instead.

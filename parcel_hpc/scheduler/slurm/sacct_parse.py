@@ -35,8 +35,8 @@ import pyarrow.csv as pacsv
 from parcel_hpc.errors import AccountingError, UsageError
 from parcel_hpc.scheduler.slurm._sacct_malformed import EXIT_CODE, MAX_DIGITS, NULL_TIMES, raise_malformed
 from parcel_hpc.scheduler.slurm.sacct import SACCT_FIELDS, SACCT_FORMAT
-from parcel_hpc.scheduler.slurm.states import JobState
 from parcel_hpc.scheduler.slurm.version import PER_RUN_FIELDS
+from parcel_hpc.scheduler.states import JobState
 
 _TEXT = pa.string()  # plain: pyarrow's own dictionary conversion while reading is slower
 _TS = pa.timestamp("s")

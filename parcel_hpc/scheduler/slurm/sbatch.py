@@ -23,7 +23,7 @@ rendering can never add an ``#SBATCH`` directive or a command.
 Adding a template: write ``sbatch_templates/<name>.sbatch`` from the fields below. A value it needs
 that no field has becomes a new ``SbatchValues`` field (default None or empty, validated in
 ``__post_init__``) plus an entry in ``_FIELDS``. The command that submits the job renders it, like
-``accounting/scheduled.py`` does; tests/test_sbatch.py then asks for golden values for the new template.
+``scheduled.py`` does; tests/test_sbatch.py then asks for golden values for the new template.
 """
 
 from __future__ import annotations

@@ -1,12 +1,14 @@
-"""SLURM job states as one Enum, mapped from sacct's text once, at the parsing edge.
+"""A run's state, in sacct's words: the state of the common record of a run (``runs.JobRun``), one
+Enum every backend's accounting maps to (SLURM's parser from sacct's text, the local backend from
+the ledger's attempt ends), because admins read sacct's states beside it.
 
 Owns: the closed set of state words sacct 22.05 prints (base states and the state flags that
-replace them in sacct's one-word view), and the questions the rest of parcel_hpc asks of a
-state, and the one table of what each ending means for an attempt (``JobState.cause``). Must not: read sacct, decide anything about trials, or let a raw state string travel
-past the parser.
+replace them in sacct's one-word view), the questions the rest of parcel_hpc asks of a state,
+and the one table of what each ending means for an attempt (``JobState.cause``). Must not: read
+sacct, decide anything about trials, or let a raw state string travel past a parser.
 
-Each member carries a small integer ``code`` so the columnar parser can store states as an
-int8 column and the Enum can be recovered with ``JobState.from_code``.
+Each member carries a small integer ``code`` so a columnar table can store states as an int8
+column and the Enum can be recovered with ``JobState.from_code``.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from parcel_hpc import fsio
 from parcel_hpc.governance.contract import load_contract
 from parcel_hpc.identity import SearchIdentity, scheduler_name
 from parcel_hpc.ledger import SearchDir
+from parcel_hpc.scheduler.base import ReconcileSchedule
 from parcel_hpc.scheduler.slurm import sbatch
 
 TEMPLATE = "reconcile"
@@ -44,40 +45,29 @@ def job_name(search_revision: str, identity: SearchIdentity | None) -> str:
     return scheduler_name(f"parcel-reconcile-{search_revision}", identity)
 
 
-def prepare(
-    search_dir: str | os.PathLike,
-    output_dir: str | os.PathLike,
-    *,
-    every_min: int,
-    partition: str,
-    account: str,
-    qos: str,
-    time_limit_min: int,
-    mem: str,
-    python: str = sys.executable,
-) -> Prepared:
+def prepare(request: ReconcileSchedule) -> Prepared:
     """Read the frozen contract, validate every value and render the script (raises UsageError)."""
     # abspath, not resolve(): the job should see the paths the admin named, symlinks included.
-    search = Path(os.path.abspath(search_dir))
-    out = Path(os.path.abspath(output_dir))
+    search = Path(os.path.abspath(request.search_dir))
+    out = Path(os.path.abspath(request.output_dir))
     contract = load_contract(search)
     identity = SearchDir(search).identity()  # read only: an admin may schedule a search it cannot write
     name = job_name(contract["search_revision"], identity)
     values = sbatch.SbatchValues(
         job_name=name,
-        partition=partition,
-        account=account,
-        qos=qos,
-        time_limit_min=time_limit_min,
-        mem=mem,
+        partition=request.partition,
+        account=request.account,
+        qos=request.qos,
+        time_limit_min=request.time_limit_min,
+        mem=request.mem,
         output=str(out / f"{name}-%j.json"),
         error=str(out / f"{name}-%j.err"),
-        python=python,
+        python=sys.executable,
         search_dir=str(search),
         search_revision=contract["search_revision"],
         contract_digest=contract.digest,
         search_id=identity.search_id if identity is not None else "none",
-        reconcile_every_min=every_min,
+        reconcile_every_min=request.every_min,
     )
     return Prepared(values, out / f"{name}.sbatch", sbatch.render(TEMPLATE, values))
 
@@ -89,9 +79,9 @@ def submit(prepared: Prepared) -> str:
     return sbatch.submit(path)
 
 
-def run(search_dir: str | os.PathLike, output_dir: str | os.PathLike, *, dry_run: bool, **options) -> None:
+def run(request: ReconcileSchedule, dry_run: bool) -> None:
     """The command: print the script (dry run), or write and submit it and print the job id."""
-    prepared = prepare(search_dir, output_dir, **options)
+    prepared = prepare(request)
     if dry_run:
         print(prepared.script, end="")
         return
