@@ -39,3 +39,14 @@ def test_a_signal_during_a_cadence_save_saves_both_and_resumes_exactly(tmp_path,
         assert ckpt.step == step and ckpt.meta["trial_id"] == "t0000" and np.all(ckpt.params["ballast"] == step), step
     uninterrupted = reference_run(TARGET, artifacts["snapshot_path"], artifacts["split_path"])
     assert record.metric == uninterrupted(record.spec.params, STEPS)
+
+
+def test_a_cadence_in_seconds_saves_once_that_much_training_has_passed(tmp_path, data_dir):
+    """Steps of at least 0.05 s and a checkpoint every 0.2 s of training: saves at least 4 steps
+    apart, some before the last step (which is always saved)."""
+    overrides = ["search.n_trials=1", "pruner=none", "train.steps=30", "train.step_seconds=0.05", "checkpoint.every_s=0.2", "checkpoint.keep_last=100"]
+    res = launch([f"search.root={tmp_path / 'runs'}", "search.revision=s-r1", *overrides], cwd=tmp_path, data_dir=data_dir)
+    assert res.returncode == 0, res.stderr[-2000:]
+    steps = [s for s, _ in step_files(tmp_path / "runs" / "s-r1" / "checkpoints" / "t0000")]
+    assert steps[-1] == 30 and len(steps) >= 3, steps
+    assert all(b - a >= 4 for a, b in zip(steps[:-2], steps[1:-1])), steps  # the last is saved whenever it comes
