@@ -53,6 +53,7 @@ from parcel_hpc.trainer import (
     UnsavableState,
     build_params,
     make_trainer,
+    threads,
 )
 from parcel_hpc.trainer.base import checked_probabilities
 from parcel_hpc.trainer.run import Restored, Stop
@@ -132,6 +133,7 @@ class AttemptRun:
         self._resolve_unended_attempt()
         self.started_at = self.ledger.started(self.attempt, self.facts).t  # the ledger's start: the budget settles what the ledger shows
         self.began = True
+        threads.bind(plan.cpus)  # before admission imports the trainer (and torch with it)
         try:
             contract = self.contract = self.search.contract()
             self._admit(contract)
