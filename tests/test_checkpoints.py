@@ -144,6 +144,18 @@ def test_background_saves_write_what_was_submitted_and_raise_the_writers_error_a
     assert [s for s, _ in step_files(tmp_path)] == [1]
 
 
+def test_a_background_save_copies_what_the_caller_can_still_change_and_takes_a_frozen_array_as_it_is(tmp_path):
+    store = CheckpointStore(tmp_path, T7)
+    live = np.arange(6.0)
+    frozen = live.copy()
+    frozen.flags.writeable = False  # what trainer.torch.pack hands out
+    window = live[:3]
+    window.flags.writeable = False  # read-only, but a view of memory its owner still changes
+    arrays = store.prepare(1, {"live": live, "frozen": frozen, "window": window}, {}, {}, copy=True).contents.arrays["params"]
+    assert arrays["frozen"] is frozen or arrays["frozen"].base is frozen  # no second copy
+    assert not np.shares_memory(arrays["live"], live) and not np.shares_memory(arrays["window"], live)
+
+
 def test_a_taken_over_attempt_is_fenced_at_its_next_save(tmp_path):
     old = claim_directory(tmp_path, ident(attempt=1))
     store = CheckpointStore(tmp_path, T7, claim=old)

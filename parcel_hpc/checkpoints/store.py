@@ -85,12 +85,14 @@ class CheckpointStore:
         copy: bool = False,
     ) -> Prepared:
         """Check what ``write`` will write (a ``UsageError`` names the first bad value); with ``copy``,
-        every array is copied, so the caller may change its own while a writer thread writes these."""
+        every array the caller could still change is copied, so it may go on changing its own while a
+        writer thread writes these. A read-only array that owns its memory (``trainer.torch.pack``'s)
+        is taken as it is: nothing changes it in place, and copying it again would double the wait."""
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise UsageError(f"step={step!r} must be an int >= 0")
         contents = ckpt_format.contents(self.identity, step, params, optimizer, rng_state, extra)
         if copy:
-            contents = replace(contents, arrays={s: {n: a.copy(order="C") for n, a in arrays.items()} for s, arrays in contents.arrays.items()})
+            contents = replace(contents, arrays={s: {n: _owned(a) for n, a in arrays.items()} for s, arrays in contents.arrays.items()})
         return Prepared(step, contents)
 
     def write(self, prepared: Prepared) -> Path:
@@ -158,6 +160,22 @@ def step_files(ckpt_dir: str | os.PathLike) -> list[tuple[int, Path]]:
     except FileNotFoundError:
         return []
     return sorted((int(m.group(1)), ckpt_dir / n) for n in names if (m := _CKPT_RE.fullmatch(n)))
+
+
+def _owned(arr: np.ndarray) -> np.ndarray:
+    """``arr`` where nothing can change it in place any more, else a copy of it."""
+    return arr if _frozen(arr) else arr.copy(order="C")
+
+
+def _frozen(arr: np.ndarray) -> bool:
+    """Read-only, and so is every array it views, down to the one that owns the memory."""
+    while not arr.flags.writeable:
+        if arr.base is None:
+            return bool(arr.flags.owndata)
+        if not isinstance(arr.base, np.ndarray):
+            return False  # memory some other object lends (a buffer, a tensor) may change under it
+        arr = arr.base
+    return False
 
 
 def _foreign_ckpt_reason(path: Path, theirs: TrialIdentity, ours: TrialIdentity) -> str:
