@@ -102,7 +102,8 @@ class BudgetConf:
 class CheckpointConf:
     dir: str = "checkpoints"  # root on the shared filesystem
     prefix: str = "{trial_id}"  # per-trial directory under dir; {trial_id} and {<param>} are filled in
-    every_steps: int = 10  # cadence, training steps
+    every_steps: int | None = None  # cadence, training steps (or every_s; neither: every_s is the launcher's signal_delay_s)
+    every_s: float | None = None  # cadence, seconds of training
     keep_last: int = KEEP_LAST  # checkpoints kept per trial
 
 

@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from parcel_hpc.checkpoints.cadence import Cadence
 from parcel_hpc.data import read_split
 from parcel_hpc.governance.metric import MissCost
 from parcel_hpc.trainer import Budget, Run, build_params, load_training_data, run_loop
@@ -68,7 +69,7 @@ def uninterrupted_run(target: str, snapshot: Path, split: Path) -> Callable[...,
 
     def run(params: Mapping[str, Any], steps: int, seed: int, milestones: tuple[int, ...] = ()) -> Uninterrupted:
         trainer = cls()
-        given = replace(data, budget=Budget(steps, milestones, steps, cls.unit))  # its length, as a trial's run gives it
+        given = replace(data, budget=Budget(steps, milestones, Cadence(every_steps=steps), cls.unit))  # its length, as a trial's run gives it
         trainer.build(build_params(trainer, params), seed, given)
         done = Uninterrupted(build_params(trainer, params), seed, given, lambda scores: metric(scores, data.validation.labels))
         run_loop(trainer, done)  # the class form through the toolkit's loop, the function form through its own

@@ -29,6 +29,7 @@ from parcel_hpc.checkpoints.claims import (
     read_claim,
 )
 from parcel_hpc.checkpoints.store import CheckpointStore, step_files
+from parcel_hpc.checkpoints.writer import BackgroundWriter
 from parcel_hpc.errors import ParcelError, UsageError
 
 T7 = TrialIdentity("t0007", "sha256:" + "a" * 64, "sha256:" + "c" * 64, "sha256:" + "d" * 64)
@@ -138,6 +139,39 @@ def test_a_fold_run_s_claim_names_its_fold_and_no_other_fold_run_of_the_trial_ta
     assert "fold" not in json.loads((tmp_path / "plain" / "claim-000000.json").read_text())  # a trial without folds: as before
 
 
+def test_background_saves_write_what_was_submitted_and_raise_the_writers_error_at_the_next_save(tmp_path):
+    old = claim_directory(tmp_path, ident(attempt=1))
+    writer = BackgroundWriter(CheckpointStore(tmp_path, T7, claim=old))
+    w = np.arange(1_000_000, dtype=np.float64)
+    writer.submit(1, {"w": w}, {}, {"seed": 1}, clock=time.monotonic)
+    w += 1  # the caller's own array, changed at once: the checkpoint holds the submitted values
+    assert writer.wait() == tmp_path / "ckpt-000001.h5" and not writer.busy
+    assert np.array_equal(CheckpointStore(tmp_path, T7).load_latest().params["w"], np.arange(1_000_000, dtype=np.float64))
+    with pytest.raises(UsageError, match="step"):
+        writer.submit(-1, {"w": w}, {}, {})  # refused before anything is handed to the writer
+    claim_directory(tmp_path, ident(attempt=2, host="node2"))  # a requeue on another node
+    writer.submit(2, {"w": w}, {}, {})  # checked and copied here; the claim is checked by the writer
+    with pytest.raises(CheckpointCollision, match="must stop"):
+        writer.wait()
+    writer.submit(3, {"w": w}, {}, {})
+    with pytest.raises(CheckpointCollision, match="must stop"):
+        writer.submit(4, {"w": w}, {}, {})  # the error of save 3, raised at the next save
+    assert writer.wait() == tmp_path / "ckpt-000001.h5"  # raised once, then the writer is idle again
+    assert [s for s, _ in step_files(tmp_path)] == [1]
+
+
+def test_a_background_save_copies_what_the_caller_can_still_change_and_takes_a_frozen_array_as_it_is(tmp_path):
+    store = CheckpointStore(tmp_path, T7)
+    live = np.arange(6.0)
+    frozen = live.copy()
+    frozen.flags.writeable = False  # what trainer.torch.pack hands out
+    window = live[:3]
+    window.flags.writeable = False  # read-only, but a view of memory its owner still changes
+    arrays = store.prepare(1, {"live": live, "frozen": frozen, "window": window}, {}, {}, copy=True).contents.arrays["params"]
+    assert arrays["frozen"] is frozen or arrays["frozen"].base is frozen  # no second copy
+    assert not np.shares_memory(arrays["live"], live) and not np.shares_memory(arrays["window"], live)
+
+
 def test_a_taken_over_attempt_is_fenced_at_its_next_save(tmp_path):
     old = claim_directory(tmp_path, ident(attempt=1))
     store = CheckpointStore(tmp_path, T7, claim=old)
@@ -192,6 +226,34 @@ elif mode == "train":  # resume, then save a big checkpoint per step until last_
         store.save(step, {"w": np.arange(n, dtype=np.float64) + step, "acc": np.array(acc)},
                    {"m": np.full(n // 4, step, np.float32)}, rng.bit_generator.state, {"attempt": attempt})
         say(saved=step)
+    claim.release()
+    say(done=step, acc=acc)
+elif mode == "train-bg":  # the same, each save written by the background writer while the loop goes on
+    from parcel_hpc.checkpoints.writer import BackgroundWriter
+    attempt, n, last_step = int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+    me = ClaimIdentity.here(trial("t0007", "a"), job_id="9", attempt=attempt)
+    claim = claim_directory(ckpt_dir, me)
+    store = CheckpointStore(ckpt_dir, me, keep_last=2, claim=claim)
+    ckpt = store.load_latest()
+    rng = np.random.default_rng(12345)
+    step, acc = 0, 0.0
+    if ckpt is not None:
+        rng.bit_generator.state = ckpt.rng_state
+        step, acc = ckpt.step, float(ckpt.params["acc"])
+    say(outcome=claim.outcome.value, resumed_from=step, problems=len(store.problems))
+    writer = BackgroundWriter(store)
+    w, m, a = np.arange(n, dtype=np.float64) + step, np.full(n // 4, step, np.float32), np.array(acc)
+    first = step + 1
+    while step < last_step:
+        step += 1
+        acc += rng.random()
+        w += 1  # the loop changes its own arrays in place while the previous save may still be written
+        m[:] = step
+        a[...] = acc
+        writer.submit(step, {"w": w, "acc": a}, {"m": m}, rng.bit_generator.state, {"attempt": attempt})
+        say(writing=step, saved=step - 1 if step > first else None)  # submit returns once the previous one is durable
+    writer.wait()
+    say(saved=step)
     claim.release()
     say(done=step, acc=acc)
 """
@@ -269,21 +331,22 @@ def test_same_trial_retry_reenters_and_resumes_at_the_right_step(tmp_path, worke
     assert ckpt.step == 9 and ckpt.extra == {"attempt": 2} and [s for s, _ in step_files(d)] == [8, 9]
 
 
-def test_sigkill_mid_write_always_leaves_a_loadable_checkpoint(tmp_path, worker):
+@pytest.mark.parametrize("mode", ["train", "train-bg"])
+def test_sigkill_mid_write_always_leaves_a_loadable_checkpoint(tmp_path, worker, mode):
     seed = int.from_bytes(os.urandom(4), "little")
     rnd = random.Random(seed)
     d, n = tmp_path / "ck", 2_000_000  # 16 MB of params per step: the kill lands inside a save
     store = CheckpointStore(d, T7, keep_last=2)
     last_durable = 0
     for attempt in range(1, 6):
-        p = worker("train", d, attempt, n, 10_000)
+        p = worker(mode, d, attempt, n, 10_000)
         start = json.loads(p.stdout.readline())
         assert start["resumed_from"] == last_durable, (seed, start)
         assert start["outcome"] == ("claimed" if attempt == 1 else "taken_over"), (seed, start)
         target = start["resumed_from"] + rnd.randint(2, 4)  # at least one whole save per round
         for line in p.stdout:
             msg = json.loads(line)
-            last_durable = msg.get("saved", last_durable)
+            last_durable = msg.get("saved") or last_durable
             if msg.get("writing") == target:
                 break
         time.sleep(rnd.uniform(0.0, 0.15))

@@ -15,18 +15,18 @@ from reference import reference_run
 from parcel_hpc.budget import BudgetLedger, KeyState, ReservationKey
 from parcel_hpc.ledger import SearchDir, read_events
 from parcel_hpc.testing import faults, launch, parcel_hpc
-from parcel_hpc.testing.runs import subprocess_env, wait_for
+from parcel_hpc.testing.runs import subprocess_env, wait_for, with_suite_cadence
 from parcel_hpc.worker.training import STEP_HOOK_ENV
 
 
 def run(tmp_path, data_dir, rev, *overrides, **kw):
     kw.setdefault("env", {STEP_HOOK_ENV: faults.HOOK})  # +space.params.fault=... injects faults through the step hook
-    return launch([f"search.root={tmp_path / 'runs'}", f"search.revision={rev}", *overrides], cwd=tmp_path, data_dir=data_dir, **kw)
+    return launch([f"search.root={tmp_path / 'runs'}", f"search.revision={rev}", *with_suite_cadence(overrides)], cwd=tmp_path, data_dir=data_dir, **kw)
 
 
 def launch_argv(tmp_path, rev, *overrides) -> list[str]:
     """The launch command line, for tests that start it themselves (to kill it, race it, set its umask)."""
-    return [sys.executable, "-m", "parcel_hpc.launch", "-m", f"search.root={tmp_path / 'runs'}", f"search.revision={rev}", *overrides]
+    return [sys.executable, "-m", "parcel_hpc.launch", "-m", f"search.root={tmp_path / 'runs'}", f"search.revision={rev}", *with_suite_cadence(overrides)]
 
 
 def sd(tmp_path, rev) -> SearchDir:

@@ -19,7 +19,7 @@ from parcel_hpc.ledger import AttemptEnd, Cause, SearchDir, Started, TrialState
 from parcel_hpc.ledger.events import Milestone, Resumed
 from parcel_hpc.pruning import MilestoneStore
 from parcel_hpc.testing import launch, parcel_hpc
-from parcel_hpc.testing.runs import subprocess_env, wait_for
+from parcel_hpc.testing.runs import subprocess_env, wait_for, with_suite_cadence
 
 K = 5
 SPLIT = "split=group_kfold_r1"
@@ -102,7 +102,7 @@ def test_a_fold_signalled_mid_run_resumes_its_own_chain_to_the_uninterrupted_val
     assert ref.returncode == 0, ref.stderr[-2000:]
     reference = SearchDir(tmp_path / "ref").record("t0000")
 
-    argv = [sys.executable, "-m", "parcel_hpc.launch", "-m", f"search.root={tmp_path}", "search.revision=sig", *common]
+    argv = [sys.executable, "-m", "parcel_hpc.launch", "-m", f"search.root={tmp_path}", "search.revision=sig", *with_suite_cadence(common)]
     launcher = subprocess.Popen(argv, cwd=tmp_path, env=subprocess_env(data_dir, {}), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     fold_2 = tmp_path / "sig" / "checkpoints" / "t0000" / "fold-2"
     wait_for(lambda: launcher.poll() is not None or any(fold_2.glob("ckpt-*.h5")), 180, "a first checkpoint of fold 2")

@@ -15,6 +15,7 @@ pytest.importorskip("transformers")
 
 from transformers import EvalPrediction, TrainingArguments, ViTConfig, ViTForImageClassification  # noqa: E402  # after the skip: transformers is an optional extra
 
+from parcel_hpc.checkpoints.cadence import Cadence  # noqa: E402
 from parcel_hpc.integrations.huggingface import Governed, resume_from, saved_checkpoint  # noqa: E402
 from parcel_hpc.integrations.huggingface.governed import probabilities, ungovernable  # noqa: E402
 from parcel_hpc.trainer import Budget, Restored, Stop, TrainerState, build_params  # noqa: E402
@@ -89,7 +90,7 @@ class Told(Run):
 
 @pytest.fixture(scope="module")
 def small(training_data):
-    return replace(few_examples(training_data), budget=Budget(STEPS, (2,), 3, "step"))
+    return replace(few_examples(training_data), budget=Budget(STEPS, (2,), Cadence(every_steps=3), "step"))
 
 
 def trained(small, batch_size=8, **told):

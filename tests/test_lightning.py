@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from reference import EXAMPLES, Uninterrupted, reference_run
 
+from parcel_hpc.checkpoints.cadence import Cadence
 from parcel_hpc.errors import UsageError
 from parcel_hpc.ledger import MetricResume, SearchDir
 from parcel_hpc.testing import launch
@@ -228,7 +229,7 @@ class PrunedAt4(Uninterrupted):
 def test_a_fit_outside_resume_is_refused_and_a_pruned_fit_ends_without_a_save(example, small_data):
     from dataclasses import replace
 
-    data = replace(small_data, budget=Budget(8, (4,), 3))
+    data = replace(small_data, budget=Budget(8, (4,), Cadence(every_steps=3)))
     run = PrunedAt4(data)
     run_loop(example(), run)  # the example's own resume() block: pruned at step 4, fit left quietly
     assert run.stop is Stop.PRUNED and run.step == 4 and list(run.values) == [4]

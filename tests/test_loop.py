@@ -8,6 +8,7 @@ from collections.abc import Mapping
 import numpy as np
 import pytest
 
+from parcel_hpc.checkpoints.cadence import Cadence
 from parcel_hpc.errors import UsageError
 from parcel_hpc.testing import launch
 from parcel_hpc.trainer import Budget, Due, Param, Restored, Stop, StopTraining, TrainerState
@@ -61,13 +62,13 @@ def loop(run: Run) -> int:
 
 
 def test_the_run_says_when_to_save_and_validate():
-    run = Recorded(Budget(steps=10, milestones=(4,), every=3))
+    run = Recorded(Budget(steps=10, milestones=(4,), cadence=Cadence(every_steps=3)))
     assert loop(run) == 10
     assert run.saves == [3, 6, 9, 10] and run.validated == [4, 10] and run.stop is None
 
 
 def test_the_schedulers_flag_is_read_at_the_next_step_which_is_saved_before_the_loop_returns():
-    run = Recorded(Budget(steps=10, milestones=(4,), every=3), signal_at=5)
+    run = Recorded(Budget(steps=10, milestones=(4,), cadence=Cadence(every_steps=3)), signal_at=5)
     assert loop(run) == 5
     assert run.saves == [3, 5] and run.validated == [4] and run.stop is Stop.REQUEUE
 
@@ -76,19 +77,19 @@ def test_the_schedulers_flag_is_read_at_the_next_step_which_is_saved_before_the_
 def test_a_signal_read_at_a_milestone_saves_then_hands_the_milestone_which_may_still_prune(prune_at):
     """No milestone is lost to a requeue: the step the flag is read at is saved, its milestone scored
     and decided; a prune there ends the trial instead of the requeue."""
-    run = Recorded(Budget(steps=10, milestones=(4,), every=3), signal_at=4, prune_at=prune_at)
+    run = Recorded(Budget(steps=10, milestones=(4,), cadence=Cadence(every_steps=3)), signal_at=4, prune_at=prune_at)
     assert loop(run) == 4
     assert run.saves == [3, 4] and run.validated == [4]
     assert run.stop is (Stop.PRUNED if prune_at else Stop.REQUEUE)
 
 
 def test_a_signal_read_at_the_last_step_comes_with_the_result():
-    run = Recorded(Budget(steps=10, milestones=(4,), every=3), signal_at=10)
+    run = Recorded(Budget(steps=10, milestones=(4,), cadence=Cadence(every_steps=3)), signal_at=10)
     assert loop(run) == 10 and run.validated == [4, 10] and run.stop is Stop.REQUEUE and run.done
 
 
 def test_a_pruned_loop_returns_and_cannot_go_on():
-    run = Recorded(Budget(steps=10, milestones=(4,), every=3), prune_at=4)
+    run = Recorded(Budget(steps=10, milestones=(4,), cadence=Cadence(every_steps=3)), prune_at=4)
     assert loop(run) == 4 and run.stop is Stop.PRUNED
     with pytest.raises(StopTraining):  # a BaseException: an ``except Exception`` in a loop does not swallow it
         run.stepped(5)
@@ -99,7 +100,7 @@ def test_a_loop_told_to_stop_without_saving_cannot_save():
         def _stepped(self, step: int):
             return Stop.REJECTED if step == 3 else None
 
-    run = Rejected(Budget(steps=10, every=3))
+    run = Rejected(Budget(steps=10, cadence=Cadence(every_steps=3)))
     assert run.stepped(1) == Due(checkpoint=False, validate=False) and run.stepped(2) == Due(False, False)
     assert run.stepped(3) == Due(checkpoint=False, validate=False) and run.should_stop  # step 3 is on the cadence: no save after a rejection
     with pytest.raises(StopTraining):

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from parcel_hpc.testing import parcel_hpc, subprocess_env
+from parcel_hpc.testing.runs import with_suite_cadence
 from parcel_hpc.testing.users import ADMIN, BOB, SYSTEM_PYTHON, ensure_users, run_as, team_dir
 
 GROUP_UMASK = 0o002  # what a team sets so that its members share files
@@ -49,7 +50,7 @@ print(json.dumps(out))
 
 
 def launch(root: Path, rev: str, *overrides: str, data_dir: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    argv = [sys.executable, "-m", "parcel_hpc.launch", "-m", f"search.root={root}", f"search.revision={rev}", *overrides]
+    argv = [sys.executable, "-m", "parcel_hpc.launch", "-m", f"search.root={root}", f"search.revision={rev}", *with_suite_cadence(overrides)]
     return subprocess.run(argv, cwd=root.parent, env=subprocess_env(Path(data_dir), env), capture_output=True, text=True, umask=GROUP_UMASK, timeout=600)
 
 

@@ -18,7 +18,7 @@ from parcel_hpc.lifecycle import systematic
 from parcel_hpc.lifecycle.actions import Action, RetryPolicy, next_action
 from parcel_hpc.propose.specs import in_frozen_form
 from parcel_hpc.testing import launch, parcel_hpc
-from parcel_hpc.testing.runs import subprocess_env, wait_for
+from parcel_hpc.testing.runs import subprocess_env, wait_for, with_suite_cadence
 
 MISSING = "trainer.target=parcel_hpc.testing.trainers:MissingParam"
 EACH_OWN = "trainer.target=parcel_hpc.testing.trainers:FailsEachItsOwnWay"
@@ -26,7 +26,9 @@ FAST = ("pruner=none", "train.steps=12", "hydra.launcher.parallelism=1")
 
 
 def run(tmp_path, data_dir, rev, *overrides, **kw):
-    return launch([f"search.root={tmp_path / 'runs'}", f"search.revision={rev}", *FAST, *overrides], cwd=tmp_path, data_dir=data_dir, **kw)
+    return launch(
+        [f"search.root={tmp_path / 'runs'}", f"search.revision={rev}", *with_suite_cadence([*FAST, *overrides])], cwd=tmp_path, data_dir=data_dir, **kw
+    )
 
 
 def refusal_lines(res) -> tuple[str, str]:
@@ -226,5 +228,13 @@ def _admitted(search: SearchDir, trial_id: str) -> bool:
 
 def _start(tmp_path, data_dir, rev, *overrides) -> subprocess.Popen:
     """A launch in the background (the test changes the environment while it runs)."""
-    argv = [sys.executable, "-m", "parcel_hpc.launch", "-m", f"search.root={tmp_path / 'runs'}", f"search.revision={rev}", *FAST, *overrides]
+    argv = [
+        sys.executable,
+        "-m",
+        "parcel_hpc.launch",
+        "-m",
+        f"search.root={tmp_path / 'runs'}",
+        f"search.revision={rev}",
+        *with_suite_cadence([*FAST, *overrides]),
+    ]
     return subprocess.Popen(argv, cwd=tmp_path, env=subprocess_env(data_dir, None), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

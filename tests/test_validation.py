@@ -372,6 +372,7 @@ def test_bad_input_through_the_launch_writes_nothing(tmp_path, data_dir, overrid
     [
         (["train.steps=-3"], "train.steps=-3 is out of range; give a whole number in 1..100000000"),
         (["checkpoint.every_steps=0"], "checkpoint.every_steps=0 is out of range"),
+        (["checkpoint.every_steps=10", "checkpoint.every_s=20"], "checkpoint.every_s=20.0 is given with checkpoint.every_steps=10; give one cadence"),
         (["checkpoint.keep_last=0"], "checkpoint.keep_last=0 is out of range"),
         (["preprocessing.pool=0"], "preprocessing.pool=0 is out of range"),
         (["metric.miss_cost=-5"], "metric.miss_cost=-5.0 is out of range; give a number > 0 and <= 1e+12"),

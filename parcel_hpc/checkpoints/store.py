@@ -15,7 +15,7 @@ import os
 import re
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,14 @@ from parcel_hpc.governance.admission import TrialIdentity
 
 _CKPT_RE = re.compile(r"ckpt-(\d{6,})\.h5")
 _TMP_RE = re.compile(r"\.ckpt-\d{6,}\.h5\..*\.tmp")
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A checkpoint checked and ready to write: its step and the file's contents."""
+
+    step: int
+    contents: ckpt_format.Contents
 
 
 @dataclass(frozen=True)
@@ -64,25 +72,47 @@ class CheckpointStore:
         extra: Mapping[str, Any] | None = None,
     ) -> Path:
         """Write ``ckpt-<step>.h5`` durably; older files are removed only after it is on disk."""
+        return self.write(self.prepare(step, params, optimizer, rng_state, extra))
+
+    def prepare(
+        self,
+        step: int,
+        params: Mapping[str, np.ndarray],
+        optimizer: Mapping[str, np.ndarray],
+        rng_state: Mapping[str, Any],
+        extra: Mapping[str, Any] | None = None,
+        *,
+        copy: bool = False,
+    ) -> Prepared:
+        """Check what ``write`` will write (a ``UsageError`` names the first bad value); with ``copy``,
+        every array the caller could still change is copied, so it may go on changing its own while a
+        writer thread writes these. A read-only array that owns its memory (``trainer.torch.pack``'s)
+        is taken as it is: nothing changes it in place, and copying it again would double the wait."""
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise UsageError(f"step={step!r} must be an int >= 0")
-        prepared = ckpt_format.contents(self.identity, step, params, optimizer, rng_state, extra)
+        contents = ckpt_format.contents(self.identity, step, params, optimizer, rng_state, extra)
+        if copy:
+            contents = replace(contents, arrays={s: {n: _owned(a) for n, a in arrays.items()} for s, arrays in contents.arrays.items()})
+        return Prepared(step, contents)
+
+    def write(self, prepared: Prepared) -> Path:
+        """Write a prepared checkpoint: temp file, fsync, rename, directory fsync, then prune."""
         if self.claim is not None:
             self.claim.verify()
         ensure_dir(self.ckpt_dir)
         _remove_stale_temps(self.ckpt_dir)
-        final = self.ckpt_dir / _ckpt_name(step)
+        final = self.ckpt_dir / _ckpt_name(prepared.step)
         fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=self.ckpt_dir)
         try:
             os.close(fd)
-            ckpt_format.write(tmp, prepared)
+            ckpt_format.write(tmp, prepared.contents)
             os.chmod(tmp, FILE_MODE)
             os.replace(tmp, final)
         except BaseException:
             _unlink_quietly(tmp)
             raise
         fsync_dir(self.ckpt_dir)
-        self._prune(step)
+        self._prune(prepared.step)
         return final
 
     def load_latest(self) -> Checkpoint | None:
@@ -130,6 +160,22 @@ def step_files(ckpt_dir: str | os.PathLike) -> list[tuple[int, Path]]:
     except FileNotFoundError:
         return []
     return sorted((int(m.group(1)), ckpt_dir / n) for n in names if (m := _CKPT_RE.fullmatch(n)))
+
+
+def _owned(arr: np.ndarray) -> np.ndarray:
+    """``arr`` where nothing can change it in place any more, else a copy of it."""
+    return arr if _frozen(arr) else arr.copy(order="C")
+
+
+def _frozen(arr: np.ndarray) -> bool:
+    """Read-only, and so is every array it views, down to the one that owns the memory."""
+    while not arr.flags.writeable:
+        if arr.base is None:
+            return bool(arr.flags.owndata)
+        if not isinstance(arr.base, np.ndarray):
+            return False  # memory some other object lends (a buffer, a tensor) may change under it
+        arr = arr.base
+    return False
 
 
 def _foreign_ckpt_reason(path: Path, theirs: TrialIdentity, ours: TrialIdentity) -> str:

@@ -240,7 +240,8 @@ NUMBERS: dict[str, Range] = {
     "budget.max_retries": _whole(0, 100, "retries per trial"),
     "budget.max_preemptions": _whole(0, 10000, "requeues per trial after preemption"),
     "budget.systematic_failures": _whole(0, MAX_SYSTEMATIC, "first results failing alike that stop the search; 0: never"),
-    "checkpoint.every_steps": _whole(1, MAX_STEPS, "training steps between checkpoints"),
+    "checkpoint.every_steps": _whole(1, MAX_STEPS, "training steps between checkpoints", nullable=True),
+    "checkpoint.every_s": _real(0, MAX_TIME_MIN * 60, "seconds of training between checkpoints", above=True, nullable=True),
     "checkpoint.keep_last": _whole(1, 1000, "checkpoints kept per trial; the newest is what a resume needs"),
     "pruner.milestones[]": _whole(1, MAX_STEPS, "training steps, strictly increasing"),
     "pruner.reduction_factor": _whole(2, 1000, "3 keeps the best third at each milestone"),
@@ -373,6 +374,7 @@ def checked(cfg: Mapping[str, Any], launcher: Mapping[str, Any], check_launcher:
             raise bad(f"space.params.{param}", param, "is not a parameter name", "use a Python identifier of at most 64 characters")
     _check_prefix(cfg["checkpoint"]["prefix"], cfg["space"]["params"])
     _check_numbers(cfg, launcher)
+    cfg["checkpoint"].update(cadence(cfg["checkpoint"], launcher))
     _check_step_seconds_param(cfg.get("train", {}).get("step_seconds_param"), cfg["space"]["params"])
     resources = cfg["resources"]
     resources["mem_gb"] = mem_gb("resources.mem_gb", resources["mem_gb"])
@@ -385,6 +387,21 @@ def checked(cfg: Mapping[str, Any], launcher: Mapping[str, Any], check_launcher:
     _every_text(cfg, "")
     _every_text(launcher, "hydra.launcher.")
     return cast(dict[str, Any], cfg), cast(dict[str, Any], launcher)  # _copy made plain dicts of them
+
+
+def cadence(checkpoint: Mapping[str, Any], launcher: Mapping[str, Any]) -> dict[str, Any]:
+    """``checkpoint.every_steps`` or ``every_s``, never both (a UsageError); neither: ``every_s`` is the
+    launcher's ``signal_delay_s``. The notice the scheduler gives before a time limit is the training
+    the site already accepts to redo when a job dies without it (a node failure, a kill past the
+    grace): a cadence as long loses no more than that, plus one step, and saves as rarely as it can."""
+    steps, seconds = checkpoint.get("every_steps"), checkpoint.get("every_s")
+    if steps is not None and seconds is not None:
+        raise bad(
+            "checkpoint.every_s", seconds, f"is given with checkpoint.every_steps={show(steps)}", "give one cadence, steps or seconds, and null the other"
+        )
+    if steps is None and seconds is None:
+        seconds = float(launcher["signal_delay_s"])
+    return {"every_steps": steps, "every_s": None if seconds is None else float(seconds)}
 
 
 def _check_step_seconds_param(param: object, params: Mapping[str, Mapping[str, Any]]) -> None:

@@ -255,7 +255,8 @@ def plan_template(cfg: Mapping[str, Any], contract: Contract, search_dir: Path) 
         pruner=contract["pruner"],
         checkpoint_root=str(Path(ck["dir"]).absolute()),
         checkpoint_prefix=str(ck.get("prefix", "{trial_id}")),
-        every_steps=int(ck["every_steps"]),
+        every_steps=ck.get("every_steps"),  # one of the two, the other null (governance/validation.checked)
+        every_s=ck.get("every_s"),
         keep_last=int(ck["keep_last"]),
         max_retries=int(contract["budget"]["max_retries"]),
         max_preemptions=int(contract["budget"]["max_preemptions"]),

@@ -11,10 +11,12 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from parcel_hpc.checkpoints.writer import THREAD_NAME
 from parcel_hpc.trainer import Diverged
 
 HOOK = "parcel_hpc.testing.faults:inject"
@@ -45,6 +47,24 @@ def interrupt_once(params: Mapping[str, Any], step: int) -> None:
     marker = Path(os.environ[MARKERS_ENV]) / hashlib.sha256(repr(sorted(params.items())).encode()).hexdigest()[:16]
     try:
         marker.touch(exist_ok=False)
+    except FileExistsError:
+        return
+    os.kill(os.getpid(), signal.SIGUSR2)
+
+
+SAVING_HOOK = "parcel_hpc.testing.faults:interrupt_once_while_saving"
+
+
+def interrupt_once_while_saving(params: Mapping[str, Any], step: int) -> None:
+    """``interrupt_once``, its marker saying whether a checkpoint was being written when the signal
+    was sent ("writing" or "idle"): a test of a signal that arrives during a background save."""
+    if step != int(os.environ[INTERRUPT_STEP_ENV]):
+        return
+    writing = any(t.name.startswith(THREAD_NAME) and t.is_alive() for t in threading.enumerate())
+    marker = Path(os.environ[MARKERS_ENV]) / hashlib.sha256(repr(sorted(params.items())).encode()).hexdigest()[:16]
+    try:
+        with open(marker, "x") as fh:
+            fh.write("writing" if writing else "idle")
     except FileExistsError:
         return
     os.kill(os.getpid(), signal.SIGUSR2)

@@ -41,17 +41,29 @@ def subprocess_env(data_dir: Path | None, extra: Mapping[str, str] | None) -> di
     return env
 
 
+# The suite's trials take steps of milliseconds and last seconds: at the default cadence (seconds of
+# training, the launcher's signal delay) they would save only at their last step. Where a test names
+# no cadence, they save every 10 steps, the step cadence the suite was written against.
+SUITE_CADENCE = "checkpoint.every_steps=10"
+
+
+def with_suite_cadence(overrides: Sequence[str]) -> list[str]:
+    """``overrides``, with ``SUITE_CADENCE`` where they name no checkpoint cadence."""
+    named = any(o.lstrip("+~").startswith(("checkpoint.every_steps", "checkpoint.every_s")) for o in overrides)
+    return list(overrides) if named else [*overrides, SUITE_CADENCE]
+
+
 def launch(
     overrides: Sequence[str], *, cwd: Path, data_dir: Path | None = None, env: Mapping[str, str] | None = None, timeout: float = 600, multirun: bool = True
 ) -> LaunchResult:
-    argv = [sys.executable, "-m", "parcel_hpc.launch"] + (["-m"] if multirun else []) + list(overrides)
+    argv = [sys.executable, "-m", "parcel_hpc.launch"] + (["-m"] if multirun else []) + with_suite_cadence(overrides)
     proc = subprocess.run(argv, cwd=cwd, env=subprocess_env(data_dir, env), capture_output=True, text=True, timeout=timeout)
     return LaunchResult(proc.returncode, proc.stdout, proc.stderr)
 
 
 def start_launch(overrides: Sequence[str], *, cwd: Path, data_dir: Path | None = None, env: Mapping[str, str] | None = None) -> subprocess.Popen:
     """A launch running in the background (two launchers at once); ``finish`` waits for its result."""
-    argv = [sys.executable, "-m", "parcel_hpc.launch", "-m", *overrides]
+    argv = [sys.executable, "-m", "parcel_hpc.launch", "-m", *with_suite_cadence(overrides)]
     return subprocess.Popen(argv, cwd=cwd, env=subprocess_env(data_dir, env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -123,7 +135,16 @@ def signalled_once(
     reached (the signal waits for a step boundary, where the state is saved) and completed.
     ``first_checkpoint_within``: seconds for the launch's preflight and the worker's start (a trainer
     importing a large library takes longer on a busy machine)."""
-    argv = [sys.executable, "-m", "parcel_hpc.launch", "-m", f"search.root={cwd}", f"search.revision={revision}", "search.n_trials=1", *overrides]
+    argv = [
+        sys.executable,
+        "-m",
+        "parcel_hpc.launch",
+        "-m",
+        f"search.root={cwd}",
+        f"search.revision={revision}",
+        "search.n_trials=1",
+        *with_suite_cadence(overrides),
+    ]
     launcher = subprocess.Popen(argv, cwd=cwd, env=subprocess_env(data_dir, env), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     search = SearchDir(cwd / revision)
     wait_for(

@@ -12,6 +12,8 @@ Choose one with ``trainer.target=parcel_hpc.testing.torch_trainers:<Name>`` (nee
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,7 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from parcel_hpc.trainer import Param, Run, Trainer, TrainerState, TrainingData, loop
+from parcel_hpc.trainer import Param, Run, Trainer, TrainerState, TrainingData, loop, threads
 from parcel_hpc.trainer import torch as parcel_torch
 
 
@@ -161,3 +163,14 @@ def loop_leaves_out_scheduler(run: Run) -> None:
                 run.validate(torch.sigmoid(model(torch.tensor(np.asarray(run.data.validation.features))).squeeze(1)).numpy())
         if run.should_stop:
             return
+
+
+THREADS_FILE_ENV = "PARCEL_TEST_THREADS_FILE"  # where ``record_threads`` writes what it saw
+
+
+def record_threads(params: Mapping[str, Any], step: int) -> None:
+    """A step hook (``PARCEL_HPC_STEP_HOOK``): at step 1, the thread counts this worker computes with."""
+    if step == 1:
+        seen = {"torch": torch.get_num_threads(), "env": {name: os.environ.get(name) for name in threads.THREAD_ENV}}
+        with open(os.environ[THREADS_FILE_ENV], "x") as fh:
+            json.dump(seen, fh)

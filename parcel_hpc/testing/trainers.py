@@ -206,3 +206,26 @@ class DeclaresUnread(NumpyMLP):
     """Declares a parameter its build never reads: the search would vary it and change nothing."""
 
     parameters = {**NumpyMLP.parameters, "momentum": Param(float, default=0.9)}
+
+
+class CarriesBallast(NumpyMLP):
+    """The built-in model with a large array in its state, changed in place at every step: a save takes
+    long enough to be written while the next steps run (the background writer's tests)."""
+
+    BALLAST = 4 << 20  # float64 values: 32 MiB more in every checkpoint
+
+    def build(self, params: Mapping[str, Any], seed: int, data: TrainingData) -> None:
+        super().build(params, seed, data)
+        self.ballast = np.zeros(self.BALLAST)
+
+    def step(self) -> Mapping[str, float]:
+        self.ballast += 1.0  # equal to the steps done: a checkpoint shows which step's array it holds
+        return super().step()
+
+    def state(self) -> TrainerState:
+        state = super().state()
+        return TrainerState({**state.arrays, "ballast": self.ballast}, state.scalars)
+
+    def load_state(self, state: TrainerState) -> None:
+        super().load_state(TrainerState({k: v for k, v in state.arrays.items() if k != "ballast"}, state.scalars))
+        self.ballast = np.array(state.arrays["ballast"])

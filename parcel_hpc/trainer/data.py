@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from parcel_hpc.checkpoints.cadence import Cadence, due
 from parcel_hpc.data import Partition, Split, load_partition
 from parcel_hpc.data.preprocessing import Preprocessor
 from parcel_hpc.governance.outcome import GovernanceRefusal, Outcome
@@ -68,14 +69,14 @@ class Budget:
 
     steps: int = 1  # the default: a served model's, which has no steps to spend
     milestones: tuple[int, ...] = ()
-    every: int = 1  # a checkpoint every this many steps (and at the last one)
+    cadence: Cadence = Cadence(every_steps=1)  # when a checkpoint is due (and always at the last step)
     unit: str = "step"
 
     def is_milestone(self, step: int) -> bool:
         return step in self.milestones or step == self.steps
 
-    def checkpoint_due(self, step: int) -> bool:
-        return step % self.every == 0 or step == self.steps
+    def checkpoint_due(self, step: int, seconds_since_save: float) -> bool:
+        return step == self.steps or due(step, seconds_since_save, self.cadence)
 
 
 class FinalPartitionRefused(GovernanceRefusal):

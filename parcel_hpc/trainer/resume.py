@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from parcel_hpc.checkpoints.cadence import Cadence
 from parcel_hpc.checkpoints.store import CheckpointStore
 from parcel_hpc.governance.admission import TrialIdentity
 from parcel_hpc.trainer import rng
@@ -74,7 +75,9 @@ class ProbeRun(Run):
         restored: Restored | None = None,
         put_back: tuple[rng.ProcessRNG, tuple[rng.Arrays, rng.Scalars]] | None = None,
     ) -> None:
-        super().__init__(params, seed, replace(data, budget=Budget(2 * k, (k,), k, data.budget.unit)), lambda scores: float(np.mean(scores)))
+        super().__init__(
+            params, seed, replace(data, budget=Budget(2 * k, (k,), Cadence(every_steps=k), data.budget.unit)), lambda scores: float(np.mean(scores))
+        )
         self.stop_at, self.restored, self.put_back = stop_at, restored, put_back
         self.metrics: dict[int, dict[str, float]] = {}
         self.saved: dict[int, TrainerState] = {}

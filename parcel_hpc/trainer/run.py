@@ -113,7 +113,10 @@ class Run(ABC):
     ``seed``, ``data`` (arrays, never paths; ``data.devices`` is its GPU grant, ``data.budget`` its
     steps, milestones and checkpoint cadence, also ``run.budget``)."""
 
-    def __init__(self, params: Mapping[str, Any], seed: int, data: TrainingData, score: Callable[[np.ndarray], float]) -> None:
+    def __init__(
+        self, params: Mapping[str, Any], seed: int, data: TrainingData, score: Callable[[np.ndarray], float], clock: Callable[[], float] | None = None
+    ) -> None:
+        """``clock`` (``time.monotonic``) times a cadence in seconds; without one, no time passes for it."""
         self.params = params
         self.seed = seed
         self.data = data
@@ -126,6 +129,8 @@ class Run(ABC):
         self.value = math.nan  # the last validation value
         self.validated_step = 0  # the step it was handed at
         self._metrics: dict[str, float] = {}
+        self._clock = clock or (lambda: 0.0)
+        self._saved_at = self._clock()  # the last save, or the start: a cadence in seconds counts from it
 
     # --- what a loop calls --------------------------------------------------------------------
     def restore(self) -> Restored | None:
@@ -134,6 +139,7 @@ class Run(ABC):
         found = self._restore()
         if found is not None:
             self.step = found.step
+        self._saved_at = self._clock()
         return found
 
     def stepped(self, step: int, metrics: Mapping[str, float] | None = None) -> Due:
@@ -150,7 +156,7 @@ class Run(ABC):
             # decided before the loop leaves, so no milestone is lost to a signal; any other stop asks nothing more.
             first = self.stop.saves_first
             return Due(checkpoint=first, validate=first and self.budget.is_milestone(step))
-        return Due(checkpoint=self.budget.checkpoint_due(step), validate=self.budget.is_milestone(step))
+        return Due(checkpoint=self.budget.checkpoint_due(step, self._clock() - self._saved_at), validate=self.budget.is_milestone(step))
 
     def save(self, state: TrainerState) -> None:
         """Checkpoint the whole state after the last step told of (atomic, exclusive, digested)."""
@@ -163,6 +169,7 @@ class Run(ABC):
         state = state.checked()
         self._save(self.step, state)
         self.last_saved, self.saved_step = state, self.step
+        self._saved_at = self._clock()
 
     @contextmanager
     def checkpoint_dir(self, state: TrainerState | None = None) -> Iterator[Path]:

@@ -54,7 +54,7 @@ def pack(
     """The whole state: each object's ``state_dict`` under its name, the step, every RNG, and your own extras.
 
     ``pack({"model": model, "optimizer": opt}, step=n, generators={"sampler": g})``. Tensors become
-    arrays named ``<name>/<path>`` (on the CPU, bit for bit); everything else in a ``state_dict``
+    read-only arrays named ``<name>/<path>`` (copies on the CPU, bit for bit); everything else in a ``state_dict``
     (learning rates, betas, a grad scaler's scale) rides in the scalars as JSON.
     """
     out_arrays: dict[str, np.ndarray] = dict(arrays or {})
@@ -122,7 +122,9 @@ def _to_array(tensor: torch.Tensor, path: str) -> np.ndarray:
         raise UnsavableState(f"{path} is a sparse or quantized tensor; convert it to a dense one in state_dict()")
     view = _BIT_VIEWS.get(t.dtype)
     t = t.cpu().contiguous()
-    return (t.view(view) if view is not None else t).numpy().copy()
+    arr = (t.view(view) if view is not None else t).numpy().copy()
+    arr.flags.writeable = False  # a snapshot nothing changes: a checkpoint written in the background takes it without a second copy
+    return arr
 
 
 def _to_tensor(array: np.ndarray, dtype_name: str) -> torch.Tensor:

@@ -42,6 +42,7 @@ from parcel_hpc import anchor, fence
 from parcel_hpc.budget import SearchBudget
 from parcel_hpc.checkpoints import claims
 from parcel_hpc.checkpoints import store as ckpt
+from parcel_hpc.checkpoints.writer import BackgroundWriter
 from parcel_hpc.data import Split, read_split
 from parcel_hpc.errors import UsageError
 from parcel_hpc.governance.admission import TrialIdentity, admit, check_worker, drift_detail
@@ -64,6 +65,7 @@ from parcel_hpc.trainer import (
     UnsavableState,
     build_params,
     make_trainer,
+    threads,
 )
 from parcel_hpc.trainer.base import checked_probabilities
 from parcel_hpc.trainer.run import Restored, Stop
@@ -142,6 +144,7 @@ class AttemptRun:
         self.attempt = self.search.claim_attempt(plan.trial_id, 1 + max((a.number for a in record.attempts), default=0))
         self.ledger = self.search.writer(plan.trial_id, f"a{self.attempt}")
         self.store: ckpt.CheckpointStore | None = None
+        self.writer: BackgroundWriter | None = None  # the store's saves, written off the training path
         self.claim: claims.Claim | None = None
         self.milestones = MilestoneStore(self.search.path, plan.pruner["milestones"])
         self.fold: int | None = None  # the fold run under way of a K-fold trial (None: a trial without folds)
@@ -175,6 +178,7 @@ class AttemptRun:
         self._resolve_unended_attempt()
         self.started_at = self.ledger.started(self.attempt, self.facts).t  # the ledger's start: the budget settles what the ledger shows
         self.began = True
+        threads.bind(plan.cpus)  # before admission imports the trainer (and torch with it)
         try:
             contract = self.contract = self.search.contract()
             self._admit(contract)
@@ -188,6 +192,7 @@ class AttemptRun:
                     step, value = self._run_fold(contract, identity, held, fold if k > 1 else None)
                     values.append(value)
                     if fold < k - 1:
+                        self._saves_written()  # its last save durable before its chain is let go
                         cast(claims.Claim, self.claim).release()  # this fold run is done: its chain is left in order
                         self._interrupt_between_folds(held)
             self._stop_if_final_requested()
@@ -199,6 +204,7 @@ class AttemptRun:
         except claims.CheckpointCollision as exc:
             return self._collided(exc)
         except StopAttempt as exc:
+            self._saves_abandoned(exc)  # its ending is on disk; a save still in flight finishes first
             return WorkerResult(plan.trial_id, Ran.STOPPED, exc.reason.value)
         except AttemptTimeLimit:
             try:
@@ -218,6 +224,7 @@ class AttemptRun:
         ckpt_dir = self._checkpoint_dir(fold)
         claim = self.claim = self._claim(ckpt_dir, identity)
         self.store = ckpt.CheckpointStore(ckpt_dir, identity, keep_last=plan.keep_last, claim=claim)
+        self.writer = BackgroundWriter(self.store)
         # Admission read the snapshot and the split before the fence: neither is read twice.
         data = self.cache.training_data(plan.snapshot_path, cast(Split, self.split), plan.preprocessing, fold or 0)
         data = self.data = replace(data, devices=Devices.from_env(self.facts.gpus, self.facts.cuda_visible_devices), _asked_for_final=self._asked)
@@ -246,6 +253,7 @@ class AttemptRun:
 
     def _collided(self, exc: claims.CheckpointCollision) -> WorkerResult:
         plan = self.plan
+        self._saves_abandoned(exc)
         if _same_trial(exc, plan):
             # A newer attempt of this same trial took the directory over (we were presumed dead,
             # e.g. our node was set down): stop writing, it is not a collision between trials.
@@ -260,6 +268,7 @@ class AttemptRun:
     def _unexpected(self, exc: Exception) -> WorkerResult:
         """How an exception out of the trainer or the loop ends the attempt; re-raised when it is a failure."""
         plan = self.plan
+        self._saves_abandoned(exc)
         if self._final_requests():
             # Refused or fenced and not caught (or caught, then failing): the request is the result.
             self._reject_final()
@@ -374,6 +383,7 @@ class AttemptRun:
     def _latest(self) -> Restored | None:
         """The trial's last good checkpoint (None: a fresh start); the files it skipped are journaled."""
         assert self.store is not None  # execute() made it before building the trainer
+        self._saves_written()  # a loop restarted after a requeue reads the save it just made
         latest = self.store.load_latest()
         for problem in self.store.problems:
             self.ledger.checkpoint_skipped(self.attempt, anchor.shown(problem.path), problem.reason)
@@ -386,12 +396,14 @@ class AttemptRun:
             run = train(self.plan, trainer, data, calls, step_hooks())
             if run.stop is not Stop.REQUEUE or run.done:
                 break  # a requeue read at the last step came with its result: the trial is complete
+            self._saves_written()  # the signal's save is durable before the attempt says it was interrupted
             if self.timed_out:
                 raise AttemptTimeLimit()  # the loop saved its whole state at the step it stopped at
             held.deliver()  # submitit's checkpoint: it records the interruption, requeues and ends the process
             if self.ended:
                 raise StopAttempt(StopReason.INTERRUPTED)
             # The handler let the attempt go on (no scheduler behind it): resume from the checkpoint just saved.
+        self._saves_written()  # the last step's save is durable before the attempt ends
         if run.stop is not None and not (run.stop is Stop.REQUEUE and run.done):
             raise StopAttempt(StopReason.of(run.stop))  # its ending is on disk already
         return run.step, run.value
@@ -421,12 +433,29 @@ class AttemptRun:
         return Stop.REQUEUE if self.signals.pending else None  # the scheduler's signal, held to this boundary
 
     def _save(self, step: int, state: TrainerState) -> None:
-        assert self.store is not None  # made before the trainer was built
+        assert self.writer is not None  # made before the trainer was built
         try:
-            # Arrays go to the checkpoint's params section, scalars (JSON) to its extra.
-            self.store.save(step, state.arrays, {}, {}, extra=state.scalars)
+            # Arrays go to the checkpoint's params section, scalars (JSON) to its extra; copied now,
+            # written while the loop goes on (the previous save's error, if any, is raised here).
+            self.writer.submit(step, state.arrays, {}, {}, extra=state.scalars, clock=time.monotonic)
         except UsageError as exc:  # a name or value the checkpoint format refuses
             raise UnsavableState(str(exc)) from None
+
+    def _saves_written(self) -> None:
+        """Wait until no save is in flight; the writer's error is raised as the attempt's."""
+        if self.writer is not None:
+            try:
+                self.writer.wait()
+            except UsageError as exc:
+                raise UnsavableState(str(exc)) from None
+
+    def _saves_abandoned(self, failure: BaseException) -> None:
+        """An attempt ending on another error: its save in flight finishes first (never two writers
+        in the directory), and an error of the writer's rides on ``failure`` as a note."""
+        try:
+            self._saves_written()
+        except Exception as exc:
+            failure.add_note(f"the checkpoint being written then failed too: {type(exc).__name__}: {exc}")
 
     def _validated(self, step: int, value: float, final: bool, train_metrics: Mapping[str, float]) -> Stop | None:
         try:
@@ -531,6 +560,7 @@ class AttemptRun:
 
     def interrupt(self, cause: Cause) -> bool:
         """On the scheduler's signal: checkpoint, record, and say whether to requeue."""
+        self._saves_written()  # the step boundary's save, durable before the interruption is recorded
         if self.ended or not self.began:
             return False  # it already ended (a result, a rejection), or never started: nothing of it to requeue
         # Its state was saved by its loop, at the step boundary where the signal was read (``_stepped``).

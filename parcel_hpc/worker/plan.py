@@ -12,6 +12,7 @@ from typing import Any
 
 from parcel_hpc import anchor
 from parcel_hpc.checkpoints import KEEP_LAST
+from parcel_hpc.checkpoints.cadence import Cadence
 from parcel_hpc.ledger import SearchDir, TrialSpec
 from parcel_hpc.lifecycle.actions import RetryPolicy
 
@@ -42,7 +43,8 @@ class WorkerPlan:
     max_retries: int
     max_preemptions: int
     checkpoint_prefix: str = "{trial_id}"
-    every_steps: int = 10
+    every_steps: int | None = 10  # a plan written before every_s: its cadence was 10 steps
+    every_s: float | None = None
     keep_last: int = KEEP_LAST
     step_seconds: float = 0.0
     step_seconds_param: str = ""  # a space parameter scaling step_seconds ("" : none)
@@ -69,6 +71,10 @@ class WorkerPlan:
     @classmethod
     def load(cls, search: SearchDir, trial_id: str) -> WorkerPlan:
         return cls.from_json(search.plan_json(trial_id))
+
+    @property
+    def cadence(self) -> Cadence:
+        return Cadence(self.every_steps, self.every_s)
 
     @property
     def policy(self) -> RetryPolicy:

@@ -42,7 +42,7 @@ def step_hooks(env: Mapping[str, str] | None = None) -> tuple[StepHook, ...]:
 
 def budget(plan: WorkerPlan, unit: str = "step") -> Budget:
     """What the plan gives a trainer to spend (``TrainingData.budget``, ``Run.budget``)."""
-    return Budget(int(plan.steps), tuple(sorted(int(m) for m in plan.pruner["milestones"])), int(plan.every_steps), unit)
+    return Budget(int(plan.steps), tuple(sorted(int(m) for m in plan.pruner["milestones"])), plan.cadence, unit)
 
 
 def scorer(plan: WorkerPlan, data: TrainingData) -> Callable[[np.ndarray], float]:
@@ -63,7 +63,9 @@ class LoopRun(Run):
     """A ``Run`` whose effects are the callbacks'; the plan's step hooks and paced steps (tests') here."""
 
     def __init__(self, plan: WorkerPlan, trainer: Trainer, data: TrainingData, calls: LoopCallbacks, hooks: Sequence[StepHook] = ()) -> None:
-        super().__init__(build_params(trainer, plan.params), plan.seed, replace(data, budget=budget(plan, type(trainer).unit)), scorer(plan, data))
+        super().__init__(
+            build_params(trainer, plan.params), plan.seed, replace(data, budget=budget(plan, type(trainer).unit)), scorer(plan, data), time.monotonic
+        )
         self.plan, self.calls, self.hooks = plan, calls, tuple(hooks)
         self._started = time.monotonic()
 
