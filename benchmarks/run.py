@@ -20,7 +20,23 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _suite import Figure, print_table  # noqa: E402
 
-BENCHES = ("checkpoints", "local", "pruning", "sampler", "rss", "ledger", "reconcile", "scale", "faults", "slurm", "slots", "torch", "lightning", "report")
+BENCHES = (
+    "checkpoints",
+    "local",
+    "pruning",
+    "sampler",
+    "rss",
+    "ledger",
+    "reconcile",
+    "scale",
+    "faults",
+    "slurm",
+    "slots",
+    "torch",
+    "lightning",
+    "report",
+    "folds",
+)
 
 
 def main() -> None:
