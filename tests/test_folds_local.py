@@ -120,3 +120,19 @@ def test_a_fold_signalled_mid_run_resumes_its_own_chain_to_the_uninterrupted_val
     resumed = {e.data.fold: e.data.step for e in search.events("t0000") if isinstance(e.data, Resumed) and e.attempt == second.number}
     assert resumed == {0: 82, 1: 82, 2: first.step}  # the finished folds scored from their last checkpoint; fold 2 where it stopped
     assert record.folds == reference.folds and record.metric == reference.metric  # bit-equal to the uninterrupted trial
+
+
+def _files(path):
+    return {p.relative_to(path): p.stat().st_mtime_ns for p in path.rglob("*") if p.is_file()}
+
+
+def test_select_refuses_a_k_fold_search_in_one_line_before_anything_is_written(fold_search):
+    # Selection on out-of-fold predictions with a refit is not built: the refusal says so, not an invalid winner.
+    search = fold_search["search"]
+    before = _files(search.path)
+    res = parcel_hpc(["select", str(search.path)])
+    assert res.returncode == 3, res.stdout + res.stderr
+    assert res.stdout.splitlines()[0] == "reject:split_method"
+    assert "group_kfold" in res.stdout + res.stderr and "not built yet" in res.stdout + res.stderr
+    assert "Traceback" not in res.stderr
+    assert _files(search.path) == before and not (search.path / "selection").exists()

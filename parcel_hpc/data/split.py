@@ -59,6 +59,10 @@ class SplitMethod(enum.Enum):
     def leaks_shipments(self) -> bool:
         return self is SplitMethod.RANDOM
 
+    def has_folds(self) -> bool:
+        """A trial on this split is K fold runs, scored as their mean."""
+        return self in (SplitMethod.GROUP_KFOLD, SplitMethod.TIME_KFOLD)
+
     def chains_folds(self) -> bool:
         """Fold i trains only on what comes before it (time), not on every other fold."""
         return self is SplitMethod.TIME_KFOLD
