@@ -18,7 +18,6 @@ from rich.console import Console
 from rich.table import Table
 
 from parcel_hpc.console import safe
-from parcel_hpc.data import SplitMethod
 from parcel_hpc.errors import ParcelError, UsageError
 from parcel_hpc.governance.contract import Contract
 from parcel_hpc.governance.outcome import GovernanceRefusal, Outcome
@@ -86,7 +85,11 @@ def assess(store: SelectionStore, record: SelectionRecord, n: int, *, after_fina
     result = store.result(n, JobRole.RERUN)
     rerun = gate = parity = performance = None
     if result is not None:
-        rerun = RerunCheck(float(frozen["metric"]), float(result["rerun_metric"]), policy.rerun_tolerance, float(result["artifact_metric"]))
+        folds = result.get("folds")
+        if folds is None:
+            rerun = RerunCheck(float(frozen["metric"]), float(result["rerun_metric"]), policy.rerun_tolerance, float(result["artifact_metric"]))
+        else:
+            rerun = RerunCheck.worst_fold(folds["selected"], folds["rerun"], policy.rerun_tolerance, folds["artifact"])
         winner = [SliceRow.from_json(r) for r in result["slices"]["winner"]]
         baseline = [SliceRow.from_json(r) for r in result["slices"]["baseline"]]
         gate = slice_gate(winner, baseline, policy.gate)
@@ -124,7 +127,6 @@ def select(search_dir, *, now: bool, trial: str | None, reason: str, console: Co
     contract = search.contract()
     SelectionPolicy.of(contract)
     reason = checked_text("--reason", reason, required=bool(now or trial))
-    _refuse_folds(search, contract)
     store = SelectionStore(search)
     _refuse_if_claimed_elsewhere(store)
     writer = store.writer("select")
@@ -162,20 +164,6 @@ def select(search_dir, *, now: bool, trial: str | None, reason: str, console: Co
     writer.disposed(n, assessment.verdict.outcome, assessment.verdict.reasons)
     _announce(assessment, out, failure)
     return assessment
-
-
-def _refuse_folds(search: SearchDir, contract: Contract) -> None:
-    """A K-fold search is not selected on its mean: its winner is judged on out-of-fold predictions
-    and released refit on all non-final data, which selection does not do yet. Refused before
-    anything is written, rather than a rerun that looks for a chain no fold has."""
-    method = SplitMethod(contract["split_method"])
-    if method.has_folds():
-        raise GovernanceRefusal(
-            Outcome.reject("split_method"),
-            f"{search.path} searched a {method.value} split ({contract['split_revision']}); selecting a K-fold search (the winner's folds "
-            "rerun, the slice gate and baseline on out-of-fold predictions, a refit on all non-final data) is not built yet: select and "
-            "release from a search revision on one validation partition (split=group_r8 or time_r1)",
-        )
 
 
 def _refuse_if_claimed_elsewhere(store: SelectionStore) -> None:
