@@ -41,6 +41,7 @@ from typing import Any, cast
 import numpy as np
 
 from parcel_hpc import anchor, fence, fsio
+from parcel_hpc.checkpoints import claims
 from parcel_hpc.checkpoints import store as ckpt
 from parcel_hpc.checkpoints.format import Unusable
 from parcel_hpc.checkpoints.format import read as read_checkpoint
@@ -61,7 +62,7 @@ from parcel_hpc.selection.store import SelectionStore
 from parcel_hpc.trainer import FINAL_PARTITION_OUTCOME, Trainer, TrainerState, TrainingData, build_params, make_trainer, served
 from parcel_hpc.trainer.base import checked_probabilities
 from parcel_hpc.trainer.data import load_refit_data
-from parcel_hpc.trainer.run import Stop
+from parcel_hpc.trainer.run import Restored, Stop
 from parcel_hpc.worker import WorkerPlan
 from parcel_hpc.worker.cache import WorkerCache
 from parcel_hpc.worker.devices import running_on
@@ -248,10 +249,13 @@ def _trained(
     identity: TrialIdentity,
     make: Callable[[], Trainer],
     data: TrainingData | None = None,
+    chain: Path | None = None,
 ) -> tuple[Trainer, float, TrialSpec]:
     """Train ``params`` with the trainer ``make`` builds (on ``data``: the job's own by default),
     exactly like a trial (same loop, steps, seed and milestones; no pruning), recorded like one: a
-    spec and a journal with its start, the digests it read, its milestones and its ending, under ``records_dir/name``."""
+    spec and a journal with its start, the digests it read, its milestones and its ending, under ``records_dir/name``.
+    With ``chain``, it claims that checkpoint directory, checkpoints there at the trial's cadence and
+    resumes from its newest checkpoint (a refit a requeued or rerun job does not train twice)."""
     spec = TrialSpec(
         name, -1, dict(params), ctx.plan.seed, identity.config_hash, ctx.contract.digest, ctx.admitted.image_digest, dict(ctx.contract["resources"])
     )
@@ -272,7 +276,20 @@ def _trained(
         journal.milestone(1, at, value, at in plan.pruner["milestones"], metrics)
         return None
 
-    calls = LoopCallbacks(lambda: None, stepped, lambda at, state: None, validated)
+    store = None if chain is None else _claimed_chain(ctx, chain, identity, plan.keep_last)
+
+    def restore() -> Restored | None:
+        latest = None if store is None else store.load_latest()
+        if latest is None:
+            return None
+        journal.resumed(1, latest.step)
+        return Restored(latest.step, TrainerState(latest.params, latest.extra or {}))
+
+    def save(at: int, state: TrainerState) -> None:
+        if store is not None:
+            store.save(at, state.arrays, {}, {}, extra=state.scalars)
+
+    calls = LoopCallbacks(restore, stepped, save, validated)
     try:
         trainer = make()
         with ctx.trainer_code(f"{name}: {type(trainer).__name__} training"):
@@ -284,7 +301,18 @@ def _trained(
         journal.ended(1, Ended(AttemptEnd.FAILED, Cause.EXCEPTION, step=step, message=f"{type(exc).__name__}: {exc}"[:500]))
         raise
     journal.ended(1, Ended(AttemptEnd.COMPLETED, step=plan.steps, metric=float(value)))
+    if store is not None and store.claim is not None:
+        store.claim.release()  # left in order: a later job scores it from its last checkpoint
     return trainer, float(value), spec
+
+
+def _claimed_chain(ctx: _Context, chain: Path, identity: TrialIdentity, keep_last: int) -> ckpt.CheckpointStore:
+    """The selection job's own claim on ``chain``, as a trial's attempt claims its directory: a dead
+    earlier run of the job is taken over, a live one is a collision (the job stops)."""
+    facts = facts_from_env()
+    found = ctx.store.search.identity()
+    here = claims.ClaimIdentity.here(identity, job_id=facts.job_id, attempt=facts.restart_count + 1, search_id=found.search_id if found else "")
+    return ckpt.CheckpointStore(chain, identity, keep_last=keep_last, claim=claims.claim_directory(chain, here))
 
 
 def _parity(
@@ -406,7 +434,8 @@ def _rerun(ctx: _Context) -> dict[str, Any]:
         step, origin = found.step, anchor.shown(found.path)
     else:
         # A K-fold winner's released model: its configuration refit on every non-final frame, recorded like a trial.
-        winner, _, _ = _trained(ctx, records, "refit", ctx.plan.params, ctx.winner_identity, lambda: ctx.trainer(ctx.plan.params))
+        refit = _final_chain(ctx, "refit")  # its own checkpoint chain beside the fold runs' (claimed, resumable)
+        winner, _, _ = _trained(ctx, records, "refit", ctx.plan.params, ctx.winner_identity, lambda: ctx.trainer(ctx.plan.params), chain=refit)
         step, origin = ctx.plan.steps, anchor.shown(records / "refit")
     winner_scores = ctx.scores(winner, "validation", len(val), step)
     artifact = _save_artifact(ctx, run_dir / "winner", ctx.winner_identity, step, winner) | {"from": origin}
@@ -431,7 +460,12 @@ def _rerun(ctx: _Context) -> dict[str, Any]:
         baseline |= {"metric": statistics.fmean(folded.baseline), "fold_metrics": list(folded.baseline), "refit": ctx.baseline.kind is BaselineKind.TRAINED}
         extra = {
             "folds": folded.to_json(ctx, records),
-            "refit": {"records": anchor.shown(records / "refit"), "frames": int(len(ctx.data.train.labels)), "steps": step},
+            "refit": {
+                "records": anchor.shown(records / "refit"),
+                "chain": anchor.shown(_final_chain(ctx, "refit")),
+                "frames": int(len(ctx.data.train.labels)),
+                "steps": step,
+            },
         }
     return extra | {
         "role": JobRole.RERUN.value,
