@@ -143,6 +143,7 @@ def test_select_judges_out_of_fold_predictions_and_releases_the_refit(fold_searc
     assert rerun["baseline"]["fold_metrics"] == folds["baseline"]
     # The released model is the refit on all non-final data, recorded like a trial.
     assert rerun["artifact"]["from"] == rerun["refit"]["records"]
+    assert "slice gate, out-of-fold" in sel.stdout and "out-of-fold miss-cost" in sel.stdout, sel.stdout
     held = sel
     while held.returncode == 3 and held.stdout.splitlines()[0] in ("hold:slice-quality", "hold:performance"):  # each decidable hold, one decision each
         held = parcel_hpc(["decide", str(search.path), "--accept", "--by", "Dana", "--reason", "accepted for the fold test"])

@@ -266,9 +266,10 @@ def _announce(a: Assessment, out: Console, failure: str = "") -> None:
     if a.result is not None:
         base = a.result["baseline"]
         how = f"released {base['released']}" if base.get("released") else f"trained, {base.get('trainer') or 'the search trainer'}"
-        out.print(f"  baseline {base['name']} ({how}): validation miss-cost {base['metric']:.4f}; selected {a.frozen['metric']:.4f}", markup=False)
+        judged = a.result["slices"]["partition"]  # validation, or a K-fold search's out-of-fold predictions
+        out.print(f"  baseline {base['name']} ({how}): {judged} miss-cost {base['metric']:.4f}; selected {a.frozen['metric']:.4f}", markup=False)
     if a.gate is not None:
-        table = Table(title=f"slice gate, validation (selection {a.n})")
+        table = Table(title=f"slice gate, {judged} (selection {a.n})")
         for col in ("slice", "check", "winner", "baseline", "limit", "verdict"):
             table.add_column(col)
         for f in a.gate.findings:
