@@ -191,7 +191,8 @@ def test_a_time_k_fold_winner_has_no_out_of_fold_prediction_for_the_earliest_per
     assert f"{folds['frames_without_oof']} non-final frames of the earliest period have none" in md and "time_kfold: by time, forward-chained" in md
 
 
-def test_a_refit_killed_mid_run_resumes_its_own_chain_to_the_uninterrupted_refit(tmp_path, data_dir):
+@pytest.mark.parametrize("when", ["mid-refit", "after-refit"])
+def test_a_refit_killed_mid_run_resumes_its_own_chain_to_the_uninterrupted_refit(tmp_path, data_dir, when):
     common = [SPLIT, "search.n_trials=1", "pruner=none", "train.step_seconds=0.02"]
     why = ["--now", "--reason", "one trial for the refit test"]
     served = {}
@@ -206,10 +207,16 @@ def test_a_refit_killed_mid_run_resumes_its_own_chain_to_the_uninterrupted_refit
     argv = [sys.executable, "-m", "parcel_hpc", "select", str(search), *why]
     select = subprocess.Popen(argv, cwd=tmp_path, env=subprocess_env(data_dir, {}), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     chain = search / "checkpoints" / "t0000" / "refit"
-    wait_for(lambda: select.poll() is not None or any(chain.glob("ckpt-*.h5")), 300, "a first checkpoint of the refit")
+
+    def claims():
+        return [json.loads(c.read_text()) for c in sorted(chain.glob("claim-*.json"))]
+
+    if when == "mid-refit":
+        wait_for(lambda: select.poll() is not None or any(chain.glob("ckpt-*.h5")), 300, "a first checkpoint of the refit")
+    else:  # the refit finished and released its chain; the job goes on (the baseline's refit, serving)
+        wait_for(lambda: select.poll() is not None or any(c["state"] == "released" for c in claims()), 300, "the refit's chain released")
     assert select.poll() is None, select.communicate()
-    holder = json.loads(sorted(chain.glob("claim-*.json"))[-1].read_text())
-    os.kill(holder["pid"], signal.SIGKILL)  # the rerun job dies in the middle of the refit
+    os.kill(claims()[-1]["pid"], signal.SIGKILL)  # the rerun job dies
     out, err = select.communicate(timeout=300)
     assert select.returncode == 3 and out.splitlines()[0] == "hold:invalid-winner", out + err
     again = parcel_hpc(["select", str(search)])
@@ -217,6 +224,7 @@ def test_a_refit_killed_mid_run_resumes_its_own_chain_to_the_uninterrupted_refit
     result = json.loads((search / "selection" / "1" / "rerun" / "result.json").read_text())
     # The second run's refit resumed from the chain the killed one left (records name their paths from the search).
     events = [json.loads(line) for p in sorted((search / result["refit"]["records"]).glob("*.jsonl")) for line in p.read_text().splitlines()]
-    assert [e["step"] for e in events if e["kind"] == "resumed"][0] > 0, events
+    step = [e["step"] for e in events if e["kind"] == "resumed"][0]
+    assert (0 < step < 82) if when == "mid-refit" else step == 82, events
     assert result["refit"]["chain"].endswith("checkpoints/t0000/refit")
     assert result["serving"]["example"]["served"] == served["ref"]  # bit-equal to the uninterrupted refit

@@ -67,7 +67,7 @@ from parcel_hpc.worker import WorkerPlan
 from parcel_hpc.worker.cache import WorkerCache
 from parcel_hpc.worker.devices import running_on
 from parcel_hpc.worker.jobenv import facts_from_env
-from parcel_hpc.worker.training import LoopCallbacks, budget, train
+from parcel_hpc.worker.training import LoopCallbacks, budget, scorer, train
 
 SERVING_BATCH = 64  # images per serve() call when measuring latency and memory
 EXAMPLE_FRAMES = 3  # validation frames recorded as the released model's input example
@@ -290,10 +290,17 @@ def _trained(
             store.save(at, state.arrays, {}, {}, extra=state.scalars)
 
     calls = LoopCallbacks(restore, stepped, save, validated)
+    used = data or ctx.data
     try:
         trainer = make()
         with ctx.trainer_code(f"{name}: {type(trainer).__name__} training"):
-            value = train(plan, trainer, data or ctx.data, calls).value
+            last = None if store is None else store.load_latest()
+            if last is not None and last.step >= plan.steps:  # a finished chain is scored, not trained again (the worker's rule)
+                journal.resumed(1, last.step)
+                trainer.load_state(TrainerState(last.params, last.extra or {}))
+                value = scorer(plan, used)(checked_probabilities(trainer.predict("validation"), len(used.validation), "validation", last.step))
+            else:
+                value = train(plan, trainer, used, calls).value
     except GovernanceRefusal as exc:
         journal.ended(1, Ended(AttemptEnd.REJECTED, step=step, outcome=exc.outcome, reason=str(exc)[:500]))
         raise
