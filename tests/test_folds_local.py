@@ -120,3 +120,111 @@ def test_a_fold_signalled_mid_run_resumes_its_own_chain_to_the_uninterrupted_val
     resumed = {e.data.fold: e.data.step for e in search.events("t0000") if isinstance(e.data, Resumed) and e.attempt == second.number}
     assert resumed == {0: 82, 1: 82, 2: first.step}  # the finished folds scored from their last checkpoint; fold 2 where it stopped
     assert record.folds == reference.folds and record.metric == reference.metric  # bit-equal to the uninterrupted trial
+
+
+def test_select_judges_out_of_fold_predictions_and_releases_the_refit(fold_search):
+    search = fold_search["search"]
+    sel = parcel_hpc(["select", str(search.path), "--now", "--reason", "six trials are enough for the fold test"])
+    assert sel.returncode in (0, 3), sel.stdout + sel.stderr
+    assert "Traceback" not in sel.stderr
+    frozen = json.loads((search.path / "selection" / "selection-1.json").read_text())
+    winner = search.record(frozen["trial_id"])
+    rerun = json.loads((search.path / "selection" / "1" / "rerun" / "result.json").read_text())
+    folds = rerun["folds"]
+    # Each fold rerun from scratch on its own training part, against the value the fold was selected with.
+    assert folds["k"] == K and folds["selected"] == list(winner.folds.values)
+    assert folds["artifact"] == folds["selected"]  # each fold's own final checkpoint rescores to its value
+    assert len(folds["rerun"]) == K and all(abs(r - s) <= 1e-9 for r, s in zip(folds["rerun"], folds["selected"], strict=True))
+    assert len(folds["records"]["rerun"]) == K and len(folds["records"]["baseline"]) == K
+    # The gates judge out-of-fold predictions: every non-final frame of a grouped K-fold, once.
+    assert rerun["slices"]["partition"] == "out-of-fold" and folds["frames_without_oof"] == 0
+    overall = next(r for r in rerun["slices"]["winner"] if r["column"] == "overall")
+    assert overall["n"] == folds["oof_frames"] == rerun["refit"]["frames"]
+    assert rerun["baseline"]["fold_metrics"] == folds["baseline"]
+    # The released model is the refit on all non-final data, recorded like a trial.
+    assert rerun["artifact"]["from"] == rerun["refit"]["records"]
+    assert "slice gate, out-of-fold" in sel.stdout and "out-of-fold miss-cost" in sel.stdout, sel.stdout
+    held = sel
+    while held.returncode == 3 and held.stdout.splitlines()[0] in ("hold:slice-quality", "hold:performance"):  # each decidable hold, one decision each
+        held = parcel_hpc(["decide", str(search.path), "--accept", "--by", "Dana", "--reason", "accepted for the fold test"])
+    assert held.returncode == 0 and held.stdout.splitlines()[0] == "evaluate:final-holdout", held.stdout + held.stderr
+    final = parcel_hpc(["evaluate-final", str(search.path)])
+    assert final.stdout.splitlines()[0] == "evaluate:final-holdout", final.stdout + final.stderr
+    rel = parcel_hpc(["release", str(search.path)])
+    assert rel.returncode == 0 and rel.stdout.splitlines()[0] == "release:registered", rel.stdout + rel.stderr
+    # The release ships the refit: the artifact the final partition was scored on, registered byte for byte.
+    packet = json.loads((search.path / "release" / "packet.json").read_text())
+    assert packet["final"]["winner"]["artifact_sha256"] == rerun["artifact"]["sha256"] == packet["artifact"]["sha256"]
+    assert packet["folds"]["rerun"] == folds["rerun"] and packet["rerun"]["fold"] in range(K)
+    assert packet["slices"]["partition"] == "out-of-fold"
+    data = packet["lineage"]["on_what_data"]
+    assert data["split_method"] == "group_kfold" and "K folds" in data["boundary"]
+    refit = packet["lineage"]["refit"]
+    assert refit["records"] == rerun["refit"]["records"] and refit["params"] == dict(winner.spec.params) and refit["seed"] == winner.spec.seed
+    assert packet["recorded"]["refit"]["state"] == "completed" and packet["recorded"]["refit"]["params"] == dict(winner.spec.params)
+    md = (search.path / "release" / "packet.md").read_text()
+    html = (search.path / "release" / "packet.html").read_text()
+    for text in (md, html):
+        assert f"{K} folds (group_kfold)" in text and "Released as its refit" in text and "group_kfold: by shipment, K folds" in text
+    assert all(f"| {k} | {packet['folds']['selected'][k]:.4f}" in md for k in range(K)), md
+
+
+def test_a_time_k_fold_winner_has_no_out_of_fold_prediction_for_the_earliest_period_and_the_packet_says_so(tmp_path, data_dir):
+    res = launch([f"search.root={tmp_path}", "search.revision=tk", "split=time_kfold_r1", "search.n_trials=2", "pruner=none"], cwd=tmp_path, data_dir=data_dir)
+    assert res.returncode == 0, res.stderr[-2000:]
+    search = SearchDir(tmp_path / "tk")
+    split = read_split(data_dir / "split-time_kfold_r1.json")
+    sel = parcel_hpc(["select", str(search.path), "--now", "--reason", "two trials for the time fold test"])
+    assert sel.returncode in (0, 3) and "Traceback" not in sel.stderr, sel.stdout + sel.stderr
+    rerun = json.loads((search.path / "selection" / "1" / "rerun" / "result.json").read_text())
+    folds = rerun["folds"]
+    assert folds["k"] == split.fold_count and folds["method"] == "time_kfold"
+    # Every non-final frame trains the refit; the earliest period (train_only) is validated by no fold.
+    assert folds["frames_without_oof"] > 0 and folds["oof_frames"] + folds["frames_without_oof"] == rerun["refit"]["frames"]
+    held = sel
+    while held.returncode == 3 and held.stdout.splitlines()[0] in ("hold:slice-quality", "hold:performance"):
+        held = parcel_hpc(["decide", str(search.path), "--accept", "--by", "Dana", "--reason", "accepted for the time fold test"])
+    assert held.stdout.splitlines()[0] == "evaluate:final-holdout", held.stdout + held.stderr
+    assert parcel_hpc(["evaluate-final", str(search.path)]).returncode == 0
+    assert parcel_hpc(["release", str(search.path)]).returncode == 0
+    md = (search.path / "release" / "packet.md").read_text()
+    assert f"{folds['frames_without_oof']} non-final frames of the earliest period have none" in md and "time_kfold: by time, forward-chained" in md
+
+
+@pytest.mark.parametrize("when", ["mid-refit", "after-refit"])
+def test_a_refit_killed_mid_run_resumes_its_own_chain_to_the_uninterrupted_refit(tmp_path, data_dir, when):
+    common = [SPLIT, "search.n_trials=1", "pruner=none", "train.step_seconds=0.02"]
+    why = ["--now", "--reason", "one trial for the refit test"]
+    served = {}
+    for revision in ("ref", "sig"):
+        res = launch([f"search.root={tmp_path}", f"search.revision={revision}", *common], cwd=tmp_path, data_dir=data_dir)
+        assert res.returncode == 0, res.stderr[-2000:]
+    ref = parcel_hpc(["select", str(tmp_path / "ref"), *why])
+    assert ref.returncode in (0, 3), ref.stdout + ref.stderr
+    served["ref"] = json.loads((tmp_path / "ref" / "selection" / "1" / "rerun" / "result.json").read_text())["serving"]["example"]["served"]
+
+    search = tmp_path / "sig"
+    argv = [sys.executable, "-m", "parcel_hpc", "select", str(search), *why]
+    select = subprocess.Popen(argv, cwd=tmp_path, env=subprocess_env(data_dir, {}), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    chain = search / "checkpoints" / "t0000" / "refit"
+
+    def claims():
+        return [json.loads(c.read_text()) for c in sorted(chain.glob("claim-*.json"))]
+
+    if when == "mid-refit":
+        wait_for(lambda: select.poll() is not None or any(chain.glob("ckpt-*.h5")), 300, "a first checkpoint of the refit")
+    else:  # the refit finished and released its chain; the job goes on (the baseline's refit, serving)
+        wait_for(lambda: select.poll() is not None or any(c["state"] == "released" for c in claims()), 300, "the refit's chain released")
+    assert select.poll() is None, select.communicate()
+    os.kill(claims()[-1]["pid"], signal.SIGKILL)  # the rerun job dies
+    out, err = select.communicate(timeout=300)
+    assert select.returncode == 3 and out.splitlines()[0] == "hold:invalid-winner", out + err
+    again = parcel_hpc(["select", str(search)])
+    assert again.returncode in (0, 3) and "Traceback" not in again.stderr, again.stdout + again.stderr
+    result = json.loads((search / "selection" / "1" / "rerun" / "result.json").read_text())
+    # The second run's refit resumed from the chain the killed one left (records name their paths from the search).
+    events = [json.loads(line) for p in sorted((search / result["refit"]["records"]).glob("*.jsonl")) for line in p.read_text().splitlines()]
+    step = [e["step"] for e in events if e["kind"] == "resumed"][0]
+    assert (0 < step < 82) if when == "mid-refit" else step == 82, events
+    assert result["refit"]["chain"].endswith("checkpoints/t0000/refit")
+    assert result["serving"]["example"]["served"] == served["ref"]  # bit-equal to the uninterrupted refit

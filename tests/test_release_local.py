@@ -110,7 +110,8 @@ def test_the_whole_story(story):
     assert spend == json.loads(cli(story, "reconcile", str(search), "--json").stdout)["campaigns"][0]["spend"]
     assert f"Compute: {packet['compute']['line']}." in (search / "release" / "packet.md").read_text()
     lineage = packet["lineage"]
-    assert set(lineage) == {"what_ran", "on_what_data", "how_it_ended", "what_it_cost", "what_was_concluded"}
+    assert set(lineage) == {"what_ran", "on_what_data", "how_it_ended", "what_it_cost", "what_was_concluded", "refit"}
+    assert lineage["refit"] is None and lineage["on_what_data"]["split_method"] == "group"  # one validation partition: the trial itself ships
     contract = json.loads((search / "contract.json").read_text())["contract"]
     assert lineage["on_what_data"]["snapshot_digest"] == contract["snapshot_digest"]
     assert lineage["what_ran"]["dependencies"]["environment_digest"] == lineage["what_ran"]["image_digest"] == contract["image_digest"]

@@ -59,10 +59,26 @@ class SplitMethod(enum.Enum):
     def leaks_shipments(self) -> bool:
         return self is SplitMethod.RANDOM
 
+    @property
+    def boundary(self) -> str:
+        """What a search on this split validates across, as a release packet states it."""
+        return _BOUNDARIES[self]
+
     def chains_folds(self) -> bool:
         """Fold i trains only on what comes before it (time), not on every other fold."""
         return self is SplitMethod.TIME_KFOLD
 
+
+_BOUNDARIES = {
+    SplitMethod.GROUP: "by shipment: validated on shipments it did not train on; the final partition held out by shipment",
+    SplitMethod.GROUP_KFOLD: "by shipment, K folds: each fold validated on shipments its training part does not hold; the final partition held out by shipment",
+    SplitMethod.TIME: "by time: trained on earlier periods, validated on later shipments; the final partition is the latest period",
+    SplitMethod.TIME_KFOLD: (
+        "by time, forward-chained K folds: each fold validated on a period after all it trains on (the earliest period is never validated); "
+        "the final partition is the latest period"
+    ),
+    SplitMethod.RANDOM: "by frame, at random: shipments cross partitions",
+}
 
 Ids = tuple[str, ...] | tuple[int, ...]  # shipment ids (group) or row numbers (random)
 

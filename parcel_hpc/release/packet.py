@@ -17,6 +17,7 @@ from typing import Any
 from parcel_hpc.accounting import search_report as accounting
 from parcel_hpc.accounting.spend import read_spend, search_spend
 from parcel_hpc.budget import BudgetLedger, search_caps
+from parcel_hpc.data import SplitMethod
 from parcel_hpc.errors import SchedulerUnavailable, UsageError
 from parcel_hpc.governance.outcome import Outcome
 from parcel_hpc.ledger import SearchDir, TrialRecord, TrialSpec, fold, read_events
@@ -80,12 +81,15 @@ def build(store: SelectionStore, facts: Sequence[TrialFacts], *, sacct: bool = T
             "artifact_metric": a.rerun.artifact_metric,
             "tolerance": a.rerun.tolerance,
             "within": a.rerun.within,
+            "fold": a.rerun.fold,  # a K-fold winner's: the fold furthest off, judged against its own selected value
         },
+        # A K-fold winner's figures fold by fold (selected, its checkpoint rescored, rerun, baseline) and its out-of-fold coverage.
+        "folds": result.get("folds"),
         "recorded": {name: _record_summary(r) for name, r in recorded.items()},
         "slices": None
         if a.gate is None
         else {
-            "partition": "validation",
+            "partition": result["slices"]["partition"],  # validation, or a K-fold search's out-of-fold predictions
             "winner": result["slices"]["winner"],
             "baseline": result["slices"]["baseline"],
             "gate": [f.to_json() for f in a.gate.findings],
@@ -186,11 +190,15 @@ def _lineage(contract, winner_facts: TrialFacts | None, a: Assessment, result, f
             "snapshot_digest": seen.snapshot_digest if seen else None,
             "split_digest": seen.split_digest if seen else None,
             "split_revision": contract["split_revision"],
+            "split_method": contract["split_method"],
+            "boundary": SplitMethod(contract["split_method"]).boundary,
             "preprocessing": dict(contract["preprocessing"]),
             "read_by": "the worker's own digests of the files it opened (admitted event)",
             "selection_job_read": (result or {}).get("observed"),
             "final_partition_digest": plan["final_digest"],
         },
+        # A K-fold winner ships its refit: the same params and seed trained on every non-final frame, recorded like a trial.
+        "refit": None if (result or {}).get("refit") is None else dict(result["refit"]) | {"params": dict(r.spec.params), "seed": r.spec.seed},
         "how_it_ended": {
             "state": r.state.value,
             "metric": r.metric,
@@ -214,6 +222,7 @@ def _lineage(contract, winner_facts: TrialFacts | None, a: Assessment, result, f
                 "params": dict(policy.baseline.params),
                 "released": None if policy.baseline.artifact is None else asdict(policy.baseline.artifact),
                 "validation_metric": (result or {}).get("baseline", {}).get("metric"),
+                "fold_metrics": (result or {}).get("baseline", {}).get("fold_metrics"),
             },
             "disposition": str(a.verdict.outcome),
             "decided_by": [d.by for d in a.decisions],

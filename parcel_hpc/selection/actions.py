@@ -85,7 +85,11 @@ def assess(store: SelectionStore, record: SelectionRecord, n: int, *, after_fina
     result = store.result(n, JobRole.RERUN)
     rerun = gate = parity = performance = None
     if result is not None:
-        rerun = RerunCheck(float(frozen["metric"]), float(result["rerun_metric"]), policy.rerun_tolerance, float(result["artifact_metric"]))
+        folds = result.get("folds")
+        if folds is None:
+            rerun = RerunCheck(float(frozen["metric"]), float(result["rerun_metric"]), policy.rerun_tolerance, float(result["artifact_metric"]))
+        else:
+            rerun = RerunCheck.worst_fold(folds["selected"], folds["rerun"], policy.rerun_tolerance, folds["artifact"])
         winner = [SliceRow.from_json(r) for r in result["slices"]["winner"]]
         baseline = [SliceRow.from_json(r) for r in result["slices"]["baseline"]]
         gate = slice_gate(winner, baseline, policy.gate)
@@ -262,9 +266,10 @@ def _announce(a: Assessment, out: Console, failure: str = "") -> None:
     if a.result is not None:
         base = a.result["baseline"]
         how = f"released {base['released']}" if base.get("released") else f"trained, {base.get('trainer') or 'the search trainer'}"
-        out.print(f"  baseline {base['name']} ({how}): validation miss-cost {base['metric']:.4f}; selected {a.frozen['metric']:.4f}", markup=False)
+        judged = a.result["slices"]["partition"]  # validation, or a K-fold search's out-of-fold predictions
+        out.print(f"  baseline {base['name']} ({how}): {judged} miss-cost {base['metric']:.4f}; selected {a.frozen['metric']:.4f}", markup=False)
     if a.gate is not None:
-        table = Table(title=f"slice gate, validation (selection {a.n})")
+        table = Table(title=f"slice gate, {judged} (selection {a.n})")
         for col in ("slice", "check", "winner", "baseline", "limit", "verdict"):
             table.add_column(col)
         for f in a.gate.findings:

@@ -24,9 +24,9 @@ from __future__ import annotations
 import enum
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from parcel_hpc.governance.outcome import Outcome
 from parcel_hpc.selection.slices import GateResult
@@ -40,6 +40,14 @@ class RerunCheck:
     rerun_metric: float | None  # None: the rerun did not produce a result
     tolerance: float
     artifact_metric: float | None = None  # the selected artifact rescored; must equal selected_metric
+    fold: int | None = None  # of a K-fold winner: the fold this check is of (``worst_fold``)
+
+    @classmethod
+    def worst_fold(cls, selected: Sequence[float], rerun: Sequence[float], tolerance: float, artifact: Sequence[float]) -> RerunCheck:
+        """A K-fold winner's rerun: each fold's rerun and rescored checkpoint against the value that
+        fold was selected with; the check of the fold furthest off, which passes only if every fold's does."""
+        checks = [cls(s, r, tolerance, a, k) for k, (s, r, a) in enumerate(zip(selected, rerun, artifact, strict=True))]
+        return min(checks, key=lambda c: (c.within, -abs(cast(float, c.rerun_metric) - c.selected_metric)))
 
     @property
     def within(self) -> bool:
@@ -52,7 +60,8 @@ class RerunCheck:
     def describe(self) -> str:
         if self.rerun_metric is None:
             return f"the rerun produced no result (selected {self.selected_metric:.4f})"
-        text = f"selected {self.selected_metric:.4f}, rerun {self.rerun_metric:.4f}, |difference| {abs(self.rerun_metric - self.selected_metric):.4f}, tolerance {self.tolerance:g}"
+        text = f"fold {self.fold} (the furthest off): " if self.fold is not None else ""
+        text += f"selected {self.selected_metric:.4f}, rerun {self.rerun_metric:.4f}, |difference| {abs(self.rerun_metric - self.selected_metric):.4f}, tolerance {self.tolerance:g}"
         if self.artifact_metric is not None and abs(self.artifact_metric - self.selected_metric) > 1e-9:
             text += f"; the selected artifact rescores {self.artifact_metric:.4f}"
         return text

@@ -33,13 +33,15 @@ import time
 import tracemalloc
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
 
 from parcel_hpc import anchor, fence, fsio
+from parcel_hpc.checkpoints import claims
 from parcel_hpc.checkpoints import store as ckpt
 from parcel_hpc.checkpoints.format import Unusable
 from parcel_hpc.checkpoints.format import read as read_checkpoint
@@ -59,12 +61,13 @@ from parcel_hpc.selection.slices import shipment_buckets, slice_report
 from parcel_hpc.selection.store import SelectionStore
 from parcel_hpc.trainer import FINAL_PARTITION_OUTCOME, Trainer, TrainerState, TrainingData, build_params, make_trainer, served
 from parcel_hpc.trainer.base import checked_probabilities
-from parcel_hpc.trainer.run import Stop
+from parcel_hpc.trainer.data import load_refit_data
+from parcel_hpc.trainer.run import Restored, Stop
 from parcel_hpc.worker import WorkerPlan
 from parcel_hpc.worker.cache import WorkerCache
 from parcel_hpc.worker.devices import running_on
 from parcel_hpc.worker.jobenv import facts_from_env
-from parcel_hpc.worker.training import LoopCallbacks, budget, train
+from parcel_hpc.worker.training import LoopCallbacks, budget, scorer, train
 
 SERVING_BATCH = 64  # images per serve() call when measuring latency and memory
 EXAMPLE_FRAMES = 3  # validation frames recorded as the released model's input example
@@ -107,8 +110,19 @@ class _Context:
         self.plan = WorkerPlan.load(store.search, self.trial_id)
         self.split = read_split(self.plan.split_path)
         cache = WorkerCache()
-        data = cache.training_data(self.plan.snapshot_path, self.split, self.plan.preprocessing)  # before the fence
+        # Before the fence. A K-fold search's released model is the refit on all non-final data, so
+        # that is the data it is built, served and scored with; the rerun also reads each fold's.
+        k = self.split.fold_count
+        data = (
+            cache.training_data(self.plan.snapshot_path, self.split, self.plan.preprocessing)
+            if k == 1
+            else load_refit_data(self.plan.snapshot_path, self.split, self.plan.preprocessing)
+        )
         self.data: TrainingData = replace(data, budget=budget(self.plan))  # a retrained trial's steps, as its trials had them
+        self.folds = tuple(
+            replace(cache.training_data(self.plan.snapshot_path, self.split, self.plan.preprocessing, f), budget=budget(self.plan))
+            for f in range(k if k > 1 and role is JobRole.RERUN else 0)
+        )
         self.final = _open_final(self) if role is JobRole.FINAL else None  # before the fence too: the one door, under its claim
         self.armed: fence.Armed | None = None
         observed, problem = cache.observe(self.plan.snapshot_path, self.split, self.plan.image, self.contract["trainer"], store.search.path, self._fence)
@@ -157,19 +171,19 @@ class _Context:
         except Exception as exc:
             raise UsageError(f"{who} raised {type(exc).__name__}: {one_line(str(exc)) or '(no message)'}") from exc
 
-    def trainer(self, params: Mapping[str, Any]) -> Trainer:
-        """The search's trainer built with the selected trial's ``params``."""
+    def trainer(self, params: Mapping[str, Any], data: TrainingData | None = None) -> Trainer:
+        """The search's trainer built with the selected trial's ``params`` on ``data`` (the job's own by default)."""
         trainer = make_trainer(self.contract["trainer"], self.store.search.path)
-        return self._built(trainer, params, self.plan.seed, f"trainer {self.contract['trainer']['target']}")
+        return self._built(trainer, params, self.plan.seed, f"trainer {self.contract['trainer']['target']}", data or self.data)
 
-    def baseline_trainer(self, seed: int) -> Trainer:
+    def baseline_trainer(self, seed: int, data: TrainingData | None = None) -> Trainer:
         """The baseline's own trainer, built with its params (``selection.baseline``)."""
         trainer, params = baseline_trainer(self.baseline, self.store.search.path)
-        return self._built(trainer, params, seed, f"the baseline {self.baseline.name}'s trainer {self.baseline.target}")
+        return self._built(trainer, params, seed, f"the baseline {self.baseline.name}'s trainer {self.baseline.target}", data or self.data)
 
-    def _built(self, trainer: Trainer, params: Mapping[str, Any], seed: int, who: str) -> Trainer:
+    def _built(self, trainer: Trainer, params: Mapping[str, Any], seed: int, who: str, data: TrainingData) -> Trainer:
         with self.trainer_code(f"{who} build(params={dict(params)})"):
-            trainer.build(build_params(trainer, params), seed, self.data)
+            trainer.build(build_params(trainer, params), seed, data)
         return trainer
 
     def columns(self, part) -> dict[str, np.ndarray]:
@@ -228,11 +242,20 @@ def _save_artifact(ctx: _Context, directory: Path, identity: TrialIdentity, step
 
 
 def _trained(
-    ctx: _Context, records_dir: Path, name: str, params: Mapping[str, Any], identity: TrialIdentity, make: Callable[[], Trainer]
+    ctx: _Context,
+    records_dir: Path,
+    name: str,
+    params: Mapping[str, Any],
+    identity: TrialIdentity,
+    make: Callable[[], Trainer],
+    data: TrainingData | None = None,
+    chain: Path | None = None,
 ) -> tuple[Trainer, float, TrialSpec]:
-    """Train ``params`` with the trainer ``make`` builds, exactly like a trial (same loop, steps,
-    seed and milestones; no pruning), recorded like one: a spec and a journal with its start, the
-    digests it read, its milestones and its ending, under ``records_dir/name``."""
+    """Train ``params`` with the trainer ``make`` builds (on ``data``: the job's own by default),
+    exactly like a trial (same loop, steps, seed and milestones; no pruning), recorded like one: a
+    spec and a journal with its start, the digests it read, its milestones and its ending, under ``records_dir/name``.
+    With ``chain``, it claims that checkpoint directory, checkpoints there at the trial's cadence and
+    resumes from its newest checkpoint (a refit a requeued or rerun job does not train twice)."""
     spec = TrialSpec(
         name, -1, dict(params), ctx.plan.seed, identity.config_hash, ctx.contract.digest, ctx.admitted.image_digest, dict(ctx.contract["resources"])
     )
@@ -253,11 +276,31 @@ def _trained(
         journal.milestone(1, at, value, at in plan.pruner["milestones"], metrics)
         return None
 
-    calls = LoopCallbacks(lambda: None, stepped, lambda at, state: None, validated)
+    store = None if chain is None else _claimed_chain(ctx, chain, identity, plan.keep_last)
+
+    def restore() -> Restored | None:
+        latest = None if store is None else store.load_latest()
+        if latest is None:
+            return None
+        journal.resumed(1, latest.step)
+        return Restored(latest.step, TrainerState(latest.params, latest.extra or {}))
+
+    def save(at: int, state: TrainerState) -> None:
+        if store is not None:
+            store.save(at, state.arrays, {}, {}, extra=state.scalars)
+
+    calls = LoopCallbacks(restore, stepped, save, validated)
+    used = data or ctx.data
     try:
         trainer = make()
         with ctx.trainer_code(f"{name}: {type(trainer).__name__} training"):
-            value = train(plan, trainer, ctx.data, calls).value
+            last = None if store is None else store.load_latest()
+            if last is not None and last.step >= plan.steps:  # a finished chain is scored, not trained again (the worker's rule)
+                journal.resumed(1, last.step)
+                trainer.load_state(TrainerState(last.params, last.extra or {}))
+                value = scorer(plan, used)(checked_probabilities(trainer.predict("validation"), len(used.validation), "validation", last.step))
+            else:
+                value = train(plan, trainer, used, calls).value
     except GovernanceRefusal as exc:
         journal.ended(1, Ended(AttemptEnd.REJECTED, step=step, outcome=exc.outcome, reason=str(exc)[:500]))
         raise
@@ -265,7 +308,18 @@ def _trained(
         journal.ended(1, Ended(AttemptEnd.FAILED, Cause.EXCEPTION, step=step, message=f"{type(exc).__name__}: {exc}"[:500]))
         raise
     journal.ended(1, Ended(AttemptEnd.COMPLETED, step=plan.steps, metric=float(value)))
+    if store is not None and store.claim is not None:
+        store.claim.release()  # left in order: a later job scores it from its last checkpoint
     return trainer, float(value), spec
+
+
+def _claimed_chain(ctx: _Context, chain: Path, identity: TrialIdentity, keep_last: int) -> ckpt.CheckpointStore:
+    """The selection job's own claim on ``chain``, as a trial's attempt claims its directory: a dead
+    earlier run of the job is taken over, a live one is a collision (the job stops)."""
+    facts = facts_from_env()
+    found = ctx.store.search.identity()
+    here = claims.ClaimIdentity.here(identity, job_id=facts.job_id, attempt=facts.restart_count + 1, search_id=found.search_id if found else "")
+    return ckpt.CheckpointStore(chain, identity, keep_last=keep_last, claim=claims.claim_directory(chain, here))
 
 
 def _parity(
@@ -377,24 +431,50 @@ def _code_version() -> str:
 
 def _rerun(ctx: _Context) -> dict[str, Any]:
     run_dir = ctx.store.new_run_dir(ctx.n, JobRole.RERUN)
+    records = run_dir / "records"
     val = ctx.data.validation
     columns = ctx.columns(val)
-    # The selected artifact: the trial's own final checkpoint, rescored exactly as the search scored it.
-    winner, found = _restored(ctx, lambda: ctx.trainer(ctx.plan.params), Path(ctx.plan.checkpoint_dir()), ctx.winner_identity)
-    if found.step != ctx.plan.steps:
-        raise UsageError(f"the newest checkpoint of {ctx.trial_id} is at step {found.step}, not its final step {ctx.plan.steps}")
-    winner_scores = ctx.scores(winner, "validation", len(val), found.step)
-    artifact = _save_artifact(ctx, run_dir / "winner", ctx.winner_identity, found.step, winner) | {"from": anchor.shown(found.path)}
+    folded = _fold_reruns(ctx, records) if ctx.folds else None
+    if folded is None:
+        # The selected artifact: the trial's own final checkpoint, rescored exactly as the search scored it.
+        winner, found = _restored(ctx, lambda: ctx.trainer(ctx.plan.params), _final_chain(ctx, ""), ctx.winner_identity)
+        step, origin = found.step, anchor.shown(found.path)
+    else:
+        # A K-fold winner's released model: its configuration refit on every non-final frame, recorded like a trial.
+        refit = _final_chain(ctx, "refit")  # its own checkpoint chain beside the fold runs' (claimed, resumable)
+        winner, _, _ = _trained(ctx, records, "refit", ctx.plan.params, ctx.winner_identity, lambda: ctx.trainer(ctx.plan.params), chain=refit)
+        step, origin = ctx.plan.steps, anchor.shown(records / "refit")
+    winner_scores = ctx.scores(winner, "validation", len(val), step)
+    artifact = _save_artifact(ctx, run_dir / "winner", ctx.winner_identity, step, winner) | {"from": origin}
     with ctx.fenced():
         parity = _parity(_maker(ctx), ctx.plan.params, ctx.plan.seed, _state_of(artifact), ctx.data, winner_scores, ctx.policy.parity_tolerance)
     with ctx.trainer_code(f"{type(winner).__name__}.serve (serving cost)"):
         serving = _serving_estimate(winner, val.images) | {"artifact_bytes": artifact["bytes"]}
         serving |= {"frame_shape": list(val.images.shape[1:]), "example": _serving_example(ctx, run_dir, winner)}
-    # The rerun: the same configuration from the pinned snapshot, as a new run.
-    records = run_dir / "records"
-    _, rerun_metric, _ = _trained(ctx, records, "rerun", ctx.plan.params, ctx.winner_identity, lambda: ctx.trainer(ctx.plan.params))
     baseline_scores, baseline = _baseline_on_validation(ctx, run_dir, records)
-    return {
+    if folded is None:
+        # The rerun: the same configuration from the pinned snapshot, as a new run.
+        _, rerun_metric, _ = _trained(ctx, records, "rerun", ctx.plan.params, ctx.winner_identity, lambda: ctx.trainer(ctx.plan.params))
+        artifact_metric, judged = ctx.metric(winner_scores, val.labels), "validation"
+        winner_rows = slice_report(winner_scores, val.labels, columns, ctx.metric)
+        baseline_rows = slice_report(baseline_scores, val.labels, columns, ctx.metric)
+        extra: dict[str, Any] = {}
+    else:
+        # Judged on out-of-fold predictions: each non-final frame a fold validates, scored by that fold's rerun (and baseline).
+        rerun_metric, artifact_metric, judged = statistics.fmean(folded.rerun), statistics.fmean(folded.artifact), "out-of-fold"
+        winner_rows = slice_report(folded.winner_scores, folded.labels, folded.columns, ctx.metric)
+        baseline_rows = slice_report(folded.baseline_scores, folded.labels, folded.columns, ctx.metric)
+        baseline |= {"metric": statistics.fmean(folded.baseline), "fold_metrics": list(folded.baseline), "refit": ctx.baseline.kind is BaselineKind.TRAINED}
+        extra = {
+            "folds": folded.to_json(ctx, records),
+            "refit": {
+                "records": anchor.shown(records / "refit"),
+                "chain": anchor.shown(_final_chain(ctx, "refit")),
+                "frames": int(len(ctx.data.train.labels)),
+                "steps": step,
+            },
+        }
+    return extra | {
         "role": JobRole.RERUN.value,
         "selection": ctx.n,
         "trial_id": ctx.trial_id,
@@ -402,21 +482,94 @@ def _rerun(ctx: _Context) -> dict[str, Any]:
         "observed": {k: getattr(ctx.admitted, k) for k in ("snapshot_digest", "split_digest", "image_digest", "trainer_digest")},
         "software": _software(ctx),
         "selected_metric": float(ctx.frozen["metric"]),
-        "artifact_metric": ctx.metric(winner_scores, val.labels),
+        "artifact_metric": artifact_metric,
         "rerun_metric": rerun_metric,
         "rerun_tolerance": ctx.policy.rerun_tolerance,
-        "records": {"rerun": anchor.shown(records / "rerun")}
+        # The runs recorded like trials: the rerun (a K-fold winner's refit, whose folds' reruns are under ``folds``) and the trained baseline.
+        "records": {"rerun" if folded is None else "refit": anchor.shown(records / ("rerun" if folded is None else "refit"))}
         | ({"baseline": anchor.shown(records / "baseline")} if ctx.baseline.kind is BaselineKind.TRAINED else {}),
         "artifact": artifact,
         "baseline": baseline,
         "parity": parity,
         "serving": serving,
-        "slices": {
-            "partition": "validation",
-            "winner": [r.to_json() for r in slice_report(winner_scores, val.labels, columns, ctx.metric)],
-            "baseline": [r.to_json() for r in slice_report(baseline_scores, val.labels, columns, ctx.metric)],
-        },
+        "slices": {"partition": judged, "winner": [r.to_json() for r in winner_rows], "baseline": [r.to_json() for r in baseline_rows]},
     }
+
+
+def _final_chain(ctx: _Context, fold: str) -> Path:
+    """The selected trial's checkpoint chain (``fold``: a K-fold trial's ``fold-<k>``), whose newest checkpoint is at its final step."""
+    return Path(ctx.plan.checkpoint_dir()) / fold
+
+
+@dataclass(frozen=True)
+class _Folded:
+    """A K-fold winner's folds rerun: per fold, its selected checkpoint rescored, its rerun's and the
+    baseline's values; and, over every frame some fold validates, the out-of-fold predictions."""
+
+    selected: tuple[float, ...]
+    artifact: tuple[float, ...]
+    rerun: tuple[float, ...]
+    baseline: tuple[float, ...]
+    winner_scores: np.ndarray
+    baseline_scores: np.ndarray
+    labels: np.ndarray
+    columns: dict[str, np.ndarray]
+
+    def to_json(self, ctx: _Context, records: Path) -> dict[str, Any]:
+        frames = int(len(self.labels))
+        return {
+            "k": len(self.rerun),
+            "method": ctx.split.method.value,
+            "selected": list(self.selected),
+            "artifact": list(self.artifact),
+            "rerun": list(self.rerun),
+            "baseline": list(self.baseline),
+            "oof_frames": frames,
+            "frames_without_oof": int(len(ctx.data.train.labels)) - frames,  # a time K-fold's earliest period: no fold validates it
+            "records": {who: [anchor.shown(p) for p in sorted(records.glob(f"{who}-fold-*"))] for who in ("rerun", "baseline")},
+        }
+
+
+def _fold_reruns(ctx: _Context, records: Path) -> _Folded:
+    """Each fold of the selected K-fold trial: its final checkpoint rescored on its fold, its
+    configuration rerun from scratch on the fold's training part (same params and seed), and the
+    baseline trained there the same way (or the released one served); their predictions on the
+    fold's validation part are the out-of-fold predictions the gates judge."""
+    record = ctx.store.search.record(ctx.trial_id)
+    if record.folds is None or len(record.folds.values) != len(ctx.folds):
+        raise UsageError(f"{ctx.trial_id} has no value for each of the {len(ctx.folds)} folds of {ctx.split.path}; it is not a K-fold trial of this split")
+    released = _released(ctx) if ctx.baseline.kind is BaselineKind.ARTIFACT else None
+    artifact, rerun, baseline, w_scores, b_scores, labels, columns = [], [], [], [], [], [], []
+    for k, data in enumerate(ctx.folds):
+        val, steps = data.validation, ctx.plan.steps
+        make = partial(ctx.trainer, ctx.plan.params, data)
+        own, found = _restored(ctx, make, _final_chain(ctx, f"fold-{k}"), ctx.winner_identity)
+        if found.step != steps:
+            raise UsageError(f"the newest checkpoint of {ctx.trial_id} fold {k} is at step {found.step}, not its final step {steps}")
+        artifact.append(ctx.metric(ctx.scores(own, "validation", len(val), found.step), val.labels))
+        trainer, value, _ = _trained(ctx, records, f"rerun-fold-{k}", ctx.plan.params, ctx.winner_identity, make, data)
+        rerun.append(value)
+        w_scores.append(ctx.scores(trainer, "validation", len(val), steps))
+        if released is not None:
+            scores = ctx.served(released[0], val.images, released[1].step, "validation")
+        else:
+            make_b = partial(ctx.baseline_trainer, ctx.plan.seed, data)
+            b, _, _ = _trained(ctx, records, f"baseline-fold-{k}", ctx.baseline.params, ctx.baseline_identity, make_b, data)
+            scores = ctx.scores(b, "validation", len(val), steps)
+        b_scores.append(scores)
+        baseline.append(ctx.metric(scores, val.labels))
+        labels.append(val.labels)
+        columns.append(ctx.columns(val))
+    return _Folded(
+        tuple(record.folds.values),
+        tuple(artifact),
+        tuple(rerun),
+        tuple(baseline),
+        np.concatenate(w_scores),
+        np.concatenate(b_scores),
+        np.concatenate(labels),
+        {c: np.concatenate([part[c] for part in columns]) for c in columns[0]},
+    )
 
 
 def _baseline_on_validation(ctx: _Context, run_dir: Path, records: Path) -> tuple[np.ndarray, dict[str, Any]]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -166,5 +166,33 @@ def load_training_data(
     """
     train = load_partition(snapshot_path, split, "train", verify_digest=verify_digest, fold=fold)
     validation = load_partition(snapshot_path, split, "validation", verify_digest=False, fold=fold)  # the same file, just verified
+    fitted, x_train = Preprocessor.fit_transform(str(preprocessing["revision"]), int(preprocessing["pool"]), train.images)
+    return TrainingData(Examples.of(train, x_train), Examples.of(validation, fitted(validation.images)), fitted, split.revision)
+
+
+def load_refit_data(snapshot_path: str | os.PathLike, split: Split, preprocessing: Mapping[str, Any]) -> TrainingData:
+    """Every non-final frame of a K-fold ``split`` to train on (each fold and ``train_only``: a
+    selected trial's refit), the pinned preprocessing fitted on all of them. Its validation part is
+    the last fold, which it trains on too: no held-out frame is left, so the refit's loop values are
+    not validation figures (its folds' out-of-fold predictions are)."""
+    last = split.fold_count - 1
+    rest = load_partition(snapshot_path, split, "train", verify_digest=False, fold=last)
+    validation = load_partition(snapshot_path, split, "validation", verify_digest=False, fold=last)
+    order = np.argsort(np.concatenate([rest.rows, validation.rows]), kind="stable")
+
+    def joined(f: str) -> np.ndarray:
+        return np.concatenate([getattr(rest, f), getattr(validation, f)])[order]
+
+    train = replace(
+        rest,
+        rows=joined("rows"),
+        images=joined("images"),
+        labels=joined("labels"),
+        damage_type=joined("damage_type"),
+        camera_class=joined("camera_class"),
+        shipment_id=joined("shipment_id"),
+        parcel_id=joined("parcel_id"),
+        frame=joined("frame"),
+    )
     fitted, x_train = Preprocessor.fit_transform(str(preprocessing["revision"]), int(preprocessing["pool"]), train.images)
     return TrainingData(Examples.of(train, x_train), Examples.of(validation, fitted(validation.images)), fitted, split.revision)
