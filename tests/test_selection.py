@@ -356,3 +356,13 @@ def test_each_gate_gives_its_verdict_and_the_first_that_does_not_clear_names_the
         ({"final_matches": False, "parity": ParityCheck(0.1, 1e-6)}, "hold:serving-parity"),  # the first in GATES order
     ]:
         assert str(release_outcome(checks(replace(ok, **change)))) == hold, change
+
+
+def test_a_rerun_job_is_given_the_time_of_every_training_it_does():
+    from parcel_hpc.ledger import JobRole
+    from parcel_hpc.selection.submit import job_time_limit_min
+
+    assert job_time_limit_min(10, JobRole.RERUN) == 2 * 10 + 10  # the rerun and the baseline
+    # a 5-fold trial's limit is 5 fold runs' (50 min): 5 fold reruns, 5 baseline folds and two refits
+    assert job_time_limit_min(50, JobRole.RERUN, folds=5) == 12 * 10 + 10
+    assert job_time_limit_min(50, JobRole.FINAL, folds=5) == 50  # the final job only scores

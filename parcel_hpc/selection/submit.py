@@ -17,12 +17,14 @@ from pathlib import Path
 from rich.console import Console
 
 from parcel_hpc import anchor, fsio
+from parcel_hpc.data import read_split
 from parcel_hpc.errors import CorruptRecord, UsageError
 from parcel_hpc.ledger import JobRole
 from parcel_hpc.ledger.selection import JobSubmitted, SelectionWriter
 from parcel_hpc.scheduler.base import LauncherSettings, SelectionJob
 from parcel_hpc.scheduler.registry import backend_of
 from parcel_hpc.selection.store import SelectionStore
+from parcel_hpc.worker import WorkerPlan
 
 
 @dataclass(frozen=True)
@@ -40,10 +42,20 @@ def launcher_of(store: SelectionStore) -> LauncherSettings:
     raise UsageError(f"{store.search.path} records no launch that dispatched trials; there is nothing to select from")
 
 
-def job_time_limit_min(trial_limit_min: int, role: JobRole) -> int:
+def job_time_limit_min(trial_limit_min: int, role: JobRole, folds: int = 1) -> int:
     """The rerun trains two full models (the rerun and the baseline) and measures serving: twice a
-    trial's limit and ten minutes more; the final job only scores, within one trial's limit."""
-    return 2 * trial_limit_min + 10 if role is JobRole.RERUN else trial_limit_min
+    trial's limit and ten minutes more; the final job only scores, within one trial's limit. Of a
+    K-fold search (``trial_limit_min`` is then K fold runs'), the rerun trains 2K fold runs and two
+    refits on all non-final data: (2K + 2) fold runs' limits and ten minutes more."""
+    if role is not JobRole.RERUN:
+        return trial_limit_min
+    return -(-(2 * folds + 2) * trial_limit_min // folds) + 10 if folds > 1 else 2 * trial_limit_min + 10
+
+
+def _folds(store: SelectionStore, n: int) -> int:
+    """The fold runs of selection ``n``'s trial (1: a split without folds)."""
+    trial = str(store.selection(n).get("trial_id") or "")
+    return read_split(WorkerPlan.load(store.search, trial).split_path).fold_count if trial else 1
 
 
 def job_alive(store: SelectionStore, submitted: JobSubmitted) -> bool | None:
@@ -67,7 +79,7 @@ def run_job(store: SelectionStore, role: JobRole, n: int, writer: SelectionWrite
             time.sleep(poll_s)
     else:
         backend = backend_of(settings.kind)
-        limit = job_time_limit_min(int(settings.resources["time_limit_min"]), role)
+        limit = job_time_limit_min(int(settings.resources["time_limit_min"]), role, _folds(store, n))
         job = SelectionJob(store.search, owned, role, n, settings, limit, store.log_dir(n))
 
         def submitted(job_id: str, host: str) -> None:
