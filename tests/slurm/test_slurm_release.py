@@ -46,7 +46,7 @@ def test_select_decide_evaluate_release_as_slurm_jobs(cluster, tmp_path, data_di
     store = SelectionStore(SearchDir(path))
     record = store.record()
     (submitted,) = submitted_jobs(record, JobRole.RERUN)
-    assert submitted.executor is Executor("slurm")
+    assert submitted.executor == Executor("slurm")
     rerun_job = submitted.job_id
     script = (store.log_dir(1) / "winner_rerun.sbatch").read_text()
     assert "#SBATCH --gres=gpu:1" in script and f"#SBATCH --job-name=parcel-rel-rerun-{sid}\n" in script
