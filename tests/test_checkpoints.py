@@ -207,7 +207,7 @@ if mode == "claim":  # wait for "go", claim, report, stay alive until stdin clos
     except CheckpointCollision as exc:
         say(collision=exc.reason)
     sys.stdin.read()
-elif mode == "train":  # resume, then save a big checkpoint per step until last_step or killed
+elif mode in ("train", "train-bg"):  # resume, then save a big checkpoint per step until last_step or killed
     attempt, n, last_step = int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
     me = ClaimIdentity.here(trial("t0007", "a"), job_id="9", attempt=attempt)
     claim = claim_directory(ckpt_dir, me)
@@ -219,41 +219,29 @@ elif mode == "train":  # resume, then save a big checkpoint per step until last_
         rng.bit_generator.state = ckpt.rng_state
         step, acc = ckpt.step, float(ckpt.params["acc"])
     say(outcome=claim.outcome.value, resumed_from=step, problems=len(store.problems))
-    while step < last_step:
-        step += 1
-        acc += rng.random()
-        say(writing=step)
-        store.save(step, {"w": np.arange(n, dtype=np.float64) + step, "acc": np.array(acc)},
-                   {"m": np.full(n // 4, step, np.float32)}, rng.bit_generator.state, {"attempt": attempt})
+    if mode == "train":
+        while step < last_step:
+            step += 1
+            acc += rng.random()
+            say(writing=step)
+            store.save(step, {"w": np.arange(n, dtype=np.float64) + step, "acc": np.array(acc)},
+                       {"m": np.full(n // 4, step, np.float32)}, rng.bit_generator.state, {"attempt": attempt})
+            say(saved=step)
+    else:  # each save written by the background writer while the loop goes on
+        from parcel_hpc.checkpoints.writer import BackgroundWriter
+        writer = BackgroundWriter(store)
+        w, m, a = np.arange(n, dtype=np.float64) + step, np.full(n // 4, step, np.float32), np.array(acc)
+        first = step + 1
+        while step < last_step:
+            step += 1
+            acc += rng.random()
+            w += 1  # the loop changes its own arrays in place while the previous save may still be written
+            m[:] = step
+            a[...] = acc
+            writer.submit(step, {"w": w, "acc": a}, {"m": m}, rng.bit_generator.state, {"attempt": attempt})
+            say(writing=step, saved=step - 1 if step > first else None)  # submit returns once the previous one is durable
+        writer.wait()
         say(saved=step)
-    claim.release()
-    say(done=step, acc=acc)
-elif mode == "train-bg":  # the same, each save written by the background writer while the loop goes on
-    from parcel_hpc.checkpoints.writer import BackgroundWriter
-    attempt, n, last_step = int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-    me = ClaimIdentity.here(trial("t0007", "a"), job_id="9", attempt=attempt)
-    claim = claim_directory(ckpt_dir, me)
-    store = CheckpointStore(ckpt_dir, me, keep_last=2, claim=claim)
-    ckpt = store.load_latest()
-    rng = np.random.default_rng(12345)
-    step, acc = 0, 0.0
-    if ckpt is not None:
-        rng.bit_generator.state = ckpt.rng_state
-        step, acc = ckpt.step, float(ckpt.params["acc"])
-    say(outcome=claim.outcome.value, resumed_from=step, problems=len(store.problems))
-    writer = BackgroundWriter(store)
-    w, m, a = np.arange(n, dtype=np.float64) + step, np.full(n // 4, step, np.float32), np.array(acc)
-    first = step + 1
-    while step < last_step:
-        step += 1
-        acc += rng.random()
-        w += 1  # the loop changes its own arrays in place while the previous save may still be written
-        m[:] = step
-        a[...] = acc
-        writer.submit(step, {"w": w, "acc": a}, {"m": m}, rng.bit_generator.state, {"attempt": attempt})
-        say(writing=step, saved=step - 1 if step > first else None)  # submit returns once the previous one is durable
-    writer.wait()
-    say(saved=step)
     claim.release()
     say(done=step, acc=acc)
 """
