@@ -18,7 +18,7 @@ import pytest
 from parcel_hpc.accounting.spend import GpuUse
 from parcel_hpc.ledger import DeviceUse, SearchDir
 from parcel_hpc.testing import launch, parcel_hpc
-from parcel_hpc.worker.devices import Nvml, UtilizationSampler, device_use, mean_utilization, nvml_key
+from parcel_hpc.worker.devices import Nvml, UtilizationSampler, device_use, mean_utilization
 
 FAKE_NVML = Path(__file__).parent / "fakes" / "fake_nvml.c"
 
@@ -59,12 +59,6 @@ def test_gpu_hours_split_into_used_and_idle_and_an_unread_attempt_is_neither():
 def test_a_device_use_is_validated_at_birth(use, wrong):
     with pytest.raises(ValueError, match=wrong):
         DeviceUse(**use)
-
-
-def test_a_visible_device_is_found_by_index_or_by_uuid():
-    assert nvml_key("0") == 0 and nvml_key(" 3") == 3
-    assert nvml_key("GPU-5ad1e7c2-8f3b-4e0a-9c1d-2b7f6e4a1c0d") == "GPU-5ad1e7c2-8f3b-4e0a-9c1d-2b7f6e4a1c0d"
-    assert nvml_key("MIG-0c3b1f7e-6a2d-5e9f-8b4c-1d0e7a6f3b2c") == "MIG-0c3b1f7e-6a2d-5e9f-8b4c-1d0e7a6f3b2c"
 
 
 def test_the_sampler_reads_the_granted_devices_by_index_or_uuid_and_is_inert_without_nvml(nvml_dir):

@@ -120,7 +120,7 @@ def test_the_cycle_finder_finds_a_cycle():
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("console",),
     ("errors",),
-    ("fsio", "ownership", "documents", "plotting", "probe", "identity"),
+    ("fsio", "ownership", "documents", "plotting", "probe", "identity", "gpus"),
     ("governance",),
     ("anchor", "budget", "pruning", "data", "checkpoints", "config"),
     ("ledger",),

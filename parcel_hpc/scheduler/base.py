@@ -184,11 +184,6 @@ class Dispatcher(ABC):
         ``slots``, jobs that take trials in turn, with room for these many at the time limit."""
 
 
-def devices_in(listing: str) -> int:
-    """How many devices a comma-separated list names (``CUDA_VISIBLE_DEVICES``, ``SLURM_JOB_GPUS``)."""
-    return len([d for d in listing.split(",") if d.strip()])
-
-
 class QueueState(enum.Enum):
     """What a scheduler says of a job it still holds."""
 

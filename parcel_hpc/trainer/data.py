@@ -25,6 +25,7 @@ from parcel_hpc.checkpoints.cadence import Cadence, due
 from parcel_hpc.data import Partition, Split, load_partition
 from parcel_hpc.data.preprocessing import Preprocessor
 from parcel_hpc.governance.outcome import GovernanceRefusal, Outcome
+from parcel_hpc.gpus import visible_devices
 
 FINAL_PARTITION_OUTCOME = Outcome.REJECT_FINAL_PARTITION
 SPLITS = ("train", "validation")
@@ -57,7 +58,7 @@ class Devices:
     @classmethod
     def from_env(cls, granted: int | None, cuda_visible_devices: str) -> Devices:
         """What a worker was given: the scheduler's count where it says one, else the visible devices."""
-        visible = tuple(d.strip() for d in cuda_visible_devices.split(",") if d.strip() and d.strip() != "-1")
+        visible = visible_devices(cuda_visible_devices)
         return cls(len(visible) if granted is None else int(granted), visible)
 
 

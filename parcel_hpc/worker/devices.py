@@ -23,6 +23,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from parcel_hpc.gpus import nvml_key
 from parcel_hpc.ledger import DeviceUse
 
 SAMPLE_PERIOD_S = 1.0
@@ -111,12 +112,6 @@ class UtilizationSampler:
         if self.nvml is not None:
             self.nvml.shutdown()
             self.nvml = None
-
-
-def nvml_key(entry: str) -> int | str:
-    """How NVML finds the GPU a ``CUDA_VISIBLE_DEVICES`` entry names: by index (a number), else by UUID."""
-    entry = entry.strip()
-    return int(entry) if entry.isdigit() else entry
 
 
 def mean_utilization(readings: Sequence[float]) -> float | None:

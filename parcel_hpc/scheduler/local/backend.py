@@ -14,9 +14,10 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from parcel_hpc.gpus import visible_devices
 from parcel_hpc.ledger import Attempt, JobRole, SearchDir, Started, TrialRecord
 from parcel_hpc.probe import Liveness, local_process, seen_from_here
-from parcel_hpc.scheduler.base import Backend, Dispatcher, LauncherSettings, QueuedJob, QueueState, SelectionJob, Submit, devices_in
+from parcel_hpc.scheduler.base import Backend, Dispatcher, LauncherSettings, QueuedJob, QueueState, SelectionJob, Submit
 from parcel_hpc.scheduler.local import EXECUTOR
 from parcel_hpc.scheduler.local.launcher import SubmititLocalConf
 from parcel_hpc.scheduler.local.runs import local_runs
@@ -77,7 +78,9 @@ class LocalBackend(Backend):
     def started(self, env: Mapping[str, str], host: str, pid: int, process_started: float | None) -> Started:
         job = env.get("SUBMITIT_LOCAL_JOB_ID", "")
         devices = env.get("CUDA_VISIBLE_DEVICES", "")
-        return Started(self.executor, job, job, host, host, pid, 0, devices, devices_in(devices), process_started)  # the executor set it: what it handed out
+        return Started(
+            self.executor, job, job, host, host, pid, 0, devices, len(visible_devices(devices)), process_started
+        )  # the executor set it: what it handed out
 
     def local_runs(self, records: Sequence[TrialRecord], user: str) -> list[JobRun]:
         return local_runs(records, user)

@@ -23,6 +23,7 @@ import submitit
 from submitit.core.utils import JobPaths
 
 from parcel_hpc.errors import UsageError
+from parcel_hpc.gpus import is_index, visible_devices
 from parcel_hpc.ledger import SearchDir
 from parcel_hpc.probe import pid_alive, runs_submitit
 from parcel_hpc.scheduler.base import Dispatcher, LauncherSettings, Record, Submitted, Task, submitted_of
@@ -143,8 +144,8 @@ def machine_gpus(env: Mapping[str, str] | None = None) -> tuple[int, ...]:
     env = os.environ if env is None else env
     listing = env.get("CUDA_VISIBLE_DEVICES")
     if listing is not None:
-        named = [d.strip() for d in listing.split(",") if d.strip()]
-        if not all(d.isdigit() for d in named):
+        named = visible_devices(listing)
+        if not all(is_index(d) for d in named):
             raise UsageError(
                 f"CUDA_VISIBLE_DEVICES={listing} names GPUs by UUID or MIG id; the local executor hands out numbered devices:"
                 " give their indices (nvidia-smi -L), or resources.gpus=0"

@@ -16,9 +16,10 @@ from typing import Any
 import pyarrow as pa
 
 from parcel_hpc.errors import UsageError
+from parcel_hpc.gpus import visible_devices
 from parcel_hpc.ledger import Cause, JobRole, SearchDir, Started, TrialRecord
 from parcel_hpc.probe import Liveness
-from parcel_hpc.scheduler.base import Backend, Dispatcher, LauncherSettings, QueuedJob, ReconcileSchedule, SelectionJob, Submit, devices_in
+from parcel_hpc.scheduler.base import Backend, Dispatcher, LauncherSettings, QueuedJob, ReconcileSchedule, SelectionJob, Submit
 from parcel_hpc.scheduler.runs import JobRun, runs_by_job, runs_table
 from parcel_hpc.scheduler.slurm import EXECUTOR, queue, scheduled, selection
 from parcel_hpc.scheduler.slurm.launcher import SubmititSlurmConf, check
@@ -131,5 +132,5 @@ def _gpus(env: Mapping[str, str]) -> int | None:
     if env.get("SLURM_GPUS_ON_NODE", "").strip().isdigit():
         return int(env["SLURM_GPUS_ON_NODE"])
     if env.get("SLURM_JOB_GPUS", "").strip():
-        return devices_in(env["SLURM_JOB_GPUS"])
+        return len(visible_devices(env["SLURM_JOB_GPUS"]))
     return None
