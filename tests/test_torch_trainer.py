@@ -81,6 +81,23 @@ def test_dtypes_numpy_lacks_are_kept_bit_for_bit_and_what_a_checkpoint_cannot_ho
     parcel_torch.unpack(state, {"m": other}, rngs=False)
     assert other.w.dtype == torch.bfloat16 and torch.equal(other.w, weights)
 
+    # A strided view (a transpose, a slice) and a scalar are copied as they read, into memory the array owns.
+    strided = {"t": weights.t(), "every_other": torch.arange(10.0)[::2], "scalar": torch.tensor(7, dtype=torch.int64)}
+
+    class Strided:
+        def state_dict(self):
+            return strided
+
+        def load_state_dict(self, _):
+            pass
+
+    packed = parcel_torch.pack({"s": Strided()}, step=0)
+    for name, tensor in strided.items():
+        arr = packed.arrays[f"s/{name}"]
+        assert arr.flags.owndata and not arr.flags.writeable and arr.shape == tuple(tensor.shape), name
+    assert np.array_equal(packed.arrays["s/every_other"], [0.0, 2.0, 4.0, 6.0, 8.0]) and packed.arrays["s/scalar"] == 7
+    assert torch.equal(torch.from_numpy(packed.arrays["s/t"].copy()).view(torch.bfloat16), weights.t())
+
     class Odd:
         def state_dict(self):
             return {"handle": object()}

@@ -14,6 +14,7 @@ generators are ``rng``'s (``rng.TORCH_RNGS``), read from the torch a trainer has
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping
 from typing import Any, Protocol
@@ -121,10 +122,18 @@ def _to_array(tensor: torch.Tensor, path: str) -> np.ndarray:
     if t.is_sparse or t.is_quantized:
         raise UnsavableState(f"{path} is a sparse or quantized tensor; convert it to a dense one in state_dict()")
     view = _BIT_VIEWS.get(t.dtype)
-    t = t.cpu().contiguous()
-    arr = (t.view(view) if view is not None else t).numpy().copy()
+    source = t.view(view) if view is not None else t
+    # One copy, straight into memory numpy owns: from a GPU it is the device-to-host copy itself (no
+    # host tensor copied a second time), from a strided tensor no contiguous temporary.
+    arr = np.empty(tuple(source.shape), dtype=_numpy_dtype(source.dtype))
+    torch.from_numpy(arr).copy_(source)
     arr.flags.writeable = False  # a snapshot nothing changes: a checkpoint written in the background takes it without a second copy
     return arr
+
+
+@functools.cache
+def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
+    return torch.empty(0, dtype=dtype).numpy().dtype  # numpy's TypeError for a dtype it has no equivalent of
 
 
 def _to_tensor(array: np.ndarray, dtype_name: str) -> torch.Tensor:
