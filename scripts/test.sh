@@ -65,9 +65,10 @@ if ! command -v cc >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gcc libc6-dev >/dev/null 2>&1 \
     || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gcc libc6-dev >/dev/null; }
 fi
-# Two workers: the cluster tests mostly wait on the scheduler, so they run on one worker (their
-# xdist_group, tests/conftest.py) while the CPU-bound local tests take the other.
-python -m pytest -n "${PARCEL_TEST_WORKERS:-2}" --dist loadgroup "$@"
+# Three workers on two cores: the cluster tests mostly wait on the scheduler, so they run on one
+# worker (their xdist_group, tests/conftest.py) while two take the local tests, which wait on their
+# trials' processes part of the time too (with two workers about 40 % of the CPU sat idle).
+python -m pytest -n "${PARCEL_TEST_WORKERS:-3}" --dist loadgroup "$@"
 # The whole suite (no arguments) then runs the core SLURM tests again on Debian's Slurm 24.11 in a
 # debootstrapped root (docs/dev-cluster.md; about 10 minutes the first time, 7 after): clusters run
 # 23.11 to 26.05, the host's Debian 12 has 22.05. PARCEL_NEWER_SLURM=26.05 picks sid's; set empty, or

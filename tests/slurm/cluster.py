@@ -22,10 +22,11 @@ REPO = Path(__file__).resolve().parents[2]
 PREEMPTOR = "preemptor"  # the job name preempt() submits: a cluster_guard's names list it to clean it up
 
 
-def preempt(node: str, claim: str = "--gres=gpu:4") -> None:
-    """A high-priority job on ``node`` claiming ``claim`` (all of the node's GPUs; ``--exclusive``: all of
-    it) preempts every trial running there."""
-    sh("sbatch", "-p", "high", "-w", node, claim, "--mem=100M", "-t", "2", "-J", PREEMPTOR, "-o", "/dev/null", "--wrap", "sleep 3")
+def preempt(nodes: str, claim: str = "--gres=gpu:4") -> None:
+    """A high-priority job on ``nodes`` (one, or ``n1,n3``) claiming ``claim`` on each (all of its GPUs;
+    ``--exclusive``: all of it) preempts every trial running there."""
+    count = str(len(nodes.split(",")))
+    sh("sbatch", "-p", "high", "-w", nodes, "-N", count, claim, "--mem=100M", "-t", "2", "-J", PREEMPTOR, "-o", "/dev/null", "--wrap", "sleep 3")
 
 
 def cluster_base() -> Path:

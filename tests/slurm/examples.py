@@ -6,14 +6,16 @@ from parcel_hpc.ledger import SearchDir
 
 
 def running_past(search: SearchDir, step: int) -> str | None:
-    """The node of a running trial that has a checkpoint at ``step`` or later (None: none yet)."""
+    """The nodes (``n1,n3``) of every running trial that has a checkpoint at ``step`` or later (None: none
+    yet): preempting them all, not one, leaves no chance that each trial on one node ends first."""
+    nodes = set()
     for tid in search.trial_ids():
         rec = search.record(tid)
         ckpts = sorted((search.path / "checkpoints" / tid).glob("ckpt-*.h5"))
         started = [e for e in search.events(tid) if e.kind.value == "started"]
         if rec.state.value == "running" and ckpts and int(ckpts[-1].stem.split("-")[1]) >= step and started:
-            return started[-1].data.node
-    return None
+            nodes.add(started[-1].data.node)
+    return ",".join(sorted(nodes)) or None
 
 
 def preempted_and_resumed(records) -> list:

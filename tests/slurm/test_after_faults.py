@@ -1,5 +1,5 @@
-"""What an on-call admin reads after faults, on the real dev cluster: a trial lost on a DOWN node under a
-detached pack is seen by the first ``resubmit --dry-run``, ``status`` and ``logs`` after the scheduler
+"""What an on-call admin reads after faults: a trial lost on a DOWN node under a detached pack (on the
+fake SLURM, whose node-down behaviour test_slurm_behaviour.py holds to the real cluster's) is seen by the first ``resubmit --dry-run``, ``status`` and ``logs`` after the scheduler
 says so; a cancel of that pack leaves no failure and no running attempt; names SLURM does not know
 are refused in one line; and another dev cluster on the machine outlives this suite's daemon kills."""
 
@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from clusters import ON_BOTH
+from clusters import ON_FAKE
 
 from parcel_hpc.ledger import AttemptEnd, Cause, EventKind, SearchDir, TrialState
 from parcel_hpc.testing import launch, parcel_hpc
@@ -42,7 +42,7 @@ def node_failure_reported(job: str) -> bool:
     return bool(restarts) and int(restarts[0]) >= 1 and "NODE_FAIL" in states
 
 
-@ON_BOTH
+@ON_FAKE
 def test_a_trial_lost_on_a_down_node_is_seen_at_once_and_a_cancel_leaves_no_failure(cluster, tmp_path, data_dir, cluster_guard):
     touched, names = cluster_guard
     names.append("parcel-lostpack")

@@ -1,5 +1,7 @@
-"""The fault matrix on the real dev cluster: each test is named after the fault it survives, and
-ends with every trial in exactly one state and reports that match sacct.
+"""The fault matrix: each test is named after the fault it survives, and ends with every trial in
+exactly one state and reports that match sacct. Daemon faults run on the real dev cluster; a requeue,
+a drain and a stale hold on the fake SLURM (``ON_FAKE``: test_slurm_behaviour.py holds its requeue,
+drain and node states to the real cluster's).
 
 Faults covered elsewhere (named in docs/faults-and-inputs.md): preemption, TIMEOUT with a checkpoint, a
 node set DOWN, a job killed for good (tests/slurm/test_slurm_search.py); a shared checkpoint
@@ -10,7 +12,7 @@ import signal
 import time
 
 import pytest
-from clusters import ON_BOTH
+from clusters import ON_FAKE
 
 from parcel_hpc.budget import BudgetLedger, KeyState
 from parcel_hpc.ledger import AttemptEnd, Executor, SearchDir, TrialState
@@ -124,7 +126,7 @@ def test_same_revision_in_two_roots(tmp_path, data_dir, cluster_guard):
         assert {t["trial_id"]: t["state"] for t in json.loads(status.stdout)["trials"]} == {r.trial_id: "completed" for r in search.records()}
 
 
-@ON_BOTH
+@ON_FAKE
 def test_scontrol_requeue(cluster, tmp_path, data_dir, cluster_guard):
     """An admin requeues a running trial's job: it resumes from its checkpoint, to the same metric,
     and the attempt the requeue ended (the worker is killed before it can say how: ``lost``,
@@ -150,7 +152,7 @@ def test_scontrol_requeue(cluster, tmp_path, data_dir, cluster_guard):
     assert spend["parts"]["attempts"]["gpu_hours"] == pytest.approx(view.totals.used_gpu_hours, abs=1e-6)
 
 
-@ON_BOTH
+@ON_FAKE
 def test_a_stale_hold_is_flagged_by_reconcile_and_settled_by_sync(cluster, tmp_path, data_dir, cluster_guard):
     """A hold an older parcel_hpc left on a ``lost`` attempt (its settle entry missing): reconcile
     flags it and names the fix, and ``sync`` settles it with the hours the ledger saw."""
@@ -182,7 +184,7 @@ def one_spend(search: SearchDir, reconciled: dict) -> dict:
     return status
 
 
-@ON_BOTH
+@ON_FAKE
 def test_node_drained_while_trials_pending(cluster, tmp_path, data_dir, cluster_guard):
     """Every node is drained before the trials start: they wait in the queue, never retried or
     counted as failures, and run once the nodes are back."""

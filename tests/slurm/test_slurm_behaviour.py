@@ -45,6 +45,15 @@ def rows(job: str) -> list[dict[str, str]]:
     return [dict(zip(fields, line.split("|")[:5], strict=True)) for line in text.decode().splitlines()]
 
 
+def _runs_as(pid_file: Path, command: str) -> bool:
+    """The process whose pid ``pid_file`` holds runs ``command`` now (every node runs on this machine)."""
+    pid = pid_file.read_text().strip() if pid_file.exists() else ""
+    try:
+        return pid.isdigit() and Path(f"/proc/{pid}/comm").read_text().strip() == command
+    except OSError:
+        return False
+
+
 def ended(job: str, timeout: float = 60) -> list[dict[str, str]]:
     """The rows once the job's record is final: no run still open, and its last run not one SLURM requeues after."""
 
@@ -64,9 +73,11 @@ def test_each_way_a_job_ends_is_filed_as_slurm_files_it(cluster, cluster_guard, 
     _, names = cluster_guard
     name = unique("beh-end", names)
     done, failed, killed = submit(name, "true"), submit(name, "exit 3"), submit(name, "kill -KILL $$")
-    cancelled = submit(name, f"touch {tmp_path / 'started'}; sleep 60")
-    # Cancelled once its script runs: one cancelled while slurmd still starts it is filed under the name "allocation".
-    wait_for(lambda: (tmp_path / "started").exists(), 60, "the job to run")
+    started = tmp_path / "started"
+    cancelled = submit(name, f"echo $$ > {started}; exec sleep 60")
+    # Cancelled once its script sleeps: one cancelled while slurmd still starts it is filed under the
+    # name "allocation", and one cancelled between the shell's lines may file its batch step FAILED 15:0.
+    wait_for(lambda: _runs_as(started, "sleep"), 60, "the job's script to sleep")
     sh("scancel", cancelled)
     assert [(r["state"], r["exit"]) for r in ended(done)] == [("COMPLETED", "0:0"), ("COMPLETED", "0:0")]
     assert [(r["state"], r["exit"]) for r in ended(failed)] == [("FAILED", "3:0"), ("FAILED", "3:0")]

@@ -2,7 +2,7 @@
 scores the folds it finished from their last checkpoints and resumes the interrupted fold from its
 own chain, to exactly the fold values and metric of the same trial run uninterrupted."""
 
-from clusters import ON_BOTH
+from clusters import ON_FAKE
 
 from parcel_hpc.ledger import AttemptEnd, Cause, SearchDir
 from parcel_hpc.ledger.events import Resumed
@@ -14,7 +14,7 @@ SLURM = "hydra/launcher=submitit_slurm"
 FOLDS = ["split=group_kfold_r1", "search.n_trials=1", "pruner=none"]
 
 
-@ON_BOTH
+@ON_FAKE
 def test_a_fold_preempted_mid_run_resumes_its_own_chain_to_the_uninterrupted_values(cluster, tmp_path, data_dir, cluster_guard):
     _, names = cluster_guard
     names += ["parcel-folds", PREEMPTOR]

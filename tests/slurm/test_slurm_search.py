@@ -8,7 +8,7 @@ import json
 import re
 
 import pytest
-from clusters import ON_BOTH
+from clusters import ON_BOTH, ON_FAKE
 
 from parcel_hpc.ledger.store import SearchDir
 from parcel_hpc.testing import launch, parcel_hpc
@@ -247,7 +247,7 @@ def test_time_limit_with_checkpoint_resumes(tmp_path, data_dir, cluster_guard):
     assert rec.metric == reference_metric(tmp_path, data_dir, "tlimit")
 
 
-@ON_BOTH
+@ON_FAKE
 def test_node_down_then_resubmit_excludes_the_node(cluster, tmp_path, data_dir, cluster_guard):
     touched, names = cluster_guard
     names.append("parcel-drain")
@@ -286,7 +286,7 @@ def test_node_down_then_resubmit_excludes_the_node(cluster, tmp_path, data_dir, 
     assert "nothing" in again.stdout  # a completed trial is never resubmitted
 
 
-@ON_BOTH
+@ON_FAKE
 def test_job_killed_for_good_is_not_retried_forever(cluster, tmp_path, data_dir, cluster_guard):
     _, names = cluster_guard
     names.append("parcel-killed")
