@@ -144,6 +144,7 @@ def test_select_judges_out_of_fold_predictions_and_releases_the_refit(fold_searc
     # The released model is the refit on all non-final data, recorded like a trial.
     assert rerun["artifact"]["from"] == rerun["refit"]["records"]
     assert "slice gate, out-of-fold" in sel.stdout and "out-of-fold miss-cost" in sel.stdout, sel.stdout
+    assert "on validation" not in sel.stdout and "found: validation" not in sel.stdout, sel.stdout  # every gate's finding says what it judged
     held = sel
     while held.returncode == 3 and held.stdout.splitlines()[0] in ("hold:slice-quality", "hold:performance"):  # each decidable hold, one decision each
         held = parcel_hpc(["decide", str(search.path), "--accept", "--by", "Dana", "--reason", "accepted for the fold test"])

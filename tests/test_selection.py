@@ -18,7 +18,7 @@ from parcel_hpc.scheduler.slurm import sbatch
 from parcel_hpc.selection.actions import checked_text
 from parcel_hpc.selection.candidates import Entry, TrialFacts, best_candidate, completed_list, lineage_problems, list_digest
 from parcel_hpc.selection.disposition import disposition
-from parcel_hpc.selection.gates import GATES, Comparison, GateFacts, ParityCheck, Performance, RerunCheck
+from parcel_hpc.selection.gates import GATES, Comparison, GateFacts, JudgedOn, ParityCheck, Performance, RerunCheck, Slices
 from parcel_hpc.selection.policy import GatePolicy, pinned_selection
 from parcel_hpc.selection.slices import Finding, GateResult, shipment_buckets, slice_gate, slice_report
 from parcel_hpc.selection.store import SelectionStore
@@ -106,6 +106,17 @@ def test_a_winner_worse_than_the_baseline_on_validation_is_held_at_select_with_i
     assert "parcel-hpc decide" in said  # how to lift it
     # Within the pinned margin it passes; the margin is the contract's, never a command's.
     assert disposition(1, 82, entries(("t1", 0.5850, True)), "t1", passing(performance=Comparison(0.5850, 0.5272, 0.06))).outcome == Outcome.EVALUATE_FINAL
+
+
+def test_a_k_fold_winner_is_said_to_be_judged_on_its_out_of_fold_predictions():
+    worse = passing(performance=Comparison(0.5850, 0.5272, 0.0))
+    said = "\n".join(disposition(1, 82, entries(("t1", 0.5850, True)), "t1", worse).reasons)
+    assert "found: validation miss-cost winner 0.5850" in said
+    folded = "\n".join(disposition(1, 82, entries(("t1", 0.5850, True)), "t1", replace(worse, judged_on=JudgedOn.OUT_OF_FOLD)).reasons)
+    assert "found: out-of-fold miss-cost winner 0.5850" in folded and "found: validation" not in folded
+    slices = passing(slices=GateResult(()), judged_on=JudgedOn.OUT_OF_FOLD)
+    assert Slices().found(slices) == "0 slice checks on out-of-fold predictions, none failed"
+    assert Slices().found(replace(slices, judged_on=JudgedOn.VALIDATION)) == "0 slice checks on validation, none failed"
 
 
 def test_the_final_rule_is_a_decidable_hold_and_without_one_the_final_result_decides_nothing():

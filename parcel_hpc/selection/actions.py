@@ -29,7 +29,7 @@ from parcel_hpc.probe import Liveness, local_process
 from parcel_hpc.pruning import MilestoneStore
 from parcel_hpc.selection.candidates import Entry, TrialFacts, best_candidate, completed_list, list_digest
 from parcel_hpc.selection.disposition import Verdict, disposition
-from parcel_hpc.selection.gates import Check, Comparison, Final, GateFacts, Parity, ParityCheck, RerunCheck
+from parcel_hpc.selection.gates import Check, Comparison, Final, GateFacts, JudgedOn, Parity, ParityCheck, RerunCheck
 from parcel_hpc.selection.policy import SelectionPolicy
 from parcel_hpc.selection.slices import GateResult, SliceRow, overall, slice_gate
 from parcel_hpc.selection.store import SelectionStore
@@ -112,6 +112,7 @@ def assess(store: SelectionStore, record: SelectionRecord, n: int, *, after_fina
         decided=frozenset(d.lifted for d in decisions),
         final_matches=matches,
         final=None if final is None else Comparison(float(final["winner"]["metric"]), float(final["baseline"]["metric"]), policy.final_performance_margin),
+        judged_on=JudgedOn(result["slices"]["partition"]) if result is not None else JudgedOn.VALIDATION,
     )
     verdict = disposition(int(frozen["n_trials"]), int(frozen["budget"]), entries, frozen["trial_id"], facts, after_final=after_final)
     return Assessment(n, frozen, entries, rerun, result, gate, decisions, final, verdict)

@@ -110,6 +110,18 @@ class Comparison:
         return f"{text}, limit {self.limit:.4f} (baseline + {self.margin:g}): " + (f"over by {over:.4f}" if over > TOLERANCE else "within")
 
 
+class JudgedOn(str, enum.Enum):
+    """The predictions the performance and slice gates judged: a validation partition's, or (a K-fold
+    search) each non-final frame's from the fold that validated it."""
+
+    VALIDATION = "validation"
+    OUT_OF_FOLD = "out-of-fold"
+
+    @property
+    def predictions(self) -> str:
+        return "validation" if self is JudgedOn.VALIDATION else "out-of-fold predictions"
+
+
 @dataclass(frozen=True)
 class GateFacts:
     """Everything a gate reads, as plain values (None: not known yet)."""
@@ -123,6 +135,7 @@ class GateFacts:
     decided: frozenset[Outcome] = frozenset()  # the holds documented decisions lifted for this trial
     final_matches: bool | None = None  # the final result is about this selection, trial and artifact
     final: Comparison | None = None  # final-partition miss-cost, against the contract's final rule
+    judged_on: JudgedOn = JudgedOn.VALIDATION
 
 
 class Check(str, enum.Enum):
@@ -243,7 +256,9 @@ class Parity(Gate):
 class Performance(Gate):
     name = "performance"
     hold = Outcome.HOLD_PERFORMANCE
-    definition = "the winner's validation miss-cost does not exceed the approved baseline's by more than selection.performance_margin"
+    definition = (
+        "the winner's validation miss-cost (a K-fold search's: out-of-fold) does not exceed the approved baseline's by more than selection.performance_margin"
+    )
     lift = f"{DECIDE}, {ANOTHER_TRIAL}"
 
     def rule(self, facts: GateFacts) -> str:
@@ -256,7 +271,7 @@ class Performance(Gate):
 
     def found(self, facts: GateFacts) -> str:
         assert facts.performance is not None
-        return f"validation miss-cost {facts.performance.describe()}"
+        return f"{facts.judged_on.value} miss-cost {facts.performance.describe()}"
 
 
 class Slices(Gate):
@@ -277,9 +292,9 @@ class Slices(Gate):
         assert facts.slices is not None
         failures = facts.slices.failures
         if not failures:
-            return f"{len(facts.slices.findings)} slice checks on validation, none failed"
+            return f"{len(facts.slices.findings)} slice checks on {facts.judged_on.predictions}, none failed"
         shown = "; ".join(f.describe() for f in failures[:3]) + ("; ..." if len(failures) > 3 else "")
-        return f"{len(failures)} of {len(facts.slices.findings)} slice checks on validation failed: {shown}"
+        return f"{len(failures)} of {len(facts.slices.findings)} slice checks on {facts.judged_on.predictions} failed: {shown}"
 
 
 class Final(Gate):

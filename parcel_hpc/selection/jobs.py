@@ -56,6 +56,7 @@ from parcel_hpc.ledger import Admitted, AttemptEnd, Cause, Ended, JobRole, Searc
 from parcel_hpc.ledger.events import encode_payload
 from parcel_hpc.ledger.selection import FinalOpened, JobSubmitted
 from parcel_hpc.selection.baseline import BaselineKind, baseline_trainer
+from parcel_hpc.selection.gates import JudgedOn
 from parcel_hpc.selection.policy import SelectionPolicy
 from parcel_hpc.selection.slices import shipment_buckets, slice_report
 from parcel_hpc.selection.store import SelectionStore
@@ -455,13 +456,13 @@ def _rerun(ctx: _Context) -> dict[str, Any]:
     if folded is None:
         # The rerun: the same configuration from the pinned snapshot, as a new run.
         _, rerun_metric, _ = _trained(ctx, records, "rerun", ctx.plan.params, ctx.winner_identity, lambda: ctx.trainer(ctx.plan.params))
-        artifact_metric, judged = ctx.metric(winner_scores, val.labels), "validation"
+        artifact_metric, judged = ctx.metric(winner_scores, val.labels), JudgedOn.VALIDATION
         winner_rows = slice_report(winner_scores, val.labels, columns, ctx.metric)
         baseline_rows = slice_report(baseline_scores, val.labels, columns, ctx.metric)
         extra: dict[str, Any] = {}
     else:
         # Judged on out-of-fold predictions: each non-final frame a fold validates, scored by that fold's rerun (and baseline).
-        rerun_metric, artifact_metric, judged = statistics.fmean(folded.rerun), statistics.fmean(folded.artifact), "out-of-fold"
+        rerun_metric, artifact_metric, judged = statistics.fmean(folded.rerun), statistics.fmean(folded.artifact), JudgedOn.OUT_OF_FOLD
         winner_rows = slice_report(folded.winner_scores, folded.labels, folded.columns, ctx.metric)
         baseline_rows = slice_report(folded.baseline_scores, folded.labels, folded.columns, ctx.metric)
         baseline |= {"metric": statistics.fmean(folded.baseline), "fold_metrics": list(folded.baseline), "refit": ctx.baseline.kind is BaselineKind.TRAINED}
@@ -492,7 +493,7 @@ def _rerun(ctx: _Context) -> dict[str, Any]:
         "baseline": baseline,
         "parity": parity,
         "serving": serving,
-        "slices": {"partition": judged, "winner": [r.to_json() for r in winner_rows], "baseline": [r.to_json() for r in baseline_rows]},
+        "slices": {"partition": judged.value, "winner": [r.to_json() for r in winner_rows], "baseline": [r.to_json() for r in baseline_rows]},
     }
 
 
