@@ -65,7 +65,9 @@ def test_a_k_fold_selection_runs_as_slurm_jobs_timed_for_its_fold_runs_and_relea
     _, names = cluster_guard
     names.append("parcel-kfsel")
     res = launch(
-        [SLURM, f"search.root={tmp_path / 'runs'}", "search.revision=kfsel", *FOLDS[:1], "search.n_trials=2", "pruner=none"], cwd=tmp_path, data_dir=data_dir
+        [SLURM, f"search.root={tmp_path / 'runs'}", "search.revision=kfsel", "split=group_kfold_r1", "search.n_trials=2", "pruner=none"],
+        cwd=tmp_path,
+        data_dir=data_dir,
     )
     assert res.returncode == 0, res.stderr[-2000:]
     path = tmp_path / "runs" / "kfsel"

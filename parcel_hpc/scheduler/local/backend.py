@@ -78,9 +78,8 @@ class LocalBackend(Backend):
     def started(self, env: Mapping[str, str], host: str, pid: int, process_started: float | None) -> Started:
         job = env.get("SUBMITIT_LOCAL_JOB_ID", "")
         devices = env.get("CUDA_VISIBLE_DEVICES", "")
-        return Started(
-            self.executor, job, job, host, host, pid, 0, devices, len(visible_devices(devices)), process_started
-        )  # the executor set it: what it handed out
+        granted = len(visible_devices(devices))  # the executor set it: what it handed out
+        return Started(self.executor, job, job, host, host, pid, 0, devices, granted, process_started)
 
     def local_runs(self, records: Sequence[TrialRecord], user: str) -> list[JobRun]:
         return local_runs(records, user)
