@@ -1,7 +1,8 @@
 """What an on-call admin reads after faults: a trial lost on a DOWN node under a detached pack (on the
 fake SLURM, whose node-down behaviour test_slurm_behaviour.py holds to the real cluster's) is seen by
-the first ``resubmit --dry-run``, ``status`` and ``logs`` after the scheduler says so; a cancel of that pack leaves no failure and no running attempt; names SLURM does not know
-are refused in one line; and another dev cluster on the machine outlives this suite's daemon kills."""
+the first ``resubmit --dry-run``, ``status`` and ``logs`` after the scheduler says so; a cancel of
+that pack leaves no failure and no running attempt; names SLURM does not know are refused in one
+line; and another dev cluster on the machine outlives this suite's daemon kills."""
 
 import json
 import os
