@@ -25,16 +25,23 @@ MIG = "MIG-0c3b1f7e-6a2d-5e9f-8b4c-1d0e7a6f3b2c"
         ("-1", ()),  # hides every device
         ("0,-1,1", ("0",)),  # CUDA stops at the first entry that names no device
         ("NoDevFiles", ()),  # what Slurm sets where a job was granted none
-        ("1,1", ("1",)),  # a device named twice ends the list there
-        (f"{UUID},{MIG}", (UUID, MIG)),
+        ("1,1", ()),  # a device named twice: CUDA (and torch) sees none
+        ("0,00", ()),
+        ("02,1", ("2", "1")),
+        (f"{UUID},GPU-0a", (UUID, "GPU-0a")),
+        (f"{UUID},{UUID}", ()),
+        (f"{UUID},0", (UUID,)),  # the first entry sets the kind: ids, then an index ends the list
+        (f"{MIG},{UUID}", (MIG,)),
+        ("0,GPU-5ad1e7c2", ("0",)),
         ("0,,1", ("0",)),
+        ("\u00b2", ()),  # a digit that is no ASCII digit names no device
     ],
 )
 def test_a_device_list_is_read_as_cuda_reads_it(listing, seen):
     assert visible_devices(listing) == seen
 
 
-@pytest.mark.parametrize("listing", ["0,-1,1", "NoDevFiles", "1,1", " 0 , 2 "])
+@pytest.mark.parametrize("listing", ["0,-1,1", "NoDevFiles", "1,1", " 0 , 2 ", "03"])
 def test_every_reader_counts_the_same_devices(listing):
     seen = visible_devices(listing)
     assert Devices.from_env(None, listing).visible == seen
