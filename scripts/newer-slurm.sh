@@ -37,9 +37,10 @@ PORT_BASE=${PORT_BASE:-30817}
 DB_PORT=${DB_PORT:-28306}
 BASE=${BASE:-/tmp/ps47n}
 MIRROR=http://deb.debian.org/debian
-# The core: the cluster itself, a search preempted and requeued, accounting and reconcile against sacct;
-# their real-cluster params only (`-m slurm`): the fake SLURM and sacct's parser read no installed Slurm.
-NEWER_SLURM_TESTS=${NEWER_SLURM_TESTS:--m slurm tests/slurm/test_dev_cluster.py tests/slurm/test_slurm_search.py tests/slurm/test_slurm_accounting.py tests/slurm/test_schedule_reconcile.py}
+# The core: the cluster itself, a search preempted and requeued, accounting and reconcile against sacct,
+# the real sacct's fields; their real-cluster tests only (`-m slurm`): the fake SLURM and sacct's parser
+# on recorded text read no installed Slurm.
+NEWER_SLURM_TESTS=${NEWER_SLURM_TESTS:--m slurm tests/slurm/test_dev_cluster.py tests/slurm/test_slurm_search.py tests/slurm/test_slurm_accounting.py tests/slurm/test_schedule_reconcile.py tests/test_sacct.py}
 TESTS=("$@")
 ((${#TESTS[@]})) || read -ra TESTS <<<"$NEWER_SLURM_TESTS"
 T0=$SECONDS

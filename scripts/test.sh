@@ -70,7 +70,7 @@ fi
 # trials' processes part of the time too (with two workers about 40 % of the CPU sat idle).
 python -m pytest -n "${PARCEL_TEST_WORKERS:-3}" --dist loadgroup "$@"
 # The whole suite (no arguments) then runs the core SLURM tests again on Debian's Slurm 24.11 in a
-# debootstrapped root (docs/dev-cluster.md; about 10 minutes the first time, 7 after): clusters run
+# debootstrapped root (docs/dev-cluster.md; about 5 minutes, a minute more to make the root): clusters run
 # 23.11 to 26.05, the host's Debian 12 has 22.05. PARCEL_NEWER_SLURM=26.05 picks sid's; set empty, or
 # any pytest arguments, to skip it. A failed test fails the run; an unreachable archive (exit 75) is
 # one loud line from the script, not a failure.

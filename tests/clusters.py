@@ -37,7 +37,7 @@ def cluster(request) -> FakeSlurm | None:
 # A test that runs on the fake cluster and, slurm-marked, on the real one.
 ON_BOTH = pytest.mark.parametrize("cluster", [pytest.param("fake", marks=pytest.mark.fake), pytest.param("real", marks=pytest.mark.slurm)], indirect=True)
 
-# A search-level test whose SLURM behaviour (requeue, node down, drain, kill, hold) test_slurm_behaviour.py
+# A search-level test whose SLURM behaviour (requeue, node down, kill, hold, preemption) test_slurm_behaviour.py
 # holds the fake to on both clusters: it runs on the fake alone, the real cluster keeping the tests that
 # need a real slurmctld (preemption with exact resume, daemon faults, accounting, the core on newer Slurm).
 ON_FAKE = pytest.mark.parametrize("cluster", [pytest.param("fake", marks=pytest.mark.fake)], indirect=True)

@@ -1,7 +1,7 @@
 """The fault matrix: each test is named after the fault it survives, and ends with every trial in
-exactly one state and reports that match sacct. Daemon faults run on the real dev cluster; a requeue,
-a drain and a stale hold on the fake SLURM (``ON_FAKE``: test_slurm_behaviour.py holds its requeue,
-drain and node states to the real cluster's).
+exactly one state and reports that match sacct. Daemon faults run on the real dev cluster, a drain
+on both; a requeue and a stale hold on the fake SLURM alone (``ON_FAKE``: test_slurm_behaviour.py
+holds its requeue and held jobs to the real cluster's).
 
 Faults covered elsewhere (named in docs/faults-and-inputs.md): preemption, TIMEOUT with a checkpoint, a
 node set DOWN, a job killed for good (tests/slurm/test_slurm_search.py); a shared checkpoint
@@ -12,7 +12,7 @@ import signal
 import time
 
 import pytest
-from clusters import ON_FAKE
+from clusters import ON_BOTH, ON_FAKE
 
 from parcel_hpc.budget import BudgetLedger, KeyState
 from parcel_hpc.ledger import AttemptEnd, Executor, SearchDir, TrialState
@@ -184,7 +184,7 @@ def one_spend(search: SearchDir, reconciled: dict) -> dict:
     return status
 
 
-@ON_FAKE
+@ON_BOTH
 def test_node_drained_while_trials_pending(cluster, tmp_path, data_dir, cluster_guard):
     """Every node is drained before the trials start: they wait in the queue, never retried or
     counted as failures, and run once the nodes are back."""
