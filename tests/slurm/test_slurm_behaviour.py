@@ -75,9 +75,12 @@ def test_each_way_a_job_ends_is_filed_as_slurm_files_it(cluster, cluster_guard, 
     done, failed, killed = submit(name, "true"), submit(name, "exit 3"), submit(name, "kill -KILL $$")
     started = tmp_path / "started"
     cancelled = submit(name, f"echo $$ > {started}; exec sleep 60")
-    # Cancelled once its script sleeps: one cancelled while slurmd still starts it is filed under the
-    # name "allocation", and one cancelled between the shell's lines may file its batch step FAILED 15:0.
+    # Cancelled once its script sleeps (one cancelled between the shell's lines may file its batch step
+    # FAILED 15:0) ...
     wait_for(lambda: _runs_as(started, "sleep"), 60, "the job's script to sleep")
+    # ... and once slurmdbd holds its start (the job under its name, its batch step): a job cancelled
+    # before its start reached the database is filed under the name "allocation".
+    wait_for(lambda: {(r["name"], r["state"]) for r in rows(cancelled)} >= {(name, "RUNNING"), ("batch", "RUNNING")}, 60, "sacct to file the job running")
     sh("scancel", cancelled)
     assert [(r["state"], r["exit"]) for r in ended(done)] == [("COMPLETED", "0:0"), ("COMPLETED", "0:0")]
     assert [(r["state"], r["exit"]) for r in ended(failed)] == [("FAILED", "3:0"), ("FAILED", "3:0")]
