@@ -1,8 +1,9 @@
-"""What the example trainers' SLURM tests share: a running trial to preempt, and the check that each
+"""What the SLURM tests of searches share: a running trial to preempt, the check that each
 preempted attempt's successor resumed where it stopped (the uninterrupted reference run is
-tests/reference.py's)."""
+tests/reference.py's), and the jobs a selection submitted."""
 
-from parcel_hpc.ledger import SearchDir
+from parcel_hpc.ledger import JobRole, SearchDir
+from parcel_hpc.ledger.selection import JobSubmitted, SelectionRecord
 
 
 def running_past(search: SearchDir, step: int) -> str | None:
@@ -27,3 +28,8 @@ def preempted_and_resumed(records) -> list:
         resumed = r.attempts[r.attempts.index(interrupted) + 1]
         assert resumed.resumed_from == interrupted.step > 0  # saved at the step boundary after the signal
     return preempted
+
+
+def submitted_jobs(record: SelectionRecord, role: JobRole) -> list[JobSubmitted]:
+    """The jobs of ``role`` the first selection submitted, in order."""
+    return [e for e in record.jobs[(1, role)] if isinstance(e, JobSubmitted)]

@@ -10,13 +10,13 @@ from clusters import ON_FAKE
 from parcel_hpc.data import read_split
 from parcel_hpc.ledger import AttemptEnd, Cause, JobRole, SearchDir
 from parcel_hpc.ledger.events import Resumed
-from parcel_hpc.ledger.selection import JobSubmitted
 from parcel_hpc.scheduler.slurm.sbatch import format_time_limit
 from parcel_hpc.selection.store import SelectionStore
 from parcel_hpc.selection.submit import job_time_limit_min
 from parcel_hpc.testing import launch, parcel_hpc
 
 from .cluster import PREEMPTOR, preempt, wait_for
+from .examples import submitted_jobs
 
 SLURM = "hydra/launcher=submitit_slurm"
 FOLDS = ["split=group_kfold_r1", "search.n_trials=1", "pruner=none"]
@@ -80,7 +80,7 @@ def test_a_k_fold_selection_runs_as_slurm_jobs_timed_for_its_fold_runs_and_relea
     sel = cli("select", "--now", "--reason", "two trials for the SLURM fold test")
     assert sel.returncode in (0, 3) and "Traceback" not in sel.stderr, sel.stdout + sel.stderr
     store = SelectionStore(SearchDir(path))
-    (rerun,) = [e for e in store.record().jobs[(1, JobRole.RERUN)] if isinstance(e, JobSubmitted)]
+    (rerun,) = submitted_jobs(store.record(), JobRole.RERUN)
     assert rerun.executor == "slurm"
     script = (store.log_dir(1) / "winner_rerun.sbatch").read_text()
     assert f"#SBATCH --time={format_time_limit(job_time_limit_min(trial_limit, JobRole.RERUN, k))}\n" in script
@@ -92,7 +92,7 @@ def test_a_k_fold_selection_runs_as_slurm_jobs_timed_for_its_fold_runs_and_relea
         held = cli("decide", "--accept", "--by", "Dana Reviewer", "--reason", "accepted for the SLURM fold test")
     assert held.stdout.splitlines()[0] == "evaluate:final-holdout", held.stdout + held.stderr
     assert cli("evaluate-final").returncode == 0
-    (final,) = [e for e in store.record().jobs[(1, JobRole.FINAL)] if isinstance(e, JobSubmitted)]
+    (final,) = submitted_jobs(store.record(), JobRole.FINAL)
     assert final.executor == "slurm"
     rel = cli("release")
     assert rel.returncode == 0 and rel.stdout.splitlines()[0] == "release:registered", rel.stdout + rel.stderr

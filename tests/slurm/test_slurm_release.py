@@ -7,15 +7,11 @@ import json
 from clusters import ON_BOTH
 
 from parcel_hpc.ledger import Executor, JobRole, SearchDir
-from parcel_hpc.ledger.selection import JobSubmitted
 from parcel_hpc.selection.store import SelectionStore
 from parcel_hpc.testing import launch, parcel_hpc
 
 from .cluster import sh, wait_for
-
-
-def submitted_jobs(record, role):
-    return [e for e in record.jobs[(1, role)] if isinstance(e, JobSubmitted)]
+from .examples import submitted_jobs
 
 
 def accounted(name: str) -> list[str]:
