@@ -6,6 +6,7 @@ imports torch."""
 import random
 import subprocess
 import sys
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -109,6 +110,42 @@ def test_dtypes_numpy_lacks_are_kept_bit_for_bit_and_what_a_checkpoint_cannot_ho
         parcel_torch.pack({"odd": Odd()}, step=0)
     with pytest.raises(KeyError, match="holds no 'optimizer'"):
         parcel_torch.unpack(state, {"optimizer": torch.optim.SGD(_net().parameters(), lr=0.1)})
+
+
+def test_pack_reuses_the_memory_of_a_state_nothing_holds_and_never_writes_into_one_still_held():
+    net = torch.nn.Linear(64, 64)
+    stateful, weight = {"model": net}, "model/weight"
+
+    def bump():
+        with torch.no_grad():
+            net.weight.add_(1.0)
+
+    dropped = weakref.ref(parcel_torch.pack(stateful, step=1).arrays[weight])  # the state is dropped at once
+    assert dropped() is not None  # ... and its array kept for the next pack
+    bump()
+    second = parcel_torch.pack(stateful, step=2)
+    assert second.arrays[weight] is dropped() and np.array_equal(second.arrays[weight], net.weight.detach().numpy())
+    assert not second.arrays[weight].flags.writeable
+
+    kept = second.arrays[weight]  # as a trainer keeping its state, or the writer writing it, would
+    before = kept.copy()
+    bump()
+    third = parcel_torch.pack(stateful, step=3)
+    assert not np.shares_memory(third.arrays[weight], kept) and np.array_equal(kept, before)
+
+    view = third.arrays[weight][:2]  # a view holds its array as the array itself does
+    del second, third, kept
+    bump()
+    fourth = parcel_torch.pack(stateful, step=4)
+    assert not np.shares_memory(fourth.arrays[weight], view) and np.array_equal(view, before[:2] + 1.0)
+
+    # A run keeps its last save until the next one: two states' arrays, taken in turn, and no more.
+    del view, fourth
+    last, taken = None, []
+    for step in range(5, 11):
+        last = parcel_torch.pack(stateful, step=step)
+        taken.append(weakref.ref(last.arrays[weight]))
+    assert all(taken[i]() is taken[i - 2]() is not None for i in range(2, len(taken))) and taken[-1]() is not taken[-2]()
 
 
 def test_a_trainer_gets_the_gpus_it_was_granted_and_is_refused_more(training_data):
