@@ -192,18 +192,28 @@ def test_a_time_k_fold_winner_has_no_out_of_fold_prediction_for_the_earliest_per
     assert f"{folds['frames_without_oof']} non-final frames of the earliest period have none" in md and "time_kfold: by time, forward-chained" in md
 
 
-@pytest.mark.parametrize("when", ["mid-refit", "after-refit"])
-def test_a_refit_killed_mid_run_resumes_its_own_chain_to_the_uninterrupted_refit(tmp_path, data_dir, when):
-    common = [SPLIT, "search.n_trials=1", "pruner=none", "train.step_seconds=0.02"]
-    why = ["--now", "--reason", "one trial for the refit test"]
-    served = {}
-    for revision in ("ref", "sig"):
-        res = launch([f"search.root={tmp_path}", f"search.revision={revision}", *common], cwd=tmp_path, data_dir=data_dir)
-        assert res.returncode == 0, res.stderr[-2000:]
-    ref = parcel_hpc(["select", str(tmp_path / "ref"), *why])
-    assert ref.returncode in (0, 3), ref.stdout + ref.stderr
-    served["ref"] = json.loads((tmp_path / "ref" / "selection" / "1" / "rerun" / "result.json").read_text())["serving"]["example"]["served"]
+REFIT_SEARCH = [SPLIT, "search.n_trials=1", "pruner=none", "train.step_seconds=0.02"]
+REFIT_WHY = ["--now", "--reason", "one trial for the refit test"]
 
+
+@pytest.fixture(scope="module")
+def uninterrupted_refit(tmp_path_factory, artifacts):
+    """What the uninterrupted refit serves: one search selected without a fault, shared by both kills."""
+    root = tmp_path_factory.mktemp("refit-ref")
+    shutil.copytree(artifacts["dir"], root / "data")
+    res = launch([f"search.root={root}", "search.revision=ref", *REFIT_SEARCH], cwd=root, data_dir=root / "data")
+    assert res.returncode == 0, res.stderr[-2000:]
+    ref = parcel_hpc(["select", str(root / "ref"), *REFIT_WHY])
+    assert ref.returncode in (0, 3), ref.stdout + ref.stderr
+    return json.loads((root / "ref" / "selection" / "1" / "rerun" / "result.json").read_text())["serving"]["example"]["served"]
+
+
+@pytest.mark.xdist_group("refit-kills")  # one worker runs both: the uninterrupted refit is made once
+@pytest.mark.parametrize("when", ["mid-refit", "after-refit"])
+def test_a_refit_killed_mid_run_resumes_its_own_chain_to_the_uninterrupted_refit(tmp_path, data_dir, when, uninterrupted_refit):
+    res = launch([f"search.root={tmp_path}", "search.revision=sig", *REFIT_SEARCH], cwd=tmp_path, data_dir=data_dir)
+    assert res.returncode == 0, res.stderr[-2000:]
+    why = REFIT_WHY
     search = tmp_path / "sig"
     argv = [sys.executable, "-m", "parcel_hpc", "select", str(search), *why]
     select = subprocess.Popen(argv, cwd=tmp_path, env=subprocess_env(data_dir, {}), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -228,4 +238,4 @@ def test_a_refit_killed_mid_run_resumes_its_own_chain_to_the_uninterrupted_refit
     step = [e["step"] for e in events if e["kind"] == "resumed"][0]
     assert (0 < step < 82) if when == "mid-refit" else step == 82, events
     assert result["refit"]["chain"].endswith("checkpoints/t0000/refit")
-    assert result["serving"]["example"]["served"] == served["ref"]  # bit-equal to the uninterrupted refit
+    assert result["serving"]["example"]["served"] == uninterrupted_refit  # bit-equal to the uninterrupted refit
