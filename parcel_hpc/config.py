@@ -75,8 +75,10 @@ class TrainerConf:
 
 @dataclass
 class ResourcesConf:
-    gpus: int = 1  # GPUs per trial
-    cpus: int = 1  # CPUs per trial
+    gpus: int = 1  # GPUs per rank (a trial of one rank: per trial)
+    cpus: int = 1  # CPUs per rank
+    nodes: int = 1  # nodes one trial spans (governance/shape.py)
+    tasks_per_node: int = 1  # ranks of one trial on each node
     mem_gb: Any = 1.0  # memory per trial: GiB, or SLURM's size with a unit (4G, 512M)
     time_limit_min: Any = 10  # wall-clock limit per attempt: minutes, or SLURM's time (2:00:00, 1-00:00:00)
     partition: str | None = None  # SLURM partition (dispatch only, not pinned)

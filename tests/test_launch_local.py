@@ -113,6 +113,12 @@ def test_a_search_pins_the_boundary_it_validates_across(tmp_path, data_dir, spli
     assert contract["split_method"] == method and contract["split_revision"] == split
 
 
+def test_a_one_rank_search_pins_no_shape_and_keeps_its_digest(tmp_path, data_dir):
+    res = run(tmp_path, data_dir, "search.n_trials=0", "resources.nodes=1", "resources.tasks_per_node=1")
+    assert res.returncode == 0, res.stderr
+    assert set(load_contract(search_dir(tmp_path))["resources"]) == {"gpus", "cpus", "mem_gb", "time_limit_min"}
+
+
 def test_pinned_snapshot_digest_must_match(tmp_path, data_dir):
     res = run(tmp_path, data_dir, "snapshot.digest=sha256:" + "0" * 64, "search.n_trials=1")
     assert res.returncode == 3 and res.stdout.splitlines()[0] == "reject:snapshot_digest"
@@ -133,6 +139,7 @@ def test_pinned_snapshot_digest_must_match(tmp_path, data_dir):
         # Hydra's append form adds a key the schema lacks: refused however it is spelled, with the key meant.
         ("+search.n_trial=8", "search.n_trial is not a configuration key, so nothing would read it; did you mean search.n_trials?"),
         ("hydra.sweeper._target_=os.getcwd", "hydra.sweeper._target_='os.getcwd': a parcel_hpc search runs the parcel sweeper only"),
+        ("resources.tasks_per_node=2", "asks for a trial of 2 ranks (1 node x 2 ranks x 1 GPU); this version runs each trial as one process"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, data_dir, override, needle):

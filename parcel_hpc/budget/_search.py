@@ -10,6 +10,7 @@ from typing import Any, Protocol
 from parcel_hpc.budget._admission import BudgetDecision, admit_launch, attempt_worst_case, worst_case
 from parcel_hpc.budget._journal import BudgetLedger, Refusal, Reservation, Settlement
 from parcel_hpc.budget._values import BudgetCaps, JournalTotals, counted_gpus, hours_between
+from parcel_hpc.governance.shape import TrialShape
 
 
 class ContractFields(Protocol):
@@ -26,7 +27,8 @@ def launch_decision(contract: ContractFields, n_dispatch: int, trials_already: i
     """Admit a launch's worst case (every attempt to its time limit) against what is already spent or held."""
     b, r = contract["budget"], contract["resources"]
     caps = search_caps(contract)
-    commitment = worst_case(n_dispatch, int(r["gpus"]), int(r["cpus"]), float(r["time_limit_min"]), int(b["max_retries"]), caps.rates)
+    shape = TrialShape.of(r)  # a gang holds every rank's GPUs and CPUs
+    commitment = worst_case(n_dispatch, shape.gpus, shape.cpus, float(r["time_limit_min"]), int(b["max_retries"]), caps.rates)
     spent = BudgetLedger.read_totals(search_dir) if search_dir is not None else None
     return admit_launch(commitment, caps, spent if spent is not None else JournalTotals(), trials_already)
 
@@ -38,7 +40,8 @@ def attempt_usage(resources: Mapping[str, Any], started: float, ended: float, gp
     The one rule: settling a hold and counting an attempt that never reserved both use it."""
     limit_min = resources.get("time_limit_min")
     hours = hours_between(started, ended) if limit_min is None else min(hours_between(started, ended), float(limit_min) / 60.0)
-    return counted_gpus(gpus, int(resources.get("gpus", 0))) * hours, int(resources.get("cpus", 1)) * hours
+    shape = TrialShape.of(resources)
+    return counted_gpus(gpus, shape.gpus) * hours, shape.cpus * hours
 
 
 class SearchBudget:
@@ -47,7 +50,8 @@ class SearchBudget:
 
     def __init__(self, search_dir: str | os.PathLike, contract: ContractFields) -> None:
         r = self.resources = contract["resources"]
-        self.gpus, self.cpus, self.limit_min = int(r["gpus"]), int(r["cpus"]), float(r["time_limit_min"])
+        shape = TrialShape.of(r)
+        self.gpus, self.cpus, self.limit_min = shape.gpus, shape.cpus, float(r["time_limit_min"])
         self.ledger = BudgetLedger(search_dir, search_caps(contract))
 
     def reserve(self, trial_id: str, attempt: int) -> Reservation | Refusal:

@@ -19,6 +19,7 @@ from parcel_hpc.governance.contract import Contract
 from parcel_hpc.governance.image import image_digest
 from parcel_hpc.governance.outcome import GovernanceRefusal, Outcome
 from parcel_hpc.governance.release_target import ReleaseTarget
+from parcel_hpc.governance.shape import TrialShape
 from parcel_hpc.ledger.records import TrialSpec
 from parcel_hpc.lifecycle import systematic
 from parcel_hpc.propose import learning, samplers
@@ -98,7 +99,7 @@ def build_contract(cfg: Mapping[str, Any]) -> Contract:
         "image_kind": cfg["image"]["kind"],
         "trainer": trainer,
         "train": {k: v for k, v in cfg["train"].items() if not (k in OPTIONAL_TRAIN and v is None)},
-        "resources": {k: cfg["resources"][k] for k in PINNED_RESOURCES},
+        "resources": {k: cfg["resources"][k] for k in PINNED_RESOURCES} | TrialShape.of(cfg["resources"]).pinned(),
         "budget": dict(cfg["budget"]),
         "pruner": dict(cfg["pruner"]),
         "selection": selection,
