@@ -113,8 +113,11 @@ def test_dtypes_numpy_lacks_are_kept_bit_for_bit_and_what_a_checkpoint_cannot_ho
 
 
 def test_pack_reuses_the_memory_of_a_state_nothing_holds_and_never_writes_into_one_still_held():
-    net = torch.nn.Linear(64, 64)
+    net = torch.nn.Linear(600, 600)  # a 1.4 MB weight: pooled; its 2.4 KB bias is allocated afresh (the heap reuses it anyway)
     stateful, weight = {"model": net}, "model/weight"
+
+    small = weakref.ref(parcel_torch.pack(stateful, step=0).arrays["model/bias"])
+    assert small() is None  # dropped with its state: nothing keeps a small array
 
     def bump():
         with torch.no_grad():
@@ -146,6 +149,16 @@ def test_pack_reuses_the_memory_of_a_state_nothing_holds_and_never_writes_into_o
         last = parcel_torch.pack(stateful, step=step)
         taken.append(weakref.ref(last.arrays[weight]))
     assert all(taken[i]() is taken[i - 2]() is not None for i in range(2, len(taken))) and taken[-1]() is not taken[-2]()
+
+    # Many arrays of one shape (layers alike, and an optimizer's moments of each): every one reused.
+    layers = torch.nn.Sequential(*(torch.nn.Linear(600, 600) for _ in range(6)))
+    opt = torch.optim.AdamW(layers.parameters())
+    layers(torch.ones(1, 600)).sum().backward()
+    opt.step()
+    big = lambda state: {n: weakref.ref(a) for n, a in state.arrays.items() if a.nbytes >= 1 << 20}  # noqa: E731
+    first = big(parcel_torch.pack({"m": layers, "o": opt}, step=1))
+    again = parcel_torch.pack({"m": layers, "o": opt}, step=2)
+    assert len(first) == 18 and {id(r()) for r in first.values()} == {id(a) for n, a in again.arrays.items() if n in first}
 
 
 def test_a_trainer_gets_the_gpus_it_was_granted_and_is_refused_more(training_data):

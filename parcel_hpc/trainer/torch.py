@@ -15,6 +15,7 @@ generators are ``rng``'s (``rng.TORCH_RNGS``), read from the torch a trainer has
 from __future__ import annotations
 
 import functools
+import math
 import os
 import sys
 import threading
@@ -136,18 +137,24 @@ def _to_array(tensor: torch.Tensor, path: str) -> np.ndarray:
 
 
 class _Staging:
-    """The host arrays ``pack`` copies tensors into, each reused by a later ``pack`` once nothing but
-    this pool holds it (its save written and its state dropped), so a large state costs one copy
-    into memory already touched, not the page faults of fresh memory at every save (a third of the
-    copy's time at 100 MiB). An array still referenced anywhere (a state a trainer keeps, a view of
-    it, a tensor made from it, the writer writing it) is never written into: the reference count says
-    so. Arrays neither this pack nor the previous one took are forgotten, so the pool holds at most
-    two states' arrays: the one the run keeps as its last save, and the one the next save reuses.
+    """The host arrays ``pack`` copies large tensors into, each reused by a later ``pack`` once
+    nothing but this pool holds it (its save written and its state dropped), so a large state costs
+    one copy into memory already touched, not the page faults of fresh memory at every save (a third
+    of the copy's time at 100 MiB). An array still referenced anywhere (a state a trainer keeps, a
+    view of it, a tensor made from it, the writer writing it) is never written into: the reference
+    count says so. Arrays neither this pack nor the previous one took are forgotten, so the pool
+    holds at most two states' arrays: the one the run keeps as its last save, and the one the next
+    save reuses. A small array (under ``POOLED_BYTES``) is allocated as before: the allocator's heap
+    reuses freed memory without faults, and pooling thousands of them costs more than it saves.
     """
 
+    POOLED_BYTES = 1 << 20
+
     def __init__(self) -> None:
-        self._arrays: list[np.ndarray] = []
-        self._taken: list[int] = []  # the pack that last took each array
+        self._pool: dict[tuple[tuple[int, ...], np.dtype], list[np.ndarray]] = {}  # by shape and dtype
+        self._taken: dict[int, int] = {}  # id of a pooled array -> the pack that last took it
+        self._cursor: dict[tuple[tuple[int, ...], np.dtype], int] = {}  # each pooled array is looked at once a pack
+        self._ends: dict[tuple[tuple[int, ...], np.dtype], int] = {}  # the arrays pooled before this pack
         self._packs = 0
         self._lock = threading.Lock()  # a pack on another thread (a framework's callback) takes its own
 
@@ -155,24 +162,45 @@ class _Staging:
     def pack(self) -> Iterator[None]:
         with self._lock:
             self._packs += 1
+            self._cursor = dict.fromkeys(self._pool, 0)
+            self._ends = {key: len(arrays) for key, arrays in self._pool.items()}
             try:
                 yield
             finally:
-                kept = [i for i, taken in enumerate(self._taken) if taken >= self._packs - 1]
-                self._arrays = [self._arrays[i] for i in kept]
-                self._taken = [self._taken[i] for i in kept]
+                self._forget_older()
 
     def take(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        arrays = self._arrays
-        for i in range(len(arrays)):  # no local names the array before it is judged free: one would hold it
-            if arrays[i].shape == shape and arrays[i].dtype == dtype and _holders(arrays, i) == _UNHELD:
-                self._taken[i] = self._packs
+        if math.prod(shape) * dtype.itemsize < self.POOLED_BYTES:
+            return np.empty(shape, dtype=dtype)
+        key = (shape, dtype)
+        arrays = self._pool.setdefault(key, [])
+        i, end = self._cursor.get(key, 0), self._ends.get(key, 0)
+        while i < end:  # no local names the array before it is judged free: one would hold it
+            if _holders(arrays, i) == _UNHELD:
+                self._cursor[key] = i + 1
+                self._taken[id(arrays[i])] = self._packs
                 arrays[i].flags.writeable = True  # it owns its memory: only this pool makes it writeable again
                 return arrays[i]
+            i += 1
+        self._cursor[key] = i
         arr = np.empty(shape, dtype=dtype)
         arrays.append(arr)
-        self._taken.append(self._packs)
+        self._taken[id(arr)] = self._packs
         return arr
+
+    def _forget_older(self) -> None:
+        """Keep what this pack or the previous one took."""
+        for key, arrays in list(self._pool.items()):
+            kept = []
+            for arr in arrays:
+                if self._taken[id(arr)] >= self._packs - 1:
+                    kept.append(arr)
+                else:
+                    del self._taken[id(arr)]
+            if kept:
+                self._pool[key] = kept
+            else:
+                del self._pool[key]
 
 
 def _holders(arrays: list[np.ndarray], i: int) -> int:
