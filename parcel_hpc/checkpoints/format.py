@@ -245,6 +245,15 @@ def _read_header(fh: Any) -> tuple[dict[str, Any], int]:
     return body, block
 
 
+def header(path: str | os.PathLike) -> dict[str, Any]:
+    """The self-verified header of a file (``Unusable`` when damaged): its identity, step, extra, body digest and length."""
+    try:
+        with open(path, "rb") as fh:
+            return _read_header(fh)[0]
+    except OSError as exc:
+        raise Unusable(f"cannot read ({exc.strerror})") from None
+
+
 def header_identity(path: Path) -> TrialIdentity | None:
     """The trial named by an intact header; None when the header is unreadable (that is damage)."""
     try:
