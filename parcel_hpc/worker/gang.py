@@ -1,0 +1,192 @@
+"""The gang's control channel: rank 0 and its peers agree at every step boundary (issue 50).
+
+Rank 0 listens on a port of its host; every other rank connects once when its attempt starts and
+says which rank it is. After each step every peer reports to rank 0 (the step, whether the
+scheduler's signal reached it, an error with its traceback); rank 0 gathers the reports with its
+own, decides for the whole gang and sends every peer the one decision, so all ranks save, validate
+and stop at the same step boundary (a signal that reached any rank is the gang's). Determined's
+distributed context does the same with ZeroMQ; this is plain TCP, one JSON object a line.
+
+A peer that reports nothing within ``hang_s`` while rank 0 waits is hung: ``gather`` raises
+``RankHung`` naming it and the step, and rank 0 ends the gang; a peer that hears no decision within
+``hang_s`` raises ``RankHung`` for rank 0. A closed connection (a rank killed, its node gone) is
+``RankLost``. The bound is the caller's: the runtime passes the contract's step timeout.
+
+Must not: decide anything (the decision is the caller's, sent as given) or carry a checkpoint's
+bytes (each rank writes its own part: ``checkpoints/gang.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+_LINE_LIMIT = 1 << 20  # a report or a decision is small; a longer line is a broken peer
+
+
+@dataclass(frozen=True)
+class Report:
+    """What a rank tells rank 0 after a step."""
+
+    rank: int
+    step: int
+    signalled: bool = False  # the scheduler's signal reached this rank
+    error: str | None = None  # this rank's exception with its traceback: the trial's failure
+
+
+class RankHung(RuntimeError):
+    """A rank sent nothing for ``hang_s`` while the gang waited on it."""
+
+    def __init__(self, rank: int, step: int, waited_s: float) -> None:
+        self.rank, self.step, self.waited_s = rank, step, waited_s
+        super().__init__(f"rank {rank} sent nothing for {waited_s:.0f} s at step {step} while the gang waited on it; the gang is ended")
+
+
+class RankLost(RuntimeError):
+    """A rank's connection closed (the process died, its node went down)."""
+
+    def __init__(self, rank: int, step: int) -> None:
+        self.rank, self.step = rank, step
+        super().__init__(f"rank {rank} left the gang at step {step} (its process or node is gone)")
+
+
+class _Line:
+    """One connection, read a line at a time against a deadline."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock, self.buffer = sock, b""
+
+    def send(self, obj: Mapping[str, Any]) -> None:
+        self.sock.sendall(json.dumps(obj, separators=(",", ":")).encode() + b"\n")
+
+    def receive(self, deadline: float, clock: Callable[[], float]) -> dict[str, Any] | None:
+        """The next object, or None when the deadline passed; ``EOFError`` when the peer closed."""
+        while b"\n" not in self.buffer:
+            left = deadline - clock()
+            if left <= 0:
+                return None
+            self.sock.settimeout(left)
+            try:
+                chunk = self.sock.recv(65536)
+            except TimeoutError:
+                return None
+            except OSError:
+                raise EOFError from None
+            if not chunk:
+                raise EOFError
+            self.buffer += chunk
+            if len(self.buffer) > _LINE_LIMIT:
+                raise EOFError
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        return json.loads(line)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class Leader:
+    """Rank 0's end: every peer connected, then ``gather`` and ``send`` once a step."""
+
+    def __init__(self, peers: dict[int, _Line], hang_s: float, clock: Callable[[], float]) -> None:
+        self._peers, self.hang_s, self._clock = peers, hang_s, clock
+
+    @classmethod
+    def open(cls, port: int, world_size: int, *, hang_s: float, clock: Callable[[], float] = time.monotonic) -> Leader:
+        """Listen on ``port`` (every interface: peers on other nodes reach it by the host's name) until
+        all ``world_size - 1`` peers said hello; a peer that never came within ``hang_s`` is ``RankHung`` at step 0."""
+        server = socket.create_server(("", port), reuse_port=False)
+        peers: dict[int, _Line] = {}
+        deadline = clock() + hang_s
+        try:
+            while len(peers) < world_size - 1:
+                server.settimeout(max(0.0, deadline - clock()))
+                try:
+                    conn, _ = server.accept()
+                except TimeoutError:
+                    absent = min(set(range(1, world_size)) - set(peers))
+                    raise RankHung(absent, 0, hang_s) from None
+                line = _Line(conn)
+                try:
+                    hello = line.receive(deadline, clock)
+                except (EOFError, ValueError):
+                    hello = None
+                rank = hello.get("rank") if isinstance(hello, dict) else None
+                if not isinstance(rank, int) or not 0 < rank < world_size or rank in peers:
+                    line.close()  # not one of ours (a port scan, a stale peer of another gang)
+                    continue
+                peers[rank] = line
+        except BaseException:
+            for line in peers.values():
+                line.close()
+            raise
+        finally:
+            server.close()
+        return cls(peers, hang_s, clock)
+
+    def gather(self, step: int) -> list[Report]:
+        """Every peer's report for ``step``, in rank order."""
+        reports = []
+        for rank, line in sorted(self._peers.items()):
+            began = self._clock()
+            try:
+                got = line.receive(began + self.hang_s, self._clock)
+            except EOFError:
+                raise RankLost(rank, step) from None
+            if got is None:
+                raise RankHung(rank, step, self._clock() - began)
+            reports.append(Report(rank, int(got["step"]), bool(got.get("signalled")), got.get("error")))
+        return reports
+
+    def send(self, decision: Mapping[str, Any]) -> None:
+        """The gang's decision for the step just gathered, to every peer."""
+        for rank, line in sorted(self._peers.items()):
+            try:
+                line.send(decision)
+            except OSError:
+                raise RankLost(rank, int(decision.get("step", -1))) from None
+
+    def close(self) -> None:
+        for line in self._peers.values():
+            line.close()
+
+
+class Peer:
+    """A rank other than 0: ``exchange`` its report for the gang's decision once a step."""
+
+    def __init__(self, rank: int, line: _Line, hang_s: float, clock: Callable[[], float]) -> None:
+        self.rank, self._line, self.hang_s, self._clock = rank, line, hang_s, clock
+
+    @classmethod
+    def connect(cls, host: str, port: int, rank: int, *, hang_s: float, clock: Callable[[], float] = time.monotonic) -> Peer:
+        """Connect to rank 0 (retrying while it is not listening yet) and say which rank this is."""
+        deadline = clock() + hang_s
+        while True:
+            try:
+                sock = socket.create_connection((host, port), timeout=max(0.1, deadline - clock()))
+                break
+            except OSError:
+                if clock() >= deadline:
+                    raise RankHung(0, 0, hang_s) from None
+                time.sleep(0.05)
+        line = _Line(sock)
+        line.send({"rank": rank})
+        return cls(rank, line, hang_s, clock)
+
+    def exchange(self, report: Report) -> dict[str, Any]:
+        """Send this rank's report; the gang's decision for the step."""
+        try:
+            self._line.send({"step": report.step, "signalled": report.signalled, "error": report.error})
+            began = self._clock()
+            decision = self._line.receive(began + self.hang_s, self._clock)
+        except (EOFError, OSError):
+            raise RankLost(0, report.step) from None
+        if decision is None:
+            raise RankHung(0, report.step, self._clock() - began)
+        return decision
+
+    def close(self) -> None:
+        self._line.close()

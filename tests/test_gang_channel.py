@@ -1,0 +1,133 @@
+"""The gang's control channel (parcel_hpc.worker.gang) between real processes: every rank gets the
+one decision at every step, a signal on any rank stops them all at the same step, a rank's error
+reaches rank 0 with its traceback, and a hung or killed rank is named within the bound."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from parcel_hpc.worker.gang import Leader, RankHung, RankLost
+
+PEER = textwrap.dedent(
+    """
+    import json, sys, time
+    from parcel_hpc.worker.gang import Peer, Report
+    port, rank, behaviour, at = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+    peer = Peer.connect("127.0.0.1", port, rank, hang_s=10)
+    step = 0
+    while True:
+        step += 1
+        if behaviour == "hang" and step == at:
+            time.sleep(60)
+        error = None
+        if behaviour == "raise" and step == at:
+            try:
+                raise ValueError(f"rank {rank} diverged")
+            except ValueError:
+                import traceback
+                error = traceback.format_exc()
+        decision = peer.exchange(Report(rank, step, signalled=behaviour == "signal" and step == at, error=error))
+        print(json.dumps(decision), flush=True)
+        if decision["stop"]:
+            break
+    """
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _gang(behaviours: list[tuple[str, int]]):
+    port = _free_port()
+    peers = [
+        subprocess.Popen([sys.executable, "-c", PEER, str(port), str(rank), b, str(at)], stdout=subprocess.PIPE, text=True, start_new_session=True)
+        for rank, (b, at) in enumerate(behaviours, start=1)
+    ]
+    return port, peers
+
+
+def _lead(leader: Leader, last: int) -> list[list]:
+    gathered = []
+    for step in range(1, last + 1):
+        reports = leader.gather(step)
+        gathered.append(reports)
+        stop = "requeue" if any(r.signalled for r in reports) else "failed" if any(r.error for r in reports) else "done" if step == last else None
+        leader.send({"step": step, "stop": stop})
+        if stop:
+            break
+    return gathered
+
+
+def _stop(peers):
+    for p in peers:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)  # only the processes this test started, each its own session
+        p.wait()
+
+
+def test_a_signal_on_any_rank_stops_the_whole_gang_at_the_same_step():
+    port, peers = _gang([("run", 0), ("signal", 37), ("run", 0)])
+    try:
+        leader = Leader.open(port, 4, hang_s=30)
+        gathered = _lead(leader, 100)
+        leader.close()
+        assert len(gathered) == 37 and [r.rank for r in gathered[-1]] == [1, 2, 3] and all(r.step == 37 for r in gathered[-1])
+        for p in peers:
+            decisions = [json.loads(line) for line in p.communicate(timeout=30)[0].splitlines()]
+            assert [d["step"] for d in decisions] == list(range(1, 38)) and decisions[-1]["stop"] == "requeue"
+            assert p.returncode == 0
+    finally:
+        _stop(peers)
+
+
+def test_a_ranks_error_reaches_rank_0_with_its_traceback():
+    port, peers = _gang([("raise", 5)])
+    try:
+        leader = Leader.open(port, 2, hang_s=30)
+        gathered = _lead(leader, 100)
+        error = gathered[-1][0].error
+        assert len(gathered) == 5 and "Traceback" in error and "ValueError: rank 1 diverged" in error
+    finally:
+        _stop(peers)
+
+
+def test_a_hung_rank_is_named_within_the_bound_and_a_killed_one_at_once():
+    port, peers = _gang([("run", 0), ("hang", 4)])
+    try:
+        leader = Leader.open(port, 3, hang_s=2)
+        began = time.monotonic()
+        with pytest.raises(RankHung, match=r"rank 2 sent nothing for 2 s at step 4") as hung:
+            _lead(leader, 100)
+        assert hung.value.rank == 2 and time.monotonic() - began < 2 + 1.5
+    finally:
+        _stop(peers)
+
+    port, peers = _gang([("run", 0), ("hang", 6)])
+    try:
+        leader = Leader.open(port, 3, hang_s=30)
+        for step in range(1, 6):
+            leader.gather(step)
+            leader.send({"step": step, "stop": None})
+        os.killpg(peers[1].pid, signal.SIGKILL)  # rank 2, hanging at step 6, is killed: its node went down
+        began = time.monotonic()
+        with pytest.raises(RankLost, match="rank 2 left the gang at step 6"):
+            leader.gather(6)
+        assert time.monotonic() - began < 5
+    finally:
+        _stop(peers)
+
+
+def test_a_rank_that_never_joins_is_hung_at_step_0():
+    port = _free_port()
+    with pytest.raises(RankHung, match="rank 1 sent nothing for 1 s at step 0"):
+        Leader.open(port, 2, hang_s=1)
