@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from parcel_hpc.worker.gang import Leader, RankHung, RankLost
+from parcel_hpc.worker.gang import GangEnv, Leader, RankHung, RankLost
 
 PEER = textwrap.dedent(
     """
@@ -131,3 +131,19 @@ def test_a_rank_that_never_joins_is_hung_at_step_0():
     port = _free_port()
     with pytest.raises(RankHung, match="rank 1 sent nothing for 1 s at step 0"):
         Leader.open(port, 2, hang_s=1)
+
+
+def test_every_rank_of_a_job_and_its_requeued_run_name_the_same_master_and_port():
+    ranks = [GangEnv.of_job("4242_7", r, 4, r % 2, 2, ["n2", "n3"]) for r in range(4)]
+    assert {(g.master_addr, g.master_port) for g in ranks} == {("n2", ranks[0].master_port)} and 20000 <= ranks[0].master_port < 40000
+    assert GangEnv.of_job("4242_7", 0, 4, 0, 2, ["n2", "n3"]) == ranks[0]  # the requeued run: the same
+    assert GangEnv.of_job("4242_8", 0, 4, 0, 2, ["n2", "n3"]).master_port != ranks[0].master_port
+    assert ranks[3].environ() == {
+        "RANK": "3",
+        "WORLD_SIZE": "4",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "2",
+        "MASTER_ADDR": "n2",
+        "MASTER_PORT": str(ranks[0].master_port),
+    }
+    assert ranks[3].channel_port == ranks[0].master_port + 1

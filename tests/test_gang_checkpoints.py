@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from parcel_hpc.checkpoints.gang import DAMAGED, GangCheckpoints, PartDamaged, PartsMissing, WorldSizeChanged, manifest_name, part_name
+from parcel_hpc.checkpoints.writer import BackgroundWriter
 from parcel_hpc.governance.admission import TrialIdentity
 
 T = TrialIdentity("t0003", "sha256:" + "a" * 64, "sha256:" + "c" * 64, "sha256:" + "d" * 64)
@@ -25,9 +26,13 @@ def _ranks(tmp_path, world=2, attempt=1, **kw):
     return [GangCheckpoints(tmp_path, T, rank=r, world_size=world, attempt=attempt, **kw) for r in range(world)]
 
 
+def _part(g, step, value, **extra):
+    return g.write_part(g.prepare(step, {"w": np.full(4, value, dtype=np.float32)}, {}, {"seed": step}, extra))
+
+
 def _save(ranks, step, commit=True):
     for g in ranks:
-        g.write_part(step, {"w": np.full(4, step * 10 + g.rank, dtype=np.float32)}, {}, {"seed": step}, {"mine": g.rank})
+        _part(g, step, step * 10 + g.rank, mine=g.rank)
     return ranks[0].commit(step, wait_s=0) if commit else None
 
 
@@ -49,14 +54,14 @@ def test_each_rank_resumes_its_own_part_of_the_step_rank_0_committed(tmp_path):
 def test_a_step_is_not_committed_until_every_rank_wrote_its_part_and_rank_0_committed_it(tmp_path):
     ranks = _ranks(tmp_path)
     _save(ranks, 10)
-    ranks[0].write_part(20, {"w": np.zeros(4)}, {}, {})  # rank 1 never wrote step 20
+    _part(ranks[0], 20, 0.0)  # rank 1 never wrote step 20
     clock = iter(range(100)).__next__
     with pytest.raises(PartsMissing, match=r"step 20: no part from rank 1 of 2 after 3 s"):
         ranks[0].commit(20, wait_s=3, clock=clock, sleep=lambda s: None)
     assert not (tmp_path / manifest_name(20)).exists()
     assert all(g.load_latest().manifest.step == 10 for g in ranks)
 
-    ranks[1].write_part(20, {"w": np.ones(4)}, {}, {})  # both parts, but rank 0 died before committing
+    _part(ranks[1], 20, 1.0)  # both parts, but rank 0 died before committing
     assert all(g.load_latest().manifest.step == 10 for g in ranks)
     with pytest.raises(Exception, match="rank 0 commits"):
         ranks[1].commit(20, wait_s=0)
@@ -65,13 +70,13 @@ def test_a_step_is_not_committed_until_every_rank_wrote_its_part_and_rank_0_comm
 def test_a_part_left_by_an_earlier_attempt_is_never_committed_for_this_one(tmp_path):
     first = _ranks(tmp_path, attempt=1)
     _save(first, 10)
-    first[1].write_part(20, {"w": np.ones(4)}, {}, {})  # the earlier attempt's rank 1 got further before it died
+    _part(first[1], 20, 1.0)  # the earlier attempt's rank 1 got further before it died
     second = _ranks(tmp_path, attempt=2)
     assert second[0].load_latest().manifest.step == 10
-    second[0].write_part(20, {"w": np.full(4, 2.0)}, {}, {})
+    _part(second[0], 20, 2.0)
     with pytest.raises(PartsMissing, match="no part from rank 1"):
         second[0].commit(20, wait_s=0)
-    second[1].write_part(20, {"w": np.full(4, 3.0)}, {}, {})
+    _part(second[1], 20, 3.0)
     assert second[0].commit(20, wait_s=0).attempt == 2
     assert second[1].load_latest().own.params["w"][0] == 3.0
 
@@ -94,6 +99,17 @@ def test_a_damaged_part_sets_its_step_aside_and_every_rank_then_agrees_on_the_st
     assert [g.load_latest() for g in ranks] == [None, None]
 
 
+def test_rank_0s_background_writer_commits_the_step_once_every_part_is_there(tmp_path):
+    ranks = _ranks(tmp_path)
+    writer = BackgroundWriter(ranks[0])
+    writer.submit(7, {"w": np.arange(4.0)}, {}, {})  # rank 0's part, then its commit, off the training path
+    time.sleep(0.2)
+    assert not (tmp_path / manifest_name(7)).exists()  # waiting for rank 1's part
+    _part(ranks[1], 7, 5.0)
+    assert writer.wait() == tmp_path / part_name(7, 0)
+    assert [g.load_latest().own.params["w"][0] for g in ranks] == [0.0, 5.0]
+
+
 def test_another_world_size_is_refused_in_one_line(tmp_path):
     _save(_ranks(tmp_path, world=4), 30)
     with pytest.raises(WorldSizeChanged) as refused:
@@ -106,7 +122,7 @@ def test_commits_keep_the_newest_steps_and_drop_older_parts_but_never_a_newer_st
     for step in (10, 20, 30):
         _save(ranks, step)
     _save(ranks, 35, commit=False)  # written, never committed: older than the next commit, an orphan
-    ranks[1].write_part(50, {"w": np.zeros(4)}, {}, {})  # a rank ahead, writing a later step
+    _part(ranks[1], 50, 0.0)  # a rank ahead, writing a later step
     _save(ranks, 40)
     names = sorted(os.listdir(tmp_path))
     assert names == sorted([manifest_name(30), manifest_name(40), *(part_name(s, r) for s in (30, 40) for r in (0, 1)), part_name(50, 1)])
@@ -128,7 +144,7 @@ def test_ranks_killed_at_random_instants_always_leave_a_complete_step_every_rank
         step = restored.manifest.step if restored else 0
         while True:
             step += 1
-            g.write_part(step, {{"w": np.full(300_000, step * 10 + rank, dtype=np.float64)}}, {{}}, {{}})
+            g.write_part(g.prepare(step, {{"w": np.full(300_000, step * 10 + rank, dtype=np.float64)}}, {{}}, {{}}))
             if rank == 0:
                 g.commit(step, wait_s=60)
         """

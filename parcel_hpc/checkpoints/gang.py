@@ -35,6 +35,7 @@ from parcel_hpc.checkpoints import KEEP_LAST
 from parcel_hpc.checkpoints import format as ckpt_format
 from parcel_hpc.checkpoints.claims import Claim
 from parcel_hpc.checkpoints.format import Checkpoint, Unusable
+from parcel_hpc.checkpoints.store import CheckpointStore, Prepared
 from parcel_hpc.errors import ParcelError, UsageError
 from parcel_hpc.fsio import FILE_MODE, _unlink_quietly, atomic_write_json, ensure_dir, fsync_dir, read_json
 from parcel_hpc.governance.admission import TrialIdentity
@@ -105,6 +106,7 @@ class GangCheckpoints:
         attempt: int,
         keep_last: int = KEEP_LAST,
         claim: Claim | None = None,
+        commit_wait_s: float = 60.0,
     ) -> None:
         if not (isinstance(world_size, int) and world_size >= 1 and isinstance(rank, int) and 0 <= rank < world_size):
             raise UsageError(f"rank {rank!r} of world size {world_size!r}: a rank is 0 .. world size - 1")
@@ -115,30 +117,46 @@ class GangCheckpoints:
         self.rank, self.world_size, self.attempt = rank, world_size, attempt
         self.keep_last = keep_last
         self.claim = claim  # rank 0's, or the gang's claim as a follower verifies it
+        self.commit_wait_s = commit_wait_s  # rank 0: how long a commit waits for the other ranks' parts
+        self._parts = CheckpointStore(ckpt_dir, identity)  # its checks and copies; it never writes here
 
     # --- every rank ---------------------------------------------------------------------------
-    def write_part(
+    def prepare(
         self,
         step: int,
         params: Mapping[str, np.ndarray],
         optimizer: Mapping[str, np.ndarray],
         rng_state: Mapping[str, Any],
         extra: Mapping[str, Any] | None = None,
-    ) -> Path:
-        """This rank's part of ``step``, durable: temp file, fsync, rename, directory fsync."""
+        *,
+        copy: bool = False,
+    ) -> Prepared:
+        """This rank's part checked (and, with ``copy``, taken out of the caller's memory) as a single
+        trial's save is (``CheckpointStore.prepare``), its header naming the rank, world size and attempt."""
         if GANG_KEY in (extra or {}):
             raise UsageError(f"extra[{GANG_KEY!r}] is the gang's own; name yours otherwise")
         gang = {GANG_KEY: {"rank": self.rank, "world_size": self.world_size, "attempt": self.attempt}}
-        contents = ckpt_format.contents(self.identity, step, params, optimizer, rng_state, {**(extra or {}), **gang})
+        return self._parts.prepare(step, params, optimizer, rng_state, {**(extra or {}), **gang}, copy=copy)
+
+    def write(self, prepared: Prepared) -> Path:
+        """The background writer's call: this rank's part; on rank 0, then the step's commit (waiting up
+        to ``commit_wait_s`` for the other ranks' parts)."""
+        path = self.write_part(prepared)
+        if self.rank == 0:
+            self.commit(prepared.step, wait_s=self.commit_wait_s)
+        return path
+
+    def write_part(self, prepared: Prepared) -> Path:
+        """This rank's part of the step, durable: temp file, fsync, rename, directory fsync."""
         if self.claim is not None:
             self.claim.verify()
         ensure_dir(self.ckpt_dir)
         self._remove_own_temps()
-        final = self.ckpt_dir / part_name(step, self.rank)
+        final = self.ckpt_dir / part_name(prepared.step, self.rank)
         fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=self.ckpt_dir)
         try:
             os.close(fd)
-            ckpt_format.write(tmp, contents)
+            ckpt_format.write(tmp, prepared.contents)
             os.chmod(tmp, FILE_MODE)
             os.replace(tmp, final)
         except BaseException:

@@ -17,19 +17,36 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from parcel_hpc.checkpoints.store import CheckpointStore, Prepared
+from parcel_hpc.checkpoints.store import Prepared
 
 THREAD_NAME = "parcel-checkpoint"  # the writer thread's name, with the step it writes
+
+
+class Saves(Protocol):
+    """What the writer writes through: a trial's ``CheckpointStore``, or one rank's ``GangCheckpoints``."""
+
+    def prepare(
+        self,
+        step: int,
+        params: Mapping[str, np.ndarray],
+        optimizer: Mapping[str, np.ndarray],
+        rng_state: Mapping[str, Any],
+        extra: Mapping[str, Any] | None = None,
+        *,
+        copy: bool = False,
+    ) -> Prepared: ...
+
+    def write(self, prepared: Prepared) -> Path: ...
 
 
 class BackgroundWriter:
     """Saves of one store, written by one thread at a time while the caller goes on."""
 
-    def __init__(self, store: CheckpointStore) -> None:
+    def __init__(self, store: Saves) -> None:
         self.store = store
         self.waited_s = 0.0  # time submit spent waiting for the previous save to be written
         self.last: Path | None = None  # the newest file written durably

@@ -21,11 +21,49 @@ from __future__ import annotations
 import json
 import socket
 import time
+import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 _LINE_LIMIT = 1 << 20  # a report or a decision is small; a longer line is a broken peer
+_PORTS = (20000, 40000)  # where a gang's master port is drawn from, by its job id
+
+
+@dataclass(frozen=True)
+class GangEnv:
+    """Where a rank is in its gang, as torch.distributed's ``env://`` reads it: set before the trainer
+    is imported, so ``init_process_group`` (and Lightning, and Accelerate) find it."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    master_addr: str  # the job's first host: rank 0 runs there
+    master_port: int
+
+    @classmethod
+    def of_job(cls, job_id: str, rank: int, world_size: int, local_rank: int, local_world_size: int, hosts: list[str]) -> GangEnv:
+        """From the scheduler's job (submitit's ``JobEnvironment``): the port drawn from the job id, so
+        every rank of the job, and a requeued run of it, names the same one without talking first."""
+        low, high = _PORTS
+        port = low + zlib.crc32(job_id.encode()) % (high - low - 1)
+        return cls(rank, world_size, local_rank, local_world_size, hosts[0], port)
+
+    @property
+    def channel_port(self) -> int:
+        """The toolkit's own channel (``Leader``/``Peer``), beside torch's."""
+        return self.master_port + 1
+
+    def environ(self) -> dict[str, str]:
+        return {
+            "RANK": str(self.rank),
+            "WORLD_SIZE": str(self.world_size),
+            "LOCAL_RANK": str(self.local_rank),
+            "LOCAL_WORLD_SIZE": str(self.local_world_size),
+            "MASTER_ADDR": self.master_addr,
+            "MASTER_PORT": str(self.master_port),
+        }
 
 
 @dataclass(frozen=True)
