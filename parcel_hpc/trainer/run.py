@@ -69,6 +69,11 @@ class Due:
     validate: bool  # hand ``run.validate`` the validation probabilities now
 
 
+def stopping_due(stop: Stop, milestone: bool) -> Due:
+    """What a loop stopping at this step still owes: a save and the milestone, where the stop saves first."""
+    return Due(checkpoint=stop.saves_first, validate=stop.saves_first and milestone)
+
+
 @dataclass(frozen=True)
 class Restored:
     """The last good checkpoint of the trial: the step it was taken after and its state."""
@@ -154,9 +159,11 @@ class Run(ABC):
         if self.stop is not None:
             # A stop that saves first (a requeue) still hands the milestone due at its step: it is scored and
             # decided before the loop leaves, so no milestone is lost to a signal; any other stop asks nothing more.
-            first = self.stop.saves_first
-            return Due(checkpoint=first, validate=first and self.budget.is_milestone(step))
-        return Due(checkpoint=self.budget.checkpoint_due(step, self._clock() - self._saved_at), validate=self.budget.is_milestone(step))
+            due = stopping_due(self.stop, self.budget.is_milestone(step))
+        else:
+            due = Due(checkpoint=self.budget.checkpoint_due(step, self._clock() - self._saved_at), validate=self.budget.is_milestone(step))
+        due, self.stop = self._agreed(step, due, self.stop)
+        return due
 
     def save(self, state: TrainerState) -> None:
         """Checkpoint the whole state after the last step told of (atomic, exclusive, digested)."""
@@ -189,6 +196,7 @@ class Run(ABC):
         self.value, self.validated_step = float(self._score(scores)), self.step
         decided = self._validated(self.step, self.value, self.step == self.budget.steps, self._metrics)
         self.stop = decided if decided is not None else self.stop  # a prune or a cancel overrides a requeue
+        self.stop = self._agreed_after_validation(self.step, self.stop)
         return self.value
 
     @property
@@ -223,6 +231,15 @@ class Run(ABC):
 
     @abstractmethod
     def _validated(self, step: int, value: float, final: bool, metrics: Mapping[str, float]) -> Stop | None: ...
+
+    def _agreed(self, step: int, due: Due, stop: Stop | None) -> tuple[Due, Stop | None]:
+        """What every rank of the trial does after ``step``. A trial of one rank: what it decided itself;
+        in a gang, rank 0 tells its peers and a peer is told (``worker/gang.py``)."""
+        return due, stop
+
+    def _agreed_after_validation(self, step: int, stop: Stop | None) -> Stop | None:
+        """The stop every rank obeys after the milestone at ``step`` was scored (by rank 0, in a gang)."""
+        return stop
 
 
 def drive(trainer: Trainer, run: Run) -> None:

@@ -21,10 +21,16 @@ from __future__ import annotations
 import json
 import socket
 import time
+import traceback
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from parcel_hpc.checkpoints.gang import GANG_KEY, GangCheckpoints
+from parcel_hpc.checkpoints.writer import BackgroundWriter
+from parcel_hpc.trainer import TrainerState, TrainingData
+from parcel_hpc.trainer.run import Due, Restored, Run, Stop, stopping_due
 
 _LINE_LIMIT = 1 << 20  # a report or a decision is small; a longer line is a broken peer
 _PORTS = (20000, 40000)  # where a gang's master port is drawn from, by its job id
@@ -228,3 +234,98 @@ class Peer:
 
     def close(self) -> None:
         self._line.close()
+
+
+class RankFailed(RuntimeError):
+    """Another rank's exception, as it reported it: the trial's failure, with that rank's traceback."""
+
+    def __init__(self, rank: int, step: int, text: str) -> None:
+        self.rank, self.step, self.traceback = rank, step, text
+        last = text.strip().splitlines()[-1] if text.strip() else "an exception"
+        super().__init__(f"rank {rank} failed at step {step}: {last}")
+
+
+def _decision(step: int, due: Due, stop: Stop | None) -> dict[str, Any]:
+    return {"step": step, "checkpoint": due.checkpoint, "validate": due.validate, "stop": stop.value if stop is not None else None}
+
+
+def _stop_of(decision: Mapping[str, Any]) -> Stop | None:
+    return Stop(decision["stop"]) if decision.get("stop") is not None else None
+
+
+class LeaderSide:
+    """Rank 0's half of each exchange, called by its run's ``_agreed`` hooks: the gang does what rank 0
+    decided, a signal that reached any rank included, and a peer's reported error is the trial's."""
+
+    def __init__(self, leader: Leader) -> None:
+        self.leader = leader
+
+    def after_step(self, step: int, due: Due, stop: Stop | None, milestone: bool) -> tuple[Due, Stop | None]:
+        reports = self._gathered(step)
+        if stop is None and any(r.signalled for r in reports):
+            stop = Stop.REQUEUE  # the scheduler's signal reached a peer first: the gang's all the same
+            due = stopping_due(stop, milestone)
+        self.leader.send(_decision(step, due, stop))
+        return due, stop
+
+    def after_validation(self, step: int, stop: Stop | None) -> Stop | None:
+        self._gathered(step)
+        self.leader.send({"step": step, "stop": stop.value if stop is not None else None})
+        return stop
+
+    def _gathered(self, step: int) -> list[Report]:
+        reports = self.leader.gather(step)
+        failed = next((r for r in reports if r.error is not None), None)
+        if failed is not None:
+            raise RankFailed(failed.rank, failed.step, str(failed.error))
+        return reports
+
+
+class PeerRun(Run):
+    """A rank other than 0 of a gang: the same loop, its own part of each checkpoint, and every
+    decision (save, validate, stop) rank 0's. It keeps no ledger and scores nothing that counts: rank 0
+    records the trial. ``signalled`` says whether the scheduler's signal reached this rank."""
+
+    def __init__(
+        self,
+        params: Mapping[str, Any],
+        seed: int,
+        data: TrainingData,
+        peer: Peer,
+        checkpoints: GangCheckpoints,
+        signalled: Callable[[], bool] = lambda: False,
+    ) -> None:
+        super().__init__(params, seed, data, score=lambda scores: float("nan"))
+        self.peer, self.checkpoints, self.signalled = peer, checkpoints, signalled
+        self.writer = BackgroundWriter(checkpoints)
+
+    def _restore(self) -> Restored | None:
+        found = self.checkpoints.load_latest()
+        if found is None:
+            return None
+        extra = {k: v for k, v in (found.own.extra or {}).items() if k != GANG_KEY}
+        return Restored(found.manifest.step, TrainerState(found.own.params, extra))
+
+    def _stepped(self, step: int) -> Stop | None:
+        return None  # rank 0 decides, in ``_agreed``
+
+    def _agreed(self, step: int, due: Due, stop: Stop | None) -> tuple[Due, Stop | None]:
+        decision = self.peer.exchange(Report(self.peer.rank, step, signalled=self.signalled()))
+        return Due(bool(decision["checkpoint"]), bool(decision["validate"])), _stop_of(decision)
+
+    def _save(self, step: int, state: TrainerState) -> None:
+        self.writer.submit(step, state.arrays, {}, {}, extra=state.scalars)
+
+    def _validated(self, step: int, value: float, final: bool, metrics: Mapping[str, float]) -> Stop | None:
+        return None
+
+    def _agreed_after_validation(self, step: int, stop: Stop | None) -> Stop | None:
+        return _stop_of(self.peer.exchange(Report(self.peer.rank, step, signalled=self.signalled())))
+
+    def failed(self, exc: BaseException) -> None:
+        """Tell rank 0 this rank's exception (its traceback is the trial's failure); quiet if rank 0 is gone."""
+        text = "".join(traceback.format_exception(exc))
+        try:
+            self.peer.exchange(Report(self.peer.rank, self.step + 1, error=text))
+        except (RankLost, RankHung):
+            pass
