@@ -19,7 +19,7 @@ from parcel_hpc.governance.metric import MissCost
 from parcel_hpc.trainer import Budget, TrainerState, build_params
 from parcel_hpc.trainer.numpy_mlp import NumpyMLP
 from parcel_hpc.trainer.run import Restored, Run, Stop, drive
-from parcel_hpc.worker.gang import Leader, LeaderSide, Peer, PeerRun, RankFailed
+from parcel_hpc.worker.gang import Leader, LeaderSide, Peer, PeerRun, RankFailed, report_failure
 
 T = TrialIdentity("t0001", "sha256:" + "a" * 64, "sha256:" + "c" * 64, "sha256:" + "d" * 64)
 PARAMS = {"lr": 0.05, "hidden": 8, "batch_size": 32}
@@ -87,7 +87,7 @@ def _gang(tmp_path, training_data, attempt, *, peer_signal_at=None, peer_trainer
             try:
                 drive(trainer, run)
             except Exception as exc:
-                run.failed(exc)
+                report_failure(peer, run.step, exc, "exception")
                 raise
             run.writer.wait()
         except Exception as exc:
@@ -125,6 +125,6 @@ def test_a_signal_on_one_rank_stops_the_gang_at_one_step_and_the_resumed_gang_en
 
 
 def test_a_peers_exception_is_rank_0s_failure_with_the_peers_traceback(tmp_path, training_data):
-    with pytest.raises(RankFailed, match="rank 1 failed at step 5: FloatingPointError: rank 1's loss went to inf") as failed:
+    with pytest.raises(RankFailed, match="rank 1 failed after step 4: FloatingPointError: rank 1's loss went to inf") as failed:
         _gang(tmp_path, training_data, 1, peer_trainer=Broken)
     assert "Traceback" in failed.value.traceback and "in step" in failed.value.traceback

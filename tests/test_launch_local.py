@@ -139,11 +139,17 @@ def test_pinned_snapshot_digest_must_match(tmp_path, data_dir):
         # Hydra's append form adds a key the schema lacks: refused however it is spelled, with the key meant.
         ("+search.n_trial=8", "search.n_trial is not a configuration key, so nothing would read it; did you mean search.n_trials?"),
         ("hydra.sweeper._target_=os.getcwd", "hydra.sweeper._target_='os.getcwd': a parcel_hpc search runs the parcel sweeper only"),
-        ("resources.tasks_per_node=2", "asks for a trial of 2 ranks (1 node x 2 ranks x 1 GPU); this version runs each trial as one process"),
+        ("resources.nodes=2", "asks for a trial of 2 ranks (2 nodes x 1 rank x 1 GPU); the local executor runs a trial on this one machine"),
+        ("resources.tasks_per_node=2 hydra.launcher.pack_size=2", "hydra.launcher.pack_size=2 packs trials of 2 ranks; a gang is its own job"),
+        (
+            "resources.tasks_per_node=2 hydra.launcher.dispatch=slots",
+            "runs trials of 2 ranks in slots; a gang is its own job; set hydra.launcher.dispatch=jobs",
+        ),
+        ("resources.tasks_per_node=2 split=group_kfold_r1", "with a split of 5 folds; a gang's K fold runs are not built"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, data_dir, override, needle):
-    res = run(tmp_path, data_dir, override)
+    res = run(tmp_path, data_dir, *override.split(" "))
     assert res.returncode == 2, (res.stdout, res.stderr)
     lines = [l for l in res.stderr.splitlines() if l.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], res.stderr

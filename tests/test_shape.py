@@ -4,7 +4,12 @@ charge are every rank's, and a one-rank search's contract pins nothing new (its 
 import pytest
 
 from parcel_hpc.budget import attempt_usage, launch_decision
+from parcel_hpc.errors import UsageError
 from parcel_hpc.governance.shape import TrialShape
+from parcel_hpc.governance.validation import check_gang
+from parcel_hpc.ledger import Executor
+from parcel_hpc.scheduler.registry import backend_of
+from parcel_hpc.worker.gang import GangEnv
 
 BUDGET = {"max_trials": 100, "gpu_hours_cap": 1000.0, "cost_cap": 10000.0, "rate_per_gpu_hour": 2.0, "rate_per_cpu_hour": 0.1, "max_retries": 1}
 
@@ -28,3 +33,39 @@ def test_the_worst_case_and_the_charge_of_a_gang_are_every_ranks():
     # Half an hour of a gang the scheduler allocated 4 GPUs: 2 GPU-h, 4 CPU-h.
     assert attempt_usage(resources, 0.0, 1800.0, gpus=4) == pytest.approx((2.0, 4.0))
     assert attempt_usage(resources, 0.0, 1800.0) == pytest.approx((2.0, 4.0))  # the request, as reserved
+
+
+def test_a_gang_runs_only_where_its_ranks_start_together_in_a_job_of_its_own():
+    local, slurm = backend_of(Executor("local")), backend_of(Executor("slurm"))
+    two = TrialShape.of({"nodes": 1, "tasks_per_node": 2, "gpus": 0, "cpus": 1})
+    spread = TrialShape.of({"nodes": 2, "tasks_per_node": 2, "gpus": 0, "cpus": 1})
+    one = TrialShape.of({"gpus": 0, "cpus": 1})
+    jobs = {"pack_size": "auto", "dispatch": "auto"}
+    check_gang(two, jobs, 1, local.gang_refusal(two))  # one machine's ranks: run
+    check_gang(one, {"pack_size": 4, "dispatch": "slots"}, 5, slurm.gang_refusal(one))  # one rank: nothing to check
+    refusals = [
+        (
+            spread,
+            jobs,
+            1,
+            local,
+            "resources.nodes=2 asks for a trial of 4 ranks (2 nodes x 2 ranks x 0 GPU); the local executor runs a trial on this one machine",
+        ),
+        (two, jobs, 1, slurm, "the slurm executor runs each trial as one process in this version"),
+        (two, jobs, 4, local, "with a split of 4 folds"),
+        (two, {"pack_size": 3}, 1, local, "hydra.launcher.pack_size=3 packs trials of 2 ranks; a gang is its own job"),
+        (two, {"dispatch": "slots"}, 1, local, "set hydra.launcher.dispatch=jobs"),
+    ]
+    for shape, launcher, folds, backend, needle in refusals:
+        with pytest.raises(UsageError) as refused:
+            check_gang(shape, launcher, folds, backend.gang_refusal(shape))
+        assert needle in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_each_rank_of_a_node_gets_its_share_of_the_gpus_the_node_was_handed():
+    rank = GangEnv.of_job("4711", 3, 4, 1, 2, ["n1", "n2"])
+    assert rank.devices("0,1,2,3", 2) == "2,3" and rank.devices("5,6", 1) == "6"
+    assert rank.devices("2", 1) is None and rank.devices("", 0) is None  # already one rank's (--gpus-per-task), or none
+    env = rank.environ()
+    assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["MASTER_ADDR"]) == ("3", "4", "1", "n1")
+    assert GangEnv.of_job("4711", 0, 4, 0, 2, ["n1", "n2"]).master_port == int(env["MASTER_PORT"])  # every rank, every requeue: one port

@@ -67,6 +67,7 @@ WASTE_CAUSES = tuple(w for w in Waste if w is not Waste.USEFUL)  # the causes ``
 # (``JobState.cause``, the one state table): BOOT_FAIL is a node failure, DEADLINE a time limit.
 WASTE_OF_CAUSE = {
     Cause.NODE_FAIL: Waste.NODE_FAILURE,
+    Cause.RANK_LOST: Waste.NODE_FAILURE,  # a rank's process or node gone: the gang's interruption
     Cause.PREEMPTED: Waste.PREEMPTION,
     Cause.TIMEOUT: Waste.TIMEOUT,
     Cause.CANCELLED: Waste.CANCELLED,

@@ -380,15 +380,9 @@ def checked(cfg: Mapping[str, Any], launcher: Mapping[str, Any], check_launcher:
     cfg["checkpoint"].update(cadence(cfg["checkpoint"], launcher))
     _check_step_seconds_param(cfg.get("train", {}).get("step_seconds_param"), cfg["space"]["params"])
     resources = cfg["resources"]
-    shape = TrialShape.of(resources)
-    if shape.is_gang:  # the contract, budgets and checkpoints know a gang; the worker does not run one yet
-        key = "resources.tasks_per_node" if shape.tasks_per_node > 1 else "resources.nodes"
-        raise bad(
-            key,
-            _get(cfg, key),
-            f"asks for a trial of {shape.ranks} ranks ({shape.describe()}); this version runs each trial as one process",
-            "set resources.nodes=1 resources.tasks_per_node=1 (trials that span GPUs and nodes are issue 50, not built yet)",
-        )
+    # A gang's ranks wait on one another at each step boundary at most this long: a step must be shorter
+    # than the scheduler's notice anyway (``worker/signals.py``), so a rank silent longer is hung.
+    cfg["checkpoint"]["rank_wait_s"] = float(launcher["signal_delay_s"])
     resources["mem_gb"] = mem_gb("resources.mem_gb", resources["mem_gb"])
     resources["time_limit_min"] = time_min("resources.time_limit_min", resources["time_limit_min"])
     check_launcher(launcher)
@@ -477,6 +471,26 @@ def _copy(node: Any) -> Any:
     if isinstance(node, list):
         return [_copy(v) for v in node]
     return node
+
+
+def check_gang(shape: TrialShape, launcher: Mapping[str, Any], folds: int, backend_refusal: str) -> None:
+    """A trial of several ranks (a gang) only where it runs whole: on a backend that starts its ranks
+    (``backend_refusal``: why not, "" where it does), in its own job (never packed or in a slot, which
+    run trials one after another in one process), and without folds (not built for gangs)."""
+    if not shape.is_gang:
+        return
+    key = "resources.nodes" if shape.nodes > 1 and (backend_refusal or shape.tasks_per_node == 1) else "resources.tasks_per_node"
+    value = shape.nodes if key == "resources.nodes" else shape.tasks_per_node
+    what = f"asks for a trial of {shape.ranks} ranks ({shape.describe()})"
+    if backend_refusal:
+        raise bad(key, value, f"{what}; {backend_refusal}", "set resources.nodes=1 resources.tasks_per_node=1, or run the search where gangs run")
+    if folds > 1:
+        raise bad(key, value, f"{what} with a split of {folds} folds; a gang's K fold runs are not built", "use a split without folds, or one rank")
+    pack = pack_option(launcher.get("pack_size", 1))
+    if pack is not None and pack > 1:
+        raise bad("hydra.launcher.pack_size", pack, f"packs trials of {shape.ranks} ranks; a gang is its own job", "set hydra.launcher.pack_size=1 (or auto)")
+    if dispatch_option(launcher.get("dispatch")) is Dispatch.SLOTS:
+        raise bad("hydra.launcher.dispatch", "slots", f"runs trials of {shape.ranks} ranks in slots; a gang is its own job", "set hydra.launcher.dispatch=jobs")
 
 
 # --- the launcher's dispatch options (the scheduler's packing and slots read them) --------------

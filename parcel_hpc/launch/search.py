@@ -29,6 +29,7 @@ from parcel_hpc.errors import UsageError
 from parcel_hpc.governance import validation
 from parcel_hpc.governance.contract import Contract, first_difference, freeze_contract, load_contract
 from parcel_hpc.governance.outcome import GovernanceRefusal, Outcome
+from parcel_hpc.governance.shape import TrialShape
 from parcel_hpc.launch import display
 from parcel_hpc.launch.follow import ACCOUNT_WAIT_S, Follower, SlotPlan, account_decision, admitted, choose_packing, detached_slots, uses_slots
 from parcel_hpc.launch.pulse import Pulse
@@ -77,6 +78,8 @@ def from_hydra(config: DictConfig, grammar: Sequence[str]) -> tuple[dict[str, An
     del launcher["kind"]
     split_path = Path(cfg["split"]["path"])
     folds = read_split(split_path).fold_count if split_path.is_file() else 1  # a missing file: build_contract says so
+    shape = TrialShape.of(cfg["resources"])
+    validation.check_gang(shape, launcher, folds, backend_of(kind).gang_refusal(shape))
     # A K-fold trial's attempt runs its K fold runs in turn: its limit (the job's, the packed attempt's, and
     # the budget's worst case, every reader of resources.time_limit_min) is K times a fold run's.
     cfg["resources"]["time_limit_min"] = folds * cfg["resources"]["time_limit_min"]

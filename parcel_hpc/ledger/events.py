@@ -79,6 +79,7 @@ class Cause(str, enum.Enum):
     PREVIOUS_ATTEMPT_ALIVE = "previous_attempt_alive"  # an older attempt still held the directory
     SUPERSEDED = "superseded"  # a newer attempt of the same trial took over: not an interruption
     NO_SPACE = "no_space"  # the checkpoint or search filesystem is full (ENOSPC, EDQUOT): not the design's fault
+    RANK_LOST = "rank_lost"  # a rank of the trial's gang left it (its process or node gone): the gang is requeued whole
     # Training failures: retried once; the same class twice is a reproducible result about the design.
     EXCEPTION = "exception"
     DIVERGED = "diverged"
@@ -86,6 +87,7 @@ class Cause(str, enum.Enum):
     UNSAVABLE_STATE = "unsavable_state"  # the trainer's state is not arrays and JSON scalars
     INVALID_PREDICTIONS = "invalid_predictions"  # the trainer's predictions are not one probability per example
     DEVICES_NOT_GRANTED = "devices_not_granted"  # the trainer asked for more GPUs than the attempt was granted
+    RANK_HUNG = "rank_hung"  # a rank of the gang reached no step boundary within the bound while the others waited
     # Governance.
     DRIFT = "drift"  # the worker's environment differs from the contract: nothing ran, the trial stays queued
     CHECKPOINT_COLLISION = "checkpoint_collision"  # quarantine: two trials on one checkpoint prefix
@@ -93,7 +95,15 @@ class Cause(str, enum.Enum):
     CANCELLED_BY_OWNER = "cancelled_by_owner"  # `parcel-hpc cancel`: never retried or resubmitted
 
     def is_training_failure(self) -> bool:
-        return self in (Cause.EXCEPTION, Cause.DIVERGED, Cause.OUT_OF_MEMORY, Cause.UNSAVABLE_STATE, Cause.INVALID_PREDICTIONS, Cause.DEVICES_NOT_GRANTED)
+        return self in (
+            Cause.EXCEPTION,
+            Cause.DIVERGED,
+            Cause.OUT_OF_MEMORY,
+            Cause.UNSAVABLE_STATE,
+            Cause.INVALID_PREDICTIONS,
+            Cause.DEVICES_NOT_GRANTED,
+            Cause.RANK_HUNG,
+        )
 
     def is_infrastructure(self) -> bool:
         return self in _INFRASTRUCTURE
@@ -119,6 +129,7 @@ _INFRASTRUCTURE = frozenset(
         Cause.PREVIOUS_ATTEMPT_ALIVE,
         Cause.SUPERSEDED,
         Cause.NO_SPACE,
+        Cause.RANK_LOST,
     }
 )
 

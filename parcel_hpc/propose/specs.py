@@ -266,4 +266,5 @@ def plan_template(cfg: Mapping[str, Any], contract: Contract, search_dir: Path) 
         gpus=int(contract["resources"]["gpus"]),
         cpus=int(contract["resources"]["cpus"]),
         time_limit_min=int(contract["resources"]["time_limit_min"]),
+        rank_wait_s=float(ck.get("rank_wait_s", WorkerPlan.rank_wait_s)),  # a config the launch never checked: the default
     )

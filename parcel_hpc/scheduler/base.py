@@ -29,6 +29,7 @@ import pyarrow as pa
 from parcel_hpc import anchor
 from parcel_hpc.budget import AssociationLimit
 from parcel_hpc.errors import ParcelError, UsageError
+from parcel_hpc.governance.shape import TrialShape
 from parcel_hpc.ledger import Attempt, Cause, Executor, JobRole, SearchDir, Started, TrialRecord
 from parcel_hpc.probe import Liveness
 from parcel_hpc.scheduler.runs import JobRun, runs_table
@@ -311,6 +312,11 @@ class Backend(ABC):
         ``runs.RUN_SCHEMA``); None where it exports none. UsageError (one line, how to export one)
         when the file cannot be read."""
         return None
+
+    def gang_refusal(self, shape: TrialShape) -> str:
+        """Why this backend cannot run a trial of ``shape`` ("" where it can): a gang's ranks start
+        together only where the backend starts them (``worker/task.py`` gives each its role)."""
+        return f"the {self.executor} executor runs each trial as one process in this version (gangs on it: issue 50, not built yet)" if shape.is_gang else ""
 
     def check_launcher(self, launcher: Mapping[str, Any]) -> None:
         """Its launcher group's own values checked (``governance.validation.checked`` calls this in

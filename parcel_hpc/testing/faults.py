@@ -12,6 +12,7 @@ import hashlib
 import os
 import signal
 import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -68,3 +69,28 @@ def interrupt_once_while_saving(params: Mapping[str, Any], step: int) -> None:
     except FileExistsError:
         return
     os.kill(os.getpid(), signal.SIGUSR2)
+
+
+RANK_HOOK = "parcel_hpc.testing.faults:rank_fault"
+RANK_FAULT_ENV = "PARCEL_TEST_RANK_FAULT"  # "<rank>:<step>:<raise|signal|hang|exit>", once a search (``MARKERS_ENV``)
+
+
+def rank_fault(params: Mapping[str, Any], step: int) -> None:
+    """A fault on one rank of a gang (its ``RANK``) at one step of the first attempt that reaches it:
+    ``raise`` an exception, send itself the scheduler's ``signal``, ``hang`` (sleep for an hour), or
+    ``exit`` at once as a killed process would (its node gone)."""
+    rank, at, kind = os.environ[RANK_FAULT_ENV].split(":")
+    if int(os.environ.get("RANK", "0")) != int(rank) or step != int(at):
+        return
+    try:
+        (Path(os.environ[MARKERS_ENV]) / f"rank-{rank}-{kind}").touch(exist_ok=False)
+    except FileExistsError:
+        return
+    if kind == "raise":
+        raise RuntimeError(f"injected fault on rank {rank} at step {step}")
+    if kind == "signal":
+        os.kill(os.getpid(), signal.SIGUSR2)
+    elif kind == "hang":
+        time.sleep(3600)
+    elif kind == "exit":
+        os.kill(os.getpid(), signal.SIGKILL)

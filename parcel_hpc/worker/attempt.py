@@ -31,9 +31,11 @@ from __future__ import annotations
 
 import enum
 import errno
+import os
+import signal
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import cast
@@ -42,6 +44,7 @@ from parcel_hpc import anchor, fence
 from parcel_hpc.budget import SearchBudget
 from parcel_hpc.checkpoints import claims
 from parcel_hpc.checkpoints import store as ckpt
+from parcel_hpc.checkpoints.gang import GangCheckpoints
 from parcel_hpc.checkpoints.writer import BackgroundWriter
 from parcel_hpc.data import Split, read_split
 from parcel_hpc.errors import UsageError
@@ -68,10 +71,11 @@ from parcel_hpc.trainer import (
     threads,
 )
 from parcel_hpc.trainer.base import checked_probabilities
-from parcel_hpc.trainer.run import Restored, Stop
+from parcel_hpc.trainer.run import Due, Restored, Stop
 from parcel_hpc.worker import quarantine
 from parcel_hpc.worker.cache import WorkerCache
 from parcel_hpc.worker.devices import UtilizationSampler, device_use
+from parcel_hpc.worker.gang import GangEnv, Leader, LeaderSide, RankFailed, RankHung, RankLost, restored_of
 from parcel_hpc.worker.plan import WorkerPlan
 from parcel_hpc.worker.result import Ran, WorkerResult
 from parcel_hpc.worker.signals import StepBoundarySignals, toolkit_handlers
@@ -130,10 +134,20 @@ class AttemptRun:
     scheduler signals only at the end of the pack's); None where the scheduler's limit is the attempt's."""
 
     def __init__(
-        self, plan: WorkerPlan, facts: Started, cache: WorkerCache | None = None, limit_s: float | None = None, prior: TrialRecord | None = None
+        self,
+        plan: WorkerPlan,
+        facts: Started,
+        cache: WorkerCache | None = None,
+        limit_s: float | None = None,
+        prior: TrialRecord | None = None,
+        gang: GangEnv | None = None,
     ) -> None:
-        """``prior``: the trial's record, when the caller has just read it."""
+        """``prior``: the trial's record, when the caller has just read it. ``gang``: this process is
+        rank 0 of a trial of several ranks (the others run ``worker/peer.py``): the attempt is the
+        gang's, its claim the gang's one claim, its checkpoints the gang's (``GangCheckpoints``)."""
         self.plan = plan
+        self.gang = gang
+        self.leader: Leader | None = None  # the gang's channel, once every peer said hello
         self.facts = facts
         self.cache = cache or WorkerCache()
         self.limit_s = limit_s
@@ -143,7 +157,7 @@ class AttemptRun:
         self.prior = record
         self.attempt = self.search.claim_attempt(plan.trial_id, 1 + max((a.number for a in record.attempts), default=0))
         self.ledger = self.search.writer(plan.trial_id, f"a{self.attempt}")
-        self.store: ckpt.CheckpointStore | None = None
+        self.store: ckpt.CheckpointStore | GangCheckpoints | None = None
         self.writer: BackgroundWriter | None = None  # the store's saves, written off the training path
         self.claim: claims.Claim | None = None
         self.milestones = MilestoneStore(self.search.path, plan.pruner["milestones"])
@@ -181,6 +195,10 @@ class AttemptRun:
         threads.bind(plan.cpus)  # before admission imports the trainer (and torch with it)
         try:
             contract = self.contract = self.search.contract()
+            if self.gang is not None:
+                # Every peer says hello before anything is decided: a peer told nothing more (rank 0
+                # stopped before training) sees the channel close and exits without training.
+                self.leader = Leader.open(self.gang.channel_port, self.gang.world_size, hang_s=plan.rank_wait_s)
             self._admit(contract)
             self._reserve(contract)
             # The claim fields only: claims and checkpoint headers store and compare exactly these.
@@ -212,8 +230,13 @@ class AttemptRun:
             except Exception as exc:  # saving at the limit failed (a full disk, the trainer's state())
                 return self._unexpected(exc)
             return WorkerResult(plan.trial_id, Ran.INTERRUPTED, cause=Cause.TIMEOUT, again=again)
+        except (RankLost, RankHung) as exc:
+            return self._gang_broke(exc)
         except Exception as exc:
             return self._unexpected(exc)
+        finally:
+            if self.leader is not None:
+                self.leader.close()  # a peer still waiting on rank 0 sees it gone and exits
 
     def _run_fold(self, contract: Contract, identity: TrialIdentity, held: StepBoundarySignals, fold: int | None) -> tuple[int, float]:
         """One fold run of a K-fold trial (``fold`` None: the one run of a trial without folds): claim
@@ -223,7 +246,21 @@ class AttemptRun:
         self.fold, self.step = fold, 0
         ckpt_dir = self._checkpoint_dir(fold)
         claim = self.claim = self._claim(ckpt_dir, identity)
-        self.store = ckpt.CheckpointStore(ckpt_dir, identity, keep_last=plan.keep_last, claim=claim)
+        if self.gang is not None and self.leader is not None:
+            self.store = GangCheckpoints(
+                ckpt_dir,
+                identity,
+                rank=0,
+                world_size=self.gang.world_size,
+                attempt=self.attempt,
+                keep_last=plan.keep_last,
+                claim=claim,
+                commit_wait_s=plan.rank_wait_s,
+            )
+            # The peers train now, in this attempt's checkpoint directory, under its one claim.
+            self.leader.send({"train": True, "attempt": self.attempt, "ckpt_dir": ckpt_dir, "claim": claim.record.to_json()})
+        else:
+            self.store = ckpt.CheckpointStore(ckpt_dir, identity, keep_last=plan.keep_last, claim=claim)
         self.writer = BackgroundWriter(self.store)
         # Admission read the snapshot and the split before the fence: neither is read twice.
         data = self.cache.training_data(plan.snapshot_path, cast(Split, self.split), plan.preprocessing, fold or 0)
@@ -268,6 +305,14 @@ class AttemptRun:
     def _unexpected(self, exc: Exception) -> WorkerResult:
         """How an exception out of the trainer or the loop ends the attempt; re-raised when it is a failure."""
         plan = self.plan
+        if self.leader is not None and not isinstance(exc, RankFailed):
+            # In a gang rank 0's own error is often a collective's, raised because a peer failed or left.
+            said = self.leader.after_failure(self.step)
+            if isinstance(said, RankLost):
+                return self._gang_broke(said)
+            if said is not None:
+                said.__cause__ = exc
+                exc = said
         self._saves_abandoned(exc)
         if self._final_requests():
             # Refused or fenced and not caught (or caught, then failing): the request is the result.
@@ -278,8 +323,26 @@ class AttemptRun:
             # retried within budget.max_retries, never a failure class of the design.
             self._end(Ended(AttemptEnd.INTERRUPTED, Cause.NO_SPACE, step=self.step, message=" ".join(str(exc).split())[:500]))
             return WorkerResult(plan.trial_id, Ran.INTERRUPTED, cause=Cause.NO_SPACE)
-        self._fail(_failure_class(exc), exc)
+        self._fail(failure_class(exc), exc)
         raise exc
+
+    def _gang_broke(self, exc: RankLost | RankHung) -> WorkerResult:
+        """A rank left the gang (its process or node gone, or it never came): an interruption, the gang
+        requeued whole from its last complete checkpoint. A rank that hung at a step while the others
+        waited: the trial's failure, its hung process on this host ended by its pid (on other hosts
+        the scheduler ends the job's other tasks when rank 0 exits with an error)."""
+        self._saves_abandoned(exc)
+        if isinstance(exc, RankHung) and exc.step > 0:
+            host, pid = self.leader.where.get(exc.rank, ("", 0)) if self.leader is not None else ("", 0)
+            if pid > 0 and host == self.facts.host:
+                try:
+                    os.kill(pid, signal.SIGKILL)  # one of this job's own tasks, by its pid
+                except ProcessLookupError:
+                    pass
+            self._fail(Cause.RANK_HUNG, exc)
+            raise exc
+        again = self.interrupt(Cause.RANK_LOST)
+        return WorkerResult(self.plan.trial_id, Ran.INTERRUPTED, str(exc), cause=Cause.RANK_LOST, again=again)
 
     def _admit(self, contract: Contract) -> None:
         plan = self.plan
@@ -384,6 +447,9 @@ class AttemptRun:
         """The trial's last good checkpoint (None: a fresh start); the files it skipped are journaled."""
         assert self.store is not None  # execute() made it before building the trainer
         self._saves_written()  # a loop restarted after a requeue reads the save it just made
+        if isinstance(self.store, GangCheckpoints):
+            found = self.store.load_latest()  # the newest step every rank's part is committed for
+            return None if found is None else restored_of(found)
         latest = self.store.load_latest()
         for problem in self.store.problems:
             self.ledger.checkpoint_skipped(self.attempt, anchor.shown(problem.path), problem.reason)
@@ -392,6 +458,9 @@ class AttemptRun:
     def _train(self, trainer: Trainer, data: TrainingData, held: StepBoundarySignals) -> tuple[int, float]:
         """The trainer's loop to the last step; a stop the loop obeyed ends the attempt here."""
         calls = LoopCallbacks(self._restore, self._stepped, self._save, self._validated)
+        if self.leader is not None:
+            side = LeaderSide(self.leader)
+            calls = replace(calls, agreed=self._agreed_by_gang(side), agreed_after_validation=side.after_validation)
         while True:
             run = train(self.plan, trainer, data, calls, step_hooks())
             if run.stop is not Stop.REQUEUE or run.done:
@@ -431,6 +500,19 @@ class AttemptRun:
             self.timed_out = True
             return Stop.REQUEUE  # at a step boundary: the loop saves a whole state, then returns
         return Stop.REQUEUE if self.signals.pending else None  # the scheduler's signal, held to this boundary
+
+    def _agreed_by_gang(self, side: LeaderSide) -> Callable[[int, Due, Stop | None, bool], tuple[Due, Stop | None]]:
+        """Rank 0's decision for the gang after each step. A requeue that only a peer's signal asked for
+        is this attempt's signal too: held here as if it had reached rank 0, so the loop's return hands
+        it to the scheduler's handler (the interruption recorded, the job requeued with every rank)."""
+
+        def agreed(step: int, due: Due, stop: Stop | None, milestone: bool) -> tuple[Due, Stop | None]:
+            due, agreed_stop = side.after_step(step, due, stop, milestone)
+            if agreed_stop is Stop.REQUEUE and stop is None:
+                self.signals.pending.append(signal.SIGUSR2)
+            return due, agreed_stop
+
+        return agreed
 
     def _save(self, step: int, state: TrainerState) -> None:
         assert self.writer is not None  # made before the trainer was built
@@ -554,7 +636,8 @@ class AttemptRun:
                 step=self.step,
                 message=f"{type(exc).__name__}: {exc}"[:500],
                 error_type=type(exc).__name__,
-                traceback="".join(traceback.format_exception(exc))[-TRACEBACK_CHARS:],
+                # A peer's failure: its own traceback, as it reported it.
+                traceback=(exc.traceback if isinstance(exc, RankFailed) else "".join(traceback.format_exception(exc)))[-TRACEBACK_CHARS:],
             )
         )
 
@@ -584,8 +667,11 @@ def _no_space(exc: BaseException | None) -> bool:
     return False
 
 
-def _failure_class(exc: BaseException) -> Cause:
+def failure_class(exc: BaseException) -> Cause:
     """The failure class of an exception out of the trainer or the loop."""
+    if isinstance(exc, RankFailed):
+        cause = next((c for c in Cause if c.value == exc.cause), Cause.EXCEPTION)  # as the rank that raised it classified it
+        return cause if cause.is_training_failure() else Cause.EXCEPTION
     if isinstance(exc, Diverged):
         return Cause.DIVERGED
     if isinstance(exc, MemoryError) or any(c.__name__ == "OutOfMemoryError" for c in type(exc).__mro__):  # torch.cuda's, without importing torch

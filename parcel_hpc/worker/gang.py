@@ -19,6 +19,7 @@ bytes (each rank writes its own part: ``checkpoints/gang.py``).
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
 import traceback
@@ -27,7 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from parcel_hpc.checkpoints.gang import GANG_KEY, GangCheckpoints
+from parcel_hpc.checkpoints.gang import GANG_KEY, GangCheckpoints, GangRestore
 from parcel_hpc.checkpoints.writer import BackgroundWriter
 from parcel_hpc.trainer import TrainerState, TrainingData
 from parcel_hpc.trainer.run import Due, Restored, Run, Stop, stopping_due
@@ -56,6 +57,14 @@ class GangEnv:
         port = low + zlib.crc32(job_id.encode()) % (high - low - 1)
         return cls(rank, world_size, local_rank, local_world_size, hosts[0], port)
 
+    def devices(self, visible: str, gpus_per_rank: int) -> str | None:
+        """This rank's share of the GPUs its node's ranks were handed together (the local executor
+        hands a job's GPUs to all its tasks): the ``CUDA_VISIBLE_DEVICES`` to set, or None to leave it."""
+        named = [d for d in visible.split(",") if d.strip()]
+        if gpus_per_rank < 1 or len(named) != gpus_per_rank * self.local_world_size:
+            return None  # already one rank's (SLURM's --gpus-per-task), or none
+        return ",".join(named[self.local_rank * gpus_per_rank : (self.local_rank + 1) * gpus_per_rank])
+
     @property
     def channel_port(self) -> int:
         """The toolkit's own channel (``Leader``/``Peer``), beside torch's."""
@@ -80,6 +89,7 @@ class Report:
     step: int
     signalled: bool = False  # the scheduler's signal reached this rank
     error: str | None = None  # this rank's exception with its traceback: the trial's failure
+    cause: str | None = None  # its failure class (``Cause``'s value), as the rank that raised it classified it
 
 
 class RankHung(RuntimeError):
@@ -135,8 +145,9 @@ class _Line:
 class Leader:
     """Rank 0's end: every peer connected, then ``gather`` and ``send`` once a step."""
 
-    def __init__(self, peers: dict[int, _Line], hang_s: float, clock: Callable[[], float]) -> None:
+    def __init__(self, peers: dict[int, _Line], hang_s: float, clock: Callable[[], float], where: Mapping[int, tuple[str, int]] | None = None) -> None:
         self._peers, self.hang_s, self._clock = peers, hang_s, clock
+        self.where = dict(where or {})  # rank -> (host, pid) as its hello said: a hung rank on this host is ended by its pid
 
     @classmethod
     def open(cls, port: int, world_size: int, *, hang_s: float, clock: Callable[[], float] = time.monotonic) -> Leader:
@@ -144,6 +155,7 @@ class Leader:
         all ``world_size - 1`` peers said hello; a peer that never came within ``hang_s`` is ``RankHung`` at step 0."""
         server = socket.create_server(("", port), reuse_port=False)
         peers: dict[int, _Line] = {}
+        where: dict[int, tuple[str, int]] = {}
         deadline = clock() + hang_s
         try:
             while len(peers) < world_size - 1:
@@ -158,18 +170,22 @@ class Leader:
                     hello = line.receive(deadline, clock)
                 except (EOFError, ValueError):
                     hello = None
-                rank = hello.get("rank") if isinstance(hello, dict) else None
+                if not isinstance(hello, dict):
+                    line.close()
+                    continue
+                rank = hello.get("rank")
                 if not isinstance(rank, int) or not 0 < rank < world_size or rank in peers:
                     line.close()  # not one of ours (a port scan, a stale peer of another gang)
                     continue
                 peers[rank] = line
+                where[rank] = (str(hello.get("host", "")), int(hello.get("pid", 0)))
         except BaseException:
             for line in peers.values():
                 line.close()
             raise
         finally:
             server.close()
-        return cls(peers, hang_s, clock)
+        return cls(peers, hang_s, clock, where)
 
     def gather(self, step: int) -> list[Report]:
         """Every peer's report for ``step``, in rank order."""
@@ -182,8 +198,24 @@ class Leader:
                 raise RankLost(rank, step) from None
             if got is None:
                 raise RankHung(rank, step, self._clock() - began)
-            reports.append(Report(rank, int(got["step"]), bool(got.get("signalled")), got.get("error")))
+            reports.append(Report(rank, int(got["step"]), bool(got.get("signalled")), got.get("error"), got.get("cause")))
         return reports
+
+    def after_failure(self, step: int, grace_s: float = 5.0) -> RankFailed | RankLost | None:
+        """Rank 0's own step failed (a collective's error, often): what its peers say about it. A peer's
+        reported exception is the trial's failure (``RankFailed``); a peer whose connection closed
+        without one left the gang (``RankLost``: its node or process is gone); None when every peer is
+        there and silent, so the failure is rank 0's own."""
+        deadline = self._clock() + grace_s
+        lost = None
+        for rank, line in sorted(self._peers.items()):
+            try:
+                while (got := line.receive(deadline, self._clock)) is not None:
+                    if got.get("error") is not None:
+                        return RankFailed(rank, int(got.get("step", step)), str(got["error"]), got.get("cause"))
+            except (EOFError, ValueError):
+                lost = lost or RankLost(rank, step)
+        return lost
 
     def send(self, decision: Mapping[str, Any]) -> None:
         """The gang's decision for the step just gathered, to every peer."""
@@ -217,13 +249,31 @@ class Peer:
                     raise RankHung(0, 0, hang_s) from None
                 time.sleep(0.05)
         line = _Line(sock)
-        line.send({"rank": rank})
+        line.send({"rank": rank, "host": socket.gethostname(), "pid": os.getpid()})
         return cls(rank, line, hang_s, clock)
+
+    def report(self, report: Report) -> None:
+        """Send a report without waiting for a decision (a failing rank's last word); quiet if rank 0 is gone."""
+        try:
+            self._line.send({"step": report.step, "signalled": report.signalled, "error": report.error, "cause": report.cause})
+        except OSError:
+            pass
+
+    def told(self, wait_s: float) -> dict[str, Any]:
+        """Rank 0's word before training (``Leader.send``): waited for up to ``wait_s``."""
+        began = self._clock()
+        try:
+            said = self._line.receive(began + wait_s, self._clock)
+        except (EOFError, OSError, ValueError):
+            raise RankLost(0, 0) from None
+        if said is None:
+            raise RankHung(0, 0, self._clock() - began)
+        return said
 
     def exchange(self, report: Report) -> dict[str, Any]:
         """Send this rank's report; the gang's decision for the step."""
         try:
-            self._line.send({"step": report.step, "signalled": report.signalled, "error": report.error})
+            self._line.send({"step": report.step, "signalled": report.signalled, "error": report.error, "cause": report.cause})
             began = self._clock()
             decision = self._line.receive(began + self.hang_s, self._clock)
         except (EOFError, OSError):
@@ -239,10 +289,24 @@ class Peer:
 class RankFailed(RuntimeError):
     """Another rank's exception, as it reported it: the trial's failure, with that rank's traceback."""
 
-    def __init__(self, rank: int, step: int, text: str) -> None:
-        self.rank, self.step, self.traceback = rank, step, text
+    def __init__(self, rank: int, step: int, text: str, cause: str | None = None) -> None:
+        self.rank, self.step, self.traceback, self.cause = rank, step, text, cause
         last = text.strip().splitlines()[-1] if text.strip() else "an exception"
-        super().__init__(f"rank {rank} failed at step {step}: {last}")
+        super().__init__(f"rank {rank} failed after step {step}: {last}")
+
+
+def report_failure(peer: Peer, step: int, exc: BaseException, cause: str) -> None:
+    """Tell rank 0 this rank's exception and its failure class (its traceback is the trial's failure),
+    without waiting: rank 0 may be blocked in a collective this rank will never join, and is freed
+    when this process exits. Quiet if rank 0 is gone."""
+    peer.report(Report(peer.rank, step, error="".join(traceback.format_exception(exc)), cause=cause))
+
+
+def restored_of(found: GangRestore) -> Restored:
+    """A rank's part of the gang's newest complete step as its loop restores it (the gang's own header
+    fields left out: the trainer saved none of them)."""
+    extra = {k: v for k, v in (found.own.extra or {}).items() if k != GANG_KEY}
+    return Restored(found.manifest.step, TrainerState(found.own.params, extra))
 
 
 def _decision(step: int, due: Due, stop: Stop | None) -> dict[str, Any]:
@@ -277,7 +341,7 @@ class LeaderSide:
         reports = self.leader.gather(step)
         failed = next((r for r in reports if r.error is not None), None)
         if failed is not None:
-            raise RankFailed(failed.rank, failed.step, str(failed.error))
+            raise RankFailed(failed.rank, failed.step, str(failed.error), failed.cause)
         return reports
 
 
@@ -298,15 +362,15 @@ class PeerRun(Run):
         super().__init__(params, seed, data, score=lambda scores: float("nan"))
         self.peer, self.checkpoints, self.signalled = peer, checkpoints, signalled
         self.writer = BackgroundWriter(checkpoints)
+        self.hooks: tuple[Callable[[Mapping[str, Any], int], None], ...] = ()  # called after each step (the tests' faults)
 
     def _restore(self) -> Restored | None:
         found = self.checkpoints.load_latest()
-        if found is None:
-            return None
-        extra = {k: v for k, v in (found.own.extra or {}).items() if k != GANG_KEY}
-        return Restored(found.manifest.step, TrainerState(found.own.params, extra))
+        return None if found is None else restored_of(found)
 
     def _stepped(self, step: int) -> Stop | None:
+        for hook in self.hooks:
+            hook(self.params, step)
         return None  # rank 0 decides, in ``_agreed``
 
     def _agreed(self, step: int, due: Due, stop: Stop | None) -> tuple[Due, Stop | None]:
@@ -321,11 +385,3 @@ class PeerRun(Run):
 
     def _agreed_after_validation(self, step: int, stop: Stop | None) -> Stop | None:
         return _stop_of(self.peer.exchange(Report(self.peer.rank, step, signalled=self.signalled())))
-
-    def failed(self, exc: BaseException) -> None:
-        """Tell rank 0 this rank's exception (its traceback is the trial's failure); quiet if rank 0 is gone."""
-        text = "".join(traceback.format_exception(exc))
-        try:
-            self.peer.exchange(Report(self.peer.rank, self.step + 1, error=text))
-        except (RankLost, RankHung):
-            pass

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from parcel_hpc.ledger import Cause, Started
 from parcel_hpc.scheduler.registry import BACKENDS, backend_of
+from parcel_hpc.worker.gang import GangEnv
 
 
 def facts_from_env(env: Mapping[str, str] | None = None) -> Started:
@@ -35,3 +36,18 @@ def process_started(proc: str = "/proc") -> float | None:
 def signal_cause(facts: Started) -> Cause:
     """Preemption or time limit? submitit counts every early signal as a timeout; ask the job's scheduler."""
     return backend_of(facts.executor).signal_cause(facts)
+
+
+def gang_of_job() -> GangEnv | None:
+    """This task's place in its trial's gang, from submitit's job environment (each backend's names
+    for rank, node and hosts); None for a job of one task, or a task run outside submitit."""
+    import submitit  # a worker has it loaded already; read commands import this module too
+
+    try:
+        job = submitit.JobEnvironment()
+    except RuntimeError:  # not a submitit job: a task run by hand
+        return None
+    if job.num_tasks <= 1:
+        return None
+    per_node = job.num_tasks // max(1, job.num_nodes)
+    return GangEnv.of_job(job.job_id, job.global_rank, job.num_tasks, job.local_rank, per_node, list(job.hostnames))

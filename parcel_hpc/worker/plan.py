@@ -51,6 +51,7 @@ class WorkerPlan:
     gpus: int = 0
     cpus: int = 1
     time_limit_min: int = 10
+    rank_wait_s: float = 60.0  # a gang: how long its ranks wait on one another at a step boundary (the launcher's signal_delay_s)
 
     def to_json(self) -> dict:
         return asdict(self)

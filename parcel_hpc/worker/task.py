@@ -17,6 +17,7 @@ checkpoint, and those that had not started start: none is lost or run twice.
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,7 +33,8 @@ from parcel_hpc.ledger.events import FailureSignature
 from parcel_hpc.lifecycle import systematic
 from parcel_hpc.worker.attempt import AttemptRun
 from parcel_hpc.worker.cache import WorkerCache
-from parcel_hpc.worker.jobenv import facts_from_env, signal_cause
+from parcel_hpc.worker.jobenv import facts_from_env, gang_of_job, signal_cause
+from parcel_hpc.worker.peer import PeerAttempt
 from parcel_hpc.worker.plan import WorkerPlan
 from parcel_hpc.worker.result import Ran, WorkerResult
 
@@ -68,6 +70,16 @@ class TrialTask:
         owner_only_writes()
         for search_dir in sorted({p.search_dir for p in self.plans}):
             anchor.enter(search_dir)  # held by the job's gate already; a task run by hand holds its own now
+        gang = gang_of_job()
+        if gang is not None:
+            # Before any trainer code is imported: torch.distributed (and Lightning, Accelerate) read it.
+            os.environ.update(gang.environ())
+            if (share := gang.devices(os.environ.get("CUDA_VISIBLE_DEVICES", ""), self.plans[0].gpus)) is not None:
+                os.environ["CUDA_VISIBLE_DEVICES"] = share
+            if self.packed:
+                raise RuntimeError("a trial of several ranks is a job of its own; the launch never packs one")
+            if gang.rank > 0:
+                return PeerAttempt(self.plans[0], gang).execute()  # rank 0 records the trial; this rank trains its share
         facts = facts_from_env()
         cache = WorkerCache()
         results = []
@@ -88,7 +100,7 @@ class TrialTask:
                     results.append(WorkerResult(plan.trial_id, Ran.SKIPPED, why))
                     continue
                 limit_s = 60.0 * plan.time_limit_min if self.own_limits else None
-                self._run = AttemptRun(plan, facts, cache, limit_s=limit_s, prior=record)
+                self._run = AttemptRun(plan, facts, cache, limit_s=limit_s, prior=record, gang=gang)
                 result = self._run.execute()
             except UncompletedJobError:
                 raise  # submitit ends the job (it would not requeue): never swallowed as one trial's failure
@@ -108,6 +120,10 @@ class TrialTask:
                 turn = []
             if result.again:
                 turn.append(plan)  # stopped at its own limit within its retries: resumes after the others
+            if result.again and gang is not None:
+                # A rank left the gang: its interruption is recorded; the whole job is requeued, every rank
+                # restarted together (submitit's requeue, as at the scheduler's signal: ``checkpoint``).
+                signal.raise_signal(signal.SIGUSR2)
             if pending and self.packed:
                 # The job's warning came after that trial's last step, its ending now on disk: the
                 # pack checkpoints and requeues for the trials it has left (``checkpoint``).

@@ -24,7 +24,7 @@ from parcel_hpc.governance.metric import MissCost
 from parcel_hpc.trainer import Trainer, TrainerState, TrainingData, build_params
 from parcel_hpc.trainer.data import Budget
 from parcel_hpc.trainer.function import run_loop
-from parcel_hpc.trainer.run import LoopError, Restored, Run, Stop
+from parcel_hpc.trainer.run import Due, LoopError, Restored, Run, Stop
 from parcel_hpc.worker.plan import WorkerPlan
 
 STEP_HOOK_ENV = "PARCEL_HPC_STEP_HOOK"  # "package.module:function", called as f(params, step) after each step
@@ -57,6 +57,10 @@ class LoopCallbacks:
     stepped: Callable[[int], Stop | None]  # the loop finished this step (its state is whole): a stop it must obey
     save: Callable[[int, TrainerState], None]  # checkpoint this state, taken after this step
     validated: Callable[[int, float, bool, Mapping[str, float]], Stop | None]  # (step, value, final, train metrics): may stop it
+    # A gang's rank 0 (``worker/gang.LeaderSide``): what every rank does after the step, the milestone;
+    # None for a trial of one rank (what it decided itself).
+    agreed: Callable[[int, Due, Stop | None, bool], tuple[Due, Stop | None]] | None = None  # (step, due, stop, milestone)
+    agreed_after_validation: Callable[[int, Stop | None], Stop | None] | None = None
 
 
 class LoopRun(Run):
@@ -88,6 +92,14 @@ class LoopRun(Run):
 
     def _validated(self, step: int, value: float, final: bool, metrics: Mapping[str, float]) -> Stop | None:
         return self.calls.validated(step, value, final, metrics)
+
+    def _agreed(self, step: int, due: Due, stop: Stop | None) -> tuple[Due, Stop | None]:
+        agreed = self.calls.agreed
+        return (due, stop) if agreed is None else agreed(step, due, stop, self.budget.is_milestone(step))
+
+    def _agreed_after_validation(self, step: int, stop: Stop | None) -> Stop | None:
+        agreed = self.calls.agreed_after_validation
+        return stop if agreed is None else agreed(step, stop)
 
 
 def train(plan: WorkerPlan, trainer: Trainer, data: TrainingData, calls: LoopCallbacks, hooks: Sequence[StepHook] = ()) -> LoopRun:

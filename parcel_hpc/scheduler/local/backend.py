@@ -14,6 +14,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from parcel_hpc.governance.shape import TrialShape
 from parcel_hpc.gpus import visible_devices
 from parcel_hpc.ledger import Attempt, JobRole, SearchDir, Started, TrialRecord
 from parcel_hpc.probe import Liveness, local_process, seen_from_here
@@ -37,6 +38,11 @@ class LocalBackend(Backend):
         from parcel_hpc.scheduler.local.dispatcher import LocalDispatcher
 
         return LocalDispatcher(settings, search, max_num_timeout=max_num_timeout)
+
+    def gang_refusal(self, shape: TrialShape) -> str:
+        if shape.nodes > 1:
+            return "the local executor runs a trial on this one machine (its ranks: resources.tasks_per_node)"
+        return ""
 
     def job_logs(self, search: SearchDir, job_id: str) -> tuple[Path, Path]:
         from parcel_hpc.scheduler.local.dispatcher import job_logs  # submitit's names: as in ``dispatcher``

@@ -44,7 +44,7 @@ class LocalDispatcher(Dispatcher):
         self.folder = job_folder(search)
         self._max_num_timeout = max_num_timeout
         self._executor: submitit.LocalExecutor | None = None
-        wanted = int(settings.resources["gpus"])
+        wanted = int(settings.resources["gpus"]) * int(settings.resources.get("tasks_per_node", 1))  # every rank's
         self.devices = machine_gpus() if wanted > 0 else ()
         self.gpus_per_job = wanted if len(self.devices) >= wanted else 0  # 0: CPU only, charged no GPU-hours
         self.held: dict[str, tuple[Any, tuple[int, ...]]] = {}  # job id -> (its Job, the devices it holds)
@@ -55,7 +55,9 @@ class LocalDispatcher(Dispatcher):
         if self._executor is None:
             self._executor = submitit.LocalExecutor(folder=str(self.folder), max_num_timeout=self._max_num_timeout)
             self._executor.update_parameters(
-                timeout_min=int(self.settings.resources["time_limit_min"]), signal_delay_s=int(self.settings.params["signal_delay_s"])
+                timeout_min=int(self.settings.resources["time_limit_min"]),
+                signal_delay_s=int(self.settings.params["signal_delay_s"]),
+                tasks_per_node=int(self.settings.resources.get("tasks_per_node", 1)),  # a gang's ranks: one process each, started together
             )
         return self._executor
 

@@ -1,0 +1,91 @@
+"""A rank other than 0 of a trial's gang: its share of the training, nothing of the record.
+
+Rank 0 (``attempt.py``) is the attempt: admission, the budget's reservation, the one claim on the
+trial's checkpoint directory, the ledger, pruning, the scheduler's signal and the requeue. A peer says
+hello on rank 0's channel and waits to be told to train (with the attempt's number, the directory
+and the claim); told nothing (rank 0 stopped before training: a rejection, a full budget, a
+collision), it exits without having run trainer code. Told to train, it reads the same data, is
+fenced from the final partition as rank 0 is, builds the same trainer and runs the same loop as a
+``PeerRun``: every decision rank 0's, its part of each checkpoint written under rank 0's claim
+(verified before each write). Its exception is reported to rank 0 with its traceback and failure
+class, and is the trial's failure there; rank 0 gone (its process ended) ends this rank quietly.
+
+Must not: write the ledger, hold a claim of its own, or decide when to save, validate or stop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from parcel_hpc import fence
+from parcel_hpc.checkpoints.claims import Claim, ClaimOutcome, ClaimRecord
+from parcel_hpc.checkpoints.gang import GangCheckpoints
+from parcel_hpc.data import read_split
+from parcel_hpc.governance.admission import TrialIdentity
+from parcel_hpc.ledger import SearchDir
+from parcel_hpc.trainer import Devices, build_params, make_trainer, threads
+from parcel_hpc.trainer.function import run_loop
+from parcel_hpc.worker import attempt
+from parcel_hpc.worker.cache import WorkerCache
+from parcel_hpc.worker.gang import GangEnv, Peer, PeerRun, RankHung, RankLost, report_failure
+from parcel_hpc.worker.jobenv import facts_from_env
+from parcel_hpc.worker.plan import WorkerPlan
+from parcel_hpc.worker.result import Ran, WorkerResult
+from parcel_hpc.worker.signals import StepBoundarySignals
+from parcel_hpc.worker.training import budget, step_hooks
+
+
+class PeerAttempt:
+    def __init__(self, plan: WorkerPlan, gang: GangEnv) -> None:
+        self.plan, self.gang = plan, gang
+
+    def execute(self) -> WorkerResult:
+        plan, gang = self.plan, self.gang
+        peer = Peer.connect(gang.master_addr, gang.channel_port, gang.rank, hang_s=plan.rank_wait_s)
+        try:
+            # Rank 0's admission, reservation and claim come first (the claim may wait for an earlier
+            # attempt's process): bounded by the attempt's time limit; rank 0's exit ends the wait at once.
+            told = peer.told(60.0 * plan.time_limit_min)
+        except (RankLost, RankHung):
+            return WorkerResult(plan.trial_id, Ran.STOPPED, f"rank {gang.rank}: rank 0 ended the attempt before training")
+        if not told.get("train"):
+            return WorkerResult(plan.trial_id, Ran.STOPPED, f"rank {gang.rank}: {told.get('why', 'rank 0 ended the attempt')}")
+        threads.bind(plan.cpus)
+        search = SearchDir(Path(plan.search_dir))
+        contract = search.contract()
+        split = read_split(plan.split_path)
+        data = WorkerCache().training_data(plan.snapshot_path, split, plan.preprocessing, 0)  # read before the fence, as rank 0 did
+        fence.arm(fence.Protected.of(plan.split_path, plan.snapshot_path))
+        facts = facts_from_env()
+        data = replace(data, devices=Devices.from_env(facts.gpus, facts.cuda_visible_devices))
+        ckpt_dir = str(told["ckpt_dir"])
+        claim = Claim(Path(ckpt_dir), ClaimOutcome.CLAIMED, ClaimRecord.from_json(told["claim"], ckpt_dir), None)  # rank 0's, verified before each part
+        identity = TrialIdentity(plan.trial_id, plan.config_hash, contract.digest, contract["snapshot_digest"])
+        checkpoints = GangCheckpoints(
+            ckpt_dir, identity, rank=gang.rank, world_size=gang.world_size, attempt=int(told["attempt"]), keep_last=plan.keep_last, claim=claim
+        )
+        run: PeerRun | None = None
+        with StepBoundarySignals() as held:  # the scheduler's signal here is told to rank 0, whose decision is the gang's
+            try:
+                trainer = make_trainer(contract["trainer"], search.path)
+                data = replace(data, budget=budget(plan, type(trainer).unit))
+                params = build_params(trainer, plan.params)
+                trainer.build(params, plan.seed, data)
+                run = PeerRun(params, plan.seed, data, peer, checkpoints, signalled=lambda: bool(held.pending))
+                run.hooks = step_hooks()  # the tests' injected faults reach every rank
+                run_loop(trainer, run)
+                run.writer.wait()  # this rank's part of the last save is durable before it exits
+            except (RankLost, RankHung) as exc:
+                if exc.rank == 0:  # rank 0 ended the gang (its failure, a peer's, a prune): it recorded why
+                    return WorkerResult(plan.trial_id, Ran.STOPPED, f"rank {gang.rank}: {exc}")
+                raise
+            except Exception as exc:
+                # The trial's failure, recorded by rank 0 with this rank's traceback; then this process exits,
+                # which frees rank 0 from a collective this rank will never join.
+                report_failure(peer, run.step if run is not None else 0, exc, attempt.failure_class(exc).value)  # the last step it told of
+                raise
+            finally:
+                peer.close()
+        stopped = run.stop.value if run.stop is not None else "completed"
+        return WorkerResult(plan.trial_id, Ran.STOPPED, f"rank {gang.rank}: {stopped} at step {run.step}")

@@ -1,0 +1,118 @@
+"""Trials of several ranks (issue 50) on the local executor: examples/parcel_loop's loop, data-parallel
+(DistributedDataParallel over gloo), as one trial of 2 ranks, each a process submitit started. One
+attempt and one claim for the gang, one checkpoint across its ranks (each rank's part, rank 0's
+manifest); the scheduler's signal on any rank stops every rank at one step and the whole gang is
+requeued and resumes bit-equal to the uninterrupted gang; a rank's exception is the trial's failure
+with that rank's traceback; a rank that dies is an interruption; a rank that hangs is ended within
+the bound (the launcher's signal_delay_s)."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from parcel_hpc.checkpoints import format as ckpt_format
+from parcel_hpc.ledger import AttemptEnd, Cause, SearchDir, TrialState
+from parcel_hpc.testing import faults, launch, parcel_hpc
+from parcel_hpc.testing.runs import signalled_once
+from parcel_hpc.worker.training import STEP_HOOK_ENV
+
+pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {"PYTHONPATH": str(ROOT / "examples")}
+GANG = [
+    "trainer.target=parcel_loop:train_ddp",
+    "~space.params.hidden",
+    "~space.params.l2",
+    "batch_size=choice(32)",
+    "lr=choice(0.03)",
+    "train.steps=60",
+    "pruner=none",
+    "resources.tasks_per_node=2",
+]
+pytestmark = pytest.mark.xdist_group("gangs")  # each test runs two ranks and a launch: one worker's share
+
+
+def _search(root: Path, data_dir: Path, *extra: str, env: dict | None = None) -> SearchDir:
+    args = [f"search.root={root}", "search.revision=g", "search.n_trials=1", *GANG, *extra]
+    res = launch(args, cwd=root, data_dir=data_dir, env={**ENV, **(env or {})})
+    assert res.returncode == 0, res.stderr[-3000:]
+    return SearchDir(root / "g")
+
+
+def _faulted(tmp_path: Path, data_dir: Path, fault: str, *extra: str) -> SearchDir:
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    env = {STEP_HOOK_ENV: faults.RANK_HOOK, faults.RANK_FAULT_ENV: fault, faults.MARKERS_ENV: str(markers)}
+    return _search(tmp_path, data_dir, *extra, env=env)
+
+
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory, artifacts):
+    """The gang uninterrupted: its search directory and its one trial's record."""
+    root = tmp_path_factory.mktemp("gang")
+    shutil.copytree(artifacts["dir"], root / "data")
+    search = _search(root, root / "data")
+    return search, search.record("t0000")
+
+
+def test_a_gang_is_one_trial_one_attempt_with_one_checkpoint_across_its_ranks(whole):
+    search, record = whole
+    assert record.state is TrialState.COMPLETED and len(record.attempts) == 1
+    ckpt_dir = search.path / "checkpoints" / "t0000"
+    manifest = json.loads((ckpt_dir / "ckpt-000060.manifest.json").read_text())
+    assert manifest["world_size"] == 2 and [part[0] for part in manifest["parts"]] == [0, 1]
+    for rank in (0, 1):
+        header = ckpt_format.header(ckpt_dir / f"ckpt-000060.rank-{rank:04d}.h5")
+        assert header["extra"]["gang"] == {"rank": rank, "world_size": 2, "attempt": 1}
+    assert len(list(ckpt_dir.glob("claim-*.json"))) == 2  # one claim (taken, released) for the gang
+    # Each rank a process of the job: rank 1 ran in the same job as rank 0, with its own log.
+    job = record.attempts[0].job_id
+    assert "global_rank=1(2)" in (search.submitit_dir / "local" / f"{job}_1_log.out").read_text()
+
+
+def test_a_signal_on_rank_0_requeues_the_whole_gang_which_resumes_bit_equal(tmp_path, data_dir, whole):
+    record = signalled_once([*GANG, "train.step_seconds=0.05"], cwd=tmp_path, data_dir=data_dir, env=ENV)
+    assert 10 <= record.attempts[0].step < 60
+    assert record.metric == whole[1].metric
+
+
+def test_the_signal_reaching_another_rank_first_stops_every_rank_at_one_step(tmp_path, data_dir, whole):
+    search = _faulted(tmp_path, data_dir, "1:23:signal")
+    record = search.record("t0000")
+    first, second = record.attempts
+    assert (first.how, first.cause, first.step) == (AttemptEnd.INTERRUPTED, Cause.TIMEOUT, 23)  # the gang's decision, at rank 1's step
+    assert second.resumed_from == 23 and record.metric == whole[1].metric
+    ckpt_dir = search.path / "checkpoints" / "t0000"
+    assert not list(ckpt_dir.glob("ckpt-000023.*"))  # pruned since, but it was committed: the resume found it
+
+
+def test_a_rank_s_exception_is_the_trial_s_failure_with_that_rank_s_traceback(tmp_path, data_dir, whole):
+    search = _faulted(tmp_path, data_dir, "1:12:raise")
+    record = search.record("t0000")
+    first = record.attempts[0]
+    assert (first.how, first.cause) == (AttemptEnd.FAILED, Cause.EXCEPTION)
+    assert "rank 1 failed after step 12" in first.message and "injected fault on rank 1 at step 12" in first.message
+    assert record.state is TrialState.COMPLETED and record.metric == whole[1].metric  # retried once, as any failure
+    shown = parcel_hpc(["logs", str(search.path), "t0000", "--attempt", "1"]).stdout
+    assert "injected fault on rank 1 at step 12" in shown and "faults.py" in shown and "rank_fault" in shown, shown
+
+
+def test_a_rank_that_dies_is_an_interruption_and_the_gang_is_requeued_whole(tmp_path, data_dir, whole):
+    search = _faulted(tmp_path, data_dir, "1:25:exit")
+    record = search.record("t0000")
+    first, second = record.attempts
+    assert (first.how, first.cause) == (AttemptEnd.INTERRUPTED, Cause.RANK_LOST)
+    assert second.resumed_from == 20 and second.how is AttemptEnd.COMPLETED  # the last complete step before it
+    assert record.metric == whole[1].metric
+
+
+def test_a_hung_rank_is_ended_within_the_bound_and_fails_the_attempt(tmp_path, data_dir, whole):
+    search = _faulted(tmp_path, data_dir, "1:15:hang", "hydra.launcher.signal_delay_s=5")
+    record = search.record("t0000")
+    first = record.attempts[0]
+    assert (first.how, first.cause) == (AttemptEnd.FAILED, Cause.RANK_HUNG)
+    assert "rank 1 sent nothing for 5 s at step 15" in first.message, first.message
+    assert record.state is TrialState.COMPLETED and record.metric == whole[1].metric
