@@ -313,6 +313,10 @@ class Backend(ABC):
         when the file cannot be read."""
         return None
 
+    def node_address(self, node: str) -> str:
+        """Where the other ranks of a gang reach ``node`` (the job's first host, rank 0's): its name."""
+        return node
+
     def gang_refusal(self, shape: TrialShape) -> str:
         """Why this backend cannot run a trial of ``shape`` ("" where it can): a gang's ranks start
         together only where the backend starts them (``worker/task.py`` gives each its role)."""

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from parcel_hpc.ledger import Cause, Started
+from parcel_hpc.scheduler.base import Backend
 from parcel_hpc.scheduler.registry import BACKENDS, backend_of
 from parcel_hpc.worker.gang import GangEnv
 
@@ -18,6 +19,11 @@ def facts_from_env(env: Mapping[str, str] | None = None) -> Started:
     env = os.environ if env is None else env
     host, pid, begun = socket.gethostname(), os.getpid(), process_started()
     return next(facts for b in BACKENDS if (facts := b.started(env, host, pid, begun)) is not None)
+
+
+def backend_of_job(env: Mapping[str, str]) -> Backend:
+    """The backend whose job this environment is (the first that says its facts, as ``facts_from_env``)."""
+    return next(b for b in BACKENDS if b.started(env, "", 1, None) is not None)
 
 
 def process_started(proc: str = "/proc") -> float | None:
@@ -50,4 +56,6 @@ def gang_of_job() -> GangEnv | None:
     if job.num_tasks <= 1:
         return None
     per_node = job.num_tasks // max(1, job.num_nodes)
-    return GangEnv.of_job(job.job_id, job.global_rank, job.num_tasks, job.local_rank, per_node, list(job.hostnames))
+    hosts = list(job.hostnames)
+    first = backend_of_job(os.environ).node_address(hosts[0])  # rank 0's host, as the other nodes reach it
+    return GangEnv.of_job(job.job_id, job.global_rank, job.num_tasks, job.local_rank, per_node, [first, *hosts[1:]])

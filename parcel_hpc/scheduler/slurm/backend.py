@@ -8,6 +8,7 @@ Owns every answer that depends on a job being SLURM's. Must not: decide anything
 from __future__ import annotations
 
 import datetime as _dt
+import socket
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any
 import pyarrow as pa
 
 from parcel_hpc.errors import UsageError
+from parcel_hpc.governance.shape import TrialShape
 from parcel_hpc.gpus import visible_devices
 from parcel_hpc.ledger import Cause, JobRole, SearchDir, Started, TrialRecord
 from parcel_hpc.probe import Liveness
@@ -49,6 +51,16 @@ class SlurmBackend(Backend):
         from parcel_hpc.scheduler.slurm.dispatcher import job_logs  # submitit's names: as in ``dispatcher``
 
         return job_logs(search, job_id)
+
+    def gang_refusal(self, shape: TrialShape) -> str:
+        return ""  # srun starts the job's tasks on its nodes: every shape runs
+
+    def node_address(self, node: str) -> str:
+        try:
+            socket.getaddrinfo(node, None)
+            return node  # a host name the other nodes resolve
+        except OSError:
+            return queue.node_address(node)
 
     def held(self, search: SearchDir, records: Sequence[TrialRecord]) -> dict[str, QueuedJob]:
         return queue.search_jobs(search)

@@ -24,6 +24,7 @@ from submitit.slurm import slurm as submitit_slurm
 from parcel_hpc import anchor
 from parcel_hpc.budget import AssociationLimit
 from parcel_hpc.errors import ReleaseFailed, SchedulerUnavailable
+from parcel_hpc.governance.shape import TrialShape
 from parcel_hpc.identity import SearchIdentity, scheduler_name
 from parcel_hpc.ledger import SearchDir
 from parcel_hpc.ownership import current_user
@@ -223,8 +224,13 @@ def sbatch_parameters(settings: LauncherSettings, identity: SearchIdentity | Non
         additional_parameters=extra,
         wckey=name,
     )
-    if int(resources["gpus"]) > 0:
-        out["gres"] = f"gpu:{int(resources['gpus'])}"
+    shape = TrialShape.of(resources)
+    if shape.gpus_per_rank > 0:
+        out["gres"] = f"gpu:{shape.gpus_per_rank * shape.tasks_per_node}"  # per node: every rank's on it
+    if shape.is_gang:
+        # One task a rank, started together by srun; a rank that exits with an error ends the others
+        # (the gang is one trial: it fails, or is requeued, whole).
+        out.update(nodes=shape.nodes, ntasks_per_node=shape.tasks_per_node, srun_args=["--kill-on-bad-exit=1"])
     if resources.get("partition"):
         out["partition"] = resources["partition"]
     return out

@@ -319,6 +319,21 @@ def search_jobs(search: SearchDir, env: Mapping[str, str] | None = None, also: I
     return queued_jobs(*sorted({*also, *search.job_names(EXECUTOR)}), env=env)
 
 
+def node_address_argv(node: str) -> list[str]:
+    return ["scontrol", "show", "node", "--oneliner", node]
+
+
+def parse_node_address(text: str) -> str:
+    """``NodeAddr`` of ``scontrol show node --oneliner``'s line ("" where it names none)."""
+    return next((word.split("=", 1)[1] for word in text.split() if word.startswith("NodeAddr=")), "")
+
+
+def node_address(node: str, env: Mapping[str, str] | None = None) -> str:
+    """Where another node reaches ``node``: its NodeAddr, which the controller knows even where the
+    node's name is no host name (several slurmd on one machine, a name only slurm.conf knows)."""
+    return parse_node_address(_run(node_address_argv(node), env, 30.0)) or node
+
+
 def release_argv(job_ids: Iterable[str]) -> list[str]:
     return ["scontrol", "release", ",".join(job_ids)]
 

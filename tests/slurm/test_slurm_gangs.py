@@ -1,0 +1,106 @@
+"""A trial of 2 nodes x 2 ranks on the dev cluster (issue 50): examples/parcel_loop's loop,
+data-parallel (DistributedDataParallel over gloo, on the CPU), one SLURM job of 4 tasks started by
+srun. The uninterrupted gang is one attempt of one job over 2 nodes; the same gang preempted mid-run
+(a high-priority job on both its nodes) checkpoints every rank at one step, is requeued whole and
+ends with the uninterrupted gang's metric bit for bit. A node set DOWN under a running gang ends its
+job; the next attempt says the first was a node failure and resumes the gang from its last complete
+checkpoint: counted once, as one trial's interruption."""
+
+import json
+import re
+import shutil
+
+import pytest
+from reference import EXAMPLES
+
+from parcel_hpc.ledger import AttemptEnd, Cause, SearchDir, Started, TrialState
+from parcel_hpc.testing import launch
+
+from .cluster import PREEMPTOR, preempt, sh, wait_for
+
+pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm-gangs")]
+pytest.importorskip("torch")
+
+GANG = [
+    "hydra/launcher=submitit_slurm",
+    "trainer.target=parcel_loop:train_ddp",
+    "search.n_trials=1",
+    "~space.params.hidden",
+    "~space.params.l2",
+    "batch_size=choice(32)",
+    "lr=choice(0.03)",
+    "train.steps=80",
+    "pruner=none",
+    "resources.gpus=0",
+    "resources.nodes=2",
+    "resources.tasks_per_node=2",
+]
+
+
+def _launch(root, data_dir, revision, *extra):
+    res = launch([f"search.root={root}", f"search.revision={revision}", *GANG, *extra], cwd=root, data_dir=data_dir, env={"PYTHONPATH": str(EXAMPLES)})
+    assert res.returncode == 0, res.stderr[-3000:]
+    return SearchDir(root / revision)
+
+
+def _committed(search: SearchDir) -> int:
+    steps = [int(m) for p in (search.path / "checkpoints" / "t0000").glob("ckpt-*.manifest.json") if (m := re.match(r"ckpt-(\d+)", p.name).group(1))]
+    return max(steps, default=0)
+
+
+def _nodes(search: SearchDir) -> list[str]:
+    """The nodes of the trial's running job."""
+    job = search.record("t0000").jobs[-1]
+    return sh("scontrol", "show", "hostnames", sh("squeue", "-h", "-j", job.split("_")[0], "-o", "%N").strip()).split()
+
+
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory, artifacts):
+    root = tmp_path_factory.mktemp("slurm-gang")
+    shutil.copytree(artifacts["dir"], root / "data")
+    return _launch(root, root / "data", "whole")
+
+
+def test_a_gang_of_two_nodes_is_one_job_of_four_tasks_and_one_attempt(whole):
+    record = whole.record("t0000")
+    assert record.state is TrialState.COMPLETED and len(record.attempts) == 1
+    job = record.attempts[0].job_id
+    steps = {line.split("|")[0]: line.split("|")[1:] for line in sh("sacct", "-n", "-P", "-j", job, "-o", "JobID,NNodes,NTasks").splitlines()}
+    assert steps[f"{job}.0"][:2] == ["2", "4"], steps  # srun's step: 4 ranks on 2 nodes
+    manifest = json.loads((whole.path / "checkpoints" / "t0000" / "ckpt-000080.manifest.json").read_text())
+    assert manifest["world_size"] == 4
+
+
+def test_a_preempted_gang_is_requeued_whole_and_resumes_bit_equal(tmp_path, data_dir, whole, cluster_guard):
+    _, names = cluster_guard
+    names += ["parcel-pre", PREEMPTOR]
+    search = _launch(tmp_path, data_dir, "pre", "train.step_seconds=0.15", "search.wait=false")
+    wait_for(lambda: _committed(search) >= 20, 180, "the gang's checkpoint at step 20")
+    preempt(",".join(_nodes(search)), "--exclusive")  # both nodes: every rank gets the signal
+    wait_for(lambda: search.record("t0000").state.is_finished(), 300, "the gang to finish")
+    record = search.record("t0000")
+    first, *_, last = record.attempts
+    assert (first.how, first.cause) == (AttemptEnd.INTERRUPTED, Cause.PREEMPTED) and 20 <= first.step < 80
+    assert last.resumed_from == first.step and last.how is AttemptEnd.COMPLETED
+    assert record.metric == whole.record("t0000").metric
+
+
+def test_a_node_set_down_under_a_gang_is_one_interruption_and_the_gang_resumes(tmp_path, data_dir, whole, cluster_guard):
+    touched, names = cluster_guard
+    names += ["parcel-down"]
+    search = _launch(tmp_path, data_dir, "down", "train.step_seconds=0.15", "search.wait=false")
+    wait_for(lambda: _committed(search) >= 20, 180, "the gang's checkpoint at step 20")
+    started = [e.data for e in search.events("t0000") if isinstance(e.data, Started)][-1]
+    other = next(n for n in _nodes(search) if n != started.node)  # not rank 0's node
+    touched.append(other)
+    sh("scontrol", "update", f"nodename={other}", "state=down", "reason=parcel-gang-test")
+    wait_for(lambda: len(search.record("t0000").attempts) >= 2, 180, "the gang's next attempt")
+    sh("scontrol", "update", f"nodename={other}", "state=resume")
+    wait_for(lambda: search.record("t0000").state.is_finished(), 300, "the gang to finish")
+    record = search.record("t0000")
+    first, second = record.attempts
+    # The node's failure ends the whole job (srun ends every task); the scheduler requeues it, and the
+    # next attempt says so for the one before, which never could (a reconcile names the node failure).
+    assert (first.how, first.cause) == (AttemptEnd.LOST, Cause.REQUEUED_BY_SCHEDULER), first
+    assert second.resumed_from >= 20 and second.how is AttemptEnd.COMPLETED
+    assert record.metric == whole.record("t0000").metric
