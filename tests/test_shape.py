@@ -42,6 +42,7 @@ def test_a_gang_runs_only_where_its_ranks_start_together_in_a_job_of_its_own():
     one = TrialShape.of({"gpus": 0, "cpus": 1})
     jobs = {"pack_size": "auto", "dispatch": "auto"}
     check_gang(two, jobs, 1, local.gang_refusal(two))  # one machine's ranks: run
+    check_gang(spread, jobs, 1, slurm.gang_refusal(spread))  # srun starts a job's tasks on its nodes
     check_gang(one, {"pack_size": 4, "dispatch": "slots"}, 5, slurm.gang_refusal(one))  # one rank: nothing to check
     refusals = [
         (
@@ -51,7 +52,6 @@ def test_a_gang_runs_only_where_its_ranks_start_together_in_a_job_of_its_own():
             local,
             "resources.nodes=2 asks for a trial of 4 ranks (2 nodes x 2 ranks x 0 GPU); the local executor runs a trial on this one machine",
         ),
-        (two, jobs, 1, slurm, "the slurm executor runs each trial as one process in this version"),
         (two, jobs, 4, local, "with a split of 4 folds"),
         (two, {"pack_size": 3}, 1, local, "hydra.launcher.pack_size=3 packs trials of 2 ranks; a gang is its own job"),
         (two, {"dispatch": "slots"}, 1, local, "set hydra.launcher.dispatch=jobs"),
@@ -69,3 +69,26 @@ def test_each_rank_of_a_node_gets_its_share_of_the_gpus_the_node_was_handed():
     env = rank.environ()
     assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["MASTER_ADDR"]) == ("3", "4", "1", "n1")
     assert GangEnv.of_job("4711", 0, 4, 0, 2, ["n1", "n2"]).master_port == int(env["MASTER_PORT"])  # every rank, every requeue: one port
+
+
+def test_a_gang_s_run_is_split_over_its_nodes_and_ranks_as_srun_lays_them_out_and_adds_up():
+    from parcel_hpc.accounting.ranks import node_hours, rank_lines
+    from parcel_hpc.accounting.reconcile import AttemptLine, Waste
+    from parcel_hpc.scheduler.slurm.queue import node_names
+
+    assert node_names("n[1-3,5],gpu[01-02],login") == ["n1", "n2", "n3", "n5", "gpu01", "gpu02", "login"]
+    assert node_names("None assigned") == ["None assigned"] and node_names("n[a-b]") == ["n[a-b]"]
+    shape = TrialShape.of({"nodes": 2, "tasks_per_node": 3, "gpus": 1, "cpus": 2})
+    line = AttemptLine("t1", "41", 0, "COMPLETED", "n[3-4]", 0, 0, 3600, 3600, 6, 12, 6.0, 12.0, 0.0, 0, 1, "completed", Waste.USEFUL)
+    ranks = rank_lines([line, AttemptLine("", "42", 0, "COMPLETED", "n1", 0, 0, 1, 1, 6, 12, 1.0, 1.0, 0.0, 0, None, "", Waste.USEFUL)], shape, node_names)
+    assert [(r.rank, r.node, r.gpus, r.cpus) for r in ranks] == [
+        (0, "n3", 1, 2),
+        (1, "n3", 1, 2),
+        (2, "n3", 1, 2),
+        (3, "n4", 1, 2),
+        (4, "n4", 1, 2),
+        (5, "n4", 1, 2),
+    ]
+    assert sum(r.gpu_hours for r in ranks) == pytest.approx(6.0) and sum(r.cpu_hours for r in ranks) == pytest.approx(12.0)  # the orphan's none
+    assert node_hours(ranks) == {("t1", "41", 0, "n3"): pytest.approx((3.0, 6.0)), ("t1", "41", 0, "n4"): pytest.approx((3.0, 6.0))}
+    assert rank_lines([line], TrialShape.of({"gpus": 1, "cpus": 2}), node_names) == ()  # one rank: nothing to split

@@ -26,7 +26,7 @@ from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from itertools import islice
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import pyarrow as pa
 
@@ -44,6 +44,10 @@ SECONDS_PER_HOUR = 3600.0
 # slurmdbd files a job's last record a moment after the job ends (seconds, a minute when busy).
 # Within this long of the ledger's last word on a job, a missing or short record is lag, not a fault.
 ACCOUNTING_GRACE_S = 300.0
+
+
+if TYPE_CHECKING:
+    from parcel_hpc.accounting.ranks import RankLine
 
 
 class Waste(str, Enum):
@@ -180,6 +184,7 @@ class Reconciliation:
     orphans: pa.Table = field(default_factory=columns.FLAG_SCHEMA.empty_table)
     unrecorded: tuple[tuple[str, int], ...] = ()  # (job, run) sacct filed and the ledger has not recorded: settled here, provisional elsewhere
     search_path: str = "SEARCH_DIR"  # where the search lives (the fixes the report names)
+    ranks: tuple[RankLine, ...] = ()  # a gang's runs, per rank (``accounting/ranks.py``); none for trials of one rank
 
     @property
     def complete(self) -> bool:
@@ -215,6 +220,7 @@ class Reconciliation:
             "scheduler": {k: dict(v) for k, v in self.scheduler.items()},
             "waste_hours": dict(self.waste_hours),
             "trials": [report_row(t) for t in self.trials],
+            "ranks": [report_row(r) for r in self.ranks],
         }
         yield json.dumps(head)[:-1].encode() + b',"flags":'
         yield from columns.json_array([columns.json_list_items([report_row(f) for f in self.flags]), *columns.json_items(self.orphans, ORPHAN)])

@@ -11,6 +11,7 @@ import datetime as _dt
 import html
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -19,10 +20,12 @@ import pyarrow.compute as pc
 from rich.table import Table
 
 from parcel_hpc.accounting import columns, spend
+from parcel_hpc.accounting.ranks import node_hours, rank_lines
 from parcel_hpc.accounting.reconcile import Reconciliation, reconcile
 from parcel_hpc.budget import BudgetLedger, search_caps
 from parcel_hpc.console import safe
 from parcel_hpc.errors import UsageError
+from parcel_hpc.governance.shape import TrialShape
 from parcel_hpc.ledger import SearchDir, collector_paused
 from parcel_hpc.ledger.searches import owner_of
 from parcel_hpc.plotting import png_of, pyplot
@@ -30,8 +33,21 @@ from parcel_hpc.scheduler.registry import BACKENDS, DEFAULT, backend_of
 from parcel_hpc.scheduler.runs import job_runs, runs_table
 
 
-@collector_paused()
 def reconcile_search(search: SearchDir, sacct_file: Path | None = None) -> Reconciliation:
+    """The search's reconciliation, with a gang's runs per rank (``ranks.rank_lines``)."""
+    rec = _reconciled_search(search, sacct_file)
+    shape = TrialShape.of(search.contract()["resources"])
+    if not shape.is_gang:
+        return rec
+    backend_by_trial = {r.trial_id: backend_of(r.executor) for r in search.records()}
+    ranks = [
+        rank for line in rec.attempts if line.trial_id in backend_by_trial for rank in rank_lines([line], shape, backend_by_trial[line.trial_id].node_names)
+    ]
+    return replace(rec, ranks=tuple(ranks))
+
+
+@collector_paused()
+def _reconciled_search(search: SearchDir, sacct_file: Path | None = None) -> Reconciliation:
     contract = search.contract()
     records = list(search.records())
     caps = search_caps(contract)
@@ -124,6 +140,8 @@ def render_table(results: Sequence[Reconciliation], console) -> None:
                 "yes" if t.effective else "no",
             )
         console.print(trials)
+        if rec.ranks:
+            console.print(_rank_table(rec))
         if rec.flag_count:
             flags = Table(title=f"{rec.flag_count} flags")
             for col in ("kind", "trial", "job", "detail"):
@@ -135,6 +153,25 @@ def render_table(results: Sequence[Reconciliation], console) -> None:
             console.print(flags)
         else:
             console.print("no flags: the ledger and the scheduler agree")
+
+
+def _rank_table(rec: Reconciliation) -> Table:
+    ranks = Table(title="per rank: each run's allocation (the scheduler's hours) over its nodes and ranks, as srun laid them out")
+    for col in ("trial", "job", "run", "rank", "node", "GPUs", "CPUs", "GPU-h", "CPU-h", "node GPU-h", "node CPU-h"):
+        ranks.add_column(col)
+    per_node = node_hours(rec.ranks)
+    for r in rec.ranks[:ROWS_SHOWN]:
+        node_gpu, node_cpu = per_node[(r.trial_id, r.job_id, r.run, r.node)]
+        ranks.add_row(
+            *(safe(str(v)) for v in (r.trial_id, r.job_id, r.run, r.rank, r.node, r.gpus, r.cpus)),
+            f"{r.gpu_hours:.4f}",
+            f"{r.cpu_hours:.4f}",
+            f"{node_gpu:.4f}",
+            f"{node_cpu:.4f}",
+        )
+    if len(rec.ranks) > ROWS_SHOWN:
+        ranks.caption = f"the first {ROWS_SHOWN}; --json lists them all"
+    return ranks
 
 
 def unrecorded_line(rec: Reconciliation) -> str:
@@ -204,6 +241,15 @@ def to_html(results: Sequence[Reconciliation]) -> str:
                 [[t.trial_id, t.state, t.attempts, _fmt(t.gpu_hours), _fmt(t.cpu_hours), t.wall_s, _fmt(t.cost), t.effective] for t in rec.trials],
             )
         )
+        if rec.ranks:
+            parts.append(
+                "<h2>per rank</h2>"
+                + _html_table(
+                    ["trial", "job", "run", "rank", "node", "GPU-h", "CPU-h"],
+                    [[r.trial_id, r.job_id, r.run, r.rank, r.node, _fmt(r.gpu_hours), _fmt(r.cpu_hours)] for r in rec.ranks[:ROWS_SHOWN]],
+                )
+                + _more(len(rec.ranks))
+            )
         shown = rec.lines().slice(0, ROWS_SHOWN).to_pylist()
         parts.append(
             "<h2>attempts</h2>"

@@ -313,6 +313,10 @@ class Backend(ABC):
         when the file cannot be read."""
         return None
 
+    def node_names(self, node_list: str) -> list[str]:
+        """A run's node list (``AttemptLine.node``) as node names, in the scheduler's order."""
+        return [node_list]
+
     def node_address(self, node: str) -> str:
         """Where the other ranks of a gang reach ``node`` (the job's first host, rank 0's): its name."""
         return node

@@ -14,7 +14,7 @@ import pytest
 from reference import EXAMPLES
 
 from parcel_hpc.ledger import AttemptEnd, Cause, SearchDir, Started, TrialState
-from parcel_hpc.testing import launch
+from parcel_hpc.testing import launch, parcel_hpc
 
 from .cluster import PREEMPTOR, preempt, sh, wait_for
 
@@ -69,6 +69,21 @@ def test_a_gang_of_two_nodes_is_one_job_of_four_tasks_and_one_attempt(whole):
     assert steps[f"{job}.0"][:2] == ["2", "4"], steps  # srun's step: 4 ranks on 2 nodes
     manifest = json.loads((whole.path / "checkpoints" / "t0000" / "ckpt-000080.manifest.json").read_text())
     assert manifest["world_size"] == 4
+
+
+def test_reconcile_shows_the_gang_s_hours_per_node_and_per_rank_adding_up_to_sacct_s(whole):
+    job = whole.record("t0000").attempts[0].job_id
+    alloc = sh("sacct", "-n", "-P", "-X", "-j", job, "-o", "AllocCPUS,ElapsedRaw,NodeList").split("|")
+    sacct_cpu_h = int(alloc[0]) * int(alloc[1]) / 3600
+    report = json.loads(parcel_hpc(["reconcile", str(whole.path), "--json", "--wait", "60"]).stdout)["campaigns"][0]
+    ranks = report["ranks"]
+    assert [(r["rank"], r["cpus"]) for r in ranks] == [(0, 1), (1, 1), (2, 1), (3, 1)]
+    nodes = sh("scontrol", "show", "hostnames", alloc[2].strip()).split()
+    assert [r["node"] for r in ranks] == [nodes[0], nodes[0], nodes[1], nodes[1]]  # srun's block layout: 2 a node
+    assert sum(r["cpu_hours"] for r in ranks) == pytest.approx(sacct_cpu_h, rel=1e-9)
+    assert sum(a["cpu_hours"] for a in report["attempts"]) == pytest.approx(sacct_cpu_h, rel=1e-9)
+    table = parcel_hpc(["reconcile", str(whole.path)], env={"COLUMNS": "250"}).stdout
+    assert "per rank" in table and f"{sacct_cpu_h / 2:.4f}" in table  # a node's share
 
 
 def test_a_preempted_gang_is_requeued_whole_and_resumes_bit_equal(tmp_path, data_dir, whole, cluster_guard):

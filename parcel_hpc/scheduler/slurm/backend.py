@@ -55,6 +55,9 @@ class SlurmBackend(Backend):
     def gang_refusal(self, shape: TrialShape) -> str:
         return ""  # srun starts the job's tasks on its nodes: every shape runs
 
+    def node_names(self, node_list: str) -> list[str]:
+        return queue.node_names(node_list)
+
     def node_address(self, node: str) -> str:
         try:
             socket.getaddrinfo(node, None)

@@ -7,6 +7,7 @@ SchedulerUnavailable with one line naming the problem and the fix, never a parti
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -326,6 +327,23 @@ def node_address_argv(node: str) -> list[str]:
 def parse_node_address(text: str) -> str:
     """``NodeAddr`` of ``scontrol show node --oneliner``'s line ("" where it names none)."""
     return next((word.split("=", 1)[1] for word in text.split() if word.startswith("NodeAddr=")), "")
+
+
+def node_names(node_list: str) -> list[str]:
+    """SLURM's node list (``n[1-3,5],gpu[01-02],login``) as names, in its order; pure. A list it cannot
+    read (``None assigned``) is one name: itself."""
+    names: list[str] = []
+    for group in re.findall(r"[^,\[]+(?:\[[^\]]*\])?", node_list):
+        prefix, _, ranges = group.partition("[")
+        if not ranges:
+            names.append(prefix)
+            continue
+        for part in ranges.rstrip("]").split(","):
+            low, _, high = part.partition("-")
+            if not (low.isdigit() and (not high or high.isdigit())):
+                return [node_list]
+            names += [f"{prefix}{n:0{len(low)}d}" for n in range(int(low), int(high or low) + 1)]
+    return names or [node_list]
 
 
 def node_address(node: str, env: Mapping[str, str] | None = None) -> str:
