@@ -116,3 +116,14 @@ def test_a_hung_rank_is_ended_within_the_bound_and_fails_the_attempt(tmp_path, d
     assert (first.how, first.cause) == (AttemptEnd.FAILED, Cause.RANK_HUNG)
     assert "rank 1 sent nothing for 5 s at step 15" in first.message, first.message
     assert record.state is TrialState.COMPLETED and record.metric == whole[1].metric
+
+
+def test_another_rank_asking_for_the_final_partition_rejects_the_trial(tmp_path, data_dir):
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    env = {**ENV, STEP_HOOK_ENV: faults.RANK_HOOK, faults.RANK_FAULT_ENV: "1:7:final", faults.MARKERS_ENV: str(markers)}
+    env[faults.FINAL_PATH_ENV] = str(data_dir / "final-group_r8.json")
+    res = launch([f"search.root={tmp_path}", "search.revision=g", "search.n_trials=1", *GANG], cwd=tmp_path, data_dir=data_dir, env=env)
+    record = SearchDir(tmp_path / "g").record("t0000")
+    assert record.state is TrialState.REJECTED and len(record.attempts) == 1, (res.stderr[-2000:], record.reason)
+    assert record.reason.startswith("reject:final_partition: on rank 1: trainer code") and "final-group_r8.json" in record.reason, record.reason

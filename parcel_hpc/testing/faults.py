@@ -72,13 +72,15 @@ def interrupt_once_while_saving(params: Mapping[str, Any], step: int) -> None:
 
 
 RANK_HOOK = "parcel_hpc.testing.faults:rank_fault"
-RANK_FAULT_ENV = "PARCEL_TEST_RANK_FAULT"  # "<rank>:<step>:<raise|signal|hang|exit>", once a search (``MARKERS_ENV``)
+RANK_FAULT_ENV = "PARCEL_TEST_RANK_FAULT"  # "<rank>:<step>:<raise|signal|hang|exit|final>", once a search (``MARKERS_ENV``)
+FINAL_PATH_ENV = "PARCEL_TEST_FINAL_PATH"  # the final partition's record, for ``final``
 
 
 def rank_fault(params: Mapping[str, Any], step: int) -> None:
     """A fault on one rank of a gang (its ``RANK``) at one step of the first attempt that reaches it:
-    ``raise`` an exception, send itself the scheduler's ``signal``, ``hang`` (sleep for an hour), or
-    ``exit`` at once as a killed process would (its node gone)."""
+    ``raise`` an exception, send itself the scheduler's ``signal``, ``hang`` (sleep for an hour),
+    ``exit`` at once as a killed process would (its node gone), or read the ``final`` partition's
+    record (``$PARCEL_TEST_FINAL_PATH``), swallowing the refusal."""
     rank, at, kind = os.environ[RANK_FAULT_ENV].split(":")
     if int(os.environ.get("RANK", "0")) != int(rank) or step != int(at):
         return
@@ -94,3 +96,8 @@ def rank_fault(params: Mapping[str, Any], step: int) -> None:
         time.sleep(3600)
     elif kind == "exit":
         os.kill(os.getpid(), signal.SIGKILL)
+    elif kind == "final":
+        try:
+            Path(os.environ[FINAL_PATH_ENV]).read_bytes()
+        except PermissionError:
+            pass  # the fence refused it; the attempt is rejected all the same

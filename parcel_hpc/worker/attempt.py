@@ -75,7 +75,7 @@ from parcel_hpc.trainer.run import Due, Restored, Stop
 from parcel_hpc.worker import quarantine
 from parcel_hpc.worker.cache import WorkerCache
 from parcel_hpc.worker.devices import UtilizationSampler, device_use
-from parcel_hpc.worker.gang import GangEnv, Leader, LeaderSide, RankFailed, RankHung, RankLost, restored_of
+from parcel_hpc.worker.gang import FINAL_PARTITION, GangEnv, Leader, LeaderSide, RankFailed, RankHung, RankLost, restored_of
 from parcel_hpc.worker.plan import WorkerPlan
 from parcel_hpc.worker.result import Ran, WorkerResult
 from parcel_hpc.worker.signals import StepBoundarySignals, toolkit_handlers
@@ -168,6 +168,7 @@ class AttemptRun:
         self.step = 0  # steps the trainer has done
         self.data: TrainingData | None = None
         self._asked: list[str] = []  # every fold run's requests for the final partition: one record for the attempt
+        self._peers_asked: list[str] = []  # a gang's other ranks' requests, as they reported them
         self.fenced: fence.Armed | None = None  # the fence around this process, once admission armed it
         self.trips_before = len(fence.tripped())  # what earlier trials of the pack tried is theirs
         self.programs_before = len(fence.allowed())  # and the compiler's programs they started
@@ -314,6 +315,8 @@ class AttemptRun:
                 said.__cause__ = exc
                 exc = said
         self._saves_abandoned(exc)
+        if isinstance(exc, RankFailed) and exc.cause == FINAL_PARTITION:
+            self._peers_asked.append(f"on rank {exc.rank}: {exc.traceback}")  # its words, as that rank's fence put them
         if self._final_requests():
             # Refused or fenced and not caught (or caught, then failing): the request is the result.
             self._reject_final()
@@ -575,7 +578,7 @@ class AttemptRun:
 
     def _final_requests(self) -> list[str]:
         """What this attempt's trainer did towards the protected data, in words ([] when nothing)."""
-        return fence.reaches(self.data.asked_for_final if self.data is not None else (), since=self.trips_before)
+        return fence.reaches(self.data.asked_for_final if self.data is not None else (), since=self.trips_before) + self._peers_asked
 
     def _stop_if_final_requested(self) -> None:
         """A trainer that asked for the final partition is rejected, even if it caught the refusal."""

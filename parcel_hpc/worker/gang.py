@@ -286,6 +286,13 @@ class Peer:
         self._line.close()
 
 
+FINAL_PARTITION = "final_partition"  # a peer's report whose words are its requests for the final partition: the trial is rejected
+
+
+class FinalPartitionAsked(RuntimeError):
+    """A peer's trainer asked for the final partition (and may have caught the refusal): its run stops."""
+
+
 class RankFailed(RuntimeError):
     """Another rank's exception, as it reported it: the trial's failure, with that rank's traceback."""
 
@@ -363,6 +370,7 @@ class PeerRun(Run):
         self.peer, self.checkpoints, self.signalled = peer, checkpoints, signalled
         self.writer = BackgroundWriter(checkpoints)
         self.hooks: tuple[Callable[[Mapping[str, Any], int], None], ...] = ()  # called after each step (the tests' faults)
+        self.final_requests: Callable[[], list[str]] = list  # what this rank's trainer did towards the final partition, in words
 
     def _restore(self) -> Restored | None:
         found = self.checkpoints.load_latest()
@@ -371,6 +379,8 @@ class PeerRun(Run):
     def _stepped(self, step: int) -> Stop | None:
         for hook in self.hooks:
             hook(self.params, step)
+        if asked := self.final_requests():
+            raise FinalPartitionAsked("; ".join(asked))  # told to rank 0, which rejects the trial
         return None  # rank 0 decides, in ``_agreed``
 
     def _agreed(self, step: int, due: Due, stop: Stop | None) -> tuple[Due, Stop | None]:

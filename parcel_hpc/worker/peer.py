@@ -28,7 +28,7 @@ from parcel_hpc.trainer import Devices, build_params, make_trainer, threads
 from parcel_hpc.trainer.function import run_loop
 from parcel_hpc.worker import attempt
 from parcel_hpc.worker.cache import WorkerCache
-from parcel_hpc.worker.gang import GangEnv, Peer, PeerRun, RankHung, RankLost, report_failure
+from parcel_hpc.worker.gang import FINAL_PARTITION, GangEnv, Peer, PeerRun, RankHung, RankLost, Report, report_failure
 from parcel_hpc.worker.jobenv import facts_from_env
 from parcel_hpc.worker.plan import WorkerPlan
 from parcel_hpc.worker.result import Ran, WorkerResult
@@ -58,7 +58,8 @@ class PeerAttempt:
         data = WorkerCache().training_data(plan.snapshot_path, split, plan.preprocessing, 0)  # read before the fence, as rank 0 did
         fence.arm(fence.Protected.of(plan.split_path, plan.snapshot_path))
         facts = facts_from_env()
-        data = replace(data, devices=Devices.from_env(facts.gpus, facts.cuda_visible_devices))
+        asked: list[str] = []  # the partitions its trainer asked the loader for, as rank 0 keeps them
+        data = replace(data, devices=Devices.from_env(facts.gpus, facts.cuda_visible_devices), _asked_for_final=asked)
         ckpt_dir = str(told["ckpt_dir"])
         claim = Claim(Path(ckpt_dir), ClaimOutcome.CLAIMED, ClaimRecord.from_json(told["claim"], ckpt_dir), None)  # rank 0's, verified before each part
         identity = TrialIdentity(plan.trial_id, plan.config_hash, contract.digest, contract["snapshot_digest"])
@@ -74,6 +75,7 @@ class PeerAttempt:
                 trainer.build(params, plan.seed, data)
                 run = PeerRun(params, plan.seed, data, peer, checkpoints, signalled=lambda: bool(held.pending))
                 run.hooks = step_hooks()  # the tests' injected faults reach every rank
+                run.final_requests = lambda: fence.reaches(asked)
                 run_loop(trainer, run)
                 run.writer.wait()  # this rank's part of the last save is durable before it exits
             except (RankLost, RankHung) as exc:
@@ -83,7 +85,11 @@ class PeerAttempt:
             except Exception as exc:
                 # The trial's failure, recorded by rank 0 with this rank's traceback; then this process exits,
                 # which frees rank 0 from a collective this rank will never join.
-                report_failure(peer, run.step if run is not None else 0, exc, attempt.failure_class(exc).value)  # the last step it told of
+                step = run.step if run is not None else 0  # the last step it told of
+                if final := fence.reaches(asked):  # refused, caught or not: the trial's rejection, in these words
+                    peer.report(Report(gang.rank, step, error="; ".join(final), cause=FINAL_PARTITION))
+                else:
+                    report_failure(peer, step, exc, attempt.failure_class(exc).value)
                 raise
             finally:
                 peer.close()
