@@ -32,7 +32,6 @@ GANG = [
     "pruner=none",
     "resources.tasks_per_node=2",
 ]
-pytestmark = pytest.mark.xdist_group("gangs")  # each test runs two ranks and a launch: one worker's share
 
 
 def _search(root: Path, data_dir: Path, *extra: str, env: dict | None = None) -> SearchDir:
@@ -109,12 +108,24 @@ def test_a_rank_that_dies_is_an_interruption_and_the_gang_is_requeued_whole(tmp_
     assert record.metric == whole[1].metric
 
 
+def test_a_rank_stalled_mid_step_is_found_while_rank_0_waits_in_the_collective(tmp_path, data_dir, whole):
+    """Rank 1 stops inside its next step, before the gradients' all-reduce: rank 0 waits in gloo's
+    all-reduce (its own timeout: 30 minutes), not on the channel. Its watchdog names rank 1 within
+    the bound, ends it and the attempt; the retry completes."""
+    search = _faulted(tmp_path, data_dir, "1:15:stall", "hydra.launcher.signal_delay_s=5")
+    record = search.record("t0000")
+    first = record.attempts[0]
+    assert (first.how, first.cause) == (AttemptEnd.FAILED, Cause.RANK_HUNG), first
+    assert "rank 1 never finished step 16: rank 0 waited 5 s in it" in first.message, first.message
+    assert record.state is TrialState.COMPLETED and record.metric == whole[1].metric
+
+
 def test_a_hung_rank_is_ended_within_the_bound_and_fails_the_attempt(tmp_path, data_dir, whole):
     search = _faulted(tmp_path, data_dir, "1:15:hang", "hydra.launcher.signal_delay_s=5")
     record = search.record("t0000")
     first = record.attempts[0]
     assert (first.how, first.cause) == (AttemptEnd.FAILED, Cause.RANK_HUNG)
-    assert "rank 1 sent nothing for 5 s at step 15" in first.message, first.message
+    assert "rank 1 sent nothing for 5 s at step 15 while the gang waited on it" in first.message, first.message
     assert record.state is TrialState.COMPLETED and record.metric == whole[1].metric
 
 

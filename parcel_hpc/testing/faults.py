@@ -72,13 +72,14 @@ def interrupt_once_while_saving(params: Mapping[str, Any], step: int) -> None:
 
 
 RANK_HOOK = "parcel_hpc.testing.faults:rank_fault"
-RANK_FAULT_ENV = "PARCEL_TEST_RANK_FAULT"  # "<rank>:<step>:<raise|signal|hang|exit|final>", once a search (``MARKERS_ENV``)
+RANK_FAULT_ENV = "PARCEL_TEST_RANK_FAULT"  # "<rank>:<step>:<raise|signal|hang|stall|exit|final>", once a search (``MARKERS_ENV``)
 FINAL_PATH_ENV = "PARCEL_TEST_FINAL_PATH"  # the final partition's record, for ``final``
 
 
 def rank_fault(params: Mapping[str, Any], step: int) -> None:
     """A fault on one rank of a gang (its ``RANK``) at one step of the first attempt that reaches it:
-    ``raise`` an exception, send itself the scheduler's ``signal``, ``hang`` (sleep for an hour),
+    ``raise`` an exception, send itself the scheduler's ``signal``, ``hang`` (sleep for an hour), ``stall``
+    (its next step's loss never returns: the all-reduce rank 0 then waits in is never joined),
     ``exit`` at once as a killed process would (its node gone), or read the ``final`` partition's
     record (``$PARCEL_TEST_FINAL_PATH``), swallowing the refusal."""
     rank, at, kind = os.environ[RANK_FAULT_ENV].split(":")
@@ -94,6 +95,13 @@ def rank_fault(params: Mapping[str, Any], step: int) -> None:
         os.kill(os.getpid(), signal.SIGUSR2)
     elif kind == "hang":
         time.sleep(3600)
+    elif kind == "stall":
+        import torch.nn.functional  # the examples' loops compute their loss with it, before the gradients' all-reduce
+
+        def never(*_: object, **__: object) -> Any:
+            time.sleep(3600)
+
+        torch.nn.functional.binary_cross_entropy_with_logits = never
     elif kind == "exit":
         os.kill(os.getpid(), signal.SIGKILL)
     elif kind == "final":

@@ -75,12 +75,13 @@ from parcel_hpc.trainer.run import Due, Restored, Stop
 from parcel_hpc.worker import quarantine
 from parcel_hpc.worker.cache import WorkerCache
 from parcel_hpc.worker.devices import UtilizationSampler, device_use
-from parcel_hpc.worker.gang import FINAL_PARTITION, GangEnv, Leader, LeaderSide, RankFailed, RankHung, RankLost, restored_of
+from parcel_hpc.worker.gang import FINAL_PARTITION, GangEnv, Leader, LeaderSide, RankFailed, RankHung, RankLost, Watchdog, restored_of
 from parcel_hpc.worker.plan import WorkerPlan
 from parcel_hpc.worker.result import Ran, WorkerResult
 from parcel_hpc.worker.signals import StepBoundarySignals, toolkit_handlers
 from parcel_hpc.worker.training import LoopCallbacks, budget, scorer, step_hooks, train
 
+FIRST_STEP_BOUND_S = 600.0  # a gang's first step (the build, the rendezvous, a compiling first step) may take this long
 PREVIOUS_ATTEMPT_WAIT_S = 90.0  # SLURM's KillWait plus slurmd's cleanup, with margin
 TRACEBACK_CHARS = 20_000  # the end of a failure's traceback kept in its journal line (the innermost frames)
 
@@ -336,12 +337,7 @@ class AttemptRun:
         the scheduler ends the job's other tasks when rank 0 exits with an error)."""
         self._saves_abandoned(exc)
         if isinstance(exc, RankHung) and exc.step > 0:
-            host, pid = self.leader.where.get(exc.rank, ("", 0)) if self.leader is not None else ("", 0)
-            if pid > 0 and host == self.facts.host:
-                try:
-                    os.kill(pid, signal.SIGKILL)  # one of this job's own tasks, by its pid
-                except ProcessLookupError:
-                    pass
+            self._end_hung(exc)
             self._fail(Cause.RANK_HUNG, exc)
             raise exc
         again = self.interrupt(Cause.RANK_LOST)
@@ -461,11 +457,23 @@ class AttemptRun:
     def _train(self, trainer: Trainer, data: TrainingData, held: StepBoundarySignals) -> tuple[int, float]:
         """The trainer's loop to the last step; a stop the loop obeyed ends the attempt here."""
         calls = LoopCallbacks(self._restore, self._stepped, self._save, self._validated)
+        watch = None
         if self.leader is not None:
-            side = LeaderSide(self.leader)
+            bound = self.plan.rank_wait_s
+            watch = Watchdog(bound, max(10 * bound, FIRST_STEP_BOUND_S), self._stalled).start()
+            side = LeaderSide(self.leader, watch)
             calls = replace(calls, agreed=self._agreed_by_gang(side), agreed_after_validation=side.after_validation)
+        try:
+            return self._train_loop(trainer, data, held, calls, watch)
+        finally:
+            if watch is not None:
+                watch.stop()
+
+    def _train_loop(self, trainer: Trainer, data: TrainingData, held: StepBoundarySignals, calls: LoopCallbacks, watch: Watchdog | None) -> tuple[int, float]:
         while True:
             run = train(self.plan, trainer, data, calls, step_hooks())
+            if watch is not None:
+                watch.pause()  # the loop returned: what follows (the last commit, the requeue) is the toolkit's, not a step
             if run.stop is not Stop.REQUEUE or run.done:
                 break  # a requeue read at the last step came with its result: the trial is complete
             self._saves_written()  # the signal's save is durable before the attempt says it was interrupted
@@ -503,6 +511,30 @@ class AttemptRun:
             self.timed_out = True
             return Stop.REQUEUE  # at a step boundary: the loop saves a whole state, then returns
         return Stop.REQUEUE if self.signals.pending else None  # the scheduler's signal, held to this boundary
+
+    def _stalled(self, waited: float) -> None:
+        """The watchdog's thread: rank 0 reached no step boundary within the bound, its main thread stuck
+        (in a collective a peer never joined, most often). The attempt's ending is written from here (the
+        main thread holds nothing of the ledger while it runs trainer code), a hung peer on this host
+        is ended by its pid, and this process exits, so the scheduler ends the job's other tasks."""
+        try:
+            assert self.leader is not None  # a gang's watchdog
+            exc = self.leader.stalled(self.step + 1, waited)
+            if isinstance(exc, RankHung):
+                self._end_hung(exc)
+            self._fail(failure_class(exc) if isinstance(exc, RankFailed) else Cause.RANK_HUNG, exc)
+        finally:
+            os._exit(1)  # whatever happened here: a process left waiting in a collective holds the job
+
+    def _end_hung(self, exc: RankHung) -> None:
+        """A hung peer on this host, ended by its pid (one of this job's own tasks); on other hosts the
+        scheduler ends the job's other tasks once rank 0 exits with an error."""
+        host, pid = self.leader.where.get(exc.rank, ("", 0)) if self.leader is not None else ("", 0)
+        if pid > 0 and host == self.facts.host:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     def _agreed_by_gang(self, side: LeaderSide) -> Callable[[int, Due, Stop | None, bool], tuple[Due, Stop | None]]:
         """Rank 0's decision for the gang after each step. A requeue that only a peer's signal asked for

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import socket
+import threading
 import time
 import traceback
 import zlib
@@ -95,9 +97,14 @@ class Report:
 class RankHung(RuntimeError):
     """A rank sent nothing for ``hang_s`` while the gang waited on it."""
 
-    def __init__(self, rank: int, step: int, waited_s: float) -> None:
+    def __init__(self, rank: int, step: int, waited_s: float, in_step: bool = False) -> None:
         self.rank, self.step, self.waited_s = rank, step, waited_s
-        super().__init__(f"rank {rank} sent nothing for {waited_s:.0f} s at step {step} while the gang waited on it; the gang is ended")
+        where = (
+            f"never finished step {step}: rank 0 waited {waited_s:.0f} s in it (in a collective, most often)"
+            if in_step
+            else (f"sent nothing for {waited_s:.0f} s at step {step} while the gang waited on it")
+        )
+        super().__init__(f"rank {rank} {where}; the gang is ended")
 
 
 class RankLost(RuntimeError):
@@ -137,6 +144,20 @@ class _Line:
                 raise EOFError
         line, _, self.buffer = self.buffer.partition(b"\n")
         return json.loads(line)
+
+    def peek(self) -> dict[str, Any] | None | EOFError:
+        """Without taking it (another thread may be reading this line later): the next object if one
+        has arrived whole, None if not yet, ``EOFError`` if the peer closed."""
+        waiting = b""
+        try:
+            if select.select([self.sock], [], [], 0)[0]:  # never waits: the socket's own timeout would
+                waiting = self.sock.recv(_LINE_LIMIT, socket.MSG_PEEK)
+                if not waiting and b"\n" not in self.buffer:
+                    return EOFError()  # readable with nothing to read: the peer closed
+        except OSError:
+            return EOFError()
+        line, newline, _ = (self.buffer + waiting).partition(b"\n")
+        return json.loads(line) if newline else None
 
     def close(self) -> None:
         self.sock.close()
@@ -216,6 +237,20 @@ class Leader:
             except (EOFError, ValueError):
                 lost = lost or RankLost(rank, step)
         return lost
+
+    def stalled(self, step: int, waited_s: float) -> RankFailed | RankHung:
+        """Rank 0 reached no step boundary for ``waited_s`` (blocked, often, in a collective with a peer
+        that never joined it), asked from another thread without taking anything off the lines: a
+        peer that reported an exception failed the gang; else the first peer that has not reported
+        the step is hung (none: rank 0 itself is, rank 0 named)."""
+        silent = []
+        for rank, line in sorted(self._peers.items()):
+            said = line.peek()
+            if isinstance(said, dict) and said.get("error") is not None:
+                return RankFailed(rank, int(said.get("step", step)), str(said["error"]), said.get("cause"))
+            if said is None:
+                silent.append(rank)
+        return RankHung(silent[0] if silent else 0, step, waited_s, in_step=True)
 
     def send(self, decision: Mapping[str, Any]) -> None:
         """The gang's decision for the step just gathered, to every peer."""
@@ -324,27 +359,73 @@ def _stop_of(decision: Mapping[str, Any]) -> Stop | None:
     return Stop(decision["stop"]) if decision.get("stop") is not None else None
 
 
+class Watchdog:
+    """Rank 0's clock between step boundaries, on a thread of its own: rank 0 blocked longer than
+    ``bound_s`` in its trainer's code (a collective a hung peer never joins waits for torch's own
+    timeout, 30 minutes by default) is handed to ``fire`` with the time waited, once. Paused while
+    rank 0 waits on the channel itself (``gather`` has its own bound). Up to the first boundary
+    (the build, the process group's rendezvous, a first step that compiles) the bound is
+    ``first_bound_s``: longer, as a first step may rightly be."""
+
+    def __init__(self, bound_s: float, first_bound_s: float, fire: Callable[[float], None], clock: Callable[[], float] = time.monotonic) -> None:
+        self.bound_s, self._fire, self._clock = bound_s, fire, clock
+        self._bound = first_bound_s
+        self._last: float | None = None  # the last boundary; None: paused
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="parcel-gang-watchdog", daemon=True)
+
+    def start(self) -> Watchdog:
+        self._last = self._clock()
+        self._thread.start()
+        return self
+
+    def pause(self) -> None:
+        self._last = None
+
+    def resume(self) -> None:
+        self._bound = self.bound_s
+        self._last = self._clock()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def _watch(self) -> None:
+        while not self._stopped.wait(min(1.0, self.bound_s / 10)):
+            last = self._last
+            if last is not None and (waited := self._clock() - last) > self._bound:
+                self._fire(waited)
+                return
+
+
 class LeaderSide:
     """Rank 0's half of each exchange, called by its run's ``_agreed`` hooks: the gang does what rank 0
-    decided, a signal that reached any rank included, and a peer's reported error is the trial's."""
+    decided, a signal that reached any rank included, and a peer's reported error is the trial's.
+    ``watch``: rank 0's watchdog, paused while it waits on the channel."""
 
-    def __init__(self, leader: Leader) -> None:
-        self.leader = leader
+    def __init__(self, leader: Leader, watch: Watchdog | None = None) -> None:
+        self.leader, self.watch = leader, watch
 
     def after_step(self, step: int, due: Due, stop: Stop | None, milestone: bool) -> tuple[Due, Stop | None]:
         reports = self._gathered(step)
         if stop is None and any(r.signalled for r in reports):
             stop = Stop.REQUEUE  # the scheduler's signal reached a peer first: the gang's all the same
             due = stopping_due(stop, milestone)
-        self.leader.send(_decision(step, due, stop))
+        self._send(_decision(step, due, stop))
         return due, stop
 
     def after_validation(self, step: int, stop: Stop | None) -> Stop | None:
         self._gathered(step)
-        self.leader.send({"step": step, "stop": stop.value if stop is not None else None})
+        self._send({"step": step, "stop": stop.value if stop is not None else None})
         return stop
 
+    def _send(self, decision: Mapping[str, Any]) -> None:
+        self.leader.send(decision)
+        if self.watch is not None:
+            self.watch.resume()  # rank 0's trainer code again, to the next boundary
+
     def _gathered(self, step: int) -> list[Report]:
+        if self.watch is not None:
+            self.watch.pause()
         reports = self.leader.gather(step)
         failed = next((r for r in reports if r.error is not None), None)
         if failed is not None:
