@@ -36,6 +36,7 @@ BENCHES = (
     "lightning",
     "report",
     "folds",
+    "gangs",
 )
 
 

@@ -527,14 +527,15 @@ class AttemptRun:
             os._exit(1)  # whatever happened here: a process left waiting in a collective holds the job
 
     def _end_hung(self, exc: RankHung) -> None:
-        """A hung peer on this host, ended by its pid (one of this job's own tasks); on other hosts the
+        """The hung peers on this host, ended by their pids (this job's own tasks); on other hosts the
         scheduler ends the job's other tasks once rank 0 exits with an error."""
-        host, pid = self.leader.where.get(exc.rank, ("", 0)) if self.leader is not None else ("", 0)
-        if pid > 0 and host == self.facts.host:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        for rank in exc.ranks:
+            host, pid = self.leader.where.get(rank, ("", 0)) if self.leader is not None else ("", 0)
+            if pid > 0 and host == self.facts.host:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
     def _agreed_by_gang(self, side: LeaderSide) -> Callable[[int, Due, Stop | None, bool], tuple[Due, Stop | None]]:
         """Rank 0's decision for the gang after each step. A requeue that only a peer's signal asked for

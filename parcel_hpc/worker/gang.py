@@ -95,16 +95,19 @@ class Report:
 
 
 class RankHung(RuntimeError):
-    """A rank sent nothing for ``hang_s`` while the gang waited on it."""
+    """A rank sent nothing for ``hang_s`` while the gang waited on it. ``in_step``: rank 0 waited inside a
+    step (in a collective, most often), where every rank still in it is named (``ranks``): which one
+    stopped first, the others waiting on it in the same collective, no rank can tell."""
 
-    def __init__(self, rank: int, step: int, waited_s: float, in_step: bool = False) -> None:
-        self.rank, self.step, self.waited_s = rank, step, waited_s
+    def __init__(self, rank: int, step: int, waited_s: float, in_step: bool = False, ranks: tuple[int, ...] = ()) -> None:
+        self.rank, self.step, self.waited_s, self.ranks = rank, step, waited_s, ranks or (rank,)
+        who = f"rank {rank}" if len(self.ranks) == 1 else "ranks " + ", ".join(map(str, self.ranks[:-1])) + f" and {self.ranks[-1]}"
         where = (
             f"never finished step {step}: rank 0 waited {waited_s:.0f} s in it (in a collective, most often)"
             if in_step
-            else (f"sent nothing for {waited_s:.0f} s at step {step} while the gang waited on it")
+            else f"sent nothing for {waited_s:.0f} s at step {step} while the gang waited on it"
         )
-        super().__init__(f"rank {rank} {where}; the gang is ended")
+        super().__init__(f"{who} {where}; the gang is ended")
 
 
 class RankLost(RuntimeError):
@@ -119,6 +122,7 @@ class _Line:
     """One connection, read a line at a time against a deadline."""
 
     def __init__(self, sock: socket.socket) -> None:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # a report and a decision a step: each sent at once
         self.sock, self.buffer = sock, b""
 
     def send(self, obj: Mapping[str, Any]) -> None:
@@ -241,8 +245,8 @@ class Leader:
     def stalled(self, step: int, waited_s: float) -> RankFailed | RankHung:
         """Rank 0 reached no step boundary for ``waited_s`` (blocked, often, in a collective with a peer
         that never joined it), asked from another thread without taking anything off the lines: a
-        peer that reported an exception failed the gang; else the first peer that has not reported
-        the step is hung (none: rank 0 itself is, rank 0 named)."""
+        peer that reported an exception failed the gang; else every peer that has not reported the
+        step is named (none: rank 0 itself is hung)."""
         silent = []
         for rank, line in sorted(self._peers.items()):
             said = line.peek()
@@ -250,7 +254,7 @@ class Leader:
                 return RankFailed(rank, int(said.get("step", step)), str(said["error"]), said.get("cause"))
             if said is None:
                 silent.append(rank)
-        return RankHung(silent[0] if silent else 0, step, waited_s, in_step=True)
+        return RankHung(silent[0] if silent else 0, step, waited_s, in_step=True, ranks=tuple(silent))
 
     def send(self, decision: Mapping[str, Any]) -> None:
         """The gang's decision for the step just gathered, to every peer."""
