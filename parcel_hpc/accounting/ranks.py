@@ -2,7 +2,7 @@
 the way srun laid the ranks out.
 
 A trial of ``nodes`` x ``tasks_per_node`` ranks is one job; the scheduler accounts its allocation as
-one run (``AttemptLine``: sacct's AllocTRES x Elapsed), and its ranks, started together by one srun,
+one run (``reconcile.AttemptLine``: sacct's AllocTRES x Elapsed), and its ranks, started together by one srun,
 end together. srun's default (block) distribution puts ranks 0..k-1 on the allocation's first node,
 the next k on the second, each rank with its own GPUs and CPUs: so each rank's share of a run is an
 equal part of it, and a node's is its ranks'. The parts add up to the run (sacct's own figure): no
@@ -16,9 +16,32 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
-from parcel_hpc.accounting.reconcile import AttemptLine
 from parcel_hpc.governance.shape import TrialShape
+
+
+class RunLine(Protocol):
+    """What a rank's share is taken from: a report line of one run (``reconcile.AttemptLine``)."""
+
+    @property
+    def trial_id(self) -> str: ...
+    @property
+    def job_id(self) -> str: ...
+    @property
+    def run(self) -> int: ...
+    @property
+    def node(self) -> str: ...
+    @property
+    def start(self) -> int | None: ...
+    @property
+    def gpus(self) -> int: ...
+    @property
+    def cpus(self) -> int: ...
+    @property
+    def gpu_hours(self) -> float: ...
+    @property
+    def cpu_hours(self) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -36,7 +59,7 @@ class RankLine:
     cpu_hours: float
 
 
-def rank_lines(lines: Iterable[AttemptLine], shape: TrialShape, node_names: Callable[[str], Sequence[str]]) -> tuple[RankLine, ...]:
+def rank_lines(lines: Iterable[RunLine], shape: TrialShape, node_names: Callable[[str], Sequence[str]]) -> tuple[RankLine, ...]:
     """Every rank's share of every run of the trials' jobs (none for a trial of one rank). ``node_names``:
     the scheduler's node list of a run (``n[1-2]``) as names, in its order."""
     if not shape.is_gang:

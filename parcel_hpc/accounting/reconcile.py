@@ -26,11 +26,12 @@ from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from itertools import islice
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 import pyarrow as pa
 
 from parcel_hpc.accounting import columns
+from parcel_hpc.accounting.ranks import RankLine
 from parcel_hpc.accounting.spend import GpuUse, Hours, JobHours, Spend, StaleHold, attempt_hours, run_hours, search_spend, shown, stale_holds
 from parcel_hpc.budget import BudgetCaps, JournalView
 from parcel_hpc.ledger import Attempt, AttemptEnd, Cause, TrialRecord, TrialState
@@ -44,10 +45,6 @@ SECONDS_PER_HOUR = 3600.0
 # slurmdbd files a job's last record a moment after the job ends (seconds, a minute when busy).
 # Within this long of the ledger's last word on a job, a missing or short record is lag, not a fault.
 ACCOUNTING_GRACE_S = 300.0
-
-
-if TYPE_CHECKING:
-    from parcel_hpc.accounting.ranks import RankLine
 
 
 class Waste(str, Enum):

@@ -36,7 +36,7 @@ from parcel_hpc.scheduler.runs import job_runs, runs_table
 def reconcile_search(search: SearchDir, sacct_file: Path | None = None) -> Reconciliation:
     """The search's reconciliation, with a gang's runs per rank (``ranks.rank_lines``)."""
     rec = _reconciled_search(search, sacct_file)
-    shape = TrialShape.of(search.contract()["resources"])
+    shape = TrialShape.of(search.contract().fields.get("resources", {}))  # none pinned: one rank
     if not shape.is_gang:
         return rec
     backend_by_trial = {r.trial_id: backend_of(r.executor) for r in search.records()}
