@@ -3,8 +3,8 @@
 Rank 0 (``attempt.py``) is the attempt: admission, the budget's reservation, the one claim on the
 trial's checkpoint directory, the ledger, pruning, the scheduler's signal and the requeue. A peer says
 hello on rank 0's channel and waits to be told to train (with the attempt's number, the directory
-and the claim); told nothing (rank 0 stopped before training: a rejection, a full budget, a
-collision), it exits without having run trainer code. Told to train, it reads the same data, is
+and the claim); the channel closed instead (rank 0 stopped before training: a rejection, a full
+budget, a collision), it exits without having run trainer code. Told to train, it reads the same data, is
 fenced from the final partition as rank 0 is, builds the same trainer and runs the same loop as a
 ``PeerRun``: every decision rank 0's, its part of each checkpoint written under rank 0's claim
 (verified before each write). Its exception is reported to rank 0 with its traceback and failure
@@ -49,8 +49,6 @@ class PeerAttempt:
             told = peer.told(60.0 * plan.time_limit_min)
         except (RankLost, RankHung):
             return WorkerResult(plan.trial_id, Ran.STOPPED, f"rank {gang.rank}: rank 0 ended the attempt before training")
-        if not told.get("train"):
-            return WorkerResult(plan.trial_id, Ran.STOPPED, f"rank {gang.rank}: {told.get('why', 'rank 0 ended the attempt')}")
         threads.bind(plan.cpus)
         search = SearchDir(Path(plan.search_dir))
         contract = search.contract()

@@ -72,7 +72,7 @@ class TrialTask:
             anchor.enter(search_dir)  # held by the job's gate already; a task run by hand holds its own now
         gang = gang_of_job()
         if gang is not None:
-            # Before any trainer code is imported: torch.distributed (and Lightning, Accelerate) read it.
+            # Before any trainer code is imported: what torch.distributed's env:// reads.
             os.environ.update(gang.environ())
             if (share := gang.devices(os.environ.get("CUDA_VISIBLE_DEVICES", ""), self.plans[0].gpus)) is not None:
                 os.environ["CUDA_VISIBLE_DEVICES"] = share
@@ -118,12 +118,12 @@ class TrialTask:
                 # The trials left stay queued, never run against what stopped it (``stops_turn``).
                 results += [WorkerResult(p.trial_id, Ran.SKIPPED, why) for p in turn]
                 turn = []
-            if result.again:
-                turn.append(plan)  # stopped at its own limit within its retries: resumes after the others
             if result.again and gang is not None:
                 # A rank left the gang: its interruption is recorded; the whole job is requeued, every rank
                 # restarted together (submitit's requeue, as at the scheduler's signal: ``checkpoint``).
                 signal.raise_signal(signal.SIGUSR2)
+            elif result.again:
+                turn.append(plan)  # stopped at its own limit within its retries: resumes after the others
             if pending and self.packed:
                 # The job's warning came after that trial's last step, its ending now on disk: the
                 # pack checkpoints and requeues for the trials it has left (``checkpoint``).
@@ -134,7 +134,8 @@ class TrialTask:
         """submitit's hook on SIGUSR2: save, record the interruption, requeue while a trial needs it."""
         run = self._run
         if run is None and not self.packed:
-            return submitit.helpers.DelayedSubmission(TrialTask(self.plans, self.own_limits))  # signalled before the attempt began
+            # Signalled before the attempt began, or a gang's rank lost (the attempt recorded it): requeued whole.
+            return submitit.helpers.DelayedSubmission(TrialTask(self.plans, self.own_limits))
         again = run is not None and run.interrupt(signal_cause(run.facts))
         if run is not None:
             run.release_claim()  # an orderly exit: the requeued job's attempt re-enters the directory
