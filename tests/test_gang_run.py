@@ -43,7 +43,7 @@ class RankZero(Run):
         return None
 
     def _agreed(self, step, due, stop):
-        return self.side.after_step(step, due, stop, self.budget.is_milestone(step))
+        return self.side.after_step(self, step, due, stop)
 
     def _save(self, step, state):
         self.writer.submit(step, state.arrays, {}, {}, extra=state.scalars)
@@ -113,13 +113,13 @@ def test_a_signal_on_one_rank_stops_the_gang_at_one_step_and_the_resumed_gang_en
     assert error is None and set(whole.values) == set(MILESTONES)
 
     first, peer, _, error, _ = _gang(tmp_path / "cut", training_data, 1, peer_signal_at=13)
-    assert error is None and first.stop is Stop.REQUEUE and first.step == 13 and peer.step == 13 and peer.stop is Stop.REQUEUE
+    assert error is None and first.stop is Stop.REQUEUE and first.step == 15 and peer.step == 15 and peer.stop is Stop.REQUEUE
     committed = GangCheckpoints(tmp_path / "cut", T, rank=0, world_size=2, attempt=2).newest_complete()
-    assert committed.step == 13 and committed.attempt == 1  # both parts, rank 0's commit
+    assert committed.step == 15 and committed.attempt == 1  # both parts, rank 0's commit
 
     second, peer, peer_trainer, error, trainer = _gang(tmp_path / "cut", training_data, 2)
     assert error is None and second.step == STEPS
-    assert second.values == {s: v for s, v in whole.values.items() if s > 13}  # bit for bit, after the resume
+    assert second.values == {s: v for s, v in whole.values.items() if s > 15}  # bit for bit, after the resume
     for name, arr in whole_peer_trainer.state().arrays.items():
         assert np.array_equal(arr, peer_trainer.state().arrays[name]), name  # rank 1 too
 

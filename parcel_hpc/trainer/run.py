@@ -199,6 +199,12 @@ class Run(ABC):
         self.stop = self._agreed_after_validation(self.step, self.stop)
         return self.value
 
+    def due_after(self, step: int, saving_now: bool) -> Due:
+        """What is due at ``step``, asked at the step before it (a gang's rank 0 decides a step ahead);
+        ``saving_now``: the step before saves, so the cadence counts from it."""
+        elapsed = 0.0 if saving_now else self._clock() - self._saved_at
+        return Due(checkpoint=self.budget.checkpoint_due(step, elapsed), validate=self.budget.is_milestone(step))
+
     @property
     def should_stop(self) -> bool:
         """Return from the loop now (after saving, where ``stepped`` said a checkpoint is due)."""

@@ -71,7 +71,7 @@ from parcel_hpc.trainer import (
     threads,
 )
 from parcel_hpc.trainer.base import checked_probabilities
-from parcel_hpc.trainer.run import Due, Restored, Stop
+from parcel_hpc.trainer.run import Due, Restored, Run, Stop
 from parcel_hpc.worker import quarantine
 from parcel_hpc.worker.cache import WorkerCache
 from parcel_hpc.worker.devices import UtilizationSampler, device_use
@@ -537,14 +537,14 @@ class AttemptRun:
                 except ProcessLookupError:
                     pass
 
-    def _agreed_by_gang(self, side: LeaderSide) -> Callable[[int, Due, Stop | None, bool], tuple[Due, Stop | None]]:
+    def _agreed_by_gang(self, side: LeaderSide) -> Callable[[Run, int, Due, Stop | None], tuple[Due, Stop | None]]:
         """Rank 0's decision for the gang after each step. A requeue that only a peer's signal asked for
         is this attempt's signal too: held here as if it had reached rank 0, so the loop's return hands
         it to the scheduler's handler (the interruption recorded, the job requeued with every rank)."""
 
-        def agreed(step: int, due: Due, stop: Stop | None, milestone: bool) -> tuple[Due, Stop | None]:
-            due, agreed_stop = side.after_step(step, due, stop, milestone)
-            if agreed_stop is Stop.REQUEUE and stop is None:
+        def agreed(run: Run, step: int, due: Due, stop: Stop | None) -> tuple[Due, Stop | None]:
+            due, agreed_stop = side.after_step(run, step, due, stop)
+            if agreed_stop is Stop.REQUEUE and not self.signals.pending and not self.timed_out:
                 self.signals.pending.append(signal.SIGUSR2)
             return due, agreed_stop
 

@@ -2,15 +2,19 @@
 
 Rank 0 listens on a port of its host; every other rank connects once when its attempt starts and
 says which rank it is. After each step every peer reports to rank 0 (the step, whether the
-scheduler's signal reached it, an error with its traceback); rank 0 gathers the reports with its
-own, decides for the whole gang and sends every peer the one decision, so all ranks save, validate
-and stop at the same step boundary (a signal that reached any rank is the gang's). Determined's
-distributed context does the same with ZeroMQ; this is plain TCP, one JSON object a line.
+scheduler's signal reached it, an error with its traceback) and takes rank 0's decision for that
+step, so all ranks save, validate and stop at the same step boundary (a signal that reached any
+rank is the gang's). Rank 0 decides a step ahead (``LeaderSide``): at step s it sends the decision
+for step s+1, made from its own state and the peers' reports on step s-1, so in the steady state
+no rank waits at a boundary (a collective in the step has brought them together already); the
+first step of a run and each milestone's validation are decided at once. Determined's distributed
+context does the same with ZeroMQ; this is plain TCP, one JSON object a line, each naming its kind
+and step (a report or decision that arrives before the one awaited is kept for later).
 
 A peer that reports nothing within ``hang_s`` while rank 0 waits is hung: ``gather`` raises
 ``RankHung`` naming it and the step, and rank 0 ends the gang; a peer that hears no decision within
 ``hang_s`` raises ``RankHung`` for rank 0. A closed connection (a rank killed, its node gone) is
-``RankLost``. The bound is the caller's: the runtime passes the contract's step timeout.
+``RankLost``. The bound is the caller's: the runtime passes the launcher's signal delay.
 
 Must not: decide anything (the decision is the caller's, sent as given) or carry a checkpoint's
 bytes (each rank writes its own part: ``checkpoints/gang.py``).
@@ -35,6 +39,7 @@ from parcel_hpc.checkpoints.writer import BackgroundWriter
 from parcel_hpc.trainer import TrainerState, TrainingData
 from parcel_hpc.trainer.run import Due, Restored, Run, Stop, stopping_due
 
+STEP, VALIDATED = "step", "validated"  # what a report or a decision is about
 _LINE_LIMIT = 1 << 20  # a report or a decision is small; a longer line is a broken peer
 _PORTS = (20000, 40000)  # where a gang's master port is drawn from, by its job id
 
@@ -92,6 +97,14 @@ class Report:
     signalled: bool = False  # the scheduler's signal reached this rank
     error: str | None = None  # this rank's exception with its traceback: the trial's failure
     cause: str | None = None  # its failure class (``Cause``'s value), as the rank that raised it classified it
+    kind: str = STEP  # after a step (``STEP``), or after the milestone's validation (``VALIDATED``)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "step": self.step, "signalled": self.signalled, "error": self.error, "cause": self.cause}
+
+    @classmethod
+    def of(cls, rank: int, obj: Mapping[str, Any]) -> Report:
+        return cls(rank, int(obj["step"]), bool(obj.get("signalled")), obj.get("error"), obj.get("cause"), str(obj.get("kind", STEP)))
 
 
 class RankHung(RuntimeError):
@@ -149,19 +162,17 @@ class _Line:
         line, _, self.buffer = self.buffer.partition(b"\n")
         return json.loads(line)
 
-    def peek(self) -> dict[str, Any] | None | EOFError:
-        """Without taking it (another thread may be reading this line later): the next object if one
-        has arrived whole, None if not yet, ``EOFError`` if the peer closed."""
+    def peek(self) -> list[dict[str, Any]]:
+        """Without taking them (another thread may be reading these lines later): every object that has
+        arrived whole, none waited for (a peer that closed has sent all it will)."""
         waiting = b""
         try:
             if select.select([self.sock], [], [], 0)[0]:  # never waits: the socket's own timeout would
                 waiting = self.sock.recv(_LINE_LIMIT, socket.MSG_PEEK)
-                if not waiting and b"\n" not in self.buffer:
-                    return EOFError()  # readable with nothing to read: the peer closed
         except OSError:
-            return EOFError()
-        line, newline, _ = (self.buffer + waiting).partition(b"\n")
-        return json.loads(line) if newline else None
+            pass
+        *whole, _ = (self.buffer + waiting).split(b"\n")
+        return [json.loads(line) for line in whole if line]
 
     def close(self) -> None:
         self.sock.close()
@@ -173,6 +184,9 @@ class Leader:
     def __init__(self, peers: dict[int, _Line], hang_s: float, clock: Callable[[], float], where: Mapping[int, tuple[str, int]] | None = None) -> None:
         self._peers, self.hang_s, self._clock = peers, hang_s, clock
         self.where = dict(where or {})  # rank -> (host, pid) as its hello said: a hung rank on this host is ended by its pid
+        self._kept: dict[int, list[Report]] = {rank: [] for rank in peers}  # reports read before the one awaited
+        self._heard: dict[int, int] = {rank: 0 for rank in peers}  # the last step each peer reported after
+        self.signalled = False  # a report read so far said the scheduler's signal reached its rank
 
     @classmethod
     def open(cls, port: int, world_size: int, *, hang_s: float, clock: Callable[[], float] = time.monotonic) -> Leader:
@@ -212,19 +226,33 @@ class Leader:
             server.close()
         return cls(peers, hang_s, clock, where)
 
-    def gather(self, step: int) -> list[Report]:
-        """Every peer's report for ``step``, in rank order."""
-        reports = []
-        for rank, line in sorted(self._peers.items()):
-            began = self._clock()
+    def gather(self, step: int, kind: str = STEP) -> list[Report]:
+        """Every peer's report of ``kind`` on ``step``, in rank order; a peer's reported error stands in
+        for it (whatever it was awaited for). Reports read on the way are kept for their turn."""
+        return [self._report(rank, line, step, kind) for rank, line in sorted(self._peers.items())]
+
+    def _report(self, rank: int, line: _Line, step: int, kind: str) -> Report:
+        kept = self._kept[rank]
+        found = next((r for r in kept if r.error is not None or (r.kind, r.step) == (kind, step)), None)
+        began = self._clock()
+        while found is None:
             try:
                 got = line.receive(began + self.hang_s, self._clock)
             except EOFError:
                 raise RankLost(rank, step) from None
             if got is None:
                 raise RankHung(rank, step, self._clock() - began)
-            reports.append(Report(rank, int(got["step"]), bool(got.get("signalled")), got.get("error"), got.get("cause")))
-        return reports
+            report = Report.of(rank, got)
+            self.signalled = self.signalled or report.signalled
+            if report.kind == STEP:
+                self._heard[rank] = max(self._heard[rank], report.step)
+            if report.error is not None or (report.kind, report.step) == (kind, step):
+                found = report
+            else:
+                kept.append(report)
+        if found in kept:
+            kept.remove(found)
+        return found
 
     def after_failure(self, step: int, grace_s: float = 5.0) -> RankFailed | RankLost | None:
         """Rank 0's own step failed (a collective's error, often): what its peers say about it. A peer's
@@ -234,6 +262,8 @@ class Leader:
         deadline = self._clock() + grace_s
         lost = None
         for rank, line in sorted(self._peers.items()):
+            if failed := next((r for r in self._kept[rank] if r.error is not None), None):
+                return RankFailed(rank, failed.step, str(failed.error), failed.cause)
             try:
                 while (got := line.receive(deadline, self._clock)) is not None:
                     if got.get("error") is not None:
@@ -249,10 +279,10 @@ class Leader:
         step is named (none: rank 0 itself is hung)."""
         silent = []
         for rank, line in sorted(self._peers.items()):
-            said = line.peek()
-            if isinstance(said, dict) and said.get("error") is not None:
-                return RankFailed(rank, int(said.get("step", step)), str(said["error"]), said.get("cause"))
-            if said is None:
+            said = [*self._kept[rank], *(Report.of(rank, obj) for obj in line.peek())]
+            if failed := next((r for r in said if r.error is not None), None):
+                return RankFailed(rank, failed.step, str(failed.error), failed.cause)
+            if max([self._heard[rank], *(r.step for r in said if r.kind == STEP)]) < step:
                 silent.append(rank)
         return RankHung(silent[0] if silent else 0, step, waited_s, in_step=True, ranks=tuple(silent))
 
@@ -274,6 +304,7 @@ class Peer:
 
     def __init__(self, rank: int, line: _Line, hang_s: float, clock: Callable[[], float]) -> None:
         self.rank, self._line, self.hang_s, self._clock = rank, line, hang_s, clock
+        self._kept: list[dict[str, Any]] = []  # decisions that came before the one awaited (rank 0 decides a step ahead)
 
     @classmethod
     def connect(cls, host: str, port: int, rank: int, *, hang_s: float, clock: Callable[[], float] = time.monotonic) -> Peer:
@@ -294,7 +325,7 @@ class Peer:
     def report(self, report: Report) -> None:
         """Send a report without waiting for a decision (a failing rank's last word); quiet if rank 0 is gone."""
         try:
-            self._line.send({"step": report.step, "signalled": report.signalled, "error": report.error, "cause": report.cause})
+            self._line.send(report.to_json())
         except OSError:
             pass
 
@@ -310,16 +341,31 @@ class Peer:
         return said
 
     def exchange(self, report: Report) -> dict[str, Any]:
-        """Send this rank's report; the gang's decision for the step."""
+        """Send this rank's report; rank 0's decision of the same kind for the same step."""
         try:
-            self._line.send({"step": report.step, "signalled": report.signalled, "error": report.error, "cause": report.cause})
-            began = self._clock()
-            decision = self._line.receive(began + self.hang_s, self._clock)
-        except (EOFError, OSError):
+            self._line.send(report.to_json())
+        except OSError:
             raise RankLost(0, report.step) from None
-        if decision is None:
-            raise RankHung(0, report.step, self._clock() - began)
-        return decision
+        return self.decision(report.kind, report.step)
+
+    def decision(self, kind: str, step: int) -> dict[str, Any]:
+        """Rank 0's decision of ``kind`` for ``step``: kept, or read (keeping what comes before it)."""
+        found = next((d for d in self._kept if (d.get("kind", STEP), d.get("step")) == (kind, step)), None)
+        began = self._clock()
+        while found is None:
+            try:
+                got = self._line.receive(began + self.hang_s, self._clock)
+            except (EOFError, OSError):
+                raise RankLost(0, step) from None
+            if got is None:
+                raise RankHung(0, step, self._clock() - began)
+            if (got.get("kind", STEP), got.get("step")) == (kind, step):
+                found = got
+            else:
+                self._kept.append(got)
+        if found in self._kept:
+            self._kept.remove(found)
+        return found
 
     def close(self) -> None:
         self._line.close()
@@ -356,7 +402,7 @@ def restored_of(found: GangRestore) -> Restored:
 
 
 def _decision(step: int, due: Due, stop: Stop | None) -> dict[str, Any]:
-    return {"step": step, "checkpoint": due.checkpoint, "validate": due.validate, "stop": stop.value if stop is not None else None}
+    return {"kind": STEP, "step": step, "checkpoint": due.checkpoint, "validate": due.validate, "stop": stop.value if stop is not None else None}
 
 
 def _stop_of(decision: Mapping[str, Any]) -> Stop | None:
@@ -404,33 +450,58 @@ class Watchdog:
 class LeaderSide:
     """Rank 0's half of each exchange, called by its run's ``_agreed`` hooks: the gang does what rank 0
     decided, a signal that reached any rank included, and a peer's reported error is the trial's.
-    ``watch``: rank 0's watchdog, paused while it waits on the channel."""
+
+    A step ahead: at step s every rank does what rank 0 sent at step s-1, and rank 0 sends the decision
+    for step s+1, made from its own state now and the peers' reports on step s-1 (read, not waited
+    for, in the steady state). Rank 0's own requeue (its signal) is the gang's at s+1; a peer's
+    signal, reported at s, at s+2; a stop that saves nothing (rank 0's rejection) is rank 0's at once
+    and the peers' at s+1. The run's first step is decided at once (every peer waits for it), and so
+    is each milestone's validation (its pruning decision). ``watch``: rank 0's watchdog, paused
+    while it waits on the channel."""
 
     def __init__(self, leader: Leader, watch: Watchdog | None = None) -> None:
         self.leader, self.watch = leader, watch
+        self._ahead: dict[str, Any] | None = None  # the decision sent for the coming step
 
-    def after_step(self, step: int, due: Due, stop: Stop | None, milestone: bool) -> tuple[Due, Stop | None]:
-        reports = self._gathered(step)
-        if stop is None and any(r.signalled for r in reports):
-            stop = Stop.REQUEUE  # the scheduler's signal reached a peer first: the gang's all the same
-            due = stopping_due(stop, milestone)
-        self._send(_decision(step, due, stop))
-        return due, stop
+    def after_step(self, run: Run, step: int, due: Due, stop: Stop | None) -> tuple[Due, Stop | None]:
+        self._pause()
+        milestone = run.budget.is_milestone(step)
+        if self._ahead is None:  # the run's first step: decided now, as rank 0 found it
+            now = _decision(step, due, stop)
+            self.leader.send(now)
+        else:
+            now = self._ahead
+            self._gathered(step - 1, STEP)
+        agreed, agreed_stop = Due(bool(now["checkpoint"]), bool(now["validate"])), _stop_of(now)
+        if agreed_stop is None and stop is not None and not stop.saves_first:
+            agreed, agreed_stop = stopping_due(stop, milestone), stop  # rank 0's rejection: its own at once
+        upcoming = agreed_stop or (stop if stop is not None else (Stop.REQUEUE if self.leader.signalled else None))
+        self._ahead = None
+        if step < run.budget.steps and (agreed_stop is None or not agreed_stop.saves_first):
+            nxt = step + 1
+            nxt_due = stopping_due(upcoming, run.budget.is_milestone(nxt)) if upcoming is not None else run.due_after(nxt, saving_now=agreed.checkpoint)
+            self._ahead = _decision(nxt, nxt_due, upcoming)
+            self.leader.send(self._ahead)
+        self._resume()
+        return agreed, agreed_stop
 
     def after_validation(self, step: int, stop: Stop | None) -> Stop | None:
-        self._gathered(step)
-        self._send({"step": step, "stop": stop.value if stop is not None else None})
+        self._pause()
+        self._gathered(step, VALIDATED)  # the peers' reports on the step itself are kept on the way
+        self.leader.send({"kind": VALIDATED, "step": step, "stop": stop.value if stop is not None else None})
+        self._resume()
         return stop
 
-    def _send(self, decision: Mapping[str, Any]) -> None:
-        self.leader.send(decision)
+    def _pause(self) -> None:
+        if self.watch is not None:
+            self.watch.pause()
+
+    def _resume(self) -> None:
         if self.watch is not None:
             self.watch.resume()  # rank 0's trainer code again, to the next boundary
 
-    def _gathered(self, step: int) -> list[Report]:
-        if self.watch is not None:
-            self.watch.pause()
-        reports = self.leader.gather(step)
+    def _gathered(self, step: int, kind: str) -> list[Report]:
+        reports = self.leader.gather(step, kind)
         failed = next((r for r in reports if r.error is not None), None)
         if failed is not None:
             raise RankFailed(failed.rank, failed.step, str(failed.error), failed.cause)
@@ -479,4 +550,4 @@ class PeerRun(Run):
         return None
 
     def _agreed_after_validation(self, step: int, stop: Stop | None) -> Stop | None:
-        return _stop_of(self.peer.exchange(Report(self.peer.rank, step, signalled=self.signalled())))
+        return _stop_of(self.peer.exchange(Report(self.peer.rank, step, signalled=self.signalled(), kind=VALIDATED)))

@@ -59,7 +59,7 @@ class LoopCallbacks:
     validated: Callable[[int, float, bool, Mapping[str, float]], Stop | None]  # (step, value, final, train metrics): may stop it
     # A gang's rank 0 (``worker/gang.LeaderSide``): what every rank does after the step, the milestone;
     # None for a trial of one rank (what it decided itself).
-    agreed: Callable[[int, Due, Stop | None, bool], tuple[Due, Stop | None]] | None = None  # (step, due, stop, milestone)
+    agreed: Callable[[Run, int, Due, Stop | None], tuple[Due, Stop | None]] | None = None  # (the run, step, due, stop)
     agreed_after_validation: Callable[[int, Stop | None], Stop | None] | None = None
 
 
@@ -95,7 +95,7 @@ class LoopRun(Run):
 
     def _agreed(self, step: int, due: Due, stop: Stop | None) -> tuple[Due, Stop | None]:
         agreed = self.calls.agreed
-        return (due, stop) if agreed is None else agreed(step, due, stop, self.budget.is_milestone(step))
+        return (due, stop) if agreed is None else agreed(self, step, due, stop)
 
     def _agreed_after_validation(self, step: int, stop: Stop | None) -> Stop | None:
         agreed = self.calls.agreed_after_validation
