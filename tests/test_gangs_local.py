@@ -60,6 +60,8 @@ def whole(tmp_path_factory, artifacts):
 def test_a_gang_is_one_trial_one_attempt_with_one_checkpoint_across_its_ranks(whole):
     search, record = whole
     assert record.state is TrialState.COMPLETED and len(record.attempts) == 1
+    # Rank 0 sees its own GPUs only: the attempt's allocation is left to the request, every rank's.
+    assert record.attempts[0].gpus is None
     ckpt_dir = search.path / "checkpoints" / "t0000"
     manifest = json.loads((ckpt_dir / "ckpt-000060.manifest.json").read_text())
     assert manifest["world_size"] == 2 and [part[0] for part in manifest["parts"]] == [0, 1]

@@ -57,7 +57,7 @@ class PeerAttempt:
         fence.arm(fence.Protected.of(plan.split_path, plan.snapshot_path))
         facts = facts_from_env()
         asked: list[str] = []  # the partitions its trainer asked the loader for, as rank 0 keeps them
-        data = replace(data, devices=Devices.from_env(facts.gpus, facts.cuda_visible_devices), _asked_for_final=asked)
+        data = replace(data, devices=Devices.from_env(None, facts.cuda_visible_devices), _asked_for_final=asked)  # its share: what it sees
         ckpt_dir = str(told["ckpt_dir"])
         claim = Claim(Path(ckpt_dir), ClaimOutcome.CLAIMED, ClaimRecord.from_json(told["claim"], ckpt_dir), None)  # rank 0's, verified before each part
         identity = TrialIdentity(plan.trial_id, plan.config_hash, contract.digest, contract["snapshot_digest"])

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +82,11 @@ class TrialTask:
             if gang.rank > 0:
                 return PeerAttempt(self.plans[0], gang).execute()  # rank 0 records the trial; this rank trains its share
         facts = facts_from_env()
+        if gang is not None:
+            # Rank 0's environment sees its node, or only its own share: the attempt's allocation is
+            # every rank's GPUs, which the scheduler granted as asked (not said: the request stands),
+            # and its trainer is granted what it sees.
+            facts = replace(facts, gpus=None)
         cache = WorkerCache()
         results = []
         ran: list[FailureSignature | None] = []  # the failure (None: none) of each attempt this pack ran
