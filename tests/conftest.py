@@ -1,4 +1,5 @@
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,17 @@ def artifacts(tmp_path_factory) -> dict:
     paths = make_default_artifacts(out, seed=0)
     paths["dir"] = str(out)
     return paths
+
+
+@pytest.fixture(scope="session")
+def nvml_dir(tmp_path_factory) -> Path:
+    """A directory holding libnvidia-ml.so.1, the fake driver library built from tests/fakes/fake_nvml.c
+    (LD_LIBRARY_PATH finds it)."""
+    out = tmp_path_factory.mktemp("nvml")
+    cc = shutil.which("cc") or shutil.which("gcc")
+    assert cc, "a C compiler builds the fake NVML library (scripts/test.sh installs gcc)"
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(out / "libnvidia-ml.so.1"), str(Path(__file__).parent / "fakes" / "fake_nvml.c")], check=True)
+    return out
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,6 @@ search records "cpu" and shows no GPU line; the arithmetic and the sampler are c
 import csv
 import io
 import json
-import shutil
-import subprocess
 import time
 from pathlib import Path
 
@@ -19,18 +17,6 @@ from parcel_hpc.accounting.spend import GpuUse
 from parcel_hpc.ledger import DeviceUse, SearchDir
 from parcel_hpc.testing import launch, parcel_hpc
 from parcel_hpc.worker.devices import Nvml, UtilizationSampler, device_use, mean_utilization
-
-FAKE_NVML = Path(__file__).parent / "fakes" / "fake_nvml.c"
-
-
-@pytest.fixture(scope="module")
-def nvml_dir(tmp_path_factory) -> Path:
-    """A directory holding libnvidia-ml.so.1, the fake driver library (LD_LIBRARY_PATH finds it)."""
-    out = tmp_path_factory.mktemp("nvml")
-    cc = shutil.which("cc") or shutil.which("gcc")
-    assert cc, "a C compiler builds the fake NVML library (scripts/test.sh installs gcc)"
-    subprocess.run([cc, "-shared", "-fPIC", "-o", str(out / "libnvidia-ml.so.1"), str(FAKE_NVML)], check=True)
-    return out
 
 
 def test_gpu_hours_split_into_used_and_idle_and_an_unread_attempt_is_neither():

@@ -18,7 +18,8 @@ from parcel_hpc.worker.gang import GangEnv, Leader, RankHung, RankLost
 PEER = textwrap.dedent(
     """
     import json, sys, time
-    from parcel_hpc.worker.gang import Peer, Report
+    from parcel_hpc.ledger import DeviceUse
+    from parcel_hpc.worker.gang import USED, Peer, Report
     port, rank, behaviour, at = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
     peer = Peer.connect("127.0.0.1", port, rank, hang_s=10)
     step = 0
@@ -37,6 +38,7 @@ PEER = textwrap.dedent(
         print(json.dumps(decision), flush=True)
         if decision["stop"]:
             break
+    peer.report(Report(rank, step, kind=USED, use=DeviceUse((f"GPU {rank}",), None, rank / 10, rank)))  # its last word
     """
 )
 
@@ -80,7 +82,9 @@ def test_a_signal_on_any_rank_stops_the_whole_gang_at_the_same_step():
     try:
         leader = Leader.open(port, 4, hang_s=30)
         gathered = _lead(leader, 100)
+        uses = leader.uses(10)  # each rank's reading of its GPUs, its last word
         leader.close()
+        assert [(u.devices, u.utilization, u.samples) for u in uses if u is not None] == [((f"GPU {r}",), r / 10, r) for r in (1, 2, 3)]
         assert len(gathered) == 37 and [r.rank for r in gathered[-1]] == [1, 2, 3] and all(r.step == 37 for r in gathered[-1])
         for p in peers:
             decisions = [json.loads(line) for line in p.communicate(timeout=30)[0].splitlines()]
@@ -123,6 +127,9 @@ def test_a_hung_rank_is_named_within_the_bound_and_a_killed_one_at_once():
         with pytest.raises(RankLost, match="rank 2 left the gang at step 6"):
             leader.gather(6)
         assert time.monotonic() - began < 5
+        began = time.monotonic()
+        assert leader.uses(0.5) == [None, None]  # rank 1 still waits on step 6, rank 2 is gone: none told, within the wait
+        assert time.monotonic() - began < 2
     finally:
         _stop(peers)
 

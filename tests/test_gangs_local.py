@@ -49,11 +49,14 @@ def _faulted(tmp_path: Path, data_dir: Path, fault: str, *extra: str) -> SearchD
 
 
 @pytest.fixture(scope="module")
-def whole(tmp_path_factory, artifacts):
-    """The gang uninterrupted: its search directory and its one trial's record."""
+def whole(tmp_path_factory, artifacts, nvml_dir):
+    """The gang uninterrupted: its search directory and its one trial's record. Each rank is granted one
+    of two GPUs the fake driver library (tests/fakes/fake_nvml.c) answers for, device 0 at 40 %
+    utilization and device 1 at 70 %; the example trains on the CPU (gloo) whatever it is granted."""
     root = tmp_path_factory.mktemp("gang")
     shutil.copytree(artifacts["dir"], root / "data")
-    search = _search(root, root / "data")
+    gpus = {"CUDA_VISIBLE_DEVICES": "0,1", "LD_LIBRARY_PATH": str(nvml_dir), "FAKE_NVML_UTILIZATION": "40,70"}
+    search = _search(root, root / "data", "resources.gpus=1", env=gpus)
     return search, search.record("t0000")
 
 
@@ -72,6 +75,26 @@ def test_a_gang_is_one_trial_one_attempt_with_one_checkpoint_across_its_ranks(wh
     # Each rank a process of the job: rank 1 ran in the same job as rank 0, with its own log.
     job = record.attempts[0].job_id
     assert "global_rank=1(2)" in (search.submitit_dir / "local" / f"{job}_1_log.out").read_text()
+
+
+def test_each_rank_s_gpu_use_is_its_own_reading_and_reconcile_shows_it_per_rank(whole):
+    search, record = whole
+    use = record.attempts[0].device_use
+    assert use is not None and use.devices == ("Fake GPU 0", "Fake GPU 1")  # rank 0's share, then rank 1's
+    assert use.rank_utilization == (0.4, 0.7) and all(n >= 1 for n in use.rank_samples)
+    assert min(0.4, 0.7) < use.utilization < max(0.4, 0.7)  # the gang's: every reading's mean
+    report = json.loads(parcel_hpc(["reconcile", str(search.path), "--json"], cwd=search.path.parent).stdout)["campaigns"][0]
+    ranks = report["ranks"]
+    assert [(r["rank"], r["gpus"], r["device"], r["gpu_utilization"]) for r in ranks] == [(0, 1, "Fake GPU 0", 0.4), (1, 1, "Fake GPU 1", 0.7)]
+    for r in ranks:  # each rank's half of the allocation, split by its own reading
+        assert r["gpu_hours_used"] == pytest.approx(r["gpu_utilization"] * r["gpu_hours"]) and r["gpu_hours_idle"] == pytest.approx(
+            r["gpu_hours"] - r["gpu_hours_used"]
+        )
+    (line,) = report["attempts"]
+    assert sum(r["gpu_hours"] for r in ranks) == pytest.approx(line["gpu_hours"]) and line["gpus"] == 2  # both ranks' GPUs, charged
+    assert line["gpu_hours_used"] == pytest.approx(sum(r["gpu_hours_used"] for r in ranks))  # the run's used: its ranks'
+    table = parcel_hpc(["reconcile", str(search.path)], cwd=search.path.parent, env={"COLUMNS": "250"}).stdout
+    assert "GPU util" in table and "70%" in table and "40%" in table
 
 
 def test_a_signal_on_rank_0_requeues_the_whole_gang_which_resumes_bit_equal(tmp_path, data_dir, whole):

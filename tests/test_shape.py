@@ -92,3 +92,34 @@ def test_a_gang_s_run_is_split_over_its_nodes_and_ranks_as_srun_lays_them_out_an
     assert sum(r.gpu_hours for r in ranks) == pytest.approx(6.0) and sum(r.cpu_hours for r in ranks) == pytest.approx(12.0)  # the orphan's none
     assert node_hours(ranks) == {("t1", "41", 0, "n3"): pytest.approx((3.0, 6.0)), ("t1", "41", 0, "n4"): pytest.approx((3.0, 6.0))}
     assert rank_lines([line], TrialShape.of({"gpus": 1, "cpus": 2}), node_names) == ()  # one rank: nothing to split
+    assert all(r.gpu_hours_used is None and r.gpu_hours_idle is None for r in ranks)  # no reading handed in: unread, never idle
+
+
+def test_each_rank_s_gpu_use_is_its_own_reading_and_a_rank_that_told_none_is_unread():
+    from parcel_hpc.accounting.ranks import rank_lines
+    from parcel_hpc.accounting.reconcile import AttemptLine, Waste
+    from parcel_hpc.accounting.spend import GpuUse
+    from parcel_hpc.ledger import DeviceUse, Event, EventKind
+
+    rank0, rank2 = DeviceUse(("H100",), 10, 0.5, 4, {"torch": "2.9"}), DeviceUse(("H100",), 30, 0.25, 2)
+    use = DeviceUse.of_gang([rank0, None, rank2], 1)  # rank 1 told nothing (its process gone)
+    assert use.devices == ("H100", "unknown", "H100") and use.peak_memory_bytes == 30 and use.frameworks == {"torch": "2.9"}
+    assert use.rank_utilization == (0.5, None, 0.25) and use.rank_samples == (4, 0, 2) and use.samples == 6
+    assert use.utilization == pytest.approx((0.5 * 4 + 0.25 * 2) / 6, abs=1e-4)  # every reading's mean
+    assert use.of_rank(1) == DeviceUse(("unknown",)) and use.of_rank(2) == DeviceUse(("H100",), None, 0.25, 2) and use.of_rank(3) is None
+    event = Event(EventKind.DEVICE_USE, 1.0, "w", 0, 1, use)
+    assert Event.from_json(event.to_json()) == event  # journaled and read back, None included
+    # The spend: each rank's third of 3 GPU-hours at its own reading; rank 1's hour unread, not its peers' mean.
+    assert GpuUse.of(3.0, use) == GpuUse(3.0, 0.5 + 0.25, 1.0)
+    with pytest.raises(ValueError, match="mean of its samples"):
+        DeviceUse(("H100",) * 2, utilization=0.5, samples=2, rank_utilization=(0.5, None), rank_samples=(1, 1))
+    assert DeviceUse.of_gang([DeviceUse(("cpu",)), DeviceUse(("cpu",))], 0) == DeviceUse(("cpu",))  # no GPU: nothing per rank
+
+    shape = TrialShape.of({"nodes": 1, "tasks_per_node": 3, "gpus": 1})
+    line = AttemptLine("t1", "41", 0, "COMPLETED", "n1", 0, 0, 3600, 3600, 3, 3, 3.0, 3.0, 0.0, 0, 1, "completed", Waste.USEFUL)
+    ranks = rank_lines([line], shape, lambda nodes: [nodes], {("t1", 1): use})
+    assert [(r.device, r.gpu_utilization, r.gpu_hours_used, r.gpu_hours_idle) for r in ranks] == [
+        ("H100", 0.5, 0.5, 0.5),
+        ("unknown", None, None, None),
+        ("H100", 0.25, 0.25, 0.75),
+    ]

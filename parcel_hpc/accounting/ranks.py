@@ -6,19 +6,22 @@ one run (``reconcile.AttemptLine``: sacct's AllocTRES x Elapsed), and its ranks,
 end together. srun's default (block) distribution puts ranks 0..k-1 on the allocation's first node,
 the next k on the second, each rank with its own GPUs and CPUs: so each rank's share of a run is an
 equal part of it, and a node's is its ranks'. The parts add up to the run (sacct's own figure): no
-hour is counted twice or lost. Per-task usage measured by the scheduler (sacct's TRESUsageIn* of a
-step) is not read: it gives a step's maximum and average task, not every task.
+hour is counted twice or lost. What each rank used of its GPUs is its own worker's NVML reading
+(``DeviceUse.rank_utilization``, told to rank 0 as each rank's run ended): used = the rank's GPU-hours
+x its utilization, idle the rest; a rank that told none is unread, neither used nor idle.
 
-Must not: read the scheduler or the ledger (its lines and the node names are handed in).
+Must not: read the scheduler or the ledger (its lines, the node names and the readings are handed in).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from parcel_hpc.accounting.spend import GpuUse
 from parcel_hpc.governance.shape import TrialShape
+from parcel_hpc.ledger import DeviceUse
 
 
 class RunLine(Protocol):
@@ -42,6 +45,8 @@ class RunLine(Protocol):
     def gpu_hours(self) -> float: ...
     @property
     def cpu_hours(self) -> float: ...
+    @property
+    def ledger_attempt(self) -> int | None: ...
 
 
 @dataclass(frozen=True)
@@ -57,11 +62,21 @@ class RankLine:
     cpus: int
     gpu_hours: float
     cpu_hours: float
+    device: str = ""  # the rank's GPUs as its worker named them ("" where none was read)
+    gpu_utilization: float | None = None  # its mean NVML reading (None: none)
+    gpu_hours_used: float | None = None  # its GPU-hours x that reading (None: unread, never 0)
+    gpu_hours_idle: float | None = None
 
 
-def rank_lines(lines: Iterable[RunLine], shape: TrialShape, node_names: Callable[[str], Sequence[str]]) -> tuple[RankLine, ...]:
+def rank_lines(
+    lines: Iterable[RunLine],
+    shape: TrialShape,
+    node_names: Callable[[str], Sequence[str]],
+    uses: Mapping[tuple[str, int], DeviceUse] | None = None,
+) -> tuple[RankLine, ...]:
     """Every rank's share of every run of the trials' jobs (none for a trial of one rank). ``node_names``:
-    the scheduler's node list of a run (``n[1-2]``) as names, in its order."""
+    the scheduler's node list of a run (``n[1-2]``) as names, in its order; ``uses``: (trial, attempt)
+    -> what that attempt's ranks read of their GPUs, as the ledger holds it."""
     if not shape.is_gang:
         return ()
     out = []
@@ -69,9 +84,13 @@ def rank_lines(lines: Iterable[RunLine], shape: TrialShape, node_names: Callable
         if not line.trial_id or line.start is None:
             continue  # an orphan, or a run that never started: no rank ran
         names = list(node_names(line.node))
+        use = (uses or {}).get((line.trial_id, line.ledger_attempt)) if line.ledger_attempt is not None else None
         for rank in range(shape.ranks):
             index = rank // shape.tasks_per_node
             node = names[index] if len(names) == shape.nodes else line.node  # another layout than the shape's: the run's list
+            gpu_hours = line.gpu_hours / shape.ranks
+            own = use.of_rank(rank) if use is not None else None
+            used, idle = GpuUse.of(gpu_hours, own).columns()
             out.append(
                 RankLine(
                     line.trial_id,
@@ -81,8 +100,12 @@ def rank_lines(lines: Iterable[RunLine], shape: TrialShape, node_names: Callable
                     node,
                     line.gpus // shape.ranks,
                     line.cpus // shape.ranks,
-                    line.gpu_hours / shape.ranks,
+                    gpu_hours,
                     line.cpu_hours / shape.ranks,
+                    ",".join(own.devices) if own is not None else "",
+                    own.utilization if own is not None else None,
+                    used,
+                    idle,
                 )
             )
     return tuple(out)

@@ -381,7 +381,7 @@ def _recorded_runs(records: Sequence[TrialRecord], by_job: Mapping[str, Sequence
     for r in records:
         for job in dict.fromkeys(r.jobs):
             sharers.setdefault(job, []).append(r.trial_id)
-            asked.setdefault(job, int(r.spec.resources.get("gpus", 0)))
+            asked.setdefault(job, r.spec.shape.gpus)
         for run in r.accounted:
             recorded.setdefault(run.key, run)
     flags = []

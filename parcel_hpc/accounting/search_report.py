@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 from rich.table import Table
 
 from parcel_hpc.accounting import columns, spend
-from parcel_hpc.accounting.ranks import node_hours, rank_lines
+from parcel_hpc.accounting.ranks import RankLine, node_hours, rank_lines
 from parcel_hpc.accounting.reconcile import Reconciliation, reconcile
 from parcel_hpc.budget import BudgetLedger, search_caps
 from parcel_hpc.console import safe
@@ -39,9 +39,14 @@ def reconcile_search(search: SearchDir, sacct_file: Path | None = None) -> Recon
     shape = TrialShape.of(search.contract().fields.get("resources", {}))  # none pinned: one rank
     if not shape.is_gang:
         return rec
-    backend_by_trial = {r.trial_id: backend_of(r.executor) for r in search.records()}
+    records = list(search.records())
+    backend_by_trial = {r.trial_id: backend_of(r.executor) for r in records}
+    uses = {(r.trial_id, a.number): a.device_use for r in records for a in r.attempts if a.device_use is not None}
     ranks = [
-        rank for line in rec.attempts if line.trial_id in backend_by_trial for rank in rank_lines([line], shape, backend_by_trial[line.trial_id].node_names)
+        rank
+        for line in rec.attempts
+        if line.trial_id in backend_by_trial
+        for rank in rank_lines([line], shape, backend_by_trial[line.trial_id].node_names, uses)
     ]
     return replace(rec, ranks=tuple(ranks))
 
@@ -155,9 +160,20 @@ def render_table(results: Sequence[Reconciliation], console) -> None:
             console.print("no flags: the ledger and the scheduler agree")
 
 
+_RANK_GPU_COLUMNS = ("GPU util", "GPU-h used", "GPU-h idle")
+
+
+def _rank_gpu_cells(r: RankLine) -> list[str]:
+    """A rank's GPU use in jobstats' words, from its own worker's reading ("unread": it told none)."""
+    if r.gpu_hours_used is None or r.gpu_hours_idle is None:
+        return ["unread"] * len(_RANK_GPU_COLUMNS)
+    return [f"{r.gpu_utilization:.0%}" if r.gpu_utilization is not None else "", f"{r.gpu_hours_used:.4f}", f"{r.gpu_hours_idle:.4f}"]
+
+
 def _rank_table(rec: Reconciliation) -> Table:
     ranks = Table(title="per rank: each run's allocation (the scheduler's hours) over its nodes and ranks, as srun laid them out")
-    for col in ("trial", "job", "run", "rank", "node", "GPUs", "CPUs", "GPU-h", "CPU-h", "node GPU-h", "node CPU-h"):
+    gpus = any(r.gpu_hours > 0 for r in rec.ranks)  # each rank's GPU use, where the gang had GPUs
+    for col in ("trial", "job", "run", "rank", "node", "GPUs", "CPUs", "GPU-h", "CPU-h", "node GPU-h", "node CPU-h", *(_RANK_GPU_COLUMNS if gpus else ())):
         ranks.add_column(col)
     per_node = node_hours(rec.ranks)
     for r in rec.ranks[:ROWS_SHOWN]:
@@ -168,6 +184,7 @@ def _rank_table(rec: Reconciliation) -> Table:
             f"{r.cpu_hours:.4f}",
             f"{node_gpu:.4f}",
             f"{node_cpu:.4f}",
+            *(_rank_gpu_cells(r) if gpus else ()),
         )
     if len(rec.ranks) > ROWS_SHOWN:
         ranks.caption = f"the first {ROWS_SHOWN}; --json lists them all"
@@ -242,11 +259,15 @@ def to_html(results: Sequence[Reconciliation]) -> str:
             )
         )
         if rec.ranks:
+            gpus = any(r.gpu_hours > 0 for r in rec.ranks)
             parts.append(
                 "<h2>per rank</h2>"
                 + _html_table(
-                    ["trial", "job", "run", "rank", "node", "GPU-h", "CPU-h"],
-                    [[r.trial_id, r.job_id, r.run, r.rank, r.node, _fmt(r.gpu_hours), _fmt(r.cpu_hours)] for r in rec.ranks[:ROWS_SHOWN]],
+                    ["trial", "job", "run", "rank", "node", "GPU-h", "CPU-h", *(_RANK_GPU_COLUMNS if gpus else ())],
+                    [
+                        [r.trial_id, r.job_id, r.run, r.rank, r.node, _fmt(r.gpu_hours), _fmt(r.cpu_hours), *(_rank_gpu_cells(r) if gpus else ())]
+                        for r in rec.ranks[:ROWS_SHOWN]
+                    ],
                 )
                 + _more(len(rec.ranks))
             )

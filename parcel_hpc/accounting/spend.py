@@ -104,9 +104,13 @@ class GpuUse:
 
     @classmethod
     def of(cls, gpu_hours: float, use: DeviceUse | None) -> GpuUse:
-        """One attempt's (pure)."""
+        """One attempt's (pure); a gang's, rank by rank: each rank's equal share of the hours at its own
+        reading, so a rank that told none leaves its share unread, not its peers'."""
         if gpu_hours <= 0:
             return cls()
+        if use is not None and use.rank_utilization:
+            share = gpu_hours / len(use.rank_utilization)
+            return sum((cls.of(share, use.of_rank(rank)) for rank in range(len(use.rank_utilization))), cls())
         if use is None or use.utilization is None:
             return cls(gpu_hours, 0.0, gpu_hours)
         return cls(gpu_hours, gpu_hours * use.utilization)
@@ -280,7 +284,7 @@ def run_spends(records: Iterable[TrialRecord]) -> dict[tuple[str, int], RunSpend
             used += attempt_hours(r, a) or Hours()
         if key in recorded:
             run, owner = recorded[key]
-            out[key] = RunSpend(key, used, run_hours(run, int(owner.spec.resources.get("gpus", 0))) - used, False)
+            out[key] = RunSpend(key, used, run_hours(run, owner.spec.shape.gpus) - used, False)
         else:
             filed_later = any(backend_of(r.executor).files_runs for r, _ in attempts)
             out[key] = RunSpend(key, used, _estimated_rest(attempts), filed_later)

@@ -171,7 +171,7 @@ def _param_column(values: list[Any]) -> pa.Array:
 
 
 def _attempt_rows(record: TrialRecord, events: Sequence[Event], rates: Rates, holds: Mapping[ReservationKey, Hold]) -> list[dict[str, Any]]:
-    gpus_asked, cpus = int(record.spec.resources.get("gpus", 0)), int(record.spec.resources.get("cpus", 1))
+    gpus_asked, cpus = record.spec.shape.gpus, record.spec.shape.cpus
     rows = []
     for a, wait in zip(record.attempts, queue_waits(record, events)):
         end = a.counted_end()

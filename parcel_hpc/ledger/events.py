@@ -207,6 +207,10 @@ class DeviceUse:
     utilization: float | None = None  # mean GPU utilization in 0..1 over NVML's samples (None: NVML did not answer)
     samples: int = 0  # NVML readings behind ``utilization``
     frameworks: Mapping[str, str] | None = None  # the versions the trainer ran with: {"torch": "2.13.0+cpu", "cuda": "12.8"}
+    # A gang's attempt (issue 50): each rank's own reading, rank 0 first, None where a rank told none
+    # (its process gone); the fields above are the whole gang's. Empty for an attempt of one rank.
+    rank_utilization: tuple[float | None, ...] = ()
+    rank_samples: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.devices:
@@ -217,6 +221,33 @@ class DeviceUse:
             raise ValueError(f"a utilization is the mean of its samples: {self.utilization!r} from {self.samples} samples")
         if self.peak_memory_bytes is not None and self.peak_memory_bytes < 0:
             raise ValueError(f"peak memory is bytes, not {self.peak_memory_bytes!r}")
+        if len(self.rank_utilization) != len(self.rank_samples) or any((u is None) != (n == 0) for u, n in zip(self.rank_utilization, self.rank_samples)):
+            raise ValueError(f"each rank's utilization is the mean of its samples: {self.rank_utilization!r} from {self.rank_samples!r}")
+        if any(u is not None and not 0.0 <= u <= 1.0 for u in self.rank_utilization):
+            raise ValueError(f"a rank's utilization is a fraction in 0..1, not one of {self.rank_utilization!r}")
+
+    @classmethod
+    def of_gang(cls, ranks: Sequence[DeviceUse | None], gpus_per_rank: int) -> DeviceUse:
+        """A gang's attempt from each rank's own record (rank 0 first; None: a rank that told none,
+        its GPUs unknown and unread): the gang's devices, its largest peak, its mean over every reading."""
+        told = [r for r in ranks if r is not None]
+        devices = tuple(d for r in ranks for d in (r.devices if r is not None else ("unknown",) * max(1, gpus_per_rank)))
+        if gpus_per_rank == 0:
+            return cls(("cpu",), frameworks=told[0].frameworks if told else None)  # no GPU: nothing per rank to read
+        samples = tuple(r.samples if r is not None else 0 for r in ranks)
+        utilization = tuple(r.utilization if r is not None else None for r in ranks)
+        total = sum(samples)
+        mean = round(sum(u * n for u, n in zip(utilization, samples) if u is not None) / total, 4) if total else None
+        peaks = [r.peak_memory_bytes for r in told if r.peak_memory_bytes is not None]
+        frameworks = told[0].frameworks if told else None
+        return cls(devices, max(peaks, default=None), mean, total, frameworks, utilization, samples)
+
+    def of_rank(self, rank: int) -> DeviceUse | None:
+        """One rank's reading of a gang's attempt (None: an attempt of one rank, or no such rank)."""
+        if not 0 <= rank < len(self.rank_utilization):
+            return None
+        share = len(self.devices) // len(self.rank_utilization)
+        return DeviceUse(self.devices[rank * share : (rank + 1) * share] or ("unknown",), None, self.rank_utilization[rank], self.rank_samples[rank])
 
 
 @dataclass(frozen=True)
@@ -400,7 +431,7 @@ _ENUM_FIELDS: Mapping[str, Callable[[Any], Any]] = {
     "outcome": Outcome.parse,
     "fence": FenceLayer,
 }
-_TUPLE_FIELDS = ("exclude_nodes", "with_trials", "devices", "programs", "folds")
+_TUPLE_FIELDS = ("exclude_nodes", "with_trials", "devices", "programs", "folds", "rank_utilization", "rank_samples")
 
 
 def encode_payload(data: Any, *, drop_empty: bool) -> dict:
@@ -475,8 +506,7 @@ def _check_of(hint: Any) -> Callable[[Any], bool] | None:
         inner = _check_of(next(a for a in args if a is not type(None)))
         return None if inner is None else lambda v: v is None or inner(v)
     origin = typing.get_origin(hint)
-    if origin is tuple and len(args) == 2 and args[1] is Ellipsis and args[0] in _SIMPLE:
-        item = _SIMPLE[args[0]]
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis and (item := _check_of(args[0])) is not None:
         return lambda v: isinstance(v, tuple) and all(item(x) for x in v)
     if origin in (Mapping, dict) and len(args) == 2 and args[0] is str and args[1] in _SIMPLE:
         value = _SIMPLE[args[1]]

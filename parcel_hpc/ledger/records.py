@@ -15,6 +15,7 @@ from parcel_hpc.budget._values import counted_gpus, hours_between
 from parcel_hpc.governance.admission import check_trial_id
 from parcel_hpc.governance.metric import FoldScores
 from parcel_hpc.governance.outcome import Outcome
+from parcel_hpc.governance.shape import TrialShape
 from parcel_hpc.ledger.events import (
     Accounted,
     AdmissionRefused,
@@ -56,6 +57,11 @@ class TrialSpec:
         if not self.trial_id or not self.config_hash.startswith("sha256:"):
             raise ValueError(f"trial spec needs a trial_id and a sha256 config_hash, got {self.trial_id!r}, {self.config_hash!r}")
         check_trial_id(self.trial_id)  # it names the trial's folder
+
+    @property
+    def shape(self) -> TrialShape:
+        """What the trial holds: its ranks, and the GPUs and CPUs of all of them (a gang's ``resources.gpus`` is one rank's)."""
+        return TrialShape.of(self.resources)
 
     def to_json(self) -> dict:
         return {

@@ -81,6 +81,7 @@ from parcel_hpc.worker.result import Ran, WorkerResult
 from parcel_hpc.worker.signals import StepBoundarySignals, toolkit_handlers
 from parcel_hpc.worker.training import LoopCallbacks, budget, scorer, step_hooks, train
 
+PEERS_AFTER_FAILURE_S = 1.0  # how long a broken gang's rank 0 waits for its peers' GPU readings
 FIRST_STEP_BOUND_S = 600.0  # a gang's first step (the build, the rendezvous, a compiling first step) may take this long
 PREVIOUS_ATTEMPT_WAIT_S = 90.0  # SLURM's KillWait plus slurmd's cleanup, with margin
 TRACEBACK_CHARS = 20_000  # the end of a failure's traceback kept in its journal line (the innermost frames)
@@ -643,7 +644,10 @@ class AttemptRun:
     # --- endings ------------------------------------------------------------------------------
     def _end(self, ending: Ended) -> None:
         if not self.ended:
-            self._record_device_use()
+            # A gang's peers tell their readings as their runs end: at the gang's agreed end at once; after
+            # a failure or a lost rank some never will, so what has come by then is what is recorded.
+            broke = ending.how is AttemptEnd.FAILED or ending.cause is Cause.RANK_LOST
+            self._record_device_use(PEERS_AFTER_FAILURE_S if broke else self.plan.rank_wait_s)
             ending = replace(ending, programs=fence.counted(fence.allowed()[self.programs_before :]))
             ended_at = self.ledger.ended(self.attempt, ending).t
             self.ended = True  # only once it is on disk
@@ -651,14 +655,18 @@ class AttemptRun:
                 assert self.budget is not None  # _reserve set it before reserving
                 self.budget.settle(self.plan.trial_id, self.attempt, self.started_at, ended_at, gpus=self.facts.gpus)
 
-    def _record_device_use(self) -> None:
-        """Once, just before the ending, for an attempt that got as far as its trainer's build."""
+    def _record_device_use(self, peers_wait_s: float) -> None:
+        """Once, just before the ending, for an attempt that got as far as its trainer's build; a gang's
+        with every rank's reading (``DeviceUse.of_gang``), the peers' waited for up to ``peers_wait_s``."""
         if self.sampler is not None and self.data is not None:
             self.sampler.stop()
+            granted = self.data.devices.count
             try:
-                use = device_use(self.data.devices.count, self.sampler)
+                use = device_use(granted, self.sampler)
             except Exception:  # the CUDA error that ended the attempt can fail the reading too: the ending matters more
-                use = DeviceUse(("unknown",) * max(1, self.data.devices.count))
+                use = DeviceUse(("unknown",) * max(1, granted))
+            if self.leader is not None:
+                use = DeviceUse.of_gang([use, *self.leader.uses(peers_wait_s)], granted)
             self.ledger.device_use(self.attempt, use)
             self.sampler = None
 

@@ -36,10 +36,11 @@ from typing import Any
 
 from parcel_hpc.checkpoints.gang import GANG_KEY, GangCheckpoints, GangRestore
 from parcel_hpc.checkpoints.writer import BackgroundWriter
+from parcel_hpc.ledger.events import DeviceUse, decode_payload, encode_payload
 from parcel_hpc.trainer import TrainerState, TrainingData
 from parcel_hpc.trainer.run import Due, Restored, Run, Stop, stopping_due
 
-STEP, VALIDATED = "step", "validated"  # what a report or a decision is about
+STEP, VALIDATED, USED = "step", "validated", "used"  # what a report or a decision is about (USED: a rank's GPUs, at its end)
 _LINE_LIMIT = 1 << 20  # a report or a decision is small; a longer line is a broken peer
 _PORTS = (20000, 40000)  # where a gang's master port is drawn from, by its job id
 
@@ -97,14 +98,27 @@ class Report:
     signalled: bool = False  # the scheduler's signal reached this rank
     error: str | None = None  # this rank's exception with its traceback: the trial's failure
     cause: str | None = None  # its failure class (``Cause``'s value), as the rank that raised it classified it
-    kind: str = STEP  # after a step (``STEP``), or after the milestone's validation (``VALIDATED``)
+    kind: str = STEP  # after a step (``STEP``), after the milestone's validation (``VALIDATED``), or its last word (``USED``)
+    use: DeviceUse | None = None  # ``USED``: what this rank read of its GPUs (``worker/devices.py``)
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "step": self.step, "signalled": self.signalled, "error": self.error, "cause": self.cause}
+        use = encode_payload(self.use, drop_empty=True) if self.use is not None else None
+        return {"kind": self.kind, "step": self.step, "signalled": self.signalled, "error": self.error, "cause": self.cause, "use": use}
 
     @classmethod
     def of(cls, rank: int, obj: Mapping[str, Any]) -> Report:
-        return cls(rank, int(obj["step"]), bool(obj.get("signalled")), obj.get("error"), obj.get("cause"), str(obj.get("kind", STEP)))
+        use = _use_of(obj.get("use"))
+        return cls(rank, int(obj["step"]), bool(obj.get("signalled")), obj.get("error"), obj.get("cause"), str(obj.get("kind", STEP)), use)
+
+
+def _use_of(obj: Any) -> DeviceUse | None:
+    """A rank's reading as it sent it; None where it sent none or a malformed one (its GPUs unread, never guessed)."""
+    if not isinstance(obj, dict):
+        return None
+    try:
+        return decode_payload(DeviceUse, obj, {}, ("devices",))
+    except (TypeError, ValueError):
+        return None
 
 
 class RankHung(RuntimeError):
@@ -271,6 +285,25 @@ class Leader:
             except (EOFError, ValueError):
                 lost = lost or RankLost(rank, step)
         return lost
+
+    def uses(self, wait_s: float) -> list[DeviceUse | None]:
+        """Every peer's reading of its GPUs, sent as its run ended (``USED``), in rank order: waited for
+        up to ``wait_s`` in all; None for a peer that sent none by then (its process gone, or still in a step)."""
+        deadline = self._clock() + wait_s
+        out: list[DeviceUse | None] = []
+        for rank, line in sorted(self._peers.items()):
+            found = next((r for r in self._kept[rank] if r.kind == USED), None)
+            try:
+                while found is None and (got := line.receive(deadline, self._clock)) is not None:
+                    report = Report.of(rank, got)
+                    if report.kind == USED:
+                        found = report
+                    else:
+                        self._kept[rank].append(report)
+            except (EOFError, ValueError):
+                pass
+            out.append(found.use if found is not None else None)
+        return out
 
     def stalled(self, step: int, waited_s: float) -> RankFailed | RankHung:
         """Rank 0 reached no step boundary for ``waited_s`` (blocked, often, in a collective with a peer

@@ -9,6 +9,7 @@ fenced from the final partition as rank 0 is, builds the same trainer and runs t
 ``PeerRun``: every decision rank 0's, its part of each checkpoint written under rank 0's claim
 (verified before each write). Its exception is reported to rank 0 with its traceback and failure
 class, and is the trial's failure there; rank 0 gone (its process ended) ends this rank quietly.
+Its last word, however its run ended, is what it read of its GPUs (rank 0 records the gang's).
 
 Must not: write the ledger, hold a claim of its own, or decide when to save, validate or stop.
 """
@@ -28,7 +29,8 @@ from parcel_hpc.trainer import Devices, build_params, make_trainer, threads
 from parcel_hpc.trainer.function import run_loop
 from parcel_hpc.worker import attempt
 from parcel_hpc.worker.cache import WorkerCache
-from parcel_hpc.worker.gang import FINAL_PARTITION, GangEnv, Peer, PeerRun, RankHung, RankLost, Report, report_failure
+from parcel_hpc.worker.devices import UtilizationSampler, device_use
+from parcel_hpc.worker.gang import FINAL_PARTITION, USED, GangEnv, Peer, PeerRun, RankHung, RankLost, Report, report_failure
 from parcel_hpc.worker.jobenv import facts_from_env
 from parcel_hpc.worker.plan import WorkerPlan
 from parcel_hpc.worker.result import Ran, WorkerResult
@@ -65,6 +67,7 @@ class PeerAttempt:
             ckpt_dir, identity, rank=gang.rank, world_size=gang.world_size, attempt=int(told["attempt"]), keep_last=plan.keep_last, claim=claim
         )
         run: PeerRun | None = None
+        sampler = UtilizationSampler(data.devices.visible).start()  # after the fence, as rank 0's: its thread is inside it
         with StepBoundarySignals() as held:  # the scheduler's signal here is told to rank 0, whose decision is the gang's
             try:
                 trainer = make_trainer(contract["trainer"], search.path)
@@ -90,6 +93,17 @@ class PeerAttempt:
                     report_failure(peer, step, exc, attempt.failure_class(exc).value)
                 raise
             finally:
+                self._tell_use(peer, sampler, data.devices.count, run.step if run is not None else 0)
                 peer.close()
         stopped = run.stop.value if run.stop is not None else "completed"
         return WorkerResult(plan.trial_id, Ran.STOPPED, f"rank {gang.rank}: {stopped} at step {run.step}")
+
+    def _tell_use(self, peer: Peer, sampler: UtilizationSampler, granted: int, step: int) -> None:
+        """This rank's reading of its GPUs, its last word to rank 0 (which records the gang's); a
+        reading that fails (the CUDA error that ended the run) is told as unread."""
+        sampler.stop()
+        try:
+            use = device_use(granted, sampler)
+        except Exception:
+            use = None
+        peer.report(Report(self.gang.rank, step, kind=USED, use=use))

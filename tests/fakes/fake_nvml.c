@@ -1,6 +1,6 @@
 /* A stand-in for the NVIDIA driver's libnvidia-ml.so.1, built by tests/test_device_use_local.py:
  * the calls parcel_hpc/worker/devices.py makes, answering for two GPUs ("GPU-fake-0", "GPU-fake-1",
- * indices 0 and 1) at the utilization FAKE_NVML_UTILIZATION gives (percent, default 37). */
+ * indices 0 and 1) at the utilization FAKE_NVML_UTILIZATION gives (percent, default 37; "40,70": each device's). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,7 +23,9 @@ int nvmlDeviceGetHandleByUUID(const char *uuid, void **handle) {
 }
 
 int nvmlDeviceGetUtilizationRates(void *handle, utilization_t *rates) {
+    /* "40" for every device, or "40,70": device 0's, then device 1's */
     const char *given = getenv("FAKE_NVML_UTILIZATION");
+    if (given && *(int *)handle == 1 && strchr(given, ',')) given = strchr(given, ',') + 1;
     rates->gpu = given ? (unsigned int)atoi(given) : 37;
     rates->memory = 5;
     return 0;

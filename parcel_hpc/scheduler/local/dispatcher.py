@@ -23,6 +23,7 @@ import submitit
 from submitit.core.utils import JobPaths
 
 from parcel_hpc.errors import UsageError
+from parcel_hpc.governance.shape import TrialShape
 from parcel_hpc.gpus import is_index, visible_devices
 from parcel_hpc.ledger import SearchDir
 from parcel_hpc.probe import pid_alive, runs_submitit
@@ -44,7 +45,7 @@ class LocalDispatcher(Dispatcher):
         self.folder = job_folder(search)
         self._max_num_timeout = max_num_timeout
         self._executor: submitit.LocalExecutor | None = None
-        wanted = int(settings.resources["gpus"]) * int(settings.resources.get("tasks_per_node", 1))  # every rank's
+        wanted = TrialShape.of(settings.resources).gpus  # every rank's
         self.devices = machine_gpus() if wanted > 0 else ()
         self.gpus_per_job = wanted if len(self.devices) >= wanted else 0  # 0: CPU only, charged no GPU-hours
         self.held: dict[str, tuple[Any, tuple[int, ...]]] = {}  # job id -> (its Job, the devices it holds)
@@ -120,7 +121,7 @@ class LocalDispatcher(Dispatcher):
                 os.kill(int(job_id), signal.SIGINT)
 
     def describe(self, pack_lengths: Sequence[int], slots: bool = False) -> str:
-        wanted = int(self.settings.resources["gpus"])
+        wanted = TrialShape.of(self.settings.resources).gpus
         gpus = (
             f", {self.gpus_per_job} of this machine's GPUs {list(self.devices)} each"
             if self.gpus_per_job

@@ -21,7 +21,7 @@ def local_runs(records: Iterable[TrialRecord], user: str = "") -> list[JobRun]:
     out: list[JobRun] = []
     packs: dict[str, tuple[int, int, list]] = {}
     for r in records:
-        gpus, cpus = int(r.spec.resources.get("gpus", 0)), int(r.spec.resources.get("cpus", 1))
+        gpus, cpus = r.spec.shape.gpus, r.spec.shape.cpus
         runs_of_job: dict[str, int] = {}
         for a in r.attempts:
             if a.started is None or not a.job_id:
