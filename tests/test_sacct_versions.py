@@ -2,6 +2,7 @@
 26.05 in sid), recorded by tests/slurm/record_sacct.py (scripts/newer-slurm.sh VERSION --record): the
 parser reads them all, and reconcile stays exact on what each version does with a preempted job."""
 
+import calendar
 import subprocess
 import time
 from pathlib import Path
@@ -185,3 +186,36 @@ def test_the_fake_slurm_in_each_version_prints_that_version_s_rows(path, tmp_pat
         assert [n for _, n in mine] == [0, 1] and len({s for s, _ in mine}) == 2  # a run's own id; the requeues before it
     else:
         assert table.column("sluid").null_count == len(table)
+
+
+def test_a_gang_s_srun_steps_are_read_per_run_and_set_beside_the_runs_they_ran_in():
+    """A job of 2 nodes x 2 tasks on 22.05, requeued once (``scontrol requeue``): sacct's steps
+    (``build_steps_argv``'s fields) as recorded; its step 0 ran in each run."""
+    from parcel_hpc.accounting.ranks import step_lines
+    from parcel_hpc.accounting.reconcile import AttemptLine
+    from parcel_hpc.scheduler.slurm.steps import STEP_FIELDS, build_steps_argv, cpu_seconds, parse_steps
+
+    assert f"--format={','.join(STEP_FIELDS)}" in build_steps_argv(["64"]) and "--noconvert" in build_steps_argv(["64"])
+    text = (Path(__file__).parent / "fixtures" / "sacct" / "steps_requeued_gang_22.05.8.txt").read_text()
+    first, second = parse_steps(text)  # the batch steps and the allocation rows are no rank's
+    assert (first.job_id, first.step, first.nodes, first.tasks, first.node_list) == ("64", "0", 2, 4, "n[1-2]")
+    assert first.cpu_s == pytest.approx(7.651) and first.memory_bytes == 55087104 and first.largest_task_memory_bytes == 13819904
+    assert (first.busiest_task, first.busiest_node, first.busiest_cpu_s) == (2, "n2", 1.0)
+    assert (second.cpu_s, second.busiest_task, second.elapsed_s) == (pytest.approx(13.313), 3, 8)
+
+    def line(run: int, start: int, end: int, elapsed: int) -> AttemptLine:
+        return AttemptLine(
+            "t0000", "64", run, "COMPLETED", "n[1-2]", start, start, end, elapsed, 0, 4, 0.0, 4 * elapsed / 3600, 0.0, 0, run + 1, "", Waste.USEFUL
+        )
+
+    t0 = calendar.timegm(time.strptime("2026-12-06T12:54:01", "%Y-%m-%dT%H:%M:%S"))  # sacct's UTC (run_sacct sets TZ)
+    steps = step_lines([line(0, t0, t0 + 4, 4), line(1, t0 + 19, t0 + 27, 8)], [first, second])
+    assert [(s.run, s.ranks, s.busiest_rank) for s in steps] == [(0, 4, 2), (1, 4, 3)]  # each run its own step 0
+    assert steps[0].cpu_hours_used == pytest.approx(7.651 / 3600) and steps[0].cpu_use == pytest.approx(7.651 / 16)  # of 4 CPUs x 4 s
+    assert step_lines([line(0, t0 + 100, t0 + 104, 4)], [first, second]) == ()  # another run's steps: not this one's
+
+    assert cpu_seconds("1-02:03:04") == 93784 and cpu_seconds("03:04.500") == 184.5 and cpu_seconds("00:00:08") == 8
+    with pytest.raises(AccountingError, match="steps.txt:1: 3 fields"):
+        parse_steps("64.0|x|y\n", source="steps.txt")
+    with pytest.raises(AccountingError, match="not a CPU time"):
+        parse_steps(text.replace("00:07.651", "seven seconds"))

@@ -8,7 +8,10 @@ the next k on the second, each rank with its own GPUs and CPUs: so each rank's s
 equal part of it, and a node's is its ranks'. The parts add up to the run (sacct's own figure): no
 hour is counted twice or lost. What each rank used of its GPUs is its own worker's NVML reading
 (``DeviceUse.rank_utilization``, told to rank 0 as each rank's run ended): used = the rank's GPU-hours
-x its utilization, idle the rest; a rank that told none is unread, neither used nor idle.
+x its utilization, idle the rest; a rank that told none is unread, neither used nor idle. What the
+ranks used of their CPUs is the scheduler's measure of the srun step they ran as (``step_lines``):
+every task's CPU time and memory together, and the busiest task (rank) with its node; the scheduler
+keeps no other task's figure.
 
 Must not: read the scheduler or the ledger (its lines, the node names and the readings are handed in).
 """
@@ -22,6 +25,7 @@ from typing import Protocol
 from parcel_hpc.accounting.spend import GpuUse
 from parcel_hpc.governance.shape import TrialShape
 from parcel_hpc.ledger import DeviceUse
+from parcel_hpc.scheduler.runs import SECONDS_PER_HOUR, StepUsage
 
 
 class RunLine(Protocol):
@@ -37,6 +41,8 @@ class RunLine(Protocol):
     def node(self) -> str: ...
     @property
     def start(self) -> int | None: ...
+    @property
+    def end(self) -> int | None: ...
     @property
     def gpus(self) -> int: ...
     @property
@@ -118,3 +124,54 @@ def node_hours(ranks: Iterable[RankLine]) -> dict[tuple[str, str, int, str], tup
         gpu, cpu = out.get((r.trial_id, r.job_id, r.run, r.node), (0.0, 0.0))
         out[(r.trial_id, r.job_id, r.run, r.node)] = (gpu + r.gpu_hours, cpu + r.cpu_hours)
     return out
+
+
+@dataclass(frozen=True)
+class StepLine:
+    """One srun step of a gang's run (its ranks the step's tasks), as the scheduler measured it."""
+
+    trial_id: str
+    job_id: str
+    run: int
+    step: str
+    nodes: int
+    ranks: int  # the step's tasks
+    node_list: str
+    elapsed_s: int
+    cpu_hours_used: float | None  # every rank's CPU time (None: not measured)
+    cpu_use: float | None  # that over the run's allocated CPU-hours (seff's "CPU efficiency")
+    memory_bytes: int | None  # every rank's memory together
+    busiest_rank: int | None  # the rank that used the most CPU time, on ``busiest_node``
+    busiest_node: str
+    busiest_cpu_hours: float | None
+
+
+def step_lines(lines: Iterable[RunLine], steps: Iterable[StepUsage]) -> tuple[StepLine, ...]:
+    """Each measured step beside the run of the trial's job it ran in (steps of jobs no line shows,
+    an orphan's, are left out)."""
+    steps = list(steps)
+    out = []
+    for line in lines:
+        if not line.trial_id:
+            continue
+        for s in (s for s in steps if s.ran_in(line.job_id, line.start, line.end)):
+            used = s.cpu_s / SECONDS_PER_HOUR if s.cpu_s is not None else None
+            out.append(
+                StepLine(
+                    line.trial_id,
+                    line.job_id,
+                    line.run,
+                    s.step,
+                    s.nodes,
+                    s.tasks,
+                    s.node_list,
+                    s.elapsed_s,
+                    used,
+                    used / line.cpu_hours if used is not None and line.cpu_hours > 0 else None,
+                    s.memory_bytes,
+                    s.busiest_task,
+                    s.busiest_node,
+                    s.busiest_cpu_s / SECONDS_PER_HOUR if s.busiest_cpu_s is not None else None,
+                )
+            )
+    return tuple(out)

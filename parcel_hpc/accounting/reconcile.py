@@ -31,7 +31,7 @@ from typing import cast
 import pyarrow as pa
 
 from parcel_hpc.accounting import columns
-from parcel_hpc.accounting.ranks import RankLine
+from parcel_hpc.accounting.ranks import RankLine, StepLine
 from parcel_hpc.accounting.spend import GpuUse, Hours, JobHours, Spend, StaleHold, attempt_hours, run_hours, search_spend, shown, stale_holds
 from parcel_hpc.budget import BudgetCaps, JournalView
 from parcel_hpc.ledger import Attempt, AttemptEnd, Cause, TrialRecord, TrialState
@@ -182,6 +182,7 @@ class Reconciliation:
     unrecorded: tuple[tuple[str, int], ...] = ()  # (job, run) sacct filed and the ledger has not recorded: settled here, provisional elsewhere
     search_path: str = "SEARCH_DIR"  # where the search lives (the fixes the report names)
     ranks: tuple[RankLine, ...] = ()  # a gang's runs, per rank (``accounting/ranks.py``); none for trials of one rank
+    steps: tuple[StepLine, ...] = ()  # a gang's srun steps as the scheduler measured their tasks (none where it measures none)
 
     @property
     def complete(self) -> bool:
@@ -218,6 +219,7 @@ class Reconciliation:
             "waste_hours": dict(self.waste_hours),
             "trials": [report_row(t) for t in self.trials],
             "ranks": [report_row(r) for r in self.ranks],
+            "steps": [report_row(s) for s in self.steps],
         }
         yield json.dumps(head)[:-1].encode() + b',"flags":'
         yield from columns.json_array([columns.json_list_items([report_row(f) for f in self.flags]), *columns.json_items(self.orphans, ORPHAN)])

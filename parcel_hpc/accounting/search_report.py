@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 from rich.table import Table
 
 from parcel_hpc.accounting import columns, spend
-from parcel_hpc.accounting.ranks import RankLine, node_hours, rank_lines
+from parcel_hpc.accounting.ranks import RankLine, StepLine, node_hours, rank_lines, step_lines
 from parcel_hpc.accounting.reconcile import Reconciliation, reconcile
 from parcel_hpc.budget import BudgetLedger, search_caps
 from parcel_hpc.console import safe
@@ -34,7 +34,8 @@ from parcel_hpc.scheduler.runs import job_runs, runs_table
 
 
 def reconcile_search(search: SearchDir, sacct_file: Path | None = None) -> Reconciliation:
-    """The search's reconciliation, with a gang's runs per rank (``ranks.rank_lines``)."""
+    """The search's reconciliation, with a gang's runs per rank (``ranks.rank_lines``) and, read from
+    the scheduler itself (a dump holds no steps), its srun steps (``ranks.step_lines``)."""
     rec = _reconciled_search(search, sacct_file)
     shape = TrialShape.of(search.contract().fields.get("resources", {}))  # none pinned: one rank
     if not shape.is_gang:
@@ -48,7 +49,12 @@ def reconcile_search(search: SearchDir, sacct_file: Path | None = None) -> Recon
         if line.trial_id in backend_by_trial
         for rank in rank_lines([line], shape, backend_by_trial[line.trial_id].node_names, uses)
     ]
-    return replace(rec, ranks=tuple(ranks))
+    steps: list[StepLine] = []
+    if sacct_file is None:
+        for backend in {backend_by_trial[line.trial_id] for line in rec.attempts if line.trial_id in backend_by_trial}:
+            jobs = [line for line in rec.attempts if line.trial_id and backend_by_trial.get(line.trial_id) is backend]
+            steps += step_lines(jobs, backend.steps(sorted({line.job_id for line in jobs})))
+    return replace(rec, ranks=tuple(ranks), steps=tuple(steps))
 
 
 @collector_paused()
@@ -147,6 +153,8 @@ def render_table(results: Sequence[Reconciliation], console) -> None:
         console.print(trials)
         if rec.ranks:
             console.print(_rank_table(rec))
+        if rec.steps:
+            console.print(_step_table(rec))
         if rec.flag_count:
             flags = Table(title=f"{rec.flag_count} flags")
             for col in ("kind", "trial", "job", "detail"):
@@ -189,6 +197,36 @@ def _rank_table(rec: Reconciliation) -> Table:
     if len(rec.ranks) > ROWS_SHOWN:
         ranks.caption = f"the first {ROWS_SHOWN}; --json lists them all"
     return ranks
+
+
+_STEP_COLUMNS = ("trial", "job", "run", "step", "nodes", "ranks", "elapsed s", "CPU-h used", "CPU use", "memory", "busiest rank", "its CPU-h")
+
+
+def _step_cells(s: StepLine) -> list[str]:
+    busiest = f"{s.busiest_rank} on {s.busiest_node}" if s.busiest_rank is not None else "not measured"
+    return [
+        *(str(v) for v in (s.trial_id, s.job_id, s.run, s.step, s.nodes, s.ranks, s.elapsed_s)),
+        f"{s.cpu_hours_used:.4f}" if s.cpu_hours_used is not None else "not measured",
+        f"{s.cpu_use:.0%}" if s.cpu_use is not None else "",
+        _bytes(s.memory_bytes),
+        busiest,
+        f"{s.busiest_cpu_hours:.4f}" if s.busiest_cpu_hours is not None else "",
+    ]
+
+
+def _bytes(n: int | None) -> str:
+    return "not measured" if n is None else f"{n / 2**20:.1f} MiB"
+
+
+def _step_table(rec: Reconciliation) -> Table:
+    steps = Table(title="per srun step: what the ranks used, as the scheduler measured its tasks (every rank's together, and the busiest)")
+    for col in _STEP_COLUMNS:
+        steps.add_column(col)
+    for s in rec.steps[:ROWS_SHOWN]:
+        steps.add_row(*(safe(c) for c in _step_cells(s)))
+    if len(rec.steps) > ROWS_SHOWN:
+        steps.caption = f"the first {ROWS_SHOWN}; --json lists them all"
+    return steps
 
 
 def unrecorded_line(rec: Reconciliation) -> str:
@@ -271,6 +309,8 @@ def to_html(results: Sequence[Reconciliation]) -> str:
                 )
                 + _more(len(rec.ranks))
             )
+        if rec.steps:
+            parts.append("<h2>per srun step</h2>" + _html_table(list(_STEP_COLUMNS), [_step_cells(s) for s in rec.steps[:ROWS_SHOWN]]) + _more(len(rec.steps)))
         shown = rec.lines().slice(0, ROWS_SHOWN).to_pylist()
         parts.append(
             "<h2>attempts</h2>"

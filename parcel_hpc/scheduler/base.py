@@ -32,7 +32,7 @@ from parcel_hpc.errors import ParcelError, UsageError
 from parcel_hpc.governance.shape import TrialShape
 from parcel_hpc.ledger import Attempt, Cause, Executor, JobRole, SearchDir, Started, TrialRecord
 from parcel_hpc.probe import Liveness
-from parcel_hpc.scheduler.runs import JobRun, runs_table
+from parcel_hpc.scheduler.runs import JobRun, StepUsage, runs_table
 
 
 class Plan(Protocol):
@@ -292,6 +292,11 @@ class Backend(ABC):
         """The scheduler's record of every run of these jobs, by job id (``files_runs`` backends); a
         failing accounting tool raises (AccountingError)."""
         return {}
+
+    def steps(self, job_ids: Sequence[str]) -> list[StepUsage]:
+        """What the tasks of these jobs' steps used, as the scheduler measured it (a gang's ranks are a
+        step's tasks); none where it measures none. A failing accounting tool raises (AccountingError)."""
+        return []
 
     def listed(self, search: SearchDir) -> pa.Table:
         """Every run of every user the scheduler filed under ``search``'s job names since the search

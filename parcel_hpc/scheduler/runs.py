@@ -56,7 +56,7 @@ RUN_SCHEMA = pa.schema(
 )
 RUN_COLUMNS = tuple(RUN_SCHEMA.names)
 
-__all__ = ["RUN_COLUMNS", "RUN_SCHEMA", "JobRun", "check_times", "job_runs", "runs_by_job", "runs_table"]
+__all__ = ["RUN_COLUMNS", "RUN_SCHEMA", "JobRun", "StepUsage", "check_times", "job_runs", "runs_by_job", "runs_table"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,3 +176,27 @@ def runs_by_job(runs: Iterable[JobRun]) -> dict[str, list[JobRun]]:
     for rows in by_job.values():
         rows.sort(key=lambda r: r.attempt)
     return by_job
+
+
+@dataclasses.dataclass(frozen=True)
+class StepUsage:
+    """One step of a job's run (a gang's srun, its ranks the step's tasks) as its scheduler measured
+    what the tasks used: totals over every task, and the busiest task's. None: not measured."""
+
+    job_id: str  # as submitted: "12", "29_3"
+    step: str  # "0", "1" ... within its run
+    start: int  # epoch seconds: which run of the job it belongs to
+    nodes: int
+    tasks: int
+    node_list: str
+    elapsed_s: int
+    cpu_s: float | None  # user + system CPU time of every task (sacct's TotalCPU)
+    memory_bytes: int | None  # the tasks' memory, summed (TRESUsageInTot mem)
+    busiest_task: int | None  # the task (a gang's rank) that used the most CPU time ...
+    busiest_node: str  # ... the node it ran on ...
+    busiest_cpu_s: float | None  # ... and its CPU time (sampled: coarser than cpu_s)
+    largest_task_memory_bytes: int | None  # the largest task's memory (TRESUsageInMax mem)
+
+    def ran_in(self, job_id: str, start: int | None, end: int | None) -> bool:
+        """It ran within that run of the job (a requeued job's steps restart their numbers in each run)."""
+        return job_id == self.job_id and start is not None and start <= self.start and (end is None or self.start <= end)

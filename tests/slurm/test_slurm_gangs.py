@@ -14,6 +14,7 @@ import pytest
 from reference import EXAMPLES
 
 from parcel_hpc.ledger import AttemptEnd, Cause, SearchDir, Started, TrialState
+from parcel_hpc.scheduler.slurm.steps import cpu_seconds
 from parcel_hpc.testing import launch, parcel_hpc
 
 from .cluster import PREEMPTOR, preempt, sh, wait_for
@@ -56,9 +57,11 @@ def _nodes(search: SearchDir) -> list[str]:
 
 @pytest.fixture(scope="module")
 def whole(tmp_path_factory, artifacts):
+    """The gang uninterrupted, each rank granted one of its node's GPUs (the dev cluster's gres; the
+    example trains on the CPU whatever it is granted): 4 GPUs for the job."""
     root = tmp_path_factory.mktemp("slurm-gang")
     shutil.copytree(artifacts["dir"], root / "data")
-    return _launch(root, root / "data", "whole")
+    return _launch(root, root / "data", "whole", "resources.gpus=1")
 
 
 def test_a_gang_of_two_nodes_is_one_job_of_four_tasks_and_one_attempt(whole):
@@ -73,17 +76,29 @@ def test_a_gang_of_two_nodes_is_one_job_of_four_tasks_and_one_attempt(whole):
 
 def test_reconcile_shows_the_gang_s_hours_per_node_and_per_rank_adding_up_to_sacct_s(whole):
     job = whole.record("t0000").attempts[0].job_id
-    alloc = sh("sacct", "-n", "-P", "-X", "-j", job, "-o", "AllocCPUS,ElapsedRaw,NodeList").split("|")
+    alloc = sh("sacct", "-n", "-P", "-X", "-j", job, "-o", "AllocCPUS,ElapsedRaw,NodeList,AllocTRES").split("|")
     sacct_cpu_h = int(alloc[0]) * int(alloc[1]) / 3600
-    report = json.loads(parcel_hpc(["reconcile", str(whole.path), "--json", "--wait", "60"]).stdout)["campaigns"][0]
+    assert "gres/gpu=4" in alloc[3]  # every rank's GPU, as the request
+    result = json.loads(parcel_hpc(["reconcile", str(whole.path), "--json", "--wait", "60"]).stdout)
+    report = result["campaigns"][0]
+    assert report["flags"] == []  # 4 GPUs allocated for a gang of 4 ranks of 1: as asked
     ranks = report["ranks"]
-    assert [(r["rank"], r["cpus"]) for r in ranks] == [(0, 1), (1, 1), (2, 1), (3, 1)]
+    assert [(r["rank"], r["cpus"], r["gpus"]) for r in ranks] == [(0, 1, 1), (1, 1, 1), (2, 1, 1), (3, 1, 1)]
+    assert sum(r["gpu_hours"] for r in ranks) == pytest.approx(4 * int(alloc[1]) / 3600, rel=1e-9) == report["attempts"][0]["gpu_hours"]
     nodes = sh("scontrol", "show", "hostnames", alloc[2].strip()).split()
     assert [r["node"] for r in ranks] == [nodes[0], nodes[0], nodes[1], nodes[1]]  # srun's block layout: 2 a node
     assert sum(r["cpu_hours"] for r in ranks) == pytest.approx(sacct_cpu_h, rel=1e-9)
     assert sum(a["cpu_hours"] for a in report["attempts"]) == pytest.approx(sacct_cpu_h, rel=1e-9)
     table = parcel_hpc(["reconcile", str(whole.path)], env={"COLUMNS": "250"}).stdout
     assert "per rank" in table and f"{sacct_cpu_h / 2:.4f}" in table  # a node's share
+    # What the ranks used: the srun step's tasks as slurmd measured them, sacct's own TotalCPU.
+    (step,) = report["steps"]
+    total_cpu = sh("sacct", "-n", "-P", "-j", f"{job}.0", "-o", "TotalCPU").strip()
+    assert (step["job_id"], step["run"], step["step"], step["nodes"], step["ranks"]) == (job, 0, "0", 2, 4)
+    assert step["cpu_hours_used"] == pytest.approx(cpu_seconds(total_cpu) / 3600) and 0 < step["cpu_hours_used"] <= sacct_cpu_h
+    assert step["cpu_use"] == pytest.approx(step["cpu_hours_used"] / sacct_cpu_h) and step["busiest_rank"] in range(4)
+    assert step["busiest_node"] in nodes and step["memory_bytes"] > 0
+    assert "per srun step" in table
 
 
 def test_a_preempted_gang_is_requeued_whole_and_resumes_bit_equal(tmp_path, data_dir, whole, cluster_guard):

@@ -22,12 +22,13 @@ from parcel_hpc.gpus import visible_devices
 from parcel_hpc.ledger import Cause, JobRole, SearchDir, Started, TrialRecord
 from parcel_hpc.probe import Liveness
 from parcel_hpc.scheduler.base import Backend, Dispatcher, LauncherSettings, QueuedJob, ReconcileSchedule, SelectionJob, Submit
-from parcel_hpc.scheduler.runs import JobRun, runs_by_job, runs_table
+from parcel_hpc.scheduler.runs import JobRun, StepUsage, runs_by_job, runs_table
 from parcel_hpc.scheduler.slurm import EXECUTOR, queue, scheduled, selection
 from parcel_hpc.scheduler.slurm.launcher import SubmititSlurmConf, check
 from parcel_hpc.scheduler.slurm.runs import run_table, sacct_runs
 from parcel_hpc.scheduler.slurm.sacct import SACCT_FORMAT, build_sacct_argv, installed_version, run_sacct
 from parcel_hpc.scheduler.slurm.sacct_parse import parse_sacct, parse_sacct_file
+from parcel_hpc.scheduler.slurm.steps import build_steps_argv, parse_steps
 
 # How an admin exports the dump ``reconcile --sacct-file`` reads.
 DUMP_HINT = f"sacct --parsable2 --noheader --duplicates --format={SACCT_FORMAT}"
@@ -105,6 +106,9 @@ class SlurmBackend(Backend):
 
     def runs(self, job_ids: Sequence[str]) -> dict[str, list[JobRun]]:
         return runs_by_job(sacct_runs(parse_sacct(run_sacct(build_sacct_argv(job_ids, version=installed_version())), source="sacct", allocations_only=True)))
+
+    def steps(self, job_ids: Sequence[str]) -> list[StepUsage]:
+        return parse_steps(run_sacct(build_steps_argv(job_ids)).decode("utf-8", "replace"))
 
     def listed(self, search: SearchDir) -> pa.Table:
         # From a minute before the contract was frozen (the search's first job is after it), every
