@@ -34,8 +34,8 @@ GANG = [
 ]
 
 
-def _search(root: Path, data_dir: Path, *extra: str, env: dict | None = None) -> SearchDir:
-    args = [f"search.root={root}", "search.revision=g", "search.n_trials=1", *GANG, *extra]
+def _search(root: Path, data_dir: Path, *extra: str, env: dict | None = None, trials: int = 1) -> SearchDir:
+    args = [f"search.root={root}", "search.revision=g", f"search.n_trials={trials}", *GANG, *extra]
     res = launch(args, cwd=root, data_dir=data_dir, env={**ENV, **(env or {})})
     assert res.returncode == 0, res.stderr[-3000:]
     return SearchDir(root / "g")
@@ -163,3 +163,41 @@ def test_another_rank_asking_for_the_final_partition_rejects_the_trial(tmp_path,
     record = SearchDir(tmp_path / "g").record("t0000")
     assert record.state is TrialState.REJECTED and len(record.attempts) == 1, (res.stderr[-2000:], record.reason)
     assert record.reason.startswith("reject:final_partition: on rank 1: trainer code") and "final-group_r8.json" in record.reason, record.reason
+
+
+# search.seed=11 draws (32, 0.03), the uninterrupted gang's, then again (a duplicate, not run), then (32, 0.05).
+SLOTTED = [a for a in GANG if not a.startswith(("batch_size=", "lr="))] + ["batch_size=choice(32,16)", "lr=choice(0.03,0.05)", "search.seed=11"]
+
+
+def _slotted(tmp_path: Path, data_dir: Path, env: dict | None = None) -> SearchDir:
+    args = [f"search.root={tmp_path}", "search.revision=g", "search.n_trials=3", *SLOTTED, "hydra.launcher.dispatch=slots", "hydra.launcher.parallelism=1"]
+    res = launch(args, cwd=tmp_path, data_dir=data_dir, env={**ENV, **(env or {})})
+    assert res.returncode == 0, res.stderr[-3000:]
+    return SearchDir(tmp_path / "g")
+
+
+def test_gangs_run_one_after_another_in_a_slot_shaped_like_them(tmp_path, data_dir, whole):
+    """``dispatch=slots``: one job of the gang's shape; its rank 0 takes each trial in turn and tells its
+    other rank which, and both train it as they would in a job of its own (the same metric)."""
+    search = _slotted(tmp_path, data_dir)
+    records = list(search.records())
+    assert len(records) == 2 and all(r.state is TrialState.COMPLETED and len(r.attempts) == 1 for r in records)
+    (job,) = {r.attempts[0].job_id for r in records}  # the one slot ran them all
+    for r in records:
+        manifest = json.loads((search.path / "checkpoints" / r.trial_id / "ckpt-000060.manifest.json").read_text())
+        assert manifest["world_size"] == 2 and manifest["attempt"] == 1
+    (same,) = [r for r in records if r.spec.params == whole[1].spec.params]
+    assert same.metric == whole[1].metric  # as the gang trained it in a job of its own
+    assert "global_rank=1(2)" in (search.submitit_dir / "local" / f"{job}_1_log.out").read_text()  # rank 1: the slot's other task
+
+
+def test_a_rank_lost_in_a_slot_requeues_the_slot_which_resumes_that_trial_first(tmp_path, data_dir, whole):
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    env = {STEP_HOOK_ENV: faults.RANK_HOOK, faults.RANK_FAULT_ENV: "1:25:exit", faults.MARKERS_ENV: str(markers)}
+    search = _slotted(tmp_path, data_dir, env)
+    first, *_ = list(search.records())
+    lost, resumed = first.attempts
+    assert (lost.how, lost.cause) == (AttemptEnd.INTERRUPTED, Cause.RANK_LOST) and resumed.resumed_from == 20
+    assert resumed.job_id == lost.job_id and first.metric == whole[1].metric  # the slot, requeued whole, ran it first
+    assert all(r.state is TrialState.COMPLETED for r in search.records())

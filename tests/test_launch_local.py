@@ -141,10 +141,6 @@ def test_pinned_snapshot_digest_must_match(tmp_path, data_dir):
         ("hydra.sweeper._target_=os.getcwd", "hydra.sweeper._target_='os.getcwd': a parcel_hpc search runs the parcel sweeper only"),
         ("resources.nodes=2", "asks for a trial of 2 ranks (2 nodes x 1 rank x 1 GPU); the local executor runs a trial on this one machine"),
         ("resources.tasks_per_node=2 hydra.launcher.pack_size=2", "hydra.launcher.pack_size=2 packs trials of 2 ranks; a gang is its own job"),
-        (
-            "resources.tasks_per_node=2 hydra.launcher.dispatch=slots",
-            "runs trials of 2 ranks in slots; a gang is its own job; set hydra.launcher.dispatch=jobs",
-        ),
         ("resources.tasks_per_node=2 split=group_kfold_r1", "with a split of 5 folds; a gang's K fold runs are not built"),
     ],
 )

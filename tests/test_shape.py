@@ -54,8 +54,8 @@ def test_a_gang_runs_only_where_its_ranks_start_together_in_a_job_of_its_own():
         ),
         (two, jobs, 4, local, "with a split of 4 folds"),
         (two, {"pack_size": 3}, 1, local, "hydra.launcher.pack_size=3 packs trials of 2 ranks; a gang is its own job"),
-        (two, {"dispatch": "slots"}, 1, local, "set hydra.launcher.dispatch=jobs"),
     ]
+    check_gang(two, {"dispatch": "slots"}, 1, local.gang_refusal(two))  # slots shaped like the gang
     for shape, launcher, folds, backend, needle in refusals:
         with pytest.raises(UsageError) as refused:
             check_gang(shape, launcher, folds, backend.gang_refusal(shape))

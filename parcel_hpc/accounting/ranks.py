@@ -130,7 +130,7 @@ def node_hours(ranks: Iterable[RankLine]) -> dict[tuple[str, str, int, str], tup
 class StepLine:
     """One srun step of a gang's run (its ranks the step's tasks), as the scheduler measured it."""
 
-    trial_id: str
+    trials: str  # the trials the run ran ("t0003"; a slot's, in turn: "t0000,t0002")
     job_id: str
     run: int
     step: str
@@ -147,27 +147,35 @@ class StepLine:
 
 
 def step_lines(lines: Iterable[RunLine], steps: Iterable[StepUsage]) -> tuple[StepLine, ...]:
-    """Each measured step beside the run of the trial's job it ran in (steps of jobs no line shows,
-    an orphan's, are left out)."""
-    steps = list(steps)
-    out = []
+    """Each measured step beside the run of a trial's job it ran in: a run's lines together (a slot's
+    run holds several trials' attempts, and its own start-up and gaps), its allocated CPU-hours theirs
+    summed. Steps of runs no trial's line shows (an orphan's) are left out."""
+    runs: dict[tuple[str, int], list[RunLine]] = {}
     for line in lines:
-        if not line.trial_id:
+        if line.start is not None:
+            runs.setdefault((line.job_id, line.run), []).append(line)
+    out = []
+    for (job_id, run), parts in runs.items():
+        trials = ",".join(sorted({p.trial_id for p in parts if p.trial_id}))
+        if not trials:
             continue
-        for s in (s for s in steps if s.ran_in(line.job_id, line.start, line.end)):
+        start = min(p.start for p in parts if p.start is not None)
+        end = None if any(p.end is None for p in parts) else max(p.end for p in parts if p.end is not None)
+        allocated = sum(p.cpu_hours for p in parts)
+        for s in (s for s in steps if s.ran_in(job_id, start, end)):
             used = s.cpu_s / SECONDS_PER_HOUR if s.cpu_s is not None else None
             out.append(
                 StepLine(
-                    line.trial_id,
-                    line.job_id,
-                    line.run,
+                    trials,
+                    job_id,
+                    run,
                     s.step,
                     s.nodes,
                     s.tasks,
                     s.node_list,
                     s.elapsed_s,
                     used,
-                    used / line.cpu_hours if used is not None and line.cpu_hours > 0 else None,
+                    used / allocated if used is not None and allocated > 0 else None,
                     s.memory_bytes,
                     s.busiest_task,
                     s.busiest_node,

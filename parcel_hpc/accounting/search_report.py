@@ -52,8 +52,8 @@ def reconcile_search(search: SearchDir, sacct_file: Path | None = None) -> Recon
     steps: list[StepLine] = []
     if sacct_file is None:
         for backend in {backend_by_trial[line.trial_id] for line in rec.attempts if line.trial_id in backend_by_trial}:
-            jobs = [line for line in rec.attempts if line.trial_id and backend_by_trial.get(line.trial_id) is backend]
-            steps += step_lines(jobs, backend.steps(sorted({line.job_id for line in jobs})))
+            jobs = {line.job_id for line in rec.attempts if backend_by_trial.get(line.trial_id) is backend}
+            steps += step_lines([line for line in rec.attempts if line.job_id in jobs], backend.steps(sorted(jobs)))
     return replace(rec, ranks=tuple(ranks), steps=tuple(steps))
 
 
@@ -199,13 +199,13 @@ def _rank_table(rec: Reconciliation) -> Table:
     return ranks
 
 
-_STEP_COLUMNS = ("trial", "job", "run", "step", "nodes", "ranks", "elapsed s", "CPU-h used", "CPU use", "memory", "busiest rank", "its CPU-h")
+_STEP_COLUMNS = ("trials", "job", "run", "step", "nodes", "ranks", "elapsed s", "CPU-h used", "CPU use", "memory", "busiest rank", "its CPU-h")
 
 
 def _step_cells(s: StepLine) -> list[str]:
     busiest = f"{s.busiest_rank} on {s.busiest_node}" if s.busiest_rank is not None else "not measured"
     return [
-        *(str(v) for v in (s.trial_id, s.job_id, s.run, s.step, s.nodes, s.ranks, s.elapsed_s)),
+        *(str(v) for v in (s.trials, s.job_id, s.run, s.step, s.nodes, s.ranks, s.elapsed_s)),
         f"{s.cpu_hours_used:.4f}" if s.cpu_hours_used is not None else "not measured",
         f"{s.cpu_use:.0%}" if s.cpu_use is not None else "",
         _bytes(s.memory_bytes),

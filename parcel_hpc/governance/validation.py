@@ -475,8 +475,9 @@ def _copy(node: Any) -> Any:
 
 def check_gang(shape: TrialShape, launcher: Mapping[str, Any], folds: int, backend_refusal: str) -> None:
     """A trial of several ranks (a gang) only where it runs whole: on a backend that starts its ranks
-    (``backend_refusal``: why not, "" where it does), in its own job (never packed or in a slot, which
-    run trials one after another in one process), and without folds (not built for gangs)."""
+    (``backend_refusal``: why not, "" where it does), in its own job or in slots shaped like it (every
+    rank of a slot job runs each trial its rank 0 takes), never packed, and without folds (not built
+    for gangs)."""
     if not shape.is_gang:
         return
     key = "resources.nodes" if shape.nodes > 1 and (backend_refusal or shape.tasks_per_node == 1) else "resources.tasks_per_node"
@@ -488,9 +489,12 @@ def check_gang(shape: TrialShape, launcher: Mapping[str, Any], folds: int, backe
         raise bad(key, value, f"{what} with a split of {folds} folds; a gang's K fold runs are not built", "use a split without folds, or one rank")
     pack = pack_option(launcher.get("pack_size", 1))
     if pack is not None and pack > 1:
-        raise bad("hydra.launcher.pack_size", pack, f"packs trials of {shape.ranks} ranks; a gang is its own job", "set hydra.launcher.pack_size=1 (or auto)")
-    if dispatch_option(launcher.get("dispatch")) is Dispatch.SLOTS:
-        raise bad("hydra.launcher.dispatch", "slots", f"runs trials of {shape.ranks} ranks in slots; a gang is its own job", "set hydra.launcher.dispatch=jobs")
+        raise bad(
+            "hydra.launcher.pack_size",
+            pack,
+            f"packs trials of {shape.ranks} ranks; a gang is its own job",
+            "set hydra.launcher.pack_size=1 (or auto), or hydra.launcher.dispatch=slots to run them one after another in a job",
+        )
 
 
 # --- the launcher's dispatch options (the scheduler's packing and slots read them) --------------

@@ -64,9 +64,10 @@ def account_decision(account: tuple[str, list[AssociationLimit]] | None, decisio
 def choose_packing(dispatcher: Dispatcher, search: SearchDir, n_trials: int, sampler: SamplerSpec | None = None) -> packing.Packing:
     """How many trials a job of this dispatch runs, from the launcher's options and the search's
     history (a slot: its time limit, room for that many trials at their limit)."""
-    if (shape := TrialShape.of(dispatcher.settings.resources)).is_gang:
+    slotted = sampler is not None and uses_slots(dispatcher, sampler)
+    if (shape := TrialShape.of(dispatcher.settings.resources)).is_gang and not slotted:
         return packing.Packing(1, f"one a job: a trial of {shape.ranks} ranks is a job of its own")
-    if sampler is not None and sampler.learns and not uses_slots(dispatcher, sampler):
+    if sampler is not None and sampler.learns and not slotted:
         return packing.Packing(1, f"one a job: sampler={sampler.name.value} proposes each trial when a slot frees")
     params, resources = dispatcher.settings.params, dispatcher.settings.resources
     size = params.get("pack_size", 1)  # a launch recorded before packing existed resubmits as it ran: one a job
@@ -88,9 +89,8 @@ def detached_slots(chosen: packing.Packing, work: int, dispatcher: Dispatcher) -
 
 
 def uses_slots(dispatcher: Dispatcher, sampler: SamplerSpec) -> bool:
-    """Whether this launch's trials run in slots that take them (``hydra.launcher.dispatch``)."""
-    if TrialShape.of(dispatcher.settings.resources).is_gang:
-        return False  # a gang is a job of its own (``validation.check_gang`` refused slots asked for by name)
+    """Whether this launch's trials run in slots that take them (``hydra.launcher.dispatch``); a gang's
+    slot is a job of the gang's shape, its ranks running each trial together."""
     return validation.dispatch_option(dispatcher.settings.params.get("dispatch")).slotted(sampler.learns)
 
 

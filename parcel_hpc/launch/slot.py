@@ -18,7 +18,9 @@ Every trial keeps what governance sees (admission, claim, checkpoints, journal, 
 as one ``AttemptRun`` with its own time limit, its ``submitted`` event naming this slot's job. The
 slot stops taking trials when the search is held or cancelled, when its environment differs from
 the contract, or when its first attempts failed alike (``task.stops_turn``). On the scheduler's
-signal it checkpoints the running trial and is requeued while work is left.
+signal it checkpoints the running trial and is requeued while work is left. A search of gangs runs
+in slots of the gang's shape: rank 0 is the slot, every other rank trains its share of each trial
+rank 0 takes (``worker/peer.peer_slot``) until rank 0 dismisses it.
 """
 
 from __future__ import annotations
@@ -41,7 +43,9 @@ from parcel_hpc.scheduler.registry import backend_of
 from parcel_hpc.scheduler.slots import Candidate, Queued, choose, expected_s, free_to_take, peers
 from parcel_hpc.worker.attempt import AttemptRun
 from parcel_hpc.worker.cache import WorkerCache
-from parcel_hpc.worker.jobenv import facts_from_env, signal_cause
+from parcel_hpc.worker.gang import GangEnv, dismiss
+from parcel_hpc.worker.jobenv import enter_gang, facts_from_env, signal_cause
+from parcel_hpc.worker.peer import peer_slot
 from parcel_hpc.worker.plan import WorkerPlan
 from parcel_hpc.worker.result import Ran, WorkerResult
 from parcel_hpc.worker.signals import StepBoundarySignals
@@ -76,6 +80,8 @@ class SlotTask:
         self.max_trials = max_trials  # hydra.launcher.pack_size when fixed; 0: as many as fit
         self.signal_delay_s = signal_delay_s
         self._run: AttemptRun | None = None
+        self._gang: GangEnv | None = None  # a slot shaped like the search's gangs: this task's rank in it
+        self._rank_lost = False  # a rank left the gang in the last trial: the slot is requeued whole for it
         self._taken = ""  # a trial this slot took whose attempt has not started: a requeue runs it first
         self._search: SearchDir | None = None
 
@@ -97,7 +103,17 @@ class SlotTask:
         anchor.enter(self.search_dir)  # held by the job's gate already; a slot run by hand holds its own now
         began = time.monotonic()
         deadline = began + 60.0 * self.minutes - self.signal_delay_s - START_MARGIN_S
-        facts = facts_from_env()
+        gang = self._gang = enter_gang(int(self.template.get("gpus", 0)))
+        rank_wait_s = float(self.template.get("rank_wait_s", WorkerPlan.rank_wait_s))  # a launch recorded before gangs: the plan's default
+        if gang is not None and gang.rank > 0:
+            # A slot shaped like the search's gangs: this rank trains its share of each trial rank 0 takes.
+            return peer_slot(self.search_dir, gang, rank_wait_s, 60.0 * self.minutes)
+        results = self._take_turns(deadline, facts_from_env(gang=gang))
+        if gang is not None:
+            dismiss(gang, rank_wait_s)  # no trial left: its peers, waiting for the next one, exit
+        return results
+
+    def _take_turns(self, deadline: float, facts: Started) -> list[WorkerResult]:
         cache = WorkerCache()
         search = self._search = SearchDir(Path(self.search_dir))
         view = RecordView(search)
@@ -125,9 +141,11 @@ class SlotTask:
         assert self._search is not None  # set by __call__ before any attempt
         plan = WorkerPlan.load(self._search, record.trial_id)
         try:
-            self._run = AttemptRun(plan, facts, cache, limit_s=60.0 * plan.time_limit_min, prior=record)
+            self._run = AttemptRun(plan, facts, cache, limit_s=60.0 * plan.time_limit_min, prior=record, gang=self._gang)
             self._taken = ""
-            return self._run.execute()
+            result = self._run.execute()
+            self._rank_lost = result.again and self._gang is not None
+            return result
         except UncompletedJobError:
             raise
         except Exception as exc:  # journaled by the attempt: the slot goes on with the next trial
@@ -139,6 +157,10 @@ class SlotTask:
             self._run = None
             if pending:
                 signal.raise_signal(pending[0])  # the warning came after the trial's last step: requeue now (``checkpoint``)
+            elif self._rank_lost:
+                # A rank left the gang: its interruption is recorded; the slot is requeued whole, every
+                # rank restarted together, and resumes this trial first (``checkpoint``, ``left_here``).
+                signal.raise_signal(signal.SIGUSR2)
 
     def _take(self, search: SearchDir, view: RecordView, facts: Started, remaining_s: float, first: bool) -> TrialRecord | None:
         """Take a queued dispatch: the longest expected that fits, created exclusively; None when none fits."""
@@ -226,7 +248,7 @@ class SlotTask:
         if run is not None:
             again = run.interrupt(signal_cause(run.facts))
             run.release_claim()
-        if again or self._taken or self._work_left():
+        if again or self._taken or self._rank_lost or self._work_left():
             return submitit.helpers.DelayedSubmission(SlotTask(*self._args()))
         return None
 

@@ -261,7 +261,8 @@ class AttemptRun:
                 commit_wait_s=plan.rank_wait_s,
             )
             # The peers train now, in this attempt's checkpoint directory, under its one claim.
-            self.leader.send({"train": True, "attempt": self.attempt, "ckpt_dir": ckpt_dir, "claim": claim.record.to_json()})
+            told = {"train": True, "trial_id": plan.trial_id, "attempt": self.attempt, "ckpt_dir": ckpt_dir, "claim": claim.record.to_json()}
+            self.leader.send(told)
         else:
             self.store = ckpt.CheckpointStore(ckpt_dir, identity, keep_last=plan.keep_last, claim=claim)
         self.writer = BackgroundWriter(self.store)

@@ -340,16 +340,18 @@ class Peer:
         self._kept: list[dict[str, Any]] = []  # decisions that came before the one awaited (rank 0 decides a step ahead)
 
     @classmethod
-    def connect(cls, host: str, port: int, rank: int, *, hang_s: float, clock: Callable[[], float] = time.monotonic) -> Peer:
-        """Connect to rank 0 (retrying while it is not listening yet) and say which rank this is."""
-        deadline = clock() + hang_s
+    def connect(cls, host: str, port: int, rank: int, *, hang_s: float, connect_s: float | None = None, clock: Callable[[], float] = time.monotonic) -> Peer:
+        """Connect to rank 0 (retrying while it is not listening yet, up to ``connect_s``, else
+        ``hang_s``) and say which rank this is."""
+        wait_s = hang_s if connect_s is None else connect_s
+        deadline = clock() + wait_s
         while True:
             try:
-                sock = socket.create_connection((host, port), timeout=max(0.1, deadline - clock()))
+                sock = socket.create_connection((host, port), timeout=max(0.1, min(hang_s, deadline - clock())))
                 break
             except OSError:
                 if clock() >= deadline:
-                    raise RankHung(0, 0, hang_s) from None
+                    raise RankHung(0, 0, wait_s) from None
                 time.sleep(0.05)
         line = _Line(sock)
         line.send({"rank": rank, "host": socket.gethostname(), "pid": os.getpid()})
@@ -403,6 +405,23 @@ class Peer:
     def close(self) -> None:
         self._line.close()
 
+
+def dismiss(gang: GangEnv, hang_s: float) -> None:
+    """Rank 0 of a slot that is done: every peer waiting for its next trial is told there is none, and
+    exits. A peer that never comes within ``hang_s`` (gone) is not waited for longer."""
+    try:
+        leader = Leader.open(gang.channel_port, gang.world_size, hang_s=hang_s)
+    except RankHung:
+        return
+    try:
+        leader.send({DISMISSED: True})
+    except RankLost:
+        pass
+    finally:
+        leader.close()
+
+
+DISMISSED = "dismissed"  # rank 0's word to a slot's peers: no trial is left to train
 
 FINAL_PARTITION = "final_partition"  # a peer's report whose words are its requests for the final partition: the trial is rejected
 

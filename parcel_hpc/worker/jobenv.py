@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 from parcel_hpc.ledger import Cause, Started
@@ -13,12 +14,15 @@ from parcel_hpc.scheduler.registry import BACKENDS, backend_of
 from parcel_hpc.worker.gang import GangEnv
 
 
-def facts_from_env(env: Mapping[str, str] | None = None) -> Started:
+def facts_from_env(env: Mapping[str, str] | None = None, gang: GangEnv | None = None) -> Started:
     """The facts an attempt's ``started`` event records (the only place that reads them): the first
-    backend whose job this environment is says them (``registry.BACKENDS``)."""
+    backend whose job this environment is says them (``registry.BACKENDS``). A gang's rank 0 sees its
+    node, or its own share of the GPUs only: the attempt's allocation is every rank's, which the
+    scheduler granted as asked (not said: the request stands)."""
     env = os.environ if env is None else env
     host, pid, begun = socket.gethostname(), os.getpid(), process_started()
-    return next(facts for b in BACKENDS if (facts := b.started(env, host, pid, begun)) is not None)
+    facts = next(facts for b in BACKENDS if (facts := b.started(env, host, pid, begun)) is not None)
+    return replace(facts, gpus=None) if gang is not None else facts
 
 
 def backend_of_job(env: Mapping[str, str]) -> Backend:
@@ -59,3 +63,14 @@ def gang_of_job() -> GangEnv | None:
     hosts = list(job.hostnames)
     first = backend_of_job(os.environ).node_address(hosts[0])  # rank 0's host, as the other nodes reach it
     return GangEnv.of_job(job.job_id, job.global_rank, job.num_tasks, job.local_rank, per_node, [first, *hosts[1:]])
+
+
+def enter_gang(gpus_per_rank: int) -> GangEnv | None:
+    """This task's gang (None: a job of one task), its place set in the environment before any trainer
+    code is imported (what torch.distributed's ``env://`` reads) and its own share of the GPUs."""
+    gang = gang_of_job()
+    if gang is not None:
+        os.environ.update(gang.environ())
+        if (share := gang.devices(os.environ.get("CUDA_VISIBLE_DEVICES", ""), gpus_per_rank)) is not None:
+            os.environ["CUDA_VISIBLE_DEVICES"] = share
+    return gang

@@ -9,15 +9,18 @@ fenced from the final partition as rank 0 is, builds the same trainer and runs t
 ``PeerRun``: every decision rank 0's, its part of each checkpoint written under rank 0's claim
 (verified before each write). Its exception is reported to rank 0 with its traceback and failure
 class, and is the trial's failure there; rank 0 gone (its process ended) ends this rank quietly.
-Its last word, however its run ended, is what it read of its GPUs (rank 0 records the gang's).
+Its last word, however its run ended, is what it read of its GPUs (rank 0 records the gang's). In a
+slot shaped like the gang (``peer_slot``) it trains each trial rank 0 takes, told which by rank 0.
 
 Must not: write the ledger, hold a claim of its own, or decide when to save, validate or stop.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from parcel_hpc import fence
 from parcel_hpc.checkpoints.claims import Claim, ClaimOutcome, ClaimRecord
@@ -30,7 +33,7 @@ from parcel_hpc.trainer.function import run_loop
 from parcel_hpc.worker import attempt
 from parcel_hpc.worker.cache import WorkerCache
 from parcel_hpc.worker.devices import UtilizationSampler, device_use
-from parcel_hpc.worker.gang import FINAL_PARTITION, USED, GangEnv, Peer, PeerRun, RankHung, RankLost, Report, report_failure
+from parcel_hpc.worker.gang import DISMISSED, FINAL_PARTITION, USED, GangEnv, Peer, PeerRun, RankHung, RankLost, Report, report_failure
 from parcel_hpc.worker.jobenv import facts_from_env
 from parcel_hpc.worker.plan import WorkerPlan
 from parcel_hpc.worker.result import Ran, WorkerResult
@@ -39,23 +42,30 @@ from parcel_hpc.worker.training import budget, step_hooks
 
 
 class PeerAttempt:
-    def __init__(self, plan: WorkerPlan, gang: GangEnv) -> None:
+    def __init__(self, plan: WorkerPlan, gang: GangEnv, cache: WorkerCache | None = None) -> None:
         self.plan, self.gang = plan, gang
+        self.cache = cache or WorkerCache()  # a slot's: the snapshot read once, before the fence, for all its trials
 
     def execute(self) -> WorkerResult:
         plan, gang = self.plan, self.gang
         peer = Peer.connect(gang.master_addr, gang.channel_port, gang.rank, hang_s=plan.rank_wait_s)
         try:
-            # Rank 0's admission, reservation and claim come first (the claim may wait for an earlier
-            # attempt's process): bounded by the attempt's time limit; rank 0's exit ends the wait at once.
-            told = peer.told(60.0 * plan.time_limit_min)
+            told = peer.told(told_within_s(plan))
         except (RankLost, RankHung):
             return WorkerResult(plan.trial_id, Ran.STOPPED, f"rank {gang.rank}: rank 0 ended the attempt before training")
+        return self.train(peer, told)
+
+    def train(self, peer: Peer, told: Mapping[str, Any]) -> WorkerResult:
+        """Its share of the attempt rank 0 told it to train (``told``: the attempt, its directory and claim)."""
+        plan, gang = self.plan, self.gang
+        if told.get("trial_id", plan.trial_id) != plan.trial_id:
+            peer.close()
+            raise RuntimeError(f"rank {gang.rank} was told to train {told.get('trial_id')!r} while running {plan.trial_id!r}")
         threads.bind(plan.cpus)
         search = SearchDir(Path(plan.search_dir))
         contract = search.contract()
         split = read_split(plan.split_path)
-        data = WorkerCache().training_data(plan.snapshot_path, split, plan.preprocessing, 0)  # read before the fence, as rank 0 did
+        data = self.cache.training_data(plan.snapshot_path, split, plan.preprocessing, 0)  # read before the fence, as rank 0 did
         fence.arm(fence.Protected.of(plan.split_path, plan.snapshot_path))
         facts = facts_from_env()
         asked: list[str] = []  # the partitions its trainer asked the loader for, as rank 0 keeps them
@@ -107,3 +117,33 @@ class PeerAttempt:
         except Exception:
             use = None
         peer.report(Report(self.gang.rank, step, kind=USED, use=use))
+
+
+def told_within_s(plan: WorkerPlan) -> float:
+    """How long a peer waits for rank 0's word to train: rank 0's admission, reservation and claim come
+    first (the claim may wait for an earlier attempt's process); rank 0's exit ends the wait at once."""
+    return 60.0 * plan.time_limit_min
+
+
+def peer_slot(search_dir: str, gang: GangEnv, rank_wait_s: float, wait_s: float) -> list[WorkerResult]:
+    """A rank other than 0 of a slot shaped like the search's gangs: its share of each trial rank 0's
+    slot takes, one after another, until rank 0 dismisses it (its slot is done) or is not there to
+    be connected to within ``wait_s`` (its process gone). A trial rank 0 stopped before training (a
+    refusal) is skipped here as there."""
+    search, cache = SearchDir(Path(search_dir)), WorkerCache()
+    results: list[WorkerResult] = []
+    while True:
+        try:
+            peer = Peer.connect(gang.master_addr, gang.channel_port, gang.rank, hang_s=rank_wait_s, connect_s=wait_s)
+        except RankHung:
+            return results
+        try:
+            told = peer.told(wait_s)
+        except (RankLost, RankHung):
+            peer.close()
+            continue  # rank 0 ended that attempt before training (or is gone: the next connection says)
+        if told.get(DISMISSED):
+            peer.close()
+            return results
+        plan = WorkerPlan.load(search, str(told["trial_id"]))
+        results.append(PeerAttempt(plan, gang, cache).train(peer, told))

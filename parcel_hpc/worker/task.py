@@ -17,10 +17,8 @@ checkpoint, and those that had not started start: none is lost or run twice.
 
 from __future__ import annotations
 
-import os
 import signal
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +32,7 @@ from parcel_hpc.ledger.events import FailureSignature
 from parcel_hpc.lifecycle import systematic
 from parcel_hpc.worker.attempt import AttemptRun
 from parcel_hpc.worker.cache import WorkerCache
-from parcel_hpc.worker.jobenv import facts_from_env, gang_of_job, signal_cause
+from parcel_hpc.worker.jobenv import enter_gang, facts_from_env, signal_cause
 from parcel_hpc.worker.peer import PeerAttempt
 from parcel_hpc.worker.plan import WorkerPlan
 from parcel_hpc.worker.result import Ran, WorkerResult
@@ -71,22 +69,13 @@ class TrialTask:
         owner_only_writes()
         for search_dir in sorted({p.search_dir for p in self.plans}):
             anchor.enter(search_dir)  # held by the job's gate already; a task run by hand holds its own now
-        gang = gang_of_job()
+        gang = enter_gang(self.plans[0].gpus)
         if gang is not None:
-            # Before any trainer code is imported: what torch.distributed's env:// reads.
-            os.environ.update(gang.environ())
-            if (share := gang.devices(os.environ.get("CUDA_VISIBLE_DEVICES", ""), self.plans[0].gpus)) is not None:
-                os.environ["CUDA_VISIBLE_DEVICES"] = share
             if self.packed:
                 raise RuntimeError("a trial of several ranks is a job of its own; the launch never packs one")
             if gang.rank > 0:
                 return PeerAttempt(self.plans[0], gang).execute()  # rank 0 records the trial; this rank trains its share
-        facts = facts_from_env()
-        if gang is not None:
-            # Rank 0's environment sees its node, or only its own share: the attempt's allocation is
-            # every rank's GPUs, which the scheduler granted as asked (not said: the request stands),
-            # and its trainer is granted what it sees.
-            facts = replace(facts, gpus=None)
+        facts = facts_from_env(gang=gang)  # a gang's trainer is granted what its rank sees
         cache = WorkerCache()
         results = []
         ran: list[FailureSignature | None] = []  # the failure (None: none) of each attempt this pack ran

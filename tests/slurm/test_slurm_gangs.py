@@ -38,8 +38,8 @@ GANG = [
 ]
 
 
-def _launch(root, data_dir, revision, *extra):
-    res = launch([f"search.root={root}", f"search.revision={revision}", *GANG, *extra], cwd=root, data_dir=data_dir, env={"PYTHONPATH": str(EXAMPLES)})
+def _launch(root, data_dir, revision, *extra, base=GANG):
+    res = launch([f"search.root={root}", f"search.revision={revision}", *base, *extra], cwd=root, data_dir=data_dir, env={"PYTHONPATH": str(EXAMPLES)})
     assert res.returncode == 0, res.stderr[-3000:]
     return SearchDir(root / revision)
 
@@ -133,3 +133,26 @@ def test_a_node_set_down_under_a_gang_is_one_interruption_and_the_gang_resumes(t
     assert (first.how, first.cause) == (AttemptEnd.LOST, Cause.REQUEUED_BY_SCHEDULER), first
     assert second.resumed_from >= 20 and second.how is AttemptEnd.COMPLETED
     assert record.metric == whole.record("t0000").metric
+
+
+def test_gangs_in_a_slot_of_their_shape_run_one_after_another_and_reconcile_per_step(tmp_path, data_dir, whole):
+    # search.seed=11 draws (32, 0.03), the uninterrupted gang's, a duplicate of it, then (32, 0.05).
+    base = [a for a in GANG if not a.startswith(("batch_size=", "lr=", "search.n_trials=", "resources.gpus="))]
+    slotted = [
+        "batch_size=choice(32,16)",
+        "lr=choice(0.03,0.05)",
+        "resources.gpus=1",
+        "search.n_trials=3",
+        "search.seed=11",
+        "hydra.launcher.dispatch=slots",
+        "hydra.launcher.array_parallelism=1",
+    ]
+    search = _launch(tmp_path, data_dir, "slots", *slotted, base=base)
+    records = list(search.records())
+    assert [r.spec.params["lr"] for r in records] == [0.03, 0.05] and all(r.state is TrialState.COMPLETED for r in records)
+    (job,) = {a.job_id for r in records for a in r.attempts}  # one slot of 2 nodes x 2 ranks ran both
+    assert records[0].metric == whole.record("t0000").metric  # as the gang trained it in a job of its own
+    report = json.loads(parcel_hpc(["reconcile", str(search.path), "--json", "--wait", "60"]).stdout)["campaigns"][0]
+    assert report["flags"] == [] and {r["trial_id"] for r in report["ranks"]} == {"t0000", "t0002"}
+    (step,) = report["steps"]  # the slot's one srun step, both trials' ranks
+    assert (step["trials"], step["job_id"], step["ranks"], step["nodes"]) == ("t0000,t0002", job, 4, 2)
