@@ -201,3 +201,17 @@ def test_a_rank_lost_in_a_slot_requeues_the_slot_which_resumes_that_trial_first(
     assert (lost.how, lost.cause) == (AttemptEnd.INTERRUPTED, Cause.RANK_LOST) and resumed.resumed_from == 20
     assert resumed.job_id == lost.job_id and first.metric == whole[1].metric  # the slot, requeued whole, ran it first
     assert all(r.state is TrialState.COMPLETED for r in search.records())
+
+
+def test_a_rank_failing_in_a_slot_ends_that_slot_and_a_fresh_one_runs_the_rest(tmp_path, data_dir, whole):
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    env = {STEP_HOOK_ENV: faults.RANK_HOOK, faults.RANK_FAULT_ENV: "1:12:raise", faults.MARKERS_ENV: str(markers)}
+    search = _slotted(tmp_path, data_dir, env)
+    first, second = search.records()
+    failed, retried = first.attempts
+    assert (failed.how, failed.cause) == (AttemptEnd.FAILED, Cause.EXCEPTION) and "injected fault on rank 1 at step 12" in failed.message
+    assert retried.how is AttemptEnd.COMPLETED and retried.job_id != failed.job_id and first.metric == whole[1].metric
+    # The failed rank's process ended, and the gang's process group with it: its slot took no other trial.
+    (only,) = second.attempts
+    assert only.how is AttemptEnd.COMPLETED and only.job_id != failed.job_id

@@ -36,7 +36,7 @@ from submitit.core.utils import UncompletedJobError
 
 from parcel_hpc import anchor
 from parcel_hpc.fsio import owner_only_writes
-from parcel_hpc.ledger import RecordView, SearchDir, Started, TrialRecord, TrialSpec, TrialWriter
+from parcel_hpc.ledger import AttemptEnd, RecordView, SearchDir, Started, TrialRecord, TrialSpec, TrialWriter
 from parcel_hpc.ledger.events import FailureSignature
 from parcel_hpc.propose.proposals import Proposer
 from parcel_hpc.scheduler.registry import backend_of
@@ -82,6 +82,7 @@ class SlotTask:
         self._run: AttemptRun | None = None
         self._gang: GangEnv | None = None  # a slot shaped like the search's gangs: this task's rank in it
         self._rank_lost = False  # a rank left the gang in the last trial: the slot is requeued whole for it
+        self._peers_gone = False  # a trial failed: its ranks' processes end, none waits to be dismissed
         self._taken = ""  # a trial this slot took whose attempt has not started: a requeue runs it first
         self._search: SearchDir | None = None
 
@@ -109,7 +110,7 @@ class SlotTask:
             # A slot shaped like the search's gangs: this rank trains its share of each trial rank 0 takes.
             return peer_slot(self.search_dir, gang, rank_wait_s, 60.0 * self.minutes)
         results = self._take_turns(deadline, facts_from_env(gang=gang))
-        if gang is not None:
+        if gang is not None and not self._peers_gone:
             dismiss(gang, rank_wait_s)  # no trial left: its peers, waiting for the next one, exit
         return results
 
@@ -132,10 +133,20 @@ class SlotTask:
             if record is None:
                 break
             results.append(self._attempt(record, facts, cache))
-            if why := stops_turn(search, record.trial_id, ran):
+            if why := stops_turn(search, record.trial_id, ran) or self._gang_ended(search, record.trial_id):
                 results.append(WorkerResult("", Ran.SLOT_STOPPED, why, slot=self.name))
                 break
         return results
+
+    def _gang_ended(self, search: SearchDir, trial_id: str) -> str:
+        """Why a slot of gangs runs no more trials after this one ("" to go on): it failed, and a
+        failing rank ends its process, which ends the gang's process group with it (on SLURM, srun
+        ends the slot's other tasks): a fresh slot runs the trials left."""
+        last = search.record(trial_id).attempts[-1:] if self._gang is not None else []
+        if last and last[0].how is AttemptEnd.FAILED:
+            self._peers_gone = True
+            return "a rank of the gang failed, which ends its processes: a fresh slot runs the trials left"
+        return ""
 
     def _attempt(self, record: TrialRecord, facts: Started, cache: WorkerCache) -> WorkerResult:
         assert self._search is not None  # set by __call__ before any attempt

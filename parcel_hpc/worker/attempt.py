@@ -337,6 +337,13 @@ class AttemptRun:
         requeued whole from its last complete checkpoint. A rank that hung at a step while the others
         waited: the trial's failure, its hung process on this host ended by its pid (on other hosts
         the scheduler ends the job's other tasks when rank 0 exits with an error)."""
+        if isinstance(exc, RankLost) and self.leader is not None:
+            # A rank that raised reports its exception, then exits: its closed connection may be met
+            # first (sending it the next decision), with its report still unread behind it.
+            said = self.leader.after_failure(self.step)
+            if isinstance(said, RankFailed):
+                said.__cause__ = exc
+                return self._unexpected(said)
         self._saves_abandoned(exc)
         if isinstance(exc, RankHung) and exc.step > 0:
             self._end_hung(exc)
