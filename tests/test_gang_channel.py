@@ -154,3 +154,30 @@ def test_every_rank_of_a_job_and_its_requeued_run_name_the_same_master_and_port(
         "MASTER_PORT": str(ranks[0].master_port),
     }
     assert ranks[3].channel_port == ranks[0].master_port + 1
+
+
+def test_the_first_exception_raised_is_the_gang_s_failure_and_a_rank_gone_silently_is_lost():
+    from parcel_hpc.worker.gang import FINAL_PARTITION, Report, first_failure
+
+    consequence = Report(1, 7, error="RuntimeError: Connection closed by peer", cause="exception", at=105.0)
+    origin = Report(3, 7, error="ValueError: NaN in the loss", cause="diverged", at=104.2)
+    failed = first_failure([Report(2, 7), consequence, origin])
+    assert (failed.rank, failed.cause) == (3, "diverged") and "NaN in the loss" in str(failed)
+    asked = Report(2, 7, error="asked for the final partition", cause=FINAL_PARTITION, at=109.0)
+    assert first_failure([consequence, origin, asked]).rank == 2  # a rejection, whenever it came
+    assert first_failure([Report(1, 7), Report(2, 7, signalled=True)]) is None
+    assert Report.of(3, origin.to_json()) == origin  # when it was raised travels with it
+
+    # A peer killed without a word (its node gone) while another reported the error that followed: lost.
+    port, peers = _gang([("run", 0), ("raise", 4), ("run", 0)])
+    try:
+        leader = Leader.open(port, 4, hang_s=30)
+        for step in range(1, 4):
+            leader.gather(step)
+            leader.send({"step": step, "stop": None})
+        os.killpg(peers[0].pid, signal.SIGKILL)  # rank 1, silently
+        began = time.monotonic()
+        said = leader.after_failure(4, grace_s=3)
+        assert isinstance(said, RankLost) and said.rank == 1 and time.monotonic() - began < 5
+    finally:
+        _stop(peers)

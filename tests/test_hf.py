@@ -54,6 +54,11 @@ def test_training_arguments_the_governance_cannot_work_with_are_named_with_their
     assert found is None if named is None else found is not None and found.startswith(named), found
 
 
+def test_a_trainer_on_a_gang_s_rank_is_refused_with_the_way_a_gang_trains(tmp_path):
+    found = ungovernable(arguments(tmp_path), STEPS, SEED, world_size=2)
+    assert found is not None and found.startswith("the trial is a gang of 2 ranks") and "examples/parcel_loop/ddp.py" in found
+
+
 def test_binary_logits_give_the_positive_class_probability():
     two = np.array([[0.0, 0.0], [0.0, 1000.0], [3.0, 1.0]])
     assert np.allclose(probabilities(two), [0.5, 1.0, 1 / (1 + np.exp(2.0))])

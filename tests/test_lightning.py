@@ -52,6 +52,7 @@ GOOD = Setup(max_steps=120, max_epochs=-1, requeue=Requeue.OFF, processes=1)
         (Setup(100, -1, Requeue.OFF, 1), "Trainer(max_steps=100) but the trial trains run.budget.steps=120; pass max_steps=run.budget.steps"),
         (Setup(120, 5, Requeue.OFF, 1), "Trainer(max_epochs=5) can end training before run.budget.steps; pass max_epochs=-1"),
         (Setup(120, -1, Requeue.OFF, 2), "the Trainer runs 2 processes"),
+        (Setup(120, -1, Requeue.OFF, 1, gang=4), "the trial is a gang of 4 ranks, and a Lightning Trainer is governed on one rank only for now"),
     ],
 )
 def test_a_trainer_that_cannot_be_governed_is_refused_with_the_setting_and_the_fix(setup, says):

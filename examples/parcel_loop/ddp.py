@@ -11,8 +11,6 @@ One rank (the launch's preflight, a search of one rank per trial) runs it as loo
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -26,7 +24,7 @@ from parcel_loop.loop import PARAMETERS, Net, load, probabilities
 
 @loop(parameters=PARAMETERS, load=load)  # parcel_hpc
 def train_ddp(run: Run) -> None:
-    world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    world, rank = run.world_size, run.rank  # the trial's gang (what torch.distributed reads from the environment)
     if world > 1 and not dist.is_initialized():
         dist.init_process_group("gloo")  # "nccl" on GPUs
     parcel_torch.deterministic()

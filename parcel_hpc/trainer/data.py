@@ -124,6 +124,8 @@ class TrainingData:
     split_revision: str
     devices: Devices = Devices()  # the GPUs this attempt may use (parcel_hpc.trainer.torch.device picks them)
     budget: Budget = Budget()  # the steps, milestones and checkpoint cadence of the trial it trains
+    rank: int = 0  # this process's rank in the trial's gang (0 of 1 for a trial of one rank)
+    world_size: int = 1  # the gang's ranks (torch.distributed's RANK and WORLD_SIZE, which the environment holds too)
     _asked_for_final: list[str] = field(default_factory=list, repr=False, compare=False)
 
     def partition(self, name: str) -> Examples:

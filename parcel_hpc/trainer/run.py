@@ -138,6 +138,16 @@ class Run(ABC):
         self._saved_at = self._clock()  # the last save, or the start: a cadence in seconds counts from it
 
     # --- what a loop calls --------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        """This process's rank in the trial's gang (0 for a trial of one rank): rank 0's decisions are the gang's."""
+        return self.data.rank
+
+    @property
+    def world_size(self) -> int:
+        """The trial's ranks (1 for a trial of one rank)."""
+        return self.data.world_size
+
     def restore(self) -> Restored | None:
         """The trial's last good checkpoint (None: a fresh start). Resume after ``restored.step``."""
         self._open()

@@ -268,7 +268,12 @@ class AttemptRun:
         self.writer = BackgroundWriter(self.store)
         # Admission read the snapshot and the split before the fence: neither is read twice.
         data = self.cache.training_data(plan.snapshot_path, cast(Split, self.split), plan.preprocessing, fold or 0)
-        data = self.data = replace(data, devices=Devices.from_env(self.facts.gpus, self.facts.cuda_visible_devices), _asked_for_final=self._asked)
+        data = self.data = replace(
+            data,
+            devices=Devices.from_env(self.facts.gpus, self.facts.cuda_visible_devices),
+            world_size=self.gang.world_size if self.gang is not None else 1,
+            _asked_for_final=self._asked,
+        )
         if self.sampler is None:
             self.sampler = UtilizationSampler(data.devices.visible).start()  # after the fence: its thread is inside it
         trainer = make_trainer(contract["trainer"], self.search.path)  # the trainer's __init__

@@ -30,7 +30,7 @@ import threading
 import time
 import traceback
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,15 +100,30 @@ class Report:
     cause: str | None = None  # its failure class (``Cause``'s value), as the rank that raised it classified it
     kind: str = STEP  # after a step (``STEP``), after the milestone's validation (``VALIDATED``), or its last word (``USED``)
     use: DeviceUse | None = None  # ``USED``: what this rank read of its GPUs (``worker/devices.py``)
+    at: float = 0.0  # an error's: when it was raised, by its node's clock (the first of several is the cause)
 
     def to_json(self) -> dict[str, Any]:
         use = encode_payload(self.use, drop_empty=True) if self.use is not None else None
-        return {"kind": self.kind, "step": self.step, "signalled": self.signalled, "error": self.error, "cause": self.cause, "use": use}
+        out = {"kind": self.kind, "step": self.step, "signalled": self.signalled, "error": self.error, "cause": self.cause, "use": use}
+        return {**out, "at": self.at} if self.error is not None else out
 
     @classmethod
     def of(cls, rank: int, obj: Mapping[str, Any]) -> Report:
-        use = _use_of(obj.get("use"))
-        return cls(rank, int(obj["step"]), bool(obj.get("signalled")), obj.get("error"), obj.get("cause"), str(obj.get("kind", STEP)), use)
+        use, at = _use_of(obj.get("use")), obj.get("at")
+        at = float(at) if isinstance(at, int | float) and not isinstance(at, bool) else 0.0
+        return cls(rank, int(obj["step"]), bool(obj.get("signalled")), obj.get("error"), obj.get("cause"), str(obj.get("kind", STEP)), use, at)
+
+    def failed(self) -> RankFailed:
+        return RankFailed(self.rank, self.step, str(self.error), self.cause)
+
+
+def first_failure(reports: Iterable[Report]) -> RankFailed | None:
+    """The failure that caused the others: when one rank raises, its peers' collectives fail after it
+    (``Connection closed by peer``); the earliest raised (by the ranks' clocks, NTP-close on a cluster)
+    is the trial's failure, rank order breaking a tie. A rank's request for the final partition comes
+    first whenever it came: the trial's rejection, whatever failed around it."""
+    failed = sorted((r for r in reports if r.error is not None), key=lambda r: (r.cause != FINAL_PARTITION, r.at, r.rank))
+    return failed[0].failed() if failed else None
 
 
 def _use_of(obj: Any) -> DeviceUse | None:
@@ -269,22 +284,24 @@ class Leader:
         return found
 
     def after_failure(self, step: int, grace_s: float = 5.0) -> RankFailed | RankLost | None:
-        """Rank 0's own step failed (a collective's error, often): what its peers say about it. A peer's
-        reported exception is the trial's failure (``RankFailed``); a peer whose connection closed
-        without one left the gang (``RankLost``: its node or process is gone); None when every peer is
-        there and silent, so the failure is rank 0's own."""
+        """Rank 0's own step failed (a collective's error, often), or a peer's connection closed: what the
+        peers say about it, each read until it closes or ``grace_s`` passes. A peer whose connection
+        closed without reporting an exception left the gang (``RankLost``: its node or process is gone),
+        and the others' errors are its consequence; else the first exception raised is the trial's
+        failure (``first_failure``); None when every peer is there and silent: the failure is rank 0's own."""
         deadline = self._clock() + grace_s
+        said: list[Report] = []
         lost = None
         for rank, line in sorted(self._peers.items()):
-            if failed := next((r for r in self._kept[rank] if r.error is not None), None):
-                return RankFailed(rank, failed.step, str(failed.error), failed.cause)
+            failed = [r for r in self._kept[rank] if r.error is not None]
             try:
-                while (got := line.receive(deadline, self._clock)) is not None:
+                while not failed and (got := line.receive(deadline, self._clock)) is not None:
                     if got.get("error") is not None:
-                        return RankFailed(rank, int(got.get("step", step)), str(got["error"]), got.get("cause"))
+                        failed.append(Report.of(rank, got))
             except (EOFError, ValueError):
-                lost = lost or RankLost(rank, step)
-        return lost
+                lost = lost or (None if failed else RankLost(rank, step))
+            said += failed
+        return lost or first_failure(said)
 
     def uses(self, wait_s: float) -> list[DeviceUse | None]:
         """Every peer's reading of its GPUs, sent as its run ended (``USED``), in rank order: waited for
@@ -310,14 +327,13 @@ class Leader:
         that never joined it), asked from another thread without taking anything off the lines: a
         peer that reported an exception failed the gang; else every peer that has not reported the
         step is named (none: rank 0 itself is hung)."""
-        silent = []
+        silent, told = [], []
         for rank, line in sorted(self._peers.items()):
             said = [*self._kept[rank], *(Report.of(rank, obj) for obj in line.peek())]
-            if failed := next((r for r in said if r.error is not None), None):
-                return RankFailed(rank, failed.step, str(failed.error), failed.cause)
+            told += said
             if max([self._heard[rank], *(r.step for r in said if r.kind == STEP)]) < step:
                 silent.append(rank)
-        return RankHung(silent[0] if silent else 0, step, waited_s, in_step=True, ranks=tuple(silent))
+        return first_failure(told) or RankHung(silent[0] if silent else 0, step, waited_s, in_step=True, ranks=tuple(silent))
 
     def send(self, decision: Mapping[str, Any]) -> None:
         """The gang's decision for the step just gathered, to every peer."""
@@ -439,11 +455,12 @@ class RankFailed(RuntimeError):
         super().__init__(f"rank {rank} failed after step {step}: {last}")
 
 
-def report_failure(peer: Peer, step: int, exc: BaseException, cause: str) -> None:
-    """Tell rank 0 this rank's exception and its failure class (its traceback is the trial's failure),
-    without waiting: rank 0 may be blocked in a collective this rank will never join, and is freed
-    when this process exits. Quiet if rank 0 is gone."""
-    peer.report(Report(peer.rank, step, error="".join(traceback.format_exception(exc)), cause=cause))
+def report_failure(peer: Peer, step: int, exc: BaseException, cause: str, at: float | None = None) -> None:
+    """Tell rank 0 this rank's exception, its failure class and when it was raised (``at``; now unless
+    said), without waiting: rank 0 may be blocked in a collective this rank will never join, and is
+    freed when this process exits. Quiet if rank 0 is gone."""
+    error = "".join(traceback.format_exception(exc))
+    peer.report(Report(peer.rank, step, error=error, cause=cause, at=time.time() if at is None else at))
 
 
 def restored_of(found: GangRestore) -> Restored:
@@ -554,9 +571,8 @@ class LeaderSide:
 
     def _gathered(self, step: int, kind: str) -> list[Report]:
         reports = self.leader.gather(step, kind)
-        failed = next((r for r in reports if r.error is not None), None)
-        if failed is not None:
-            raise RankFailed(failed.rank, failed.step, str(failed.error), failed.cause)
+        if (failed := first_failure(reports)) is not None:
+            raise failed
         return reports
 
 

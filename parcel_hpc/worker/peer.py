@@ -17,6 +17,7 @@ Must not: write the ledger, hold a claim of its own, or decide when to save, val
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -69,7 +70,9 @@ class PeerAttempt:
         fence.arm(fence.Protected.of(plan.split_path, plan.snapshot_path))
         facts = facts_from_env()
         asked: list[str] = []  # the partitions its trainer asked the loader for, as rank 0 keeps them
-        data = replace(data, devices=Devices.from_env(None, facts.cuda_visible_devices), _asked_for_final=asked)  # its share: what it sees
+        data = replace(
+            data, devices=Devices.from_env(None, facts.cuda_visible_devices), rank=gang.rank, world_size=gang.world_size, _asked_for_final=asked
+        )  # its share of the GPUs: what it sees
         ckpt_dir = str(told["ckpt_dir"])
         claim = Claim(Path(ckpt_dir), ClaimOutcome.CLAIMED, ClaimRecord.from_json(told["claim"], ckpt_dir), None)  # rank 0's, verified before each part
         identity = TrialIdentity(plan.trial_id, plan.config_hash, contract.digest, contract["snapshot_digest"])
@@ -98,7 +101,7 @@ class PeerAttempt:
                 # which frees rank 0 from a collective this rank will never join.
                 step = run.step if run is not None else 0  # the last step it told of
                 if final := fence.reaches(asked):  # refused, caught or not: the trial's rejection, in these words
-                    peer.report(Report(gang.rank, step, error="; ".join(final), cause=FINAL_PARTITION))
+                    peer.report(Report(gang.rank, step, error="; ".join(final), cause=FINAL_PARTITION, at=time.time()))
                 else:
                     report_failure(peer, step, exc, attempt.failure_class(exc).value)
                 raise

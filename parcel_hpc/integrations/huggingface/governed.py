@@ -45,13 +45,19 @@ class UngovernableArguments(LoopError):
     """``TrainingArguments`` set up so the run cannot govern the Trainer: the trial (or the launch) fails."""
 
 
-def ungovernable(args: Any, steps: int, seed: int) -> str | None:
-    """What in ``args`` (a ``TrainingArguments``) the governance cannot work with, with the fix; None: nothing."""
+def ungovernable(args: Any, steps: int, seed: int, world_size: int = 1) -> str | None:
+    """What in ``args`` (a ``TrainingArguments``) the governance cannot work with, with the fix; None:
+    nothing. ``world_size``: the trial's ranks (``run.world_size``)."""
 
     def value(name: str) -> Any:
         got = getattr(args, name, None)
         return getattr(got, "value", got)  # the Trainer's string enums as their strings
 
+    if world_size > 1:
+        return (
+            f"the trial is a gang of {world_size} ranks, and a Hugging Face Trainer is governed on one rank only for now; write the ranks' loop "
+            "with DistributedDataParallel in the function form (examples/parcel_loop/ddp.py), or run one rank (resources.nodes=1 resources.tasks_per_node=1)"
+        )
     if value("max_steps") != steps:
         return f"TrainingArguments(max_steps={value('max_steps')}) is not the trial's length {steps}; set max_steps=run.budget.steps"
     if value("save_strategy") != "no":
@@ -122,7 +128,7 @@ class Governed(TrainerCallback):
         return {}
 
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
-        if (refused := ungovernable(args, self.run.budget.steps, self.run.seed)) is not None:
+        if (refused := ungovernable(args, self.run.budget.steps, self.run.seed, self.run.world_size)) is not None:
             raise UngovernableArguments(refused)
         if state.global_step != self.run.step:
             raise LoopError(

@@ -29,7 +29,7 @@ import enum
 import io
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import lightning.pytorch as pl
@@ -67,6 +67,7 @@ class Setup:
     max_epochs: int | None
     requeue: Requeue
     processes: int  # trainer.world_size
+    gang: int = 1  # the trial's ranks (run.world_size): a gang's processes are the toolkit's, not Lightning's
 
 
 def refusal(setup: Setup, steps: int) -> str | None:
@@ -85,6 +86,11 @@ def refusal(setup: Setup, steps: int) -> str | None:
         return f"Trainer(max_steps={setup.max_steps}) but the trial trains run.budget.steps={steps}; pass max_steps=run.budget.steps, max_epochs=-1"
     if setup.max_epochs != -1:
         return f"Trainer(max_epochs={setup.max_epochs}) can end training before run.budget.steps; pass max_epochs=-1 (max_steps ends it)"
+    if setup.gang > 1:
+        return (
+            f"the trial is a gang of {setup.gang} ranks, and a Lightning Trainer is governed on one rank only for now; write the ranks' loop "
+            "with DistributedDataParallel in the function form (examples/parcel_loop/ddp.py), or run one rank (resources.nodes=1 resources.tasks_per_node=1)"
+        )
     if setup.processes != 1:
         return f"the Trainer runs {setup.processes} processes; a governed trial is one process (devices=1, or the function form's own loop)"
     return None
@@ -203,7 +209,7 @@ class Governed(pl.Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
-        why = refusal(setup_of(trainer), self.run.budget.steps)
+        why = refusal(replace(setup_of(trainer), gang=self.run.world_size), self.run.budget.steps)
         if why is not None:
             raise Ungoverned(why)
 
