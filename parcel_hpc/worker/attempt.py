@@ -529,14 +529,15 @@ class AttemptRun:
     def _stalled(self, waited: float) -> None:
         """The watchdog's thread: rank 0 reached no step boundary within the bound, its main thread stuck
         (in a collective a peer never joined, most often). The attempt's ending is written from here (the
-        main thread holds nothing of the ledger while it runs trainer code), a hung peer on this host
-        is ended by its pid, and this process exits, so the scheduler ends the job's other tasks."""
+        main thread holds nothing of the ledger while it runs trainer code), then a hung peer on this
+        host is ended by its pid (not before: its end wakes the main thread from the collective, which
+        would record a lost rank), and this process exits, so the scheduler ends the job's other tasks."""
         try:
             assert self.leader is not None  # a gang's watchdog
             exc = self.leader.stalled(self.step + 1, waited)
+            self._fail(failure_class(exc) if isinstance(exc, RankFailed) else Cause.RANK_HUNG, exc)
             if isinstance(exc, RankHung):
                 self._end_hung(exc)
-            self._fail(failure_class(exc) if isinstance(exc, RankFailed) else Cause.RANK_HUNG, exc)
         finally:
             os._exit(1)  # whatever happened here: a process left waiting in a collective holds the job
 
