@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from browser import check_html_plots
 
 from parcel_hpc.checkpoints import format as ckpt_format
 from parcel_hpc.ledger import AttemptEnd, Cause, SearchDir, TrialState
@@ -77,7 +78,7 @@ def test_a_gang_is_one_trial_one_attempt_with_one_checkpoint_across_its_ranks(wh
     assert "global_rank=1(2)" in (search.submitit_dir / "local" / f"{job}_1_log.out").read_text()
 
 
-def test_each_rank_s_gpu_use_is_its_own_reading_and_reconcile_shows_it_per_rank(whole):
+def test_each_rank_s_gpu_use_is_its_own_reading_and_reconcile_shows_it_per_rank(whole, tmp_path):
     search, record = whole
     use = record.attempts[0].device_use
     assert use is not None and use.devices == ("Fake GPU 0", "Fake GPU 1")  # rank 0's share, then rank 1's
@@ -95,6 +96,10 @@ def test_each_rank_s_gpu_use_is_its_own_reading_and_reconcile_shows_it_per_rank(
     assert line["gpu_hours_used"] == pytest.approx(sum(r["gpu_hours_used"] for r in ranks))  # the run's used: its ranks'
     table = parcel_hpc(["reconcile", str(search.path)], cwd=search.path.parent, env={"COLUMNS": "250"}).stdout
     assert "GPU util" in table and "70%" in table and "40%" in table
+    html = tmp_path / "reconcile.html"
+    assert parcel_hpc(["reconcile", str(search.path), "--html", str(html)], cwd=tmp_path).returncode == 0
+    dom = check_html_plots(html, tmp_path, at_least=0, sections=["<h2>per rank</h2>", "GPU util", "GPU-h idle"])
+    assert "70%" in dom.split("<h2>per rank</h2>", 1)[1]  # rank 1's reading, in its row as Chromium rendered it
 
 
 def test_a_signal_on_rank_0_requeues_the_whole_gang_which_resumes_bit_equal(tmp_path, data_dir, whole):
