@@ -150,6 +150,7 @@ def step_lines(lines: Iterable[RunLine], steps: Iterable[StepUsage]) -> tuple[St
     """Each measured step beside the run of a trial's job it ran in: a run's lines together (a slot's
     run holds several trials' attempts, and its own start-up and gaps), its allocated CPU-hours theirs
     summed. Steps of runs no trial's line shows (an orphan's) are left out."""
+    steps = list(steps)  # read once per run
     runs: dict[tuple[str, int], list[RunLine]] = {}
     for line in lines:
         if line.start is not None:

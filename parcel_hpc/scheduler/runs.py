@@ -195,7 +195,6 @@ class StepUsage:
     busiest_task: int | None  # the task (a gang's rank) that used the most CPU time ...
     busiest_node: str  # ... the node it ran on ...
     busiest_cpu_s: float | None  # ... and its CPU time (sampled: coarser than cpu_s)
-    largest_task_memory_bytes: int | None  # the largest task's memory (TRESUsageInMax mem)
 
     def ran_in(self, job_id: str, start: int | None, end: int | None) -> bool:
         """It ran within that run of the job (a requeued job's steps restart their numbers in each run)."""

@@ -80,7 +80,6 @@ def _step(job: str, step: str, row: Mapping[str, str]) -> StepUsage:
         busiest_task=_int(max_task.get("cpu")),
         busiest_node=max_node.get("cpu", ""),
         busiest_cpu_s=cpu_seconds(peak["cpu"]) if peak.get("cpu") else None,
-        largest_task_memory_bytes=_int(peak.get("mem")),
     )
 
 
