@@ -26,21 +26,23 @@ from parcel_hpc.budget import BudgetLedger, search_caps
 from parcel_hpc.console import safe
 from parcel_hpc.errors import UsageError
 from parcel_hpc.governance.shape import TrialShape
-from parcel_hpc.ledger import SearchDir, collector_paused
+from parcel_hpc.ledger import SearchDir, TrialRecord, collector_paused
 from parcel_hpc.ledger.searches import owner_of
 from parcel_hpc.plotting import png_of, pyplot
 from parcel_hpc.scheduler.registry import BACKENDS, DEFAULT, backend_of
 from parcel_hpc.scheduler.runs import job_runs, runs_table
 
 
+@collector_paused()
 def reconcile_search(search: SearchDir, sacct_file: Path | None = None) -> Reconciliation:
     """The search's reconciliation, with a gang's runs per rank (``ranks.rank_lines``) and, read from
-    the scheduler itself (a dump holds no steps), its srun steps (``ranks.step_lines``)."""
-    rec = _reconciled_search(search, sacct_file)
+    the scheduler itself (a dump holds no steps), its srun steps (``ranks.step_lines``). The ledger is
+    read once: the lines and the ranks' readings are of the same records."""
+    records = list(search.records())
+    rec = _reconciled_search(search, records, sacct_file)
     shape = TrialShape.of(search.contract().fields.get("resources", {}))  # none pinned: one rank
     if not shape.is_gang:
         return rec
-    records = list(search.records())
     backend_by_trial = {r.trial_id: backend_of(r.executor) for r in records}
     uses = {(r.trial_id, a.number): a.device_use for r in records for a in r.attempts if a.device_use is not None}
     ranks = [
@@ -57,10 +59,8 @@ def reconcile_search(search: SearchDir, sacct_file: Path | None = None) -> Recon
     return replace(rec, ranks=tuple(ranks), steps=tuple(steps))
 
 
-@collector_paused()
-def _reconciled_search(search: SearchDir, sacct_file: Path | None = None) -> Reconciliation:
+def _reconciled_search(search: SearchDir, records: list[TrialRecord], sacct_file: Path | None) -> Reconciliation:
     contract = search.contract()
-    records = list(search.records())
     caps = search_caps(contract)
     # The budget journal and the selection's jobs, read only: the search's one spend, and its holds.
     journal, jobs_run, path = BudgetLedger.read(search.path), spend.selection_jobs(search), str(search.path)
