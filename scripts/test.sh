@@ -48,8 +48,21 @@ if [ -z "${SLURM_CONF:-}" ] || ! scontrol ping >/dev/null 2>&1; then
   # shellcheck disable=SC1091
   source "$BASE/env.sh"
   started_cluster=1
+  # A second cluster on its own ports takes the cluster tests of the modules tests/second-cluster.txt
+  # lists (tests/conftest.py): the cluster tests mostly wait on the scheduler, and one cluster made
+  # them the suite's longest path. PARCEL_TEST_CLUSTERS=1 keeps one.
+  if [ "${PARCEL_TEST_CLUSTERS:-2}" = 2 ]; then
+    PORT_BASE=19817 DB_PORT=13307 bash scripts/dev-cluster-up.sh "$BASE-2"
+    export PARCEL_SECOND_SLURM_CONF="$BASE-2/etc/slurm.conf"
+  fi
 fi
-stop_cluster() { [ "$started_cluster" = 1 ] && bash "$ROOT/scripts/dev-cluster-down.sh" "$BASE" >/dev/null 2>&1 || true; }
+stop_cluster() {
+  [ "$started_cluster" = 1 ] || return 0
+  for base in "$BASE" "$BASE-2"; do
+    [ -d "$base" ] && bash "$ROOT/scripts/dev-cluster-down.sh" "$base" >/dev/null 2>&1
+  done
+  started_cluster=0
+}
 trap stop_cluster EXIT
 export PARCEL_REQUIRE_SLURM=1  # slurm-marked tests fail, not skip, when the cluster is missing
 # Headless Chromium loads the HTML pages the tests write (the release packet): Debian's package, once.
@@ -65,18 +78,33 @@ if ! command -v cc >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gcc libc6-dev >/dev/null 2>&1 \
     || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gcc libc6-dev >/dev/null; }
 fi
-# Three workers on two cores: the cluster tests mostly wait on the scheduler, so they run on one
-# worker (their xdist_group, tests/conftest.py) while two take the local tests, which wait on their
-# trials' processes part of the time too (with two workers about 40 % of the CPU sat idle).
-python -m pytest -n "${PARCEL_TEST_WORKERS:-3}" --dist loadgroup "$@"
-# The whole suite (no arguments) then runs the core SLURM tests again on Debian's Slurm 24.11 in a
-# debootstrapped root (docs/dev-cluster.md; about 5 minutes, a minute more to make the root): clusters run
+# The whole suite (no arguments) runs the core SLURM tests on Debian's Slurm 24.11 too, in a
+# debootstrapped root (docs/dev-cluster.md; about 5 minutes, a minute more to make the root), beside the
+# rest: its cluster, in a root and on ports of its own, mostly waits on its scheduler. Clusters run
 # 23.11 to 26.05, the host's Debian 12 has 22.05. PARCEL_NEWER_SLURM=26.05 picks sid's; set empty, or
 # any pytest arguments, to skip it. A failed test fails the run; an unreachable archive (exit 75) is
-# one loud line from the script, not a failure.
+# one loud line from the script, not a failure. Its output follows pytest's.
 if [ "$#" = 0 ]; then PARCEL_NEWER_SLURM=${PARCEL_NEWER_SLURM-24.11}; fi
+newer_pid=""
 if [ -n "${PARCEL_NEWER_SLURM:-}" ]; then
+  newer_log=$(mktemp /tmp/parcel-newer-slurm.XXXXXX)
+  setsid bash scripts/newer-slurm.sh "$PARCEL_NEWER_SLURM" >"$newer_log" 2>&1 &
+  newer_pid=$!
+  # Interrupted, the run takes the newer Slurm's tests down with it (their process group: theirs alone).
+  trap 'stop_cluster; [ -z "$newer_pid" ] || kill -TERM -- "-$newer_pid" 2>/dev/null || true' EXIT
+fi
+# Four workers on two cores: the cluster tests mostly wait on the scheduler, so each cluster's run on
+# one worker (their xdist_group, tests/conftest.py) while two take the local tests, which wait on their
+# trials' processes part of the time too; a cluster's worker takes local tests once its own are done.
+pytest_rc=0
+python -m pytest -n "${PARCEL_TEST_WORKERS:-4}" --dist loadgroup "$@" || pytest_rc=$?
+stop_cluster
+if [ -n "$newer_pid" ]; then
   newer_rc=0
-  bash scripts/newer-slurm.sh "$PARCEL_NEWER_SLURM" || newer_rc=$?
+  wait "$newer_pid" || newer_rc=$?
+  newer_pid=""
+  echo "==== the core SLURM tests on Debian's Slurm $PARCEL_NEWER_SLURM (scripts/newer-slurm.sh), run beside pytest above:"
+  cat "$newer_log" && rm -f "$newer_log"
   [ "$newer_rc" = 75 ] || [ "$newer_rc" = 0 ] || exit "$newer_rc"
 fi
+exit "$pytest_rc"

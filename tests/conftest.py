@@ -1,3 +1,4 @@
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -69,16 +70,42 @@ FAST_MODULES = frozenset(
 )
 
 
+# scripts/test.sh starts a second dev cluster and names its slurm.conf here: the slurm-marked tests of the
+# modules tests/second-cluster.txt lists run on it, one worker driving each cluster, so the cluster tests
+# (which mostly wait on the scheduler) take half the time. Without it every one runs on SLURM_CONF's.
+SECOND_CLUSTER_CONF = os.environ.get("PARCEL_SECOND_SLURM_CONF", "")
+FIRST_CLUSTER_CONF = os.environ.get("SLURM_CONF", "")
+SECOND_CLUSTER_MODULES = frozenset(
+    (Path(__file__).parent / line.strip()).resolve()
+    for line in Path(__file__).with_name("second-cluster.txt").read_text().splitlines()
+    if line.strip() and not line.startswith("#")
+)
+SECOND_CLUSTER_GROUP = "cluster-2"
+
+
 @pytest.hookimpl(wrapper=True)  # around every other impl: pytest-xdist turns the groups into node ids in its own
 def pytest_collection_modifyitems(config, items):
-    # One worker at a time drives the dev cluster (tests set nodes down, preempt, restart daemons);
+    # One worker at a time drives a dev cluster (tests set nodes down, preempt, restart daemons);
     # the other tests spread over the remaining workers (scripts/test.sh: pytest-xdist --dist loadgroup).
     selected_scale = "scale" in (config.getoption("markexpr") or "")
     for item in items:
-        if Path(item.path).resolve() in FAST_MODULES and not item.get_closest_marker("slurm"):
+        path = Path(item.path).resolve()
+        if path in FAST_MODULES and not item.get_closest_marker("slurm"):
             item.add_marker(pytest.mark.fast)  # before the other impls: `-m fast` selects it
-        if item.get_closest_marker("slurm") or "scale" in item.keywords:
+        if item.get_closest_marker("slurm") and SECOND_CLUSTER_CONF and path in SECOND_CLUSTER_MODULES:
+            item.add_marker(pytest.mark.xdist_group(SECOND_CLUSTER_GROUP))
+        elif item.get_closest_marker("slurm") or "scale" in item.keywords:
             item.add_marker(pytest.mark.xdist_group("cluster"))
         if "scale" in item.keywords and not selected_scale:
             item.add_marker(pytest.mark.skip(reason="run apart: bash scripts/test.sh -m scale tests/scale (about 18 minutes on 2 cores)"))
     return (yield)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    # Before any fixture of the test, its module's too: the test, its fixtures and every process they
+    # start talk to the dev cluster of the test's group.
+    if SECOND_CLUSTER_CONF:
+        group = item.get_closest_marker("xdist_group")
+        second = group is not None and group.args[0] == SECOND_CLUSTER_GROUP
+        os.environ["SLURM_CONF"] = SECOND_CLUSTER_CONF if second else FIRST_CLUSTER_CONF

@@ -8,8 +8,6 @@ executor (which recognises any environment) last.
 
 from __future__ import annotations
 
-from hydra.core.config_store import ConfigStore
-
 from parcel_hpc.errors import UsageError
 from parcel_hpc.ledger import Executor
 from parcel_hpc.scheduler.base import Backend
@@ -43,6 +41,8 @@ def launchers() -> str:
 def register_launchers() -> None:
     """Each backend's launcher group in Hydra's ConfigStore (the plugin's module calls this when
     Hydra scans it, so every composition has them)."""
+    from hydra.core.config_store import ConfigStore  # here: a trial's worker, which never composes, loads no Hydra
+
     store = ConfigStore.instance()
     for b in BACKENDS:
         store.store(group="hydra/launcher", name=b.launcher_name, node=b.launcher, provider="parcel_hpc")
