@@ -24,7 +24,7 @@ from parcel_hpc.accounting.search_report import ROWS_SHOWN, csv_chunks, json_chu
 from parcel_hpc.budget import BudgetCaps, Rates
 from parcel_hpc.documents import csv_cell
 from parcel_hpc.errors import AccountingError
-from parcel_hpc.scheduler.runs import job_runs
+from parcel_hpc.scheduler.run_table import job_runs
 from parcel_hpc.scheduler.slurm.runs import run_table
 from parcel_hpc.scheduler.slurm.sacct import SACCT_FIELDS
 from parcel_hpc.scheduler.slurm.sacct_parse import parse_sacct, parse_sacct_file

@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 
 from parcel_hpc.errors import AccountingError, UsageError
 from parcel_hpc.ledger import Cause
-from parcel_hpc.scheduler.runs import RUN_COLUMNS, JobRun
+from parcel_hpc.scheduler.run_table import RUN_COLUMNS
+from parcel_hpc.scheduler.runs import JobRun
 from parcel_hpc.scheduler.slurm.runs import run_table, sacct_runs, totals_by_job
 from parcel_hpc.scheduler.slurm.sacct import SACCT_FIELDS, SACCT_FORMAT, build_sacct_argv, installed_version, run_sacct
 from parcel_hpc.scheduler.slurm.sacct_parse import SacctTable, parse_sacct

@@ -25,7 +25,8 @@ from parcel_hpc.accounting import columns
 from parcel_hpc.accounting.reconcile import Reconciliation, report_row
 from parcel_hpc.accounting.spend import GpuUse
 from parcel_hpc.budget import Rates
-from parcel_hpc.scheduler.runs import JobRun, runs_table
+from parcel_hpc.scheduler.run_table import runs_table
+from parcel_hpc.scheduler.runs import JobRun
 
 NO_SEARCH = "(no search)"
 NO_KEY = "?"  # a total's key when sacct left the field empty

@@ -30,7 +30,7 @@ from parcel_hpc.ledger.searches import UNREADABLE, find_searches, owner_of, prob
 from parcel_hpc.ledger.selection import JobSubmitted
 from parcel_hpc.plotting import hbars, png_of, pyplot, wrapped
 from parcel_hpc.scheduler.registry import BACKENDS
-from parcel_hpc.scheduler.runs import runs_table
+from parcel_hpc.scheduler.run_table import runs_table
 from parcel_hpc.selection.store import SelectionStore
 
 _ENV = jinja2.Environment(

@@ -38,7 +38,8 @@ from parcel_hpc.ledger import Attempt, AttemptEnd, Cause, TrialRecord, TrialStat
 from parcel_hpc.ledger.events import Accounted, field_names
 from parcel_hpc.ledger.summary import counts_by_state
 from parcel_hpc.scheduler.registry import backend_of
-from parcel_hpc.scheduler.runs import JobRun, runs_by_job, runs_table
+from parcel_hpc.scheduler.run_table import runs_table
+from parcel_hpc.scheduler.runs import JobRun, runs_by_job
 from parcel_hpc.scheduler.states import JobState
 
 SECONDS_PER_HOUR = 3600.0

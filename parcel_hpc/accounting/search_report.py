@@ -30,7 +30,7 @@ from parcel_hpc.ledger import SearchDir, TrialRecord, collector_paused
 from parcel_hpc.ledger.searches import owner_of
 from parcel_hpc.plotting import png_of, pyplot
 from parcel_hpc.scheduler.registry import BACKENDS, DEFAULT, backend_of
-from parcel_hpc.scheduler.runs import job_runs, runs_table
+from parcel_hpc.scheduler.run_table import job_runs, runs_table
 
 
 @collector_paused()

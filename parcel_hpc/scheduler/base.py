@@ -22,9 +22,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
-
-import pyarrow as pa
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from parcel_hpc import anchor
 from parcel_hpc.budget import AssociationLimit
@@ -32,7 +30,10 @@ from parcel_hpc.errors import ParcelError, UsageError
 from parcel_hpc.governance.shape import TrialShape
 from parcel_hpc.ledger import Attempt, Cause, Executor, JobRole, SearchDir, Started, TrialRecord
 from parcel_hpc.probe import Liveness
-from parcel_hpc.scheduler.runs import JobRun, StepUsage, runs_table
+from parcel_hpc.scheduler.runs import JobRun, StepUsage
+
+if TYPE_CHECKING:  # a table is an accounting read's: what reads none loads no pyarrow (run_table)
+    import pyarrow as pa
 
 
 class Plan(Protocol):
@@ -300,12 +301,16 @@ class Backend(ABC):
 
     def listed(self, search: SearchDir) -> pa.Table:
         """Every run of every user the scheduler filed under ``search``'s job names since the search
-        began (``runs.RUN_SCHEMA``): those the ledger lacks are orphans. None where it files none."""
+        began (``run_table.RUN_SCHEMA``): those the ledger lacks are orphans. None where it files none."""
+        from parcel_hpc.scheduler.run_table import runs_table
+
         return runs_table([])
 
     def account_runs(self, account: str, since: _dt.datetime) -> pa.Table:
-        """Every run of every user charged to ``account`` since ``since`` (``runs.RUN_SCHEMA``, a
+        """Every run of every user charged to ``account`` since ``since`` (``run_table.RUN_SCHEMA``, a
         run straddling ``since`` counted from it); none where jobs are charged to no account."""
+        from parcel_hpc.scheduler.run_table import runs_table
+
         return runs_table([])
 
     def known_accounts(self) -> list[str]:
@@ -314,7 +319,7 @@ class Backend(ABC):
 
     def dump_runs(self, path: Path) -> pa.Table | None:
         """The runs of an accounting dump exported from this scheduler (``reconcile --sacct-file``,
-        ``runs.RUN_SCHEMA``); None where it exports none. UsageError (one line, how to export one)
+        ``run_table.RUN_SCHEMA``); None where it exports none. UsageError (one line, how to export one)
         when the file cannot be read."""
         return None
 

@@ -12,9 +12,7 @@ import socket
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
-
-import pyarrow as pa
+from typing import TYPE_CHECKING, Any
 
 from parcel_hpc.errors import UsageError
 from parcel_hpc.governance.shape import TrialShape
@@ -22,13 +20,14 @@ from parcel_hpc.gpus import visible_devices
 from parcel_hpc.ledger import Cause, JobRole, SearchDir, Started, TrialRecord
 from parcel_hpc.probe import Liveness
 from parcel_hpc.scheduler.base import Backend, Dispatcher, LauncherSettings, QueuedJob, ReconcileSchedule, SelectionJob, Submit
-from parcel_hpc.scheduler.runs import JobRun, StepUsage, runs_by_job, runs_table
+from parcel_hpc.scheduler.runs import JobRun, StepUsage
 from parcel_hpc.scheduler.slurm import EXECUTOR, queue, scheduled, selection
 from parcel_hpc.scheduler.slurm.launcher import SubmititSlurmConf, check
-from parcel_hpc.scheduler.slurm.runs import run_table, sacct_runs
-from parcel_hpc.scheduler.slurm.sacct import SACCT_FORMAT, build_sacct_argv, installed_version, run_sacct
-from parcel_hpc.scheduler.slurm.sacct_parse import parse_sacct, parse_sacct_file
+from parcel_hpc.scheduler.slurm.sacct import SACCT_FORMAT, run_sacct
 from parcel_hpc.scheduler.slurm.steps import build_steps_argv, parse_steps
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 # How an admin exports the dump ``reconcile --sacct-file`` reads.
 DUMP_HINT = f"sacct --parsable2 --noheader --duplicates --format={SACCT_FORMAT}"
@@ -104,31 +103,25 @@ class SlurmBackend(Backend):
                 return Cause.TIMEOUT if token.split("=", 1)[1] in ("None", "") else Cause.PREEMPTED
         return Cause.TIMEOUT
 
+    # sacct's runs: ``accounting`` (pyarrow's tables), loaded at the first read, so that a trial's
+    # worker and a launch, which read none, never load pyarrow.
     def runs(self, job_ids: Sequence[str]) -> dict[str, list[JobRun]]:
-        return runs_by_job(sacct_runs(parse_sacct(run_sacct(build_sacct_argv(job_ids, version=installed_version())), source="sacct", allocations_only=True)))
+        from parcel_hpc.scheduler.slurm import accounting
+
+        return accounting.runs(job_ids)
 
     def steps(self, job_ids: Sequence[str]) -> list[StepUsage]:
         return parse_steps(run_sacct(build_steps_argv(job_ids)).decode("utf-8", "replace"))
 
     def listed(self, search: SearchDir) -> pa.Table:
-        # From a minute before the contract was frozen (the search's first job is after it), every
-        # user's: an admin reconciling a colleague's search sees the orphans of every user.
-        since = int((search.path / "contract.json").stat().st_mtime) - 60
-        named = (
-            run_table(
-                parse_sacct(
-                    run_sacct(build_sacct_argv([], since=since, name=name, all_users=True, version=installed_version())),
-                    source="sacct --name",
-                    allocations_only=True,
-                )
-            )
-            for name in search.job_names(self.executor)
-        )
-        return pa.concat_tables([runs_table([]), *named])
+        from parcel_hpc.scheduler.slurm import accounting
+
+        return accounting.listed(search)
 
     def account_runs(self, account: str, since: _dt.datetime) -> pa.Table:
-        argv = build_sacct_argv([], since=since, account=account, all_users=True, truncate=True, version=installed_version())
-        return run_table(parse_sacct(run_sacct(argv), source=f"sacct --accounts={account}", allocations_only=True))
+        from parcel_hpc.scheduler.slurm import accounting
+
+        return accounting.account_runs(account, since)
 
     def check_launcher(self, launcher: Mapping[str, Any]) -> None:
         check(launcher)
@@ -140,8 +133,10 @@ class SlurmBackend(Backend):
         return queue.known_accounts()
 
     def dump_runs(self, path: Path) -> pa.Table:
+        from parcel_hpc.scheduler.slurm import accounting
+
         try:
-            return run_table(parse_sacct_file(path, source=str(path), allocations_only=True))
+            return accounting.dump_runs(path)
         except OSError as exc:
             raise UsageError(f"cannot read --sacct-file {path}: {exc.strerror or exc}; export it with `{DUMP_HINT}`") from None
 

@@ -20,7 +20,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from parcel_hpc.errors import AccountingError
-from parcel_hpc.scheduler.runs import RUN_COLUMNS, RUN_SCHEMA, SECONDS_PER_HOUR, JobRun, check_times, job_runs
+from parcel_hpc.scheduler.run_table import RUN_COLUMNS, RUN_SCHEMA, job_runs
+from parcel_hpc.scheduler.runs import SECONDS_PER_HOUR, JobRun, check_times
 from parcel_hpc.scheduler.slurm.sacct_parse import SacctTable
 
 _ALLOCATION_COLUMNS = [c for c in RUN_COLUMNS if c not in ("attempt", "is_last", "gpu_hours", "cpu_hours", "queue_wait_s")]
