@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it: virtualenv, lint (ruff), dead code (vulture), types (mypy),
-# a real 3-node SLURM cluster (started here unless SLURM is already configured and answering, stopped
-# again at the end), then pytest; with no arguments, the core SLURM tests on Debian's Slurm 24.11 too
-# (scripts/newer-slurm.sh; PARCEL_NEWER_SLURM picks the version, empty skips it).
+# two real 3-node SLURM clusters (started here unless SLURM is already configured and answering, then
+# that one alone; stopped again at the end), then pytest; with no arguments, the core SLURM tests on
+# Debian's Slurm 24.11 too, beside pytest (scripts/newer-slurm.sh; PARCEL_NEWER_SLURM picks the
+# version, empty skips it).
 #   scripts/test.sh [pytest args...]
 #   scripts/test.sh --fast [pytest args...]   the fast tier: lint, dead code, types and the modules
 #     tests/fast-tier.txt lists (unit tests, the fake SLURM's behaviour suite); no cluster, no installs
@@ -38,32 +39,32 @@ ruff check .
 ruff format --check .
 vulture  # paths and confidence in pyproject.toml; framework-called names in vulture_allowlist.py
 mypy  # files and settings in pyproject.toml
-started_cluster=0
+started=()  # the dev clusters this run started, and stops on every way out
+stop_clusters() {
+  local base
+  for base in "${started[@]}"; do bash "$ROOT/scripts/dev-cluster-down.sh" "$base" >/dev/null 2>&1 || true; done
+  started=()
+}
+trap stop_clusters EXIT
 BASE=${PARCEL_SLURM_BASE:-/tmp/parcel-slurm}
 # A SLURM_CONF left in the shell by another dev cluster is never the one to test on: the fault tests
 # kill and restart the daemons of the cluster they run against. PARCEL_SLURM_BASE names this one's.
 if [ -n "${PARCEL_SLURM_BASE:-}" ] && [ "${SLURM_CONF:-}" != "$BASE/etc/slurm.conf" ]; then unset SLURM_CONF; fi
 if [ -z "${SLURM_CONF:-}" ] || ! scontrol ping >/dev/null 2>&1; then
+  started+=("$BASE")
   bash scripts/dev-cluster-up.sh "$BASE"
   # shellcheck disable=SC1091
   source "$BASE/env.sh"
-  started_cluster=1
   # A second cluster on its own ports takes the cluster tests of the modules tests/second-cluster.txt
   # lists (tests/conftest.py): the cluster tests mostly wait on the scheduler, and one cluster made
-  # them the suite's longest path. PARCEL_TEST_CLUSTERS=1 keeps one.
+  # them the suite's longest path. PARCEL_TEST_CLUSTERS=1 keeps one. Its ports: the first's (the
+  # environment's PORT_BASE and DB_PORT, or the defaults) plus 3000 and 1.
   if [ "${PARCEL_TEST_CLUSTERS:-2}" = 2 ]; then
-    PORT_BASE=19817 DB_PORT=13307 bash scripts/dev-cluster-up.sh "$BASE-2"
+    started+=("$BASE-2")
+    PORT_BASE=$((${PORT_BASE:-16817} + 3000)) DB_PORT=$((${DB_PORT:-13306} + 1)) bash scripts/dev-cluster-up.sh "$BASE-2"
     export PARCEL_SECOND_SLURM_CONF="$BASE-2/etc/slurm.conf"
   fi
 fi
-stop_cluster() {
-  [ "$started_cluster" = 1 ] || return 0
-  for base in "$BASE" "$BASE-2"; do
-    [ -d "$base" ] && bash "$ROOT/scripts/dev-cluster-down.sh" "$base" >/dev/null 2>&1
-  done
-  started_cluster=0
-}
-trap stop_cluster EXIT
 export PARCEL_REQUIRE_SLURM=1  # slurm-marked tests fail, not skip, when the cluster is missing
 # Headless Chromium loads the HTML pages the tests write (the release packet): Debian's package, once.
 if ! command -v chromium >/dev/null 2>&1; then
@@ -88,17 +89,21 @@ if [ "$#" = 0 ]; then PARCEL_NEWER_SLURM=${PARCEL_NEWER_SLURM-24.11}; fi
 newer_pid=""
 if [ -n "${PARCEL_NEWER_SLURM:-}" ]; then
   newer_log=$(mktemp /tmp/parcel-newer-slurm.XXXXXX)
-  setsid bash scripts/newer-slurm.sh "$PARCEL_NEWER_SLURM" >"$newer_log" 2>&1 &
+  # A background job of a script starts with SIGINT and SIGQUIT ignored, and its processes would keep
+  # them so (the tests interrupt a launch with SIGINT): env puts them back to their defaults.
+  setsid env --default-signal=INT,QUIT bash scripts/newer-slurm.sh "$PARCEL_NEWER_SLURM" >"$newer_log" 2>&1 &
   newer_pid=$!
   # Interrupted, the run takes the newer Slurm's tests down with it (their process group: theirs alone).
-  trap 'stop_cluster; [ -z "$newer_pid" ] || kill -TERM -- "-$newer_pid" 2>/dev/null || true' EXIT
+  trap 'stop_clusters; [ -z "$newer_pid" ] || kill -TERM -- "-$newer_pid" 2>/dev/null || true' EXIT
 fi
 # Four workers on two cores: the cluster tests mostly wait on the scheduler, so each cluster's run on
 # one worker (their xdist_group, tests/conftest.py) while two take the local tests, which wait on their
 # trials' processes part of the time too; a cluster's worker takes local tests once its own are done.
 pytest_rc=0
 python -m pytest -n "${PARCEL_TEST_WORKERS:-4}" --dist loadgroup "$@" || pytest_rc=$?
-stop_cluster
+stop_clusters
+# pytest catches Ctrl-C and exits 2; the newer Slurm's tests, in a session of their own, never saw it.
+if [ "$pytest_rc" = 2 ]; then exit 2; fi
 if [ -n "$newer_pid" ]; then
   newer_rc=0
   wait "$newer_pid" || newer_rc=$?

@@ -107,5 +107,5 @@ def pytest_runtest_setup(item):
     # start talk to the dev cluster of the test's group.
     if SECOND_CLUSTER_CONF:
         group = item.get_closest_marker("xdist_group")
-        second = group is not None and group.args[0] == SECOND_CLUSTER_GROUP
+        second = group is not None and SECOND_CLUSTER_GROUP in (*group.args, group.kwargs.get("name"))
         os.environ["SLURM_CONF"] = SECOND_CLUSTER_CONF if second else FIRST_CLUSTER_CONF

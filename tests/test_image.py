@@ -19,6 +19,8 @@ def test_only_the_headers_count_not_a_description_that_looks_like_them(tmp_path)
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: Demo_Pkg\nVersion: 1.0\nSummary: x\n\nName: not-this\nVersion: 9.9\n")
     dist = importlib.metadata.PathDistribution(info)
     assert image._name_and_version(dist) == ("Demo_Pkg", "1.0") == (dist.metadata["Name"], dist.version)
+    (info / "METADATA").write_text("name: lower\nVERSION:  2.0  \nName: second\n\nName: no\n")  # any case, the first one
+    assert image._name_and_version(dist) == ("lower", "2.0  ") == (dist.metadata["Name"], dist.version)
     (info / "METADATA").unlink()
     (info / "PKG-INFO").write_text("Name: egg\nVersion: 0.1\n")  # an egg-info's file
     assert image._name_and_version(dist) == ("egg", "0.1")

@@ -41,12 +41,12 @@ def _name_and_version(dist: importlib.metadata.Distribution) -> tuple[str | None
     text = dist.read_text("METADATA") or dist.read_text("PKG-INFO") or dist.read_text("") or ""
     fields: dict[str, str] = {}
     for line in text.splitlines():
-        if not line.strip():
-            break  # the headers end at the first blank line
+        if not line:
+            break  # the headers end at the first empty line (one of spaces continues a header)
         key, sep, value = line.partition(":")
-        if sep and key in ("Name", "Version"):
-            fields.setdefault(key, value.strip())
-    return fields.get("Name"), fields.get("Version")
+        if sep and key.lower() in ("name", "version"):  # as the email parser: any case, the first one, leading blanks off
+            fields.setdefault(key.lower(), value.lstrip())
+    return fields.get("name"), fields.get("version")
 
 
 def file_digest(path: str | os.PathLike) -> str:

@@ -360,7 +360,7 @@ def test_ctrl_c_stops_waiting_but_not_the_trials(tmp_path, data_dir, cluster_gua
         "search.revision=ctrlc",
         "search.n_trials=3",
         "pruner=none",
-        "train.step_seconds=0.3",  # trials of about 25 s: still running when the launch is interrupted, however loaded the machine
+        "train.step_seconds=0.1",
     ]
     proc = subprocess.Popen(argv, cwd=tmp_path, env=subprocess_env(data_dir, None), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     search = SearchDir(tmp_path / "runs" / "ctrlc")
