@@ -28,7 +28,7 @@ FILE_HEADER = re.compile(r"# ([\w/]+\.(?:py|yaml))\n")
 RUNNABLE = ("python", "bash", "yaml")  # yaml: a file the page asks the reader to write, named by its first line
 README_SETUP = [
     "bash scripts/demo.sh     # the main job: snapshot, governed 82-trial search, selection, final evaluation, release packet",
-    "bash scripts/test.sh     # the whole test suite, with a real 3-node SLURM cluster started (and stopped) for it",
+    "bash scripts/test.sh     # the whole test suite, with real 3-node SLURM clusters started (and stopped) for it",
 ]
 
 

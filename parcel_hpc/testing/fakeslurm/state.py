@@ -55,7 +55,7 @@ class Config:
     cluster: str = "fake"
     minute_s: float = 60.0  # seconds of wall time per minute of --time (tests shrink it)
     kill_wait_s: float = 5.0  # KillWait: SIGTERM, then SIGKILL this much later (the dev cluster's 5)
-    requeue_delay_s: float = 2.0  # a requeued job's BeginTime after its run ended (the dev cluster's is 13 s; scaled down)
+    requeue_delay_s: float = 10.0  # a requeued job's BeginTime after its run ended (the dev cluster ran one again 13 s later)
     partitions: dict[str, dict] = field(
         default_factory=lambda: {
             "low": {"default": True, "tier": 1, "grace_s": 15.0},  # the dev cluster's partitions (PreemptMode=REQUEUE)
