@@ -96,7 +96,7 @@ if [ -n "${PARCEL_NEWER_SLURM:-}" ]; then
   # Interrupted, the run takes the newer Slurm's tests down with it (their process group: theirs alone).
   trap 'stop_clusters; [ -z "$newer_pid" ] || kill -TERM -- "-$newer_pid" 2>/dev/null || true' EXIT
 fi
-# Four workers on two cores: the cluster tests mostly wait on the scheduler, so each cluster's run on
+# Four workers on two cores: the cluster tests mostly wait on the scheduler, so each cluster's tests run on
 # one worker (their xdist_group, tests/conftest.py) while two take the local tests, which wait on their
 # trials' processes part of the time too; a cluster's worker takes local tests once its own are done.
 pytest_rc=0
