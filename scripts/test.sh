@@ -6,21 +6,13 @@
 # version, empty skips it).
 #   scripts/test.sh [pytest args...]
 #   scripts/test.sh --fast [pytest args...]   the fast tier: lint, dead code, types and the modules
-#     tests/fast-tier.txt lists (unit tests, the fake SLURM's behaviour suite); no cluster, no installs
+#     tests/fast-tier.txt lists (unit tests, the fake SLURM's behaviour suite); no cluster
 set -euo pipefail
 source "$(dirname "$0")/_env.sh"
 cd "$ROOT"
-if [ "${1:-}" = "--fast" ]; then
-  shift
-  ruff check .
-  ruff format --check .
-  vulture
-  mypy
-  mapfile -t fast < <(grep -v '^#' tests/fast-tier.txt | grep . | sed 's|^|tests/|')
-  exec python -m pytest -n "${PARCEL_TEST_WORKERS:-2}" -m "fast and not slurm" "${fast[@]}" "$@"
-fi
-# torch for the PyTorch example's tests (examples/parcel_cnn): the CPU build of the version they were
-# measured with. PyPI's torch is the CUDA build, gigabytes more, for nothing a CPU uses.
+# torch for the PyTorch example's tests (examples/parcel_cnn), and in both tiers for mypy, which reads
+# its types: the CPU build of the version they were measured with. PyPI's torch is the CUDA build,
+# gigabytes more, for nothing a CPU uses.
 TORCH_CPU=2.13.0
 if ! python -c "import torch, sys; sys.exit(torch.__version__ != '$TORCH_CPU+cpu')" 2>/dev/null; then
   echo "[setup] installing torch $TORCH_CPU (CPU build) for the CNN example's tests" >&2
@@ -34,6 +26,15 @@ if ! python -c "import lightning, transformers, accelerate" 2>/dev/null; then
   python -m pip install -q -c <(echo "torch==$TORCH_CPU+cpu") \
     "lightning==2.6.6" "transformers==5.25.0" "accelerate==1.16.0" 2>&1 | grep -v "is ignored" >&2 || true
   python -c "import lightning, transformers, accelerate" || { echo "[setup] lightning/transformers install failed" >&2; exit 1; }
+fi
+if [ "${1:-}" = "--fast" ]; then
+  shift
+  ruff check .
+  ruff format --check .
+  vulture
+  mypy
+  mapfile -t fast < <(grep -v '^#' tests/fast-tier.txt | grep . | sed 's|^|tests/|')
+  exec python -m pytest -n "${PARCEL_TEST_WORKERS:-2}" -m "fast and not slurm" "${fast[@]}" "$@"
 fi
 ruff check .
 ruff format --check .
