@@ -26,5 +26,10 @@ if [ ! -f "$STAMP" ] || [ "$ROOT/pyproject.toml" -nt "$STAMP" ]; then
   touch "$STAMP"
 fi
 export PATH="$VENV/bin:$PATH"
+# The project's own modules as bytecode, as pip leaves every installed package: an editable install
+# compiles nothing, and where PYTHONDONTWRITEBYTECODE is set (CI shells may set it) every process, a
+# launch's or a trial's, compiled them from source again (about 0.15 s of CPU each). Stale files are
+# never read: each .pyc is checked against its source's size and time.
+"$VENV/bin/python" -m compileall -q -j 0 "$ROOT/parcel_hpc" "$ROOT/hydra_plugins" "$ROOT/examples" >/dev/null
 # One BLAS thread per process: trials run side by side, and results stay bit-reproducible.
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}

@@ -237,6 +237,13 @@ def test_without_multirun_flag_the_launch_explains(tmp_path, data_dir):
     assert res.returncode == 2 and "-m" in res.stderr
 
 
+def test_with_the_multirun_flag_a_config_s_own_run_mode_still_launches_the_search(tmp_path, data_dir):
+    """The launch skips Hydra's second composition (``get_mode``): with -m the search runs whatever
+    ``hydra.mode`` says, as Hydra decides it."""
+    res = run(tmp_path, data_dir, "search.n_trials=1", "hydra.mode=RUN", "search.dry_run=true")
+    assert res.returncode == 0 and "dry run: 1 trials would be dispatched" in res.stdout, res.stderr
+
+
 def test_a_non_finite_number_in_the_config_is_bad_input(tmp_path, data_dir):
     res = run(tmp_path, data_dir, "search.n_trials=1", "+space.params.fault={type:choice,values:[nan]}", faults.TRAINER)
     assert res.returncode == 2 and res.stderr.startswith("error: ") and "nan" in res.stderr and res.stderr.count("\n") == 1

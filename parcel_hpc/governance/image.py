@@ -25,7 +25,7 @@ _PACKAGE_ROOT = Path(__file__).resolve().parent
 
 def environment_digest() -> str:
     h = hashlib.sha256()
-    dists = sorted({f"{name}=={version}".lower() for name, version in map(_name_and_version, importlib.metadata.distributions()) if name})
+    dists = sorted({f"{name}=={version}".lower() for name, version in map(name_and_version, importlib.metadata.distributions()) if name})
     for line in dists:
         if not line.startswith("parcel_hpc=="):  # our own source is hashed below, byte for byte
             h.update(line.encode() + b"\n")
@@ -34,7 +34,7 @@ def environment_digest() -> str:
     return "sha256:" + h.hexdigest()
 
 
-def _name_and_version(dist: importlib.metadata.Distribution) -> tuple[str | None, str | None]:
+def name_and_version(dist: importlib.metadata.Distribution) -> tuple[str | None, str | None]:
     """A distribution's Name and Version, as ``dist.metadata`` gives them, from its metadata's header
     lines alone: ``metadata`` runs the email parser over the whole file (long descriptions too), a
     fifth of a second for an environment's hundred-odd distributions, paid by every launch and job."""

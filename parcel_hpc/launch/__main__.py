@@ -70,6 +70,13 @@ class _Refusing(Callbacks):
         super().__init__(config)
 
 
+def _multirun_mode(self: hydra_internal.Hydra, **_called_with: object) -> None:
+    """Hydra's ``get_mode`` composes the whole config once more only to read ``hydra.mode``, and with -m
+    it runs a multirun whatever that says (on RUN it warns and overrides it): "not set" decides the same,
+    without a second composition (a fifth of a launch's CPU)."""
+    return None
+
+
 def _is_sweep(arg: str) -> bool:
     if arg.startswith("-") or "=" not in arg:
         return False
@@ -96,6 +103,8 @@ def main() -> None:
         sys.argv = [a for a in sys.argv if a not in ("-m", "--multirun") and a not in sweeps]
     os.environ["HYDRA_FULL_ERROR"] = "1"  # let Hydra's errors reach us instead of its multi-line report
     hydra_internal.Callbacks = _Refusing  # type: ignore[misc]  # Hydra 1.3 makes them through this name, nowhere else
+    if any(a in ("-m", "--multirun") for a in sys.argv[1:]):
+        hydra_internal.Hydra.get_mode = _multirun_mode  # type: ignore[method-assign,assignment]
     with exit_on_error():
         try:
             _task()
