@@ -52,14 +52,12 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--steps {args.steps} must be >= 1")
     snapshot, split = conformance.data_files(args.data)
     cfg = _composed(args.target, args.overrides, snapshot, split)
-    from parcel_hpc.fence import FencedChild
     from parcel_hpc.launch.search import preflight_checks
-    from parcel_hpc.propose.specs import build_contract, protected_of, space_of
+    from parcel_hpc.propose.specs import build_contract, space_of
     from parcel_hpc.trainer.preflight import corners
 
-    with FencedChild(protected_of(cfg)) as fenced:  # the launch's two checks in one child: the trainer's code imported once
-        contract = build_contract(cfg, fenced)  # the launch's checks: the space against the declared parameters
-        tried = preflight_checks(cfg, contract, fenced)
+    contract = build_contract(cfg)  # the launch's checks: the space against the declared parameters
+    tried = preflight_checks(cfg, contract)
     console = make_console()
     console.print(f"space and baseline: every parameter taken, none left out; preflight passed at {', '.join(tried)}", markup=False, highlight=False)
     ok = conformance.run(

@@ -58,7 +58,7 @@ from parcel_hpc.scheduler.factory import executor_kind
 from parcel_hpc.scheduler.registry import BACKENDS, backend_of
 from parcel_hpc.selection.baseline import Baseline, BaselineKind
 from parcel_hpc.selection.store import write_final_plan
-from parcel_hpc.trainer import Devices, TrainingData, code, load_training_data, trainer_class
+from parcel_hpc.trainer import Devices, code, load_training_data, trainer_class
 from parcel_hpc.trainer.params import declared
 from parcel_hpc.trainer.preflight import corners, few_examples, preflight
 from parcel_hpc.worker import WorkerPlan
@@ -116,31 +116,29 @@ class SearchLaunch:
         n_trials = int(cfg["search"]["n_trials"])
         if n_trials < 0:
             raise UsageError(f"search.n_trials={n_trials} must be >= 0")
-        # Trainer code runs in one fenced child, its checks and then its preflight: imported once.
-        with fence.FencedChild(protected_of(cfg)) as fenced:
-            contract = build_contract(cfg, fenced)  # validates every input file before anything is written
-            search = SearchDir(path)
-            ownership.require_own_search(path, launch=True)  # another user's, or one others may write: refused before reading it
-            ownership.require_closed_root(path.parent, allowed=bool(cfg["search"]["allow_renames_in_root"]))  # where others could rename it away
-            _refuse_cancelled(search)
-            fresh = not (path / "contract.json").exists()
-            ours = contract.digest
-            if not fresh:
-                on_disk = load_contract(path)
-                ours = on_disk.digest  # a relaunch that differs is the freeze's refusal (reject:<field>), not another search
-                contract = in_frozen_form(contract, on_disk)  # a search frozen by an older version continues
-                refuse_held(search)
-            ckpt_root = Path(cfg["checkpoint"]["dir"]).absolute()
-            if not ckpt_root.is_relative_to(path):  # inside the search (the default), the search's own check covered it
-                # Whoever may replace a trial's checkpoint folder decides what it resumes from: yours alone, as a search is.
-                ownership.require_own_folder(ckpt_root, "checkpoint.dir")
-                ownership.require_closed_root(ckpt_root, allowed=bool(cfg["search"]["allow_renames_in_root"]))
-            owner.refuse_foreign(ckpt_root, _dir_owner(search, ours))  # another search's checkpoints: bad input, exit 2
-            if fresh:
-                check_policy(contract)
-                # A split made before splits were checked may let a parcel cross partitions: a new search refuses it.
-                refuse_leaking_split(cfg["snapshot"]["path"], read_split(cfg["split"]["path"]))
-                preflight_checks(cfg, contract, fenced)
+        contract = build_contract(cfg)  # validates every input file before anything is written
+        search = SearchDir(path)
+        ownership.require_own_search(path, launch=True)  # another user's, or one others may write: refused before reading it
+        ownership.require_closed_root(path.parent, allowed=bool(cfg["search"]["allow_renames_in_root"]))  # where others could rename it away
+        _refuse_cancelled(search)
+        fresh = not (path / "contract.json").exists()
+        ours = contract.digest
+        if not fresh:
+            on_disk = load_contract(path)
+            ours = on_disk.digest  # a relaunch that differs is the freeze's refusal (reject:<field>), not another search
+            contract = in_frozen_form(contract, on_disk)  # a search frozen by an older version continues
+            refuse_held(search)
+        ckpt_root = Path(cfg["checkpoint"]["dir"]).absolute()
+        if not ckpt_root.is_relative_to(path):  # inside the search (the default), the search's own check covered it
+            # Whoever may replace a trial's checkpoint folder decides what it resumes from: yours alone, as a search is.
+            ownership.require_own_folder(ckpt_root, "checkpoint.dir")
+            ownership.require_closed_root(ckpt_root, allowed=bool(cfg["search"]["allow_renames_in_root"]))
+        owner.refuse_foreign(ckpt_root, _dir_owner(search, ours))  # another search's checkpoints: bad input, exit 2
+        if fresh:
+            check_policy(contract)
+            # A split made before splits were checked may let a parcel cross partitions: a new search refuses it.
+            refuse_leaking_split(cfg["snapshot"]["path"], read_split(cfg["split"]["path"]))
+            preflight_checks(cfg, contract)
         dispatcher = self.dispatcher_factory(search)
         dispatcher.check()  # an unreachable scheduler is refused before anything is written
         if not cfg["search"]["wait"] and not dispatcher.can_detach:
@@ -357,19 +355,13 @@ def trainers_of(contract: Contract) -> list[Mapping[str, Any]]:
     return [contract["trainer"]] + ([own] if own and own != contract["trainer"] else [])
 
 
-def preflight_checks(cfg: Mapping[str, Any], contract: Contract, fenced: fence.FencedChild) -> list[str]:
+def preflight_checks(cfg: Mapping[str, Any], contract: Contract) -> list[str]:
     """The trainer built, stepped, saved, loaded and asked to predict at the space's corners, and the
     baseline's trainer with its params, on a few examples, before the first freeze
     (``trainer/preflight.py``): exit 2 with the trainer's own message. What it tried, as words.
-    The examples are read here; the trainer's code runs in ``fenced``, the child fenced from the final
-    partition's files that imported it for the launch's checks."""
+    The examples are read here; the trainer's code runs in a child fenced from the final partition's files."""
     data = few_examples(load_training_data(cfg["snapshot"]["path"], read_split(cfg["split"]["path"]), cfg["preprocessing"], verify_digest=False))
     data = replace(data, devices=Devices(int(cfg["resources"]["gpus"])))  # the trials' grant, tried on this machine's CPU
-    return cast(list[str], fenced.call("the launch's preflight", _preflight, contract, data))
-
-
-def _preflight(contract: Contract, data: TrainingData) -> list[str]:
-    """Trainer code, run fenced: the search's trainer at the space's corners, then the baseline's."""
     seed = int(contract["train"]["seed"])
 
     def tried(target: str, trials: list[tuple[str, Mapping[str, Any]]]) -> list[str]:
@@ -377,13 +369,16 @@ def _preflight(contract: Contract, data: TrainingData) -> list[str]:
         preflight(cls, target, declared(cls, target), trials, seed, data, float(contract["train"].get("resume_tolerance") or 0.0))
         return [what for what, _ in trials]
 
-    ends = corners(space_of(contract)[0])
-    said = tried(contract["trainer"]["target"], [(f"the space's {'low' if i == 0 else 'high'} corner", params) for i, params in enumerate(ends)])
-    baseline = Baseline.pinned(contract["selection"]["baseline"], contract["trainer"])
-    if baseline.kind is BaselineKind.ARTIFACT:
-        return said
-    tried(baseline.target, [(f"the baseline {baseline.name}'s parameters", baseline.params)])
-    return [*said, f"the baseline {baseline.name} ({baseline.target})"]
+    def checks() -> list[str]:
+        ends = corners(space_of(contract)[0])
+        said = tried(contract["trainer"]["target"], [(f"the space's {'low' if i == 0 else 'high'} corner", params) for i, params in enumerate(ends)])
+        baseline = Baseline.pinned(contract["selection"]["baseline"], contract["trainer"])
+        if baseline.kind is BaselineKind.ARTIFACT:
+            return said
+        tried(baseline.target, [(f"the baseline {baseline.name}'s parameters", baseline.params)])
+        return [*said, f"the baseline {baseline.name} ({baseline.target})"]
+
+    return cast(list[str], fence.run_fenced(protected_of(cfg), "the launch's preflight", checks))
 
 
 def _dir_owner(search: SearchDir, contract_digest: str) -> owner.DirOwner:

@@ -56,8 +56,7 @@ def ensure_writable(search_dir: Path) -> None:
         raise UsageError(f"search root {search_dir.parent} is not writable ({exc.strerror}); set search.root to a writable shared directory") from None
 
 
-def build_contract(cfg: Mapping[str, Any], fenced: fence.FencedChild) -> Contract:
-    """The contract the config makes, every input file validated; trainer code runs in ``fenced``."""
+def build_contract(cfg: Mapping[str, Any]) -> Contract:
     snap, split_cfg = cfg["snapshot"], cfg["split"]
     snapshot_path = Path(snap["path"])
     if not snapshot_path.is_file():
@@ -75,9 +74,9 @@ def build_contract(cfg: Mapping[str, Any], fenced: fence.FencedChild) -> Contrac
             f"split file {split_path} holds revision {split.revision!r}, config says {split_cfg['revision']!r}; point split.path at the right file"
         )
     # The trainer's code runs here for the first time (its import): in a child fenced from the final
-    # partition's files (``fenced``: the launch's preflight runs in it next), whose answer is data. A gate or baseline that cannot be applied is bad input
+    # partition's files, whose answer is data. A gate or baseline that cannot be applied is bad input
     # now, not after 82 trials at `parcel-hpc select`.
-    checked = fenced.call("the launch's trainer checks", _trainer_checks, cfg)
+    checked = fence.run_fenced(protected_of(cfg), "the launch's trainer checks", _trainer_checks, cfg)
     trainer, selection = checked["trainer"], checked["selection"]
     space = normalize(cfg["space"]["params"])  # the sweeper already merged the grammar in; idempotent
     sampler = samplers.from_config(cfg.get("sampler"))
