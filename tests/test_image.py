@@ -61,9 +61,10 @@ def test_a_distribution_s_tops_from_its_record_as_the_standard_library_reads_the
         "data/notes.txt,,",
         ".py,,",
         "pkg//a.py,,",
+        "trail/x.py/.,,",
         "odd-1.0.dist-info/RECORD,,",
     ]
     (info / "RECORD").write_text("\n".join(rows) + "\n")
     dist = importlib.metadata.PathDistribution(info)
     stdlib = {f.parts[0] if len(f.parts) > 1 else f.with_suffix("").name for f in dist.files or [] if f.suffix == ".py"}
-    assert code._inferred_tops(dist) == stdlib == {"odd", "single", "comma,name", "dotted", "..", "pkg"}
+    assert code._inferred_tops(dist) == stdlib == {"odd", "single", "comma,name", "dotted", "..", "pkg", "trail"}

@@ -451,7 +451,7 @@ def _inferred_tops(dist: metadata.Distribution) -> set[str]:
         paths = [row[0] for row in csv.reader(record.splitlines()) if row]
     tops = set()
     for path in paths:
-        if "/./" in path or "//" in path or path.startswith(("/", "./")) or path.endswith("/"):
+        if "/./" in path or "//" in path or path.startswith(("/", "./")) or path.endswith(("/", "/.")):
             parts = PurePosixPath(path).parts  # the rare path a plain split would read otherwise
         else:
             parts = tuple(path.split("/"))
