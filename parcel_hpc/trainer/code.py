@@ -432,8 +432,9 @@ def _refuse_uncopied(top: str) -> None:
 def _packages() -> Mapping[str, list[str]]:
     """Each top-level module and the distributions that provide it, as
     ``metadata.packages_distributions()`` gives them (a distribution's ``top_level.txt``, else the
-    ``.py`` files its RECORD lists), read without what made that a third of a second of every launch:
-    the email parser over each whole METADATA for its name, and a path object for every installed file."""
+    ``.py`` files its RECORD lists), read without what made that 0.18 s of CPU of every launch here
+    (0.05 s now): the email parser over each whole METADATA for its name, and a path object for
+    every installed file."""
     out: defaultdict[str, list[str]] = defaultdict(list)
     for dist in metadata.distributions():
         name = name_and_version(dist)[0]
