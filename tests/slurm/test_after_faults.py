@@ -22,11 +22,10 @@ from parcel_hpc.testing import launch, parcel_hpc
 from .cluster import REPO, cluster_base, daemons, kill_daemon, restart_daemons, sh, wait_for
 
 SLURM = "hydra/launcher=submitit_slurm"
-# Three trials of 82 steps in one job, about 25 s each: long enough to act on each in turn on a
-# loaded machine (at 41 steps, 12 s, the last trial could end before the whole cancel reached it).
-# A step of 0.8 s: t0001 trains for about a minute, the window the test's checks after the node failure
-# (a dry run, status, logs: seconds each under the suite's load) must leave open; at 0.3 s its 25 s
-# closed once in the full suite before the test looked (it had completed).
+# Three trials of 82 steps in one job, about a minute each at 0.8 s a step: long enough to act on each
+# in turn on a loaded machine. At 41 steps of 0.3 s the last trial could end before the whole cancel
+# reached it; at 82 of 0.3 s (25 s) t0001 once completed while the checks after the node failure (a
+# dry run, status, logs: seconds each under the suite's load) still ran.
 PACK = ["search.n_trials=3", "search.wait=false", "pruner=none", "train.steps=82", "train.step_seconds=0.8", "hydra.launcher.pack_size=3"]
 
 
