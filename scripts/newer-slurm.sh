@@ -8,7 +8,7 @@
 #     pytest args replace the core test list (NEWER_SLURM_TESTS below)
 #
 # Knobs (environment): NEWER_SLURM_ROOT=/var/tmp/parcel-newer-slurm/SUITE (kept between runs: a second
-#   run skips debootstrap and apt), PORT_BASE=30817 DB_PORT=28306 and BASE=/tmp/ps47n (inside the root:
+#   run skips debootstrap and apt), PORT_BASE=18817 DB_PORT=18306 and BASE=/tmp/ps47n (inside the root:
 #   it runs beside a host cluster on the defaults), NEWER_SLURM_TESTS (the core tests).
 # Exit: 0 the tests passed; 1 a test (or the cluster) failed; 2 bad input; 75 the tier did not run
 #   (the Debian archive or PyPI unreachable), said in one loud line.
@@ -33,8 +33,8 @@ if [[ ${1:-} == --record ]]; then RECORD=1; shift; fi
 [[ $(id -u) == 0 ]] || usage "needs root (debootstrap, chroot and bind mounts); rerun with sudo"
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 ROOT=${NEWER_SLURM_ROOT:-/var/tmp/parcel-newer-slurm/$SUITE}
-PORT_BASE=${PORT_BASE:-30817}
-DB_PORT=${DB_PORT:-28306}
+PORT_BASE=${PORT_BASE:-18817}  # below gangs' master ports (21000-32766)
+DB_PORT=${DB_PORT:-18306}
 BASE=${BASE:-/tmp/ps47n}
 MIRROR=http://deb.debian.org/debian
 # The core: the cluster itself, a search preempted and requeued, accounting and reconcile against sacct,

@@ -42,7 +42,10 @@ from parcel_hpc.trainer.run import Due, Restored, Run, Stop, stopping_due
 
 STEP, VALIDATED, USED = "step", "validated", "used"  # what a report or a decision is about (USED: a rank's GPUs, at its end)
 _LINE_LIMIT = 1 << 20  # a report or a decision is small; a longer line is a broken peer
-_PORTS = (20000, 40000)  # where a gang's master port is drawn from, by its job id
+# Where a gang's master port (and its channel's, one above) is drawn from, by its job id: below Linux's
+# default ephemeral range (32768-60999), where any outgoing connection's local port could hold it (CI
+# once drew 33000 while a client held it), and above the dev clusters' own ports (16817.., 19817..).
+_PORTS = (21000, 32767)
 
 
 @dataclass(frozen=True)
