@@ -9,7 +9,6 @@ import it does not make.
 from __future__ import annotations
 
 import importlib
-from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -19,10 +18,7 @@ if TYPE_CHECKING:
     from parcel_hpc.ledger import SearchDir, TrialRecord, TrialState
     from parcel_hpc.trainer import Diverged, Examples, InvalidPredictions, Trainer, TrainerState, TrainingData
 
-try:
-    __version__ = version("parcel_hpc")
-except PackageNotFoundError:  # run from a source tree that was never installed
-    __version__ = "0+unknown"
+    __version__: str
 
 _PUBLIC = {
     "Contract": "parcel_hpc.governance.contract",
@@ -63,4 +59,11 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     if name in _PUBLIC:
         return getattr(importlib.import_module(_PUBLIC[name]), name)
+    if name == "__version__":  # on use: importlib.metadata costs every job and tool ~35 ms of CPU at start
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return version("parcel_hpc")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            return "0+unknown"
     raise AttributeError(f"module 'parcel_hpc' has no attribute {name!r}")
