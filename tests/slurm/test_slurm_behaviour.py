@@ -74,7 +74,7 @@ def test_each_way_a_job_ends_is_filed_as_slurm_files_it(cluster, cluster_guard, 
     name = unique("beh-end", names)
     done, failed, killed = submit(name, "true"), submit(name, "exit 3"), submit(name, "kill -KILL $$")
     started = tmp_path / "started"
-    cancelled = submit(name, f"echo $$ > {started}; exec sleep 60")
+    cancelled = submit(name, f"echo $$ > {started}; exec sleep 280")  # cancelled long before it could end
     # Cancelled once its script sleeps (one cancelled between the shell's lines may file its batch step
     # FAILED 15:0) ...
     wait_for(lambda: _runs_as(started, "sleep"), 60, "the job's script to sleep")
@@ -91,7 +91,7 @@ def test_each_way_a_job_ends_is_filed_as_slurm_files_it(cluster, cluster_guard, 
 def test_a_held_throttled_array_waits_as_squeue_says_and_its_last_task_carries_the_array_id(cluster, cluster_guard):
     _, names = cluster_guard
     name = unique("beh-arr", names)
-    array = submit(name, "sleep 2", "--hold", "--array=0-3%2")
+    array = submit(name, "sleep 8", "--hold", "--array=0-3%2")  # the throttle shows while two tasks run: 8 s to see it
     held = queue.queued_jobs(name)
     assert sorted(held) == [f"{array}_{i}" for i in range(4)]
     assert {(q.state, q.reason, q.restarts) for q in held.values()} == {(QueueState.PENDING, "JobHeldUser", 0)}
@@ -136,7 +136,8 @@ def test_a_requeued_job_runs_again_and_says_how_often(cluster, cluster_guard, tm
     _, names = cluster_guard
     name = unique("beh-rq", names)
     marker = tmp_path / "runs"
-    job = submit(name, f'echo "${{SLURM_RESTART_COUNT:-0}}" >> {marker}; sleep 5')
+    # The first run outlasts any delay before the requeue (it is requeued mid-sleep); the second, 5 s.
+    job = submit(name, f'echo "${{SLURM_RESTART_COUNT:-0}}" >> {marker}; [ "${{SLURM_RESTART_COUNT:-0}}" != 0 ] && sleep 5 || sleep 280')
     wait_for(lambda: marker.exists(), 60, "the first run")
     sh("scontrol", "requeue", job)
     wait_for(lambda: (q := queue.queued_jobs(name).get(job)) is not None and q.restarts == 1, 60, "squeue's restart count")
@@ -167,7 +168,7 @@ def test_a_node_going_down_fails_its_job_and_slurm_requeues_it(cluster, cluster_
     touched, names = cluster_guard
     name = unique("beh-down", names)
     marker = tmp_path / "runs"
-    job = submit(name, f"echo run >> {marker}; sleep 30", "-w", "n3")
+    job = submit(name, f"echo run >> {marker}; sleep 280", "-w", "n3")  # ended by the node, then scancel
     wait_for(lambda: marker.exists(), 60, "the job to run")
     touched.append("n3")
     sh("scontrol", "update", "nodename=n3", "state=down", "reason=behaviour-test")
