@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -21,7 +22,7 @@ PEER = textwrap.dedent(
     from parcel_hpc.ledger import DeviceUse
     from parcel_hpc.worker.gang import USED, Peer, Report
     port, rank, behaviour, at = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
-    peer = Peer.connect("127.0.0.1", port, rank, hang_s=10)
+    peer = Peer.connect("127.0.0.1", port, rank, hang_s=10, job="77")
     step = 0
     while True:
         step += 1
@@ -80,7 +81,7 @@ def _stop(peers):
 def test_a_signal_on_any_rank_stops_the_whole_gang_at_the_same_step():
     port, peers = _gang([("run", 0), ("signal", 37), ("run", 0)])
     try:
-        leader = Leader.open(port, 4, hang_s=30)
+        leader = Leader.open(port, 4, hang_s=30, job="77")
         gathered = _lead(leader, 100)
         uses = leader.uses(10)  # each rank's reading of its GPUs, its last word
         leader.close()
@@ -97,7 +98,7 @@ def test_a_signal_on_any_rank_stops_the_whole_gang_at_the_same_step():
 def test_a_ranks_error_reaches_rank_0_with_its_traceback():
     port, peers = _gang([("raise", 5)])
     try:
-        leader = Leader.open(port, 2, hang_s=30)
+        leader = Leader.open(port, 2, hang_s=30, job="77")
         gathered = _lead(leader, 100)
         error = gathered[-1][0].error
         assert len(gathered) == 5 and "Traceback" in error and "ValueError: rank 1 diverged" in error
@@ -108,7 +109,7 @@ def test_a_ranks_error_reaches_rank_0_with_its_traceback():
 def test_a_hung_rank_is_named_within_the_bound_and_a_killed_one_at_once():
     port, peers = _gang([("run", 0), ("hang", 4)])
     try:
-        leader = Leader.open(port, 3, hang_s=2)
+        leader = Leader.open(port, 3, hang_s=2, job="77")
         began = time.monotonic()
         with pytest.raises(RankHung, match=r"rank 2 sent nothing for 2 s at step 4") as hung:
             _lead(leader, 100)
@@ -118,7 +119,7 @@ def test_a_hung_rank_is_named_within_the_bound_and_a_killed_one_at_once():
 
     port, peers = _gang([("run", 0), ("hang", 6)])
     try:
-        leader = Leader.open(port, 3, hang_s=30)
+        leader = Leader.open(port, 3, hang_s=30, job="77")
         for step in range(1, 6):
             leader.gather(step)
             leader.send({"step": step, "stop": None})
@@ -137,14 +138,44 @@ def test_a_hung_rank_is_named_within_the_bound_and_a_killed_one_at_once():
 def test_a_rank_that_never_joins_is_hung_at_step_0():
     port = _free_port()
     with pytest.raises(RankHung, match="rank 1 sent nothing for 1 s at step 0"):
-        Leader.open(port, 2, hang_s=1)
+        Leader.open(port, 2, hang_s=1, job="77")
 
 
 def test_a_gangs_ports_stay_below_linuxs_ephemeral_range_and_above_the_dev_clusters():
     # An outgoing connection takes a local port in 32768-60999 (the default ip_local_port_range): a
     # gang drawn there collided once. The dev clusters' own ports are 16817.. and 19817..(+103).
-    gangs = [GangEnv.of_job(job, 0, 2, 0, 1, ["n1", "n2"]) for job in [*map(str, range(1, 20000)), "4242_7", "509"]]
+    gangs = [GangEnv.of_job(job, 0, 2, 0, 1, ["n1", "n2"]) for job in [*map(str, range(1, 20000)), "4242_7", "509", "job-a"]]
     assert min(g.master_port for g in gangs) >= 21000 and max(g.channel_port for g in gangs) <= 32767
+
+
+def test_jobs_numbered_close_together_never_share_a_port():
+    # Jobs running at once on a node were submitted about together: 5,000 in a row hold 10,000 ports.
+    held = [p for job in range(987_654, 992_654) for g in [GangEnv.of_job(str(job), 0, 2, 0, 1, ["n1"])] for p in (g.master_port, g.channel_port)]
+    assert len(set(held)) == len(held)
+
+
+def test_a_hello_of_another_job_is_turned_away_and_the_gang_waits_for_its_own():
+    # Two jobs drawn one port: the other job's peer is closed at once, never counted as this gang's rank.
+    port = _free_port()
+    stranger_code = "import sys\nfrom parcel_hpc.worker.gang import Peer, RankLost\npeer = Peer.connect('127.0.0.1', int(sys.argv[1]), 1, hang_s=10, job='other')\ntry:\n    peer.told(10)\nexcept RankLost:\n    print('turned away')\n"
+    stranger = subprocess.Popen([sys.executable, "-c", stranger_code, str(port)], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    peers = [stranger]
+    opened: dict[str, Leader] = {}
+    opener = threading.Thread(target=lambda: opened.setdefault("leader", Leader.open(port, 2, hang_s=20, job="77")))
+    try:
+        opener.start()
+        assert stranger.communicate(timeout=30)[0].strip() == "turned away"
+        assert opener.is_alive()  # still waiting for its own rank 1
+        peers.append(subprocess.Popen([sys.executable, "-c", PEER, str(port), "1", "run", "0"], stdout=subprocess.PIPE, text=True, start_new_session=True))
+        opener.join(timeout=30)
+        leader = opened["leader"]
+        assert [r.rank for r in leader.gather(1)] == [1]
+        leader.send({"step": 1, "stop": "requeue"})
+        assert json.loads(peers[1].communicate(timeout=30)[0].splitlines()[0])["stop"] == "requeue"
+        leader.close()
+    finally:
+        opener.join(timeout=30)
+        _stop(peers)
 
 
 def test_every_rank_of_a_job_and_its_requeued_run_name_the_same_master_and_port():
@@ -178,7 +209,7 @@ def test_the_first_exception_raised_is_the_gang_s_failure_and_a_rank_gone_silent
     # A peer killed without a word (its node gone) while another reported the error that followed: lost.
     port, peers = _gang([("run", 0), ("raise", 4), ("run", 0)])
     try:
-        leader = Leader.open(port, 4, hang_s=30)
+        leader = Leader.open(port, 4, hang_s=30, job="77")
         for step in range(1, 4):
             leader.gather(step)
             leader.send({"step": step, "stop": None})

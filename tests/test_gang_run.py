@@ -79,7 +79,7 @@ def _gang(tmp_path, training_data, attempt, *, peer_signal_at=None, peer_trainer
         try:
             trainer = peer_trainer()
             trainer.build(build_params(trainer, PARAMS), 7, data)
-            peer = Peer.connect("127.0.0.1", port, 1, hang_s=30)
+            peer = Peer.connect("127.0.0.1", port, 1, hang_s=30, job="7")
             run = out["peer"] = PeerRun(
                 PARAMS, 7, data, peer, GangCheckpoints(tmp_path, T, rank=1, world_size=2, attempt=attempt), signalled=lambda: run.step == peer_signal_at
             )
@@ -97,7 +97,7 @@ def _gang(tmp_path, training_data, attempt, *, peer_signal_at=None, peer_trainer
     thread.start()
     trainer = NumpyMLP()
     trainer.build(build_params(trainer, PARAMS), 7, data)
-    side = LeaderSide(Leader.open(port, 2, hang_s=30))
+    side = LeaderSide(Leader.open(port, 2, hang_s=30, job="7"))
     run = RankZero(PARAMS, 7, data, lambda s: metric(s, data.validation.labels), side, GangCheckpoints(tmp_path, T, rank=0, world_size=2, attempt=attempt))
     try:
         drive(trainer, run)

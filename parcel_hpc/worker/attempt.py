@@ -201,7 +201,7 @@ class AttemptRun:
             if self.gang is not None:
                 # Every peer says hello before anything is decided: a peer told nothing more (rank 0
                 # stopped before training) sees the channel close and exits without training.
-                self.leader = Leader.open(self.gang.channel_port, self.gang.world_size, hang_s=plan.rank_wait_s)
+                self.leader = Leader.open(self.gang.channel_port, self.gang.world_size, hang_s=plan.rank_wait_s, job=self.gang.job_id)
             self._admit(contract)
             self._reserve(contract)
             # The claim fields only: claims and checkpoint headers store and compare exactly these.

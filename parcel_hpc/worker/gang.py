@@ -1,7 +1,7 @@
 """The gang's control channel: rank 0 and its peers agree at every step boundary (issue 50).
 
 Rank 0 listens on a port of its host; every other rank connects once when its attempt starts and
-says which rank it is. After each step every peer reports to rank 0 (the step, whether the
+says which rank of which job it is (a hello naming another job is turned away). After each step every peer reports to rank 0 (the step, whether the
 scheduler's signal reached it, an error with its traceback) and takes rank 0's decision for that
 step, so all ranks save, validate and stop at the same step boundary (a signal that reached any
 rank is the gang's). Rank 0 decides a step ahead (``LeaderSide``): at step s it sends the decision
@@ -46,6 +46,7 @@ _LINE_LIMIT = 1 << 20  # a report or a decision is small; a longer line is a bro
 # default ephemeral range (32768-60999), where any outgoing connection's local port could hold it (CI
 # once drew 33000 while a client held it), and above the dev clusters' own ports (16817.., 19817..).
 _PORTS = (21000, 32767)
+_PAIRS = (_PORTS[1] - _PORTS[0]) // 2  # (master, channel) pairs in the range
 
 
 @dataclass(frozen=True)
@@ -59,14 +60,18 @@ class GangEnv:
     local_world_size: int
     master_addr: str  # the job's first host: rank 0 runs there
     master_port: int
+    job_id: str  # every hello on the channel names it: a peer of another job is turned away
 
     @classmethod
     def of_job(cls, job_id: str, rank: int, world_size: int, local_rank: int, local_world_size: int, hosts: list[str]) -> GangEnv:
-        """From the scheduler's job (submitit's ``JobEnvironment``): the port drawn from the job id, so
-        every rank of the job, and a requeued run of it, names the same one without talking first."""
-        low, high = _PORTS
-        port = low + zlib.crc32(job_id.encode()) % (high - low - 1)
-        return cls(rank, world_size, local_rank, local_world_size, hosts[0], port)
+        """From the scheduler's job (submitit's ``JobEnvironment``; ``job_id`` its raw id, one per job
+        and kept by a requeue): the port drawn from it, so every rank of the job, and a requeued run of
+        it, names the same one without talking first. Numbered jobs take pairs in turn, so jobs
+        running together on a node share a port only when their ids are ``_PAIRS`` apart (a hash put
+        two at random in one pair); then the later one's rank 0 fails to listen, and its peers, whose
+        hello names their job, are turned away by the other's."""
+        pair = int(job_id) % _PAIRS if job_id.isdigit() else zlib.crc32(job_id.encode()) % _PAIRS
+        return cls(rank, world_size, local_rank, local_world_size, hosts[0], _PORTS[0] + 2 * pair, job_id)
 
     def devices(self, visible: str, gpus_per_rank: int) -> str | None:
         """This rank's share of the GPUs its node's ranks were handed together (the local executor
@@ -221,9 +226,10 @@ class Leader:
         self.signalled = False  # a report read so far said the scheduler's signal reached its rank
 
     @classmethod
-    def open(cls, port: int, world_size: int, *, hang_s: float, clock: Callable[[], float] = time.monotonic) -> Leader:
+    def open(cls, port: int, world_size: int, *, hang_s: float, job: str, clock: Callable[[], float] = time.monotonic) -> Leader:
         """Listen on ``port`` (every interface: peers on other nodes reach it by the host's name) until
-        all ``world_size - 1`` peers said hello; a peer that never came within ``hang_s`` is ``RankHung`` at step 0."""
+        all ``world_size - 1`` peers of ``job`` said hello; a peer that never came within ``hang_s`` is
+        ``RankHung`` at step 0."""
         server = socket.create_server(("", port), reuse_port=False)
         peers: dict[int, _Line] = {}
         where: dict[int, tuple[str, int]] = {}
@@ -245,8 +251,8 @@ class Leader:
                     line.close()
                     continue
                 rank = hello.get("rank")
-                if not isinstance(rank, int) or not 0 < rank < world_size or rank in peers:
-                    line.close()  # not one of ours (a port scan, a stale peer of another gang)
+                if hello.get("job") != job or not isinstance(rank, int) or not 0 < rank < world_size or rank in peers:
+                    line.close()  # not one of ours (a port scan, a peer of another job drawn the same port)
                     continue
                 peers[rank] = line
                 where[rank] = (str(hello.get("host", "")), int(hello.get("pid", 0)))
@@ -359,9 +365,11 @@ class Peer:
         self._kept: list[dict[str, Any]] = []  # decisions that came before the one awaited (rank 0 decides a step ahead)
 
     @classmethod
-    def connect(cls, host: str, port: int, rank: int, *, hang_s: float, connect_s: float | None = None, clock: Callable[[], float] = time.monotonic) -> Peer:
+    def connect(
+        cls, host: str, port: int, rank: int, *, hang_s: float, job: str, connect_s: float | None = None, clock: Callable[[], float] = time.monotonic
+    ) -> Peer:
         """Connect to rank 0 (retrying while it is not listening yet, up to ``connect_s``, else
-        ``hang_s``) and say which rank this is."""
+        ``hang_s``) and say which rank of which job this is."""
         wait_s = hang_s if connect_s is None else connect_s
         deadline = clock() + wait_s
         while True:
@@ -373,7 +381,7 @@ class Peer:
                     raise RankHung(0, 0, wait_s) from None
                 time.sleep(0.05)
         line = _Line(sock)
-        line.send({"rank": rank, "host": socket.gethostname(), "pid": os.getpid()})
+        line.send({"rank": rank, "job": job, "host": socket.gethostname(), "pid": os.getpid()})
         return cls(rank, line, hang_s, clock)
 
     def report(self, report: Report) -> None:
@@ -429,7 +437,7 @@ def dismiss(gang: GangEnv, hang_s: float) -> None:
     """Rank 0 of a slot that is done: every peer waiting for its next trial is told there is none, and
     exits. A peer that never comes within ``hang_s`` (gone) is not waited for longer."""
     try:
-        leader = Leader.open(gang.channel_port, gang.world_size, hang_s=hang_s)
+        leader = Leader.open(gang.channel_port, gang.world_size, hang_s=hang_s, job=gang.job_id)
     except RankHung:
         return
     try:

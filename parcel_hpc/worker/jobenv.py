@@ -62,7 +62,7 @@ def gang_of_job() -> GangEnv | None:
     per_node = job.num_tasks // max(1, job.num_nodes)
     hosts = list(job.hostnames)
     first = backend_of_job(os.environ).node_address(hosts[0])  # rank 0's host, as the other nodes reach it
-    return GangEnv.of_job(job.job_id, job.global_rank, job.num_tasks, job.local_rank, per_node, [first, *hosts[1:]])
+    return GangEnv.of_job(job.raw_job_id, job.global_rank, job.num_tasks, job.local_rank, per_node, [first, *hosts[1:]])
 
 
 def enter_gang(gpus_per_rank: int) -> GangEnv | None:

@@ -49,7 +49,7 @@ class PeerAttempt:
 
     def execute(self) -> WorkerResult:
         plan, gang = self.plan, self.gang
-        peer = Peer.connect(gang.master_addr, gang.channel_port, gang.rank, hang_s=plan.rank_wait_s)
+        peer = Peer.connect(gang.master_addr, gang.channel_port, gang.rank, hang_s=plan.rank_wait_s, job=gang.job_id)
         try:
             told = peer.told(told_within_s(plan))
         except (RankLost, RankHung):
@@ -137,7 +137,7 @@ def peer_slot(search_dir: str, gang: GangEnv, rank_wait_s: float, wait_s: float)
     results: list[WorkerResult] = []
     while True:
         try:
-            peer = Peer.connect(gang.master_addr, gang.channel_port, gang.rank, hang_s=rank_wait_s, connect_s=wait_s)
+            peer = Peer.connect(gang.master_addr, gang.channel_port, gang.rank, hang_s=rank_wait_s, job=gang.job_id, connect_s=wait_s)
         except RankHung:
             return results
         try:
