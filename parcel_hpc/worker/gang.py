@@ -1,15 +1,16 @@
 """The gang's control channel: rank 0 and its peers agree at every step boundary (issue 50).
 
 Rank 0 listens on a port of its host; every other rank connects once when its attempt starts and
-says which rank of which job it is (a hello naming another job is turned away). After each step every peer reports to rank 0 (the step, whether the
-scheduler's signal reached it, an error with its traceback) and takes rank 0's decision for that
-step, so all ranks save, validate and stop at the same step boundary (a signal that reached any
-rank is the gang's). Rank 0 decides a step ahead (``LeaderSide``): at step s it sends the decision
-for step s+1, made from its own state and the peers' reports on step s-1, so in the steady state
-no rank waits at a boundary (a collective in the step has brought them together already); the
-first step of a run and each milestone's validation are decided at once. Determined's distributed
-context does the same with ZeroMQ; this is plain TCP, one JSON object a line, each naming its kind
-and step (a report or decision that arrives before the one awaited is kept for later).
+says which rank of which job it is (a hello naming another job is turned away). After each step
+every peer reports to rank 0 (the step, whether the scheduler's signal reached it, an error with
+its traceback) and takes rank 0's decision for that step, so all ranks save, validate and stop at
+the same step boundary (a signal that reached any rank is the gang's). Rank 0 decides a step ahead
+(``LeaderSide``): at step s it sends the decision for step s+1, made from its own state and the
+peers' reports on step s-1, so in the steady state no rank waits at a boundary (a collective in the
+step has brought them together already); the first step of a run and each milestone's validation
+are decided at once. Determined's distributed context does the same with ZeroMQ; this is plain TCP,
+one JSON object a line, each naming its kind and step (a report or decision that arrives before the
+one awaited is kept for later).
 
 A peer that reports nothing within ``hang_s`` while rank 0 waits is hung: ``gather`` raises
 ``RankHung`` naming it and the step, and rank 0 ends the gang; a peer that hears no decision within
