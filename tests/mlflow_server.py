@@ -45,7 +45,9 @@ def mlflow_server(workdir: Path) -> Iterator[str]:
         "--workers",
         "1",
     ]
-    with started(argv, workdir / "server.log", f"{uri}/health"):
+    # mlflow leaves a db_init_lock file in the temporary directory: keep it in the test's own
+    env = {**os.environ, "TMPDIR": str(workdir)}
+    with started(argv, workdir / "server.log", f"{uri}/health", env=env):
         yield uri
 
 

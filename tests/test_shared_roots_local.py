@@ -38,7 +38,11 @@ for path in sys.argv[1:]:
                 planted = f"/tmp/.planted-{os.getpid()}"
                 with open(planted, "wb") as f:
                     f.write(b"planted")
-                os.rename(planted, path)
+                try:
+                    os.rename(planted, path)
+                finally:
+                    if os.path.exists(planted):  # a refused rename leaves it: no litter in /tmp
+                        os.unlink(planted)
             else:
                 os.unlink(path)
             tried.append("done")
