@@ -18,7 +18,8 @@ child.py      trainer code run in a forked child that arms itself, for a process
 
 Who arms: a worker (``worker/attempt.py``) and a selection job (``selection/jobs.py``) arm their
 own process once they have read the snapshot, before they import the trainer; the launch's trainer
-checks, preflight and dry run, and check-trainer, run trainer code through ``run_fenced``.
+checks, preflight and dry run, and check-trainer, run trainer code through ``run_fenced`` (the
+trainer checks and the preflight as two stages of one child, ``run_fenced_stages``).
 docs/faults-and-inputs.md ("The final partition's fence") says what each layer covers and what not.
 
 Must not: be armed in a process that must read a protected file afterwards (both layers are one-way).
@@ -26,8 +27,23 @@ Must not: be armed in a process that must read a protected file afterwards (both
 
 from parcel_hpc.fence.arming import Armed, arm, is_armed
 from parcel_hpc.fence.audit import allowed, reaches, toolkit_programs, trainer_code, tripped
-from parcel_hpc.fence.child import run_fenced
+from parcel_hpc.fence.child import StageAnswer, run_fenced, run_fenced_stages
 from parcel_hpc.fence.compiler import counted
 from parcel_hpc.fence.protected import Protected, Unfenceable
 
-__all__ = ["Armed", "Protected", "Unfenceable", "allowed", "arm", "counted", "is_armed", "reaches", "run_fenced", "toolkit_programs", "trainer_code", "tripped"]
+__all__ = [
+    "Armed",
+    "Protected",
+    "StageAnswer",
+    "Unfenceable",
+    "allowed",
+    "arm",
+    "counted",
+    "is_armed",
+    "reaches",
+    "run_fenced",
+    "run_fenced_stages",
+    "toolkit_programs",
+    "trainer_code",
+    "tripped",
+]

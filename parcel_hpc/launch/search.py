@@ -40,7 +40,8 @@ from parcel_hpc.lifecycle import systematic
 from parcel_hpc.propose.proposals import Proposer
 from parcel_hpc.propose.space import normalize
 from parcel_hpc.propose.specs import (
-    build_contract,
+    Ahead,
+    build_contract_ahead,
     check_policy,
     ensure_writable,
     history_free_specs,
@@ -58,7 +59,7 @@ from parcel_hpc.scheduler.factory import executor_kind
 from parcel_hpc.scheduler.registry import BACKENDS, backend_of
 from parcel_hpc.selection.baseline import Baseline, BaselineKind
 from parcel_hpc.selection.store import write_final_plan
-from parcel_hpc.trainer import Devices, code, load_training_data, trainer_class
+from parcel_hpc.trainer import Devices, TrainingData, code, load_training_data, trainer_class
 from parcel_hpc.trainer.params import declared
 from parcel_hpc.trainer.preflight import corners, few_examples, preflight
 from parcel_hpc.worker import WorkerPlan
@@ -116,7 +117,9 @@ class SearchLaunch:
         n_trials = int(cfg["search"]["n_trials"])
         if n_trials < 0:
             raise UsageError(f"search.n_trials={n_trials} must be >= 0")
-        contract = build_contract(cfg)  # validates every input file before anything is written
+        # Validates every input file before anything is written; a search not yet frozen is tried by
+        # the preflight in the trainer checks' child, its error said where the preflight stands below.
+        contract, preflight_answer = build_contract_ahead(cfg, preflight_ahead() if not (path / "contract.json").exists() else None)
         search = SearchDir(path)
         ownership.require_own_search(path, launch=True)  # another user's, or one others may write: refused before reading it
         ownership.require_closed_root(path.parent, allowed=bool(cfg["search"]["allow_renames_in_root"]))  # where others could rename it away
@@ -138,7 +141,7 @@ class SearchLaunch:
             check_policy(contract)
             # A split made before splits were checked may let a parcel cross partitions: a new search refuses it.
             refuse_leaking_split(cfg["snapshot"]["path"], read_split(cfg["split"]["path"]))
-            preflight_checks(cfg, contract)
+            preflight_checks(cfg, contract, preflight_answer)
         dispatcher = self.dispatcher_factory(search)
         dispatcher.check()  # an unreachable scheduler is refused before anything is written
         if not cfg["search"]["wait"] and not dispatcher.can_detach:
@@ -355,13 +358,39 @@ def trainers_of(contract: Contract) -> list[Mapping[str, Any]]:
     return [contract["trainer"]] + ([own] if own and own != contract["trainer"] else [])
 
 
-def preflight_checks(cfg: Mapping[str, Any], contract: Contract) -> list[str]:
+PREFLIGHT = "the launch's preflight"
+
+
+def preflight_checks(cfg: Mapping[str, Any], contract: Contract, ahead: fence.StageAnswer | None = None) -> list[str]:
     """The trainer built, stepped, saved, loaded and asked to predict at the space's corners, and the
     baseline's trainer with its params, on a few examples, before the first freeze
     (``trainer/preflight.py``): exit 2 with the trainer's own message. What it tried, as words.
-    The examples are read here; the trainer's code runs in a child fenced from the final partition's files."""
+    The examples are read here; the trainer's code runs in a child fenced from the final partition's
+    files: the trainer checks' own when ``ahead`` is its answer (``preflight_ahead``), else one of its own."""
+    if ahead is not None:
+        answer = ahead.result()  # the preflight's error, raised here as if it had run here
+        if answer["contract"] == contract.digest:  # tried on the contract this launch built
+            return cast(list[str], answer["tried"])
+    return cast(list[str], fence.run_fenced(protected_of(cfg), PREFLIGHT, _preflight, contract, _examples(cfg)))
+
+
+def preflight_ahead() -> Ahead:
+    """The preflight as a step of the trainer checks' child (``build_contract_ahead``): the examples
+    read in this process before that child forks, the trainer's code imported once for both."""
+
+    def prepared(cfg: Mapping[str, Any]) -> Callable[[Contract], dict[str, Any]]:
+        data = _examples(cfg)
+        return lambda contract: {"contract": contract.digest, "tried": _preflight(contract, data)}
+
+    return PREFLIGHT, prepared
+
+
+def _examples(cfg: Mapping[str, Any]) -> TrainingData:
     data = few_examples(load_training_data(cfg["snapshot"]["path"], read_split(cfg["split"]["path"]), cfg["preprocessing"], verify_digest=False))
-    data = replace(data, devices=Devices(int(cfg["resources"]["gpus"])))  # the trials' grant, tried on this machine's CPU
+    return replace(data, devices=Devices(int(cfg["resources"]["gpus"])))  # the trials' grant, tried on this machine's CPU
+
+
+def _preflight(contract: Contract, data: TrainingData) -> list[str]:
     seed = int(contract["train"]["seed"])
 
     def tried(target: str, trials: list[tuple[str, Mapping[str, Any]]]) -> list[str]:
@@ -369,16 +398,13 @@ def preflight_checks(cfg: Mapping[str, Any], contract: Contract) -> list[str]:
         preflight(cls, target, declared(cls, target), trials, seed, data, float(contract["train"].get("resume_tolerance") or 0.0))
         return [what for what, _ in trials]
 
-    def checks() -> list[str]:
-        ends = corners(space_of(contract)[0])
-        said = tried(contract["trainer"]["target"], [(f"the space's {'low' if i == 0 else 'high'} corner", params) for i, params in enumerate(ends)])
-        baseline = Baseline.pinned(contract["selection"]["baseline"], contract["trainer"])
-        if baseline.kind is BaselineKind.ARTIFACT:
-            return said
-        tried(baseline.target, [(f"the baseline {baseline.name}'s parameters", baseline.params)])
-        return [*said, f"the baseline {baseline.name} ({baseline.target})"]
-
-    return cast(list[str], fence.run_fenced(protected_of(cfg), "the launch's preflight", checks))
+    ends = corners(space_of(contract)[0])
+    said = tried(contract["trainer"]["target"], [(f"the space's {'low' if i == 0 else 'high'} corner", params) for i, params in enumerate(ends)])
+    baseline = Baseline.pinned(contract["selection"]["baseline"], contract["trainer"])
+    if baseline.kind is BaselineKind.ARTIFACT:
+        return said
+    tried(baseline.target, [(f"the baseline {baseline.name}'s parameters", baseline.params)])
+    return [*said, f"the baseline {baseline.name} ({baseline.target})"]
 
 
 def _dir_owner(search: SearchDir, contract_digest: str) -> owner.DirOwner:

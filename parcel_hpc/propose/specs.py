@@ -7,7 +7,7 @@ names the file and the fix.
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +56,21 @@ def ensure_writable(search_dir: Path) -> None:
         raise UsageError(f"search root {search_dir.parent} is not writable ({exc.strerror}); set search.root to a writable shared directory") from None
 
 
+TRAINER_CHECKS = "the launch's trainer checks"
+
+# A step of trainer code run in the trainer checks' own fenced child, after them, with the contract
+# they complete: made in this process once the inputs are valid (it may read them here, unfenced),
+# named for its lines, and given the contract in the child (``launch.search.preflight_ahead``).
+Ahead = tuple[str, Callable[[Mapping[str, Any]], Callable[[Contract], Any]]]
+
+
 def build_contract(cfg: Mapping[str, Any]) -> Contract:
+    return build_contract_ahead(cfg, None)[0]
+
+
+def build_contract_ahead(cfg: Mapping[str, Any], ahead: Ahead | None) -> tuple[Contract, fence.StageAnswer | None]:
+    """The contract, and ``ahead``'s answer (None: not run; run it alone when it is needed). The
+    answer raises its own error only when asked, where the step would have run on its own."""
     snap, split_cfg = cfg["snapshot"], cfg["split"]
     snapshot_path = Path(snap["path"])
     if not snapshot_path.is_file():
@@ -73,11 +87,33 @@ def build_contract(cfg: Mapping[str, Any]) -> Contract:
         raise UsageError(
             f"split file {split_path} holds revision {split.revision!r}, config says {split_cfg['revision']!r}; point split.path at the right file"
         )
+    fields: dict[str, Any] | None = None
+    after = None
+    if ahead is not None:
+        try:
+            fields = _fields(cfg, snapshot_digest, split)
+            after = ahead[1](cfg)
+        except (UsageError, GovernanceRefusal):
+            fields = after = None  # said below, after the trainer checks, as a launch always said it
+
+    def stages() -> Iterator[Any]:
+        checked = _trainer_checks(cfg)
+        yield checked
+        if fields is not None and after is not None:
+            yield after(_contract(fields, checked))
+
     # The trainer's code runs here for the first time (its import): in a child fenced from the final
     # partition's files, whose answer is data. A gate or baseline that cannot be applied is bad input
     # now, not after 82 trials at `parcel-hpc select`.
-    checked = fence.run_fenced(protected_of(cfg), "the launch's trainer checks", _trainer_checks, cfg)
-    trainer, selection = checked["trainer"], checked["selection"]
+    whats = [TRAINER_CHECKS] + ([ahead[0]] if ahead is not None and after is not None else [])
+    answers = fence.run_fenced_stages(protected_of(cfg), whats, stages)
+    checked = answers[0].result()
+    contract = _contract(fields if fields is not None else _fields(cfg, snapshot_digest, split), checked)
+    return contract, (answers[1] if len(answers) > 1 else None)
+
+
+def _fields(cfg: Mapping[str, Any], snapshot_digest: str, split: data.Split) -> dict[str, Any]:
+    """The contract's fields but the two the trainer checks answer (its trainer and selection)."""
     space = normalize(cfg["space"]["params"])  # the sweeper already merged the grammar in; idempotent
     sampler = samplers.from_config(cfg.get("sampler"))
     learning.check_options(sampler)
@@ -97,18 +133,22 @@ def build_contract(cfg: Mapping[str, Any]) -> Contract:
         "preprocessing": dict(cfg["preprocessing"]),
         "image_digest": image_digest(cfg["image"]),
         "image_kind": cfg["image"]["kind"],
-        "trainer": trainer,
+        "trainer": None,
         "train": {k: v for k, v in cfg["train"].items() if not (k in OPTIONAL_TRAIN and v is None)},
         "resources": {k: cfg["resources"][k] for k in PINNED_RESOURCES} | TrialShape.of(cfg["resources"]).pinned(),
         "budget": dict(cfg["budget"]),
         "pruner": dict(cfg["pruner"]),
-        "selection": selection,
+        "selection": None,
     }
     release = ReleaseTarget.from_config(cfg.get("release")).pinned()
     if release is not None:  # the folder default is left out: contracts frozen before the option compare as they did
         fields["release"] = release
+    return fields
+
+
+def _contract(fields: Mapping[str, Any], checked: Mapping[str, Any]) -> Contract:
     try:
-        return Contract(fields)
+        return Contract({**fields, "trainer": checked["trainer"], "selection": checked["selection"]})
     except ValueError:  # canonical JSON refuses NaN and infinity
         raise UsageError(
             "the composed config holds a non-finite number (nan or inf); quote text values, e.g. values:['nan'], or give a finite number"

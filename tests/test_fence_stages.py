@@ -1,0 +1,118 @@
+"""Trainer code's steps as stages of one fenced child (``fence.run_fenced_stages``): the launch's
+trainer checks and its preflight import the trainer once, and each stage still answers for itself:
+its value, its own error (named by what it was) raised only when asked, a fence trip charged to the
+stage that tripped it, and no answer from a stage the child never reached."""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from parcel_hpc.errors import UsageError
+from parcel_hpc.fence import Protected, run_fenced_stages
+from parcel_hpc.fence.child import _frames
+from parcel_hpc.governance.outcome import GovernanceRefusal, Outcome
+from parcel_hpc.testing import launch
+
+ENDED = "the trainer's code ended the fenced process before it answered"
+
+
+@pytest.fixture
+def protected(artifacts) -> Protected:
+    return Protected.of(artifacts["split_path"], artifacts["snapshot_path"])
+
+
+def test_each_stage_answers_for_itself_and_a_later_error_waits_until_asked(protected):
+    def stages():
+        yield {"first": [1, 2]}
+        raise UsageError("the second went wrong; fix it")
+
+    first, second = run_fenced_stages(protected, ("stage one", "stage two"), stages)
+    assert first.result() == {"first": [1, 2]}
+    with pytest.raises(UsageError, match=r"^the second went wrong; fix it$"):
+        second.result()
+
+
+def test_a_stage_that_ends_the_process_leaves_the_answers_before_it_whole(protected):
+    def stages():
+        yield "kept"
+        os._exit(7)
+
+    first, second = run_fenced_stages(protected, ("stage one", "stage two"), stages)
+    assert first.result() == "kept"
+    with pytest.raises(UsageError, match=rf"^stage two: {ENDED} \(it exited with status 7\)"):
+        second.result()
+
+
+def test_a_failed_stage_is_the_last_one_run(protected):
+    def stages():
+        yield "one"
+        raise RuntimeError("two broke")
+        yield "three"  # never reached: a generator that raised is done
+
+    one, two, three = run_fenced_stages(protected, ("one", "two", "three"), stages)
+    assert one.result() == "one"
+    with pytest.raises(UsageError, match=r"^two: RuntimeError: two broke$"):
+        two.result()
+    with pytest.raises(UsageError, match=rf"^three: {ENDED}"):  # not a StopIteration asked of the finished generator
+        three.result()
+
+
+def test_a_fence_trip_is_charged_to_the_stage_that_tripped_it_and_ends_the_child(protected, artifacts):
+    final = Path(artifacts["final_path"])
+
+    def stages():
+        yield "clean"
+        try:
+            with open(final, "rb") as f:
+                f.read(1)
+        except PermissionError:
+            pass
+        yield "read the final list"
+        yield "after the trip"
+
+    clean, tripped, after = run_fenced_stages(protected, ("clean", "tripping", "after"), stages)
+    assert clean.result() == "clean"
+    with pytest.raises(GovernanceRefusal) as refused:
+        tripped.result()
+    assert refused.value.outcome is Outcome.REJECT_FINAL_PARTITION
+    assert refused.value.detail.startswith(f"tripping: trainer code opened {final}")
+    with pytest.raises(UsageError, match=rf"^after: {ENDED}"):
+        after.result()
+
+
+def test_lines_trainer_code_writes_to_the_pipe_are_passed_over_and_a_stage_answered_twice_has_no_answer():
+    ours = b'\n{"stage": 0, "value": 1, "tripped": []}\n'
+    assert _frames(b"progress 10% without a newline" + ours + b"[1, 2]\nnot json\n") == {0: {"stage": 0, "value": 1, "tripped": []}}
+    forged = b'{"stage": 1, "value": "forged", "tripped": []}\n'
+    assert _frames(forged + ours + b'\n{"stage": 1, "value": "real", "tripped": []}\n') == {0: {"stage": 0, "value": 1, "tripped": []}, 1: None}
+
+
+COUNTED = r"""
+import os
+from parcel_hpc.trainer.numpy_mlp import NumpyMLP
+
+open(os.path.join(os.environ["IMPORTS_DIR"], str(os.getpid())), "x").close()  # one file for each process that imports this
+
+
+class Counted(NumpyMLP):
+    def build(self, params, seed, data):
+        super().build(params, seed, data)
+        with open(os.path.join(os.environ["IMPORTS_DIR"], "built"), "a") as f:
+            f.write(f"{os.getpid()}\n")  # the preflight builds it: in which process
+"""
+
+
+def test_a_fresh_launch_imports_the_trainer_once_for_its_checks_and_its_preflight(tmp_path, data_dir):
+    mods, imports = tmp_path / "mods", tmp_path / "imports"
+    mods.mkdir()
+    imports.mkdir()
+    (mods / "counted_trainer.py").write_text(COUNTED)
+    env = {"PYTHONPATH": os.pathsep.join([str(mods), *sys.path]), "IMPORTS_DIR": str(imports)}
+    common = [f"search.root={tmp_path}", "search.n_trials=2", "search.dry_run=true", "trainer.target=counted_trainer:Counted"]
+    res = launch([*common, "search.revision=counted-r1"], cwd=tmp_path, data_dir=data_dir, env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    imported = [p.name for p in imports.iterdir() if p.name != "built"]
+    assert len(imported) == 1  # the trainer checks and the preflight: one child, one import
+    assert set((imports / "built").read_text().split()) == set(imported)  # and the preflight ran in it
