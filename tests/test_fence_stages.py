@@ -87,6 +87,9 @@ def test_lines_trainer_code_writes_to_the_pipe_are_passed_over_and_a_stage_answe
     assert _frames(b"progress 10% without a newline" + ours + b"[1, 2]\nnot json\n") == {0: {"stage": 0, "value": 1, "tripped": []}}
     forged = b'{"stage": 1, "value": "forged", "tripped": []}\n'
     assert _frames(forged + ours + b'\n{"stage": 1, "value": "real", "tripped": []}\n') == {0: {"stage": 0, "value": 1, "tripped": []}, 1: None}
+    tripped = b'\n{"stage": 1, "failed": "x", "tripped": ["opened /data/final.json"]}\n'
+    assert _frames(forged + tripped)[1] == {"stage": 1, "tripped": ["opened /data/final.json"]}  # a forged line hides no trip
+    assert _frames(b"[" * 100_000 + b"\n" + ours) == {0: {"stage": 0, "value": 1, "tripped": []}}  # past the parser's depth: passed over
 
 
 COUNTED = r"""
@@ -98,21 +101,53 @@ open(os.path.join(os.environ["IMPORTS_DIR"], str(os.getpid())), "x").close()  # 
 
 class Counted(NumpyMLP):
     def build(self, params, seed, data):
+        if os.environ.get("FAIL_BUILD"):
+            raise RuntimeError("built to fail")
         super().build(params, seed, data)
         with open(os.path.join(os.environ["IMPORTS_DIR"], "built"), "a") as f:
             f.write(f"{os.getpid()}\n")  # the preflight builds it: in which process
 """
 
 
-def test_a_fresh_launch_imports_the_trainer_once_for_its_checks_and_its_preflight(tmp_path, data_dir):
+@pytest.fixture
+def counted(tmp_path):
+    """Where each process that imports ``counted_trainer:Counted`` (and each build) leaves its pid; the launch's env."""
     mods, imports = tmp_path / "mods", tmp_path / "imports"
     mods.mkdir()
     imports.mkdir()
     (mods / "counted_trainer.py").write_text(COUNTED)
     env = {"PYTHONPATH": os.pathsep.join([str(mods), *sys.path]), "IMPORTS_DIR": str(imports)}
-    common = [f"search.root={tmp_path}", "search.n_trials=2", "search.dry_run=true", "trainer.target=counted_trainer:Counted"]
-    res = launch([*common, "search.revision=counted-r1"], cwd=tmp_path, data_dir=data_dir, env=env)
+    return imports, env
+
+
+def _launch(tmp_path, data_dir, env, revision, *extra):
+    args = [f"search.root={tmp_path / 'runs'}", f"search.revision={revision}", "trainer.target=counted_trainer:Counted", *extra]
+    return launch(args, cwd=tmp_path, data_dir=data_dir, env=env)
+
+
+def _imported(imports: Path) -> set[str]:
+    return {p.name for p in imports.iterdir() if p.name != "built"}
+
+
+def test_a_fresh_launch_imports_the_trainer_once_for_its_checks_and_its_preflight(tmp_path, data_dir, counted):
+    imports, env = counted
+    res = _launch(tmp_path, data_dir, env, "counted-r1", "search.n_trials=2", "search.dry_run=true")
     assert res.returncode == 0, res.stdout + res.stderr
-    imported = [p.name for p in imports.iterdir() if p.name != "built"]
-    assert len(imported) == 1  # the trainer checks and the preflight: one child, one import
-    assert set((imports / "built").read_text().split()) == set(imported)  # and the preflight ran in it
+    assert len(_imported(imports)) == 1  # the trainer checks and the preflight: one child, one import
+    assert set((imports / "built").read_text().split()) == _imported(imports)  # and the preflight ran in it
+
+
+def test_a_failing_preflight_still_speaks_after_the_launch_s_other_refusals_and_never_on_a_relaunch(tmp_path, data_dir, counted):
+    imports, env = counted
+    shared = f"checkpoint.dir={tmp_path / 'ckpt'}"
+    assert _launch(tmp_path, data_dir, env, "first-r1", "search.n_trials=0", shared).returncode == 0  # frozen; its checkpoints marked
+    failing = {**env, "FAIL_BUILD": "1"}
+    res = _launch(tmp_path, data_dir, failing, "second-r1", "search.n_trials=0", shared)
+    assert res.returncode == 2 and "built to fail" not in res.stderr, res.stderr  # another search's checkpoints: said first, as before
+    assert "holds the checkpoints of search" in res.stderr and "first-r1" in res.stderr, res.stderr
+    res = _launch(tmp_path, data_dir, failing, "second-r1", "search.n_trials=0")
+    assert res.returncode == 2 and "the space's low corner" in res.stderr and "built to fail" in res.stderr, res.stderr
+    before = _imported(imports)
+    res = _launch(tmp_path, data_dir, failing, "first-r1", "search.n_trials=0", shared)  # frozen: no preflight to fail
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert len(_imported(imports) - before) == 1  # its trainer checks alone

@@ -13,7 +13,7 @@ parent checks like any other input (a code digest that is not the copy's is ``re
 the freeze); a reach for a protected file is ``reject:final_partition`` (exit 3); the trainer's own
 error is its line (exit 2), as it would have been in the parent.
 
-Must not: return anything but JSON values, or run ``fn`` unfenced when the fence cannot be armed.
+Must not: return anything but JSON values, or run a stage unfenced when the fence cannot be armed.
 """
 
 from __future__ import annotations
@@ -129,15 +129,20 @@ def _read(fd: int) -> bytes:
 
 def _frames(data: bytes) -> dict[int, dict[str, Any] | None]:
     """Each stage's answer by its number; lines that are not answers (trainer code wrote them) are
-    passed over, and a stage answered twice has no answer: one of the two was not the child's."""
+    passed over. A stage answered twice has no answer (one of the two was not the child's), unless
+    either names a fence trip: a forged line cannot turn a trip into a plain error."""
     frames: dict[int, dict[str, Any] | None] = {}
     for line in data.split(b"\n"):
         try:
             frame = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # nested past the parser's depth: not an answer either
             continue
-        if isinstance(frame, dict) and isinstance(stage := frame.get("stage"), int):
-            frames[stage] = None if stage in frames else frame
+        if not isinstance(frame, dict) or not isinstance(stage := frame.get("stage"), int):
+            continue
+        if stage in frames:
+            trips = [t for f in (frames[stage], frame) if f for t in (f.get("tripped") or [])]
+            frame = {"stage": stage, "tripped": trips} if trips else None
+        frames[stage] = frame
     return frames
 
 

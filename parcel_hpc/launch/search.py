@@ -119,7 +119,7 @@ class SearchLaunch:
             raise UsageError(f"search.n_trials={n_trials} must be >= 0")
         # Validates every input file before anything is written; a search not yet frozen is tried by
         # the preflight in the trainer checks' child, its error said where the preflight stands below.
-        contract, preflight_answer = build_contract_ahead(cfg, preflight_ahead() if not (path / "contract.json").exists() else None)
+        contract, preflight_answer = build_contract_ahead(cfg, preflight_ahead() if _not_yet_frozen(path) else None)
         search = SearchDir(path)
         ownership.require_own_search(path, launch=True)  # another user's, or one others may write: refused before reading it
         ownership.require_closed_root(path.parent, allowed=bool(cfg["search"]["allow_renames_in_root"]))  # where others could rename it away
@@ -352,25 +352,34 @@ def _candidates(search: SearchDir, contract: Contract, n_trials: int, proposer: 
         yield from (search.spec(tid) for tid in search.trial_ids())
 
 
+PREFLIGHT = "the launch's preflight"
+
+
+def _not_yet_frozen(path: Path) -> bool:
+    """Whether a launch will run the preflight; unsure (a folder it may not read) is no: the
+    ownership check says why a little later, and the preflight then runs alone if it is needed."""
+    try:
+        return not (path / "contract.json").exists()
+    except OSError:
+        return False
+
+
 def trainers_of(contract: Contract) -> list[Mapping[str, Any]]:
     """Every trainer whose code the search runs: the search's, and a baseline's trainer of its own."""
     own = contract["selection"]["baseline"].get("trainer")
     return [contract["trainer"]] + ([own] if own and own != contract["trainer"] else [])
 
 
-PREFLIGHT = "the launch's preflight"
-
-
-def preflight_checks(cfg: Mapping[str, Any], contract: Contract, ahead: fence.StageAnswer | None = None) -> list[str]:
+def preflight_checks(cfg: Mapping[str, Any], contract: Contract, answered: fence.StageAnswer | None = None) -> list[str]:
     """The trainer built, stepped, saved, loaded and asked to predict at the space's corners, and the
     baseline's trainer with its params, on a few examples, before the first freeze
     (``trainer/preflight.py``): exit 2 with the trainer's own message. What it tried, as words.
     The examples are read here; the trainer's code runs in a child fenced from the final partition's
-    files: the trainer checks' own when ``ahead`` is its answer (``preflight_ahead``), else one of its own."""
-    if ahead is not None:
-        answer = ahead.result()  # the preflight's error, raised here as if it had run here
-        if answer["contract"] == contract.digest:  # tried on the contract this launch built
-            return cast(list[str], answer["tried"])
+    files: the trainer checks' own when ``answered`` is its answer there (``preflight_ahead``), else one of its own."""
+    if answered is not None:
+        answer = answered.result()  # the preflight's error, raised here as if it had run here
+        if isinstance(answer, dict) and answer.get("contract") == contract.digest and isinstance(answer.get("tried"), list):
+            return [str(what) for what in answer["tried"]]  # tried on the contract this launch built
     return cast(list[str], fence.run_fenced(protected_of(cfg), PREFLIGHT, _preflight, contract, _examples(cfg)))
 
 

@@ -93,8 +93,8 @@ def build_contract_ahead(cfg: Mapping[str, Any], ahead: Ahead | None) -> tuple[C
         try:
             fields = _fields(cfg, snapshot_digest, split)
             after = ahead[1](cfg)
-        except (UsageError, GovernanceRefusal):
-            fields = after = None  # said below, after the trainer checks, as a launch always said it
+        except Exception:  # said again below, or by the preflight alone: in the order a launch always said it
+            fields = after = None
 
     def stages() -> Iterator[Any]:
         checked = _trainer_checks(cfg)
