@@ -53,11 +53,11 @@ def run(args: argparse.Namespace) -> int:
     snapshot, split = conformance.data_files(args.data)
     cfg = _composed(args.target, args.overrides, snapshot, split)
     from parcel_hpc.launch.search import preflight_ahead, preflight_checks
-    from parcel_hpc.propose.specs import build_contract_ahead, space_of
+    from parcel_hpc.propose.specs import build_contract, space_of
     from parcel_hpc.trainer.preflight import corners
 
     # The launch's checks (the space against the declared parameters) and its preflight, in one child.
-    contract, ahead = build_contract_ahead(cfg, preflight_ahead())
+    contract, ahead = build_contract(cfg, preflight_ahead())
     tried = preflight_checks(cfg, contract, ahead)
     console = make_console()
     console.print(f"space and baseline: every parameter taken, none left out; preflight passed at {', '.join(tried)}", markup=False, highlight=False)

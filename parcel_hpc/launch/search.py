@@ -41,7 +41,7 @@ from parcel_hpc.propose.proposals import Proposer
 from parcel_hpc.propose.space import normalize
 from parcel_hpc.propose.specs import (
     Ahead,
-    build_contract_ahead,
+    build_contract,
     check_policy,
     ensure_writable,
     history_free_specs,
@@ -119,7 +119,7 @@ class SearchLaunch:
             raise UsageError(f"search.n_trials={n_trials} must be >= 0")
         # Validates every input file before anything is written; a search not yet frozen is tried by
         # the preflight in the trainer checks' child, its error said where the preflight stands below.
-        contract, preflight_answer = build_contract_ahead(cfg, preflight_ahead() if _not_yet_frozen(path) else None)
+        contract, preflight_answer = build_contract(cfg, preflight_ahead() if _not_yet_frozen(path) else None)
         search = SearchDir(path)
         ownership.require_own_search(path, launch=True)  # another user's, or one others may write: refused before reading it
         ownership.require_closed_root(path.parent, allowed=bool(cfg["search"]["allow_renames_in_root"]))  # where others could rename it away
@@ -384,7 +384,7 @@ def preflight_checks(cfg: Mapping[str, Any], contract: Contract, answered: fence
 
 
 def preflight_ahead() -> Ahead:
-    """The preflight as a step of the trainer checks' child (``build_contract_ahead``): the examples
+    """The preflight as a step of the trainer checks' child (``build_contract``): the examples
     read in this process before that child forks, the trainer's code imported once for both."""
 
     def prepared(cfg: Mapping[str, Any]) -> Callable[[Contract], dict[str, Any]]:

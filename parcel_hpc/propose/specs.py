@@ -64,11 +64,7 @@ TRAINER_CHECKS = "the launch's trainer checks"
 Ahead = tuple[str, Callable[[Mapping[str, Any]], Callable[[Contract], Any]]]
 
 
-def build_contract(cfg: Mapping[str, Any]) -> Contract:
-    return build_contract_ahead(cfg, None)[0]
-
-
-def build_contract_ahead(cfg: Mapping[str, Any], ahead: Ahead | None) -> tuple[Contract, fence.StageAnswer | None]:
+def build_contract(cfg: Mapping[str, Any], ahead: Ahead | None) -> tuple[Contract, fence.StageAnswer | None]:
     """The contract, and ``ahead``'s answer (None: not run; run it alone when it is needed). The
     answer raises its own error only when asked, where the step would have run on its own."""
     snap, split_cfg = cfg["snapshot"], cfg["split"]
