@@ -83,14 +83,15 @@ def build_contract(cfg: Mapping[str, Any], ahead: Ahead | None) -> tuple[Contrac
         raise UsageError(
             f"split file {split_path} holds revision {split.revision!r}, config says {split_cfg['revision']!r}; point split.path at the right file"
         )
+    whats = [TRAINER_CHECKS]
     fields: dict[str, Any] | None = None
     after = None
     if ahead is not None:
         try:
-            fields = _fields(cfg, snapshot_digest, split)
-            after = ahead[1](cfg)
+            fields, after = _fields(cfg, snapshot_digest, split), ahead[1](cfg)
+            whats.append(ahead[0])
         except Exception:  # said again below, or by the preflight alone: in the order a launch always said it
-            fields = after = None
+            pass
 
     def stages() -> Iterator[Any]:
         checked = _trainer_checks(cfg)
@@ -101,7 +102,6 @@ def build_contract(cfg: Mapping[str, Any], ahead: Ahead | None) -> tuple[Contrac
     # The trainer's code runs here for the first time (its import): in a child fenced from the final
     # partition's files, whose answer is data. A gate or baseline that cannot be applied is bad input
     # now, not after 82 trials at `parcel-hpc select`.
-    whats = [TRAINER_CHECKS] + ([ahead[0]] if ahead is not None and after is not None else [])
     answers = fence.run_fenced_stages(protected_of(cfg), whats, stages)
     checked = answers[0].result()
     contract = _contract(fields if fields is not None else _fields(cfg, snapshot_digest, split), checked)
