@@ -13,7 +13,7 @@ from parcel_hpc.errors import UsageError
 from parcel_hpc.fence import Protected, run_fenced_stages
 from parcel_hpc.fence.child import _frames
 from parcel_hpc.governance.outcome import GovernanceRefusal, Outcome
-from parcel_hpc.testing import launch
+from parcel_hpc.testing import launch, parcel_hpc
 
 ENDED = "the trainer's code ended the fenced process before it answered"
 
@@ -151,3 +151,19 @@ def test_a_failing_preflight_still_speaks_after_the_launch_s_other_refusals_and_
     res = _launch(tmp_path, data_dir, failing, "first-r1", "search.n_trials=0", shared)  # frozen: no preflight to fail
     assert res.returncode == 0, res.stdout + res.stderr
     assert len(_imported(imports) - before) == 1  # its trainer checks alone
+
+
+def test_check_trainer_imports_the_trainer_once_for_the_launch_s_checks_its_preflight_and_the_conformance_check(data_dir, counted):
+    """The three in one fenced child: one import, every build in it; a build that fails is said by the
+    preflight, the first to build, and the conformance check is not run after it."""
+    imports, env = counted
+    res = parcel_hpc(["check-trainer", "counted_trainer:Counted", "--data", str(data_dir), "--steps", "2"], env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "preflight passed" in res.stdout and "serving parity" in res.stdout, res.stdout
+    assert len(_imported(imports)) == 1  # the checks, the preflight and the conformance check: one child, one import
+    builds = (imports / "built").read_text().split()
+    assert set(builds) == _imported(imports) and len(builds) > 2  # the corners' builds and the conformance check's, all there
+    before = _imported(imports)
+    res = parcel_hpc(["check-trainer", "counted_trainer:Counted", "--data", str(data_dir)], env={**env, "FAIL_BUILD": "1"})
+    assert res.returncode == 2 and "the space's low corner" in res.stderr and "built to fail" in res.stderr, res.stderr
+    assert "serving parity" not in res.stdout and len(_imported(imports) - before) == 1  # said once, by the preflight

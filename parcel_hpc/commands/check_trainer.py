@@ -7,12 +7,18 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from parcel_hpc.console import make_console
 from parcel_hpc.errors import UsageError
 from parcel_hpc.trainer import conformance
+
+if TYPE_CHECKING:
+    from parcel_hpc.fence import StageAnswer
+    from parcel_hpc.governance.contract import Contract
+    from parcel_hpc.propose.specs import Ahead
 
 READ_ONLY = False  # reads no search; it builds and steps the trainer, which may write where it likes
 
@@ -53,24 +59,48 @@ def run(args: argparse.Namespace) -> int:
     snapshot, split = conformance.data_files(args.data)
     cfg = _composed(args.target, args.overrides, snapshot, split)
     from parcel_hpc.launch.search import preflight_ahead, preflight_checks
-    from parcel_hpc.propose.specs import build_contract, space_of
-    from parcel_hpc.trainer.preflight import corners
+    from parcel_hpc.propose.specs import build_contract
 
-    # The launch's checks (the space against the declared parameters) and its preflight, in one child.
-    contract, ahead = build_contract(cfg, preflight_ahead())
-    tried = preflight_checks(cfg, contract, ahead)
+    # The launch's checks (the space against the declared parameters), its preflight and the
+    # conformance check, in one fenced child: the trainer's code is imported once for all three.
+    contract, (preflight, checked) = build_contract(cfg, [preflight_ahead(), _conformance_ahead(args, params)])
+    tried = preflight_checks(cfg, contract, preflight)
     console = make_console()
     console.print(f"space and baseline: every parameter taken, none left out; preflight passed at {', '.join(tried)}", markup=False, highlight=False)
-    ok = conformance.run(
-        args.target,
-        args.data,
-        params or corners(space_of(contract)[0])[0],
-        seed=args.seed,
-        steps=args.steps,
-        preprocessing=cfg["preprocessing"],
-        console=console,
-    )
-    return 0 if ok else 1
+    findings = _findings(checked, contract.digest)
+    if findings is None:  # not run ahead (its data could not be read there), or answered with something else
+        check = conformance.prepared(args.target, args.data, seed=args.seed, steps=args.steps, preprocessing=cfg["preprocessing"])
+        findings = conformance.run_alone(check, _conformance_params(params, contract), args.target, args.data)
+    return 0 if conformance.show(args.target, args.data, findings, console) else 1
+
+
+CONFORMANCE = "the conformance check"
+
+
+def _conformance_ahead(args: argparse.Namespace, params: dict[str, object]) -> Ahead:
+    """The conformance check as the last step of the launch's trainer-checks child (``build_contract``)."""
+
+    def prepared(cfg: Mapping[str, Any]) -> Callable[[Contract], dict[str, Any]]:
+        check = conformance.prepared(args.target, args.data, seed=args.seed, steps=args.steps, preprocessing=cfg["preprocessing"])
+        return lambda contract: {"contract": contract.digest, "findings": check(_conformance_params(params, contract))}
+
+    return CONFORMANCE, prepared
+
+
+def _conformance_params(params: dict[str, object], contract: Contract) -> Mapping[str, Any]:
+    """``--param``'s, or the space's low corner."""
+    from parcel_hpc.propose.specs import space_of
+    from parcel_hpc.trainer.preflight import corners
+
+    return params or corners(space_of(contract)[0])[0]
+
+
+def _findings(answered: StageAnswer | None, digest: str) -> list[conformance.Finding] | None:
+    """The findings the check answered ahead on this contract; None where it has none to give."""
+    if answered is None:
+        return None
+    answer = answered.result()  # its error (the trainer's, a fence trip), raised here as if it had run alone
+    return conformance.findings_of(answer.get("findings")) if isinstance(answer, dict) and answer.get("contract") == digest else None
 
 
 def _composed(target: str, overrides: list[str], snapshot: Path, split: Path) -> dict[str, Any]:

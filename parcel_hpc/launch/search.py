@@ -119,7 +119,8 @@ class SearchLaunch:
             raise UsageError(f"search.n_trials={n_trials} must be >= 0")
         # Validates every input file before anything is written; a search not yet frozen is tried by
         # the preflight in the trainer checks' child, its error said where the preflight stands below.
-        contract, preflight_answer = build_contract(cfg, preflight_ahead() if _not_yet_frozen(path) else None)
+        contract, answers = build_contract(cfg, [preflight_ahead()] if _not_yet_frozen(path) else [])
+        preflight_answer = answers[0] if answers else None
         search = SearchDir(path)
         ownership.require_own_search(path, launch=True)  # another user's, or one others may write: refused before reading it
         ownership.require_closed_root(path.parent, allowed=bool(cfg["search"]["allow_renames_in_root"]))  # where others could rename it away

@@ -7,7 +7,7 @@ names the file and the fix.
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,9 +64,10 @@ TRAINER_CHECKS = "the launch's trainer checks"
 Ahead = tuple[str, Callable[[Mapping[str, Any]], Callable[[Contract], Any]]]
 
 
-def build_contract(cfg: Mapping[str, Any], ahead: Ahead | None) -> tuple[Contract, fence.StageAnswer | None]:
-    """The contract, and ``ahead``'s answer (None: not run; run it alone when it is needed). The
-    answer raises its own error only when asked, where the step would have run on its own."""
+def build_contract(cfg: Mapping[str, Any], ahead: Sequence[Ahead] = ()) -> tuple[Contract, list[fence.StageAnswer | None]]:
+    """The contract, and an answer for each step of ``ahead``, run in turn (None: not run, as a step
+    after one that failed or could not be prepared; run it alone when it is needed). An answer
+    raises its own error only when asked, where the step would have run on its own."""
     snap, split_cfg = cfg["snapshot"], cfg["split"]
     snapshot_path = Path(snap["path"])
     if not snapshot_path.is_file():
@@ -85,19 +86,23 @@ def build_contract(cfg: Mapping[str, Any], ahead: Ahead | None) -> tuple[Contrac
         )
     whats = [TRAINER_CHECKS]
     fields: dict[str, Any] | None = None
-    after = None
-    if ahead is not None:
-        try:
-            fields, after = _fields(cfg, snapshot_digest, split), ahead[1](cfg)
-            whats.append(ahead[0])
-        except Exception:  # said again below, or by the preflight alone: in the order a launch always said it
-            pass
+    after: list[Callable[[Contract], Any]] = []
+    try:
+        if ahead:
+            fields = _fields(cfg, snapshot_digest, split)
+        for what, prepare in ahead:
+            after.append(prepare(cfg))
+            whats.append(what)
+    except Exception:  # said again below, or by the step alone: in the order a launch always said it
+        pass
 
     def stages() -> Iterator[Any]:
         checked = _trainer_checks(cfg)
         yield checked
-        if fields is not None and after is not None:
-            yield after(_contract(fields, checked))
+        if fields is not None and after:
+            contract = _contract(fields, checked)
+            for step in after:
+                yield step(contract)
 
     # The trainer's code runs here for the first time (its import): in a child fenced from the final
     # partition's files, whose answer is data. A gate or baseline that cannot be applied is bad input
@@ -105,7 +110,7 @@ def build_contract(cfg: Mapping[str, Any], ahead: Ahead | None) -> tuple[Contrac
     answers = fence.run_fenced_stages(protected_of(cfg), whats, stages)
     checked = answers[0].result()
     contract = _contract(fields if fields is not None else _fields(cfg, snapshot_digest, split), checked)
-    return contract, (answers[1] if len(answers) > 1 else None)
+    return contract, [*answers[1:], *[None] * (len(ahead) + 1 - len(answers))]
 
 
 def _fields(cfg: Mapping[str, Any], snapshot_digest: str, split: data.Split) -> dict[str, Any]:

@@ -219,16 +219,42 @@ def data_files(data_dir: Path) -> tuple[Path, Path]:
     return snapshot, split
 
 
-def run(target: str, data_dir: Path, params: Mapping[str, Any], *, seed: int, steps: int, preprocessing: Mapping[str, Any], console: Console) -> bool:
-    """``parcel-hpc check-trainer``: load the snapshot and split in ``data_dir``, check, print; all passed?"""
+def prepared(target: str, data_dir: Path, *, seed: int, steps: int, preprocessing: Mapping[str, Any]) -> Callable[[Mapping[str, Any]], list[dict[str, Any]]]:
+    """The check made ready in this process (the snapshot and split in ``data_dir`` read here, unfenced),
+    to run with the parameters it is given where trainer code may run: a child fenced from the final
+    partition's files (``check-trainer`` runs it after the launch's checks, in their child). Its
+    findings as JSON values (``findings_of`` reads them back)."""
     snapshot, split = data_files(data_dir)
     # On the GPUs CUDA_VISIBLE_DEVICES names, as a worker given them would run; none named: the CPU.
     data = replace(load_training_data(snapshot, read_split(split), preprocessing), devices=Devices.from_env(None, os.environ.get("CUDA_VISIBLE_DEVICES", "")))
+    return lambda params: [asdict(f) for f in check_trainer(trainer_class(target), data, params, seed=seed, steps=steps)]
 
-    def checked() -> list[dict[str, Any]]:  # trainer code: in a child fenced from the final partition's files
-        return [asdict(f) for f in check_trainer(trainer_class(target), data, params, seed=seed, steps=steps)]
 
-    findings = [Finding(**f) for f in run_fenced(Protected.of(split, snapshot), f"check-trainer {target}", checked)]
+def findings_of(answer: Any) -> list[Finding] | None:
+    """The findings in a fenced child's answer; None where it is not a list of findings (trainer code
+    shares that child's pipe: an answer is checked like any input)."""
+    if not isinstance(answer, list):
+        return None
+    try:
+        found = [Finding(**f) for f in answer]
+    except TypeError:
+        return None
+    typed = all(isinstance(f.check, str) and isinstance(f.ok, bool) and isinstance(f.detail, str) for f in found)
+    return found if typed else None
+
+
+def run_alone(check: Callable[[Mapping[str, Any]], list[dict[str, Any]]], params: Mapping[str, Any], target: str, data_dir: Path) -> list[Finding]:
+    """``check`` run with ``params`` in a child of its own, fenced from the final partition's files."""
+    snapshot, split = data_files(data_dir)
+    answer = run_fenced(Protected.of(split, snapshot), f"check-trainer {target}", check, params)
+    found = findings_of(answer)
+    if found is None:
+        raise UsageError(f"check-trainer {target}: the fenced check answered {type(answer).__name__}, not its findings; run it again")
+    return found
+
+
+def show(target: str, data_dir: Path, findings: list[Finding], console: Console) -> bool:
+    """The findings as a table; all passed?"""
     table = Table(title=f"{safe(target)} on {safe(data_dir)}", title_justify="left")
     for column in ("check", "", "detail"):
         table.add_column(column)
