@@ -79,6 +79,11 @@ class Preprocessor:
         for arr in (self.mean, self.std):  # shared by the trials of a pack: nobody may change them
             arr.flags.writeable = False
 
+    @staticmethod
+    def check(revision: str, k: int, frames: np.ndarray) -> None:
+        """The revision and pool applied to ``frames`` (one is enough): their ``UsageError`` where they cannot be."""
+        _extractor(revision)(frames.astype(np.float64), k)
+
     @classmethod
     def fit_transform(cls, revision: str, k: int, train_images: np.ndarray) -> tuple[Preprocessor, np.ndarray]:
         """Fit on the train images (validation statistics must not leak into training); their features."""

@@ -2,7 +2,9 @@
 
 Owns ``TrainingData``: the train and validation partitions of the pinned split, each with its raw
 images, the pinned preprocessing's features (fitted on train only), labels and slice columns
-(damage type, camera class, shipment). A trainer never receives a path. Asking for the final
+(damage type, camera class, shipment). A trainer never receives a path. The preprocessing is fitted
+when a trainer first asks for a feature or its statistics: one that learns its own features from the
+images (every torch example here) never pays for a fit it does not use, on every trial. Asking for the final
 partition raises ``FinalPartitionRefused`` and is remembered even when the trainer catches it:
 the worker then records the trial ``rejected``.
 
@@ -15,8 +17,10 @@ Must not: open the final partition, or let a trainer reach the snapshot's files 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -92,7 +96,7 @@ class Examples:
     """One partition as read-only arrays, one entry per frame."""
 
     images: np.ndarray  # float32 (n, H, W) in 0..1: the raw frames (for trainers that learn their own features)
-    features: np.ndarray  # float64 (n, d): the pinned preprocessing, fitted on the train partition
+    _features: np.ndarray | Callable[[], np.ndarray]  # ``features``, or how to make them when first asked
     labels: np.ndarray  # bool (n,): needs_review
     damage_type: np.ndarray  # str (n,): slice column
     camera_class: np.ndarray  # str (n,): slice column
@@ -101,6 +105,11 @@ class Examples:
     def __len__(self) -> int:
         return len(self.labels)
 
+    @property
+    def features(self) -> np.ndarray:
+        """float64 (n, d): the pinned preprocessing, fitted on the train partition."""
+        return self._features if isinstance(self._features, np.ndarray) else self._features()
+
     @classmethod
     def none(cls, frame_shape: tuple[int, int], width: int) -> Examples:
         """No examples, with the shapes and dtypes of real ones: what a served trainer is built with."""
@@ -108,10 +117,48 @@ class Examples:
         return cls(np.zeros((0, *frame_shape), np.float32), np.zeros((0, width)), np.zeros(0, bool), text, text, text)
 
     @classmethod
-    def of(cls, part: Partition, features: np.ndarray) -> Examples:
-        features = np.asarray(features)
-        features.flags.writeable = False
+    def of(cls, part: Partition, features: np.ndarray | Callable[[], np.ndarray]) -> Examples:
+        if not callable(features):
+            features = np.asarray(features)
+            features.flags.writeable = False
         return cls(part.images, features, part.labels, part.damage_type, part.camera_class, part.shipment_id)
+
+
+class Fit:
+    """The pinned preprocessing fitted on a train partition's images, with both partitions' features:
+    made once, by whichever thread asks first. Its revision and pool are checked on one frame when it
+    is made, so a bad one is said where the data is loaded, not at the first feature."""
+
+    def __init__(self, preprocessing: Mapping[str, Any], train_images: np.ndarray, validation_images: np.ndarray) -> None:
+        self.revision, self.pool = str(preprocessing["revision"]), int(preprocessing["pool"])
+        Preprocessor.check(self.revision, self.pool, train_images[:1] if len(train_images) else validation_images[:1])
+        self._images: tuple[np.ndarray, np.ndarray] | None = (train_images, validation_images)
+        self._lock = threading.Lock()
+        self._fitted: tuple[Preprocessor, np.ndarray, np.ndarray] | None = None
+
+    def fitted(self) -> tuple[Preprocessor, np.ndarray, np.ndarray]:
+        """The preprocessor and the train and validation features (read-only)."""
+        with self._lock:
+            if self._fitted is None:
+                train, validation = self._images  # type: ignore[misc]  # set until fitted
+                preprocessor, x_train = Preprocessor.fit_transform(self.revision, self.pool, train)
+                x_validation = preprocessor(validation)
+                for arr in (x_train, x_validation):
+                    arr.flags.writeable = False
+                self._fitted, self._images = (preprocessor, x_train, x_validation), None
+            return self._fitted
+
+    def features(self, partition: str) -> np.ndarray:
+        _, train, validation = self.fitted()
+        return train if partition == "train" else validation
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (a trainer handing its data to a process it spawns): fitted, with no lock."""
+        return {"revision": self.revision, "pool": self.pool, "fitted": self.fitted()}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.revision, self.pool, self._fitted = state["revision"], state["pool"], state["fitted"]
+        self._images, self._lock = None, threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -120,7 +167,7 @@ class TrainingData:
 
     train: Examples
     validation: Examples
-    preprocessing: Preprocessor  # apply it to raw images in a serving path; keep its ``arrays()`` in the state
+    _preprocessing: Preprocessor | Fit  # ``preprocessing``, or the fit that makes it when first asked
     split_revision: str
     devices: Devices = Devices()  # the GPUs this attempt may use (parcel_hpc.trainer.torch.device picks them)
     budget: Budget = Budget()  # the steps, milestones and checkpoint cadence of the trial it trains
@@ -139,9 +186,14 @@ class TrainingData:
             )
         raise KeyError(f"partition {name!r} is unknown; use 'train' or 'validation'")
 
+    @property
+    def preprocessing(self) -> Preprocessor:
+        """The fitted preprocessing: apply it to raw images in a serving path; keep its ``arrays()`` in the state."""
+        return self._preprocessing.fitted()[0] if isinstance(self._preprocessing, Fit) else self._preprocessing
+
     def without_examples(self) -> TrainingData:
         """``serving_data`` for this data's frames and preprocessing: what its trainer is served with."""
-        spec = {"revision": self.preprocessing.revision, "pool": self.preprocessing.pool}
+        spec = {"revision": self._preprocessing.revision, "pool": self._preprocessing.pool}
         _, height, width = self.validation.images.shape
         return serving_data((height, width), spec, self.split_revision)
 
@@ -169,8 +221,12 @@ def load_training_data(
     """
     train = load_partition(snapshot_path, split, "train", verify_digest=verify_digest, fold=fold)
     validation = load_partition(snapshot_path, split, "validation", verify_digest=False, fold=fold)  # the same file, just verified
-    fitted, x_train = Preprocessor.fit_transform(str(preprocessing["revision"]), int(preprocessing["pool"]), train.images)
-    return TrainingData(Examples.of(train, x_train), Examples.of(validation, fitted(validation.images)), fitted, split.revision)
+    return _fitted_when_asked(train, validation, preprocessing, split.revision)
+
+
+def _fitted_when_asked(train: Partition, validation: Partition, preprocessing: Mapping[str, Any], split_revision: str) -> TrainingData:
+    fit = Fit(preprocessing, train.images, validation.images)
+    return TrainingData(Examples.of(train, partial(fit.features, "train")), Examples.of(validation, partial(fit.features, "validation")), fit, split_revision)
 
 
 def load_refit_data(snapshot_path: str | os.PathLike, split: Split, preprocessing: Mapping[str, Any]) -> TrainingData:
@@ -197,5 +253,4 @@ def load_refit_data(snapshot_path: str | os.PathLike, split: Split, preprocessin
         parcel_id=joined("parcel_id"),
         frame=joined("frame"),
     )
-    fitted, x_train = Preprocessor.fit_transform(str(preprocessing["revision"]), int(preprocessing["pool"]), train.images)
-    return TrainingData(Examples.of(train, x_train), Examples.of(validation, fitted(validation.images)), fitted, split.revision)
+    return _fitted_when_asked(train, validation, preprocessing, split.revision)

@@ -38,15 +38,29 @@ def corners(space: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
     return [low] if low == high else [low, high]
 
 
+class _Picked:
+    """The features of a few of a partition's examples: the whole train partition's fit, made only if
+    the trainer asks for a feature (it pickles, as the data it stands in for does)."""
+
+    def __init__(self, part: Examples, idx: np.ndarray) -> None:
+        self._part, self._idx = part, idx
+        self._picked: np.ndarray | None = None
+
+    def __call__(self) -> np.ndarray:
+        if self._picked is None:
+            picked = self._part.features[self._idx]
+            picked.flags.writeable = False
+            self._picked = picked
+        return self._picked
+
+
 def few_examples(data: TrainingData, n: int = EXAMPLES) -> TrainingData:
     """``n`` examples of each partition, both classes where the partition has them."""
 
     def pick(part: Examples) -> Examples:
         positives, negatives = np.flatnonzero(part.labels), np.flatnonzero(~part.labels)
         idx = np.sort(np.concatenate([positives[: n // 2], negatives[: n - min(n // 2, len(positives))]]))
-        features = part.features[idx]
-        features.flags.writeable = False
-        return Examples(part.images[idx], features, part.labels[idx], part.damage_type[idx], part.camera_class[idx], part.shipment_id[idx])
+        return Examples(part.images[idx], _Picked(part, idx), part.labels[idx], part.damage_type[idx], part.camera_class[idx], part.shipment_id[idx])
 
     return replace(data, train=pick(data.train), validation=pick(data.validation), _asked_for_final=[])
 
