@@ -196,29 +196,32 @@ def _leaves(node, prefix=""):
         yield prefix.rstrip("."), node
 
 
-COMPOSED = [_composed(o) for o in _every_option()]
+@pytest.fixture(scope="module")
+def composed() -> list[dict]:
+    """Every option composed, once, by the worker that runs these tests (not by every one that collects them)."""
+    return [_composed(o) for o in _every_option()]
 
 
-def test_every_number_of_every_group_option_has_a_range():
+def test_every_number_of_every_group_option_has_a_range(composed):
     """A numeric key added to conf/ or config.py without a range in validation.NUMBERS fails here."""
     unranged = set()
-    for cfg in COMPOSED:
+    for cfg in composed:
         for key, _ in validation.numbers(cfg):
             if validation.rule_for(key) is None and key not in validation.UNITS and not key.startswith(validation.PARAMETERS):
                 unranged.add(key)
     assert not unranged, f"numeric keys with no range in validation.NUMBERS: {sorted(unranged)}"
-    assert len(COMPOSED) > 25 and any(k == "sampler.n_ei_candidates" for cfg in COMPOSED for k, _ in validation.numbers(cfg))
+    assert len(composed) > 25 and any(k == "sampler.n_ei_candidates" for cfg in composed for k, _ in validation.numbers(cfg))
 
 
-def test_every_range_names_a_key_some_option_has():
-    present = {key for cfg in COMPOSED for key, _ in _leaves(cfg)}
+def test_every_range_names_a_key_some_option_has(composed):
+    present = {key for cfg in composed for key, _ in _leaves(cfg)}
     parents = {key.rpartition(".")[0] for key in present}
     stale = [k for k in validation.NUMBERS if k.replace("[]", "") not in present and not (k.endswith(".*") and k[:-2] in parents)]
     assert not stale, stale
 
 
-def test_every_group_option_passes_its_own_ranges():
-    for cfg in COMPOSED:
+def test_every_group_option_passes_its_own_ranges(composed):
+    for cfg in composed:
         if "???" not in str(cfg):  # an option that needs a value given (image=archive's path)
             validation._check_numbers(cfg, cfg["hydra"]["launcher"])
 
