@@ -27,7 +27,7 @@ from parcel_hpc.governance import validation
 from parcel_hpc.governance.admission import admit_proposal
 from parcel_hpc.governance.contract import Contract
 from parcel_hpc.governance.outcome import Outcome
-from parcel_hpc.governance.shape import TrialShape
+from parcel_hpc.governance.shape import ShapePlan
 from parcel_hpc.launch import display
 from parcel_hpc.launch.report import LaunchReport
 from parcel_hpc.launch.slot import SlotTask
@@ -65,7 +65,8 @@ def choose_packing(dispatcher: Dispatcher, search: SearchDir, n_trials: int, sam
     """How many trials a job of this dispatch runs, from the launcher's options and the search's
     history (a slot: its time limit, room for that many trials at their limit)."""
     slotted = sampler is not None and uses_slots(dispatcher, sampler)
-    if (shape := TrialShape.of(dispatcher.settings.resources)).is_gang and not slotted:
+    if (shape := ShapePlan.of(dispatcher.settings.resources).largest).is_gang and not slotted:
+        # A search of several shapes has a gang among them: one a job, so no pack mixes shapes either.
         return packing.Packing(1, f"one a job: a trial of {shape.ranks} ranks is a job of its own")
     if sampler is not None and sampler.learns and not slotted:
         return packing.Packing(1, f"one a job: sampler={sampler.name.value} proposes each trial when a slot frees")

@@ -42,6 +42,9 @@ class Plan(Protocol):
     @property
     def trial_id(self) -> str: ...
 
+    @property
+    def shape(self) -> TrialShape: ...
+
 
 class Task(Protocol):
     """What a dispatcher submits, one job each: a ``worker.TrialTask`` (its trials) or a
@@ -63,6 +66,12 @@ class Submitted:
     trial_id: str  # "" for a slot
     job_id: str  # the trials of one pack share it
     slot: str = ""  # a slot's name: it takes its trials, and journals each one's submission itself
+
+
+def job_shape(task: Task, resources: Mapping[str, Any]) -> TrialShape:
+    """The shape of a task's job: its trials' own (a pack's are all of one shape); a slot's, the
+    launch's ``resources`` (slots run searches of one shape)."""
+    return task.plans[0].shape if task.plans else TrialShape.of(resources)
 
 
 def submitted_of(tasks: Sequence[Task], job_ids: Sequence[str]) -> list[Submitted]:

@@ -11,10 +11,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from parcel_hpc.governance.shape import TrialShape
+
 
 @dataclass(frozen=True)
 class SleepPlan:
     trial_id: str
+    shape: TrialShape = TrialShape()  # the job it runs in: one process
 
 
 class SleepTask:
