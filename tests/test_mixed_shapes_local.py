@@ -5,13 +5,15 @@ tests/test_shape.py."""
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from parcel_hpc.budget import BudgetLedger
 from parcel_hpc.ledger import SearchDir, TrialState
-from parcel_hpc.testing import launch, parcel_hpc
+from parcel_hpc.propose.specs import history_free_specs, plan_for
+from parcel_hpc.testing import launch, parcel_hpc, run_trial_directly
 from parcel_hpc.worker import WorkerPlan
 
 pytest.importorskip("torch")
@@ -117,3 +119,30 @@ def test_reconcile_splits_only_the_gang_s_runs_per_rank_and_charges_each_trial_i
     assert all(len([r for r in report["ranks"] if r["trial_id"] == tid]) == 2 for tid in gangs)
     for line in report["attempts"]:
         assert line["gpus"] == shapes[line["trial_id"]].gpus  # each run charged its own trial's GPUs
+
+
+def test_a_spec_forged_to_another_shape_or_a_job_of_another_world_size_is_rejected_before_anything_is_held(tmp_path, data_dir):
+    """A frozen search of two shapes, two of its width=8 (2-rank) trials proposed but not dispatched:
+    one spec forged to one rank (run, it would be charged one rank), the other honest but run as one
+    process. Each attempt is rejected (reject:resources) before it reserves, claims or trains."""
+    res = launch([f"search.root={tmp_path}", "search.revision=f", "search.n_trials=0", *MIXED_LOOP], cwd=tmp_path, data_dir=data_dir, env=ENV)
+    assert res.returncode == 0, res.stderr[-3000:]
+    search = SearchDir(tmp_path / "f")
+    forged, honest = [s for s in history_free_specs(search.contract(), 0, 8) if s.params["width"] == 8][:2]
+    assert forged.shape.ranks == 2 and honest.shape.ranks == 2
+    search.write_spec(replace(forged, resources={k: v for k, v in forged.resources.items() if k not in ("nodes", "tasks_per_node")}))
+    search.write_spec(honest)
+    cfg = {
+        "snapshot": {"path": str(data_dir / "parcels.h5")},
+        "split": {"path": str(data_dir / "split-group_r8.json")},
+        "image": {"kind": "computed"},
+        "checkpoint": {"dir": str(search.path / "checkpoints"), "every_steps": 10, "keep_last": 2},
+    }
+    for spec in (forged, honest):
+        ran = run_trial_directly(plan_for(search.spec(spec.trial_id), cfg, search.contract(), search.path), env=ENV)
+        assert ran.returncode == 0, ran.stderr[-3000:]
+        record = search.record(spec.trial_id)
+        assert record.state is TrialState.REJECTED and str(record.attempts[-1].outcome) == "reject:resources", record
+        assert not (search.path / "checkpoints" / spec.trial_id).exists()
+    view = BudgetLedger.read(search.path)
+    assert view is None or not view.holds  # nothing was reserved
