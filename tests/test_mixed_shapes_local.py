@@ -42,8 +42,7 @@ ENV = {"PYTHONPATH": str(ROOT / "examples")}
         (["resources.shapes={5:{tasks_per_node:2}}"], "resources.shapes.5={'tasks_per_node': 2} is keyed by a value width does not take"),
         (["resources.shapes={8:{tasks_per_node:0}}"], "resources.shapes.8.tasks_per_node=0 is not a positive whole number"),
         (["resources.shapes={8:{nodes:2}}"], "resources.nodes=2 asks for a trial of 2 ranks"),  # the local executor: one machine
-        (["hydra.launcher.dispatch=slots"], "resources.shape_by='width' gives trials of 2 shapes, and slots run trials of one shape"),
-        (["sampler=tpe"], "set hydra.launcher.dispatch=jobs"),  # auto: slots for a sampler that learns
+        (["sampler=tpe"], "resources.shape_by='width' gives trials of 2 shapes in slots (hydra.launcher.dispatch=auto) with a sampler that learns"),
         (["hydra.launcher.pack_size=2"], "hydra.launcher.pack_size=2 packs trials of 2 ranks"),
     ],
 )
@@ -146,3 +145,24 @@ def test_a_spec_forged_to_another_shape_or_a_job_of_another_world_size_is_reject
         assert not (search.path / "checkpoints" / spec.trial_id).exists()
     view = BudgetLedger.read(search.path)
     assert view is None or not view.holds  # nothing was reserved
+
+
+def test_slots_of_each_shape_take_only_the_trials_of_their_shape(tmp_path, data_dir):
+    """hydra.launcher.dispatch=slots with a fixed list: the launch keeps slots of each shape alive
+    while trials of that shape are queued; each slot's job is of its shape (a 2-rank slot: two
+    processes) and takes only trials of its shape."""
+    args = [f"search.root={tmp_path}", "search.revision=s", "search.n_trials=8", "resources.gpus=0", "hydra.launcher.dispatch=slots", *MIXED_LOOP]
+    res = launch(args, cwd=tmp_path, data_dir=data_dir, env=ENV)
+    assert res.returncode == 0, res.stderr[-3000:]
+    search = SearchDir(tmp_path / "s")
+    slot_jobs = {str(s["job_id"]) for s in search.slot_records()}
+    records = list(search.records())
+    assert {int(r.spec.params["width"]) for r in records} == {4, 8} and all(r.state is TrialState.COMPLETED for r in records)
+    ranks_of_job: dict[str, set[int]] = {}
+    for r in records:
+        (attempt,) = r.attempts
+        assert attempt.job_id in slot_jobs  # taken by a slot
+        ranks_of_job.setdefault(attempt.job_id, set()).add(r.spec.shape.ranks)
+        two_processes = (search.submitit_dir / "local" / f"{attempt.job_id}_1_log.out").exists()
+        assert two_processes == (r.spec.shape.ranks == 2)  # the slot's job is of its trial's shape
+    assert all(len(shapes) == 1 for shapes in ranks_of_job.values())  # no slot ran trials of two shapes

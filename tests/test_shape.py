@@ -16,6 +16,7 @@ from parcel_hpc.governance.validation import check_gang, check_mixed, check_shap
 from parcel_hpc.ledger import Executor
 from parcel_hpc.propose.specs import pinned_resources
 from parcel_hpc.scheduler.registry import backend_of
+from parcel_hpc.scheduler.slots import per_shape
 from parcel_hpc.worker.gang import GangEnv
 
 BUDGET = {"max_trials": 100, "gpu_hours_cap": 1000.0, "cost_cap": 10000.0, "rate_per_gpu_hour": 2.0, "rate_per_cpu_hour": 0.1, "max_retries": 1}
@@ -193,14 +194,28 @@ def test_a_bad_mapping_is_one_line_naming_the_fix(resources, needle):
     assert needle in str(refused.value) and "\n" not in str(refused.value)
 
 
-def test_slots_of_several_shapes_are_refused_and_jobs_of_each_shape_are_not():
+def test_slots_of_several_shapes_take_a_fixed_list_while_the_launch_follows_them():
     mixed, one = ShapePlan.of(MIXED), ShapePlan.of(BASE)
-    for launcher, learns in (({"dispatch": "slots"}, False), ({"dispatch": "auto"}, True)):
-        with pytest.raises(UsageError, match=r"slots run trials of one shape .*set hydra.launcher.dispatch=jobs"):
-            check_mixed(mixed, launcher, learns)
-        check_mixed(one, launcher, learns)  # one shape: slots of it, as before
-    check_mixed(mixed, {"dispatch": "jobs"}, True)  # a learning sampler's proposals, each a job of its own shape
-    check_mixed(mixed, {"dispatch": "auto"}, False)
+    refused = [
+        ({"dispatch": "slots"}, True, True, "with a sampler that learns proposes into slots"),
+        ({"dispatch": "auto"}, True, True, "with a sampler that learns proposes into slots"),
+        ({"dispatch": "slots"}, False, False, "with search.wait=false; set hydra.launcher.dispatch=jobs"),
+    ]
+    for launcher, learns, waits, needle in refused:
+        with pytest.raises(UsageError, match=needle):
+            check_mixed(mixed, launcher, learns, waits)
+        check_mixed(one, launcher, learns, waits)  # one shape: slots of it, as before
+    check_mixed(mixed, {"dispatch": "slots"}, False, True)  # a fixed list: slots of each shape
+    check_mixed(mixed, {"dispatch": "jobs"}, True, True)  # a learning sampler's proposals, each a job of its own shape
+    check_mixed(mixed, {"dispatch": "auto"}, False, False)  # a fixed list in jobs, detached
+
+
+def test_fresh_slots_of_several_shapes_share_the_room_in_turn():
+    a, b, c = TrialShape(1, 1), TrialShape(1, 2), TrialShape(2, 2)
+    assert per_shape({a: 5, b: 1}, {}, 2) == {a: 1, b: 1}  # one each first: b is not starved by a's many
+    assert per_shape({a: 5, b: 1}, {}, 4) == {a: 3, b: 1}
+    assert per_shape({a: 5, b: 1}, {b: 1}, 4) == {a: 4}  # b's one trial has its live slot
+    assert per_shape({a: 1, c: 2}, {a: 3}, 1) == {c: 1} and per_shape({a: 2}, {}, 0) == {}
 
 
 def test_the_worst_case_is_each_known_trial_s_own_shape_and_the_largest_for_trials_not_known_yet():

@@ -512,16 +512,20 @@ def check_shapes(resources: Mapping[str, Any], params: Mapping[str, Mapping[str,
     return ShapePlan.of(resources)
 
 
-def check_mixed(plan: ShapePlan, launcher: Mapping[str, Any], learns: bool) -> None:
-    """Trials of several shapes run each in a job of its own shape: a slot is a job of one shape and
-    cannot know the shape of a trial it has not taken yet (a learning sampler's next proposal), so
-    slots of several shapes are not built."""
-    if plan.mixed and dispatch_option(launcher.get("dispatch")).slotted(learns):
+def check_mixed(plan: ShapePlan, launcher: Mapping[str, Any], learns: bool, waits: bool) -> None:
+    """Trials of several shapes in slots: slots of each shape, each taking only queued trials of its
+    shape. Not for a sampler that learns (a slot cannot know the shape of a proposal it has not made),
+    nor detached (the first slots of each shape would have to hold all of that shape's trials)."""
+    if not plan.mixed or not dispatch_option(launcher.get("dispatch")).slotted(learns):
+        return
+    if learns or not waits:
+        why = "a sampler that learns proposes into slots, and a slot cannot know its next proposal's shape" if learns else "search.wait=false"
         raise bad(
             "resources.shape_by",
             plan.by,
-            f"gives trials of {len(plan.all_shapes())} shapes, and slots run trials of one shape (hydra.launcher.dispatch={launcher.get('dispatch')})",
-            "set hydra.launcher.dispatch=jobs: each trial a job of its own shape",
+            f"gives trials of {len(plan.all_shapes())} shapes in slots (hydra.launcher.dispatch={launcher.get('dispatch')}) with {why}",
+            "set hydra.launcher.dispatch=jobs: each trial a job of its own shape"
+            + ("" if learns else ", or let the launch follow its slots (search.wait=true)"),
         )
 
 

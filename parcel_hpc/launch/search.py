@@ -86,7 +86,7 @@ def from_hydra(config: DictConfig, grammar: Sequence[str]) -> tuple[dict[str, An
     plan = validation.check_shapes(cfg["resources"], cfg["space"]["params"])
     for shape in plan.all_shapes():
         validation.check_gang(shape, launcher, folds, backend_of(kind).gang_refusal(shape))
-    validation.check_mixed(plan, launcher, samplers.from_config(cfg.get("sampler")).learns)
+    validation.check_mixed(plan, launcher, samplers.from_config(cfg.get("sampler")).learns, bool(cfg["search"]["wait"]))
     # A K-fold trial's attempt runs its K fold runs in turn: its limit (the job's, the packed attempt's, and
     # the budget's worst case, every reader of resources.time_limit_min) is K times a fold run's.
     cfg["resources"]["time_limit_min"] = folds * cfg["resources"]["time_limit_min"]

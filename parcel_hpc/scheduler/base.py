@@ -42,9 +42,6 @@ class Plan(Protocol):
     @property
     def trial_id(self) -> str: ...
 
-    @property
-    def shape(self) -> TrialShape: ...
-
 
 class Task(Protocol):
     """What a dispatcher submits, one job each: a ``worker.TrialTask`` (its trials) or a
@@ -55,6 +52,9 @@ class Task(Protocol):
 
     own_limits: bool  # each attempt stops at its own limit (the job's is longer)
     slot: str  # a slot's name; "" for a task handed its trials
+
+    @property
+    def shape(self) -> TrialShape | None: ...  # its job's: its trials' (a pack's share one), a slot's own; None: the launch's
 
     def job_minutes(self, time_limit_min: int) -> int: ...
 
@@ -69,9 +69,8 @@ class Submitted:
 
 
 def job_shape(task: Task, resources: Mapping[str, Any]) -> TrialShape:
-    """The shape of a task's job: its trials' own (a pack's are all of one shape); a slot's, the
-    launch's ``resources`` (slots run searches of one shape)."""
-    return task.plans[0].shape if task.plans else TrialShape.of(resources)
+    """The shape of a task's job: the task's own, else the launch's ``resources`` (a slot of a search of one shape)."""
+    return task.shape or TrialShape.of(resources)
 
 
 def submitted_of(tasks: Sequence[Task], job_ids: Sequence[str]) -> list[Submitted]:

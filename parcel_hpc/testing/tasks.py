@@ -17,7 +17,6 @@ from parcel_hpc.governance.shape import TrialShape
 @dataclass(frozen=True)
 class SleepPlan:
     trial_id: str
-    shape: TrialShape = TrialShape()  # the job it runs in: one process
 
 
 class SleepTask:
@@ -27,6 +26,7 @@ class SleepTask:
         self.started = started  # touched once the job runs, so a test can act on a running job
         self.own_limits = len(self.plans) > 1
         self.slot = ""
+        self.shape = TrialShape()  # one process
 
     def job_minutes(self, time_limit_min: int) -> int:
         return len(self.plans) * time_limit_min

@@ -184,3 +184,21 @@ def test_a_search_of_two_shapes_submits_an_array_per_shape_and_charges_each_tria
         hold = holds[next(k for k in holds if k.trial_id == r.trial_id)]
         assert hold.reserved_gpu_hours == pytest.approx(r.spec.shape.gpus * limit_h, abs=1e-6)  # its own shape's worst case
     assert len(arrays) == 2  # an array's tasks share one shape: one array per shape
+
+
+def test_slots_of_two_shapes_each_take_only_the_trials_of_their_shape(tmp_path, artifacts):
+    """The same search in slots (hydra.launcher.dispatch=slots): slot jobs of each shape, each taking
+    only queued trials of its own shape."""
+    shutil.copytree(artifacts["dir"], tmp_path / "data")
+    base = [o for o in GANG if not o.startswith(("resources.nodes", "resources.tasks_per_node", "search.n_trials", "lr=", "train.steps"))]
+    mixed = ["search.n_trials=8", "lr=choice(0.03,0.1)", "width=choice(4,8)", "train.steps=20", "hydra.launcher.dispatch=slots"]
+    shapes = ["resources.shape_by=width", "resources.shapes={8:{nodes:2,tasks_per_node:2}}"]
+    search = _launch(tmp_path, tmp_path / "data", "slots", *mixed, *shapes, base=base)
+    slot_jobs = {str(s["job_id"]) for s in search.slot_records()}
+    records = list(search.records())
+    assert {int(r.spec.params["width"]) for r in records} == {4, 8} and all(r.state is TrialState.COMPLETED for r in records)
+    for r in records:
+        job = r.attempts[-1].job_id
+        assert job in slot_jobs
+        steps = {line.split("|")[0]: line.split("|")[1:] for line in sh("sacct", "-n", "-P", "-j", job, "-o", "JobID,NNodes,NTasks").splitlines()}
+        assert steps[f"{job}.0"][:2] == (["2", "4"] if r.spec.shape.is_gang else ["1", "1"]), steps  # the slot's job: its trials' shape
