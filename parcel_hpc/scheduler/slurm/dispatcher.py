@@ -24,7 +24,7 @@ from submitit.slurm import slurm as submitit_slurm
 from parcel_hpc import anchor
 from parcel_hpc.budget import AssociationLimit
 from parcel_hpc.errors import ReleaseFailed, SchedulerUnavailable
-from parcel_hpc.governance.shape import TrialShape
+from parcel_hpc.governance.shape import ShapePlan, TrialShape
 from parcel_hpc.identity import SearchIdentity, scheduler_name
 from parcel_hpc.ledger import SearchDir
 from parcel_hpc.ownership import current_user
@@ -196,6 +196,10 @@ class SlurmDispatcher(Dispatcher):
         arrays = -(-len(pack_lengths) // self.limits.max_array_size)
         if arrays > 1:
             script = f"# {len(pack_lengths)} tasks: {arrays} arrays of at most MaxArraySize={self.limits.max_array_size}; the first:\n{script}"
+        plan = ShapePlan.of(self.settings.resources)
+        if plan.mixed:
+            shapes = ", ".join(shape.describe() for shape in plan.all_shapes())
+            script = f"# trials of {len(plan.all_shapes())} shapes ({shapes}): an array per shape, each with its own --nodes, --ntasks-per-node and --gres; the default shape's:\n{script}"
         return script
 
 
