@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 
 from parcel_hpc.budget import BudgetLedger, SearchBudget, attempt_usage, launch_decision
-from parcel_hpc.errors import UsageError
+from parcel_hpc.errors import ParcelError, UsageError
 from parcel_hpc.governance.shape import ShapePlan, TrialShape, value_key
 from parcel_hpc.governance.validation import check_gang, check_mixed, check_shapes
 from parcel_hpc.ledger import Executor
@@ -230,6 +230,8 @@ def test_the_worst_case_is_each_known_trial_s_own_shape_and_the_largest_for_tria
     ahead = launch_decision(contract, 10, 0, None, Counter({one: 3})).commitment
     assert ahead.gpu_hours == pytest.approx(3 * 2 * 1 + 7 * 2 * 4)
     assert launch_decision(contract, 10, 0, None).commitment.gpu_hours == pytest.approx(80.0)  # none known: all the largest
+    with pytest.raises(ParcelError, match="3 trials of known shapes among 2"):
+        launch_decision(contract, 2, 0, None, Counter({one: 3}))  # a caller's miscount is never a smaller worst case
     # One shape: the same figure as before shapes per trial.
     assert launch_decision({"budget": BUDGET, "resources": BASE}, 10, 0, None, Counter({TrialShape.of(BASE): 10})).commitment.gpu_hours == 20.0
 

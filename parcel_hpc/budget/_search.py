@@ -10,6 +10,7 @@ from typing import Any, Protocol
 from parcel_hpc.budget._admission import BudgetDecision, admit_launch, attempt_worst_case, combined, worst_case
 from parcel_hpc.budget._journal import BudgetLedger, Refusal, Reservation, Settlement
 from parcel_hpc.budget._values import BudgetCaps, JournalTotals, counted_gpus, hours_between
+from parcel_hpc.errors import ParcelError
 from parcel_hpc.governance.shape import ShapePlan, TrialShape
 
 
@@ -34,6 +35,8 @@ def launch_decision(
     caps = search_caps(contract)
     known = dict(shapes or {})
     unknown = n_dispatch - sum(known.values())
+    if unknown < 0:
+        raise ParcelError(f"launch_decision: {sum(known.values())} trials of known shapes among {n_dispatch} to dispatch")
     if unknown:
         largest = ShapePlan.of(r).largest  # a gang holds every rank's GPUs and CPUs
         known[largest] = known.get(largest, 0) + unknown
