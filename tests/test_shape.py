@@ -149,6 +149,8 @@ def test_a_trial_s_shape_is_its_parameter_s_and_the_default_for_a_value_not_list
     assert TrialShape.of(plan.trial_resources({"width": 16})).gpus == 2  # every rank's GPUs
     # The key a config writes (8, or '16' quoted) and the value a trial draws compare as text.
     assert (value_key(8), value_key("16"), value_key(0.5), value_key(True)) == ("8", "16", "0.5", "true")
+    flag = ShapePlan.of({**BASE, "shape_by": "wide", "shapes": {True: {"tasks_per_node": 2}}})  # a key as YAML reads `true`
+    assert flag.shape_of({"wide": True}).ranks == 2 and flag.shape_of({"wide": False}).ranks == 1
     # A forged spec (another shape for its params), or a job of another world size, is not admitted.
     assert plan.admits({**BASE, "nodes": 2, "tasks_per_node": 2}, {"width": 8}, 4)
     assert not plan.admits(BASE, {"width": 8}, 1)

@@ -86,7 +86,7 @@ class ShapePlan:
         default = TrialShape.of(resources)
         by = resources.get("shape_by") or ""
         shapes = {
-            str(k): replace(default, nodes=int(v.get("nodes", 1)), tasks_per_node=int(v.get("tasks_per_node", 1)))
+            value_key(k): replace(default, nodes=int(v.get("nodes", 1)), tasks_per_node=int(v.get("tasks_per_node", 1)))
             for k, v in (resources.get("shapes") or {}).items()
         }
         return cls(default, by, shapes if by else {}, dict(resources))
