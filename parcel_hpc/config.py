@@ -79,6 +79,8 @@ class ResourcesConf:
     cpus: int = 1  # CPUs per rank
     nodes: int = 1  # nodes one trial spans (governance/shape.py)
     tasks_per_node: int = 1  # ranks of one trial on each node
+    shape_by: str | None = None  # a choice parameter of the space whose value picks a trial's shape (None: every trial nodes x tasks_per_node)
+    shapes: Any = None  # shape_by's value (a key as the value is written: 8, '8', 0.5) -> {nodes, tasks_per_node}; a value not listed: nodes x tasks_per_node
     mem_gb: Any = 1.0  # memory per trial: GiB, or SLURM's size with a unit (4G, 512M)
     time_limit_min: Any = 10  # wall-clock limit per attempt: minutes, or SLURM's time (2:00:00, 1-00:00:00)
     partition: str | None = None  # SLURM partition (dispatch only, not pinned)

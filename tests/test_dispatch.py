@@ -9,7 +9,7 @@ import time
 import uuid
 
 import pytest
-from clusters import ON_BOTH
+from clusters import ON_BOTH, ON_FAKE
 from submitit.slurm import slurm as submitit_slurm
 
 from parcel_hpc import anchor
@@ -148,3 +148,14 @@ def test_local_jobs_of_another_launch_are_seen_through_the_process_table(tmp_pat
     assert not other.alive("t9", "not-a-pid")
     other.cancel([job.job_id, str(os.getpid())])  # signals the job only, never the pid that is not one
     wait_until(lambda: not other.alive("t0000", job.job_id), 30, "the job to end")
+
+
+@ON_FAKE
+def test_a_dry_run_of_trials_of_several_shapes_says_each_shape_is_an_array_of_its_own(tmp_path, cluster):
+    resources = {**RESOURCES, "shape_by": "width", "shapes": {8: {"nodes": 2, "tasks_per_node": 2}}}
+    settings = LauncherSettings(Executor("slurm"), {"job_name": "parcel-shapes", "array_parallelism": 4, "signal_delay_s": 5}, resources, BUDGET)
+    search = SearchDir(tmp_path / "search")
+    text = acting_for(make_dispatcher(settings, search), search).describe([1, 1])
+    assert "# trials of 2 shapes (0 GPU, 2 nodes x 2 ranks x 0 GPU): an array per shape" in text
+    one = LauncherSettings(Executor("slurm"), settings.params, RESOURCES, BUDGET)
+    assert "an array per shape" not in acting_for(make_dispatcher(one, search), search).describe([1, 1])  # one shape: as before

@@ -105,7 +105,7 @@ SHOWN_ONLY = {
     "architecture.md": "the code's layout and where a change goes",
     "dev-cluster.md": "its commands start and stop the cluster itself (root, apt-get); the suite is given a running one, and stopping it would take it from the other slurm tests",
     "performance.md": "figures measured by benchmarks/run.py, which takes 13 minutes and runs apart",
-    "gangs.md": "its searches are the tests': tests/test_gangs_local.py (2 ranks here) and tests/slurm/test_slurm_gangs.py (2 nodes x 2 ranks on the dev cluster) run the same shapes of the same example",
+    "gangs.md": "its searches are the tests': tests/test_gangs_local.py (2 ranks here), tests/slurm/test_slurm_gangs.py (2 nodes x 2 ranks on the dev cluster) and tests/test_mixed_shapes_local.py (1 and 2 ranks in one search) run the same shapes of the same example",
 }
 
 

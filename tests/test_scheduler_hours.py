@@ -136,10 +136,10 @@ def test_a_settled_hold_is_restated_to_the_schedulers_figure_and_reconcile_says_
     first, second, runs = node_down_pack()
     budget = SearchBudget(tmp_path, CONTRACT)
     for tid, n in (("t0001", 1), ("t0002", 1), ("t0002", 2)):
-        assert budget.reserve(tid, n).ok
-    budget.settle("t0001", 1, 1002, 1010, 1)
-    budget.settle("t0002", 1, 1011, 1262, 1)  # the next attempt settled it when it noticed the loss
-    budget.settle("t0002", 2, 1262, 1300, 1)
+        assert budget.reserve(tid, n, RESOURCES).ok
+    budget.settle("t0001", 1, RESOURCES, 1002, 1010, 1)
+    budget.settle("t0002", 1, RESOURCES, 1011, 1262, 1)  # the next attempt settled it when it noticed the loss
+    budget.settle("t0002", 2, RESOURCES, 1262, 1300, 1)
     view = BudgetLedger.read(tmp_path)
     records = [fold(spec("t0001"), first), fold(spec("t0002"), second)]
     assert stale_holds(records, view.holds) == []  # nothing to restate before the scheduler's record
@@ -159,7 +159,7 @@ def test_a_settled_hold_is_restated_to_the_schedulers_figure_and_reconcile_says_
     spent = search_spend(recorded, view, [], RATES)
     assert spent.charged.gpu_hours == pytest.approx(spent.attempts.gpu_hours, abs=1e-6) == pytest.approx((8 + 14 + 38) / 3600, abs=1e-6)
     assert view.totals.released_gpu_hours == pytest.approx(3 - (8 + 14 + 38) / 3600, abs=1e-5)  # 3 holds of an hour each, the rest given back
-    assert budget.reserve("t0003", 1).ok
+    assert budget.reserve("t0003", 1, RESOURCES).ok
     with pytest.raises(UsageError, match="only a settled attempt is restated"):
         budget.restate("t0003", 1, 0.1, 0.2)
 

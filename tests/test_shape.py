@@ -1,14 +1,22 @@
 """A trial's shape (parcel_hpc.governance.shape, issue 50): a gang's worst case, reservation and
-charge are every rank's, and a one-rank search's contract pins nothing new (its digest is kept)."""
+charge are every rank's, and a one-rank search's contract pins nothing new (its digest is kept).
+Trials of several shapes in one search (``ShapePlan``: ``resources.shape_by`` names a choice
+parameter whose value picks a trial's shape, the default for a value not listed): the plan, its
+refusals, the contract's resources, the budget's worst case and each attempt's hold and charge.
+tests/test_mixed_shapes_local.py runs such a search."""
+
+from collections import Counter
 
 import pytest
 
-from parcel_hpc.budget import attempt_usage, launch_decision
-from parcel_hpc.errors import UsageError
-from parcel_hpc.governance.shape import TrialShape
-from parcel_hpc.governance.validation import check_gang
+from parcel_hpc.budget import BudgetLedger, SearchBudget, attempt_usage, launch_decision
+from parcel_hpc.errors import ParcelError, UsageError
+from parcel_hpc.governance.shape import ShapePlan, TrialShape, value_key
+from parcel_hpc.governance.validation import check_gang, check_mixed, check_shapes
 from parcel_hpc.ledger import Executor
+from parcel_hpc.propose.specs import pinned_resources
 from parcel_hpc.scheduler.registry import backend_of
+from parcel_hpc.scheduler.slots import per_shape
 from parcel_hpc.worker.gang import GangEnv
 
 BUDGET = {"max_trials": 100, "gpu_hours_cap": 1000.0, "cost_cap": 10000.0, "rate_per_gpu_hour": 2.0, "rate_per_cpu_hour": 0.1, "max_retries": 1}
@@ -123,3 +131,124 @@ def test_each_rank_s_gpu_use_is_its_own_reading_and_a_rank_that_told_none_is_unr
         ("unknown", None, None, None),
         ("H100", 0.25, 0.25, 0.75),
     ]
+
+
+BASE = {"gpus": 1, "cpus": 2, "mem_gb": 1.0, "time_limit_min": 60}
+MIXED = {**BASE, "shape_by": "width", "shapes": {8: {"nodes": 2, "tasks_per_node": 2}, "16": {"tasks_per_node": 2}}}
+SPACE = {"width": {"type": "choice", "values": [4, 8, 16]}, "lr": {"type": "float", "low": 0.01, "high": 0.1, "log": True, "step": None}}
+
+
+def test_a_trial_s_shape_is_its_parameter_s_and_the_default_for_a_value_not_listed():
+    plan = ShapePlan.of(MIXED)
+    one, four, two = TrialShape(1, 1, 1, 2), TrialShape(2, 2, 1, 2), TrialShape(1, 2, 1, 2)
+    assert [plan.shape_of({"width": w, "lr": 0.1}) for w in (4, 8, 16)] == [one, four, two]
+    assert plan.all_shapes() == (one, four, two) and plan.largest == four and plan.mixed
+    # A trial's own resources: the contract's, its shape pinned as a gang's is (nothing for one rank).
+    assert plan.trial_resources({"width": 4}) == BASE
+    assert plan.trial_resources({"width": 8}) == {**BASE, "nodes": 2, "tasks_per_node": 2}
+    assert TrialShape.of(plan.trial_resources({"width": 16})).gpus == 2  # every rank's GPUs
+    # The key a config writes (8, or '16' quoted) and the value a trial draws compare as text.
+    assert (value_key(8), value_key("16"), value_key(0.5), value_key(True)) == ("8", "16", "0.5", "true")
+    flag = ShapePlan.of({**BASE, "shape_by": "wide", "shapes": {True: {"tasks_per_node": 2}}})  # a key as YAML reads `true`
+    assert flag.shape_of({"wide": True}).ranks == 2 and flag.shape_of({"wide": False}).ranks == 1
+    # A forged spec (another shape for its params), or a job of another world size, is not admitted.
+    assert plan.admits({**BASE, "nodes": 2, "tasks_per_node": 2}, {"width": 8}, 4)
+    assert not plan.admits(BASE, {"width": 8}, 1)
+    assert not plan.admits({**BASE, "nodes": 2, "tasks_per_node": 2}, {"width": 8}, 2)
+    assert not plan.admits({**BASE, "tasks_per_node": 2}, {"width": 4}, 2)
+
+
+def test_without_a_mapping_the_contract_pins_nothing_new_and_each_trial_takes_the_contract_s_resources():
+    config = {**BASE, "nodes": 1, "tasks_per_node": 1, "shape_by": None, "shapes": None, "partition": None}
+    assert pinned_resources(config) == BASE  # the digest of every search frozen before shapes per trial
+    gang = {**config, "tasks_per_node": 2}
+    assert pinned_resources(gang) == {**BASE, "nodes": 1, "tasks_per_node": 2}
+    plan = ShapePlan.of(pinned_resources(gang))
+    assert not plan.mixed and plan.pinned() == {} and plan.trial_resources({"width": 4}) == pinned_resources(gang)
+    mixed = pinned_resources({**config, "shape_by": "width", "shapes": {8: {"nodes": 2, "tasks_per_node": 2}}})
+    assert mixed == {**BASE, "shape_by": "width", "shapes": {"8": {"nodes": 2, "tasks_per_node": 2}}}
+    assert ShapePlan.of(mixed).shape_of({"width": 8}).ranks == 4  # read back from the frozen contract
+
+
+@pytest.mark.parametrize(
+    ("resources", "needle"),
+    [
+        (
+            {"shape_by": "depth", "shapes": {8: {"tasks_per_node": 2}}},
+            "resources.shape_by='depth' is not a searched parameter; name one of the space's choice parameters ['width']",
+        ),
+        ({"shape_by": "lr", "shapes": {8: {"tasks_per_node": 2}}}, "resources.shape_by='lr' is not a choice parameter"),
+        ({"shapes": {8: {"tasks_per_node": 2}}}, "is given without resources.shape_by"),
+        ({"shape_by": "width"}, "maps no value of width to a shape"),
+        (
+            {"shape_by": "width", "shapes": {5: {"tasks_per_node": 2}}},
+            "resources.shapes.5={'tasks_per_node': 2} is keyed by a value width does not take; key shapes by width's values ['4', '8', '16']",
+        ),
+        ({"shape_by": "width", "shapes": {8: {"tasks_per_node": 0}}}, "resources.shapes.8.tasks_per_node=0 is not a positive whole number"),
+        ({"shape_by": "width", "shapes": {8: {"nodes": "two"}}}, "resources.shapes.8.nodes='two' is not a positive whole number"),
+        ({"shape_by": "width", "shapes": {8: {"ranks": 2}}}, "resources.shapes.8={'ranks': 2} is not a shape; give {nodes: N, tasks_per_node: T}"),
+        ({"shape_by": "width", "shapes": {8: 2}}, "resources.shapes.8=2 is not a shape"),
+    ],
+)
+def test_a_bad_mapping_is_one_line_naming_the_fix(resources, needle):
+    with pytest.raises(UsageError) as refused:
+        check_shapes({**BASE, "shapes": None, **resources}, SPACE)
+    assert needle in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_slots_of_several_shapes_take_a_fixed_list_while_the_launch_follows_them():
+    mixed, one = ShapePlan.of(MIXED), ShapePlan.of(BASE)
+    refused = [
+        ({"dispatch": "slots"}, True, True, "with a sampler that learns proposes into slots"),
+        ({"dispatch": "auto"}, True, True, "with a sampler that learns proposes into slots"),
+        ({"dispatch": "slots"}, False, False, "with search.wait=false; set hydra.launcher.dispatch=jobs"),
+    ]
+    for launcher, learns, waits, needle in refused:
+        with pytest.raises(UsageError, match=needle):
+            check_mixed(mixed, launcher, learns, waits)
+        check_mixed(one, launcher, learns, waits)  # one shape: slots of it, as before
+    check_mixed(mixed, {"dispatch": "slots"}, False, True)  # a fixed list: slots of each shape
+    check_mixed(mixed, {"dispatch": "jobs"}, True, True)  # a learning sampler's proposals, each a job of its own shape
+    check_mixed(mixed, {"dispatch": "auto"}, False, False)  # a fixed list in jobs, detached
+
+
+def test_fresh_slots_of_several_shapes_share_the_room_in_turn():
+    a, b, c = TrialShape(1, 1), TrialShape(1, 2), TrialShape(2, 2)
+    assert per_shape({a: 5, b: 1}, {}, 2) == {a: 1, b: 1}  # one each first: b is not starved by a's many
+    assert per_shape({a: 5, b: 1}, {}, 4) == {a: 3, b: 1}
+    assert per_shape({a: 5, b: 1}, {b: 1}, 4) == {a: 4}  # b's one trial has its live slot
+    assert per_shape({a: 1, c: 2}, {a: 3}, 1) == {c: 1} and per_shape({a: 2}, {}, 0) == {}
+
+
+def test_the_worst_case_is_each_known_trial_s_own_shape_and_the_largest_for_trials_not_known_yet():
+    contract = {"budget": BUDGET, "resources": pinned_resources({**MIXED, "nodes": 1, "tasks_per_node": 1})}
+    plan = ShapePlan.of(contract["resources"])
+    one, four = plan.shape_of({"width": 4}), plan.shape_of({"width": 8})
+    # 6 trials of one rank and 4 of 4 ranks, 2 attempts each, an hour: 6x2x1 + 4x2x4 GPU-h.
+    known = launch_decision(contract, 10, 0, None, Counter({one: 6, four: 4})).commitment
+    assert (known.gpu_hours, known.cpu_hours, known.trials, known.attempts) == pytest.approx((44.0, 88.0, 10, 20))
+    assert (known.gpus, known.cpus, known.shapes) == (4, 8, 2)  # an attempt holds up to the largest's
+    # 3 of them known, 7 a learning sampler has yet to propose: those at the largest shape.
+    ahead = launch_decision(contract, 10, 0, None, Counter({one: 3})).commitment
+    assert ahead.gpu_hours == pytest.approx(3 * 2 * 1 + 7 * 2 * 4)
+    assert launch_decision(contract, 10, 0, None).commitment.gpu_hours == pytest.approx(80.0)  # none known: all the largest
+    with pytest.raises(ParcelError, match="3 trials of known shapes among 2"):
+        launch_decision(contract, 2, 0, None, Counter({one: 3}))  # a caller's miscount is never a smaller worst case
+    # One shape: the same figure as before shapes per trial.
+    assert launch_decision({"budget": BUDGET, "resources": BASE}, 10, 0, None, Counter({TrialShape.of(BASE): 10})).commitment.gpu_hours == 20.0
+
+
+def test_each_attempt_holds_and_is_charged_its_own_trial_s_shape(tmp_path):
+    contract = {"budget": BUDGET, "resources": pinned_resources({**MIXED, "nodes": 1, "tasks_per_node": 1})}
+    plan = ShapePlan.of(contract["resources"])
+    small, gang = plan.trial_resources({"width": 4}), plan.trial_resources({"width": 8})
+    budget = SearchBudget(tmp_path, contract)
+    assert budget.reserve("t0000", 1, small).ok and budget.reserve("t0001", 1, gang).ok
+    budget.settle("t0000", 1, small, 0.0, 1800.0)
+    budget.settle("t0001", 1, gang, 0.0, 1800.0)
+    holds = BudgetLedger.read(tmp_path).holds
+    reserved = {k.trial_id: (h.reserved_gpu_hours, h.reserved_cpu_hours) for k, h in holds.items()}
+    used = {k.trial_id: (h.used_gpu_hours, h.used_cpu_hours) for k, h in holds.items()}
+    assert reserved == {"t0000": (1.0, 2.0), "t0001": (4.0, 8.0)}  # its GPUs and CPUs for its whole limit
+    assert used == {"t0000": (0.5, 1.0), "t0001": (2.0, 4.0)}  # ranks x GPUs per rank x hours
+    assert attempt_usage(gang, 0.0, 1800.0) == (2.0, 4.0)

@@ -79,10 +79,11 @@ def test_a_lost_attempt_resolved_by_the_next_one_settles_and_a_running_one_does_
 
 def test_settling_is_idempotent_across_processes_and_capped_at_the_time_limit(tmp_path):
     a, b = SearchBudget(tmp_path, CONTRACT), SearchBudget(tmp_path, CONTRACT)
-    assert a.reserve("t0001", 1).ok
-    first = a.settle("t0001", 1, 0.0, 3600.0, gpus=1)  # an hour, where the limit is ten minutes
+    resources = CONTRACT["resources"]  # the trial's own: the contract's, in a search of one shape
+    assert a.reserve("t0001", 1, resources).ok
+    first = a.settle("t0001", 1, resources, 0.0, 3600.0, gpus=1)  # an hour, where the limit is ten minutes
     assert first.used_gpu_hours == pytest.approx(1 / 6, abs=1e-6) and first.used_cpu_hours == pytest.approx(2 / 6, abs=1e-6)  # micro-hours
-    again = b.settle("t0001", 1, 0.0, 300.0, gpus=1)  # another process saw the end later, differently: the first stands
+    again = b.settle("t0001", 1, resources, 0.0, 300.0, gpus=1)  # another process saw the end later, differently: the first stands
     assert again == first
     assert BudgetLedger.read_totals(tmp_path).reserved_gpu_hours == 0.0
 

@@ -25,7 +25,6 @@ from parcel_hpc.accounting.reconcile import Reconciliation, reconcile
 from parcel_hpc.budget import BudgetLedger, search_caps
 from parcel_hpc.console import safe
 from parcel_hpc.errors import UsageError
-from parcel_hpc.governance.shape import TrialShape
 from parcel_hpc.ledger import SearchDir, TrialRecord, collector_paused
 from parcel_hpc.ledger.searches import owner_of
 from parcel_hpc.plotting import png_of, pyplot
@@ -40,8 +39,8 @@ def reconcile_search(search: SearchDir, sacct_file: Path | None = None) -> Recon
     read once: the lines and the ranks' readings are of the same records."""
     records = list(search.records())
     rec = _reconciled_search(search, records, sacct_file)
-    shape = TrialShape.of(search.contract().fields.get("resources", {}))  # none pinned: one rank
-    if not shape.is_gang:
+    shapes = {r.trial_id: r.spec.shape for r in records}  # each trial's own (a search may hold several)
+    if not any(shape.is_gang for shape in shapes.values()):
         return rec
     backend_by_trial = {r.trial_id: backend_of(r.executor) for r in records}
     uses = {(r.trial_id, a.number): a.device_use for r in records for a in r.attempts if a.device_use is not None}
@@ -49,7 +48,7 @@ def reconcile_search(search: SearchDir, sacct_file: Path | None = None) -> Recon
         rank
         for line in rec.attempts
         if line.trial_id in backend_by_trial
-        for rank in rank_lines([line], shape, backend_by_trial[line.trial_id].node_names, uses)
+        for rank in rank_lines([line], shapes[line.trial_id], backend_by_trial[line.trial_id].node_names, uses)
     ]
     steps: list[StepLine] = []
     if sacct_file is None:

@@ -42,11 +42,12 @@ class Commitment:
     gpu_hours: float
     cpu_hours: float
     cost: float
-    gpus: int  # per attempt
-    cpus: int  # per attempt
+    gpus: int  # per attempt (trials of several shapes: the largest attempt's)
+    cpus: int  # per attempt (the same)
     time_limit_min: float  # per attempt
     max_retries: int  # per trial, for infrastructure interruptions
     rates: Rates
+    shapes: int = 1  # trial shapes in the launch (``combined``): more than one, an attempt holds up to gpus and cpus
 
     def __post_init__(self) -> None:
         if self.attempts != self.trials * self.attempts_per_trial:
@@ -95,6 +96,27 @@ def worst_case(n_trials: int, gpus: int, cpus: int, time_limit_min: float, max_r
         time_limit_min=float(time_limit_min),
         max_retries=max_retries,
         rates=rates,
+    )
+
+
+def combined(parts: Sequence[Commitment]) -> Commitment:
+    """One launch's worst case from its trials' of each shape (same time limit, retries and rates):
+    the hours and cost summed exactly, an attempt's GPUs and CPUs the largest's (what one job holds)."""
+    if len(parts) == 1:
+        return parts[0]
+    first = parts[0]
+    return Commitment(
+        trials=sum(p.trials for p in parts),
+        attempts=sum(p.attempts for p in parts),
+        gpu_hours=sum(p.gpu_hours for p in parts),
+        cpu_hours=sum(p.cpu_hours for p in parts),
+        cost=sum(p.cost for p in parts),
+        gpus=max(p.gpus for p in parts),
+        cpus=max(p.cpus for p in parts),
+        time_limit_min=first.time_limit_min,
+        max_retries=first.max_retries,
+        rates=first.rates,
+        shapes=len(parts),
     )
 
 
@@ -216,7 +238,9 @@ def _association_line(c: Commitment, limit: AssociationLimit, job_minutes: float
     unit = "GPU-min" if gpu else "CPU-min"
     coordinator = "or ask the account's coordinator to raise it (sacctmgr modify)"
     if limit.kind is LimitKind.GRP_TRES_MINS:
-        committed, requested = limit.used_min + limit.running_min, per * c.time_limit_min * c.attempts
+        # Trials of several shapes hold different GPUs: then every attempt's own minutes, the hours x 60.
+        every = per * c.time_limit_min * c.attempts if c.shapes == 1 else (c.gpu_hours if gpu else c.cpu_hours) * 60.0
+        committed, requested = limit.used_min + limit.running_min, every
         if not over_cap(committed, requested, limit.limit_min):
             return CapLine(limit.name, unit, committed, requested, limit.limit_min)
         msg = (
@@ -241,7 +265,8 @@ def render_commitment(decision: BudgetDecision) -> str:
     retries = f"1 + {c.max_retries} retr{'y' if c.max_retries == 1 else 'ies'}"
     head = (
         f"budget: {c.trials} trials x {c.attempts_per_trial} attempts ({retries}) x {fmt(c.hours_per_attempt)} h limit,"
-        f" {c.gpus} GPU + {c.cpus} CPU per attempt = worst case {fmt(c.gpu_hours)} GPU-h, {fmt(c.cpu_hours)} CPU-h, {fmt(c.cost)} cost"
+        f" {'up to ' if c.shapes > 1 else ''}"
+        f"{c.gpus} GPU + {c.cpus} CPU per attempt = worst case {fmt(c.gpu_hours)} GPU-h, {fmt(c.cpu_hours)} CPU-h, {fmt(c.cost)} cost"
     )
     return _cap_table(head, decision)
 

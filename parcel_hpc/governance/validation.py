@@ -22,7 +22,7 @@ from enum import Enum
 from typing import Any, cast
 
 from parcel_hpc.errors import UsageError
-from parcel_hpc.governance.shape import TrialShape
+from parcel_hpc.governance.shape import ShapePlan, TrialShape, value_key
 
 MAX_NAME = 64  # characters in a revision, job, partition, account or qos name
 
@@ -471,6 +471,62 @@ def _copy(node: Any) -> Any:
     if isinstance(node, list):
         return [_copy(v) for v in node]
     return node
+
+
+def check_shapes(resources: Mapping[str, Any], params: Mapping[str, Mapping[str, Any]]) -> ShapePlan:
+    """``resources.shape_by`` and ``resources.shapes``, checked against the space's parameters: the
+    search's ``ShapePlan``. Shapes without a ``shape_by`` are refused, as they would be read by nothing."""
+    by, shapes = resources.get("shape_by"), resources.get("shapes") or {}
+    if by is None:
+        if shapes:
+            raise bad(
+                "resources.shapes",
+                shapes,
+                "is given without resources.shape_by",
+                "name the choice parameter whose values pick a shape: resources.shape_by=<param>",
+            )
+        return ShapePlan.of(resources)
+    spec = params.get(str(by))
+    if spec is None or "values" not in spec:  # a choice is the one kind that lists its values
+        what = "is not a searched parameter" if spec is None else "is not a choice parameter"
+        choices = sorted(p for p, v in params.items() if "values" in v)
+        raise bad("resources.shape_by", by, what, f"name one of the space's choice parameters {choices}, or leave it unset")
+    if not isinstance(shapes, Mapping) or not shapes:
+        raise bad(
+            "resources.shapes",
+            shapes,
+            f"maps no value of {by} to a shape",
+            f"give resources.shapes={{VALUE: {{nodes: N, tasks_per_node: T}}}} for values of {by}",
+        )
+    values = [value_key(v) for v in spec["values"]]
+    for key, shape in shapes.items():
+        where = f"resources.shapes.{key}"
+        if value_key(key) not in values:
+            raise bad(where, shape, f"is keyed by a value {by} does not take", f"key shapes by {by}'s values {values}")
+        if not isinstance(shape, Mapping) or not shape or set(shape) - {"nodes", "tasks_per_node"}:
+            raise bad(where, shape, "is not a shape", "give {nodes: N, tasks_per_node: T}, each a whole number >= 1")
+        for field in ("nodes", "tasks_per_node"):
+            n = shape.get(field, 1)
+            if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= NUMBERS[f"resources.{field}"].hi:
+                raise bad(f"{where}.{field}", n, "is not a positive whole number", NUMBERS[f"resources.{field}"].fix())
+    return ShapePlan.of(resources)
+
+
+def check_mixed(plan: ShapePlan, launcher: Mapping[str, Any], learns: bool, waits: bool) -> None:
+    """Trials of several shapes in slots: slots of each shape, each taking only queued trials of its
+    shape. Not for a sampler that learns (a slot cannot know the shape of a proposal it has not made),
+    nor detached (the first slots of each shape would have to hold all of that shape's trials)."""
+    if not plan.mixed or not dispatch_option(launcher.get("dispatch")).slotted(learns):
+        return
+    if learns or not waits:
+        why = "a sampler that learns proposes into slots, and a slot cannot know its next proposal's shape" if learns else "search.wait=false"
+        raise bad(
+            "resources.shape_by",
+            plan.by,
+            f"gives trials of {len(plan.all_shapes())} shapes in slots (hydra.launcher.dispatch={launcher.get('dispatch')}) with {why}",
+            "set hydra.launcher.dispatch=jobs: each trial a job of its own shape"
+            + ("" if learns else ", or let the launch follow its slots (search.wait=true)"),
+        )
 
 
 def check_gang(shape: TrialShape, launcher: Mapping[str, Any], folds: int, backend_refusal: str) -> None:

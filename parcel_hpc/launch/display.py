@@ -12,6 +12,7 @@ from rich.table import Table
 from parcel_hpc.accounting.spend import read_spend
 from parcel_hpc.budget import render_commitment
 from parcel_hpc.console import safe
+from parcel_hpc.governance.shape import ShapePlan
 from parcel_hpc.ledger import SearchDir, TrialState
 from parcel_hpc.ledger.summary import best_completed, count_states, counts_by_state
 from parcel_hpc.selection.policy import SelectionPolicy
@@ -38,9 +39,10 @@ def dry_run_table(first, n: int, contract) -> Table:
     """The first trials of the ``n`` a dry run would dispatch, one row each, and how many more."""
     more = f"; the first {len(first)} shown" if n > len(first) else ""
     table = Table(title=f"dry run: {n} trials would be dispatched (nothing submitted, nothing written{more})")
-    for col in ("trial", "params", "gpus", "cpus", "mem_gb", "time_min"):
-        table.add_column(col)
     res = contract["resources"]
+    mixed = ShapePlan.of(res).mixed  # trials of several shapes: each row says its own
+    for col in ("trial", "params", "gpus", "cpus", "mem_gb", "time_min", *(("shape",) if mixed else ())):
+        table.add_column(col)
     for spec in first:
         table.add_row(
             safe(spec.trial_id),
@@ -49,9 +51,10 @@ def dry_run_table(first, n: int, contract) -> Table:
             str(res["cpus"]),
             str(res["mem_gb"]),
             str(res["time_limit_min"]),
+            *((spec.shape.describe(),) if mixed else ()),
         )
     if n > len(first):
-        table.add_row(f"... {n - len(first)} more", "", "", "", "", "")
+        table.add_row(f"... {n - len(first)} more", *[""] * (len(table.columns) - 1))
     return table
 
 

@@ -14,6 +14,7 @@ Must not: freeze or admit a search's contract (``search.py`` did, before it was 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -27,7 +28,7 @@ from parcel_hpc.governance import validation
 from parcel_hpc.governance.admission import admit_proposal
 from parcel_hpc.governance.contract import Contract
 from parcel_hpc.governance.outcome import Outcome
-from parcel_hpc.governance.shape import TrialShape
+from parcel_hpc.governance.shape import ShapePlan, TrialShape
 from parcel_hpc.launch import display
 from parcel_hpc.launch.report import LaunchReport
 from parcel_hpc.launch.slot import SlotTask
@@ -65,7 +66,8 @@ def choose_packing(dispatcher: Dispatcher, search: SearchDir, n_trials: int, sam
     """How many trials a job of this dispatch runs, from the launcher's options and the search's
     history (a slot: its time limit, room for that many trials at their limit)."""
     slotted = sampler is not None and uses_slots(dispatcher, sampler)
-    if (shape := TrialShape.of(dispatcher.settings.resources)).is_gang and not slotted:
+    if (shape := ShapePlan.of(dispatcher.settings.resources).largest).is_gang and not slotted:
+        # A search of several shapes has a gang among them: one a job, so no pack mixes shapes either.
         return packing.Packing(1, f"one a job: a trial of {shape.ranks} ranks is a job of its own")
     if sampler is not None and sampler.learns and not slotted:
         return packing.Packing(1, f"one a job: sampler={sampler.name.value} proposes each trial when a slot frees")
@@ -175,6 +177,7 @@ class Follower:
         self.slot_plan: SlotPlan | None = None  # set by ``slotting``: trials go to slots that take them
         self.queued: dict[str, tuple[int, float]] = {}  # trial -> (its dispatch waiting for a slot, when queued)
         self.slot_jobs: dict[str, tuple[str, float]] = {}  # live slot -> (its job id, when submitted)
+        self.slot_shapes: dict[str, TrialShape] = {}  # a search of several shapes: each slot's
         self.slot_count = 0  # slots this launcher submitted
         self.empty_slots = 0  # slots that ended without taking a trial (the churn guard counts them)
         self.known_before: set[str] = set()  # trials that existed when proposing began (slots propose the rest)
@@ -351,8 +354,16 @@ class Follower:
         if own_jobs:
             self.waiting = alone[own_jobs:]
             self._submit([[t] for t in alone[:own_jobs]])
-        if fresh:
-            self._submit_slots(fresh)
+        if not ShapePlan.of(self.dispatcher.settings.resources).mixed:
+            if fresh:
+                self._submit_slots(fresh)
+            return
+        # Trials of several shapes (a fixed list: proposals are refused at the launch): slots of each
+        # shape, as many as its queued trials need beyond its live slots, the room shared in turn.
+        guarded = self.empty_slots > 2 * self.dispatcher.slots() + 2  # the churn guard above
+        room = 0 if guarded else max(0, min(self.dispatcher.slots() - live, capacity - own_jobs))
+        for shape, n in slots.per_shape(self._queued_shapes(), Counter(self.slot_shapes[name] for name in self.slot_jobs), room).items():
+            self._submit_slots(n, shape)
 
     def _live_slots(self) -> int:
         """This launcher's slots the scheduler still holds (or submitted since it was last asked);
@@ -366,13 +377,20 @@ class Follower:
         self.slot_jobs = live
         return len(live)
 
-    def _submit_slots(self, n: int) -> None:
+    def _queued_shapes(self) -> Counter[TrialShape]:
+        """How many queued trials wait for a slot of each shape."""
+        return Counter(self.plans[tid].shape if tid in self.plans else self.view.record(tid).spec.shape for tid in self.queued)
+
+    def _submit_slots(self, n: int, shape: TrialShape | None = None) -> None:
+        """``n`` slots; of ``shape`` in a search of several shapes (None: the search's one)."""
         assert self.slot_plan is not None  # called in slot mode only
         plan, minutes = self.slot_plan, self._slot_minutes()
         delay = int(self.dispatcher.settings.params.get("signal_delay_s", 0))
         names = [f"{self.launch_id}-s{self.slot_count + i}" for i in range(n)]
         self.slot_count += n
-        tasks = [SlotTask(str(self.search.path), self.launch_id, name, minutes, plan.template, plan.proposals, plan.max_trials, delay) for name in names]
+        tasks = [SlotTask(str(self.search.path), self.launch_id, name, minutes, plan.template, plan.proposals, plan.max_trials, delay, shape) for name in names]
+        if shape is not None:
+            self.slot_shapes.update(dict.fromkeys(names, shape))
 
         def record(submitted: Sequence[Submitted]) -> None:
             for s in submitted:

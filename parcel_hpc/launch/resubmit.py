@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 import time
 import uuid
+from collections import Counter
 
 from rich.console import Console
 from rich.table import Table
@@ -68,7 +69,8 @@ def run(search: SearchDir, *, dry_run: bool, wait: bool, console: Console) -> Re
     if not dry_run:
         settlement.settle_ended(search)  # holds an ended attempt still has are not charged to the resubmission
     if plan.resubmit:
-        decision = launch_decision(contract, len(plan.resubmit), len(search.trial_ids()) - len(plan.resubmit), search.path)
+        shapes = Counter(search.spec(item.trial_id).shape for item in plan.resubmit)  # each its own
+        decision = launch_decision(contract, len(plan.resubmit), len(search.trial_ids()) - len(plan.resubmit), search.path, shapes)
         verdict, text = account_decision(account, decision, choose_packing(dispatcher, search, len(plan.resubmit)).size)
         if dry_run:
             console.print(commitment_text(decision), markup=False, highlight=False)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -37,9 +38,11 @@ from parcel_hpc.launch.report import LaunchReport
 from parcel_hpc.ledger import LauncherState, SearchDir, TrialSpec, TrialState
 from parcel_hpc.ledger.summary import counts_by_state
 from parcel_hpc.lifecycle import systematic
+from parcel_hpc.propose import samplers
 from parcel_hpc.propose.proposals import Proposer
 from parcel_hpc.propose.space import normalize
 from parcel_hpc.propose.specs import (
+    BLOCK,
     Ahead,
     build_contract,
     check_policy,
@@ -52,6 +55,7 @@ from parcel_hpc.propose.specs import (
     sampler_of,
     search_path,
     space_of,
+    trial_shapes,
 )
 from parcel_hpc.scheduler import packing, slots
 from parcel_hpc.scheduler.base import Dispatcher, LauncherSettings
@@ -79,8 +83,10 @@ def from_hydra(config: DictConfig, grammar: Sequence[str]) -> tuple[dict[str, An
     del launcher["kind"]
     split_path = Path(cfg["split"]["path"])
     folds = read_split(split_path).fold_count if split_path.is_file() else 1  # a missing file: build_contract says so
-    shape = TrialShape.of(cfg["resources"])
-    validation.check_gang(shape, launcher, folds, backend_of(kind).gang_refusal(shape))
+    plan = validation.check_shapes(cfg["resources"], cfg["space"]["params"])
+    for shape in plan.all_shapes():
+        validation.check_gang(shape, launcher, folds, backend_of(kind).gang_refusal(shape))
+    validation.check_mixed(plan, launcher, samplers.from_config(cfg.get("sampler")).learns, bool(cfg["search"]["wait"]))
     # A K-fold trial's attempt runs its K fold runs in turn: its limit (the job's, the packed attempt's, and
     # the budget's worst case, every reader of resources.time_limit_min) is K times a fold run's.
     cfg["resources"]["time_limit_min"] = folds * cfg["resources"]["time_limit_min"]
@@ -167,7 +173,7 @@ class SearchLaunch:
         dispatcher.max_job_minutes()  # and an unknown partition (packing reads the limit later)
         if fresh and n_trials:
             # Hold before freezing: a held first launch must leave the caps free to change.
-            first = launch_decision(contract, n_trials, 0, None)
+            first = launch_decision(contract, n_trials, 0, None, trial_shapes(contract, n_trials))
             self._require_budget(first)
             self._require_budget(*account_decision(account, first))
         dry_run = bool(cfg["search"]["dry_run"])
@@ -203,7 +209,7 @@ class SearchLaunch:
             proposer = Proposer(search, frozen, n_trials, launch_id)
         # From here on the launch says it is alive (list, status --watch), and last how it left.
         with Pulse(search, launch_id, beating=not dry_run) as pulse:
-            to_dispatch, shown = self._admit_proposals(search, frozen, n_trials, report, proposer)
+            to_dispatch, shown, shapes = self._admit_proposals(search, frozen, n_trials, report, proposer)
             to_propose = 0 if proposer is None else (n_trials if dry_run and fresh else proposer.remaining())
             if not to_dispatch and not to_propose:
                 self.console.print(display.contract_line(frozen, path, created, dry_run))
@@ -216,7 +222,8 @@ class SearchLaunch:
                         _require_result(search)
                 return report
             known = set(search.trial_ids()) | set(to_dispatch)
-            decision = launch_decision(frozen, len(to_dispatch) + to_propose, len(known) - len(to_dispatch), None if dry_run and fresh else path)
+            # Each admitted trial at its own shape, a learning sampler's proposals to come at the largest.
+            decision = launch_decision(frozen, len(to_dispatch) + to_propose, len(known) - len(to_dispatch), None if dry_run and fresh else path, shapes)
             self._require_budget(decision)
             pack = choose_packing(dispatcher, search, len(to_dispatch) + to_propose, sampler)
             if slotted and not cfg["search"]["wait"]:
@@ -302,14 +309,15 @@ class SearchLaunch:
 
     def _admit_proposals(
         self, search: SearchDir, contract: Contract, n_trials: int, report: LaunchReport, proposer: Proposer | None
-    ) -> tuple[list[str], list[TrialSpec]]:
-        """Dedup and admit every proposal: the ids of the trials that need a dispatch now, and the
-        first ``display.DRY_RUN_ROWS`` of their specs (what a dry run shows). A dry run writes
+    ) -> tuple[list[str], list[TrialSpec], Counter[TrialShape]]:
+        """Dedup and admit every proposal: the ids of the trials that need a dispatch now, the
+        first ``display.DRY_RUN_ROWS`` of their specs (what a dry run shows), and how many of them take each shape. A dry run writes
         nothing. A sampler that learns proposes later, as slots free: here only its trials proposed
         before. Proposals are drawn and judged a block at a time, and no spec is kept past its
         judgement: a dry run of a million trials holds their ids, not their specs."""
         ids: list[str] = []
         first: list[TrialSpec] = []
+        shapes: Counter[TrialShape] = Counter()
         owners: dict[str, str] = {}
         if not report.dry_run and proposer is not None:
             proposer.finish_orphans(time.time())
@@ -334,21 +342,18 @@ class SearchLaunch:
                 continue
             if admitted(spec, contract, report, None if report.dry_run else search.writer(spec.trial_id, "launch")):
                 ids.append(spec.trial_id)
+                shapes[spec.shape] += 1
                 if len(first) < display.DRY_RUN_ROWS:
                     first.append(spec)
-        return ids, first
-
-
-# Proposals of a sampler that does not learn are drawn this many at a time (each from its index alone).
-_BLOCK = 10_000
+        return ids, first, shapes
 
 
 def _candidates(search: SearchDir, contract: Contract, n_trials: int, proposer: Proposer | None) -> Iterator[TrialSpec]:
     """The launch's proposals in order: a sampler that does not learn draws its ``n_trials`` a block
     at a time; one that learns has only those proposed before (its slots propose the rest)."""
     if proposer is None:
-        for start in range(0, n_trials, _BLOCK):
-            yield from history_free_specs(contract, start, min(n_trials, start + _BLOCK))
+        for start in range(0, n_trials, BLOCK):
+            yield from history_free_specs(contract, start, min(n_trials, start + BLOCK))
     else:
         yield from (search.spec(tid) for tid in search.trial_ids())
 

@@ -36,6 +36,7 @@ from submitit.core.utils import UncompletedJobError
 
 from parcel_hpc import anchor
 from parcel_hpc.fsio import owner_only_writes
+from parcel_hpc.governance.shape import TrialShape
 from parcel_hpc.ledger import AttemptEnd, RecordView, SearchDir, Started, TrialRecord, TrialSpec, TrialWriter
 from parcel_hpc.ledger.events import FailureSignature
 from parcel_hpc.propose.proposals import Proposer
@@ -70,6 +71,7 @@ class SlotTask:
         proposals: int = 0,
         max_trials: int = 0,
         signal_delay_s: int = 0,
+        shape: TrialShape | None = None,
     ) -> None:
         self.search_dir = search_dir
         self.launch_id = launch_id
@@ -79,6 +81,9 @@ class SlotTask:
         self.proposals = proposals  # the launch's n_trials for a sampler that learns; 0 takes only queued trials
         self.max_trials = max_trials  # hydra.launcher.pack_size when fixed; 0: as many as fit
         self.signal_delay_s = signal_delay_s
+        # A search of several shapes has slots of each: this one's job is of ``shape`` and it takes only
+        # queued trials of that shape. None: the search's one shape (every trial fits its job).
+        self.shape = shape
         self._run: AttemptRun | None = None
         self._gang: GangEnv | None = None  # a slot shaped like the search's gangs: this task's rank in it
         self._rank_lost = False  # a rank left the gang in the last trial: the slot is requeued whole for it
@@ -90,7 +95,7 @@ class SlotTask:
         return self.minutes
 
     def _args(self) -> tuple:
-        return (self.search_dir, self.launch_id, self.name, self.minutes, self.template, self.proposals, self.max_trials, self.signal_delay_s)
+        return (self.search_dir, self.launch_id, self.name, self.minutes, self.template, self.proposals, self.max_trials, self.signal_delay_s, self.shape)
 
     def __getstate__(self) -> dict:
         return {"args": self._args()}
@@ -189,6 +194,8 @@ class SlotTask:
                 if taken or withdrawn or n != latest or record.state.is_finished() or len(record.jobs) >= n:
                     search.dequeue(tid, n)  # nobody will take it: its entry goes
                 continue
+            if self.shape is not None and record.spec.shape != self.shape:
+                continue  # a trial of another shape: a slot of its shape takes it
             candidates.append(Candidate(Queued(tid, n), expected_s(record.spec.params, known, limit_s), limit_s))
         while (pick := choose(candidates, remaining_s, first)) is not None:
             candidates = [c for c in candidates if c.queued != pick]

@@ -7,6 +7,7 @@ names the file and the fix.
 from __future__ import annotations
 
 import tempfile
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from parcel_hpc.governance.contract import Contract
 from parcel_hpc.governance.image import image_digest
 from parcel_hpc.governance.outcome import GovernanceRefusal, Outcome
 from parcel_hpc.governance.release_target import ReleaseTarget
-from parcel_hpc.governance.shape import TrialShape
+from parcel_hpc.governance.shape import ShapePlan, TrialShape
 from parcel_hpc.ledger.records import TrialSpec
 from parcel_hpc.lifecycle import systematic
 from parcel_hpc.propose import learning, samplers
@@ -136,7 +137,7 @@ def _fields(cfg: Mapping[str, Any], snapshot_digest: str, split: data.Split) -> 
         "image_kind": cfg["image"]["kind"],
         "trainer": None,
         "train": {k: v for k, v in cfg["train"].items() if not (k in OPTIONAL_TRAIN and v is None)},
-        "resources": {k: cfg["resources"][k] for k in PINNED_RESOURCES} | TrialShape.of(cfg["resources"]).pinned(),
+        "resources": pinned_resources(cfg["resources"]),
         "budget": dict(cfg["budget"]),
         "pruner": dict(cfg["pruner"]),
         "selection": None,
@@ -145,6 +146,12 @@ def _fields(cfg: Mapping[str, Any], snapshot_digest: str, split: data.Split) -> 
     if release is not None:  # the folder default is left out: contracts frozen before the option compare as they did
         fields["release"] = release
     return fields
+
+
+def pinned_resources(resources: Mapping[str, Any]) -> dict[str, Any]:
+    """What the contract pins of resources: a gang's layout and a shape mapping only when given, so a
+    search of one rank and one shape keeps the digest it had before either existed."""
+    return {k: resources[k] for k in PINNED_RESOURCES} | TrialShape.of(resources).pinned() | ShapePlan.of(resources).pinned()
 
 
 def _contract(fields: Mapping[str, Any], checked: Mapping[str, Any]) -> Contract:
@@ -203,6 +210,23 @@ def history_free_params(contract: Contract, start: int, stop: int) -> list[dict[
     if sampler.name is SamplerName.QMC:
         return qmc_points(space, seed, start, stop, sampler.options["qmc_type"], sampler.options["scramble"])
     return [sample(space, seed, index) for index in range(start, stop)]
+
+
+BLOCK = 10_000  # a fixed-list sampler's proposals are drawn this many at a time (each from its index alone)
+
+
+def trial_shapes(contract: Contract, n_trials: int) -> Counter[TrialShape]:
+    """How many of a fixed-list sampler's first ``n_trials`` take each shape (drawn only for a search
+    of several shapes); empty for a sampler that learns: its trials are not known yet."""
+    plan = ShapePlan.of(contract["resources"])
+    if not plan.mixed:
+        return Counter({plan.default: n_trials})
+    if sampler_of(contract).learns:
+        return Counter()
+    out: Counter[TrialShape] = Counter()
+    for start in range(0, n_trials, BLOCK):
+        out.update(plan.shape_of(params) for params in history_free_params(contract, start, min(n_trials, start + BLOCK)))
+    return out
 
 
 # A contract frozen before samplers were pinned: random from search.seed, its space as the group wrote it.
@@ -272,7 +296,7 @@ def trial_spec(contract: Contract, index: int, params: dict[str, Any], origin: d
         config_hash=config_hash(effective),
         contract_digest=contract.digest,
         image_digest=contract["image_digest"],
-        resources=contract["resources"],
+        resources=ShapePlan.of(contract["resources"]).trial_resources(params),  # its own shape
         origin=origin,
     )
 

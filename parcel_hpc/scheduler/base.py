@@ -53,6 +53,9 @@ class Task(Protocol):
     own_limits: bool  # each attempt stops at its own limit (the job's is longer)
     slot: str  # a slot's name; "" for a task handed its trials
 
+    @property
+    def shape(self) -> TrialShape | None: ...  # its job's: its trials' (a pack's share one), a slot's own; None: the launch's
+
     def job_minutes(self, time_limit_min: int) -> int: ...
 
     def __call__(self) -> Any: ...
@@ -63,6 +66,11 @@ class Submitted:
     trial_id: str  # "" for a slot
     job_id: str  # the trials of one pack share it
     slot: str = ""  # a slot's name: it takes its trials, and journals each one's submission itself
+
+
+def job_shape(task: Task, resources: Mapping[str, Any]) -> TrialShape:
+    """The shape of a task's job: the task's own, else the launch's ``resources`` (a slot of a search of one shape)."""
+    return task.shape or TrialShape.of(resources)
 
 
 def submitted_of(tasks: Sequence[Task], job_ids: Sequence[str]) -> list[Submitted]:

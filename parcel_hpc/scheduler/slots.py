@@ -28,6 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from parcel_hpc.governance.shape import TrialShape
 from parcel_hpc.ledger import AttemptEnd, TrialRecord
 
 NEIGHBOURS = 5
@@ -130,3 +131,21 @@ def choose(candidates: Sequence[Candidate], remaining_s: float, first: bool) -> 
 def slot_minutes(trials_per_slot: int, time_limit_min: int) -> int:
     """A slot's job time limit: room for ``trials_per_slot`` trials at their limit (at least one)."""
     return max(1, trials_per_slot) * int(time_limit_min)
+
+
+def per_shape(queued: Mapping[TrialShape, int], live: Mapping[TrialShape, int], room: int) -> dict[TrialShape, int]:
+    """Fresh slots for a search of several shapes (pure): each shape needs as many as its queued
+    trials beyond its live slots; ``room`` (what the launcher may still submit) is given one slot a
+    shape in turn, so one shape's many trials never starve another's."""
+    need = {shape: n - live.get(shape, 0) for shape, n in queued.items() if n > live.get(shape, 0)}
+    out: dict[TrialShape, int] = {}
+    while room > 0 and need:
+        for shape in list(need):
+            if room == 0:
+                break
+            out[shape] = out.get(shape, 0) + 1
+            room -= 1
+            need[shape] -= 1
+            if need[shape] == 0:
+                del need[shape]
+    return out

@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from parcel_hpc.governance.shape import TrialShape
+
 
 @dataclass(frozen=True)
 class SleepPlan:
@@ -24,6 +26,7 @@ class SleepTask:
         self.started = started  # touched once the job runs, so a test can act on a running job
         self.own_limits = len(self.plans) > 1
         self.slot = ""
+        self.shape = TrialShape()  # one process
 
     def job_minutes(self, time_limit_min: int) -> int:
         return len(self.plans) * time_limit_min

@@ -52,6 +52,7 @@ from parcel_hpc.governance.admission import TrialIdentity, admit, check_worker, 
 from parcel_hpc.governance.contract import Contract
 from parcel_hpc.governance.metric import FoldScores
 from parcel_hpc.governance.outcome import Outcome
+from parcel_hpc.governance.shape import ShapePlan
 from parcel_hpc.ledger import Admitted, AttemptEnd, Cause, DeviceUse, Ended, SearchDir, Started, TrialRecord, TrialState
 from parcel_hpc.lifecycle import settlement
 from parcel_hpc.lifecycle.actions import interruption_counts, previous_attempt_ending
@@ -365,6 +366,9 @@ class AttemptRun:
         outcome = admit(identity, contract)
         if outcome.is_admit and plan.contract_digest != contract.digest:
             outcome = Outcome.reject("contract_digest")
+        ranks = self.gang.world_size if self.gang is not None else 1
+        if outcome.is_admit and not ShapePlan.of(contract["resources"]).admits(self.prior.spec.resources, self.prior.spec.params, ranks):
+            outcome = Outcome.reject("resources")
         if not outcome.is_admit:
             # The plan itself is not of this contract: no environment makes it one.
             self._end(Ended(AttemptEnd.REJECTED, outcome=outcome, reason=str(outcome)))
@@ -440,7 +444,7 @@ class AttemptRun:
     def _reserve(self, contract: Contract) -> None:
         """Hold this attempt's worst case before using anything; a full budget ends the trial normally."""
         self.budget = self.cache.budget(self.search.path, contract)
-        held = self.budget.reserve(self.plan.trial_id, self.attempt)
+        held = self.budget.reserve(self.plan.trial_id, self.attempt, self.prior.spec.resources)
         if not held.ok:
             self._end(Ended(AttemptEnd.BUDGET_EXHAUSTED, outcome=Outcome.HOLD_BUDGET, reason=f"{Outcome.HOLD_BUDGET}: {held.message}"))
             raise StopAttempt(StopReason.BUDGET_EXHAUSTED)
@@ -667,7 +671,7 @@ class AttemptRun:
             self.ended = True  # only once it is on disk
             if self.reserved:
                 assert self.budget is not None  # _reserve set it before reserving
-                self.budget.settle(self.plan.trial_id, self.attempt, self.started_at, ended_at, gpus=self.facts.gpus)
+                self.budget.settle(self.plan.trial_id, self.attempt, self.prior.spec.resources, self.started_at, ended_at, gpus=self.facts.gpus)
 
     def _record_device_use(self, peers_wait_s: float) -> None:
         """Once, just before the ending, for an attempt that got as far as its trainer's build; a gang's

@@ -13,14 +13,24 @@ from typing import Any
 from parcel_hpc import anchor
 from parcel_hpc.checkpoints import KEEP_LAST
 from parcel_hpc.checkpoints.cadence import Cadence
+from parcel_hpc.governance.shape import TrialShape
 from parcel_hpc.ledger import SearchDir, TrialSpec
 from parcel_hpc.lifecycle.actions import RetryPolicy
 
-TRIAL_FIELDS = ("trial_id", "config_hash", "params", "seed", "image_digest")
+TRIAL_FIELDS = ("trial_id", "config_hash", "params", "seed", "image_digest", "nodes", "tasks_per_node")
 
 
 def trial_fields(spec: TrialSpec) -> dict[str, Any]:
-    return {"trial_id": spec.trial_id, "config_hash": spec.config_hash, "params": dict(spec.params), "seed": spec.seed, "image_digest": spec.image_digest}
+    shape = spec.shape  # its own: trials of one search may differ in shape (governance/shape.ShapePlan)
+    return {
+        "trial_id": spec.trial_id,
+        "config_hash": spec.config_hash,
+        "params": dict(spec.params),
+        "seed": spec.seed,
+        "image_digest": spec.image_digest,
+        "nodes": shape.nodes,
+        "tasks_per_node": shape.tasks_per_node,
+    }
 
 
 @dataclass(frozen=True)
@@ -52,6 +62,8 @@ class WorkerPlan:
     cpus: int = 1
     time_limit_min: int = 10
     rank_wait_s: float = 60.0  # a gang: how long its ranks wait on one another at a step boundary (the launcher's signal_delay_s)
+    nodes: int = 1  # the trial's own shape: the job it runs in is this many nodes x tasks_per_node ranks
+    tasks_per_node: int = 1
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -71,7 +83,16 @@ class WorkerPlan:
 
     @classmethod
     def load(cls, search: SearchDir, trial_id: str) -> WorkerPlan:
-        return cls.from_json(search.plan_json(trial_id))
+        obj = search.plan_json(trial_id)
+        if "nodes" not in obj:  # written before shapes per trial: its spec's (a gang's plan said nothing of its ranks)
+            shape = search.spec(trial_id).shape
+            obj = {**obj, "nodes": shape.nodes, "tasks_per_node": shape.tasks_per_node}
+        return cls.from_json(obj)
+
+    @property
+    def shape(self) -> TrialShape:
+        """The shape of the job this trial runs in (a pack's trials share one)."""
+        return TrialShape(self.nodes, self.tasks_per_node, self.gpus, self.cpus)
 
     @property
     def cadence(self) -> Cadence:

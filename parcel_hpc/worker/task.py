@@ -27,6 +27,7 @@ from submitit.core.utils import UncompletedJobError
 
 from parcel_hpc import anchor
 from parcel_hpc.fsio import owner_only_writes
+from parcel_hpc.governance.shape import TrialShape
 from parcel_hpc.ledger import SearchDir, TrialRecord
 from parcel_hpc.ledger.events import FailureSignature
 from parcel_hpc.lifecycle import systematic
@@ -50,6 +51,11 @@ class TrialTask:
         self.own_limits = len(self.plans) > 1 if own_limits is None else own_limits
         self._run: AttemptRun | None = None
         self._requeued = False  # the scheduler's signal asked for a requeue: this run starts no further trial
+
+    @property
+    def shape(self) -> TrialShape:
+        """Its job's: its trials' (a pack's are of one shape: a search with a gang among its shapes packs none)."""
+        return self.plans[0].shape
 
     @property
     def packed(self) -> bool:

@@ -13,6 +13,7 @@ import shutil
 import pytest
 from reference import EXAMPLES
 
+from parcel_hpc.budget import BudgetLedger
 from parcel_hpc.ledger import AttemptEnd, Cause, SearchDir, Started, TrialState
 from parcel_hpc.scheduler.slurm.steps import cpu_seconds
 from parcel_hpc.testing import launch, parcel_hpc
@@ -156,3 +157,48 @@ def test_gangs_in_a_slot_of_their_shape_run_one_after_another_and_reconcile_per_
     assert report["flags"] == [] and {r["trial_id"] for r in report["ranks"]} == {"t0000", "t0002"}
     (step,) = report["steps"]  # the slot's one srun step, both trials' ranks
     assert (step["trials"], step["job_id"], step["ranks"], step["nodes"]) == ("t0000,t0002", job, 4, 2)
+
+
+def test_a_search_of_two_shapes_submits_an_array_per_shape_and_charges_each_trial_its_own(tmp_path, artifacts):
+    """width=8 trials as 2 nodes x 2 ranks of 1 GPU, width=4 trials as one rank of 1 GPU, in one search
+    (resources.shape_by): one array per shape, each trial's job of its own shape, as sacct records it."""
+    shutil.copytree(artifacts["dir"], tmp_path / "data")
+    base = [o for o in GANG if not o.startswith(("resources.nodes", "resources.tasks_per_node", "search.n_trials", "lr=", "train.steps"))]
+    mixed = ["search.n_trials=4", "lr=choice(0.03,0.1)", "width=choice(4,8)", "train.steps=20", "resources.gpus=1"]
+    shapes = ["resources.shape_by=width", "resources.shapes={8:{nodes:2,tasks_per_node:2}}"]
+    search = _launch(tmp_path, tmp_path / "data", "mixed", *mixed, *shapes, base=base)
+    records = list(search.records())
+    assert {int(r.spec.params["width"]) for r in records} == {4, 8} and all(r.state is TrialState.COMPLETED for r in records)
+    arrays = set()
+    holds = BudgetLedger.read(search.path).holds
+    limit_h = float(search.contract()["resources"]["time_limit_min"]) / 60.0
+    for r in records:
+        (attempt,) = r.attempts
+        gang = int(r.spec.params["width"]) == 8
+        job = attempt.job_id
+        arrays.add(job.split("_")[0])
+        steps = {line.split("|")[0]: line.split("|")[1:] for line in sh("sacct", "-n", "-P", "-j", job, "-o", "JobID,NNodes,NTasks,AllocTRES").splitlines()}
+        assert steps[f"{job}.0"][:2] == (["2", "4"] if gang else ["1", "1"]), steps  # srun's step: the trial's own ranks
+        assert f"gres/gpu={4 if gang else 1}" in steps[job][2], steps  # every rank's GPU, allocated by the scheduler
+        assert r.spec.shape.gpus == (4 if gang else 1)
+        hold = holds[next(k for k in holds if k.trial_id == r.trial_id)]
+        assert hold.reserved_gpu_hours == pytest.approx(r.spec.shape.gpus * limit_h, abs=1e-6)  # its own shape's worst case
+    assert len(arrays) == 2  # an array's tasks share one shape: one array per shape
+
+
+def test_slots_of_two_shapes_each_take_only_the_trials_of_their_shape(tmp_path, artifacts):
+    """The same search in slots (hydra.launcher.dispatch=slots): slot jobs of each shape, each taking
+    only queued trials of its own shape."""
+    shutil.copytree(artifacts["dir"], tmp_path / "data")
+    base = [o for o in GANG if not o.startswith(("resources.nodes", "resources.tasks_per_node", "search.n_trials", "lr=", "train.steps"))]
+    mixed = ["search.n_trials=8", "lr=choice(0.03,0.1)", "width=choice(4,8)", "train.steps=20", "hydra.launcher.dispatch=slots"]
+    shapes = ["resources.shape_by=width", "resources.shapes={8:{nodes:2,tasks_per_node:2}}"]
+    search = _launch(tmp_path, tmp_path / "data", "slots", *mixed, *shapes, base=base)
+    slot_jobs = {str(s["job_id"]) for s in search.slot_records()}
+    records = list(search.records())
+    assert {int(r.spec.params["width"]) for r in records} == {4, 8} and all(r.state is TrialState.COMPLETED for r in records)
+    for r in records:
+        job = r.attempts[-1].job_id
+        assert job in slot_jobs
+        steps = {line.split("|")[0]: line.split("|")[1:] for line in sh("sacct", "-n", "-P", "-j", job, "-o", "JobID,NNodes,NTasks").splitlines()}
+        assert steps[f"{job}.0"][:2] == (["2", "4"] if r.spec.shape.is_gang else ["1", "1"]), steps  # the slot's job: its trials' shape

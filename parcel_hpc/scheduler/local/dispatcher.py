@@ -23,11 +23,11 @@ import submitit
 from submitit.core.utils import JobPaths
 
 from parcel_hpc.errors import UsageError
-from parcel_hpc.governance.shape import TrialShape
+from parcel_hpc.governance.shape import ShapePlan, TrialShape
 from parcel_hpc.gpus import is_index, visible_devices
 from parcel_hpc.ledger import SearchDir
 from parcel_hpc.probe import pid_alive, runs_submitit
-from parcel_hpc.scheduler.base import Dispatcher, LauncherSettings, Record, Submitted, Task, submitted_of
+from parcel_hpc.scheduler.base import Dispatcher, LauncherSettings, Record, Submitted, Task, job_shape, submitted_of
 from parcel_hpc.scheduler.local import EXECUTOR
 
 WAKE_S = 0.02  # how often a waiting launch asks its children whether one ended
@@ -45,9 +45,9 @@ class LocalDispatcher(Dispatcher):
         self.folder = job_folder(search)
         self._max_num_timeout = max_num_timeout
         self._executor: submitit.LocalExecutor | None = None
-        wanted = TrialShape.of(settings.resources).gpus  # every rank's
+        wanted = ShapePlan.of(settings.resources).largest.gpus  # every rank's, of the largest trial
         self.devices = machine_gpus() if wanted > 0 else ()
-        self.gpus_per_job = wanted if len(self.devices) >= wanted else 0  # 0: CPU only, charged no GPU-hours
+        self.on_gpus = len(self.devices) >= wanted  # else CPU only, charged no GPU-hours
         self.held: dict[str, tuple[Any, tuple[int, ...]]] = {}  # job id -> (its Job, the devices it holds)
 
     @property
@@ -58,16 +58,21 @@ class LocalDispatcher(Dispatcher):
             self._executor.update_parameters(
                 timeout_min=int(self.settings.resources["time_limit_min"]),
                 signal_delay_s=int(self.settings.params["signal_delay_s"]),
-                tasks_per_node=int(self.settings.resources.get("tasks_per_node", 1)),  # a gang's ranks: one process each, started together
             )
         return self._executor
 
     def check(self) -> None:
         pass  # this machine is the scheduler
 
+    def gpus_of(self, shape: TrialShape) -> int:
+        """The machine's GPUs a job of this shape is handed (every rank's); 0: CPU only."""
+        return shape.gpus if self.on_gpus else 0
+
     def capacity(self) -> int:
+        # Counted for the largest trial: a smaller one that would fit is not started ahead of it.
         free = self.parallelism - sum(not job.done() for job, _ in self.held.values())
-        return min(free, len(self._free_devices()) // self.gpus_per_job) if self.gpus_per_job else free
+        per_job = self.gpus_of(ShapePlan.of(self.settings.resources).largest)
+        return min(free, len(self._free_devices()) // per_job) if per_job else free
 
     def _free_devices(self) -> list[int]:
         busy = {d for job, devices in self.held.values() if not job.done() for d in devices}
@@ -80,11 +85,14 @@ class LocalDispatcher(Dispatcher):
         job_ids = []
         self.executor.python = self.job_python()  # each job holds the search before submitit unpickles it
         for task in tasks:
-            devices = tuple(self._free_devices()[: self.gpus_per_job])
-            if len(devices) < self.gpus_per_job:
-                raise UsageError(f"no {self.gpus_per_job} free GPUs for another job: submit at most capacity() jobs")
+            shape = job_shape(task, self.settings.resources)
+            wanted = self.gpus_of(shape)
+            devices = tuple(self._free_devices()[:wanted])
+            if len(devices) < wanted:
+                raise UsageError(f"no {wanted} free GPUs for another job: submit at most capacity() jobs")
             self.executor.update_parameters(
                 timeout_min=task.job_minutes(int(self.settings.resources["time_limit_min"])),
+                tasks_per_node=shape.tasks_per_node,  # a gang's ranks: one process each, started together
                 gpus_per_node=len(devices),
                 visible_gpus=devices,
             )
@@ -121,10 +129,10 @@ class LocalDispatcher(Dispatcher):
                 os.kill(int(job_id), signal.SIGINT)
 
     def describe(self, pack_lengths: Sequence[int], slots: bool = False) -> str:
-        wanted = TrialShape.of(self.settings.resources).gpus
+        wanted = ShapePlan.of(self.settings.resources).largest.gpus
         gpus = (
-            f", {self.gpus_per_job} of this machine's GPUs {list(self.devices)} each"
-            if self.gpus_per_job
+            f", {'up to ' if ShapePlan.of(self.settings.resources).mixed else ''}{wanted} of this machine's GPUs {list(self.devices)} each"
+            if wanted and self.on_gpus
             else (f", on the CPU: this machine has {len(self.devices)} GPUs, a trial asks for {wanted} (no GPU-hours are charged)" if wanted else "")
         )
         jobs = (

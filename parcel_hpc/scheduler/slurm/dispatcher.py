@@ -24,11 +24,11 @@ from submitit.slurm import slurm as submitit_slurm
 from parcel_hpc import anchor
 from parcel_hpc.budget import AssociationLimit
 from parcel_hpc.errors import ReleaseFailed, SchedulerUnavailable
-from parcel_hpc.governance.shape import TrialShape
+from parcel_hpc.governance.shape import ShapePlan, TrialShape
 from parcel_hpc.identity import SearchIdentity, scheduler_name
 from parcel_hpc.ledger import SearchDir
 from parcel_hpc.ownership import current_user
-from parcel_hpc.scheduler.base import Dispatcher, LauncherSettings, QueuedJob, QueueState, Record, Submitted, Task, submitted_of
+from parcel_hpc.scheduler.base import Dispatcher, LauncherSettings, QueuedJob, QueueState, Record, Submitted, Task, job_shape, submitted_of
 from parcel_hpc.scheduler.packing import job_time_limit_min
 from parcel_hpc.scheduler.slurm import EXECUTOR, calls
 from parcel_hpc.scheduler.slurm import queue as slurm
@@ -106,16 +106,22 @@ class SlurmDispatcher(Dispatcher):
         out: list[Submitted] = []
         size = self.limits.max_array_size
         parallelism = self.slots()
-        for start in range(0, len(tasks), size):
-            chunk = tasks[start : start + size]
+        # An array's tasks share one --nodes, --ntasks-per-node and --gres: one array (or more) per trial shape.
+        by_shape: dict[TrialShape, list[Task]] = {}
+        for task in tasks:
+            by_shape.setdefault(job_shape(task, self.settings.resources), []).append(task)
+        chunks = [(shape, group[start : start + size]) for shape, group in by_shape.items() for start in range(0, len(group), size)]
+        for shape, chunk in chunks:
             # Several arrays share the launcher's array_parallelism, in proportion to their tasks.
-            share = max(1, round(parallelism * len(chunk) / len(tasks))) if len(tasks) > size else parallelism
-            out += self._submit_array(chunk, record, exclude_nodes, share)
+            share = max(1, round(parallelism * len(chunk) / len(tasks))) if len(chunks) > 1 else parallelism
+            out += self._submit_array(chunk, record, exclude_nodes, share, shape)
         return out
 
-    def _submit_array(self, tasks: Sequence[Task], record: Record, exclude_nodes: Sequence[str], parallelism: int) -> list[Submitted]:
+    def _submit_array(self, tasks: Sequence[Task], record: Record, exclude_nodes: Sequence[str], parallelism: int, shape: TrialShape) -> list[Submitted]:
         params = self.executor.parameters
         params["array_parallelism"] = parallelism
+        launch_shape = {k: params.pop(k) for k in SHAPE_PARAMETERS if k in params}
+        params.update(shape_parameters(shape))
         extra = params.setdefault("additional_parameters", {})
         if exclude_nodes:
             extra["exclude"] = ",".join(exclude_nodes)
@@ -135,6 +141,9 @@ class SlurmDispatcher(Dispatcher):
             extra.pop("exclude", None)
             params["time"] = limit
             params["array_parallelism"] = self.slots()
+            for k in SHAPE_PARAMETERS:
+                params.pop(k, None)
+            params.update(launch_shape)
         submitted = submitted_of(tasks, [str(j.job_id) for j in jobs])
         record(submitted)  # held until here: the ledger knows every job id before any can start
         try:
@@ -187,6 +196,10 @@ class SlurmDispatcher(Dispatcher):
         arrays = -(-len(pack_lengths) // self.limits.max_array_size)
         if arrays > 1:
             script = f"# {len(pack_lengths)} tasks: {arrays} arrays of at most MaxArraySize={self.limits.max_array_size}; the first:\n{script}"
+        plan = ShapePlan.of(self.settings.resources)
+        if plan.mixed:
+            shapes = ", ".join(shape.describe() for shape in plan.all_shapes())
+            script = f"# trials of {len(plan.all_shapes())} shapes ({shapes}): an array per shape, each with its own --nodes, --ntasks-per-node and --gres; the default shape's:\n{script}"
         return script
 
 
@@ -224,15 +237,24 @@ def sbatch_parameters(settings: LauncherSettings, identity: SearchIdentity | Non
         additional_parameters=extra,
         wckey=name,
     )
-    shape = TrialShape.of(resources)
+    out.update(shape_parameters(TrialShape.of(resources)))
+    if resources.get("partition"):
+        out["partition"] = resources["partition"]
+    return out
+
+
+SHAPE_PARAMETERS = ("gres", "nodes", "ntasks_per_node", "srun_args")  # what differs between jobs of two trial shapes
+
+
+def shape_parameters(shape: TrialShape) -> dict[str, Any]:
+    """submitit's parameters for a job of this trial shape (``SHAPE_PARAMETERS``; none for one rank without GPUs)."""
+    out: dict[str, Any] = {}
     if shape.gpus_per_rank > 0:
         out["gres"] = f"gpu:{shape.gpus_per_rank * shape.tasks_per_node}"  # per node: every rank's on it
     if shape.is_gang:
         # One task a rank, started together by srun; a rank that exits with an error ends the others
         # (the gang is one trial: it fails, or is requeued, whole).
         out.update(nodes=shape.nodes, ntasks_per_node=shape.tasks_per_node, srun_args=["--kill-on-bad-exit=1"])
-    if resources.get("partition"):
-        out["partition"] = resources["partition"]
     return out
 
 
