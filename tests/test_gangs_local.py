@@ -102,6 +102,13 @@ def test_each_rank_s_gpu_use_is_its_own_reading_and_reconcile_shows_it_per_rank(
     assert "70%" in dom.split("<h2>per rank</h2>", 1)[1]  # rank 1's reading, in its row as Chromium rendered it
 
 
+def test_select_refuses_a_gang_s_trial_before_anything_is_frozen(whole):
+    search, _ = whole
+    res = parcel_hpc(["select", str(search.path), "--now", "--reason", "a gang's winner"], cwd=search.path.parent)
+    assert res.returncode == 2 and "t0000 is a trial of 1 node x 2 ranks x 1 GPU" in res.stderr and "not built yet" in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and not (search.path / "selection").exists()  # one line; nothing frozen
+
+
 def test_a_signal_on_rank_0_requeues_the_whole_gang_which_resumes_bit_equal(tmp_path, data_dir, whole):
     record = signalled_once([*GANG, "train.step_seconds=0.05"], cwd=tmp_path, data_dir=data_dir, env=ENV)
     assert 10 <= record.attempts[0].step < 60
