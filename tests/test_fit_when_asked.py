@@ -4,7 +4,9 @@ exactly what an eager fit on the train partition gave."""
 
 from __future__ import annotations
 
+import os
 import pickle
+import signal
 import threading
 
 import numpy as np
@@ -69,6 +71,21 @@ def test_the_preflight_s_few_examples_and_a_pickled_copy_fit_only_when_asked(art
     assert len(few.train) == 32 and fits[0] == 0
     picked = few.train.features
     assert fits[0] == 1 and picked.shape == (32, data.train.features.shape[1]) and not picked.flags.writeable
+    few_copy = pickle.loads(pickle.dumps(few))
+    assert np.array_equal(few_copy.train.features, picked) and not few_copy.train.features.flags.writeable
+    assert len(pickle.dumps(few.train)) < len(pickle.dumps(data.train)) / 4  # the picked rows, not the partition behind them
     copy = pickle.loads(pickle.dumps(data))  # a trainer handing its data to a process it spawns
     assert np.array_equal(copy.train.features, data.train.features) and fits[0] == 1
     assert copy.without_examples().preprocessing.revision == "stats-r1"
+
+
+def test_a_child_forked_while_another_thread_fits_fits_for_itself(artifacts):
+    """The lock a fitting thread holds at the fork is free in the child, which makes its own fit."""
+    data = load_training_data(artifacts["snapshot_path"], read_split(artifacts["split_path"]), PREPROCESSING)
+    with data._preprocessing._lock:  # another thread, mid-fit
+        pid = os.fork()
+        if pid == 0:
+            signal.alarm(30)  # a lock never freed ends the child (and fails the test), not the run
+            os._exit(0 if data.train.features.shape[0] == len(data.train) else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

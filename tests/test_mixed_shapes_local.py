@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from test_own_model import base_args, write_model
 
 from parcel_hpc.budget import BudgetLedger
 from parcel_hpc.ledger import SearchDir, TrialState
@@ -54,6 +55,19 @@ def test_bad_shapes_through_the_launch_are_one_line_and_write_nothing(tmp_path, 
     lines = [line for line in res.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], res.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_keys_written_as_numbers_and_as_text_launch_as_the_contract_pins_them(tmp_path, data_dir):
+    """``{relu: ..., 1: ...}`` for ``choice(relu,'1')``: Hydra keeps a str and an int key; the launch's
+    record (sorted JSON) and the contract take both as text, and the search runs (a traceback after
+    the freeze before)."""
+    env = write_model(tmp_path / "lab", extra="{'act': Param(str, default='relu')}", build_check="params['act']")
+    args = base_args(tmp_path, "k", "trainer.target=my_models:Model", "act=choice(relu,'1')", "search.n_trials=2", "resources.shape_by=act")
+    res = launch([*args, "resources.shapes={relu:{nodes:1},1:{nodes:1}}"], cwd=tmp_path, data_dir=data_dir, env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    search = SearchDir(tmp_path / "runs" / "k")
+    assert search.contract()["resources"]["shapes"] == {"1": {"nodes": 1, "tasks_per_node": 1}, "relu": {"nodes": 1, "tasks_per_node": 1}}
+    assert all(r.state.is_finished() for r in search.records())
 
 
 @pytest.fixture(scope="module")

@@ -188,6 +188,7 @@ def test_without_a_mapping_the_contract_pins_nothing_new_and_each_trial_takes_th
         ({"shape_by": "width", "shapes": {8: {"nodes": "two"}}}, "resources.shapes.8.nodes='two' is not a positive whole number"),
         ({"shape_by": "width", "shapes": {8: {"ranks": 2}}}, "resources.shapes.8={'ranks': 2} is not a shape; give {nodes: N, tasks_per_node: T}"),
         ({"shape_by": "width", "shapes": {8: 2}}, "resources.shapes.8=2 is not a shape"),
+        ({"shape_by": "width", "shapes": {8: {"nodes": 2}, "8": {"nodes": 1}}}, "names one value of width twice; key each value once"),
     ],
 )
 def test_a_bad_mapping_is_one_line_naming_the_fix(resources, needle):

@@ -93,7 +93,9 @@ class ShapePlan:
 
     def shape_of(self, params: Mapping[str, Any]) -> TrialShape:
         """The shape of the trial with these params."""
-        return self.shapes.get(value_key(params[self.by]), self.default) if self.by else self.default
+        return (
+            self.shapes.get(value_key(params.get(self.by)), self.default) if self.by else self.default
+        )  # a (forged) spec without it: the default, never a KeyError
 
     def trial_resources(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """A trial's own resources: the contract's, with the mapping replaced by the trial's shape

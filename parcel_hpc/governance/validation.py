@@ -499,6 +499,8 @@ def check_shapes(resources: Mapping[str, Any], params: Mapping[str, Mapping[str,
             f"give resources.shapes={{VALUE: {{nodes: N, tasks_per_node: T}}}} for values of {by}",
         )
     values = [value_key(v) for v in spec["values"]]
+    if len({value_key(k) for k in shapes}) < len(shapes):  # 8 and '8': one value, two shapes
+        raise bad("resources.shapes", dict(shapes), f"names one value of {by} twice", "key each value once")
     for key, shape in shapes.items():
         where = f"resources.shapes.{key}"
         if value_key(key) not in values:

@@ -84,6 +84,8 @@ def from_hydra(config: DictConfig, grammar: Sequence[str]) -> tuple[dict[str, An
     split_path = Path(cfg["split"]["path"])
     folds = read_split(split_path).fold_count if split_path.is_file() else 1  # a missing file: build_contract says so
     plan = validation.check_shapes(cfg["resources"], cfg["space"]["params"])
+    if plan.by:  # keys as the contract pins them: 8 and 'big' as written would not sort in the launch's record
+        cfg["resources"]["shapes"] = plan.pinned()["shapes"]
     for shape in plan.all_shapes():
         validation.check_gang(shape, launcher, folds, backend_of(kind).gang_refusal(shape))
     validation.check_mixed(plan, launcher, samplers.from_config(cfg.get("sampler")).learns, bool(cfg["search"]["wait"]))

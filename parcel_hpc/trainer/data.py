@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -135,6 +136,7 @@ class Fit:
         self._images: tuple[np.ndarray, np.ndarray] | None = (train_images, validation_images)
         self._lock = threading.Lock()
         self._fitted: tuple[Preprocessor, np.ndarray, np.ndarray] | None = None
+        _FITS.add(self)
 
     def fitted(self) -> tuple[Preprocessor, np.ndarray, np.ndarray]:
         """The preprocessor and the train and validation features (read-only)."""
@@ -159,6 +161,19 @@ class Fit:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.revision, self.pool, self._fitted = state["revision"], state["pool"], state["fitted"]
         self._images, self._lock = None, threading.Lock()
+
+
+# A child forked while another thread was fitting (a data loader's worker) would inherit a held
+# lock and wait on it for ever: every fit's lock starts free in the child, which fits for itself.
+_FITS: weakref.WeakSet[Fit] = weakref.WeakSet()
+
+
+def _free_locks_in_child() -> None:
+    for fit in list(_FITS):
+        fit._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_free_locks_in_child)
 
 
 @dataclass(frozen=True)

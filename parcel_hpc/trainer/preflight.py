@@ -53,6 +53,15 @@ class _Picked:
             self._picked = picked
         return self._picked
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as the picked rows alone, never the whole partition behind them."""
+        return _read_only, (self(),)
+
+
+def _read_only(rows: np.ndarray) -> np.ndarray:
+    rows.flags.writeable = False
+    return rows
+
 
 def few_examples(data: TrainingData, n: int = EXAMPLES) -> TrainingData:
     """``n`` examples of each partition, both classes where the partition has them."""
