@@ -92,10 +92,8 @@ class ShapePlan:
         return cls(default, by, shapes if by else {}, dict(resources))
 
     def shape_of(self, params: Mapping[str, Any]) -> TrialShape:
-        """The shape of the trial with these params."""
-        return (
-            self.shapes.get(value_key(params.get(self.by)), self.default) if self.by else self.default
-        )  # a (forged) spec without it: the default, never a KeyError
+        """The shape of the trial with these params (a forged spec without the parameter: the default, never a KeyError)."""
+        return self.shapes.get(value_key(params.get(self.by)), self.default) if self.by else self.default
 
     def trial_resources(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """A trial's own resources: the contract's, with the mapping replaced by the trial's shape

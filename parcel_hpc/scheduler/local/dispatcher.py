@@ -45,7 +45,8 @@ class LocalDispatcher(Dispatcher):
         self.folder = job_folder(search)
         self._max_num_timeout = max_num_timeout
         self._executor: submitit.LocalExecutor | None = None
-        wanted = ShapePlan.of(settings.resources).largest.gpus  # every rank's, of the largest trial
+        self.shapes = ShapePlan.of(settings.resources)  # read once: capacity() is asked on every turn of the follow loop
+        wanted = self.shapes.largest.gpus  # every rank's, of the largest trial
         self.devices = machine_gpus() if wanted > 0 else ()
         self.on_gpus = len(self.devices) >= wanted  # else CPU only, charged no GPU-hours
         self.held: dict[str, tuple[Any, tuple[int, ...]]] = {}  # job id -> (its Job, the devices it holds)
@@ -71,7 +72,7 @@ class LocalDispatcher(Dispatcher):
     def capacity(self) -> int:
         # Counted for the largest trial: a smaller one that would fit is not started ahead of it.
         free = self.parallelism - sum(not job.done() for job, _ in self.held.values())
-        per_job = self.gpus_of(ShapePlan.of(self.settings.resources).largest)
+        per_job = self.gpus_of(self.shapes.largest)
         return min(free, len(self._free_devices()) // per_job) if per_job else free
 
     def _free_devices(self) -> list[int]:
@@ -129,9 +130,9 @@ class LocalDispatcher(Dispatcher):
                 os.kill(int(job_id), signal.SIGINT)
 
     def describe(self, pack_lengths: Sequence[int], slots: bool = False) -> str:
-        wanted = ShapePlan.of(self.settings.resources).largest.gpus
+        wanted = self.shapes.largest.gpus
         gpus = (
-            f", {'up to ' if ShapePlan.of(self.settings.resources).mixed else ''}{wanted} of this machine's GPUs {list(self.devices)} each"
+            f", {'up to ' if self.shapes.mixed else ''}{wanted} of this machine's GPUs {list(self.devices)} each"
             if wanted and self.on_gpus
             else (f", on the CPU: this machine has {len(self.devices)} GPUs, a trial asks for {wanted} (no GPU-hours are charged)" if wanted else "")
         )
