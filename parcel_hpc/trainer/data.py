@@ -140,6 +140,8 @@ class Fit:
 
     def fitted(self) -> tuple[Preprocessor, np.ndarray, np.ndarray]:
         """The preprocessor and the train and validation features (read-only)."""
+        if (done := self._fitted) is not None:  # every step of a trainer that reads features asks: no lock once made
+            return done
         with self._lock:
             if self._fitted is None:
                 train, validation = self._images  # type: ignore[misc]  # set until fitted
