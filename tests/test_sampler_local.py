@@ -200,8 +200,10 @@ def test_two_launchers_on_one_search_never_propose_twice_for_one_slot(tmp_path, 
     by = {m["trial_id"]: m["launch_id"] for m in made}
     assert len(set(by.values())) == 2  # both launchers proposed
     for k, m in enumerate(made):
-        # each launcher proposes into its own 2 slots: when it does, at most 1 other of its own trials is unfinished
-        assert sum(t["told"] == "running" and by[t["trial_id"]] == m["launch_id"] for t in m["told"]) <= 1
+        # A slot proposes only when it is free: the other 3 slots (2 a launcher) run at most 3 trials then. Which
+        # launcher's slot runs a proposal is not fixed: between its proposer queueing it and taking it, a free slot of
+        # the other launcher may take it (``launch/slot._take_proposed``), and the proposer then proposes again.
+        assert sum(t["told"] == "running" for t in m["told"]) <= 3
         assert [t["trial_id"] for t in m["told"]] == [f"t{j:04d}" for j in range(k)]  # told every earlier proposal
     records = list(search.records())
     assert len(records) == 10 and all(r.state.is_finished() and len(r.attempts) == 1 and len(r.jobs) == 1 for r in records)

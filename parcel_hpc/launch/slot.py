@@ -246,8 +246,10 @@ class SlotTask:
         return None  # lost MAX_LOST_RACES draws in a row: the other slots make the proposals left
 
     def _take_proposed(self, search: SearchDir, view: RecordView, facts: Started, proposer: Proposer, spec: TrialSpec) -> TrialRecord | None:
-        """A new proposal's trial admitted, planned, queued and taken by this slot; None when refused
-        or when a launcher adopting an orphaned proposal claimed its dispatch first (it queues it)."""
+        """A new proposal's trial admitted, planned, queued and taken by this slot; None when refused,
+        when a launcher adopting an orphaned proposal claimed its dispatch first (it queues it), or
+        when another free slot took it from the queue first (it runs it; this slot proposes again:
+        each proposal still goes to a free slot, so the slots never run more trials than they are)."""
         tid = spec.trial_id
         if not proposer.adopt(spec, WorkerPlan.for_trial(self.template, spec), TrialWriter(search.trial_dir(tid), "slot")).is_admit:
             return None
