@@ -8,15 +8,19 @@ the bound (the launcher's signal_delay_s)."""
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from browser import check_html_plots
 
 from parcel_hpc.checkpoints import format as ckpt_format
+from parcel_hpc.checkpoints.gang import GangCheckpoints, committed_parts, trainer_extra
+from parcel_hpc.governance.admission import TrialIdentity
 from parcel_hpc.ledger import AttemptEnd, Cause, SearchDir, TrialState
 from parcel_hpc.testing import faults, launch, parcel_hpc
-from parcel_hpc.testing.runs import signalled_once
+from parcel_hpc.testing.runs import signalled_once, subprocess_env
 from parcel_hpc.worker.training import STEP_HOOK_ENV
 
 pytest.importorskip("torch")
@@ -107,6 +111,68 @@ def test_select_refuses_a_gang_s_trial_before_anything_is_frozen(whole):
     res = parcel_hpc(["select", str(search.path), "--now", "--reason", "a gang's winner"], cwd=search.path.parent)
     assert res.returncode == 2 and "t0000 is a trial of 1 node x 2 ranks x 1 GPU" in res.stderr and "not built yet" in res.stderr, res.stderr
     assert len(res.stderr.strip().splitlines()) == 1 and not (search.path / "selection").exists()  # one line; nothing frozen
+
+
+# A selection of ``argv[2]`` frozen by hand (select refuses a gang's trial before freezing), then its
+# selected artifact taken and rescored as the rerun job takes it: one JSON line, or the job's one-line error.
+RESCORE = """
+import json, sys
+from pathlib import Path
+from parcel_hpc.errors import UsageError
+from parcel_hpc.ledger import JobRole, SearchDir
+from parcel_hpc.selection import jobs
+from parcel_hpc.selection.store import SelectionStore
+store = SelectionStore(SearchDir(Path(sys.argv[1])))
+record = store.search.record(sys.argv[2])
+store.freeze(1, {"selection": 1, "trial_id": sys.argv[2], "metric": record.metric})
+ctx = jobs._Context(store, 1, JobRole.RERUN)
+try:
+    trainer, found = jobs.selected_artifact(ctx)
+except UsageError as exc:
+    sys.exit(f"error: {exc}")
+val = ctx.data.validation
+rescored = ctx.metric(ctx.scores(trainer, "validation", len(val), found.step), val.labels)
+print(json.dumps({"selected": record.metric, "rescored": rescored, "step": found.step, "part": found.path.name}))
+"""
+
+
+def _rescored(search: Path, trial: str = "t0000") -> subprocess.CompletedProcess:
+    env = subprocess_env(None, ENV)
+    return subprocess.run([sys.executable, "-c", RESCORE, str(search), trial], cwd=search.parent, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_a_gang_s_selected_artifact_is_rank_0_s_replica_and_rescores_to_exactly_its_selected_value(whole, tmp_path):
+    search, record = whole
+    copy = tmp_path / "g"  # the selection frozen by hand lands in a copy; its plan still reads the gang's own checkpoints
+    shutil.copytree(search.path, copy)
+    res = _rescored(copy)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(res.stdout)
+    # Rank 1's part predicted rank 0's validation frames bit for bit (else it is refused), and rank 0's, loaded by
+    # one process, gives the very number the gang's rank 0 validated at its last step.
+    assert out == {"selected": record.metric, "rescored": record.metric, "step": 60, "part": "ckpt-000060.rank-0000.h5"}
+    # The rerun job itself rescores it the same way, then stops at the rerun, which is not built for a gang: one line, no result.
+    job = parcel_hpc(["selection-job", str(copy), "rerun", "--selection", "1"], cwd=tmp_path, env=ENV)
+    assert job.returncode == 2 and len(job.stderr.strip().splitlines()) == 1, job.stderr
+    assert "t0000 is a trial of 1 node x 2 ranks x 1 GPU: its rerun as a gang of that shape is not built yet" in job.stderr
+    assert not list((copy / "selection").rglob("result*.json"))
+
+
+def test_a_gang_whose_parts_are_not_replicas_is_refused_in_one_line(tmp_path, data_dir):
+    """A step whose rank 1 holds other weights than rank 0 (as a sharded model's parts would): rank 0's
+    part alone is not the gang's model, so it is refused rather than rescored and released."""
+    search = _search(tmp_path, data_dir, "resources.gpus=0")
+    ckpt_dir = search.path / "checkpoints" / "t0000"
+    identity = TrialIdentity.from_claim_json(ckpt_format.header(ckpt_dir / "ckpt-000060.rank-0000.h5"))
+    manifest, parts = committed_parts(ckpt_dir, identity, 2)
+    for rank, part in enumerate(parts):  # step 61, committed as the gang commits, rank 1's weights moved
+        params = {k: v + 0.5 if rank == 1 and k.startswith("model/") and v.dtype.kind == "f" else v for k, v in part.params.items()}
+        gang = GangCheckpoints(ckpt_dir, identity, rank=rank, world_size=2, attempt=manifest.attempt)
+        gang.write_part(gang.prepare(61, params, part.optimizer, part.rng_state, trainer_extra(part)))
+    GangCheckpoints(ckpt_dir, identity, rank=0, world_size=2, attempt=manifest.attempt).commit(61, wait_s=5)
+    res = _rescored(search.path)
+    assert res.returncode == 1 and len(res.stderr.strip().splitlines()) == 1, res.stderr[-3000:]
+    assert "t0000's checkpoint parts at step 61 are not replicas: rank 1's part predicts otherwise than rank 0's" in res.stderr
 
 
 def test_a_signal_on_rank_0_requeues_the_whole_gang_which_resumes_bit_equal(tmp_path, data_dir, whole):

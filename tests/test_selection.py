@@ -18,6 +18,7 @@ from parcel_hpc.scheduler.slurm import sbatch
 from parcel_hpc.selection.actions import checked_text
 from parcel_hpc.selection.candidates import Entry, TrialFacts, best_candidate, completed_list, lineage_problems, list_digest
 from parcel_hpc.selection.disposition import disposition
+from parcel_hpc.selection.gangs import unlike_ranks
 from parcel_hpc.selection.gates import GATES, Comparison, GateFacts, JudgedOn, ParityCheck, Performance, RerunCheck, Slices
 from parcel_hpc.selection.policy import GatePolicy, pinned_selection
 from parcel_hpc.selection.slices import Finding, GateResult, shipment_buckets, slice_gate, slice_report
@@ -377,3 +378,10 @@ def test_a_rerun_job_is_given_the_time_of_every_training_it_does():
     # a 5-fold trial's limit is 5 fold runs' (50 min): 5 fold reruns, 5 baseline folds and two refits
     assert job_time_limit_min(50, JobRole.RERUN, folds=5) == 12 * 10 + 10
     assert job_time_limit_min(50, JobRole.FINAL, folds=5) == 50  # the final job only scores
+
+
+def test_a_gang_s_parts_are_replicas_only_when_every_rank_predicts_rank_0_s_probabilities_bit_for_bit():
+    p = np.array([0.1, 0.7, 0.25])
+    assert unlike_ranks([p, p.copy(), p.copy()]) == ()  # data-parallel: rank 0's part serves for all
+    assert unlike_ranks([p, p.copy(), np.nextafter(p, 1.0), p[::-1].copy()]) == (2, 3)  # one ulp is another model
+    assert unlike_ranks([p]) == ()

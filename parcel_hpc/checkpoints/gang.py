@@ -93,6 +93,32 @@ class PartDamaged(Exception):
     """This rank's part of the newest complete step failed its digest: the step was set aside."""
 
 
+def trainer_extra(part: Checkpoint) -> dict[str, Any]:
+    """A part's extras as the rank's trainer saved them: the gang's own header fields left out."""
+    return {k: v for k, v in (part.extra or {}).items() if k != GANG_KEY}
+
+
+def committed_parts(ckpt_dir: str | os.PathLike, identity: TrialIdentity, world_size: int) -> tuple[Manifest, tuple[Checkpoint, ...]] | None:
+    """The gang's newest complete step and every rank's part of it, each body verified, for a reader
+    outside the gang (the selection's rescore); None: no complete step. It writes nothing: a damaged
+    part is one line (``UsageError``), never set aside, since the trial's directory is not the reader's."""
+    view = GangCheckpoints(ckpt_dir, identity, rank=0, world_size=world_size, attempt=0)  # the attempt only matters to a writer
+    newest = view.newest_complete()
+    if newest is None:
+        return None
+    if newest.world_size != world_size:
+        raise WorldSizeChanged(
+            f"the gang's checkpoint at step {newest.step} in {ckpt_dir} was written by {newest.world_size} ranks, not the trial's {world_size}"
+        )
+    parts = []
+    for rank in range(world_size):
+        try:
+            parts.append(view.read_part(newest, rank))
+        except Unusable as exc:
+            raise UsageError(f"rank {rank}'s part of step {newest.step} in {ckpt_dir} is damaged ({exc}); the committed step cannot be read") from None
+    return newest, tuple(parts)
+
+
 class GangCheckpoints:
     """One rank's view of the gang's checkpoints in the trial's one (claimed) directory."""
 

@@ -45,6 +45,7 @@ from parcel_hpc.checkpoints import claims
 from parcel_hpc.checkpoints import store as ckpt
 from parcel_hpc.checkpoints.format import Unusable
 from parcel_hpc.checkpoints.format import read as read_checkpoint
+from parcel_hpc.checkpoints.gang import committed_parts, trainer_extra
 from parcel_hpc.data import Partition, load_final_partition, read_split
 from parcel_hpc.errors import ParcelError, UsageError, one_line
 from parcel_hpc.governance.admission import TrialIdentity, check_worker, config_hash
@@ -56,6 +57,7 @@ from parcel_hpc.ledger import Admitted, AttemptEnd, Cause, Ended, JobRole, Searc
 from parcel_hpc.ledger.events import encode_payload
 from parcel_hpc.ledger.selection import FinalOpened, JobSubmitted
 from parcel_hpc.selection.baseline import BaselineKind, baseline_trainer
+from parcel_hpc.selection.gangs import rerun_not_built, unlike_ranks
 from parcel_hpc.selection.gates import JudgedOn
 from parcel_hpc.selection.policy import SelectionPolicy
 from parcel_hpc.selection.slices import shipment_buckets, slice_report
@@ -208,10 +210,41 @@ def _restored(ctx: _Context, make: Callable[[], Trainer], directory: Path, ident
     found = ckpt.CheckpointStore(directory, identity, keep_last=1).load_latest()
     if found is None:
         raise UsageError(f"no intact checkpoint in {directory}; the artifact is missing")
+    return _loaded(ctx, make, found, TrainerState(found.params, found.extra or {})), found
+
+
+def _loaded(ctx: _Context, make: Callable[[], Trainer], found: ckpt.Checkpoint, state: TrainerState) -> Trainer:
     trainer = make()
     with ctx.trainer_code(f"{type(trainer).__name__}.load_state({found.path.name})"):
-        trainer.load_state(TrainerState(found.params, found.extra or {}))
-    return trainer, found
+        trainer.load_state(state)
+    return trainer
+
+
+def selected_artifact(ctx: _Context) -> tuple[Trainer, ckpt.Checkpoint]:
+    """The selected trial's final checkpoint loaded into its trainer. A gang's is rank 0's part of its
+    newest complete step: rank 0's replica, the model whose validation on rank 0 the trial was
+    selected by, once every other rank's part, loaded alone the same way, is shown to predict the
+    same validation frames bit for bit (``replicas.py``); parts that do not (a sharded model) are
+    refused in one line, since rank 0's alone would serve something the gang never was."""
+    make, directory, shape = (lambda: ctx.trainer(ctx.plan.params)), _final_chain(ctx, ""), ctx.plan.shape
+    if not shape.is_gang:
+        return _restored(ctx, make, directory, ctx.winner_identity)
+    found = committed_parts(directory, ctx.winner_identity, shape.ranks)
+    if found is None:
+        raise UsageError(f"no complete step of the gang's checkpoint in {directory}; the artifact is missing")
+    manifest, parts = found
+    val = ctx.data.validation
+    own = _loaded(ctx, make, parts[0], TrainerState(parts[0].params, trainer_extra(parts[0])))
+    predicted = [ctx.scores(own, "validation", len(val), manifest.step)]
+    for part in parts[1:]:  # one at a time: a large model's replicas need not all fit at once
+        predicted.append(ctx.scores(_loaded(ctx, make, part, TrainerState(part.params, trainer_extra(part))), "validation", len(val), manifest.step))
+    unlike = unlike_ranks(predicted)
+    if unlike:
+        raise UsageError(
+            f"{ctx.trial_id}'s checkpoint parts at step {manifest.step} are not replicas: rank {', '.join(map(str, unlike))}'s part predicts otherwise "
+            "than rank 0's (a sharded model); releasing a sharded model's parts is not built, and rank 0's alone is not the model"
+        )
+    return own, parts[0]
 
 
 def _released(ctx: _Context) -> tuple[Trainer, ckpt.Checkpoint]:
@@ -438,8 +471,10 @@ def _rerun(ctx: _Context) -> dict[str, Any]:
     folded = _fold_reruns(ctx, records) if ctx.folds else None
     if folded is None:
         # The selected artifact: the trial's own final checkpoint, rescored exactly as the search scored it.
-        winner, found = _restored(ctx, lambda: ctx.trainer(ctx.plan.params), _final_chain(ctx, ""), ctx.winner_identity)
+        winner, found = selected_artifact(ctx)
         step, origin = found.step, anchor.shown(found.path)
+        if ctx.plan.shape.is_gang:  # select refuses it before freezing; a selection frozen by hand meets the same line here
+            raise UsageError(rerun_not_built(ctx.trial_id, ctx.plan.shape))
     else:
         # A K-fold winner's released model: its configuration refit on every non-final frame, recorded like a trial.
         refit = _final_chain(ctx, "refit")  # its own checkpoint chain beside the fold runs' (claimed, resumable)

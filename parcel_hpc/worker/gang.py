@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from parcel_hpc.checkpoints.gang import GANG_KEY, GangCheckpoints, GangRestore
+from parcel_hpc.checkpoints.gang import GangCheckpoints, GangRestore, trainer_extra
 from parcel_hpc.checkpoints.writer import BackgroundWriter
 from parcel_hpc.ledger.events import DeviceUse, decode_payload, encode_payload
 from parcel_hpc.trainer import TrainerState, TrainingData
@@ -478,8 +478,7 @@ def report_failure(peer: Peer, step: int, exc: BaseException, cause: str, at: fl
 def restored_of(found: GangRestore) -> Restored:
     """A rank's part of the gang's newest complete step as its loop restores it (the gang's own header
     fields left out: the trainer saved none of them)."""
-    extra = {k: v for k, v in (found.own.extra or {}).items() if k != GANG_KEY}
-    return Restored(found.manifest.step, TrainerState(found.own.params, extra))
+    return Restored(found.manifest.step, TrainerState(found.own.params, trainer_extra(found.own)))
 
 
 def _decision(step: int, due: Due, stop: Stop | None) -> dict[str, Any]:
