@@ -16,7 +16,7 @@ import pytest
 from browser import check_html_plots
 
 from parcel_hpc.checkpoints import format as ckpt_format
-from parcel_hpc.checkpoints.gang import GangCheckpoints, committed_parts, trainer_extra
+from parcel_hpc.checkpoints.gang import Committed, GangCheckpoints, trainer_extra
 from parcel_hpc.governance.admission import TrialIdentity
 from parcel_hpc.ledger import AttemptEnd, Cause, SearchDir, TrialState
 from parcel_hpc.testing import faults, launch, parcel_hpc
@@ -164,12 +164,15 @@ def test_a_gang_whose_parts_are_not_replicas_is_refused_in_one_line(tmp_path, da
     search = _search(tmp_path, data_dir, "resources.gpus=0")
     ckpt_dir = search.path / "checkpoints" / "t0000"
     identity = TrialIdentity.from_claim_json(ckpt_format.header(ckpt_dir / "ckpt-000060.rank-0000.h5"))
-    manifest, parts = committed_parts(ckpt_dir, identity, 2)
-    for rank, part in enumerate(parts):  # step 61, committed as the gang commits, rank 1's weights moved
+    committed = Committed.newest(ckpt_dir, identity, 2)
+    assert committed is not None
+    attempt = committed.manifest.attempt
+    for rank in (0, 1):  # step 61, committed as the gang commits, rank 1's weights moved
+        part = committed.part(rank)
         params = {k: v + 0.5 if rank == 1 and k.startswith("model/") and v.dtype.kind == "f" else v for k, v in part.params.items()}
-        gang = GangCheckpoints(ckpt_dir, identity, rank=rank, world_size=2, attempt=manifest.attempt)
+        gang = GangCheckpoints(ckpt_dir, identity, rank=rank, world_size=2, attempt=attempt)
         gang.write_part(gang.prepare(61, params, part.optimizer, part.rng_state, trainer_extra(part)))
-    GangCheckpoints(ckpt_dir, identity, rank=0, world_size=2, attempt=manifest.attempt).commit(61, wait_s=5)
+    GangCheckpoints(ckpt_dir, identity, rank=0, world_size=2, attempt=attempt).commit(61, wait_s=5)
     res = _rescored(search.path)
     assert res.returncode == 1 and len(res.stderr.strip().splitlines()) == 1, res.stderr[-3000:]
     assert "t0000's checkpoint parts at step 61 are not replicas: rank 1's part predicts otherwise than rank 0's" in res.stderr

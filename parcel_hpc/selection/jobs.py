@@ -45,7 +45,7 @@ from parcel_hpc.checkpoints import claims
 from parcel_hpc.checkpoints import store as ckpt
 from parcel_hpc.checkpoints.format import Unusable
 from parcel_hpc.checkpoints.format import read as read_checkpoint
-from parcel_hpc.checkpoints.gang import committed_parts, trainer_extra
+from parcel_hpc.checkpoints.gang import Committed, trainer_extra
 from parcel_hpc.data import Partition, load_final_partition, read_split
 from parcel_hpc.errors import ParcelError, UsageError, one_line
 from parcel_hpc.governance.admission import TrialIdentity, check_worker, config_hash
@@ -224,27 +224,29 @@ def selected_artifact(ctx: _Context) -> tuple[Trainer, ckpt.Checkpoint]:
     """The selected trial's final checkpoint loaded into its trainer. A gang's is rank 0's part of its
     newest complete step: rank 0's replica, the model whose validation on rank 0 the trial was
     selected by, once every other rank's part, loaded alone the same way, is shown to predict the
-    same validation frames bit for bit (``replicas.py``); parts that do not (a sharded model) are
+    same validation frames bit for bit (``gangs.unlike_ranks``); parts that do not (a sharded model) are
     refused in one line, since rank 0's alone would serve something the gang never was."""
     make, directory, shape = (lambda: ctx.trainer(ctx.plan.params)), _final_chain(ctx, ""), ctx.plan.shape
     if not shape.is_gang:
         return _restored(ctx, make, directory, ctx.winner_identity)
-    found = committed_parts(directory, ctx.winner_identity, shape.ranks)
-    if found is None:
+    committed = Committed.newest(directory, ctx.winner_identity, shape.ranks)
+    if committed is None:
         raise UsageError(f"no complete step of the gang's checkpoint in {directory}; the artifact is missing")
-    manifest, parts = found
-    val = ctx.data.validation
-    own = _loaded(ctx, make, parts[0], TrainerState(parts[0].params, trainer_extra(parts[0])))
-    predicted = [ctx.scores(own, "validation", len(val), manifest.step)]
-    for part in parts[1:]:  # one at a time: a large model's replicas need not all fit at once
-        predicted.append(ctx.scores(_loaded(ctx, make, part, TrainerState(part.params, trainer_extra(part))), "validation", len(val), manifest.step))
+    step, val = committed.manifest.step, ctx.data.validation
+    own = committed.part(0)
+    winner = _loaded(ctx, make, own, TrainerState(own.params, trainer_extra(own)))
+    predicted = [ctx.scores(winner, "validation", len(val), step)]
+    for rank in range(1, shape.ranks):  # one part in memory at a time beside rank 0's
+        part = committed.part(rank)
+        predicted.append(ctx.scores(_loaded(ctx, make, part, TrainerState(part.params, trainer_extra(part))), "validation", len(val), step))
+        del part
     unlike = unlike_ranks(predicted)
     if unlike:
         raise UsageError(
-            f"{ctx.trial_id}'s checkpoint parts at step {manifest.step} are not replicas: rank {', '.join(map(str, unlike))}'s part predicts otherwise "
+            f"{ctx.trial_id}'s checkpoint parts at step {step} are not replicas: rank {', '.join(map(str, unlike))}'s part predicts otherwise "
             "than rank 0's (a sharded model); releasing a sharded model's parts is not built, and rank 0's alone is not the model"
         )
-    return own, parts[0]
+    return winner, own
 
 
 def _released(ctx: _Context) -> tuple[Trainer, ckpt.Checkpoint]:
