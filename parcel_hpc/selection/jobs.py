@@ -244,7 +244,7 @@ def selected_artifact(ctx: _Context) -> tuple[Trainer, ckpt.Checkpoint]:
     if unlike:
         raise UsageError(
             f"{ctx.trial_id}'s checkpoint parts at step {step} are not replicas: rank {', '.join(map(str, unlike))}'s part predicts otherwise "
-            "than rank 0's (a sharded model); releasing a sharded model's parts is not built, and rank 0's alone is not the model"
+            "than rank 0's (a sharded model, or replicas that drifted apart); rank 0's part alone is not the gang's model, and releasing one from every rank's parts is not built"
         )
     return winner, own
 
