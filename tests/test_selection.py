@@ -2,6 +2,9 @@
 slice gate, clean lineage, the policy's checks, the selection journal, and the batch templates."""
 
 import re
+import signal
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -385,3 +388,24 @@ def test_a_gang_s_parts_are_replicas_only_when_every_rank_predicts_rank_0_s_prob
     assert unlike_ranks([p, p.copy(), p.copy()]) == ()  # data-parallel: rank 0's part serves for all
     assert unlike_ranks([p, p.copy(), np.nextafter(p, 1.0), p[::-1].copy()]) == (2, 3)  # one ulp is another model
     assert unlike_ranks([p]) == ()
+
+
+def test_a_gang_s_rerun_job_renders_as_a_gang_of_its_shape():
+    script = sbatch.render("winner_rerun", _values(nodes=2, tasks_per_node=2, gres="gpu:2"))
+    assert "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=2\n" in script and "#SBATCH --gres=gpu:2" in script
+    assert "exec srun --kill-on-bad-exit=1 --cpus-per-task=" in script  # one task a rank, ended together
+
+
+def test_a_local_selection_job_s_tasks_are_a_gang_and_end_together_when_one_fails(monkeypatch):
+    from parcel_hpc.scheduler.local.backend import gang_task, wait_as_one
+    from parcel_hpc.worker.jobenv import gang_of_job
+
+    assert gang_task("77", 0, 1) == {}  # one task: no gang
+    for name, value in gang_task("77", 1, 2).items():
+        monkeypatch.setenv(name, value)
+    gang = gang_of_job()  # as a trial's rank reads its place: submitit's job environment
+    assert gang is not None and (gang.rank, gang.world_size, gang.local_rank, gang.job_id) == (1, 2, 1, "77")
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    failing = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    wait_as_one([sleeper, failing], 0.05)  # like srun's --kill-on-bad-exit: the sleeper does not outlive it
+    assert failing.returncode == 3 and sleeper.returncode == -signal.SIGKILL

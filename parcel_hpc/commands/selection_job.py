@@ -32,5 +32,5 @@ def run(args: argparse.Namespace) -> int:
     else:
         anchor.enter(args.search_dir)
     result = jobs.run(args.search_dir, JobRole(args.role), args.selection)
-    print(f"{args.role} result {result['digest']}")
+    print(f"{args.role}: this rank's share of the rerun ended; rank 0 reports the job" if result is None else f"{args.role} result {result['digest']}")
     return 0

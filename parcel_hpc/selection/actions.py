@@ -29,7 +29,6 @@ from parcel_hpc.probe import Liveness, local_process
 from parcel_hpc.pruning import MilestoneStore
 from parcel_hpc.selection.candidates import Entry, TrialFacts, best_candidate, completed_list, list_digest
 from parcel_hpc.selection.disposition import Verdict, disposition
-from parcel_hpc.selection.gangs import rerun_not_built
 from parcel_hpc.selection.gates import Check, Comparison, Final, GateFacts, JudgedOn, Parity, ParityCheck, RerunCheck
 from parcel_hpc.selection.policy import SelectionPolicy
 from parcel_hpc.selection.slices import GateResult, SliceRow, overall, slice_gate
@@ -205,9 +204,6 @@ def _freeze(
             raise UsageError(f"--trial {trial} is not a completed trial of {search.path}; pick one from `parcel-hpc status`")
     else:
         chosen = best_candidate(entries) or (entries[0] if entries else None)
-    if chosen is not None and (shape := search.spec(chosen.trial_id).shape).is_gang:
-        # Frozen, it would spend the one selection of this revision on a winner no rerun can check.
-        raise UsageError(rerun_not_built(chosen.trial_id, shape) + "; nothing was frozen")
     n = max(store.frozen_numbers(), default=0) + 1
     frozen = {
         "selection": n,

@@ -19,6 +19,7 @@ from rich.console import Console
 from parcel_hpc import anchor, fsio
 from parcel_hpc.data import read_split
 from parcel_hpc.errors import CorruptRecord, UsageError
+from parcel_hpc.governance.shape import TrialShape
 from parcel_hpc.ledger import JobRole
 from parcel_hpc.ledger.selection import JobSubmitted, SelectionWriter
 from parcel_hpc.scheduler.base import LauncherSettings, SelectionJob
@@ -52,6 +53,19 @@ def job_time_limit_min(trial_limit_min: int, role: JobRole, folds: int = 1) -> i
     return -(-(2 * folds + 2) * trial_limit_min // folds) + 10 if folds > 1 else 2 * trial_limit_min + 10
 
 
+def _shape(store: SelectionStore, role: JobRole, n: int) -> TrialShape:
+    """The shape the job runs as: a gang's rerun as a gang of the winner's own shape (the rerun is held
+    to the gang's value, which one rank does not reproduce: docs/gangs.md); every other job as one
+    rank with the search's resources."""
+    res = store.search.contract()["resources"]
+    one = TrialShape(gpus_per_rank=int(res["gpus"]), cpus_per_rank=int(res["cpus"]))
+    trial = str(store.selection(n).get("trial_id") or "")
+    if not trial or role is not JobRole.RERUN:
+        return one
+    shape = WorkerPlan.load(store.search, trial).shape
+    return shape if shape.is_gang else one
+
+
 def _folds(store: SelectionStore, n: int) -> int:
     """The fold runs of selection ``n``'s trial (1: a split without folds)."""
     trial = str(store.selection(n).get("trial_id") or "")
@@ -80,7 +94,7 @@ def run_job(store: SelectionStore, role: JobRole, n: int, writer: SelectionWrite
     else:
         backend = backend_of(settings.kind)
         limit = job_time_limit_min(int(settings.resources["time_limit_min"]), role, _folds(store, n))
-        job = SelectionJob(store.search, owned, role, n, settings, limit, store.log_dir(n))
+        job = SelectionJob(store.search, owned, role, n, settings, limit, store.log_dir(n), _shape(store, role, n))
 
         def submitted(job_id: str, host: str) -> None:
             writer.job_submitted(n, role, job_id, backend.executor, host)
@@ -90,20 +104,22 @@ def run_job(store: SelectionStore, role: JobRole, n: int, writer: SelectionWrite
     log = store.log_dir(n) / f"{role.value}-{job_id}.out"
     result = store.result(n, role)
     if result is None:
-        tail = _last_line(store, log)
-        message = f"the {role.value} job {job_id} ended without a result: {tail[0] if tail else 'no output'} (log {log})"
+        said = _what_it_said(store, log)
+        message = f"the {role.value} job {job_id} ended without a result: {said or 'no output'} (log {log})"
         writer.job_ended(n, role, job_id, False, message=message)
         return JobOutcome(job_id, False, message)
     writer.job_ended(n, role, job_id, True, result["digest"])
     return JobOutcome(job_id, True, "")
 
 
-def _last_line(store: SelectionStore, log: Path) -> list[str]:
-    """The last line of a selection job's output file, read as a record is (within the search,
-    only its end); none when it is not there to read."""
+def _what_it_said(store: SelectionStore, log: Path) -> str:
+    """What a selection job's output file ends with, read as a record is (within the search, only its
+    end): the job's own one-line error (``error: ...``), else its last line; "" when there is none to
+    read. A gang's tasks share the file, and a peer's lines may come after rank 0's error."""
     try:
         with fsio.Folder.open(log.parent, within=store.search.path) as folder:
             data, _ = folder.read_tail(log.name, 2**16)
     except (FileNotFoundError, CorruptRecord):
-        return []
-    return data.decode(errors="replace").strip().splitlines()[-1:]
+        return ""
+    lines = data.decode(errors="replace").strip().splitlines()
+    return next((line for line in reversed(lines) if line.startswith("error: ")), lines[-1] if lines else "")
