@@ -159,6 +159,19 @@ def test_a_rank_raising_in_the_gang_s_rerun_ends_the_rerun_job_in_one_line_namin
     assert "Traceback" not in res.stdout + res.stderr and not (copy / "selection" / "1" / "rerun" / "result.json").exists()
 
 
+def test_another_rank_asking_for_the_final_partition_in_the_gang_s_rerun_is_the_job_s_refusal(whole, tmp_path):
+    search, _ = whole
+    copy, markers = tmp_path / "g", tmp_path / "markers"
+    shutil.copytree(search.path, copy)
+    markers.mkdir()
+    env = {**ENV, STEP_HOOK_ENV: faults.RANK_HOOK, faults.RANK_FAULT_ENV: "1:7:final", faults.MARKERS_ENV: str(markers)}
+    env[faults.FINAL_PATH_ENV] = str(search.path.parent / "data" / "final-group_r8.json")
+    res = parcel_hpc(["select", str(copy), "--now", "--reason", "a gang's winner"], cwd=tmp_path, env=env)
+    assert res.returncode == 3 and "ended without a result: reject:final_partition: on rank 1: trainer code" in res.stdout, res.stdout + res.stderr
+    ended = json.loads(next((copy / "selection").rglob("records/rerun/journal-*.jsonl")).read_text().splitlines()[-1])
+    assert ended["how"] == "rejected" and ended["outcome"] == "reject:final_partition" and "final-group_r8.json" in ended["reason"], ended
+
+
 # A selection of ``argv[2]`` frozen by hand, then its
 # selected artifact taken and rescored as the rerun job takes it: one JSON line, or the job's one-line error.
 RESCORE = """
@@ -269,6 +282,14 @@ def test_a_rank_stalled_mid_step_is_found_while_rank_0_waits_in_the_collective(t
     assert (first.how, first.cause) == (AttemptEnd.FAILED, Cause.RANK_HUNG), first
     assert "rank 1 never finished step 16: rank 0 waited 5 s in it" in first.message, first.message
     assert record.state is TrialState.COMPLETED and record.metric == whole[1].metric
+    # Its selection's rerun, stalled the same way: rank 0's watchdog ends the job within the bound, naming rank 1.
+    markers = tmp_path / "rerun-markers"
+    markers.mkdir()
+    env = {**ENV, STEP_HOOK_ENV: faults.RANK_HOOK, faults.RANK_FAULT_ENV: "1:15:stall", faults.MARKERS_ENV: str(markers)}
+    res = parcel_hpc(["select", str(search.path), "--now", "--reason", "a stalled rerun"], cwd=tmp_path, env=env)
+    assert res.returncode == 3 and "ended without a result: error: rerun: rank 1 never finished step 16: rank 0 waited 5 s in it" in res.stdout, res.stdout
+    ended = json.loads(next((search.path / "selection").rglob("records/rerun/journal-*.jsonl")).read_text().splitlines()[-1])
+    assert (ended["how"], ended["cause"], ended["step"]) == ("failed", "rank_hung", 15), ended
 
 
 def test_a_hung_rank_is_ended_within_the_bound_and_fails_the_attempt(tmp_path, data_dir, whole):
@@ -279,6 +300,14 @@ def test_a_hung_rank_is_ended_within_the_bound_and_fails_the_attempt(tmp_path, d
     # Rank 1 stops before its report on step 15; rank 0, a step ahead, goes on into step 16's all-reduce.
     assert "rank 1 never finished step 16: rank 0 waited 5 s in it" in first.message, first.message
     assert record.state is TrialState.COMPLETED and record.metric == whole[1].metric
+    # Its selection's rerun, stalled the same way: rank 0's watchdog ends the job within the bound, naming rank 1.
+    markers = tmp_path / "rerun-markers"
+    markers.mkdir()
+    env = {**ENV, STEP_HOOK_ENV: faults.RANK_HOOK, faults.RANK_FAULT_ENV: "1:15:stall", faults.MARKERS_ENV: str(markers)}
+    res = parcel_hpc(["select", str(search.path), "--now", "--reason", "a stalled rerun"], cwd=tmp_path, env=env)
+    assert res.returncode == 3 and "ended without a result: error: rerun: rank 1 never finished step 16: rank 0 waited 5 s in it" in res.stdout, res.stdout
+    ended = json.loads(next((search.path / "selection").rglob("records/rerun/journal-*.jsonl")).read_text().splitlines()[-1])
+    assert (ended["how"], ended["cause"], ended["step"]) == ("failed", "rank_hung", 15), ended
 
 
 def test_another_rank_asking_for_the_final_partition_rejects_the_trial(tmp_path, data_dir):

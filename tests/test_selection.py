@@ -409,3 +409,13 @@ def test_a_local_selection_job_s_tasks_are_a_gang_and_end_together_when_one_fail
     failing = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
     wait_as_one([sleeper, failing], 0.05)  # like srun's --kill-on-bad-exit: the sleeper does not outlive it
     assert failing.returncode == 3 and sleeper.returncode == -signal.SIGKILL
+
+
+def test_a_selection_job_s_own_last_words_are_told_from_a_peer_s_traceback_in_the_shared_log():
+    from parcel_hpc.selection.submit import _own_words
+
+    assert _own_words("error: rerun: rank 1 failed after step 5: RuntimeError: boom")
+    assert _own_words("reject:final_partition: on rank 1: trainer code opened /data/final.json")
+    assert not _own_words("reject:final_partition")  # the bare headline: its reason is on the next line
+    assert not _own_words("RuntimeError: injected fault on rank 1 at step 5")
+    assert not _own_words("parcel_hpc.worker.gang.FinalPartitionAsked: trainer code opened /data/final.json")

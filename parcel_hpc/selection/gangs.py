@@ -13,12 +13,22 @@ Must not: load a checkpoint or run trainer code (the selection job does, behind 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
+
+from parcel_hpc.governance.shape import TrialShape
 
 
 def unlike_ranks(predictions: Sequence[np.ndarray]) -> tuple[int, ...]:
     """The ranks whose part predicted otherwise than rank 0's (``predictions[r]``: rank r's part's
     probabilities on the same frames); empty: the parts are replicas and rank 0's serves for all."""
     return tuple(rank for rank, p in enumerate(predictions) if rank and not np.array_equal(p, predictions[0]))
+
+
+def job_shape(resources: Mapping[str, Any], winner: TrialShape | None) -> TrialShape:
+    """The shape a selection job runs as: a gang's rerun as a gang of the ``winner``'s own shape (the
+    rerun is held to the gang's value, which one rank does not reproduce: docs/gangs.md); every other
+    job as one rank with the search's ``resources``."""
+    return winner if winner is not None and winner.is_gang else TrialShape(gpus_per_rank=int(resources["gpus"]), cpus_per_rank=int(resources["cpus"]))

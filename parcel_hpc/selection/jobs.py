@@ -31,6 +31,7 @@ import os
 import platform
 import statistics
 import subprocess
+import sys
 import time
 import traceback
 import tracemalloc
@@ -61,19 +62,19 @@ from parcel_hpc.ledger import Admitted, AttemptEnd, Cause, Ended, JobRole, Searc
 from parcel_hpc.ledger.events import encode_payload
 from parcel_hpc.ledger.selection import FinalOpened, JobSubmitted
 from parcel_hpc.selection.baseline import BaselineKind, baseline_trainer
-from parcel_hpc.selection.gangs import unlike_ranks
+from parcel_hpc.selection.gangs import job_shape, unlike_ranks
 from parcel_hpc.selection.gates import JudgedOn
 from parcel_hpc.selection.policy import SelectionPolicy
 from parcel_hpc.selection.slices import shipment_buckets, slice_report
 from parcel_hpc.selection.store import SelectionStore
-from parcel_hpc.trainer import FINAL_PARTITION_OUTCOME, Trainer, TrainerState, TrainingData, build_params, make_trainer, served
+from parcel_hpc.trainer import FINAL_PARTITION_OUTCOME, Devices, Trainer, TrainerState, TrainingData, build_params, make_trainer, served
 from parcel_hpc.trainer.base import checked_probabilities
 from parcel_hpc.trainer.data import load_refit_data
 from parcel_hpc.trainer.run import Restored, Stop
 from parcel_hpc.worker import WorkerPlan
 from parcel_hpc.worker.cache import WorkerCache
 from parcel_hpc.worker.devices import running_on
-from parcel_hpc.worker.gang import GangEnv, Leader, LeaderSide, RankFailed, RankHung, RankLost
+from parcel_hpc.worker.gang import FINAL_PARTITION, GangEnv, Leader, LeaderSide, RankFailed, RankHung, RankLost, Watchdog
 from parcel_hpc.worker.jobenv import enter_gang, facts_from_env
 from parcel_hpc.worker.peer import PeerAttempt
 from parcel_hpc.worker.training import LoopCallbacks, budget, scorer, train
@@ -90,6 +91,7 @@ def run(search_dir: str | os.PathLike, role: JobRole, selection: int) -> dict[st
     existing = store.result(selection, role)
     if existing is not None:
         return existing  # a requeued job whose first run finished: nothing to do twice
+    started = time.time()  # a gang's rank 0 holds every rank's resources from here, while its peers connect
     gang = _gang_of_job(store, role, selection)
     if gang is not None and gang.env.rank > 0:
         try:
@@ -98,8 +100,7 @@ def run(search_dir: str | os.PathLike, role: JobRole, selection: int) -> dict[st
             # Told to rank 0, which ends the job naming this rank; its traceback goes to the job's log. This task
             # leaves without an error, so that srun's --kill-on-bad-exit does not end rank 0 before it says so.
             traceback.print_exc()
-        return None
-    started = time.time()
+        return None  # rank 0 reports the job: the job's output ends with rank 0's words
     try:
         ctx = _Context(store, selection, role, gang)
         result = _rerun(ctx) if role is JobRole.RERUN else _final(ctx)
@@ -107,14 +108,12 @@ def run(search_dir: str | os.PathLike, role: JobRole, selection: int) -> dict[st
         if gang is not None and gang.leader is not None:
             gang.leader.close()  # a peer still waiting on rank 0 sees it gone and exits
     # What the job itself used, for the packet's compute (a gang's: every rank's share).
-    shape = gang.plan.shape if gang is not None else None
+    shape = job_shape(ctx.contract["resources"], gang.plan.shape if gang is not None else None)
     result["job"] = {
         "started_at": started,
         "ended_at": time.time(),
         "facts": encode_payload(facts_from_env(gang=gang.env if gang is not None else None), drop_empty=False),
-        "resources": {"cpus": shape.cpus, "gpus": shape.gpus, "ranks": shape.ranks}
-        if shape is not None
-        else {k: ctx.contract["resources"][k] for k in ("cpus", "gpus")},
+        "resources": {"cpus": shape.cpus, "gpus": shape.gpus, "ranks": shape.ranks},
     }
     store.write_result(selection, role, result)
     return cast(dict[str, Any], store.result(selection, role))  # written just above
@@ -179,9 +178,12 @@ class _Context:
             if k == 1
             else load_refit_data(self.plan.snapshot_path, self.split, self.plan.preprocessing)
         )
-        self.data: TrainingData = replace(data, budget=budget(self.plan))  # a retrained trial's steps, as its trials had them
+        # A retrained trial's steps, as its trials had them; the GPUs the job was granted, as a trial's worker sees them.
+        facts = facts_from_env(gang=gang.env if gang is not None else None)
+        steps, devices = budget(self.plan), Devices.from_env(facts.gpus, facts.cuda_visible_devices)
+        self.data: TrainingData = replace(data, budget=steps, devices=devices)
         self.folds = tuple(
-            replace(cache.training_data(self.plan.snapshot_path, self.split, self.plan.preprocessing, f), budget=budget(self.plan))
+            replace(cache.training_data(self.plan.snapshot_path, self.split, self.plan.preprocessing, f), budget=steps, devices=devices)
             for f in range(k if k > 1 and role is JobRole.RERUN else 0)
         )
         self.final = _open_final(self) if role is JobRole.FINAL else None  # before the fence too: the one door, under its claim
@@ -387,8 +389,21 @@ def _trained(
             store.save(at, state.arrays, {}, {}, extra=state.scalars)
 
     calls = LoopCallbacks(restore, stepped, save, validated)
+    watch = None
     if gang is not None:
-        calls = replace(calls, save=gang.save, agreed=gang.side.after_step, agreed_after_validation=gang.side.after_validation)
+
+        def stalled(waited: float) -> None:
+            """Rank 0 reached no step boundary within the bound (a collective a peer never joins): the
+            job ends now, its rerun's ending written from here (the main thread is in trainer code)."""
+            exc = gang.leader.stalled(step + 1, waited)
+            cause = Cause.RANK_HUNG if isinstance(exc, RankHung) else Cause.EXCEPTION
+            journal.ended(1, Ended(AttemptEnd.FAILED, cause, step=step, message=f"{type(exc).__name__}: {exc}"[:500]))
+            print(f"error: {name}: {exc}", file=sys.stderr, flush=True)
+            os._exit(1)  # srun (--kill-on-bad-exit), or the local launcher, ends the other ranks
+
+        watch = Watchdog.of_gang(plan.rank_wait_s, stalled)
+        side = LeaderSide(gang.leader, watch)
+        calls = replace(calls, save=gang.save, agreed=side.after_step, agreed_after_validation=side.after_validation)
     used = data or ctx.data
     try:
         trainer = make()
@@ -402,7 +417,8 @@ def _trained(
                 ran = train(plan, trainer, used, calls)
                 if gang is not None:
                     gang.writer.wait()  # rank 0's part of the last save is durable (the peers' are theirs)
-                if ran.stop is not None and not ran.done:  # a gang's rank signalled: the job is requeued, and trains again
+                if ran.stop is not None and not ran.done:
+                    # A rank was signalled (its job preempted, or at its limit): a preempted job runs again from the start.
                     raise UsageError(
                         f"{name} was stopped at step {ran.step} of {plan.steps} ({ran.stop.value}); it is not done, and this job ends without a result"
                     )
@@ -411,11 +427,22 @@ def _trained(
         journal.ended(1, Ended(AttemptEnd.REJECTED, step=step, outcome=exc.outcome, reason=str(exc)[:500]))
         raise
     except Exception as exc:
-        failure = _gang_failure(gang, step, exc)
-        journal.ended(1, Ended(AttemptEnd.FAILED, Cause.EXCEPTION, step=step, message=f"{type(failure).__name__}: {failure}"[:500]))
-        if failure is not exc:
-            raise UsageError(f"{name}: {failure}") from exc
+        failure = gang.leader.cause_of(exc.__cause__ if isinstance(exc.__cause__, Exception) else exc, step) if gang is not None else exc
+        if isinstance(failure, RankFailed) and failure.cause == FINAL_PARTITION:
+            # Another rank's trainer asked for the final partition (caught or not): the job's refusal, in that rank's words.
+            refusal = GovernanceRefusal(
+                FINAL_PARTITION_OUTCOME, f"on rank {failure.rank}: {failure.traceback} while {name} ran in a selection job; the job stops"
+            )
+            journal.ended(1, Ended(AttemptEnd.REJECTED, step=step, outcome=refusal.outcome, reason=str(refusal)[:500]))
+            raise refusal from exc
+        failed = failure if isinstance(failure, RankFailed | RankLost | RankHung) else exc
+        journal.ended(1, Ended(AttemptEnd.FAILED, Cause.EXCEPTION, step=step, message=f"{type(failed).__name__}: {failed}"[:500]))
+        if failed is not exc:
+            raise UsageError(f"{name}: {failed}") from exc
         raise
+    finally:
+        if watch is not None:
+            watch.stop()
     journal.ended(1, Ended(AttemptEnd.COMPLETED, step=plan.steps, metric=float(value)))
     if store is not None and store.claim is not None:
         store.claim.release()  # left in order: a later job scores it from its last checkpoint
@@ -437,26 +464,13 @@ def _chain_claim(ctx: _Context, chain: Path, identity: TrialIdentity) -> claims.
 
 @dataclass(frozen=True)
 class _GangRun:
-    """Rank 0's side of a gang's rerun: its decisions for the gang, and its parts of the gang's checkpoints."""
+    """Rank 0's side of a gang's rerun: the gang's channel, and its parts of the gang's checkpoints."""
 
-    side: LeaderSide
+    leader: Leader
     writer: BackgroundWriter
 
     def save(self, step: int, state: TrainerState) -> None:
         self.writer.submit(step, state.arrays, {}, {}, extra=state.scalars)
-
-
-def _gang_failure(gang: _GangRun | None, step: int, exc: Exception) -> Exception:
-    """What failed a gang's run: another rank's exception or departure (rank 0's own error is often a
-    collective's, raised because a peer failed or left), as the peers report it; else ``exc`` itself."""
-    if gang is None:
-        return exc
-    if isinstance(cause := exc.__cause__ or exc, RankFailed | RankHung):
-        return cause
-    said = gang.side.leader.after_failure(step)  # a peer that left may have said why first (rank 0's send to it failed)
-    if isinstance(cause, RankLost):
-        return said if isinstance(said, RankFailed) else cause
-    return said or exc
 
 
 def _gang_rerun(ctx: _Context, run_dir: Path, records: Path) -> float:
@@ -474,7 +488,7 @@ def _gang_rerun(ctx: _Context, run_dir: Path, records: Path) -> float:
         chain, identity, rank=0, world_size=env.world_size, attempt=1, keep_last=plan.keep_last, claim=claim, commit_wait_s=plan.rank_wait_s
     )
     leader.send({"train": True, "trial_id": ctx.trial_id, "attempt": 1, "ckpt_dir": str(chain), "claim": claim.record.to_json()})
-    run = _GangRun(LeaderSide(leader), BackgroundWriter(parts))
+    run = _GangRun(leader, BackgroundWriter(parts))
     data = replace(ctx.data, rank=0, world_size=env.world_size)
     _, value, _ = _trained(ctx, records, "rerun", plan.params, identity, lambda: ctx.trainer(plan.params, data), data, gang=run)
     claim.release()  # left in order

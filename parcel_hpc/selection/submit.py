@@ -19,11 +19,13 @@ from rich.console import Console
 from parcel_hpc import anchor, fsio
 from parcel_hpc.data import read_split
 from parcel_hpc.errors import CorruptRecord, UsageError
+from parcel_hpc.governance.outcome import Outcome
 from parcel_hpc.governance.shape import TrialShape
 from parcel_hpc.ledger import JobRole
 from parcel_hpc.ledger.selection import JobSubmitted, SelectionWriter
 from parcel_hpc.scheduler.base import LauncherSettings, SelectionJob
 from parcel_hpc.scheduler.registry import backend_of
+from parcel_hpc.selection.gangs import job_shape
 from parcel_hpc.selection.store import SelectionStore
 from parcel_hpc.worker import WorkerPlan
 
@@ -54,16 +56,10 @@ def job_time_limit_min(trial_limit_min: int, role: JobRole, folds: int = 1) -> i
 
 
 def _shape(store: SelectionStore, role: JobRole, n: int) -> TrialShape:
-    """The shape the job runs as: a gang's rerun as a gang of the winner's own shape (the rerun is held
-    to the gang's value, which one rank does not reproduce: docs/gangs.md); every other job as one
-    rank with the search's resources."""
-    res = store.search.contract()["resources"]
-    one = TrialShape(gpus_per_rank=int(res["gpus"]), cpus_per_rank=int(res["cpus"]))
+    """The shape selection ``n``'s job of ``role`` runs as (``gangs.job_shape``): its winner's, for a gang's rerun."""
     trial = str(store.selection(n).get("trial_id") or "")
-    if not trial or role is not JobRole.RERUN:
-        return one
-    shape = WorkerPlan.load(store.search, trial).shape
-    return shape if shape.is_gang else one
+    winner = WorkerPlan.load(store.search, trial).shape if trial and role is JobRole.RERUN else None
+    return job_shape(store.search.contract()["resources"], winner)
 
 
 def _folds(store: SelectionStore, n: int) -> int:
@@ -114,12 +110,25 @@ def run_job(store: SelectionStore, role: JobRole, n: int, writer: SelectionWrite
 
 def _what_it_said(store: SelectionStore, log: Path) -> str:
     """What a selection job's output file ends with, read as a record is (within the search, only its
-    end): the job's own one-line error (``error: ...``), else its last line; "" when there is none to
-    read. A gang's tasks share the file, and a peer's lines may come after rank 0's error."""
+    end): the job's own last words (``_own_words``), else its last line; "" when there is none to read.
+    A gang's tasks share the file: a peer's traceback may come after rank 0's words."""
     try:
         with fsio.Folder.open(log.parent, within=store.search.path) as folder:
             data, _ = folder.read_tail(log.name, 2**16)
     except (FileNotFoundError, CorruptRecord):
         return ""
     lines = data.decode(errors="replace").strip().splitlines()
-    return next((line for line in reversed(lines) if line.startswith("error: ")), lines[-1] if lines else "")
+    return next((line for line in reversed(lines) if _own_words(line)), lines[-1] if lines else "")
+
+
+def _own_words(line: str) -> bool:
+    """A line ``parcel-hpc selection-job`` prints as it ends without a result: its one-line error, or a
+    refusal's outcome with its reason (``errors.exit_on_error``)."""
+    if line.startswith("error: "):
+        return True
+    head, said, _ = line.partition(": ")
+    try:
+        Outcome.parse(head)
+    except ValueError:
+        return False
+    return bool(said)
