@@ -15,8 +15,9 @@ import time
 import numpy as np
 import pytest
 
-from parcel_hpc.checkpoints.gang import DAMAGED, GangCheckpoints, PartDamaged, PartsMissing, WorldSizeChanged, manifest_name, part_name
+from parcel_hpc.checkpoints.gang import DAMAGED, Committed, GangCheckpoints, PartDamaged, PartsMissing, WorldSizeChanged, manifest_name, part_name
 from parcel_hpc.checkpoints.writer import BackgroundWriter
+from parcel_hpc.errors import UsageError
 from parcel_hpc.governance.admission import TrialIdentity
 
 T = TrialIdentity("t0003", "sha256:" + "a" * 64, "sha256:" + "c" * 64, "sha256:" + "d" * 64)
@@ -97,6 +98,27 @@ def test_a_damaged_part_sets_its_step_aside_and_every_rank_then_agrees_on_the_st
 
     (tmp_path / part_name(10, 0)).write_bytes(b"replaced")  # a header that no longer matches: incomplete for everyone
     assert [g.load_latest() for g in ranks] == [None, None]
+
+
+def test_a_reader_outside_the_gang_reads_every_part_of_the_newest_step_and_never_sets_one_aside(tmp_path):
+    """The selection's rescore reads a finished gang's parts: any rank's, verified; a damaged one is its
+    one line, and the trial's directory is left as it was (a reader is not the gang)."""
+    ranks = _ranks(tmp_path, world=3)
+    assert Committed.newest(tmp_path, T, 3) is None
+    _save(ranks, 10)
+    _save(ranks, 20)
+    committed = Committed.newest(tmp_path, T, 3)
+    assert committed is not None and committed.manifest.step == 20
+    assert [committed.part(r).params["w"][0] for r in (2, 0, 1)] == [202, 200, 201] and committed.part(0).extra["mine"] == 0
+    with pytest.raises(WorldSizeChanged, match="written by 3 ranks, not the trial's 2"):
+        Committed.newest(tmp_path, T, 2)
+    path = tmp_path / part_name(20, 2)
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(UsageError, match="rank 2's part of step 20 in .* is damaged"):
+        committed.part(2)
+    assert (tmp_path / manifest_name(20)).exists() and not (tmp_path / (manifest_name(20) + DAMAGED)).exists()
 
 
 def test_rank_0s_background_writer_commits_the_step_once_every_part_is_there(tmp_path):

@@ -8,15 +8,20 @@ the bound (the launcher's signal_delay_s)."""
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from browser import check_html_plots
 
 from parcel_hpc.checkpoints import format as ckpt_format
+from parcel_hpc.checkpoints.gang import Committed, GangCheckpoints, trainer_extra
+from parcel_hpc.governance.admission import TrialIdentity
 from parcel_hpc.ledger import AttemptEnd, Cause, SearchDir, TrialState
 from parcel_hpc.testing import faults, launch, parcel_hpc
-from parcel_hpc.testing.runs import signalled_once
+from parcel_hpc.testing.runs import decide_every_hold, signalled_once, subprocess_env
 from parcel_hpc.worker.training import STEP_HOOK_ENV
 
 pytest.importorskip("torch")
@@ -102,11 +107,134 @@ def test_each_rank_s_gpu_use_is_its_own_reading_and_reconcile_shows_it_per_rank(
     assert "70%" in dom.split("<h2>per rank</h2>", 1)[1]  # rank 1's reading, in its row as Chromium rendered it
 
 
-def test_select_refuses_a_gang_s_trial_before_anything_is_frozen(whole):
+def _params(path: Path) -> dict:
+    return ckpt_format.read(path).params
+
+
+def test_a_gang_s_winner_reruns_as_a_gang_of_its_shape_bit_equal_then_is_evaluated_once_and_released(whole, tmp_path):
+    search, record = whole
+    copy = tmp_path / "g"  # its plan still reads the gang's own checkpoints; the selection lands in the copy
+    shutil.copytree(search.path, copy)
+
+    def cli(*argv: str):
+        res = parcel_hpc([argv[0], str(copy), *argv[1:]], cwd=tmp_path, env=ENV)
+        assert "Traceback" not in res.stdout + res.stderr, res.stdout + res.stderr
+        return res
+
+    ended = decide_every_hold(cli("select", "--now", "--reason", "a gang's winner"), lambda why: cli("decide", "--accept", "--by", "Dana", "--reason", why))
+    assert ended.returncode == 0 and ended.stdout.splitlines()[0] == "evaluate:final-holdout", ended.stdout + ended.stderr
+    result = json.loads((copy / "selection" / "1" / "rerun" / "result.json").read_text())
+    assert result["selected_metric"] == result["artifact_metric"] == result["rerun_metric"] == record.metric
+    # The rerun ran as the gang did (2 ranks, each its own process, one checkpoint across them) and
+    # reproduced every weight of the gang's last step bit for bit; one rank differs in every weight (docs/gangs.md).
+    chain = Path(result["run_dir"]) / "rerun-chain"  # shown by its name: the copy's
+    assert json.loads((chain / "ckpt-000060.manifest.json").read_text())["world_size"] == 2
+    for rank in (0, 1):
+        rerun, trained = _params(chain / f"ckpt-000060.rank-000{rank}.h5"), _params(search.path / "checkpoints" / "t0000" / f"ckpt-000060.rank-000{rank}.h5")
+        weights = [k for k in trained if k.startswith("model/")]
+        assert weights and all(np.array_equal(rerun[k], trained[k]) for k in weights)
+    assert result["artifact"]["from"].endswith("ckpt-000060.rank-0000.h5")  # rank 0's replica is the selected artifact
+    assert result["job"]["resources"] == {"cpus": 2, "gpus": 2, "ranks": 2}  # the job is charged as the gang it ran
+    # The artifact the rerun checked (one file, from rank 0's replica) is what the final evaluation scores and the release ships.
+    final = cli("evaluate-final")
+    assert final.returncode == 0 and final.stdout.splitlines()[0] == "evaluate:final-holdout", final.stdout + final.stderr
+    released = cli("release")
+    assert released.returncode == 0 and released.stdout.splitlines()[0] == "release:registered", released.stdout + released.stderr
+    packet = json.loads((copy / "release" / "packet.json").read_text())
+    assert packet["selection"]["trial_id"] == "t0000" and packet["artifact"]["sha256"] == result["artifact"]["sha256"]
+
+
+def test_a_rank_raising_in_the_gang_s_rerun_ends_the_rerun_job_in_one_line_naming_that_rank(whole, tmp_path):
     search, _ = whole
-    res = parcel_hpc(["select", str(search.path), "--now", "--reason", "a gang's winner"], cwd=search.path.parent)
-    assert res.returncode == 2 and "t0000 is a trial of 1 node x 2 ranks x 1 GPU" in res.stderr and "not built yet" in res.stderr, res.stderr
-    assert len(res.stderr.strip().splitlines()) == 1 and not (search.path / "selection").exists()  # one line; nothing frozen
+    copy, markers = tmp_path / "g", tmp_path / "markers"
+    shutil.copytree(search.path, copy)
+    markers.mkdir()
+    env = {**ENV, STEP_HOOK_ENV: faults.RANK_HOOK, faults.RANK_FAULT_ENV: "1:5:raise", faults.MARKERS_ENV: str(markers)}
+    res = parcel_hpc(["select", str(copy), "--now", "--reason", "a gang's winner"], cwd=tmp_path, env=env)
+    assert res.returncode == 3 and res.stdout.splitlines()[0] == "hold:invalid-winner", res.stdout + res.stderr
+    # Rank 0's collective broke when rank 1 left; the failure named is rank 1's, as it reported it.
+    assert "ended without a result: error: rerun: rank 1 failed after step 5: RuntimeError: injected fault on rank 1 at step 5" in res.stdout
+    ended = json.loads(next((copy / "selection").rglob("records/rerun/journal-*.jsonl")).read_text().splitlines()[-1])
+    assert ended["how"] == "failed" and ended["step"] == 5 and ended["message"].startswith("RankFailed: rank 1 failed after step 5")
+    assert "Traceback" not in res.stdout + res.stderr and not (copy / "selection" / "1" / "rerun" / "result.json").exists()
+
+
+def test_another_rank_asking_for_the_final_partition_in_the_gang_s_rerun_is_the_job_s_refusal(whole, tmp_path):
+    search, _ = whole
+    copy, markers = tmp_path / "g", tmp_path / "markers"
+    shutil.copytree(search.path, copy)
+    markers.mkdir()
+    env = {**ENV, STEP_HOOK_ENV: faults.RANK_HOOK, faults.RANK_FAULT_ENV: "1:7:final", faults.MARKERS_ENV: str(markers)}
+    env[faults.FINAL_PATH_ENV] = str(search.path.parent / "data" / "final-group_r8.json")
+    res = parcel_hpc(["select", str(copy), "--now", "--reason", "a gang's winner"], cwd=tmp_path, env=env)
+    assert res.returncode == 3 and "ended without a result: reject:final_partition: on rank 1: trainer code" in res.stdout, res.stdout + res.stderr
+    ended = json.loads(next((copy / "selection").rglob("records/rerun/journal-*.jsonl")).read_text().splitlines()[-1])
+    assert ended["how"] == "rejected" and ended["outcome"] == "reject:final_partition" and "final-group_r8.json" in ended["reason"], ended
+
+
+# A selection of ``argv[2]`` frozen by hand, then its
+# selected artifact taken and rescored as the rerun job takes it: one JSON line, or the job's one-line error.
+RESCORE = """
+import json, sys
+from pathlib import Path
+from parcel_hpc.errors import UsageError
+from parcel_hpc.ledger import JobRole, SearchDir
+from parcel_hpc.selection import jobs
+from parcel_hpc.selection.store import SelectionStore
+store = SelectionStore(SearchDir(Path(sys.argv[1])))
+record = store.search.record(sys.argv[2])
+store.freeze(1, {"selection": 1, "trial_id": sys.argv[2], "metric": record.metric})
+ctx = jobs._Context(store, 1, JobRole.RERUN)
+try:
+    trainer, found = jobs.selected_artifact(ctx)
+except UsageError as exc:
+    sys.exit(f"error: {exc}")
+val = ctx.data.validation
+rescored = ctx.metric(ctx.scores(trainer, "validation", len(val), found.step), val.labels)
+print(json.dumps({"selected": record.metric, "rescored": rescored, "step": found.step, "part": found.path.name}))
+"""
+
+
+def _rescored(search: Path, trial: str = "t0000") -> subprocess.CompletedProcess:
+    env = subprocess_env(None, ENV)
+    return subprocess.run([sys.executable, "-c", RESCORE, str(search), trial], cwd=search.parent, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_a_gang_s_selected_artifact_is_rank_0_s_replica_and_rescores_to_exactly_its_selected_value(whole, tmp_path):
+    search, record = whole
+    copy = tmp_path / "g"  # the selection frozen by hand lands in a copy; its plan still reads the gang's own checkpoints
+    shutil.copytree(search.path, copy)
+    res = _rescored(copy)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(res.stdout)
+    # Rank 1's part predicted rank 0's validation frames bit for bit (else it is refused), and rank 0's, loaded by
+    # one process, gives the very number the gang's rank 0 validated at its last step.
+    assert out == {"selected": record.metric, "rescored": record.metric, "step": 60, "part": "ckpt-000060.rank-0000.h5"}
+    # Its rerun job run by hand as one task (not as select submits it): refused in one line before anything is read, no result.
+    job = parcel_hpc(["selection-job", str(copy), "rerun", "--selection", "1"], cwd=tmp_path, env=ENV)
+    assert job.returncode == 2 and len(job.stderr.strip().splitlines()) == 1, job.stderr
+    assert "t0000 is a trial of 1 node x 2 ranks x 1 GPU: its rerun runs as a gang of that shape, and this job runs 1 task" in job.stderr
+    assert not list((copy / "selection").rglob("result*.json"))
+
+
+def test_a_gang_whose_parts_are_not_replicas_is_refused_in_one_line(tmp_path, data_dir):
+    """A step whose rank 1 holds other weights than rank 0 (as a sharded model's parts would): rank 0's
+    part alone is not the gang's model, so it is refused rather than rescored and released."""
+    search = _search(tmp_path, data_dir, "resources.gpus=0")
+    ckpt_dir = search.path / "checkpoints" / "t0000"
+    identity = TrialIdentity.from_claim_json(ckpt_format.header(ckpt_dir / "ckpt-000060.rank-0000.h5"))
+    committed = Committed.newest(ckpt_dir, identity, 2)
+    assert committed is not None
+    attempt = committed.manifest.attempt
+    for rank in (0, 1):  # step 61, committed as the gang commits, rank 1's weights moved
+        part = committed.part(rank)
+        params = {k: v + 0.5 if rank == 1 and k.startswith("model/") and v.dtype.kind == "f" else v for k, v in part.params.items()}
+        gang = GangCheckpoints(ckpt_dir, identity, rank=rank, world_size=2, attempt=attempt)
+        gang.write_part(gang.prepare(61, params, part.optimizer, part.rng_state, trainer_extra(part)))
+    GangCheckpoints(ckpt_dir, identity, rank=0, world_size=2, attempt=attempt).commit(61, wait_s=5)
+    res = _rescored(search.path)
+    assert res.returncode == 1 and len(res.stderr.strip().splitlines()) == 1, res.stderr[-3000:]
+    assert "t0000's checkpoint parts at step 61 are not replicas: rank 1's part predicts otherwise than rank 0's" in res.stderr
 
 
 def test_a_signal_on_rank_0_requeues_the_whole_gang_which_resumes_bit_equal(tmp_path, data_dir, whole):
@@ -154,6 +282,14 @@ def test_a_rank_stalled_mid_step_is_found_while_rank_0_waits_in_the_collective(t
     assert (first.how, first.cause) == (AttemptEnd.FAILED, Cause.RANK_HUNG), first
     assert "rank 1 never finished step 16: rank 0 waited 5 s in it" in first.message, first.message
     assert record.state is TrialState.COMPLETED and record.metric == whole[1].metric
+    # Its selection's rerun, stalled the same way: rank 0's watchdog ends the job within the bound, naming rank 1.
+    markers = tmp_path / "rerun-markers"
+    markers.mkdir()
+    env = {**ENV, STEP_HOOK_ENV: faults.RANK_HOOK, faults.RANK_FAULT_ENV: "1:15:stall", faults.MARKERS_ENV: str(markers)}
+    res = parcel_hpc(["select", str(search.path), "--now", "--reason", "a stalled rerun"], cwd=tmp_path, env=env)
+    assert res.returncode == 3 and "ended without a result: error: rerun: rank 1 never finished step 16: rank 0 waited 5 s in it" in res.stdout, res.stdout
+    ended = json.loads(next((search.path / "selection").rglob("records/rerun/journal-*.jsonl")).read_text().splitlines()[-1])
+    assert (ended["how"], ended["cause"], ended["step"]) == ("failed", "rank_hung", 15), ended
 
 
 def test_a_hung_rank_is_ended_within_the_bound_and_fails_the_attempt(tmp_path, data_dir, whole):
@@ -164,6 +300,14 @@ def test_a_hung_rank_is_ended_within_the_bound_and_fails_the_attempt(tmp_path, d
     # Rank 1 stops before its report on step 15; rank 0, a step ahead, goes on into step 16's all-reduce.
     assert "rank 1 never finished step 16: rank 0 waited 5 s in it" in first.message, first.message
     assert record.state is TrialState.COMPLETED and record.metric == whole[1].metric
+    # Its selection's rerun, stalled the same way: rank 0's watchdog ends the job within the bound, naming rank 1.
+    markers = tmp_path / "rerun-markers"
+    markers.mkdir()
+    env = {**ENV, STEP_HOOK_ENV: faults.RANK_HOOK, faults.RANK_FAULT_ENV: "1:15:stall", faults.MARKERS_ENV: str(markers)}
+    res = parcel_hpc(["select", str(search.path), "--now", "--reason", "a stalled rerun"], cwd=tmp_path, env=env)
+    assert res.returncode == 3 and "ended without a result: error: rerun: rank 1 never finished step 16: rank 0 waited 5 s in it" in res.stdout, res.stdout
+    ended = json.loads(next((search.path / "selection").rglob("records/rerun/journal-*.jsonl")).read_text().splitlines()[-1])
+    assert (ended["how"], ended["cause"], ended["step"]) == ("failed", "rank_hung", 15), ended
 
 
 def test_another_rank_asking_for_the_final_partition_rejects_the_trial(tmp_path, data_dir):

@@ -2,6 +2,9 @@
 slice gate, clean lineage, the policy's checks, the selection journal, and the batch templates."""
 
 import re
+import signal
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,6 +21,7 @@ from parcel_hpc.scheduler.slurm import sbatch
 from parcel_hpc.selection.actions import checked_text
 from parcel_hpc.selection.candidates import Entry, TrialFacts, best_candidate, completed_list, lineage_problems, list_digest
 from parcel_hpc.selection.disposition import disposition
+from parcel_hpc.selection.gangs import unlike_ranks
 from parcel_hpc.selection.gates import GATES, Comparison, GateFacts, JudgedOn, ParityCheck, Performance, RerunCheck, Slices
 from parcel_hpc.selection.policy import GatePolicy, pinned_selection
 from parcel_hpc.selection.slices import Finding, GateResult, shipment_buckets, slice_gate, slice_report
@@ -377,3 +381,41 @@ def test_a_rerun_job_is_given_the_time_of_every_training_it_does():
     # a 5-fold trial's limit is 5 fold runs' (50 min): 5 fold reruns, 5 baseline folds and two refits
     assert job_time_limit_min(50, JobRole.RERUN, folds=5) == 12 * 10 + 10
     assert job_time_limit_min(50, JobRole.FINAL, folds=5) == 50  # the final job only scores
+
+
+def test_a_gang_s_parts_are_replicas_only_when_every_rank_predicts_rank_0_s_probabilities_bit_for_bit():
+    p = np.array([0.1, 0.7, 0.25])
+    assert unlike_ranks([p, p.copy(), p.copy()]) == ()  # data-parallel: rank 0's part serves for all
+    assert unlike_ranks([p, p.copy(), np.nextafter(p, 1.0), p[::-1].copy()]) == (2, 3)  # one ulp is another model
+    assert unlike_ranks([p]) == ()
+
+
+def test_a_gang_s_rerun_job_renders_as_a_gang_of_its_shape():
+    script = sbatch.render("winner_rerun", _values(nodes=2, tasks_per_node=2, gres="gpu:2"))
+    assert "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=2\n" in script and "#SBATCH --gres=gpu:2" in script
+    assert "exec srun --kill-on-bad-exit=1 --cpus-per-task=" in script  # one task a rank, ended together
+
+
+def test_a_local_selection_job_s_tasks_are_a_gang_and_end_together_when_one_fails(monkeypatch):
+    from parcel_hpc.scheduler.local.backend import gang_task, wait_as_one
+    from parcel_hpc.worker.jobenv import gang_of_job
+
+    assert gang_task("77", 0, 1) == {}  # one task: no gang
+    for name, value in gang_task("77", 1, 2).items():
+        monkeypatch.setenv(name, value)
+    gang = gang_of_job()  # as a trial's rank reads its place: submitit's job environment
+    assert gang is not None and (gang.rank, gang.world_size, gang.local_rank, gang.job_id) == (1, 2, 1, "77")
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    failing = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    wait_as_one([sleeper, failing], 0.05)  # like srun's --kill-on-bad-exit: the sleeper does not outlive it
+    assert failing.returncode == 3 and sleeper.returncode == -signal.SIGKILL
+
+
+def test_a_selection_job_s_own_last_words_are_told_from_a_peer_s_traceback_in_the_shared_log():
+    from parcel_hpc.selection.submit import _own_words
+
+    assert _own_words("error: rerun: rank 1 failed after step 5: RuntimeError: boom")
+    assert _own_words("reject:final_partition: on rank 1: trainer code opened /data/final.json")
+    assert not _own_words("reject:final_partition")  # the bare headline: its reason is on the next line
+    assert not _own_words("RuntimeError: injected fault on rank 1 at step 5")
+    assert not _own_words("parcel_hpc.worker.gang.FinalPartitionAsked: trainer code opened /data/final.json")

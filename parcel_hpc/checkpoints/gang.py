@@ -93,6 +93,48 @@ class PartDamaged(Exception):
     """This rank's part of the newest complete step failed its digest: the step was set aside."""
 
 
+def trainer_extra(part: Checkpoint) -> dict[str, Any]:
+    """A part's extras as the rank's trainer saved them: the gang's own header fields left out."""
+    return {k: v for k, v in (part.extra or {}).items() if k != GANG_KEY}
+
+
+@dataclass(frozen=True)
+class Committed:
+    """The gang's newest complete step as a reader outside the gang sees it (the selection's rescore):
+    its manifest, and each rank's part read on demand, one at a time (a large model's parts need not
+    all fit in one process). It writes nothing: a damaged part is one line (``UsageError``), never
+    set aside, since the trial's directory is not the reader's."""
+
+    ckpt_dir: Path
+    identity: TrialIdentity
+    manifest: Manifest
+
+    @classmethod
+    def newest(cls, ckpt_dir: str | os.PathLike, identity: TrialIdentity, world_size: int) -> Committed | None:
+        """The newest complete step of a gang of ``world_size`` ranks; None: no complete step."""
+        newest = cls._view(Path(ckpt_dir), identity, world_size).newest_complete()
+        if newest is None:
+            return None
+        if newest.world_size != world_size:
+            raise WorldSizeChanged(
+                f"the gang's checkpoint at step {newest.step} in {ckpt_dir} was written by {newest.world_size} ranks, not the trial's {world_size}"
+            )
+        return cls(Path(ckpt_dir), identity, newest)
+
+    def part(self, rank: int) -> Checkpoint:
+        """Rank ``rank``'s part of the step, its body verified against the manifest."""
+        try:
+            return self._view(self.ckpt_dir, self.identity, self.manifest.world_size).read_part(self.manifest, rank)
+        except Unusable as exc:
+            raise UsageError(
+                f"rank {rank}'s part of step {self.manifest.step} in {self.ckpt_dir} is damaged ({exc}); the committed step cannot be read"
+            ) from None
+
+    @staticmethod
+    def _view(ckpt_dir: Path, identity: TrialIdentity, world_size: int) -> GangCheckpoints:
+        return GangCheckpoints(ckpt_dir, identity, rank=0, world_size=world_size, attempt=0)  # the attempt only matters to a writer
+
+
 class GangCheckpoints:
     """One rank's view of the gang's checkpoints in the trial's one (claimed) directory."""
 

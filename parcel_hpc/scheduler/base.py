@@ -227,6 +227,7 @@ class SelectionJob:
     settings: LauncherSettings  # the launcher the trials ran on: its resources (partition, account, qos, GPUs, memory)
     time_limit_min: int
     log_dir: Path  # its output goes to ``<role>-<job id>.out`` there
+    shape: TrialShape = TrialShape()  # a gang's rerun runs as a gang of the winner's own shape: one task a rank
 
     def log(self, job_id: str) -> Path:
         return self.log_dir / f"{self.role.value}-{job_id}.out"

@@ -204,13 +204,6 @@ def _freeze(
             raise UsageError(f"--trial {trial} is not a completed trial of {search.path}; pick one from `parcel-hpc status`")
     else:
         chosen = best_candidate(entries) or (entries[0] if entries else None)
-    if chosen is not None and (shape := search.spec(chosen.trial_id).shape).is_gang:
-        # Frozen, it would spend the one selection of this revision on a winner no check can pass.
-        raise UsageError(
-            f"{chosen.trial_id} is a trial of {shape.describe()}: selecting a gang's trial is not built yet (the rescore, rerun and "
-            "final evaluation run one rank and read no gang's checkpoint, docs/gangs.md); nothing was frozen. "
-            "Select a trial of one rank with --trial T --reason TEXT, where the search has one"
-        )
     n = max(store.frozen_numbers(), default=0) + 1
     frozen = {
         "selection": n,

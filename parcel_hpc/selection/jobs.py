@@ -7,7 +7,9 @@ registry entry serves it: ``trainer.served``), measure what serving it costs, ke
 frames as the released model's input example, rerun its configuration from the
 pinned snapshot, retrain the approved baseline the same way (with its own trainer) or load the
 released one (``selection.baseline``), and report both per slice. The rerun and a trained
-baseline are recorded like trials (a spec and a typed journal each).
+baseline are recorded like trials (a spec and a typed journal each). A gang's winner (issue 50):
+its selected artifact is rank 0's replica (``selected_artifact``), and the job runs as a gang of the
+winner's own shape, its other tasks the rerun's peers (``_gang_rerun``); the rest is rank 0's.
 
 ``final``: the one evaluation on the protected final partition. It reads the final file through
 ``load_final_partition``, the one door, only under the revision's claim and plan, scores the
@@ -29,7 +31,9 @@ import os
 import platform
 import statistics
 import subprocess
+import sys
 import time
+import traceback
 import tracemalloc
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -45,6 +49,8 @@ from parcel_hpc.checkpoints import claims
 from parcel_hpc.checkpoints import store as ckpt
 from parcel_hpc.checkpoints.format import Unusable
 from parcel_hpc.checkpoints.format import read as read_checkpoint
+from parcel_hpc.checkpoints.gang import Committed, GangCheckpoints, trainer_extra
+from parcel_hpc.checkpoints.writer import BackgroundWriter
 from parcel_hpc.data import Partition, load_final_partition, read_split
 from parcel_hpc.errors import ParcelError, UsageError, one_line
 from parcel_hpc.governance.admission import TrialIdentity, check_worker, config_hash
@@ -56,18 +62,21 @@ from parcel_hpc.ledger import Admitted, AttemptEnd, Cause, Ended, JobRole, Searc
 from parcel_hpc.ledger.events import encode_payload
 from parcel_hpc.ledger.selection import FinalOpened, JobSubmitted
 from parcel_hpc.selection.baseline import BaselineKind, baseline_trainer
+from parcel_hpc.selection.gangs import job_shape, unlike_ranks
 from parcel_hpc.selection.gates import JudgedOn
 from parcel_hpc.selection.policy import SelectionPolicy
 from parcel_hpc.selection.slices import shipment_buckets, slice_report
 from parcel_hpc.selection.store import SelectionStore
-from parcel_hpc.trainer import FINAL_PARTITION_OUTCOME, Trainer, TrainerState, TrainingData, build_params, make_trainer, served
+from parcel_hpc.trainer import FINAL_PARTITION_OUTCOME, Devices, Trainer, TrainerState, TrainingData, build_params, make_trainer, served
 from parcel_hpc.trainer.base import checked_probabilities
 from parcel_hpc.trainer.data import load_refit_data
 from parcel_hpc.trainer.run import Restored, Stop
 from parcel_hpc.worker import WorkerPlan
 from parcel_hpc.worker.cache import WorkerCache
 from parcel_hpc.worker.devices import running_on
-from parcel_hpc.worker.jobenv import facts_from_env
+from parcel_hpc.worker.gang import FINAL_PARTITION, GangEnv, Leader, LeaderSide, RankFailed, RankHung, RankLost, Watchdog
+from parcel_hpc.worker.jobenv import enter_gang, facts_from_env
+from parcel_hpc.worker.peer import PeerAttempt
 from parcel_hpc.worker.training import LoopCallbacks, budget, scorer, train
 
 SERVING_BATCH = 64  # images per serve() call when measuring latency and memory
@@ -75,23 +84,73 @@ EXAMPLE_FRAMES = 3  # validation frames recorded as the released model's input e
 KEY_DISTRIBUTIONS = ("parcel-hpc", "numpy", "h5py", "submitit", "hydra-core", "omegaconf")
 
 
-def run(search_dir: str | os.PathLike, role: JobRole, selection: int) -> dict[str, Any]:
+def run(search_dir: str | os.PathLike, role: JobRole, selection: int) -> dict[str, Any] | None:
+    """The job's result (written once, last, by rank 0); None on a gang's other ranks, whose share is
+    the rerun's training only."""
     store = SelectionStore(SearchDir(Path(search_dir)))
     existing = store.result(selection, role)
     if existing is not None:
         return existing  # a requeued job whose first run finished: nothing to do twice
-    started = time.time()
-    ctx = _Context(store, selection, role)
-    result = _rerun(ctx) if role is JobRole.RERUN else _final(ctx)
-    # What the job itself used, for the packet's compute (it runs with the search's resources).
+    started = time.time()  # a gang's rank 0 holds every rank's resources from here, while its peers connect
+    gang = _gang_of_job(store, role, selection)
+    if gang is not None and gang.env.rank > 0:
+        try:
+            PeerAttempt(gang.plan, gang.env).execute()  # a trial's peer, told by rank 0 where to train: rank 0 records the rerun
+        except Exception:
+            # Told to rank 0, which ends the job naming this rank; its traceback goes to the job's log. This task
+            # leaves without an error, so that srun's --kill-on-bad-exit does not end rank 0 before it says so.
+            traceback.print_exc()
+        return None  # rank 0 reports the job: the job's output ends with rank 0's words
+    try:
+        ctx = _Context(store, selection, role, gang)
+        result = _rerun(ctx) if role is JobRole.RERUN else _final(ctx)
+    finally:
+        if gang is not None and gang.leader is not None:
+            gang.leader.close()  # a peer still waiting on rank 0 sees it gone and exits
+    # What the job itself used, for the packet's compute (a gang's: every rank's share).
+    shape = job_shape(ctx.contract["resources"], gang.plan.shape if gang is not None else None)
     result["job"] = {
         "started_at": started,
         "ended_at": time.time(),
-        "facts": encode_payload(facts_from_env(), drop_empty=False),
-        "resources": {k: ctx.contract["resources"][k] for k in ("cpus", "gpus")},
+        "facts": encode_payload(facts_from_env(gang=gang.env if gang is not None else None), drop_empty=False),
+        "resources": {"cpus": shape.cpus, "gpus": shape.gpus, "ranks": shape.ranks},
     }
     store.write_result(selection, role, result)
     return cast(dict[str, Any], store.result(selection, role))  # written just above
+
+
+@dataclass
+class _Gang:
+    """This task's place in the gang a gang's winner reruns as: its plan, where it is in the gang, and
+    (rank 0) the gang's channel, opened before rank 0 reads anything, while its peers connect."""
+
+    plan: WorkerPlan
+    env: GangEnv
+    leader: Leader | None = None
+
+
+def _gang_of_job(store: SelectionStore, role: JobRole, n: int) -> _Gang | None:
+    """The job's gang (None: one task), its place set in the environment before any trainer code is
+    imported; a job of another shape than its winner's is refused in one line."""
+    trial = str(store.selection(n).get("trial_id") or "")
+    plan = WorkerPlan.load(store.search, trial) if trial and role is JobRole.RERUN else None
+    env = enter_gang(plan.gpus if plan is not None else 0)
+    ranks = env.world_size if env is not None else 1
+    if plan is None:
+        if env is not None:
+            raise UsageError(f"this {role.value} job runs {ranks} tasks; it runs as one")
+        return None
+    if ranks != plan.shape.ranks:
+        raise UsageError(
+            f"{trial} is a trial of {plan.shape.describe()}: its rerun runs as a gang of that shape, and this job runs {ranks} "
+            f"task{'s' if ranks > 1 else ''}; run `parcel-hpc select`, which submits it so"
+        )
+    if env is None:
+        return None
+    gang = _Gang(plan, env)
+    if env.rank == 0:
+        gang.leader = Leader.open(env.channel_port, env.world_size, hang_s=plan.rank_wait_s, job=env.job_id)
+    return gang
 
 
 # --- shared ----------------------------------------------------------------------------------
@@ -100,8 +159,8 @@ def run(search_dir: str | os.PathLike, role: JobRole, selection: int) -> dict[st
 class _Context:
     """The frozen facts every job starts from, with what this job itself observed checked first."""
 
-    def __init__(self, store: SelectionStore, n: int, role: JobRole) -> None:
-        self.store, self.n = store, n
+    def __init__(self, store: SelectionStore, n: int, role: JobRole, gang: _Gang | None = None) -> None:
+        self.store, self.n, self.gang = store, n, gang
         self.contract: Contract = store.search.contract()
         self.policy = SelectionPolicy.of(self.contract)
         self.frozen = store.selection(n)
@@ -119,9 +178,12 @@ class _Context:
             if k == 1
             else load_refit_data(self.plan.snapshot_path, self.split, self.plan.preprocessing)
         )
-        self.data: TrainingData = replace(data, budget=budget(self.plan))  # a retrained trial's steps, as its trials had them
+        # A retrained trial's steps, as its trials had them; the GPUs the job was granted, as a trial's worker sees them.
+        facts = facts_from_env(gang=gang.env if gang is not None else None)
+        steps, devices = budget(self.plan), Devices.from_env(facts.gpus, facts.cuda_visible_devices)
+        self.data: TrainingData = replace(data, budget=steps, devices=devices)
         self.folds = tuple(
-            replace(cache.training_data(self.plan.snapshot_path, self.split, self.plan.preprocessing, f), budget=budget(self.plan))
+            replace(cache.training_data(self.plan.snapshot_path, self.split, self.plan.preprocessing, f), budget=steps, devices=devices)
             for f in range(k if k > 1 and role is JobRole.RERUN else 0)
         )
         self.final = _open_final(self) if role is JobRole.FINAL else None  # before the fence too: the one door, under its claim
@@ -208,10 +270,43 @@ def _restored(ctx: _Context, make: Callable[[], Trainer], directory: Path, ident
     found = ckpt.CheckpointStore(directory, identity, keep_last=1).load_latest()
     if found is None:
         raise UsageError(f"no intact checkpoint in {directory}; the artifact is missing")
+    return _loaded(ctx, make, found, TrainerState(found.params, found.extra or {})), found
+
+
+def _loaded(ctx: _Context, make: Callable[[], Trainer], found: ckpt.Checkpoint, state: TrainerState) -> Trainer:
     trainer = make()
     with ctx.trainer_code(f"{type(trainer).__name__}.load_state({found.path.name})"):
-        trainer.load_state(TrainerState(found.params, found.extra or {}))
-    return trainer, found
+        trainer.load_state(state)
+    return trainer
+
+
+def selected_artifact(ctx: _Context) -> tuple[Trainer, ckpt.Checkpoint]:
+    """The selected trial's final checkpoint loaded into its trainer. A gang's is rank 0's part of its
+    newest complete step: rank 0's replica, the model whose validation on rank 0 the trial was
+    selected by, once every other rank's part, loaded alone the same way, is shown to predict the
+    same validation frames bit for bit (``gangs.unlike_ranks``); parts that do not (a sharded model) are
+    refused in one line, since rank 0's alone would serve something the gang never was."""
+    make, directory, shape = (lambda: ctx.trainer(ctx.plan.params)), _final_chain(ctx, ""), ctx.plan.shape
+    if not shape.is_gang:
+        return _restored(ctx, make, directory, ctx.winner_identity)
+    committed = Committed.newest(directory, ctx.winner_identity, shape.ranks)
+    if committed is None:
+        raise UsageError(f"no complete step of the gang's checkpoint in {directory}; the artifact is missing")
+    step, val = committed.manifest.step, ctx.data.validation
+    own = committed.part(0)
+    winner = _loaded(ctx, make, own, TrainerState(own.params, trainer_extra(own)))
+    predicted = [ctx.scores(winner, "validation", len(val), step)]
+    for rank in range(1, shape.ranks):  # one part in memory at a time beside rank 0's
+        part = committed.part(rank)
+        predicted.append(ctx.scores(_loaded(ctx, make, part, TrainerState(part.params, trainer_extra(part))), "validation", len(val), step))
+        del part
+    unlike = unlike_ranks(predicted)
+    if unlike:
+        raise UsageError(
+            f"{ctx.trial_id}'s checkpoint parts at step {step} are not replicas: rank {', '.join(map(str, unlike))}'s part predicts otherwise "
+            "than rank 0's (a sharded model, or replicas that drifted apart); rank 0's part alone is not the gang's model, and releasing one from every rank's parts is not built"
+        )
+    return winner, own
 
 
 def _released(ctx: _Context) -> tuple[Trainer, ckpt.Checkpoint]:
@@ -251,12 +346,15 @@ def _trained(
     make: Callable[[], Trainer],
     data: TrainingData | None = None,
     chain: Path | None = None,
+    gang: _GangRun | None = None,
 ) -> tuple[Trainer, float, TrialSpec]:
     """Train ``params`` with the trainer ``make`` builds (on ``data``: the job's own by default),
     exactly like a trial (same loop, steps, seed and milestones; no pruning), recorded like one: a
     spec and a journal with its start, the digests it read, its milestones and its ending, under ``records_dir/name``.
     With ``chain``, it claims that checkpoint directory, checkpoints there at the trial's cadence and
-    resumes from its newest checkpoint (a refit a requeued or rerun job does not train twice)."""
+    resumes from its newest checkpoint (a refit a requeued or rerun job does not train twice). With
+    ``gang``, this is rank 0 of a gang: every rank saves, validates and stops as rank 0 decides, and
+    its saves are rank 0's parts of the gang's checkpoints."""
     spec = TrialSpec(
         name, -1, dict(params), ctx.plan.seed, identity.config_hash, ctx.contract.digest, ctx.admitted.image_digest, dict(ctx.contract["resources"])
     )
@@ -291,6 +389,21 @@ def _trained(
             store.save(at, state.arrays, {}, {}, extra=state.scalars)
 
     calls = LoopCallbacks(restore, stepped, save, validated)
+    watch = None
+    if gang is not None:
+
+        def stalled(waited: float) -> None:
+            """Rank 0 reached no step boundary within the bound (a collective a peer never joins): the
+            job ends now, its rerun's ending written from here (the main thread is in trainer code)."""
+            exc = gang.leader.stalled(step + 1, waited)
+            cause = Cause.RANK_HUNG if isinstance(exc, RankHung) else Cause.EXCEPTION
+            journal.ended(1, Ended(AttemptEnd.FAILED, cause, step=step, message=f"{type(exc).__name__}: {exc}"[:500]))
+            print(f"error: {name}: {exc}", file=sys.stderr, flush=True)
+            os._exit(1)  # srun (--kill-on-bad-exit), or the local launcher, ends the other ranks
+
+        watch = Watchdog.of_gang(plan.rank_wait_s, stalled)
+        side = LeaderSide(gang.leader, watch)
+        calls = replace(calls, save=gang.save, agreed=side.after_step, agreed_after_validation=side.after_validation)
     used = data or ctx.data
     try:
         trainer = make()
@@ -301,13 +414,35 @@ def _trained(
                 trainer.load_state(TrainerState(last.params, last.extra or {}))
                 value = scorer(plan, used)(checked_probabilities(trainer.predict("validation"), len(used.validation), "validation", last.step))
             else:
-                value = train(plan, trainer, used, calls).value
+                ran = train(plan, trainer, used, calls)
+                if gang is not None:
+                    gang.writer.wait()  # rank 0's part of the last save is durable (the peers' are theirs)
+                if ran.stop is not None and not ran.done:
+                    # A rank was signalled (its job preempted, or at its limit): a preempted job runs again from the start.
+                    raise UsageError(
+                        f"{name} was stopped at step {ran.step} of {plan.steps} ({ran.stop.value}); it is not done, and this job ends without a result"
+                    )
+                value = ran.value
     except GovernanceRefusal as exc:
         journal.ended(1, Ended(AttemptEnd.REJECTED, step=step, outcome=exc.outcome, reason=str(exc)[:500]))
         raise
     except Exception as exc:
-        journal.ended(1, Ended(AttemptEnd.FAILED, Cause.EXCEPTION, step=step, message=f"{type(exc).__name__}: {exc}"[:500]))
+        failure = gang.leader.cause_of(exc.__cause__ if isinstance(exc.__cause__, Exception) else exc, step) if gang is not None else exc
+        if isinstance(failure, RankFailed) and failure.cause == FINAL_PARTITION:
+            # Another rank's trainer asked for the final partition (caught or not): the job's refusal, in that rank's words.
+            refusal = GovernanceRefusal(
+                FINAL_PARTITION_OUTCOME, f"on rank {failure.rank}: {failure.traceback} while {name} ran in a selection job; the job stops"
+            )
+            journal.ended(1, Ended(AttemptEnd.REJECTED, step=step, outcome=refusal.outcome, reason=str(refusal)[:500]))
+            raise refusal from exc
+        failed = failure if isinstance(failure, RankFailed | RankLost | RankHung) else exc
+        journal.ended(1, Ended(AttemptEnd.FAILED, Cause.EXCEPTION, step=step, message=f"{type(failed).__name__}: {failed}"[:500]))
+        if failed is not exc:
+            raise UsageError(f"{name}: {failed}") from exc
         raise
+    finally:
+        if watch is not None:
+            watch.stop()
     journal.ended(1, Ended(AttemptEnd.COMPLETED, step=plan.steps, metric=float(value)))
     if store is not None and store.claim is not None:
         store.claim.release()  # left in order: a later job scores it from its last checkpoint
@@ -315,12 +450,49 @@ def _trained(
 
 
 def _claimed_chain(ctx: _Context, chain: Path, identity: TrialIdentity, keep_last: int) -> ckpt.CheckpointStore:
+    return ckpt.CheckpointStore(chain, identity, keep_last=keep_last, claim=_chain_claim(ctx, chain, identity))
+
+
+def _chain_claim(ctx: _Context, chain: Path, identity: TrialIdentity) -> claims.Claim:
     """The selection job's own claim on ``chain``, as a trial's attempt claims its directory: a dead
     earlier run of the job is taken over, a live one is a collision (the job stops)."""
     facts = facts_from_env()
     found = ctx.store.search.identity()
     here = claims.ClaimIdentity.here(identity, job_id=facts.job_id, attempt=facts.restart_count + 1, search_id=found.search_id if found else "")
-    return ckpt.CheckpointStore(chain, identity, keep_last=keep_last, claim=claims.claim_directory(chain, here))
+    return claims.claim_directory(chain, here)
+
+
+@dataclass(frozen=True)
+class _GangRun:
+    """Rank 0's side of a gang's rerun: the gang's channel, and its parts of the gang's checkpoints."""
+
+    leader: Leader
+    writer: BackgroundWriter
+
+    def save(self, step: int, state: TrainerState) -> None:
+        self.writer.submit(step, state.arrays, {}, {}, extra=state.scalars)
+
+
+def _gang_rerun(ctx: _Context, run_dir: Path, records: Path) -> float:
+    """The selected gang's configuration trained again as a gang of its own shape, from the pinned
+    snapshot: rank 0 here, the job's other tasks as a trial's peers (``worker/peer.PeerAttempt``).
+    One rank would not redo the gang's computation (its gradients are reduced in another order:
+    docs/gangs.md), so only this rerun can be held to ``selection.rerun_tolerance``. Its checkpoints go
+    to a chain of this job run's own under one claim, as a trial's gang's do; a job run again trains
+    again, as a one-rank rerun does. The peers leave once it is trained."""
+    gang = cast(_Gang, ctx.gang)
+    env, leader, plan, identity = gang.env, cast(Leader, gang.leader), ctx.plan, ctx.winner_identity
+    chain = fsio.ensure_dir(run_dir / "rerun-chain")
+    claim = _chain_claim(ctx, chain, identity)
+    parts = GangCheckpoints(
+        chain, identity, rank=0, world_size=env.world_size, attempt=1, keep_last=plan.keep_last, claim=claim, commit_wait_s=plan.rank_wait_s
+    )
+    leader.send({"train": True, "trial_id": ctx.trial_id, "attempt": 1, "ckpt_dir": str(chain), "claim": claim.record.to_json()})
+    run = _GangRun(leader, BackgroundWriter(parts))
+    data = replace(ctx.data, rank=0, world_size=env.world_size)
+    _, value, _ = _trained(ctx, records, "rerun", plan.params, identity, lambda: ctx.trainer(plan.params, data), data, gang=run)
+    claim.release()  # left in order
+    return value
 
 
 def _parity(
@@ -436,10 +608,13 @@ def _rerun(ctx: _Context) -> dict[str, Any]:
     val = ctx.data.validation
     columns = ctx.columns(val)
     folded = _fold_reruns(ctx, records) if ctx.folds else None
+    rerun_metric = None
     if folded is None:
         # The selected artifact: the trial's own final checkpoint, rescored exactly as the search scored it.
-        winner, found = _restored(ctx, lambda: ctx.trainer(ctx.plan.params), _final_chain(ctx, ""), ctx.winner_identity)
+        winner, found = selected_artifact(ctx)
         step, origin = found.step, anchor.shown(found.path)
+        # A gang's rerun next, once its artifact is known to be one model: its peers wait for it, and leave once it is trained.
+        rerun_metric = _gang_rerun(ctx, run_dir, records) if ctx.gang is not None else None
     else:
         # A K-fold winner's released model: its configuration refit on every non-final frame, recorded like a trial.
         refit = _final_chain(ctx, "refit")  # its own checkpoint chain beside the fold runs' (claimed, resumable)
@@ -454,8 +629,9 @@ def _rerun(ctx: _Context) -> dict[str, Any]:
         serving |= {"frame_shape": list(val.images.shape[1:]), "example": _serving_example(ctx, run_dir, winner)}
     baseline_scores, baseline = _baseline_on_validation(ctx, run_dir, records)
     if folded is None:
-        # The rerun: the same configuration from the pinned snapshot, as a new run.
-        _, rerun_metric, _ = _trained(ctx, records, "rerun", ctx.plan.params, ctx.winner_identity, lambda: ctx.trainer(ctx.plan.params))
+        # The rerun: the same configuration from the pinned snapshot, as a new run (a gang's: as a gang, above).
+        if rerun_metric is None:
+            _, rerun_metric, _ = _trained(ctx, records, "rerun", ctx.plan.params, ctx.winner_identity, lambda: ctx.trainer(ctx.plan.params))
         artifact_metric, judged = ctx.metric(winner_scores, val.labels), JudgedOn.VALIDATION
         winner_rows = slice_report(winner_scores, val.labels, columns, ctx.metric)
         baseline_rows = slice_report(baseline_scores, val.labels, columns, ctx.metric)

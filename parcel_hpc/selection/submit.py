@@ -19,10 +19,13 @@ from rich.console import Console
 from parcel_hpc import anchor, fsio
 from parcel_hpc.data import read_split
 from parcel_hpc.errors import CorruptRecord, UsageError
+from parcel_hpc.governance.outcome import Outcome
+from parcel_hpc.governance.shape import TrialShape
 from parcel_hpc.ledger import JobRole
 from parcel_hpc.ledger.selection import JobSubmitted, SelectionWriter
 from parcel_hpc.scheduler.base import LauncherSettings, SelectionJob
 from parcel_hpc.scheduler.registry import backend_of
+from parcel_hpc.selection.gangs import job_shape
 from parcel_hpc.selection.store import SelectionStore
 from parcel_hpc.worker import WorkerPlan
 
@@ -50,6 +53,13 @@ def job_time_limit_min(trial_limit_min: int, role: JobRole, folds: int = 1) -> i
     if role is not JobRole.RERUN:
         return trial_limit_min
     return -(-(2 * folds + 2) * trial_limit_min // folds) + 10 if folds > 1 else 2 * trial_limit_min + 10
+
+
+def _shape(store: SelectionStore, role: JobRole, n: int) -> TrialShape:
+    """The shape selection ``n``'s job of ``role`` runs as (``gangs.job_shape``): its winner's, for a gang's rerun."""
+    trial = str(store.selection(n).get("trial_id") or "")
+    winner = WorkerPlan.load(store.search, trial).shape if trial and role is JobRole.RERUN else None
+    return job_shape(store.search.contract()["resources"], winner)
 
 
 def _folds(store: SelectionStore, n: int) -> int:
@@ -80,7 +90,7 @@ def run_job(store: SelectionStore, role: JobRole, n: int, writer: SelectionWrite
     else:
         backend = backend_of(settings.kind)
         limit = job_time_limit_min(int(settings.resources["time_limit_min"]), role, _folds(store, n))
-        job = SelectionJob(store.search, owned, role, n, settings, limit, store.log_dir(n))
+        job = SelectionJob(store.search, owned, role, n, settings, limit, store.log_dir(n), _shape(store, role, n))
 
         def submitted(job_id: str, host: str) -> None:
             writer.job_submitted(n, role, job_id, backend.executor, host)
@@ -90,20 +100,35 @@ def run_job(store: SelectionStore, role: JobRole, n: int, writer: SelectionWrite
     log = store.log_dir(n) / f"{role.value}-{job_id}.out"
     result = store.result(n, role)
     if result is None:
-        tail = _last_line(store, log)
-        message = f"the {role.value} job {job_id} ended without a result: {tail[0] if tail else 'no output'} (log {log})"
+        said = _what_it_said(store, log)
+        message = f"the {role.value} job {job_id} ended without a result: {said or 'no output'} (log {log})"
         writer.job_ended(n, role, job_id, False, message=message)
         return JobOutcome(job_id, False, message)
     writer.job_ended(n, role, job_id, True, result["digest"])
     return JobOutcome(job_id, True, "")
 
 
-def _last_line(store: SelectionStore, log: Path) -> list[str]:
-    """The last line of a selection job's output file, read as a record is (within the search,
-    only its end); none when it is not there to read."""
+def _what_it_said(store: SelectionStore, log: Path) -> str:
+    """What a selection job's output file ends with, read as a record is (within the search, only its
+    end): the job's own last words (``_own_words``), else its last line; "" when there is none to read.
+    A gang's tasks share the file: a peer's traceback may come after rank 0's words."""
     try:
         with fsio.Folder.open(log.parent, within=store.search.path) as folder:
             data, _ = folder.read_tail(log.name, 2**16)
     except (FileNotFoundError, CorruptRecord):
-        return []
-    return data.decode(errors="replace").strip().splitlines()[-1:]
+        return ""
+    lines = data.decode(errors="replace").strip().splitlines()
+    return next((line for line in reversed(lines) if _own_words(line)), lines[-1] if lines else "")
+
+
+def _own_words(line: str) -> bool:
+    """A line ``parcel-hpc selection-job`` prints as it ends without a result: its one-line error, or a
+    refusal's outcome with its reason (``errors.exit_on_error``)."""
+    if line.startswith("error: "):
+        return True
+    head, said, _ = line.partition(": ")
+    try:
+        Outcome.parse(head)
+    except ValueError:
+        return False
+    return bool(said)

@@ -83,7 +83,6 @@ from parcel_hpc.worker.signals import StepBoundarySignals, toolkit_handlers
 from parcel_hpc.worker.training import LoopCallbacks, budget, scorer, step_hooks, train
 
 PEERS_AFTER_FAILURE_S = 1.0  # how long a broken gang's rank 0 waits for its peers' GPU readings
-FIRST_STEP_BOUND_S = 600.0  # a gang's first step (the build, the rendezvous, a compiling first step) may take this long
 PREVIOUS_ATTEMPT_WAIT_S = 90.0  # SLURM's KillWait plus slurmd's cleanup, with margin
 TRACEBACK_CHARS = 20_000  # the end of a failure's traceback kept in its journal line (the innermost frames)
 
@@ -315,14 +314,11 @@ class AttemptRun:
     def _unexpected(self, exc: Exception) -> WorkerResult:
         """How an exception out of the trainer or the loop ends the attempt; re-raised when it is a failure."""
         plan = self.plan
-        if self.leader is not None and not isinstance(exc, RankFailed):
-            # In a gang rank 0's own error is often a collective's, raised because a peer failed or left.
-            said = self.leader.after_failure(self.step)
+        if self.leader is not None and (said := self.leader.cause_of(exc, self.step)) is not exc:
             if isinstance(said, RankLost):
                 return self._gang_broke(said)
-            if said is not None:
-                said.__cause__ = exc
-                exc = said
+            said.__cause__ = exc
+            exc = said
         self._saves_abandoned(exc)
         if isinstance(exc, RankFailed) and exc.cause == FINAL_PARTITION:
             self._peers_asked.append(f"on rank {exc.rank}: {exc.traceback}")  # its words, as that rank's fence put them
@@ -343,13 +339,9 @@ class AttemptRun:
         requeued whole from its last complete checkpoint. A rank that hung at a step while the others
         waited: the trial's failure, its hung process on this host ended by its pid (on other hosts
         the scheduler ends the job's other tasks when rank 0 exits with an error)."""
-        if isinstance(exc, RankLost) and self.leader is not None:
-            # A rank that raised reports its exception, then exits: its closed connection may be met
-            # first (sending it the next decision), with its report still unread behind it.
-            said = self.leader.after_failure(self.step)
-            if isinstance(said, RankFailed):
-                said.__cause__ = exc
-                return self._unexpected(said)
+        if isinstance(exc, RankLost) and self.leader is not None and isinstance(said := self.leader.cause_of(exc, self.step), RankFailed):
+            said.__cause__ = exc
+            return self._unexpected(said)
         self._saves_abandoned(exc)
         if isinstance(exc, RankHung) and exc.step > 0:
             self._end_hung(exc)
@@ -477,8 +469,7 @@ class AttemptRun:
         calls = LoopCallbacks(self._restore, self._stepped, self._save, self._validated)
         watch = None
         if self.leader is not None:
-            bound = self.plan.rank_wait_s
-            watch = Watchdog(bound, max(10 * bound, FIRST_STEP_BOUND_S), self._stalled).start()
+            watch = Watchdog.of_gang(self.plan.rank_wait_s, self._stalled)
             side = LeaderSide(self.leader, watch)
             calls = replace(calls, agreed=self._agreed_by_gang(side), agreed_after_validation=side.after_validation)
         try:

@@ -35,12 +35,13 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from parcel_hpc.checkpoints.gang import GANG_KEY, GangCheckpoints, GangRestore
+from parcel_hpc.checkpoints.gang import GangCheckpoints, GangRestore, trainer_extra
 from parcel_hpc.checkpoints.writer import BackgroundWriter
 from parcel_hpc.ledger.events import DeviceUse, decode_payload, encode_payload
 from parcel_hpc.trainer import TrainerState, TrainingData
 from parcel_hpc.trainer.run import Due, Restored, Run, Stop, stopping_due
 
+FIRST_STEP_BOUND_S = 600.0  # a gang's first step (the build, the rendezvous, a compiling first step) may take this long
 STEP, VALIDATED, USED = "step", "validated", "used"  # what a report or a decision is about (USED: a rank's GPUs, at its end)
 _LINE_LIMIT = 1 << 20  # a report or a decision is small; a longer line is a broken peer
 # Where a gang's master port (and its channel's, one above) is drawn from, by its job id: below Linux's
@@ -313,6 +314,19 @@ class Leader:
             said += failed
         return lost or first_failure(said)
 
+    def cause_of(self, exc: Exception, step: int) -> Exception:
+        """What ended the gang's run when rank 0 met ``exc`` at ``step``: rank 0's own error is often a
+        collective's, raised because a peer failed or left, and a peer that raised reports its
+        exception, then exits, so its closed connection may be met first (sending it the next
+        decision) with its report unread behind it. Another rank's exception as it reported it
+        (``RankFailed``), a rank that left (``RankLost``), or ``exc`` itself."""
+        if isinstance(exc, RankFailed | RankHung):
+            return exc
+        said = self.after_failure(step)
+        if isinstance(exc, RankLost):
+            return said if isinstance(said, RankFailed) else exc
+        return said or exc
+
     def uses(self, wait_s: float) -> list[DeviceUse | None]:
         """Every peer's reading of its GPUs, sent as its run ended (``USED``), in rank order: waited for
         up to ``wait_s`` in all; None for a peer that sent none by then (its process gone, or still in a step)."""
@@ -478,8 +492,7 @@ def report_failure(peer: Peer, step: int, exc: BaseException, cause: str, at: fl
 def restored_of(found: GangRestore) -> Restored:
     """A rank's part of the gang's newest complete step as its loop restores it (the gang's own header
     fields left out: the trainer saved none of them)."""
-    extra = {k: v for k, v in (found.own.extra or {}).items() if k != GANG_KEY}
-    return Restored(found.manifest.step, TrainerState(found.own.params, extra))
+    return Restored(found.manifest.step, TrainerState(found.own.params, trainer_extra(found.own)))
 
 
 def _decision(step: int, due: Due, stop: Stop | None) -> dict[str, Any]:
@@ -504,6 +517,12 @@ class Watchdog:
         self._last: float | None = None  # the last boundary; None: paused
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="parcel-gang-watchdog", daemon=True)
+
+    @classmethod
+    def of_gang(cls, bound_s: float, fire: Callable[[float], None]) -> Watchdog:
+        """Rank 0's watchdog at the gang's bound (the launcher's signal delay), started; its first step
+        may take ten times as long, and never less than ``FIRST_STEP_BOUND_S``."""
+        return cls(bound_s, max(10 * bound_s, FIRST_STEP_BOUND_S), fire).start()
 
     def start(self) -> Watchdog:
         self._last = self._clock()

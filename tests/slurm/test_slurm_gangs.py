@@ -9,13 +9,17 @@ checkpoint: counted once, as one trial's interruption."""
 import json
 import re
 import shutil
+from pathlib import Path
 
+import numpy as np
 import pytest
 from reference import EXAMPLES
 
 from parcel_hpc.budget import BudgetLedger
-from parcel_hpc.ledger import AttemptEnd, Cause, SearchDir, Started, TrialState
+from parcel_hpc.checkpoints import format as ckpt_format
+from parcel_hpc.ledger import AttemptEnd, Cause, JobRole, SearchDir, Started, TrialState
 from parcel_hpc.scheduler.slurm.steps import cpu_seconds
+from parcel_hpc.selection.store import SelectionStore
 from parcel_hpc.testing import launch, parcel_hpc
 
 from .cluster import PREEMPTOR, preempt, sh, wait_for
@@ -202,3 +206,24 @@ def test_slots_of_two_shapes_each_take_only_the_trials_of_their_shape(tmp_path, 
         assert job in slot_jobs
         steps = {line.split("|")[0]: line.split("|")[1:] for line in sh("sacct", "-n", "-P", "-j", job, "-o", "JobID,NNodes,NTasks").splitlines()}
         assert steps[f"{job}.0"][:2] == (["2", "4"] if r.spec.shape.is_gang else ["1", "1"]), steps  # the slot's job: its trials' shape
+
+
+def test_a_gang_s_winner_reruns_as_a_gang_of_its_shape_in_one_selection_job(whole, tmp_path):
+    """select on the uninterrupted gang: its rerun job is one job of 2 nodes x 2 tasks (srun's step), which
+    trains the winner's configuration again as the gang did and lands on its value and weights bit for bit."""
+    copy = tmp_path / "whole"  # its plan still reads the gang's own checkpoints; the selection lands in the copy
+    shutil.copytree(whole.path, copy)
+    record = whole.record("t0000")
+    res = parcel_hpc(["select", str(copy), "--now", "--reason", "a gang's winner"], cwd=tmp_path, env={"PYTHONPATH": str(EXAMPLES)})
+    assert res.returncode in (0, 3) and "Traceback" not in res.stdout + res.stderr, res.stdout + res.stderr
+    result = json.loads((copy / "selection" / "1" / "rerun" / "result.json").read_text())
+    assert result["selected_metric"] == result["artifact_metric"] == result["rerun_metric"] == record.metric
+    assert result["job"]["resources"] == {"cpus": 4, "gpus": 4, "ranks": 4}
+    chain = Path(result["run_dir"]) / "rerun-chain"
+    assert json.loads((chain / "ckpt-000080.manifest.json").read_text())["world_size"] == 4
+    trained = ckpt_format.read(whole.path / "checkpoints" / "t0000" / "ckpt-000080.rank-0003.h5").params
+    rerun = ckpt_format.read(chain / "ckpt-000080.rank-0003.h5").params
+    assert all(np.array_equal(rerun[k], trained[k]) for k in trained if k.startswith("model/"))
+    job_id = SelectionStore(SearchDir(copy)).record().last_job(1, JobRole.RERUN).job_id
+    steps = {line.split("|")[0]: line.split("|")[1:] for line in sh("sacct", "-n", "-P", "-j", job_id, "-o", "JobID,NNodes,NTasks").splitlines()}
+    assert steps[f"{job_id}.0"][:2] == ["2", "4"], steps  # srun's step: the rerun's 4 ranks on 2 nodes

@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -23,6 +24,33 @@ from parcel_hpc.scheduler.local import EXECUTOR
 from parcel_hpc.scheduler.local.launcher import SubmititLocalConf
 from parcel_hpc.scheduler.local.runs import local_runs
 from parcel_hpc.scheduler.runs import JobRun
+
+
+def gang_task(job: str, rank: int, ranks: int) -> dict[str, str]:
+    """Where task ``rank`` of a job of ``ranks`` tasks on this machine is, in the names submitit's local
+    executor gives a trial's tasks (``worker/jobenv.gang_of_job`` reads them); nothing for one task."""
+    if ranks <= 1:
+        return {}
+    names = ("JOB_ID", "NTASKS", "JOB_NUM_NODES", "NODEID", "GLOBALID", "LOCALID")
+    return {"SUBMITIT_EXECUTOR": str(EXECUTOR)} | {f"SUBMITIT_LOCAL_{n}": str(v) for n, v in zip(names, (job, ranks, 1, 0, rank, rank), strict=True)}
+
+
+def wait_as_one(procs: Sequence[subprocess.Popen[bytes]], poll_s: float, after_first_s: float = 60.0) -> None:
+    """Wait for a job's tasks as srun's ``--kill-on-bad-exit`` does: a task that exits with an error
+    ends the others (this command's own children, by their pids); once the first (rank 0, whose work
+    the job is) has ended, the others get ``after_first_s`` to end on their own."""
+    first_ended: float | None = None
+    while None in (codes := [p.poll() for p in procs]):
+        failed = any(code not in (None, 0) for code in codes)
+        if procs[0].returncode is not None and first_ended is None:
+            first_ended = time.monotonic()
+        if failed or (first_ended is not None and time.monotonic() - first_ended > after_first_s):
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+        time.sleep(min(poll_s, 0.2))
+    for p in procs:
+        p.wait()
 
 
 class LocalBackend(Backend):
@@ -67,12 +95,18 @@ class LocalBackend(Backend):
         owned = job.owned.argv()
         argv = [sys.executable, "-P", "-m", "parcel_hpc", "selection-job", *owned[:1], job.role.value, "--selection", str(job.selection), "--owned", *owned[1:]]
         pending = job.log_dir / f"{job.role.value}-starting-{os.getpid()}.out"
+        ranks = job.shape.ranks  # this one machine's (the local executor runs no gang over nodes)
         with open(pending, "ab") as out:
-            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=dict(os.environ))
-        job_id = str(proc.pid)
+            procs = [
+                subprocess.Popen(
+                    argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=os.environ | gang_task(str(os.getpid()), rank, ranks)
+                )
+                for rank in range(ranks)
+            ]
+        job_id = str(procs[0].pid)  # rank 0's: the job's work and its result are rank 0's
         os.replace(pending, job.log(job_id))  # named by its job id, like a SLURM job's output (the open file follows)
         submitted(job_id, socket.gethostname())
-        proc.wait()
+        wait_as_one(procs, poll_s)
         return job_id
 
     def selection_job_liveness(self, job_id: str, host: str, search: SearchDir, role: JobRole) -> Liveness:

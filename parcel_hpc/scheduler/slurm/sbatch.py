@@ -66,6 +66,7 @@ TEMPLATES_DIR = Path(str(resources.files("parcel_hpc.scheduler.slurm.templates")
 SCRIPT_MODE = 0o644
 
 MAX_CPUS = 1024  # per task
+MAX_NODES = 100_000  # a job's nodes: above any cluster's
 MAX_EVERY_MIN = 31 * 24 * 60  # reconcile at least monthly
 
 MAX_RENDERED_JOB_NAME = 128  # a revision-derived name plus the search id: sacct and squeue filter on all of it
@@ -98,6 +99,8 @@ class SbatchValues:
     search_id: str  # the search's id (identity.py), recorded in --comment; "none" for a search frozen before ids
     mem: str = "4G"  # --mem per node: digits and an optional K/M/G/T (Slurm's default unit is M)
     cpus_per_task: int = 1  # --cpus-per-task
+    nodes: int = 1  # --nodes (winner_rerun: a gang's rerun runs as a gang of the winner's own shape)
+    tasks_per_node: int = 1  # --ntasks-per-node: one task a rank
     partition: str = ""  # --partition (a Slurm partition, not the data split); empty: the cluster's default
     account: str = ""  # --account; empty drops the line (the user's default account)
     qos: str = ""  # --qos; empty drops the line
@@ -128,6 +131,8 @@ class SbatchValues:
         if not _MEM_RE.fullmatch(mem):
             raise check.bad("mem", mem, "is not a Slurm memory size", "use digits and an optional unit K, M, G or T, like '4G'")
         check.whole("cpus_per_task", self.cpus_per_task, 1, MAX_CPUS)
+        check.whole("nodes", self.nodes, 1, MAX_NODES)
+        check.whole("tasks_per_node", self.tasks_per_node, 1, MAX_CPUS)
         if self.reconcile_every_min is not None:
             check.whole("reconcile_every_min", self.reconcile_every_min, 0, MAX_EVERY_MIN)
         if self.gres and not _GRES_RE.fullmatch(check.text("gres", self.gres, 64)):
@@ -153,10 +158,14 @@ def _plain(name: str, optional: bool = False) -> _Field:
     return _Field(lambda v: getattr(v, name), name, optional)
 
 
+def _number(name: str) -> _Field:
+    return _Field(lambda v: str(getattr(v, name)), name)
+
+
 _FIELDS: dict[str, _Field] = {
     **{n: _plain(n) for n in ("job_name", "mem", "output", "python", "search_dir", "search_revision", "contract_digest", "search_id")},
     **{n: _plain(n, optional=True) for n in ("partition", "account", "qos", "error", "gres")},
-    "cpus_per_task": _Field(lambda v: str(v.cpus_per_task), "cpus_per_task"),
+    **{n: _number(n) for n in ("cpus_per_task", "nodes", "tasks_per_node")},
     "time_limit": _Field(lambda v: format_time_limit(v.time_limit_min), "time_limit_min"),
     "reconcile_every_min": _Field(lambda v: None if v.reconcile_every_min is None else str(v.reconcile_every_min), "reconcile_every_min"),
     "selection": _Field(lambda v: None if v.selection is None else str(v.selection), "selection"),

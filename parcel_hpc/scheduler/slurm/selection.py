@@ -35,6 +35,8 @@ def job_name_of(search: SearchDir, role: JobRole) -> str:
 
 def render_script(job: SelectionJob, python: str = sys.executable) -> tuple[Path, str]:
     """The batch script for this job and where it goes (nothing written yet)."""
+    from parcel_hpc.scheduler.slurm.dispatcher import shape_parameters  # imports submitit: not when Hydra scans plugins
+
     contract = job.search.contract()
     res = job.settings.resources
     values = sbatch.SbatchValues(
@@ -44,8 +46,10 @@ def render_script(job: SelectionJob, python: str = sys.executable) -> tuple[Path
         qos=str(res.get("qos") or ""),
         time_limit_min=job.time_limit_min,
         mem=f"{max(1, int(float(res['mem_gb']) * 1024))}M",
-        cpus_per_task=int(res["cpus"]),
-        gres=f"gpu:{int(res['gpus'])}" if int(res.get("gpus") or 0) > 0 else "",
+        cpus_per_task=job.shape.cpus_per_rank,
+        nodes=job.shape.nodes,
+        tasks_per_node=job.shape.tasks_per_node,
+        gres=str(shape_parameters(job.shape).get("gres", "")),  # per node, as a trial's job of this shape asks
         output=str(job.log("%j")),
         python=python,
         search_dir=str(job.search.path),
