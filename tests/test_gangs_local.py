@@ -21,7 +21,7 @@ from parcel_hpc.checkpoints.gang import Committed, GangCheckpoints, trainer_extr
 from parcel_hpc.governance.admission import TrialIdentity
 from parcel_hpc.ledger import AttemptEnd, Cause, SearchDir, TrialState
 from parcel_hpc.testing import faults, launch, parcel_hpc
-from parcel_hpc.testing.runs import decide_every_hold, signalled_once, subprocess_env
+from parcel_hpc.testing.runs import LaunchResult, decide_every_hold, signalled_once, subprocess_env
 from parcel_hpc.worker.training import STEP_HOOK_ENV
 
 pytest.importorskip("torch")
@@ -144,31 +144,39 @@ def test_a_gang_s_winner_reruns_as_a_gang_of_its_shape_bit_equal_then_is_evaluat
     assert packet["selection"]["trial_id"] == "t0000" and packet["artifact"]["sha256"] == result["artifact"]["sha256"]
 
 
+def _select_faulted(search: Path, tmp_path: Path, fault: str, **env: str) -> LaunchResult:
+    """``select`` on ``search`` with ``fault`` (``faults.rank_fault``) on a rank of its rerun job, once."""
+    markers = tmp_path / "rerun-markers"
+    markers.mkdir()
+    faulted = {**ENV, STEP_HOOK_ENV: faults.RANK_HOOK, faults.RANK_FAULT_ENV: fault, faults.MARKERS_ENV: str(markers), **env}
+    return parcel_hpc(["select", str(search), "--now", "--reason", "a faulted rerun"], cwd=tmp_path, env=faulted)
+
+
+def _rerun_ended(search: Path) -> dict:
+    """How the selection's rerun (recorded like a trial) ended."""
+    return json.loads(next((search / "selection").rglob("records/rerun/journal-*.jsonl")).read_text().splitlines()[-1])
+
+
 def test_a_rank_raising_in_the_gang_s_rerun_ends_the_rerun_job_in_one_line_naming_that_rank(whole, tmp_path):
     search, _ = whole
-    copy, markers = tmp_path / "g", tmp_path / "markers"
+    copy = tmp_path / "g"
     shutil.copytree(search.path, copy)
-    markers.mkdir()
-    env = {**ENV, STEP_HOOK_ENV: faults.RANK_HOOK, faults.RANK_FAULT_ENV: "1:5:raise", faults.MARKERS_ENV: str(markers)}
-    res = parcel_hpc(["select", str(copy), "--now", "--reason", "a gang's winner"], cwd=tmp_path, env=env)
+    res = _select_faulted(copy, tmp_path, "1:5:raise")
     assert res.returncode == 3 and res.stdout.splitlines()[0] == "hold:invalid-winner", res.stdout + res.stderr
     # Rank 0's collective broke when rank 1 left; the failure named is rank 1's, as it reported it.
     assert "ended without a result: error: rerun: rank 1 failed after step 5: RuntimeError: injected fault on rank 1 at step 5" in res.stdout
-    ended = json.loads(next((copy / "selection").rglob("records/rerun/journal-*.jsonl")).read_text().splitlines()[-1])
+    ended = _rerun_ended(copy)
     assert ended["how"] == "failed" and ended["step"] == 5 and ended["message"].startswith("RankFailed: rank 1 failed after step 5")
     assert "Traceback" not in res.stdout + res.stderr and not (copy / "selection" / "1" / "rerun" / "result.json").exists()
 
 
 def test_another_rank_asking_for_the_final_partition_in_the_gang_s_rerun_is_the_job_s_refusal(whole, tmp_path):
     search, _ = whole
-    copy, markers = tmp_path / "g", tmp_path / "markers"
+    copy = tmp_path / "g"
     shutil.copytree(search.path, copy)
-    markers.mkdir()
-    env = {**ENV, STEP_HOOK_ENV: faults.RANK_HOOK, faults.RANK_FAULT_ENV: "1:7:final", faults.MARKERS_ENV: str(markers)}
-    env[faults.FINAL_PATH_ENV] = str(search.path.parent / "data" / "final-group_r8.json")
-    res = parcel_hpc(["select", str(copy), "--now", "--reason", "a gang's winner"], cwd=tmp_path, env=env)
+    res = _select_faulted(copy, tmp_path, "1:7:final", **{faults.FINAL_PATH_ENV: str(search.path.parent / "data" / "final-group_r8.json")})
     assert res.returncode == 3 and "ended without a result: reject:final_partition: on rank 1: trainer code" in res.stdout, res.stdout + res.stderr
-    ended = json.loads(next((copy / "selection").rglob("records/rerun/journal-*.jsonl")).read_text().splitlines()[-1])
+    ended = _rerun_ended(copy)
     assert ended["how"] == "rejected" and ended["outcome"] == "reject:final_partition" and "final-group_r8.json" in ended["reason"], ended
 
 
@@ -283,13 +291,9 @@ def test_a_rank_stalled_mid_step_is_found_while_rank_0_waits_in_the_collective(t
     assert "rank 1 never finished step 16: rank 0 waited 5 s in it" in first.message, first.message
     assert record.state is TrialState.COMPLETED and record.metric == whole[1].metric
     # Its selection's rerun, stalled the same way: rank 0's watchdog ends the job within the bound, naming rank 1.
-    markers = tmp_path / "rerun-markers"
-    markers.mkdir()
-    env = {**ENV, STEP_HOOK_ENV: faults.RANK_HOOK, faults.RANK_FAULT_ENV: "1:15:stall", faults.MARKERS_ENV: str(markers)}
-    res = parcel_hpc(["select", str(search.path), "--now", "--reason", "a stalled rerun"], cwd=tmp_path, env=env)
+    res = _select_faulted(search.path, tmp_path, "1:15:stall")
     assert res.returncode == 3 and "ended without a result: error: rerun: rank 1 never finished step 16: rank 0 waited 5 s in it" in res.stdout, res.stdout
-    ended = json.loads(next((search.path / "selection").rglob("records/rerun/journal-*.jsonl")).read_text().splitlines()[-1])
-    assert (ended["how"], ended["cause"], ended["step"]) == ("failed", "rank_hung", 15), ended
+    assert tuple(_rerun_ended(search.path)[k] for k in ("how", "cause", "step")) == ("failed", "rank_hung", 15)
 
 
 def test_a_hung_rank_is_ended_within_the_bound_and_fails_the_attempt(tmp_path, data_dir, whole):
@@ -300,14 +304,6 @@ def test_a_hung_rank_is_ended_within_the_bound_and_fails_the_attempt(tmp_path, d
     # Rank 1 stops before its report on step 15; rank 0, a step ahead, goes on into step 16's all-reduce.
     assert "rank 1 never finished step 16: rank 0 waited 5 s in it" in first.message, first.message
     assert record.state is TrialState.COMPLETED and record.metric == whole[1].metric
-    # Its selection's rerun, stalled the same way: rank 0's watchdog ends the job within the bound, naming rank 1.
-    markers = tmp_path / "rerun-markers"
-    markers.mkdir()
-    env = {**ENV, STEP_HOOK_ENV: faults.RANK_HOOK, faults.RANK_FAULT_ENV: "1:15:stall", faults.MARKERS_ENV: str(markers)}
-    res = parcel_hpc(["select", str(search.path), "--now", "--reason", "a stalled rerun"], cwd=tmp_path, env=env)
-    assert res.returncode == 3 and "ended without a result: error: rerun: rank 1 never finished step 16: rank 0 waited 5 s in it" in res.stdout, res.stdout
-    ended = json.loads(next((search.path / "selection").rglob("records/rerun/journal-*.jsonl")).read_text().splitlines()[-1])
-    assert (ended["how"], ended["cause"], ended["step"]) == ("failed", "rank_hung", 15), ended
 
 
 def test_another_rank_asking_for_the_final_partition_rejects_the_trial(tmp_path, data_dir):
