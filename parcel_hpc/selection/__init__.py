@@ -5,7 +5,7 @@ an approved baseline, record quality decisions, evaluate the protected final par
     baseline.py     the approved baseline (trained with its own trainer, or a released artifact), checked at launch
     candidates.py   (pure) clean lineage, the frozen completed list and its digest
     slices.py       (pure) slice reports and the slice gate
-    gangs.py        (pure) a gang's trial: are its checkpoint parts replicas (rank 0's serves for all), what is not built
+    gangs.py        (pure) a gang's trial: are its checkpoint parts replicas (rank 0's serves for all); the shape a selection job runs as
     disposition.py  (pure) hold:budget / hold:invalid-winner / hold:slice-quality / evaluate:final-holdout
     store.py        where selections, job results, the final claim and the plan live
     jobs.py         the model work, run as scheduler jobs (``parcel-hpc selection-job``)

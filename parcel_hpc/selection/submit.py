@@ -20,7 +20,6 @@ from parcel_hpc import anchor, fsio
 from parcel_hpc.data import read_split
 from parcel_hpc.errors import CorruptRecord, UsageError
 from parcel_hpc.governance.outcome import Outcome
-from parcel_hpc.governance.shape import TrialShape
 from parcel_hpc.ledger import JobRole
 from parcel_hpc.ledger.selection import JobSubmitted, SelectionWriter
 from parcel_hpc.scheduler.base import LauncherSettings, SelectionJob
@@ -55,17 +54,10 @@ def job_time_limit_min(trial_limit_min: int, role: JobRole, folds: int = 1) -> i
     return -(-(2 * folds + 2) * trial_limit_min // folds) + 10 if folds > 1 else 2 * trial_limit_min + 10
 
 
-def _shape(store: SelectionStore, role: JobRole, n: int) -> TrialShape:
-    """The shape selection ``n``'s job of ``role`` runs as (``gangs.job_shape``): its winner's, for a gang's rerun."""
+def _winner(store: SelectionStore, n: int) -> WorkerPlan | None:
+    """Selection ``n``'s trial's plan (None: it selected none)."""
     trial = str(store.selection(n).get("trial_id") or "")
-    winner = WorkerPlan.load(store.search, trial).shape if trial and role is JobRole.RERUN else None
-    return job_shape(store.search.contract()["resources"], winner)
-
-
-def _folds(store: SelectionStore, n: int) -> int:
-    """The fold runs of selection ``n``'s trial (1: a split without folds)."""
-    trial = str(store.selection(n).get("trial_id") or "")
-    return read_split(WorkerPlan.load(store.search, trial).split_path).fold_count if trial else 1
+    return WorkerPlan.load(store.search, trial) if trial else None
 
 
 def job_alive(store: SelectionStore, submitted: JobSubmitted) -> bool | None:
@@ -89,8 +81,12 @@ def run_job(store: SelectionStore, role: JobRole, n: int, writer: SelectionWrite
             time.sleep(poll_s)
     else:
         backend = backend_of(settings.kind)
-        limit = job_time_limit_min(int(settings.resources["time_limit_min"]), role, _folds(store, n))
-        job = SelectionJob(store.search, owned, role, n, settings, limit, store.log_dir(n), _shape(store, role, n))
+        winner = _winner(store, n)
+        folds = read_split(winner.split_path).fold_count if winner is not None else 1
+        limit = job_time_limit_min(int(settings.resources["time_limit_min"]), role, folds)
+        # A gang's rerun runs as a gang of its winner's own shape; every other job as one rank.
+        shape = job_shape(store.search.contract()["resources"], winner.shape if winner is not None and role is JobRole.RERUN else None)
+        job = SelectionJob(store.search, owned, role, n, settings, limit, store.log_dir(n), shape)
 
         def submitted(job_id: str, host: str) -> None:
             writer.job_submitted(n, role, job_id, backend.executor, host)
