@@ -7,6 +7,7 @@ with that rank's traceback; a rank that dies is an interruption; a rank that han
 the bound (the launcher's signal_delay_s)."""
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -52,6 +53,13 @@ def _faulted(tmp_path: Path, data_dir: Path, fault: str, *extra: str) -> SearchD
     markers.mkdir()
     env = {STEP_HOOK_ENV: faults.RANK_HOOK, faults.RANK_FAULT_ENV: fault, faults.MARKERS_ENV: str(markers)}
     return _search(tmp_path, data_dir, *extra, env=env)
+
+
+def _found_hung(said: str, bound_s: int = 5) -> bool:
+    """Rank 0 named rank 1 as never finishing step 16, past the bound and within twice it: its watchdog
+    looks every half second, and on a loaded machine the look itself can come late (6 s seen in the suite)."""
+    waited = re.search(r"rank 1 never finished step 16: rank 0 waited (\d+) s in it", said)
+    return waited is not None and bound_s <= int(waited.group(1)) <= 2 * bound_s
 
 
 @pytest.fixture(scope="module")
@@ -288,11 +296,11 @@ def test_a_rank_stalled_mid_step_is_found_while_rank_0_waits_in_the_collective(t
     record = search.record("t0000")
     first = record.attempts[0]
     assert (first.how, first.cause) == (AttemptEnd.FAILED, Cause.RANK_HUNG), first
-    assert "rank 1 never finished step 16: rank 0 waited 5 s in it" in first.message, first.message
+    assert _found_hung(first.message), first.message
     assert record.state is TrialState.COMPLETED and record.metric == whole[1].metric
     # Its selection's rerun, stalled the same way: rank 0's watchdog ends the job within the bound, naming rank 1.
     res = _select_faulted(search.path, tmp_path, "1:15:stall")
-    assert res.returncode == 3 and "ended without a result: error: rerun: rank 1 never finished step 16: rank 0 waited 5 s in it" in res.stdout, res.stdout
+    assert res.returncode == 3 and "ended without a result: error: rerun: rank 1 never finished step 16:" in res.stdout and _found_hung(res.stdout), res.stdout
     assert tuple(_rerun_ended(search.path)[k] for k in ("how", "cause", "step")) == ("failed", "rank_hung", 15)
 
 
@@ -302,7 +310,7 @@ def test_a_hung_rank_is_ended_within_the_bound_and_fails_the_attempt(tmp_path, d
     first = record.attempts[0]
     assert (first.how, first.cause) == (AttemptEnd.FAILED, Cause.RANK_HUNG)
     # Rank 1 stops before its report on step 15; rank 0, a step ahead, goes on into step 16's all-reduce.
-    assert "rank 1 never finished step 16: rank 0 waited 5 s in it" in first.message, first.message
+    assert _found_hung(first.message), first.message
     assert record.state is TrialState.COMPLETED and record.metric == whole[1].metric
 
 
