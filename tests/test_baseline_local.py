@@ -60,6 +60,9 @@ WEAK = ["selection/baseline=given", "selection.baseline.name=timid-approved", "s
 WEAK_PARAMS = "+selection.baseline.params={width: 0, rate: 0.01}"
 
 
+pytestmark = pytest.mark.xdist_group("baseline-local")  # one worker runs the module: the searches its fixtures run once, not once a worker
+
+
 @pytest.fixture(scope="module")
 def root(tmp_path_factory, artifacts) -> Path:
     root = tmp_path_factory.mktemp("baseline")

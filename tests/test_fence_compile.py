@@ -72,6 +72,9 @@ print(json.dumps({"tried": out, "recorded": list(fence.tripped())}))
 """
 
 
+pytestmark = pytest.mark.xdist_group("fence-compile")  # one worker runs the module: inductor's compile cache filled once, not once a worker
+
+
 @pytest.fixture(scope="module")
 def inductor_cache(tmp_path_factory) -> Path:
     """One compile cache for this module's tests: inductor builds each kernel once, not once a test.

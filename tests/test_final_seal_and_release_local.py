@@ -24,6 +24,9 @@ PARCEL_HPC = Path(sys.executable).parent / "parcel-hpc"  # the console script: i
 MODEL = "from parcel_hpc.trainer.numpy_mlp import NumpyMLP\n\n\nclass Model(NumpyMLP):\n    pass\n"
 
 
+pytestmark = pytest.mark.xdist_group("final-seal-and-release-local")  # one worker runs the module: the evaluated search once, not once a worker
+
+
 @pytest.fixture(scope="module")
 def evaluated(tmp_path_factory, artifacts):
     """A small search of the user's own trainer (its code copied into the search and the registry),

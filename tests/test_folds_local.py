@@ -26,6 +26,9 @@ SPLIT = "split=group_kfold_r1"
 MILESTONES = (10, 20, 41, 82)
 
 
+pytestmark = pytest.mark.xdist_group("folds-local")  # one worker runs the module: the fold search once, not once a worker
+
+
 @pytest.fixture(scope="module")
 def fold_search(tmp_path_factory, artifacts):
     root = tmp_path_factory.mktemp("folds")

@@ -62,6 +62,9 @@ def _found_hung(said: str, bound_s: int = 5) -> bool:
     return waited is not None and bound_s <= int(waited.group(1)) <= 2 * bound_s
 
 
+pytestmark = pytest.mark.xdist_group("gangs-local")  # one worker runs the module: the uninterrupted gang once, not once a worker
+
+
 @pytest.fixture(scope="module")
 def whole(tmp_path_factory, artifacts, nvml_dir):
     """The gang uninterrupted: its search directory and its one trial's record. Each rank is granted one

@@ -23,6 +23,9 @@ ENV = {"PYTHONPATH": str(ROOT / "examples")}
 SPACE = ["~space.params.hidden", "~space.params.l2", "batch_size=choice(16,32)", "lr=choice(0.003,0.03)", "train.steps=60"]
 
 
+pytestmark = pytest.mark.xdist_group("hf-local")  # one worker runs the module: the HF search once, not once a worker
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(artifacts):
     """The metric a trial's params reach in 60 uninterrupted steps, computed in this process."""

@@ -18,6 +18,8 @@ from parcel_hpc.errors import CorruptRecord
 from parcel_hpc.ledger import Executor, SearchDir
 from parcel_hpc.scheduler.registry import backend_of
 
+pytestmark = pytest.mark.xdist_group("finished-search")  # one worker runs the session's finished search's users: it is made once
+
 SECRET = "TOPSECRET-parcel"
 
 

@@ -21,6 +21,9 @@ ESC = "\x1b"
 SECRET = "TOPSECRET-parcel"
 
 
+pytestmark = pytest.mark.xdist_group("hostile-searches-local")  # one worker runs the module: the good search once, not once a worker
+
+
 @pytest.fixture(scope="module")
 def good(tmp_path_factory, artifacts) -> Path:
     """One finished two-trial search, copied to make each hostile one."""

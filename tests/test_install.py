@@ -18,6 +18,9 @@ from parcel_hpc.testing import parcel_hpc
 ROOT = Path(__file__).resolve().parents[1]
 
 
+pytestmark = pytest.mark.xdist_group("install")  # one worker runs the module: the wheel built and installed once, not once a worker
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory) -> Path:
     """``pip install`` of a wheel built from this tree into its own folder (its dependencies are the

@@ -27,6 +27,9 @@ ENV = {"PYTHONPATH": str(ROOT / "examples")}
 SPACE = ["~space.params.hidden", "~space.params.l2", "batch_size=choice(16,32)", "lr=choice(0.0003,0.03)", "train.steps=120"]
 
 
+pytestmark = pytest.mark.xdist_group("loop-local")  # one worker runs the module: the loop's search once, not once a worker
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(artifacts):
     """The metric a trial's params reach in 120 uninterrupted steps, computed in this process."""

@@ -70,6 +70,9 @@ def test_keys_written_as_numbers_and_as_text_launch_as_the_contract_pins_them(tm
     assert all(r.state.is_finished() for r in search.records())
 
 
+pytestmark = pytest.mark.xdist_group("mixed-shapes-local")  # one worker runs the module: the search of two shapes once, not once a worker
+
+
 @pytest.fixture(scope="module")
 def mixed(tmp_path_factory, artifacts, nvml_dir):
     """Trials of width 4 (one rank) and width 8 (two ranks) of one search on the local executor, each

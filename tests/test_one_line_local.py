@@ -21,6 +21,8 @@ from parcel_hpc.data import read_split
 from parcel_hpc.errors import UsageError
 from parcel_hpc.ledger import SearchDir
 
+pytestmark = pytest.mark.xdist_group("finished-search")  # one worker runs the session's finished search's users: it is made once
+
 
 def _copy(search: Path, root: Path, name: str = "copy-r1") -> Path:
     return Path(shutil.copytree(search, root / name, symlinks=True))

@@ -28,6 +28,8 @@ from test_read_commands import READ_ARGV
 from parcel_hpc import fsio
 from parcel_hpc.report import page, plots
 
+pytestmark = pytest.mark.xdist_group("finished-search")  # one worker runs the session's finished search's users: it is made once
+
 SECRET = "TOPSECRET-parcel"
 # The exit codes each read command documents (proposals --replay: 1 when a proposal does not re-derive).
 CODES = {"status": {0, 2}, "logs": {0, 2}, "list": {0}, "export": {0, 2}, "report": {0, 2}, "proposals": {0, 1, 2}, "reconcile": {0, 2, 4}}

@@ -69,6 +69,9 @@ def one_line_error(res) -> str:
     return lines[0]
 
 
+pytestmark = pytest.mark.xdist_group("shared-roots-local")  # one worker runs the module: the team root's search once, not once a worker
+
+
 @pytest.fixture(scope="module")
 def team_root():
     """A team root under /tmp (pytest's tmp_path is root's alone: bob could not reach into it)."""

@@ -196,12 +196,16 @@ def _leaves(node, prefix=""):
         yield prefix.rstrip("."), node
 
 
+COMPOSED_ONCE = pytest.mark.xdist_group("validation-composed")  # its users on one worker: the options composed once
+
+
 @pytest.fixture(scope="module")
 def composed() -> list[dict]:
     """Every option composed, once, by the worker that runs these tests (not by every one that collects them)."""
     return [_composed(o) for o in _every_option()]
 
 
+@COMPOSED_ONCE
 def test_every_number_of_every_group_option_has_a_range(composed):
     """A numeric key added to conf/ or config.py without a range in validation.NUMBERS fails here."""
     unranged = set()
@@ -213,6 +217,7 @@ def test_every_number_of_every_group_option_has_a_range(composed):
     assert len(composed) > 25 and any(k == "sampler.n_ei_candidates" for cfg in composed for k, _ in validation.numbers(cfg))
 
 
+@COMPOSED_ONCE
 def test_every_range_names_a_key_some_option_has(composed):
     present = {key for cfg in composed for key, _ in _leaves(cfg)}
     parents = {key.rpartition(".")[0] for key in present}
@@ -220,6 +225,7 @@ def test_every_range_names_a_key_some_option_has(composed):
     assert not stale, stale
 
 
+@COMPOSED_ONCE
 def test_every_group_option_passes_its_own_ranges(composed):
     for cfg in composed:
         if "???" not in str(cfg):  # an option that needs a value given (image=archive's path)
