@@ -15,6 +15,10 @@ from parcel_hpc.governance.metric import MissCost
 from parcel_hpc.trainer import Budget, Run, build_params, load_training_data, run_loop
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+# The suite's CNN searches train half the example's 240 steps (for the suite's CPU): the milestones
+# that prune, 41 and 82, come before the end.
+CNN_STEPS = 120
+CNN_MILESTONES = f"pruner.milestones=[41,82,{CNN_STEPS}]"
 
 
 class Uninterrupted(Run):

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from reference import reference_run
+from reference import CNN_MILESTONES, CNN_STEPS, reference_run
 
 torch = pytest.importorskip("torch")  # the [torch] extra; scripts/test.sh installs it
 
@@ -18,17 +18,14 @@ from parcel_hpc.testing.runs import signalled_once  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {"PYTHONPATH": str(ROOT / "examples")}
-STEPS = 120
 CNN = [
     "trainer.target=parcel_cnn:ParcelCNN",
     f"hydra.searchpath=[file://{ROOT / 'examples' / 'parcel_cnn' / 'conf'}]",
     "space=cnn_r1",
     "selection/baseline=cnn_approved",
     "pruner=asha_cnn_r1",
-    f"train.steps={STEPS}",
+    f"train.steps={CNN_STEPS}",
 ]
-# Half the example's 240 steps, for the suite's CPU: the milestones that prune (41, 82) come before the end.
-MILESTONES = f"pruner.milestones=[41,82,{STEPS}]"
 
 
 pytestmark = pytest.mark.xdist_group("cnn-local")  # one worker runs the module: the 12-trial search once, not once a worker
@@ -36,8 +33,8 @@ pytestmark = pytest.mark.xdist_group("cnn-local")  # one worker runs the module:
 
 @pytest.fixture(scope="module")
 def uninterrupted(artifacts):
-    """The validation miss-cost a trial's params reach in STEPS uninterrupted steps, in this process."""
-    return functools.partial(reference_run("parcel_cnn:ParcelCNN", artifacts["snapshot_path"], artifacts["split_path"]), steps=STEPS)
+    """The validation miss-cost a trial's params reach in CNN_STEPS uninterrupted steps, in this process."""
+    return functools.partial(reference_run("parcel_cnn:ParcelCNN", artifacts["snapshot_path"], artifacts["split_path"]), steps=CNN_STEPS)
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +47,7 @@ def cnn_search(tmp_path_factory, artifacts):
     # Most CNN trials still score flag-all's miss-cost at step 41 and 82 (and ties never prune): with
     # this search seed, two of the twelve are strictly worse than a third of their peers there.
     res = launch(
-        [f"search.root={root / 'runs'}", "search.revision=cnn-r1", *CNN, MILESTONES, "search.n_trials=12", "search.seed=4", "hydra.launcher.parallelism=1"],
+        [f"search.root={root / 'runs'}", "search.revision=cnn-r1", *CNN, CNN_MILESTONES, "search.n_trials=12", "search.seed=4", "hydra.launcher.parallelism=1"],
         cwd=root,
         data_dir=root / "data",
         env=ENV,
@@ -69,7 +66,7 @@ def test_a_12_trial_cnn_search_prunes_at_its_milestones_and_completes_with_exact
         (attempt,) = r.attempts
         assert attempt.device_use.devices == ("cpu",) and attempt.device_use.frameworks == {"torch": torch.__version__}
         steps = [e.data.step for e in search.events(r.trial_id) if e.kind.value == "milestone"]
-        assert steps == [m for m in (41, 82, STEPS) if m <= r.step]  # a pruned trial stops at the milestone that pruned it
+        assert steps == [m for m in (41, 82, CNN_STEPS) if m <= r.step]  # a pruned trial stops at the milestone that pruned it
     best = min((r for r in records if r.state.value == "completed"), key=lambda r: r.metric)
     assert best.metric == uninterrupted(best.spec.params)  # bit for bit: deterministic kernels, one CPU thread
     assert search.contract()["trainer"]["distributions"]["torch"] == torch.__version__
@@ -78,7 +75,7 @@ def test_a_12_trial_cnn_search_prunes_at_its_milestones_and_completes_with_exact
 def test_a_signalled_cnn_trial_checkpoints_between_steps_and_resumes_exactly(tmp_path, data_dir, uninterrupted):
     overrides = [*CNN, "pruner=none", "train.step_seconds=0.03", "lr=choice(0.03)", "width=choice(8)", "depth=choice(2)", "dropout=choice(0.3)"]
     rec = signalled_once([*overrides, "batch_size=choice(64)", "optimizer=choice(sgd)"], cwd=tmp_path, data_dir=data_dir, env=ENV)
-    assert 10 <= rec.attempts[0].step < STEPS
+    assert 10 <= rec.attempts[0].step < CNN_STEPS
     assert rec.metric == uninterrupted(rec.spec.params)
 
 

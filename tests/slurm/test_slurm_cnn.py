@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")  # the [torch] extra; scripts/test.sh installs it
 
-from reference import EXAMPLES, reference_run  # noqa: E402
+from reference import CNN_MILESTONES, CNN_STEPS, EXAMPLES, reference_run  # noqa: E402
 
 from parcel_hpc.ledger import SearchDir  # noqa: E402
 from parcel_hpc.testing import launch  # noqa: E402
@@ -17,15 +17,13 @@ from .cluster import PREEMPTOR, preempt, wait_for  # noqa: E402
 from .examples import preempted_and_resumed, running_past  # noqa: E402
 
 pytestmark = pytest.mark.slurm
-STEPS = 120
 
 
 def test_a_cnn_array_search_prunes_and_resumes_after_preemption_with_exact_metrics(tmp_path, data_dir, cluster_guard):
     _, names = cluster_guard
     names += ["parcel-cnn", PREEMPTOR]
     cnn = ["trainer.target=parcel_cnn:ParcelCNN", f"hydra.searchpath=[file://{EXAMPLES / 'parcel_cnn' / 'conf'}]", "space=cnn_r1"]
-    # Half the example's 240 steps, for the suite's CPU: the milestones that prune (41, 82) come before the end.
-    cnn += ["selection/baseline=cnn_approved", "pruner=asha_cnn_r1", f"train.steps={STEPS}", f"pruner.milestones=[41,82,{STEPS}]"]
+    cnn += ["selection/baseline=cnn_approved", "pruner=asha_cnn_r1", f"train.steps={CNN_STEPS}", CNN_MILESTONES]
     cnn += ["search.seed=4", "width=choice(8,16)"]
     # train.step_seconds: about 14 s a trial, so the preemption below lands while trials run.
     res = launch(
@@ -50,7 +48,7 @@ def test_a_cnn_array_search_prunes_and_resumes_after_preemption_with_exact_metri
     reference = reference_run("parcel_cnn:ParcelCNN", data_dir / "parcels.h5", data_dir / "split-group_r8.json")
     for r in records:
         if r.state.value == "completed":
-            assert r.metric == reference(r.spec.params, STEPS), r.trial_id
+            assert r.metric == reference(r.spec.params, CNN_STEPS), r.trial_id
         else:  # pruned: ties never prune, so some peer at that milestone was strictly better
             ended = [e.data for e in search.events(r.trial_id) if e.kind.value == "ended" and e.data.how.value == "pruned"][-1]
             peers = [
