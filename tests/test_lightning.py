@@ -30,7 +30,8 @@ torch = pytest.importorskip("torch")
 from lightning.fabric.plugins.environments import LightningEnvironment, SLURMEnvironment  # noqa: E402
 
 from parcel_hpc.integrations.lightning import Governed, ResumableLoader, Ungoverned  # noqa: E402
-from parcel_hpc.integrations.lightning.callback import Requeue, Setup, decode_rngs, encode_rngs, refusal, setup_of, unresumable  # noqa: E402
+from parcel_hpc.integrations.lightning.callback import Requeue, Setup, decode_rngs, encode_rngs, refusal, setup_of, unresumable, unshared  # noqa: E402
+from parcel_hpc.integrations.lightning.environment import RanksEnvironment  # noqa: E402
 from parcel_hpc.integrations.lightning.loader import ResumableBatchSampler  # noqa: E402
 
 TARGET = "parcel_lightning:train"
@@ -51,8 +52,13 @@ GOOD = Setup(max_steps=120, max_epochs=-1, requeue=Requeue.OFF, processes=1)
         (Setup(120, -1, Requeue.UNSAID, 1), "names no cluster environment, so under SLURM Lightning requeues by itself"),
         (Setup(100, -1, Requeue.OFF, 1), "Trainer(max_steps=100) but the trial trains run.budget.steps=120; pass max_steps=run.budget.steps"),
         (Setup(120, 5, Requeue.OFF, 1), "Trainer(max_epochs=5) can end training before run.budget.steps; pass max_epochs=-1"),
-        (Setup(120, -1, Requeue.OFF, 2), "the Trainer runs 2 processes"),
-        (Setup(120, -1, Requeue.OFF, 1, gang=4), "the trial is a gang of 4 ranks, and a Lightning Trainer is governed on one rank only for now"),
+        (Setup(120, -1, Requeue.OFF, 2, devices=2), "the Trainer's flags make 2 process(es) of 2 device(s) each, but the trial is 1 rank(s)"),
+        # A gang (issue 50): its ranks are the processes parcel_hpc started, each Lightning's node of one device.
+        (Setup(120, -1, Requeue.OFF, 4, gang=4, ranks_environment=True), None),
+        (Setup(120, -1, Requeue.OFF, 4, gang=4), "the trial is a gang of 4 ranks that parcel_hpc starts, one process each, but the Trainer's cluster"),
+        (Setup(120, -1, Requeue.OFF, 1, gang=4, ranks_environment=True), "make 1 process(es) of 1 device(s) each, but the trial is 4 rank(s)"),
+        (Setup(120, -1, Requeue.OFF, 8, gang=4, devices=2, ranks_environment=True), "pass devices=1, num_nodes=run.world_size"),
+        (Setup(120, -1, Requeue.OFF, 4, gang=4, ranks_environment=True, distributed_sampler=True), "pass use_distributed_sampler=False"),
     ],
 )
 def test_a_trainer_that_cannot_be_governed_is_refused_with_the_setting_and_the_fix(setup, says):
@@ -72,6 +78,58 @@ def test_a_trainer_that_cannot_be_governed_is_refused_with_the_setting_and_the_f
 def test_the_setup_is_read_from_a_real_trainer(plugins, requeue):
     trainer = L.Trainer(max_steps=7, max_epochs=-1, plugins=plugins, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False)
     assert setup_of(trainer) == Setup(7, -1, requeue, 1)
+
+
+def test_a_gang_rank_s_trainer_is_one_node_of_one_device_in_the_ranks_environment():
+    environment = RanksEnvironment(1, 2)
+    trainer = L.Trainer(
+        max_steps=7, max_epochs=-1, plugins=[environment], accelerator="cpu", devices=1, num_nodes=2, use_distributed_sampler=False, logger=False
+    )
+    assert setup_of(trainer) == Setup(7, -1, Requeue.OFF, 2, devices=1, ranks_environment=True)
+    assert type(trainer.strategy).__name__ == "DDPStrategy" and trainer.strategy.cluster_environment is environment
+    environment.set_global_rank(2)  # what Lightning derives from its flags is not obeyed: the trial's rank stands
+    environment.set_world_size(5)
+    assert (environment.global_rank(), environment.world_size(), environment.local_rank()) == (1, 2, 0)
+    assert environment.creates_processes_externally and not RanksEnvironment.detect()
+    with pytest.raises(ValueError, match="rank 2 is not one of a gang of 2"):
+        RanksEnvironment(2, 2)
+    sampled = L.Trainer(max_steps=7, max_epochs=-1, plugins=[RanksEnvironment(0, 2)], accelerator="cpu", devices=1, num_nodes=2, logger=False)
+    assert setup_of(sampled).distributed_sampler
+
+
+def test_a_gang_trainer_without_the_ranks_environment_is_refused_before_it_trains(small_data):
+    from dataclasses import replace
+
+    governed = Governed(PrunedAt4(replace(small_data, budget=Budget(8, (4,), Cadence(every_steps=3)), rank=0, world_size=2)))
+    module = L.LightningModule()  # the refusal reads the Trainer alone
+    trainer = L.Trainer(max_steps=8, max_epochs=-1, plugins=[LightningEnvironment()], accelerator="cpu", devices=1, logger=False, callbacks=[governed])
+    with pytest.raises(Ungoverned, match=r"pass plugins=\[governed.environment\(\)\], devices=1, num_nodes=run.world_size"):
+        governed.setup(trainer, module, "fit")
+    ranks = L.Trainer(
+        max_steps=8, max_epochs=-1, plugins=[governed.environment()], accelerator="cpu", devices=1, num_nodes=2, use_distributed_sampler=False, logger=False
+    )
+    governed.setup(ranks, module, "fit")  # governed: Lightning's DDP over the trial's two ranks
+
+
+def test_each_rank_takes_its_share_of_the_gang_s_batches_and_resumes_mid_epoch():
+    whole = list(ResumableBatchSampler(10, 4, seed=9))
+    shares = [ResumableBatchSampler(10, 4, seed=9, rank=r, world_size=2) for r in (0, 1)]
+    assert [sorted(a + b) for a, b in zip(*(list(s) for s in shares), strict=True)] == [sorted(b) for b in whole]
+    assert len(whole) == 3 and len(shares[0]) == 3  # the last batch of 2 has a frame for each of 2 ranks
+    assert len(ResumableBatchSampler(9, 4, seed=9, rank=0, world_size=2)) == 2  # a last batch of 1 would leave a rank without one
+    cut = ResumableBatchSampler(10, 4, seed=9, rank=1, world_size=2)
+    it = iter(cut)
+    first = [next(it)]
+    again = ResumableBatchSampler(10, 4, seed=123, rank=1, world_size=2)
+    again.load_state_dict(cut.state_dict())
+    assert first + list(again) == list(ResumableBatchSampler(10, 4, seed=9, rank=1, world_size=2))
+    for bad in ({"rank": 2, "world_size": 2}, {"rank": 0, "world_size": 8}):
+        with pytest.raises(ValueError, match="every rank needs a share of each batch"):
+            ResumableBatchSampler(10, 4, seed=0, **bad)
+    data = torch.utils.data.TensorDataset(torch.zeros(4))
+    loader = ResumableLoader(data, 2, seed=0, rank=1, world_size=2)
+    assert unshared([loader], 1, 2) == [] and unshared({"a": loader}, 0, 2) == ["ResumableLoader(rank=1, world_size=2)"]
+    assert unshared(ResumableLoader(data, 2, seed=0), 0, 2) == ["ResumableLoader(rank=0, world_size=1)"]
 
 
 def test_the_generators_survive_a_checkpoint_loaded_with_weights_only(tmp_path):
@@ -149,7 +207,7 @@ def jitter(run):
         m.ParcelNet = kept
 
 def plain(run):
-    m.ResumableLoader, kept = lambda ds, bs, seed: DataLoader(ds, bs, shuffle=True), m.ResumableLoader
+    m.ResumableLoader, kept = lambda ds, bs, seed, **shares: DataLoader(ds, bs, shuffle=True), m.ResumableLoader
     try:
         m.train.function(run)
     finally:
@@ -290,7 +348,11 @@ def test_a_signalled_lightning_trial_saves_at_its_next_step_and_resumes_exactly(
 
 
 def test_the_example_adds_the_lines_the_docs_count():
-    """docs/bring-your-own-model.md counts the lines a Lightning script adds (target: at most 15); the example marks them."""
-    marked = [line for line in (EXAMPLES / "parcel_lightning" / "model.py").read_text().splitlines() if "  # parcel_hpc" in line]
+    """docs/bring-your-own-model.md counts the lines a Lightning script adds (target: at most 15), and the two
+    more a trial of several ranks needs; the example marks them."""
+    lines = (EXAMPLES / "parcel_lightning" / "model.py").read_text().splitlines()
+    marked = [line for line in lines if "  # parcel_hpc" in line and "# parcel_hpc (gang)" not in line]
+    gang = [line for line in lines if "  # parcel_hpc (gang)" in line]
     docs = (EXAMPLES.parent / "docs" / "bring-your-own-model.md").read_text()
-    assert len(marked) == 15 and "# 15 ckpt_path= added" in docs and "Fifteen lines, besides" in docs
+    assert len(marked) == 14 and "# 14 ckpt_path= added" in docs and "Fourteen lines, besides" in docs
+    assert len(gang) == 2 and "# gang: each rank one process" in docs and "# gang: the loader shares each batch" in docs

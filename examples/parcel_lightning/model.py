@@ -1,10 +1,16 @@
 """A small Lightning CNN on the raw parcel frames, trained by ``Trainer.fit`` as its author wrote it:
 a cosine schedule over ``self.trainer.estimated_stepping_batches``, gradient clipping, a logger, a
 noise augmentation drawing from torch's global generator. The lines parcel_hpc asks for are marked
-``# parcel_hpc`` (docs/bring-your-own-model.md, "Lightning", counts them: 15): three imports, ``load``
+``# parcel_hpc`` (docs/bring-your-own-model.md, "Lightning", counts them: 14): two imports, ``load``
 (the serving entry), the decorator, the resumable loader, the callback, three Trainer arguments and
 the ``ckpt_path`` of ``governed.resume()``; where the script read its hyperparameters, seed and data,
 it reads ``run.params``, ``run.seed`` and ``run.data``.
+
+Two more Trainer arguments, marked ``# parcel_hpc (gang)``, let the same script train a trial of
+several ranks (``resources.tasks_per_node``, ``resources.nodes``: docs/gangs.md): each rank is a
+process parcel_hpc started, to Lightning a node of one device (``num_nodes=run.world_size``), so with
+more than one Lightning trains DistributedDataParallel over ``governed.environment()``'s ranks, each
+on its share of every batch (the loader's ``rank``/``world_size``).
 
 What makes a preempted trial end with the uninterrupted one's metric: everything is seeded from
 ``run.seed``, the train loader resumes mid-epoch (``ResumableLoader``), and the callback keeps the
@@ -21,7 +27,6 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.loggers import CSVLogger
-from lightning.pytorch.plugins.environments import LightningEnvironment  # parcel_hpc
 from torch import nn
 from torch.utils.data import TensorDataset
 
@@ -76,7 +81,7 @@ def train(run: Run) -> None:  # parcel_hpc
     labels = torch.tensor(np.asarray(run.data.train.labels), dtype=torch.float32)
     model = ParcelNet(float(run.params["lr"]), int(run.params["width"]), frames.mean().item(), frames.std().item())
     batch_size = min(int(run.params["batch_size"]), len(labels))
-    loader = ResumableLoader(TensorDataset(frames, labels), batch_size, seed=run.seed)  # parcel_hpc (was DataLoader(..., shuffle=True))
+    loader = ResumableLoader(TensorDataset(frames, labels), batch_size, seed=run.seed, rank=run.rank, world_size=run.world_size)  # parcel_hpc
     governed = Governed(run)  # parcel_hpc
     # The logger writes into a folder of the attempt's own: the launch's preflight runs this loop too
     # and must leave nothing behind. The trial's metrics are recorded by parcel_hpc through the callback.
@@ -84,9 +89,11 @@ def train(run: Run) -> None:  # parcel_hpc
         trainer = L.Trainer(
             max_steps=run.budget.steps,  # parcel_hpc
             max_epochs=-1,  # parcel_hpc
-            plugins=[LightningEnvironment()],  # parcel_hpc: parcel_hpc requeues, not Lightning's SLURM environment
+            plugins=[governed.environment()],  # parcel_hpc: parcel_hpc starts and requeues the ranks, not Lightning
             callbacks=[governed],  # parcel_hpc
             devices=1,
+            num_nodes=run.world_size,  # parcel_hpc (gang): each of the trial's ranks is one process, on its own device
+            use_distributed_sampler=False,  # parcel_hpc (gang): the loader shares each batch between the ranks, resumably
             gradient_clip_val=1.0,
             deterministic=True,
             logger=CSVLogger(logs),

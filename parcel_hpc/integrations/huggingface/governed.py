@@ -56,7 +56,8 @@ def ungovernable(args: Any, steps: int, seed: int, world_size: int = 1) -> str |
     if world_size > 1:
         return (
             f"the trial is a gang of {world_size} ranks, and a Hugging Face Trainer is governed on one rank only for now; write the ranks' loop "
-            "with DistributedDataParallel in the function form (examples/parcel_loop/ddp.py), or run one rank (resources.nodes=1 resources.tasks_per_node=1)"
+            "with DistributedDataParallel in the function form (examples/parcel_loop/ddp.py) or Lightning's Trainer (examples/parcel_lightning), "
+            "or run one rank (resources.nodes=1 resources.tasks_per_node=1)"
         )
     if value("max_steps") != steps:
         return f"TrainingArguments(max_steps={value('max_steps')}) is not the trial's length {steps}; set max_steps=run.budget.steps"

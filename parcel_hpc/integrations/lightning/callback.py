@@ -17,8 +17,17 @@ callback's own state, put back just before the first resumed step), and a statef
 required, which also keeps Lightning #20550 away (with a finite ``max_epochs``,
 ``estimated_stepping_batches`` sets the loader up before the restore and it never gets its state). A Trainer that cannot be governed is refused with ``Ungoverned`` at
 ``setup``/``on_train_start``: Lightning's own SLURM requeue on (or left to Lightning to choose),
-``max_steps`` not the trial's steps, ``max_epochs`` not -1, several processes, a loader that cannot be
-resumed, ``fit`` run outside ``resume()`` or with another ``ckpt_path``.
+``max_steps`` not the trial's steps, ``max_epochs`` not -1, processes that are not the trial's ranks, a
+loader that cannot be resumed, ``fit`` run outside ``resume()`` or with another ``ckpt_path``.
+
+A trial of several ranks (a gang, docs/gangs.md) runs the same script in every rank's process:
+``Trainer(devices=1, num_nodes=run.world_size, plugins=[governed.environment()],
+use_distributed_sampler=False)`` makes it Lightning's DDP over the processes parcel_hpc started
+(``environment.py``), and a ``ResumableLoader`` of the run's rank and world size gives each rank its
+share of every batch. Every rank's callback tells its run of each step (rank 0's decisions are the
+gang's, so all save, validate and stop at one step) and saves its own Lightning checkpoint as its part
+of the trial's checkpoint: the replicated model and optimizer, and its own generators and loader
+position, which Lightning's rank-0 file would not hold.
 
 Must not: save inside a signal handler; write anywhere but ``run.checkpoint_dir()``.
 """
@@ -30,6 +39,7 @@ import io
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
@@ -39,6 +49,8 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities.seed import isolate_rng
 
 import parcel_hpc.trainer.torch  # noqa: F401  # registers torch's generators with rng.process_rngs, which the callback saves
+from parcel_hpc.integrations.lightning.environment import RanksEnvironment
+from parcel_hpc.integrations.lightning.loader import ResumableLoader
 from parcel_hpc.trainer import rng
 from parcel_hpc.trainer.base import TrainerState
 from parcel_hpc.trainer.run import FILES, Run, StopTraining
@@ -54,7 +66,7 @@ class Ungoverned(ValueError):
 class Requeue(enum.Enum):
     """Who requeues a preempted job, as the Trainer's cluster environment says."""
 
-    OFF = "off"  # a cluster environment that does not requeue (LightningEnvironment, SLURMEnvironment(auto_requeue=False))
+    OFF = "off"  # a cluster environment that does not requeue (governed.environment(), LightningEnvironment, SLURMEnvironment(auto_requeue=False))
     LIGHTNING = "lightning"  # SLURMEnvironment(auto_requeue=True): Lightning saves in its signal handler and requeues itself
     UNSAID = "unsaid"  # no environment given: under SLURM, Lightning picks SLURMEnvironment(auto_requeue=True)
 
@@ -66,8 +78,11 @@ class Setup:
     max_steps: int
     max_epochs: int | None
     requeue: Requeue
-    processes: int  # trainer.world_size
+    processes: int  # the processes the Trainer's flags make: num_nodes x devices
     gang: int = 1  # the trial's ranks (run.world_size): a gang's processes are the toolkit's, not Lightning's
+    devices: int = 1  # devices per process (Trainer(devices=...)): each rank is one process on its own device
+    ranks_environment: bool = False  # plugins=[governed.environment()]: Lightning sees the trial's ranks
+    distributed_sampler: bool = False  # Lightning would replace the train loader's order (use_distributed_sampler on, several processes)
 
 
 def refusal(setup: Setup, steps: int) -> str | None:
@@ -86,13 +101,21 @@ def refusal(setup: Setup, steps: int) -> str | None:
         return f"Trainer(max_steps={setup.max_steps}) but the trial trains run.budget.steps={steps}; pass max_steps=run.budget.steps, max_epochs=-1"
     if setup.max_epochs != -1:
         return f"Trainer(max_epochs={setup.max_epochs}) can end training before run.budget.steps; pass max_epochs=-1 (max_steps ends it)"
-    if setup.gang > 1:
+    if setup.gang > 1 and not setup.ranks_environment:
         return (
-            f"the trial is a gang of {setup.gang} ranks, and a Lightning Trainer is governed on one rank only for now; write the ranks' loop "
-            "with DistributedDataParallel in the function form (examples/parcel_loop/ddp.py), or run one rank (resources.nodes=1 resources.tasks_per_node=1)"
+            f"the trial is a gang of {setup.gang} ranks that parcel_hpc starts, one process each, but the Trainer's cluster environment "
+            "does not know them; pass plugins=[governed.environment()], devices=1, num_nodes=run.world_size"
         )
-    if setup.processes != 1:
-        return f"the Trainer runs {setup.processes} processes; a governed trial is one process (devices=1, or the function form's own loop)"
+    if setup.devices != 1 or setup.processes != setup.gang:
+        return (
+            f"the Trainer's flags make {setup.processes} process(es) of {setup.devices} device(s) each, but the trial is {setup.gang} rank(s) "
+            "that parcel_hpc starts, one process each; pass devices=1, num_nodes=run.world_size"
+        )
+    if setup.distributed_sampler:
+        return (
+            "use_distributed_sampler=True: Lightning would replace the train loader's order with a DistributedSampler, which cannot "
+            "resume mid-epoch; pass use_distributed_sampler=False (ResumableLoader(..., rank=run.rank, world_size=run.world_size) shares each batch)"
+        )
     return None
 
 
@@ -106,7 +129,30 @@ def setup_of(trainer: pl.Trainer) -> Setup:
     else:
         env = connector.cluster_environment
         requeue = Requeue.LIGHTNING if isinstance(env, SLURMEnvironment) and env.auto_requeue else Requeue.OFF
-    return Setup(int(trainer.max_steps), trainer.max_epochs, requeue, int(trainer.world_size))
+    processes = int(trainer.num_nodes) * int(trainer.num_devices)
+    distributed_sampler = bool(connector.use_distributed_sampler) and processes > 1
+    ranks = isinstance(connector.cluster_environment, RanksEnvironment)
+    return Setup(int(trainer.max_steps), trainer.max_epochs, requeue, processes, 1, int(trainer.num_devices), ranks, distributed_sampler)
+
+
+def unshared(loaders: Any, rank: int, world_size: int) -> list[str]:
+    """The train ``ResumableLoader``s whose share is not this rank's of the trial's ranks (each rank
+    would train on other frames than the gang's batch assigns it)."""
+    if isinstance(loaders, Mapping):
+        return [name for v in loaders.values() for name in unshared(v, rank, world_size)]
+    if isinstance(loaders, Sequence):
+        return [name for v in loaders for name in unshared(v, rank, world_size)]
+    if isinstance(loaders, ResumableLoader) and loaders.shares != (rank, world_size):
+        return [f"ResumableLoader(rank={loaders.shares[0]}, world_size={loaders.shares[1]})"]
+    return []
+
+
+def save_own(trainer: pl.Trainer, path: Path) -> None:
+    """Lightning's checkpoint of this process, written by it: ``trainer.save_checkpoint`` writes rank 0's
+    alone, and every rank's file is its part of the trial's checkpoint (its generators, its loader's
+    position). Under DDP, making the checkpoint is no collective (the replicas' states are local)."""
+    checkpoint = trainer._checkpoint_connector.dump_checkpoint()
+    trainer.strategy.checkpoint_io.save_checkpoint(checkpoint, path)
 
 
 def unresumable(loaders: Any) -> list[str]:
@@ -180,6 +226,7 @@ class Governed(pl.Callback):
 
     def __init__(self, run: Run) -> None:
         self.run = run
+        self._environment = RanksEnvironment(run.rank, run.world_size)
         self._resumed_from: int | None = None  # the step resume() restored (0: a fresh start); None: resume() not entered
         self._ckpt_path: str | None = None
         self._told = 0  # the last global step told to the run
@@ -205,6 +252,11 @@ class Governed(pl.Callback):
             if not self.run.should_stop:
                 raise
 
+    def environment(self) -> RanksEnvironment:
+        """The Trainer's cluster environment: ``plugins=[governed.environment()]``. parcel_hpc starts and
+        requeues the trial's ranks (one, or a gang's), so Lightning starts and requeues none."""
+        return self._environment
+
     # --- checks -------------------------------------------------------------------------------
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
@@ -225,6 +277,11 @@ class Governed(pl.Callback):
             raise Ungoverned(
                 f"the train loader ({', '.join(bad)}) cannot be resumed mid-epoch: a preempted trial would train on other batches; "
                 "use parcel_hpc.integrations.lightning.ResumableLoader(dataset, batch_size, seed=run.seed)"
+            )
+        if bad := unshared(trainer.train_dataloader, self.run.rank, self.run.world_size):
+            raise Ungoverned(
+                f"the train loader ({', '.join(bad)}) is not rank {self.run.rank}'s share of the trial's {self.run.world_size} rank(s); "
+                "pass ResumableLoader(..., rank=run.rank, world_size=run.world_size)"
             )
 
     # --- the state Lightning's checkpoint carries for the callback -------------------------------
@@ -249,7 +306,7 @@ class Governed(pl.Callback):
         due = run.stepped(step, step_metrics(outputs, trainer))
         if due.checkpoint:
             with run.checkpoint_dir() as d:
-                trainer.save_checkpoint(d / CHECKPOINT)
+                save_own(trainer, d / CHECKPOINT)
         if due.validate:
             run.validate(probabilities(pl_module, run.data.validation.images, trainer.precision_plugin.forward_context))
         if run.should_stop:

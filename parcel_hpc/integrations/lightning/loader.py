@@ -7,6 +7,12 @@ own (seeded from the trial's seed, never the global one) and whose ``state_dict`
 at the epoch's start and the batches yielded since: Lightning saves it and
 hands it back and the epoch goes on where it stopped. Skipped batches are never loaded.
 
+In a trial of several ranks (``rank``, ``world_size``: the run's) every rank draws the same batches
+and takes its share of each (``batch[rank::world_size]``), as the function form's DistributedDataParallel
+loop does: ``batch_size`` is the gang's batch, so a hyperparameter means the same at every shape, and
+each rank's state is its own part of the trial's checkpoint. Lightning's own distributed sampler
+(``use_distributed_sampler``) would replace this order with one that cannot resume mid-epoch.
+
 Must not: draw from a process-wide generator; know anything of parcel_hpc's runs.
 """
 
@@ -27,17 +33,22 @@ class ResumableBatchSampler(Sampler[list[int]]):
     The epoch's order is drawn when its first batch is asked for (a generator body runs lazily), so a
     state loaded after Lightning already called ``iter()`` still applies."""
 
-    def __init__(self, n: int, batch_size: int, seed: int, shuffle: bool = True, drop_last: bool = False) -> None:
+    def __init__(self, n: int, batch_size: int, seed: int, shuffle: bool = True, drop_last: bool = False, rank: int = 0, world_size: int = 1) -> None:
         if n < 1 or batch_size < 1:
             raise ValueError(f"ResumableLoader needs examples and a positive batch size, got {n} examples and batch_size={batch_size}")
+        if not 0 <= rank < world_size or batch_size < world_size:
+            raise ValueError(f"ResumableLoader(rank={rank}, world_size={world_size}, batch_size={batch_size}): every rank needs a share of each batch")
         self.n, self.batch_size, self.shuffle, self.drop_last = n, batch_size, shuffle, drop_last
+        self.rank, self.world_size = rank, world_size
         self.generator = torch.Generator().manual_seed(seed)
         self._epoch_start = self.generator.get_state()
         self._yielded = 0
         self._pending: tuple[torch.Tensor, int] | None = None
 
     def __len__(self) -> int:
-        return self.n // self.batch_size if self.drop_last else -(-self.n // self.batch_size)
+        # A last short batch is kept only where every rank has a share of it (an empty share has no loss).
+        whole, rest = divmod(self.n, self.batch_size)
+        return whole + (0 < rest and not self.drop_last and rest >= self.world_size)
 
     def __iter__(self) -> Iterator[list[int]]:
         skip = 0
@@ -51,7 +62,7 @@ class ResumableBatchSampler(Sampler[list[int]]):
         self._yielded = skip
         for batch in batches[skip:]:
             self._yielded += 1
-            yield batch
+            yield batch[self.rank :: self.world_size]
         self._yielded = 0
 
     def state_dict(self) -> dict[str, Any]:
@@ -68,11 +79,20 @@ class ResumableBatchSampler(Sampler[list[int]]):
 
 class ResumableLoader(DataLoader):
     """``DataLoader(dataset, batch_size, shuffle=...)`` that resumes mid-epoch: ``ResumableLoader(dataset,
-    batch_size, seed=run.seed)``. Any other ``DataLoader`` argument (``num_workers``, ``collate_fn``) passes through."""
+    batch_size, seed=run.seed, rank=run.rank, world_size=run.world_size)``. Any other ``DataLoader``
+    argument (``num_workers``, ``collate_fn``) passes through."""
 
-    def __init__(self, dataset: Dataset, batch_size: int, seed: int, *, shuffle: bool = True, drop_last: bool = False, **kwargs: Any) -> None:
-        sampler = ResumableBatchSampler(len(dataset), batch_size, seed, shuffle, drop_last)  # type: ignore[arg-type]  # a map-style dataset
+    def __init__(
+        self, dataset: Dataset, batch_size: int, seed: int, *, shuffle: bool = True, drop_last: bool = False, rank: int = 0, world_size: int = 1, **kwargs: Any
+    ) -> None:
+        sampler = ResumableBatchSampler(len(dataset), batch_size, seed, shuffle, drop_last, rank, world_size)  # type: ignore[arg-type]  # a map-style dataset
         super().__init__(dataset, batch_sampler=sampler, generator=torch.Generator().manual_seed(seed * _SEED_STRIDE + 1), **kwargs)
+
+    @property
+    def shares(self) -> tuple[int, int]:
+        """This loader's rank and the ranks its batches are shared between."""
+        sampler: ResumableBatchSampler = self.batch_sampler  # type: ignore[assignment]  # always the sampler above
+        return sampler.rank, sampler.world_size
 
     def state_dict(self) -> dict[str, Any]:
         return self.batch_sampler.state_dict()  # type: ignore[union-attr]  # always the sampler above

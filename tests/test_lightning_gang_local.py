@@ -1,0 +1,89 @@
+"""Lightning's ``Trainer.fit`` over a gang's ranks (issue 50) on the local executor: examples/parcel_lightning
+unchanged, as one trial of 2 ranks, each a process submitit started, trained as Lightning's
+DistributedDataParallel over ``governed.environment()``. Every rank saves its own Lightning checkpoint
+as its part of the trial's checkpoint (the same weights on each: replicas); the scheduler's signal on
+rank 1 mid-epoch requeues the gang whole, and each rank resumes from its own part to the uninterrupted
+gang's weights bit for bit."""
+
+import io
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from reference import EXAMPLES
+
+from parcel_hpc.checkpoints import format as ckpt_format
+from parcel_hpc.ledger import AttemptEnd, Cause, SearchDir, TrialState
+from parcel_hpc.testing import faults, launch
+from parcel_hpc.worker.training import STEP_HOOK_ENV
+
+pytest.importorskip("lightning")
+torch = pytest.importorskip("torch")
+
+pytestmark = pytest.mark.xdist_group("lightning-gang-local")  # one worker: the uninterrupted gang once
+
+STEPS = 40  # 891 train frames in the gang's batches of 32: 28 steps an epoch, so a stop near step 12 is mid-epoch
+GANG = [
+    "trainer.target=parcel_lightning:train",
+    "~space.params.hidden",
+    "~space.params.l2",
+    "batch_size=choice(32)",
+    "lr=choice(0.03)",
+    f"train.steps={STEPS}",
+    "pruner=none",
+    "resources.tasks_per_node=2",
+]
+
+
+def _search(root: Path, data_dir: Path, env: dict | None = None) -> SearchDir:
+    args = [f"search.root={root}", "search.revision=lg", "search.n_trials=1", *GANG]
+    res = launch(args, cwd=root, data_dir=data_dir, env={"PYTHONPATH": str(EXAMPLES), **(env or {})})
+    assert res.returncode == 0, res.stderr[-3000:]
+    return SearchDir(root / "lg")
+
+
+def _weights(search: SearchDir, rank: int) -> dict:
+    """The model weights in rank ``rank``'s Lightning checkpoint, its part of the trial's last checkpoint."""
+    part = ckpt_format.read(search.path / "checkpoints" / "t0000" / f"ckpt-{STEPS:06d}.rank-{rank:04d}.h5")
+    saved = torch.load(io.BytesIO(np.asarray(part.params["files/last.ckpt"], dtype=np.uint8).tobytes()), weights_only=False)
+    assert saved["global_step"] == STEPS
+    return saved["state_dict"]
+
+
+def _equal(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory, artifacts):
+    root = tmp_path_factory.mktemp("lightning-gang")
+    shutil.copytree(artifacts["dir"], root / "data")
+    search = _search(root, root / "data")
+    return search, search.record("t0000")
+
+
+def test_a_lightning_gang_trains_ddp_over_its_ranks_each_saving_its_own_part(whole):
+    search, record = whole
+    assert record.state is TrialState.COMPLETED and len(record.attempts) == 1
+    manifest = json.loads((search.path / "checkpoints" / "t0000" / f"ckpt-{STEPS:06d}.manifest.json").read_text())
+    assert manifest["world_size"] == 2 and [part[0] for part in manifest["parts"]] == [0, 1]
+    assert _equal(_weights(search, 0), _weights(search, 1))  # DDP's replicas: each rank's own file, the same weights
+    job = record.attempts[0].job_id
+    said = (search.submitit_dir / "local" / f"{job}_0_log.err").read_text() + (search.submitit_dir / "local" / f"{job}_0_log.out").read_text()
+    assert "Starting with 2 processes" in said  # Lightning's DDP over the gang's two processes, not two lone trainers
+
+
+def test_a_lightning_gang_signalled_on_rank_1_mid_epoch_resumes_every_rank_bit_equal(tmp_path, data_dir, whole):
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    env = {STEP_HOOK_ENV: faults.RANK_HOOK, faults.RANK_FAULT_ENV: "1:12:signal", faults.MARKERS_ENV: str(markers)}
+    search = _search(tmp_path, data_dir, env)
+    record = search.record("t0000")
+    first, second = record.attempts
+    assert (first.how, first.cause) == (AttemptEnd.INTERRUPTED, Cause.TIMEOUT) and 12 < first.step < 28
+    assert second.resumed_from == first.step and record.state is TrialState.COMPLETED
+    for rank in (0, 1):
+        assert _equal(_weights(search, rank), _weights(whole[0], rank))
+    assert record.metric == whole[1].metric
