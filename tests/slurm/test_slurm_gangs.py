@@ -227,3 +227,44 @@ def test_a_gang_s_winner_reruns_as_a_gang_of_its_shape_in_one_selection_job(whol
     job_id = SelectionStore(SearchDir(copy)).record().last_job(1, JobRole.RERUN).job_id
     steps = {line.split("|")[0]: line.split("|")[1:] for line in sh("sacct", "-n", "-P", "-j", job_id, "-o", "JobID,NNodes,NTasks").splitlines()}
     assert steps[f"{job_id}.0"][:2] == ["2", "4"], steps  # srun's step: the rerun's 4 ranks on 2 nodes
+
+
+LIGHTNING_GANG = [*(a for a in GANG if not a.startswith(("trainer.target=", "train.steps=", "resources.tasks_per_node="))), "train.steps=40"]
+LIGHTNING_GANG += ["trainer.target=parcel_lightning:train", "resources.tasks_per_node=1"]
+
+
+def _lightning_weights(search: SearchDir, rank: int) -> dict:
+    import io
+
+    import torch
+
+    part = ckpt_format.read(search.path / "checkpoints" / "t0000" / f"ckpt-000040.rank-{rank:04d}.h5")
+    return torch.load(io.BytesIO(np.asarray(part.params["files/last.ckpt"], dtype=np.uint8).tobytes()), weights_only=False)["state_dict"]
+
+
+def test_a_lightning_gang_on_two_nodes_preempted_resumes_to_the_local_gang_s_weights(tmp_path, data_dir, cluster_guard):
+    """examples/parcel_lightning unchanged as a trial of 2 nodes x 1 rank: Lightning's DDP over srun's two
+    tasks, preempted on both nodes, requeued whole; every rank ends with the weights of the same gang
+    trained uninterrupted by the local executor (2 ranks on this machine: the ranks' shares and gloo's
+    sum of two are what they are on any two hosts)."""
+    pytest.importorskip("lightning")
+    import torch
+
+    _, names = cluster_guard
+    names += ["parcel-lpre", PREEMPTOR]
+    search = _launch(tmp_path, data_dir, "lpre", "train.step_seconds=0.4", "search.wait=false", base=LIGHTNING_GANG)
+    local = [a for a in LIGHTNING_GANG if not a.startswith(("hydra/launcher=", "resources.nodes=", "resources.tasks_per_node="))]
+    reference = _launch(tmp_path, data_dir, "llocal", "resources.tasks_per_node=2", base=local)  # while the SLURM gang starts
+    wait_for(lambda: _committed(search) >= 10, 240, "the Lightning gang's checkpoint at step 10")
+    preempt(",".join(_nodes(search)), "--exclusive")
+    wait_for(lambda: search.record("t0000").state.is_finished(), 300, "the Lightning gang to finish")
+    record = search.record("t0000")
+    first, *_, last = record.attempts
+    assert (first.how, first.cause) == (AttemptEnd.INTERRUPTED, Cause.PREEMPTED) and 10 <= first.step < 40
+    assert last.resumed_from == first.step and last.how is AttemptEnd.COMPLETED
+    steps = {line.split("|")[0]: line.split("|")[1:] for line in sh("sacct", "-n", "-P", "-j", first.job_id, "-o", "JobID,NNodes,NTasks").splitlines()}
+    assert steps[f"{first.job_id}.0"][:2] == ["2", "2"], steps  # srun's step: one rank on each of 2 nodes
+    for rank in (0, 1):
+        ours, theirs = _lightning_weights(search, rank), _lightning_weights(reference, rank)
+        assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours), rank
+    assert record.metric == reference.record("t0000").metric

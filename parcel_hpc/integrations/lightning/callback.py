@@ -132,19 +132,37 @@ def setup_of(trainer: pl.Trainer) -> Setup:
     processes = int(trainer.num_nodes) * int(trainer.num_devices)
     distributed_sampler = bool(connector.use_distributed_sampler) and processes > 1
     ranks = isinstance(connector.cluster_environment, RanksEnvironment)
-    return Setup(int(trainer.max_steps), trainer.max_epochs, requeue, processes, 1, int(trainer.num_devices), ranks, distributed_sampler)
+    return Setup(
+        int(trainer.max_steps),
+        trainer.max_epochs,
+        requeue,
+        processes,
+        devices=int(trainer.num_devices),
+        ranks_environment=ranks,
+        distributed_sampler=distributed_sampler,
+    )
+
+
+def _each_loader(loaders: Any) -> Iterator[Any]:
+    """The train loaders Lightning was given: a loader, or a dict/list of them (nested)."""
+    if isinstance(loaders, Mapping):
+        for v in loaders.values():
+            yield from _each_loader(v)
+    elif isinstance(loaders, Sequence):
+        for v in loaders:
+            yield from _each_loader(v)
+    else:
+        yield loaders
 
 
 def unshared(loaders: Any, rank: int, world_size: int) -> list[str]:
     """The train ``ResumableLoader``s whose share is not this rank's of the trial's ranks (each rank
     would train on other frames than the gang's batch assigns it)."""
-    if isinstance(loaders, Mapping):
-        return [name for v in loaders.values() for name in unshared(v, rank, world_size)]
-    if isinstance(loaders, Sequence):
-        return [name for v in loaders for name in unshared(v, rank, world_size)]
-    if isinstance(loaders, ResumableLoader) and loaders.shares != (rank, world_size):
-        return [f"ResumableLoader(rank={loaders.shares[0]}, world_size={loaders.shares[1]})"]
-    return []
+    return [
+        f"ResumableLoader(rank={loader.shares[0]}, world_size={loader.shares[1]})"
+        for loader in _each_loader(loaders)
+        if isinstance(loader, ResumableLoader) and loader.shares != (rank, world_size)
+    ]
 
 
 def save_own(trainer: pl.Trainer, path: Path) -> None:
@@ -157,12 +175,11 @@ def save_own(trainer: pl.Trainer, path: Path) -> None:
 
 def unresumable(loaders: Any) -> list[str]:
     """The train loaders (a loader, or a dict/list of them) without ``state_dict``/``load_state_dict``."""
-    if isinstance(loaders, Mapping):
-        return [name for v in loaders.values() for name in unresumable(v)]
-    if isinstance(loaders, Sequence):
-        return [name for v in loaders for name in unresumable(v)]
-    stateful = callable(getattr(loaders, "state_dict", None)) and callable(getattr(loaders, "load_state_dict", None))
-    return [] if stateful else [type(loaders).__name__]
+    return [
+        type(loader).__name__
+        for loader in _each_loader(loaders)
+        if not (callable(getattr(loader, "state_dict", None)) and callable(getattr(loader, "load_state_dict", None)))
+    ]
 
 
 # --- the global generators, in a form torch.load(weights_only=True) accepts (no numpy arrays) ---------
