@@ -54,7 +54,12 @@ stop_mypy() {
   [ -z "$mypy_pid" ] || kill "$mypy_pid" 2>/dev/null || true
   rm -f "$mypy_log"
 }
-trap 'stop_clusters; stop_mypy' EXIT
+newer_pid=""  # the newer Slurm's tests beside pytest (below), a session of their own
+stop_newer() {
+  # Interrupted, the run takes the newer Slurm's tests down with it (their process group: theirs alone).
+  [ -z "$newer_pid" ] || kill -TERM -- "-$newer_pid" 2>/dev/null || true
+}
+trap 'stop_clusters; stop_mypy; stop_newer' EXIT
 BASE=${PARCEL_SLURM_BASE:-/tmp/parcel-slurm}
 # A SLURM_CONF left in the shell by another dev cluster is never the one to test on: the fault tests
 # kill and restart the daemons of the cluster they run against. PARCEL_SLURM_BASE names this one's.
@@ -100,15 +105,12 @@ cat "$mypy_log"
 # any pytest arguments, to skip it. A failed test fails the run; an unreachable archive (exit 75) is
 # one loud line from the script, not a failure. Its output follows pytest's.
 if [ "$#" = 0 ]; then PARCEL_NEWER_SLURM=${PARCEL_NEWER_SLURM-24.11}; fi
-newer_pid=""
 if [ -n "${PARCEL_NEWER_SLURM:-}" ]; then
   newer_log=$(mktemp /tmp/parcel-newer-slurm.XXXXXX)
   # A background job of a script starts with SIGINT and SIGQUIT ignored, and its processes would keep
   # them so (the tests interrupt a launch with SIGINT): env puts them back to their defaults.
   setsid env --default-signal=INT,QUIT bash scripts/newer-slurm.sh "$PARCEL_NEWER_SLURM" >"$newer_log" 2>&1 &
   newer_pid=$!
-  # Interrupted, the run takes the newer Slurm's tests down with it (their process group: theirs alone).
-  trap 'stop_clusters; stop_mypy; [ -z "$newer_pid" ] || kill -TERM -- "-$newer_pid" 2>/dev/null || true' EXIT
 fi
 # Four workers on two cores: the cluster tests mostly wait on the scheduler, so each cluster's tests run on
 # one worker (their xdist_group, tests/conftest.py) while two take the local tests, which wait on their

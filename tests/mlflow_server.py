@@ -45,8 +45,10 @@ def mlflow_server(workdir: Path) -> Iterator[str]:
         "--workers",
         "1",
     ]
-    # mlflow leaves a db_init_lock file in the temporary directory: keep it in the test's own
-    env = {**os.environ, "TMPDIR": str(workdir)}
+    # mlflow leaves a db_init_lock file in the temporary directory: keep it in the test's own. Its server-side
+    # jobs (a runner and eight huey consumers, each a Python process polling the store) serve none of what
+    # parcel_hpc asks of a tracking server and registry: off, as a deployment without them runs.
+    env = {**os.environ, "TMPDIR": str(workdir), "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     with started(argv, workdir / "server.log", f"{uri}/health", env=env):
         yield uri
 

@@ -253,10 +253,10 @@ def test_a_lightning_gang_on_two_nodes_preempted_resumes_to_the_local_gang_s_wei
     _, names = cluster_guard
     names += ["parcel-lpre", PREEMPTOR]
     search = _launch(tmp_path, data_dir, "lpre", "train.step_seconds=0.4", "search.wait=false", base=LIGHTNING_GANG)
-    local = [a for a in LIGHTNING_GANG if not a.startswith(("hydra/launcher=", "resources.nodes=", "resources.tasks_per_node="))]
-    reference = _launch(tmp_path, data_dir, "llocal", "resources.tasks_per_node=2", base=local)  # while the SLURM gang starts
     wait_for(lambda: _committed(search) >= 10, 240, "the Lightning gang's checkpoint at step 10")
     preempt(",".join(_nodes(search)), "--exclusive")
+    local = [a for a in LIGHTNING_GANG if not a.startswith(("hydra/launcher=", "resources.nodes=", "resources.tasks_per_node="))]
+    reference = _launch(tmp_path, data_dir, "llocal", "resources.tasks_per_node=2", base=local)  # while the SLURM gang is requeued
     wait_for(lambda: search.record("t0000").state.is_finished(), 300, "the Lightning gang to finish")
     record = search.record("t0000")
     first, *_, last = record.attempts
