@@ -133,9 +133,11 @@ def test_a_node_set_down_under_a_gang_is_one_interruption_and_the_gang_resumes(t
     wait_for(lambda: search.record("t0000").state.is_finished(), 300, "the gang to finish")
     record = search.record("t0000")
     first, second = record.attempts
-    # The node's failure ends the whole job (srun ends every task); the scheduler requeues it, and the
-    # next attempt says so for the one before, which never could (a reconcile names the node failure).
-    assert (first.how, first.cause) == (AttemptEnd.LOST, Cause.REQUEUED_BY_SCHEDULER), first
+    # The node's failure ends the whole job (srun ends every task) and the scheduler requeues it. Which
+    # is seen first is a race: the job ended, and the next attempt says so for the one before, which
+    # never could (a reconcile names the node failure); or rank 0 sees its peer's connection close and
+    # says itself that a rank was lost. Either way one interruption, resumed from the last checkpoint.
+    assert (first.how, first.cause) in ((AttemptEnd.LOST, Cause.REQUEUED_BY_SCHEDULER), (AttemptEnd.INTERRUPTED, Cause.RANK_LOST)), first
     assert second.resumed_from >= 20 and second.how is AttemptEnd.COMPLETED
     assert record.metric == whole.record("t0000").metric
 
