@@ -21,6 +21,23 @@ CNN_STEPS = 120
 CNN_MILESTONES = f"pruner.milestones=[41,82,{CNN_STEPS}]"
 
 
+def lightning_weights(search: Path, step: int, rank: int) -> dict:
+    """The model weights of rank ``rank``'s Lightning checkpoint, its part of trial t0000's checkpoint at ``step``."""
+    from parcel_hpc.checkpoints import format as ckpt_format
+    from parcel_hpc.integrations.lightning.callback import saved_checkpoint  # imports lightning: the tests that need it only
+
+    saved = saved_checkpoint(ckpt_format.read(search / "checkpoints" / "t0000" / f"ckpt-{step:06d}.rank-{rank:04d}.h5").params)
+    assert saved["global_step"] == step
+    return saved["state_dict"]
+
+
+def same_tensors(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Two state dicts equal bit for bit: the same names, every tensor ``torch.equal``."""
+    import torch
+
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
 class Uninterrupted(Run):
     """A run with nothing behind it: no checkpoint to restore, no stop, saves kept nowhere; the value
     it reached at each validation kept in ``values`` (step to miss-cost)."""

@@ -5,22 +5,19 @@ as its part of the trial's checkpoint (the same weights on each: replicas); the 
 rank 1 mid-epoch requeues the gang whole, and each rank resumes from its own part to the uninterrupted
 gang's weights bit for bit."""
 
-import io
 import json
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pytest
-from reference import EXAMPLES
+from reference import EXAMPLES, lightning_weights, same_tensors
 
-from parcel_hpc.checkpoints import format as ckpt_format
 from parcel_hpc.ledger import AttemptEnd, Cause, SearchDir, TrialState
 from parcel_hpc.testing import faults, launch
 from parcel_hpc.worker.training import STEP_HOOK_ENV
 
 pytest.importorskip("lightning")
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
 
 pytestmark = pytest.mark.xdist_group("lightning-gang-local")  # one worker: the uninterrupted gang once
 
@@ -44,18 +41,6 @@ def _search(root: Path, data_dir: Path, env: dict | None = None) -> SearchDir:
     return SearchDir(root / "lg")
 
 
-def _weights(search: SearchDir, rank: int) -> dict:
-    """The model weights in rank ``rank``'s Lightning checkpoint, its part of the trial's last checkpoint."""
-    part = ckpt_format.read(search.path / "checkpoints" / "t0000" / f"ckpt-{STEPS:06d}.rank-{rank:04d}.h5")
-    saved = torch.load(io.BytesIO(np.asarray(part.params["files/last.ckpt"], dtype=np.uint8).tobytes()), weights_only=False)
-    assert saved["global_step"] == STEPS
-    return saved["state_dict"]
-
-
-def _equal(a: dict, b: dict) -> bool:
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-
-
 @pytest.fixture(scope="module")
 def whole(tmp_path_factory, artifacts):
     root = tmp_path_factory.mktemp("lightning-gang")
@@ -69,7 +54,9 @@ def test_a_lightning_gang_trains_ddp_over_its_ranks_each_saving_its_own_part(who
     assert record.state is TrialState.COMPLETED and len(record.attempts) == 1
     manifest = json.loads((search.path / "checkpoints" / "t0000" / f"ckpt-{STEPS:06d}.manifest.json").read_text())
     assert manifest["world_size"] == 2 and [part[0] for part in manifest["parts"]] == [0, 1]
-    assert _equal(_weights(search, 0), _weights(search, 1))  # DDP's replicas: each rank's own file, the same weights
+    assert same_tensors(
+        lightning_weights(search.path, STEPS, 0), lightning_weights(search.path, STEPS, 1)
+    )  # DDP's replicas: each rank's own file, the same weights
     job = record.attempts[0].job_id
     said = (search.submitit_dir / "local" / f"{job}_0_log.err").read_text() + (search.submitit_dir / "local" / f"{job}_0_log.out").read_text()
     assert "Starting with 2 processes" in said  # Lightning's DDP over the gang's two processes, not two lone trainers
@@ -85,5 +72,5 @@ def test_a_lightning_gang_signalled_on_rank_1_mid_epoch_resumes_every_rank_bit_e
     assert (first.how, first.cause) == (AttemptEnd.INTERRUPTED, Cause.TIMEOUT) and 12 < first.step < 28
     assert second.resumed_from == first.step and record.state is TrialState.COMPLETED
     for rank in (0, 1):
-        assert _equal(_weights(search, rank), _weights(whole[0], rank))
+        assert same_tensors(lightning_weights(search.path, STEPS, rank), lightning_weights(whole[0].path, STEPS, rank))
     assert record.metric == whole[1].metric

@@ -220,11 +220,16 @@ def probabilities(module: pl.LightningModule, frames: np.ndarray, context: Calla
     return torch.cat(out).double().numpy() if out else np.zeros(0)
 
 
+def saved_checkpoint(arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    """The Lightning checkpoint a saved state's arrays hold (a rank's part of a gang's checkpoint
+    included), loaded on the CPU."""
+    return torch.load(io.BytesIO(np.asarray(arrays[FILES + CHECKPOINT], dtype=np.uint8).tobytes()), map_location="cpu", weights_only=True)
+
+
 def predictor(module: pl.LightningModule, state: TrainerState) -> Callable[[np.ndarray], np.ndarray]:
     """The served model: ``module`` (built as for training) given the weights of the Lightning checkpoint
     ``state`` holds, raw frames (n, H, W) to probabilities (n,) through its ``predict_step``."""
-    checkpoint = torch.load(io.BytesIO(np.asarray(state.arrays[FILES + CHECKPOINT], dtype=np.uint8).tobytes()), map_location="cpu", weights_only=True)
-    module.load_state_dict(checkpoint["state_dict"])
+    module.load_state_dict(saved_checkpoint(state.arrays)["state_dict"])
     module.eval()
     return lambda frames: probabilities(module, frames)
 
