@@ -126,7 +126,8 @@ in_root bash -c "
   PORT_BASE=$PORT_BASE DB_PORT=$DB_PORT bash scripts/dev-cluster-up.sh $BASE
   source $BASE/env.sh
   $record_cmd
-  PARCEL_SLURM_BASE=$BASE PARCEL_REQUIRE_SLURM=1 python -m pytest -p no:cacheprovider -n 1 --dist loadgroup $tests_q
+  # -vv: a failure's whole message in the summary at the end, the part of the output CI shows
+  PARCEL_SLURM_BASE=$BASE PARCEL_REQUIRE_SLURM=1 python -m pytest -p no:cacheprovider -n 1 --dist loadgroup -vv $tests_q
 "
 rc=$?
 set -e

@@ -18,7 +18,7 @@ from parcel_hpc.scheduler.slurm import queue
 from parcel_hpc.scheduler.slurm.sacct import build_sacct_argv, run_sacct
 from parcel_hpc.scheduler.slurm.sacct_parse import parse_sacct
 
-from .cluster import preempt, sh, wait_for
+from .cluster import PREEMPTOR, preempt, sh, wait_for, what_the_cluster_says
 
 pytestmark = ON_BOTH
 
@@ -148,14 +148,17 @@ def test_a_requeued_job_runs_again_and_says_how_often(cluster, cluster_guard, tm
 
 def test_a_higher_partition_preempts_and_the_job_is_requeued_after_its_grace(cluster, cluster_guard, tmp_path):
     touched, names = cluster_guard
-    names.append("preemptor")
+    names.append(PREEMPTOR)
     name = unique("beh-pre", names)
     marker = tmp_path / "signals"
     # It runs until preempted (then cancelled): a job that could end first raced a slow scheduler once (CI).
     job = submit(name, f"trap 'echo TERM >> {marker}; exit 0' TERM; echo run >> {marker}; sleep 280 & wait", "-w", "n2", "--gres=gpu:4")
     wait_for(lambda: marker.exists(), 60, "the job to run")
     preempt("n2")
-    wait_for(lambda: "TERM" in marker.read_text(), 150, "SIGTERM at the preemption")
+    try:
+        wait_for(lambda: "TERM" in marker.read_text(), 150, "SIGTERM at the preemption")
+    except AssertionError as exc:  # once in CI (a loaded machine): where the job and the preemptor stood
+        raise AssertionError(f"{exc}\n{what_the_cluster_says(name)}\n{what_the_cluster_says(PREEMPTOR)}") from None
     assert "PreemptTime=None" not in sh("scontrol", "show", "job", job)
     wait_for(lambda: marker.read_text().count("run") == 2, 120, "the requeued run")
     sh("scancel", job)
