@@ -3,8 +3,9 @@ end with, bit for bit, however they were interrupted and resumed (the local and 
 
 import importlib
 import os
+import shutil
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,8 @@ from typing import Any
 from parcel_hpc.checkpoints.cadence import Cadence
 from parcel_hpc.data import read_split
 from parcel_hpc.governance.metric import MissCost
+from parcel_hpc.ledger import SearchDir
+from parcel_hpc.testing import launch
 from parcel_hpc.trainer import Budget, Run, build_params, load_training_data, run_loop
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -19,6 +22,28 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 # that prune, 41 and 82, come before the end.
 CNN_STEPS = 120
 CNN_MILESTONES = f"pruner.milestones=[41,82,{CNN_STEPS}]"
+
+
+def two_rank_trial(target: str, batch_size: int, lr: float, steps: int) -> list[str]:
+    """The overrides of one trial of 2 ranks of ``target`` at one point of the space, unpruned."""
+    fixed = [f"batch_size=choice({batch_size})", f"lr=choice({lr})", f"train.steps={steps}", "pruner=none", "resources.tasks_per_node=2"]
+    return [f"trainer.target={target}", "~space.params.hidden", "~space.params.l2", *fixed]
+
+
+def uninterrupted_gang(tmp_path_factory: Any, artifacts: Mapping[str, Any], revision: str, overrides: Sequence[str]) -> SearchDir:
+    """``local_gang`` run once for a module (its fixture's factory), on its own copy of the test data."""
+    root = tmp_path_factory.mktemp(revision)
+    shutil.copytree(artifacts["dir"], root / "data")
+    return local_gang(root, root / "data", revision, overrides)
+
+
+def local_gang(root: Path, data_dir: Path, revision: str, overrides: Sequence[str], env: Mapping[str, str] | None = None) -> SearchDir:
+    """One trial (``overrides``: its trainer and its gang's shape) launched on the local executor with
+    examples/ importable; its search."""
+    args = [f"search.root={root}", f"search.revision={revision}", "search.n_trials=1", *overrides]
+    res = launch(args, cwd=root, data_dir=data_dir, env={"PYTHONPATH": str(EXAMPLES), **(env or {})})
+    assert res.returncode == 0, res.stderr[-3000:]
+    return SearchDir(root / revision)
 
 
 def lightning_weights(search: Path, step: int, rank: int) -> dict:
@@ -29,6 +54,27 @@ def lightning_weights(search: Path, step: int, rank: int) -> dict:
     saved = saved_checkpoint(ckpt_format.read(search / "checkpoints" / "t0000" / f"ckpt-{step:06d}.rank-{rank:04d}.h5").params)
     assert saved["global_step"] == step
     return saved["state_dict"]
+
+
+def hf_checkpoint(search: Path, step: int, rank: int) -> dict[str, bytes]:
+    """The files of rank ``rank``'s part of trial t0000's checkpoint at ``step``: what its Hugging Face
+    Trainer wrote into ``checkpoint-N/`` (rank 0: the model, optimizer, scheduler, state and its generators;
+    another rank: its generators), by name."""
+    import numpy as np
+
+    from parcel_hpc.checkpoints import format as ckpt_format
+    from parcel_hpc.trainer.run import FILES
+
+    params = ckpt_format.read(search / "checkpoints" / "t0000" / f"ckpt-{step:06d}.rank-{rank:04d}.h5").params
+    prefix = f"{FILES}checkpoint/"
+    return {name[len(prefix) :]: np.asarray(array, dtype=np.uint8).tobytes() for name, array in params.items() if name.startswith(prefix)}
+
+
+def hf_weights(search: Path, step: int) -> dict:
+    """The model weights in rank 0's part of trial t0000's Hugging Face checkpoint at ``step``."""
+    from safetensors.torch import load
+
+    return load(hf_checkpoint(search, step, 0)["model.safetensors"])
 
 
 def same_tensors(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:

@@ -19,6 +19,8 @@ from parcel_hpc.checkpoints.gang import DAMAGED, Committed, GangCheckpoints, Par
 from parcel_hpc.checkpoints.writer import BackgroundWriter
 from parcel_hpc.errors import UsageError
 from parcel_hpc.governance.admission import TrialIdentity
+from parcel_hpc.trainer.run import LoopError, Restored
+from parcel_hpc.worker.gang import restored_of
 
 T = TrialIdentity("t0003", "sha256:" + "a" * 64, "sha256:" + "c" * 64, "sha256:" + "d" * 64)
 
@@ -35,6 +37,13 @@ def _save(ranks, step, commit=True):
     for g in ranks:
         _part(g, step, step * 10 + g.rank, mine=g.rank)
     return ranks[0].commit(step, wait_s=0) if commit else None
+
+
+def _damage_body(path):
+    """One byte of a part's body flipped, not its header: only a rank that reads the part can tell."""
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
 
 
 def test_each_rank_resumes_its_own_part_of_the_step_rank_0_committed(tmp_path):
@@ -86,10 +95,7 @@ def test_a_damaged_part_sets_its_step_aside_and_every_rank_then_agrees_on_the_st
     ranks = _ranks(tmp_path)
     _save(ranks, 10)
     _save(ranks, 20)
-    path = tmp_path / part_name(20, 1)
-    data = bytearray(path.read_bytes())
-    data[-1] ^= 0xFF  # the body, not the header: only the rank that reads it can tell
-    path.write_bytes(bytes(data))
+    _damage_body(tmp_path / part_name(20, 1))
     assert ranks[0].load_latest().manifest.step == 20  # rank 0 read its own part, which is whole
     with pytest.raises(PartDamaged, match="rank 1's part of step 20 is damaged"):
         ranks[1].load_latest()
@@ -98,6 +104,23 @@ def test_a_damaged_part_sets_its_step_aside_and_every_rank_then_agrees_on_the_st
 
     (tmp_path / part_name(10, 0)).write_bytes(b"replaced")  # a header that no longer matches: incomplete for everyone
     assert [g.load_latest() for g in ranks] == [None, None]
+
+
+def test_a_rank_restores_another_rank_s_part_of_its_step_and_a_damaged_one_sets_the_step_aside(tmp_path):
+    # A Hugging Face gang's rank 0 alone saves the model and optimizer: every rank restores them from rank 0's part.
+    ranks = _ranks(tmp_path)
+    _save(ranks, 10)
+    _save(ranks, 20)
+    restored = restored_of(ranks[1].load_latest(), ranks[1])
+    assert restored.step == 20 and restored.state.arrays["w"][0] == 201 and restored.state.scalars == {"mine": 1}
+    rank_0 = restored.of_rank(0)
+    assert rank_0.step == 20 and rank_0.state.arrays["w"][0] == 200 and rank_0.state.scalars == {"mine": 0}
+    _damage_body(tmp_path / part_name(20, 0))
+    with pytest.raises(PartDamaged, match="rank 0's part of step 20 is damaged"):
+        restored.of_rank(0)
+    assert [g.load_latest().manifest.step for g in ranks] == [10, 10]  # the step set aside, as for a rank's own part
+    with pytest.raises(LoopError, match="no part of rank 1"):
+        Restored(20, restored.state).of_rank(1)  # a trial of one rank
 
 
 def test_a_reader_outside_the_gang_reads_every_part_of_the_newest_step_and_never_sets_one_aside(tmp_path):
@@ -112,10 +135,7 @@ def test_a_reader_outside_the_gang_reads_every_part_of_the_newest_step_and_never
     assert [committed.part(r).params["w"][0] for r in (2, 0, 1)] == [202, 200, 201] and committed.part(0).extra["mine"] == 0
     with pytest.raises(WorldSizeChanged, match="written by 3 ranks, not the trial's 2"):
         Committed.newest(tmp_path, T, 2)
-    path = tmp_path / part_name(20, 2)
-    data = bytearray(path.read_bytes())
-    data[-1] ^= 0xFF
-    path.write_bytes(bytes(data))
+    _damage_body(tmp_path / part_name(20, 2))
     with pytest.raises(UsageError, match="rank 2's part of step 20 in .* is damaged"):
         committed.part(2)
     assert (tmp_path / manifest_name(20)).exists() and not (tmp_path / (manifest_name(20) + DAMAGED)).exists()

@@ -23,7 +23,6 @@ from parcel_hpc.governance.admission import TrialIdentity
 from parcel_hpc.ledger import AttemptEnd, Cause, SearchDir, TrialState
 from parcel_hpc.testing import faults, launch, parcel_hpc
 from parcel_hpc.testing.runs import LaunchResult, decide_every_hold, signalled_once, subprocess_env
-from parcel_hpc.worker.training import STEP_HOOK_ENV
 
 pytest.importorskip("torch")
 
@@ -49,10 +48,7 @@ def _search(root: Path, data_dir: Path, *extra: str, env: dict | None = None, tr
 
 
 def _faulted(tmp_path: Path, data_dir: Path, fault: str, *extra: str) -> SearchDir:
-    markers = tmp_path / "markers"
-    markers.mkdir()
-    env = {STEP_HOOK_ENV: faults.RANK_HOOK, faults.RANK_FAULT_ENV: fault, faults.MARKERS_ENV: str(markers)}
-    return _search(tmp_path, data_dir, *extra, env=env)
+    return _search(tmp_path, data_dir, *extra, env=faults.rank_fault_env(tmp_path / "markers", fault))
 
 
 def _found_hung(said: str, bound_s: int = 5) -> bool:
@@ -157,9 +153,7 @@ def test_a_gang_s_winner_reruns_as_a_gang_of_its_shape_bit_equal_then_is_evaluat
 
 def _select_faulted(search: Path, tmp_path: Path, fault: str, **env: str) -> LaunchResult:
     """``select`` on ``search`` with ``fault`` (``faults.rank_fault``) on a rank of its rerun job, once."""
-    markers = tmp_path / "rerun-markers"
-    markers.mkdir()
-    faulted = {**ENV, STEP_HOOK_ENV: faults.RANK_HOOK, faults.RANK_FAULT_ENV: fault, faults.MARKERS_ENV: str(markers), **env}
+    faulted = {**ENV, **faults.rank_fault_env(tmp_path / "rerun-markers", fault), **env}
     return parcel_hpc(["select", str(search), "--now", "--reason", "a faulted rerun"], cwd=tmp_path, env=faulted)
 
 
@@ -318,9 +312,7 @@ def test_a_hung_rank_is_ended_within_the_bound_and_fails_the_attempt(tmp_path, d
 
 
 def test_another_rank_asking_for_the_final_partition_rejects_the_trial(tmp_path, data_dir):
-    markers = tmp_path / "markers"
-    markers.mkdir()
-    env = {**ENV, STEP_HOOK_ENV: faults.RANK_HOOK, faults.RANK_FAULT_ENV: "1:7:final", faults.MARKERS_ENV: str(markers)}
+    env = {**ENV, **faults.rank_fault_env(tmp_path / "markers", "1:7:final")}
     env[faults.FINAL_PATH_ENV] = str(data_dir / "final-group_r8.json")
     res = launch([f"search.root={tmp_path}", "search.revision=g", "search.n_trials=1", *GANG], cwd=tmp_path, data_dir=data_dir, env=env)
     record = SearchDir(tmp_path / "g").record("t0000")
@@ -355,9 +347,7 @@ def test_gangs_run_one_after_another_in_a_slot_shaped_like_them(tmp_path, data_d
 
 
 def test_a_rank_lost_in_a_slot_requeues_the_slot_which_resumes_that_trial_first(tmp_path, data_dir, whole):
-    markers = tmp_path / "markers"
-    markers.mkdir()
-    env = {STEP_HOOK_ENV: faults.RANK_HOOK, faults.RANK_FAULT_ENV: "1:25:exit", faults.MARKERS_ENV: str(markers)}
+    env = faults.rank_fault_env(tmp_path / "markers", "1:25:exit")
     search = _slotted(tmp_path, data_dir, env)
     first, *_ = list(search.records())
     lost, resumed = first.attempts
@@ -367,9 +357,7 @@ def test_a_rank_lost_in_a_slot_requeues_the_slot_which_resumes_that_trial_first(
 
 
 def test_a_rank_failing_in_a_slot_ends_that_slot_and_a_fresh_one_runs_the_rest(tmp_path, data_dir, whole):
-    markers = tmp_path / "markers"
-    markers.mkdir()
-    env = {STEP_HOOK_ENV: faults.RANK_HOOK, faults.RANK_FAULT_ENV: "1:12:raise", faults.MARKERS_ENV: str(markers)}
+    env = faults.rank_fault_env(tmp_path / "markers", "1:12:raise")
     search = _slotted(tmp_path, data_dir, env)
     first, second = search.records()
     failed, retried = first.attempts

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -17,7 +18,7 @@ from transformers import EvalPrediction, TrainingArguments, ViTConfig, ViTForIma
 
 from parcel_hpc.checkpoints.cadence import Cadence  # noqa: E402
 from parcel_hpc.integrations.huggingface import Governed, resume_from, saved_checkpoint  # noqa: E402
-from parcel_hpc.integrations.huggingface.governed import probabilities, ungovernable  # noqa: E402
+from parcel_hpc.integrations.huggingface.governed import probabilities, saved_by, ungovernable  # noqa: E402
 from parcel_hpc.trainer import Budget, Restored, Stop, TrainerState, build_params  # noqa: E402
 from parcel_hpc.trainer.preflight import few_examples  # noqa: E402
 from parcel_hpc.trainer.resume import check_resume  # noqa: E402
@@ -54,9 +55,31 @@ def test_training_arguments_the_governance_cannot_work_with_are_named_with_their
     assert found is None if named is None else found is not None and found.startswith(named), found
 
 
-def test_a_trainer_on_a_gang_s_rank_is_refused_with_the_way_a_gang_trains(tmp_path):
-    found = ungovernable(arguments(tmp_path), STEPS, SEED, world_size=2)
-    assert found is not None and found.startswith("the trial is a gang of 2 ranks") and "examples/parcel_loop/ddp.py" in found
+def test_a_gang_s_trainer_must_run_over_the_gang_s_ranks_as_ddp(tmp_path):
+    # Built where no gang's environment was read, the Trainer is one process of its own.
+    alone = ungovernable(arguments(tmp_path), STEPS, SEED, world_size=2)
+    assert alone is not None and alone.startswith("the Trainer runs on 1 process(es) and the trial is a gang of 2 ranks"), alone
+    ddp = SimpleNamespace(**{**vars(arguments(tmp_path)), "world_size": 2})
+    assert ungovernable(ddp, STEPS, SEED, world_size=2) is None
+    for sharded in ({"fsdp": "full_shard"}, {"deepspeed": "ds.json"}):
+        found = ungovernable(SimpleNamespace(**{**vars(ddp), **sharded}), STEPS, SEED, world_size=2)
+        assert found is not None and found.startswith("TrainingArguments(fsdp/deepspeed) shards the model across the gang"), found
+
+
+def test_each_rank_keeps_the_files_it_wrote_of_the_trainer_s_checkpoint():
+    written = [
+        "config.json",
+        "model.safetensors",
+        "optimizer.pt",
+        "scheduler.pt",
+        "trainer_state.json",
+        "rng_state_0.pth",
+        "rng_state_1.pth",
+        "rng_state_12.pth",
+    ]
+    assert [n for n in written if saved_by(n, 0)] == written[:6]
+    assert [n for n in written if saved_by(n, 1)] == ["rng_state_1.pth"] and [n for n in written if saved_by(n, 12)] == ["rng_state_12.pth"]
+    assert saved_by("rng_state.pth", 0) and not saved_by("rng_state.pth", 1)  # one rank's Trainer names it so
 
 
 def test_binary_logits_give_the_positive_class_probability():

@@ -6,15 +6,12 @@ rank 1 mid-epoch requeues the gang whole, and each rank resumes from its own par
 gang's weights bit for bit."""
 
 import json
-import shutil
-from pathlib import Path
 
 import pytest
-from reference import EXAMPLES, lightning_weights, same_tensors
+from reference import lightning_weights, local_gang, same_tensors, two_rank_trial, uninterrupted_gang
 
-from parcel_hpc.ledger import AttemptEnd, Cause, SearchDir, TrialState
-from parcel_hpc.testing import faults, launch
-from parcel_hpc.worker.training import STEP_HOOK_ENV
+from parcel_hpc.ledger import AttemptEnd, Cause, TrialState
+from parcel_hpc.testing import faults
 
 pytest.importorskip("lightning")
 pytest.importorskip("torch")
@@ -22,30 +19,12 @@ pytest.importorskip("torch")
 pytestmark = pytest.mark.xdist_group("lightning-gang-local")  # one worker: the uninterrupted gang once
 
 STEPS = 40  # 891 train frames in the gang's batches of 32: 28 steps an epoch, so a stop near step 12 is mid-epoch
-GANG = [
-    "trainer.target=parcel_lightning:train",
-    "~space.params.hidden",
-    "~space.params.l2",
-    "batch_size=choice(32)",
-    "lr=choice(0.03)",
-    f"train.steps={STEPS}",
-    "pruner=none",
-    "resources.tasks_per_node=2",
-]
-
-
-def _search(root: Path, data_dir: Path, env: dict | None = None) -> SearchDir:
-    args = [f"search.root={root}", "search.revision=lg", "search.n_trials=1", *GANG]
-    res = launch(args, cwd=root, data_dir=data_dir, env={"PYTHONPATH": str(EXAMPLES), **(env or {})})
-    assert res.returncode == 0, res.stderr[-3000:]
-    return SearchDir(root / "lg")
+GANG = two_rank_trial("parcel_lightning:train", batch_size=32, lr=0.03, steps=STEPS)
 
 
 @pytest.fixture(scope="module")
 def whole(tmp_path_factory, artifacts):
-    root = tmp_path_factory.mktemp("lightning-gang")
-    shutil.copytree(artifacts["dir"], root / "data")
-    search = _search(root, root / "data")
+    search = uninterrupted_gang(tmp_path_factory, artifacts, "lg", GANG)
     return search, search.record("t0000")
 
 
@@ -63,10 +42,7 @@ def test_a_lightning_gang_trains_ddp_over_its_ranks_each_saving_its_own_part(who
 
 
 def test_a_lightning_gang_signalled_on_rank_1_mid_epoch_resumes_every_rank_bit_equal(tmp_path, data_dir, whole):
-    markers = tmp_path / "markers"
-    markers.mkdir()
-    env = {STEP_HOOK_ENV: faults.RANK_HOOK, faults.RANK_FAULT_ENV: "1:12:signal", faults.MARKERS_ENV: str(markers)}
-    search = _search(tmp_path, data_dir, env)
+    search = local_gang(tmp_path, data_dir, "lg", GANG, faults.rank_fault_env(tmp_path / "markers", "1:12:signal"))
     record = search.record("t0000")
     first, second = record.attempts
     assert (first.how, first.cause) == (AttemptEnd.INTERRUPTED, Cause.TIMEOUT) and 12 < first.step < 28

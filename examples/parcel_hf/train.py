@@ -4,6 +4,8 @@ asks for are marked ``# parcel_hpc`` (docs/bring-your-own-model.md, "Keep your H
 the imports, the serving ``load``, the decorator, the trial's length, seed and save strategy in the
 arguments, the callback and its ``compute_metrics``, the resume lines (15 lines); the datasets are
 built from ``run.data``'s arrays. The Trainer restores its own optimizer, scheduler, RNGs and data order on resume.
+The same script trains a trial of several ranks (``resources.tasks_per_node=2``) as the Trainer's own DDP:
+the ``TrainingArguments`` built here read each rank's ``RANK``, ``WORLD_SIZE`` and ``MASTER_ADDR``.
 """
 
 from __future__ import annotations

@@ -218,14 +218,18 @@ class GangCheckpoints:
                 f"the trial's checkpoint at step {newest.step} was written by {newest.world_size} ranks and this attempt has {self.world_size}; "
                 "run it with the shape it started with (resources.nodes x resources.tasks_per_node), or from a fresh checkpoint.dir"
             )
+        return GangRestore(newest, self.resumed_part(newest, self.rank))
+
+    def resumed_part(self, manifest: Manifest, rank: int) -> Checkpoint:
+        """Rank ``rank``'s part of the step this rank resumes from (its own, or one whose state every rank
+        restores: a replicated state rank 0 alone saved); ``PartDamaged`` (the step set aside) when it fails its digest."""
         try:
-            own = self.read_part(newest, self.rank)
+            return self.read_part(manifest, rank)
         except Unusable as exc:
-            self.set_aside(newest.step)
+            self.set_aside(manifest.step)
             raise PartDamaged(
-                f"rank {self.rank}'s part of step {newest.step} is damaged ({exc}); the step is set aside and the next attempt resumes before it"
+                f"rank {rank}'s part of step {manifest.step} is damaged ({exc}); the step is set aside and the next attempt resumes before it"
             ) from None
-        return GangRestore(newest, own)
 
     def read_part(self, manifest: Manifest, rank: int) -> Checkpoint:
         """Any rank's part of a committed step, its body verified (a trainer that reshards reads them all)."""

@@ -19,6 +19,7 @@ from typing import Any
 
 from parcel_hpc.checkpoints.writer import THREAD_NAME
 from parcel_hpc.trainer import Diverged
+from parcel_hpc.worker.training import STEP_HOOK_ENV
 
 HOOK = "parcel_hpc.testing.faults:inject"
 TRAINER = "trainer.target=parcel_hpc.testing.trainers:TakesFault"  # the built-in model, with a fault parameter
@@ -74,6 +75,13 @@ def interrupt_once_while_saving(params: Mapping[str, Any], step: int) -> None:
 RANK_HOOK = "parcel_hpc.testing.faults:rank_fault"
 RANK_FAULT_ENV = "PARCEL_TEST_RANK_FAULT"  # "<rank>:<step>:<raise|signal|hang|stall|exit|final>", once a search (``MARKERS_ENV``)
 FINAL_PATH_ENV = "PARCEL_TEST_FINAL_PATH"  # the final partition's record, for ``final``
+
+
+def rank_fault_env(markers: Path, fault: str) -> dict[str, str]:
+    """A launch's environment for ``rank_fault``: ``fault`` is ``"<rank>:<step>:<kind>"``, once a search
+    (``markers``, made here, holds what already happened)."""
+    markers.mkdir(parents=True, exist_ok=True)
+    return {STEP_HOOK_ENV: RANK_HOOK, RANK_FAULT_ENV: fault, MARKERS_ENV: str(markers)}
 
 
 def rank_fault(params: Mapping[str, Any], step: int) -> None:

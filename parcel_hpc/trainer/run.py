@@ -24,7 +24,7 @@ import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -76,10 +76,22 @@ def stopping_due(stop: Stop, milestone: bool) -> Due:
 
 @dataclass(frozen=True)
 class Restored:
-    """The last good checkpoint of the trial: the step it was taken after and its state."""
+    """The last good checkpoint of the trial: the step it was taken after and its state (a gang's: this
+    rank's part of it)."""
 
     step: int
     state: TrainerState
+    # A gang's other ranks' parts of the same step, read on demand (None: a trial of one rank).
+    parts: Callable[[int], TrainerState] | None = field(default=None, repr=False, compare=False)
+
+    def of_rank(self, rank: int) -> Restored:
+        """Rank ``rank``'s part of the same checkpoint: a replicated state that rank 0 alone saved (a
+        Hugging Face Trainer's model and optimizer) is what every rank of a gang restores."""
+        if self.parts is None:
+            if rank == 0:
+                return self
+            raise LoopError(f"the checkpoint is one rank's; it has no part of rank {rank}")
+        return Restored(self.step, self.parts(rank), self.parts)
 
     @property
     def has_files(self) -> bool:

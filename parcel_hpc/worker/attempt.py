@@ -458,7 +458,7 @@ class AttemptRun:
         self._saves_written()  # a loop restarted after a requeue reads the save it just made
         if isinstance(self.store, GangCheckpoints):
             found = self.store.load_latest()  # the newest step every rank's part is committed for
-            return None if found is None else restored_of(found)
+            return None if found is None else restored_of(found, self.store)
         latest = self.store.load_latest()
         for problem in self.store.problems:
             self.ledger.checkpoint_skipped(self.attempt, anchor.shown(problem.path), problem.reason)

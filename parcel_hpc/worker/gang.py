@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from parcel_hpc.checkpoints.format import Checkpoint
 from parcel_hpc.checkpoints.gang import GangCheckpoints, GangRestore, trainer_extra
 from parcel_hpc.checkpoints.writer import BackgroundWriter
 from parcel_hpc.ledger.events import DeviceUse, decode_payload, encode_payload
@@ -489,10 +490,14 @@ def report_failure(peer: Peer, step: int, exc: BaseException, cause: str, at: fl
     peer.report(Report(peer.rank, step, error=error, cause=cause, at=time.time() if at is None else at))
 
 
-def restored_of(found: GangRestore) -> Restored:
+def restored_of(found: GangRestore, checkpoints: GangCheckpoints) -> Restored:
     """A rank's part of the gang's newest complete step as its loop restores it (the gang's own header
-    fields left out: the trainer saved none of them)."""
-    return Restored(found.manifest.step, TrainerState(found.own.params, trainer_extra(found.own)))
+    fields left out: the trainer saved none of them), and any other rank's part of it on demand."""
+
+    def state(part: Checkpoint) -> TrainerState:
+        return TrainerState(part.params, trainer_extra(part))
+
+    return Restored(found.manifest.step, state(found.own), lambda rank: state(checkpoints.resumed_part(found.manifest, rank)))
 
 
 def _decision(step: int, due: Due, stop: Stop | None) -> dict[str, Any]:
@@ -629,7 +634,7 @@ class PeerRun(Run):
 
     def _restore(self) -> Restored | None:
         found = self.checkpoints.load_latest()
-        return None if found is None else restored_of(found)
+        return None if found is None else restored_of(found, self.checkpoints)
 
     def _stepped(self, step: int) -> Stop | None:
         for hook in self.hooks:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from reference import EXAMPLES, lightning_weights, same_tensors
+from reference import EXAMPLES, hf_checkpoint, hf_weights, lightning_weights, same_tensors
 
 from parcel_hpc.budget import BudgetLedger
 from parcel_hpc.checkpoints import format as ckpt_format
@@ -231,30 +231,50 @@ def test_a_gang_s_winner_reruns_as_a_gang_of_its_shape_in_one_selection_job(whol
     assert steps[f"{job_id}.0"][:2] == ["2", "4"], steps  # srun's step: the rerun's 4 ranks on 2 nodes
 
 
-LIGHTNING_GANG = [*(a for a in GANG if not a.startswith(("trainer.target=", "train.steps=", "resources.tasks_per_node="))), "train.steps=40"]
-LIGHTNING_GANG += ["trainer.target=parcel_lightning:train", "resources.tasks_per_node=1"]
+KEPT_GANG = [*(a for a in GANG if not a.startswith(("trainer.target=", "train.steps=", "resources.tasks_per_node="))), "train.steps=40"]
+KEPT_GANG += ["resources.tasks_per_node=1"]
 
 
-def test_a_lightning_gang_on_two_nodes_preempted_resumes_to_the_local_gang_s_weights(tmp_path, data_dir, cluster_guard):
-    """examples/parcel_lightning unchanged as a trial of 2 nodes x 1 rank: Lightning's DDP over srun's two
-    tasks, preempted on both nodes, requeued whole; every rank ends with the weights of the same gang
-    trained uninterrupted by the local executor (2 ranks on this machine: the ranks' shares and gloo's
-    sum of two are what they are on any two hosts)."""
-    pytest.importorskip("lightning")
+def _same_lightning_weights(search: SearchDir, reference: SearchDir) -> bool:
+    # Each rank's own Lightning checkpoint: DDP's replicas, each equal to the reference rank's.
+    return all(same_tensors(lightning_weights(search.path, 40, rank), lightning_weights(reference.path, 40, rank)) for rank in (0, 1))
+
+
+def _same_hf_weights(search: SearchDir, reference: SearchDir) -> bool:
+    # Rank 0's part holds the model; rank 1's its own generators, where they ended.
+    return same_tensors(hf_weights(search.path, 40), hf_weights(reference.path, 40)) and hf_checkpoint(search.path, 40, 1) == hf_checkpoint(
+        reference.path, 40, 1
+    )
+
+
+KEPT_LOOPS = {
+    "lightning": ("parcel_lightning:train", "lightning", _same_lightning_weights),
+    "hf": ("parcel_hf:train", "transformers", _same_hf_weights),
+}
+
+
+@pytest.mark.parametrize("kept", sorted(KEPT_LOOPS))
+def test_a_kept_trainer_s_gang_on_two_nodes_preempted_resumes_to_the_local_gang_s_weights(kept, tmp_path, data_dir, cluster_guard):
+    """examples/parcel_lightning and examples/parcel_hf unchanged as a trial of 2 nodes x 1 rank: the
+    library's own DDP over srun's two tasks, preempted on both nodes, requeued whole; the gang ends with
+    the weights of the same gang trained uninterrupted by the local executor (2 ranks on this machine: the
+    ranks' shares and gloo's sum of two are what they are on any two hosts)."""
+    target, library, same_weights = KEPT_LOOPS[kept]
+    pytest.importorskip(library)
     _, names = cluster_guard
-    names += ["parcel-lpre", PREEMPTOR]
-    search = _launch(tmp_path, data_dir, "lpre", "train.step_seconds=0.4", "search.wait=false", base=LIGHTNING_GANG)
-    wait_for(lambda: _committed(search) >= 10, 240, "the Lightning gang's checkpoint at step 10")
+    names += [f"parcel-{kept}pre", PREEMPTOR]
+    base = [*KEPT_GANG, f"trainer.target={target}"]
+    search = _launch(tmp_path, data_dir, f"{kept}pre", "train.step_seconds=0.4", "search.wait=false", base=base)
+    wait_for(lambda: _committed(search) >= 10, 240, f"the {kept} gang's checkpoint at step 10")
     preempt(",".join(_nodes(search)), "--exclusive")
-    local = [a for a in LIGHTNING_GANG if not a.startswith(("hydra/launcher=", "resources.nodes=", "resources.tasks_per_node="))]
-    reference = _launch(tmp_path, data_dir, "llocal", "resources.tasks_per_node=2", base=local)  # while the SLURM gang is requeued
-    wait_for(lambda: search.record("t0000").state.is_finished(), 300, "the Lightning gang to finish")
+    local = [a for a in base if not a.startswith(("hydra/launcher=", "resources.nodes=", "resources.tasks_per_node="))]
+    reference = _launch(tmp_path, data_dir, f"{kept}local", "resources.tasks_per_node=2", base=local)  # while the SLURM gang is requeued
+    wait_for(lambda: search.record("t0000").state.is_finished(), 300, f"the {kept} gang to finish")
     record = search.record("t0000")
     first, *_, last = record.attempts
     assert (first.how, first.cause) == (AttemptEnd.INTERRUPTED, Cause.PREEMPTED) and 10 <= first.step < 40
     assert last.resumed_from == first.step and last.how is AttemptEnd.COMPLETED
     steps = {line.split("|")[0]: line.split("|")[1:] for line in sh("sacct", "-n", "-P", "-j", first.job_id, "-o", "JobID,NNodes,NTasks").splitlines()}
     assert steps[f"{first.job_id}.0"][:2] == ["2", "2"], steps  # srun's step: one rank on each of 2 nodes
-    for rank in (0, 1):
-        assert same_tensors(lightning_weights(search.path, 40, rank), lightning_weights(reference.path, 40, rank)), rank
+    assert same_weights(search, reference)
     assert record.metric == reference.record("t0000").metric

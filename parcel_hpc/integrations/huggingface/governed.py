@@ -16,12 +16,20 @@ callback only tells the run of each optimizer step and does what the run says is
   skipping the epoch's consumed batches (exact mid-epoch; a model whose checkpoint keys changed names,
   transformers 5.25's ViT, does not resume exactly and the launch's resume check refuses it).
 
+- a gang (a trial of several ranks): the Trainer runs its own DistributedDataParallel over the ranks
+  parcel_hpc started (accelerate reads their ``RANK``, ``WORLD_SIZE`` and ``MASTER_ADDR``). It writes
+  the model, optimizer, scheduler and state from rank 0 alone and each rank's generators on that rank,
+  so each rank's part of the checkpoint is what it wrote (``saved_by``), and a resuming rank reads rank
+  0's part with its own generators beside it.
+
 ``TrainingArguments`` that would fight the governance are refused in one line (``ungovernable``).
 Must not: be imported by the core (it imports transformers); read the environment or a clock.
 """
 
 from __future__ import annotations
 
+import contextlib
+import re
 import shutil
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -29,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, EvalPrediction
 
@@ -53,11 +62,15 @@ def ungovernable(args: Any, steps: int, seed: int, world_size: int = 1) -> str |
         got = getattr(args, name, None)
         return getattr(got, "value", got)  # the Trainer's string enums as their strings
 
-    if world_size > 1:
+    if world_size > 1 and value("world_size") != world_size:
         return (
-            f"the trial is a gang of {world_size} ranks, and a Hugging Face Trainer is governed on one rank only for now; write the ranks' loop "
-            "with DistributedDataParallel in the function form (examples/parcel_loop/ddp.py) or Lightning's Trainer (examples/parcel_lightning), "
-            "or run one rank (resources.nodes=1 resources.tasks_per_node=1)"
+            f"the Trainer runs on {value('world_size')} process(es) and the trial is a gang of {world_size} ranks; build TrainingArguments "
+            "inside the trial's function, where each rank's RANK, WORLD_SIZE and MASTER_ADDR are set, and leave ddp_backend unset or 'gloo'/'nccl'"
+        )
+    if world_size > 1 and (value("fsdp") or value("deepspeed")):
+        return (
+            "TrainingArguments(fsdp/deepspeed) shards the model across the gang, and parcel_hpc resumes a Hugging Face gang from rank 0's "
+            "replicated state; leave fsdp and deepspeed unset (DistributedDataParallel)"
         )
     if value("max_steps") != steps:
         return f"TrainingArguments(max_steps={value('max_steps')}) is not the trial's length {steps}; set max_steps=run.budget.steps"
@@ -101,13 +114,26 @@ def saved_checkpoint(state: SavedState) -> Iterator[Path]:
 
 @contextmanager
 def resume_from(run: Run) -> Iterator[str | None]:
-    """``trainer.train(resume_from_checkpoint=...)``'s argument: the trial's last checkpoint, None on a fresh start."""
+    """``trainer.train(resume_from_checkpoint=...)``'s argument: the trial's last checkpoint, None on a fresh start.
+    A gang's rank reads rank 0's part (the model, optimizer, scheduler and Trainer state, replicated) with
+    its own generators beside it, one folder as the Trainer wrote it."""
     restored = run.restore()
     if restored is None:
         yield None
         return
-    with saved_checkpoint(restored.state) as checkpoint:
+    with saved_checkpoint(restored.of_rank(0).state) as checkpoint:
+        if run.rank != 0:
+            with saved_checkpoint(restored.state) as own:
+                for path in own.iterdir():
+                    shutil.move(path, checkpoint / path.name)
         yield str(checkpoint)
+
+
+def saved_by(name: str, rank: int) -> bool:
+    """Whether ``rank`` wrote the entry ``name`` of the Trainer's ``checkpoint-N/``: under DDP each rank
+    writes its own ``rng_state_<rank>.pth`` and rank 0 everything else."""
+    per_rank = re.fullmatch(r"rng_state_(\d+)\.pth", name)
+    return int(per_rank.group(1)) == rank if per_rank else rank == 0
 
 
 class Governed(TrainerCallback):
@@ -176,5 +202,12 @@ class Governed(TrainerCallback):
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         written = Path(str(args.output_dir)) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
-        with self.run.checkpoint_dir() as directory:  # the toolkit's copy is the only one
-            shutil.move(written, directory / CHECKPOINT)
+        if self.run.world_size > 1:  # ranks sharing an output_dir: every rank's files are there before any moves
+            torch.distributed.barrier()
+        with self.run.checkpoint_dir() as directory:  # the toolkit's copy is the only one: this rank's part
+            (directory / CHECKPOINT).mkdir()
+            for path in sorted(written.iterdir()):
+                if saved_by(path.name, self.run.rank):
+                    shutil.move(path, directory / CHECKPOINT / path.name)
+        with contextlib.suppress(OSError):  # another rank's files still there (a shared output_dir): the last rank removes it
+            written.rmdir()
