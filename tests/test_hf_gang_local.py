@@ -8,7 +8,7 @@ with its own generators beside it, to the uninterrupted gang's weights and metri
 import json
 
 import pytest
-from reference import hf_checkpoint, hf_weights, local_gang, same_tensors, two_rank_trial, uninterrupted_gang
+from reference import EXAMPLES, hf_checkpoint, hf_weights, local_gang, same_tensors, two_rank_trial, uninterrupted_gang
 
 from parcel_hpc.ledger import AttemptEnd, Cause, TrialState
 from parcel_hpc.testing import faults
@@ -37,8 +37,23 @@ def test_an_hf_gang_trains_ddp_over_its_ranks_rank_0_saving_the_replicated_state
     assert json.loads(rank_0["trainer_state.json"])["epoch"] == pytest.approx(STEPS / 28)
 
 
-def test_an_hf_gang_signalled_on_rank_1_mid_epoch_resumes_every_rank_bit_equal(tmp_path, data_dir, whole):
-    search = local_gang(tmp_path, data_dir, "hg", GANG, faults.rank_fault_env(tmp_path / "markers", "1:12:signal"))
+def test_an_hf_gang_sharing_one_output_dir_signalled_on_rank_1_mid_epoch_resumes_every_rank_bit_equal(tmp_path, data_dir, whole):
+    # The example with one output_dir for both ranks, as a script on a shared folder has it: each rank
+    # takes only its own files of checkpoint-N/ once every rank has written, and nothing is left there.
+    shared, package = tmp_path / "out", tmp_path / "pkg" / "shared_hf"
+    shared.mkdir()  # before the launch: the fence leaves no rights on what appears beside the data folder after it arms
+    package.mkdir(parents=True)
+    source = (EXAMPLES / "parcel_hf" / "train.py").read_text()
+    private = "with tempfile.TemporaryDirectory() as output_dir:"
+    assert private in source
+    (package / "__init__.py").write_text(
+        source.replace(private, f"with contextlib.nullcontext({str(shared)!r}) as output_dir:").replace(
+            "import tempfile\n", "import contextlib\nimport tempfile\n"
+        )
+    )
+    overrides = [*(o for o in GANG if not o.startswith("trainer.target=")), "trainer.target=shared_hf:train"]
+    env = {**faults.rank_fault_env(tmp_path / "markers", "1:12:signal"), "PYTHONPATH": f"{tmp_path / 'pkg'}:{EXAMPLES}"}
+    search = local_gang(tmp_path, data_dir, "hg", overrides, env)
     record = search.record("t0000")
     first, second = record.attempts
     assert (first.how, first.cause) == (AttemptEnd.INTERRUPTED, Cause.TIMEOUT) and 12 < first.step < 28
@@ -46,3 +61,4 @@ def test_an_hf_gang_signalled_on_rank_1_mid_epoch_resumes_every_rank_bit_equal(t
     assert same_tensors(hf_weights(search.path, STEPS), hf_weights(whole[0].path, STEPS))
     assert hf_checkpoint(search.path, STEPS, 1) == hf_checkpoint(whole[0].path, STEPS, 1)  # rank 1's generators, where they ended
     assert record.metric == whole[1].metric
+    assert shared.is_dir() and not list(shared.glob("checkpoint-*"))
