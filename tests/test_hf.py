@@ -56,7 +56,7 @@ def test_training_arguments_the_governance_cannot_work_with_are_named_with_their
 
 
 def test_a_gang_s_trainer_must_run_over_the_gang_s_ranks_as_ddp(tmp_path):
-    # Built where no gang's environment was read, the Trainer is one process of its own.
+    # Built in a process with no gang's environment, the Trainer is one process of its own.
     alone = ungovernable(arguments(tmp_path), STEPS, SEED, world_size=2)
     assert alone is not None and alone.startswith("the Trainer runs on 1 process(es) and the trial is a gang of 2 ranks"), alone
     ddp = SimpleNamespace(**{**vars(arguments(tmp_path)), "world_size": 2})

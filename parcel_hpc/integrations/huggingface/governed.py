@@ -64,8 +64,9 @@ def ungovernable(args: Any, steps: int, seed: int, world_size: int = 1) -> str |
 
     if world_size > 1 and value("world_size") != world_size:
         return (
-            f"the Trainer runs on {value('world_size')} process(es) and the trial is a gang of {world_size} ranks; build TrainingArguments "
-            "inside the trial's function, where each rank's RANK, WORLD_SIZE and MASTER_ADDR are set, and leave ddp_backend unset or 'gloo'/'nccl'"
+            f"the Trainer runs on {value('world_size')} process(es) and the trial is a gang of {world_size} ranks: its TrainingArguments did not "
+            "take up the ranks' RANK, WORLD_SIZE and MASTER_ADDR (set for every rank); build them in the trial's function, with no "
+            "accelerate state made for another world before them"
         )
     if world_size > 1 and (value("fsdp") or value("deepspeed")):
         return (
@@ -121,7 +122,7 @@ def resume_from(run: Run) -> Iterator[str | None]:
     if restored is None:
         yield None
         return
-    with saved_checkpoint(restored.of_rank(0).state) as checkpoint:
+    with saved_checkpoint((restored if run.rank == 0 else restored.of_rank(0)).state) as checkpoint:
         if run.rank != 0:
             with saved_checkpoint(restored.state) as own:
                 for path in own.iterdir():
