@@ -1,9 +1,10 @@
 """Hugging Face's ``Trainer.train`` over a gang's ranks (issue 50) on the local executor: examples/parcel_hf
 unchanged, as one trial of 2 ranks, each a process submitit started, trained as the Trainer's own
 DistributedDataParallel (accelerate over gloo). Rank 0's part of each checkpoint holds what the Trainer
-wrote on rank 0 (model, optimizer, scheduler, state, its generators), rank 1's its own generators; the
-scheduler's signal on rank 1 mid-epoch requeues the gang whole, and every rank resumes from rank 0's part
-with its own generators beside it, to the uninterrupted gang's weights and metric bit for bit."""
+wrote on rank 0 (model, optimizer, scheduler, state, its generators), rank 1's its own generators. The
+same script with one output_dir for both ranks, signalled on rank 1 mid-epoch, is requeued whole, and
+every rank resumes from rank 0's part with its own generators beside it, to the uninterrupted gang's
+weights and metric bit for bit."""
 
 import json
 
