@@ -206,13 +206,15 @@ def test_the_pure_packing_code_imports_no_scheduler_library():
 
 def test_a_trials_worker_a_launch_and_a_read_command_load_what_they_use_and_no_more():
     """Every trial's job, every launch and every command pays its imports at start (a suite of short
-    trials runs thousands): a worker loads neither Hydra nor pyarrow, a launch and ``status`` no pyarrow
-    (the accounting tables' library, loaded by the reads that make one: reconcile, account, report)."""
-    loaded = "import sys, {}; print(sorted(m for m in ('hydra', 'pyarrow') if m in sys.modules))"
+    trials runs thousands): a worker loads neither Hydra nor pyarrow, a launch no pyarrow (the
+    accounting tables' library, loaded by the reads that make one: reconcile, account, report), and
+    ``status`` and ``logs``, which read the ledger alone, not numpy and h5py either (they were about a
+    third of such a command's start, docs/performance.md)."""
+    loaded = "import sys, {}; print(sorted(m for m in ('hydra', 'pyarrow', 'numpy', 'h5py') if m in sys.modules))"
     for module, expected in (
-        ("parcel_hpc.worker.gate, parcel_hpc.worker.task", "[]"),
+        ("parcel_hpc.worker.gate, parcel_hpc.worker.task", "['h5py', 'numpy']"),
         ("parcel_hpc.launch.__main__, hydra_plugins.parcel_hpc_plugins.config", "['hydra']"),
-        ("parcel_hpc.commands.status, parcel_hpc.scheduler.registry", "[]"),
+        ("parcel_hpc.commands.status, parcel_hpc.commands.logs, parcel_hpc.cli, parcel_hpc.scheduler.registry", "[]"),
     ):
         out = subprocess.run([sys.executable, "-c", loaded.format(module)], capture_output=True, text=True, check=True).stdout
         assert out.strip() == expected, module

@@ -34,8 +34,8 @@ from parcel_hpc.data import (
     validate_snapshot,
 )
 from parcel_hpc.data.entities import components, find_leak, group_leaks_away, shipment_components
+from parcel_hpc.data.files import split_paths
 from parcel_hpc.data.periods import assign_periods, kfold_fractions
-from parcel_hpc.data.split import split_paths
 from parcel_hpc.errors import UsageError
 from parcel_hpc.testing import parcel_hpc
 from parcel_hpc.trainer import load_training_data

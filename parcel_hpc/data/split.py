@@ -24,7 +24,6 @@ from __future__ import annotations
 import enum
 import math
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Mapping, Sequence
@@ -35,6 +34,7 @@ import numpy as np
 from parcel_hpc.errors import CorruptRecord, UsageError
 from parcel_hpc.fsio import create_exclusive_json, ensure_dir, read_json
 from parcel_hpc.data.digest import DIGEST_FIELD, digest_open_snapshot, json_digest
+from parcel_hpc.data.files import split_paths
 from parcel_hpc.data.entities import Entities, Leak, find_leak, group_leaks_away, read_entities
 from parcel_hpc.data.periods import assign_periods, kfold_fractions
 from parcel_hpc.data.schema import CAPTURE_TIME, SHIPMENT_ID, open_snapshot
@@ -42,7 +42,6 @@ from parcel_hpc.data.schema import CAPTURE_TIME, SHIPMENT_ID, open_snapshot
 SPLIT_FORMAT = "parcel-split/1"
 FINAL_FORMAT = "parcel-final/1"
 ROW = "row"  # the key of a random split: ids are row numbers in the snapshot
-_REVISION = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
 
 
 class SplitMethod(enum.Enum):
@@ -298,11 +297,6 @@ def read_final_record(path: str | os.PathLike) -> FinalRecord:
         raise CorruptRecord(f"{path} lacks field {exc}; regenerate the split under a new revision") from None
 
 
-def split_paths(out_dir: str | os.PathLike, revision: str) -> tuple[Path, Path]:
-    _check_revision(revision)
-    return Path(out_dir) / f"split-{revision}.json", Path(out_dir) / f"final-{revision}.json"
-
-
 def split_leak(entities: Entities, split: Split) -> Leak | None:
     """The first entity whose frames lie in more than one of the split's partitions (its folds, when
     it has them; whatever is in no fold or partition counts as final, so the final file stays shut)."""
@@ -421,11 +415,6 @@ def _check_fractions(fractions: Sequence[float]) -> tuple[float, float, float]:
     if len(fr) != 3 or not all(math.isfinite(x) and x > 0 for x in fr) or abs(sum(fr) - 1.0) > 1e-9:
         raise UsageError(f"fractions {list(fractions)} must be three positive numbers (train, validation, final) summing to 1")
     return fr
-
-
-def _check_revision(revision: str) -> None:
-    if not isinstance(revision, str) or not _REVISION.match(revision):
-        raise UsageError(f"revision {revision!r} must match {_REVISION.pattern} (it becomes part of a file name)")
 
 
 def _sealed(content: dict[str, Any]) -> dict[str, Any]:

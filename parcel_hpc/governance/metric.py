@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from parcel_hpc.errors import UsageError
+
+if TYPE_CHECKING:  # the ledger reads FoldScores from here: a read command need not load numpy
+    import numpy as np
 
 SUPPORTED_REVISIONS = ("miss-cost-r3",)
 
@@ -37,8 +39,8 @@ class MissCost:
     def __call__(self, probabilities: np.ndarray, labels: np.ndarray) -> float:
         flagged = probabilities >= self.threshold
         positive = labels.astype(bool)
-        misses = np.count_nonzero(positive & ~flagged)
-        reviews = np.count_nonzero(~positive & flagged)
+        misses = int((positive & ~flagged).sum())
+        reviews = int((~positive & flagged).sum())
         return float((self.miss_cost * misses + self.review_cost * reviews) / max(1, labels.shape[0]))
 
 

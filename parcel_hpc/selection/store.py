@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from parcel_hpc import fsio
-from parcel_hpc.data.split import split_paths
+from parcel_hpc.data.files import split_paths
 from parcel_hpc.errors import CorruptRecord, UsageError
 from parcel_hpc.governance.contract import Contract, digest_of
 from parcel_hpc.ledger import JobRole, SearchDir
