@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from parcel_hpc.data.artifacts import GROUP_REVISION, RANDOM_REVISION, make_default_artifacts
     from parcel_hpc.data.digest import json_digest, snapshot_digest
+    from parcel_hpc.data.entities import Entities, Leak, read_entities
     from parcel_hpc.data.partition import Partition, PartitionName, load_final_partition, load_partition
     from parcel_hpc.data.schema import SCHEMA_VERSION, SNAPSHOT_FILENAME, SnapshotMeta, validate_snapshot
-    from parcel_hpc.data.entities import Entities, Leak, read_entities
     from parcel_hpc.data.split import (
         Split,
         SplitInfo,

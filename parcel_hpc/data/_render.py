@@ -92,8 +92,16 @@ class _Draw:
         return np.minimum(np.searchsorted(np.array(edges), self._rng.random(size), side="right"), len(weights) - 1)
 
 
-def render(seed: int, n_shipments: int, parcels_per_shipment: tuple[int, int], frames_per_parcel: int,
-           image_size: int, label_noise: float, reshipped: int = 0, drift: float = 0.0) -> Rendered:
+def render(
+    seed: int,
+    n_shipments: int,
+    parcels_per_shipment: tuple[int, int],
+    frames_per_parcel: int,
+    image_size: int,
+    label_noise: float,
+    reshipped: int = 0,
+    drift: float = 0.0,
+) -> Rendered:
     d = _Draw(seed)
     size, half = image_size, image_size // 2
     s = size / 32.0  # geometry below is designed at 32 px and scaled

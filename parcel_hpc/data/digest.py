@@ -19,8 +19,8 @@ from typing import Any
 import h5py
 import numpy as np
 
-from parcel_hpc.fsio import canonical_json
 from parcel_hpc.data.schema import DATASETS, GROUP_COLUMNS_ATTR, LABELLED, OPTIONAL_DATASETS, inspect_structure, label_names, open_snapshot
+from parcel_hpc.fsio import canonical_json
 
 DIGEST_FORMAT = "parcel-snapshot-digest/1"
 DIGEST_FIELD = "digest"
@@ -65,7 +65,7 @@ def _describe(ds: h5py.Dataset) -> dict[str, Any]:
     return out
 
 
-def _hash_rows(h: "hashlib._Hash", ds: h5py.Dataset) -> None:
+def _hash_rows(h: hashlib._Hash, ds: h5py.Dataset) -> None:
     n = ds.shape[0]
     row_bytes = max(1, ds.dtype.itemsize * int(np.prod(ds.shape[1:], dtype=np.int64)))
     step = max(1, _BLOCK_BYTES // row_bytes)

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 import h5py
 import numpy as np
 
-from parcel_hpc.errors import UsageError
 from parcel_hpc.data import schema as S
 from parcel_hpc.data.digest import digest_open_snapshot
 from parcel_hpc.data.split import ROW, FinalRecord, Ids, Split, read_final_record
+from parcel_hpc.errors import UsageError
 
 
 class PartitionName(enum.Enum):
@@ -66,8 +66,7 @@ class Partition:
         return len(self.rows)
 
 
-def load_partition(snapshot_path: str | os.PathLike, split: Split, partition: PartitionName | str, *,
-                   verify_digest: bool = True, fold: int = 0) -> Partition:
+def load_partition(snapshot_path: str | os.PathLike, split: Split, partition: PartitionName | str, *, verify_digest: bool = True, fold: int = 0) -> Partition:
     """Train or validation frames of ``split``'s fold ``fold`` (``Split.fold``: of a split without
     folds, its train and validation); the final partition cannot be asked for here.
 
@@ -79,8 +78,7 @@ def load_partition(snapshot_path: str | os.PathLike, split: Split, partition: Pa
     return _load(snapshot_path, split.key, ids, name.value, split.revision, split.snapshot_digest, verify_digest)
 
 
-def load_final_partition(snapshot_path: str | os.PathLike, final_path: str | os.PathLike, *,
-                         split: Split | None = None) -> Partition:
+def load_final_partition(snapshot_path: str | os.PathLike, final_path: str | os.PathLike, *, split: Split | None = None) -> Partition:
     """The protected final partition, for the one-time final evaluation only. Never call from a trial.
 
     With ``split``, also checks that the final file is the one that split was sealed with.

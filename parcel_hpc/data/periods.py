@@ -18,8 +18,9 @@ import numpy as np
 from parcel_hpc.errors import UsageError
 
 
-def assign_periods(shipments: Sequence[str] | np.ndarray, times: Sequence[float] | np.ndarray, together: Mapping[str, str],
-                   fractions: Sequence[float]) -> tuple[tuple[str, ...], ...]:
+def assign_periods(
+    shipments: Sequence[str] | np.ndarray, times: Sequence[float] | np.ndarray, together: Mapping[str, str], fractions: Sequence[float]
+) -> tuple[tuple[str, ...], ...]:
     """Cut the shipments into ``len(fractions)`` consecutive periods, earliest first, holding about
     those shares of the shipments (one id per frame in ``shipments``, its capture time in ``times``)."""
     ship = np.asarray(shipments, dtype=str)

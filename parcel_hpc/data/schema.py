@@ -140,8 +140,7 @@ def inspect_structure(f: h5py.File) -> SnapshotMeta:
         ds = f[name]
         if ds.dtype.kind != "S" or not 1 <= ds.dtype.itemsize <= MAX_ID_BYTES:
             raise UsageError(
-                f"dataset {name} has dtype {ds.dtype}; store ids as fixed-length ASCII strings of at most "
-                f"{MAX_ID_BYTES} bytes, e.g. np.asarray(ids, dtype='S')"
+                f"dataset {name} has dtype {ds.dtype}; store ids as fixed-length ASCII strings of at most {MAX_ID_BYTES} bytes, e.g. np.asarray(ids, dtype='S')"
             )
     for name in LABELLED:
         _check_kind(f[name], "iu", "small integer codes")
@@ -217,10 +216,14 @@ def _group_columns(f: h5py.File) -> tuple[str, ...]:
         raise UsageError(f"snapshot {f.filename} root attribute '{GROUP_COLUMNS_ATTR}' is not a list of strings; {fix}") from None
     taken = set(DATASETS) | set(OPTIONAL_DATASETS)
     if not names or len(set(names)) != len(names) or any(not n or n in taken for n in names):
-        raise UsageError(f"snapshot {f.filename} root attribute '{GROUP_COLUMNS_ATTR}' must name distinct datasets other than the format's own, got {list(names)}; {fix}")
+        raise UsageError(
+            f"snapshot {f.filename} root attribute '{GROUP_COLUMNS_ATTR}' must name distinct datasets other than the format's own, got {list(names)}; {fix}"
+        )
     for name in names:
         if name not in f:
-            raise UsageError(f"snapshot {f.filename} declares group column '{name}' but has no such dataset; add it (one id per image) or drop it from '{GROUP_COLUMNS_ATTR}'")
+            raise UsageError(
+                f"snapshot {f.filename} declares group column '{name}' but has no such dataset; add it (one id per image) or drop it from '{GROUP_COLUMNS_ATTR}'"
+            )
     return names
 
 

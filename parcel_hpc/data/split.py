@@ -24,20 +24,20 @@ from __future__ import annotations
 import enum
 import math
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from parcel_hpc.errors import CorruptRecord, UsageError
-from parcel_hpc.fsio import create_exclusive_json, ensure_dir, read_json
 from parcel_hpc.data.digest import DIGEST_FIELD, digest_open_snapshot, json_digest
-from parcel_hpc.data.files import split_paths
 from parcel_hpc.data.entities import Entities, Leak, find_leak, group_leaks_away, read_entities
+from parcel_hpc.data.files import split_paths
 from parcel_hpc.data.periods import assign_periods, kfold_fractions
 from parcel_hpc.data.schema import CAPTURE_TIME, SHIPMENT_ID, open_snapshot
+from parcel_hpc.errors import CorruptRecord, UsageError
+from parcel_hpc.fsio import create_exclusive_json, ensure_dir, read_json
 
 SPLIT_FORMAT = "parcel-split/1"
 FINAL_FORMAT = "parcel-final/1"
@@ -162,8 +162,7 @@ class SplitInfo:
     counts: tuple[int, int, int]  # ids in train, validation, final (shipments, or rows for random)
 
 
-def assign_groups(ids: Sequence[str], seed: int, fractions: Sequence[float],
-                  together: Mapping[str, str] | None = None) -> tuple[tuple[str, ...], ...]:
+def assign_groups(ids: Sequence[str], seed: int, fractions: Sequence[float], together: Mapping[str, str] | None = None) -> tuple[tuple[str, ...], ...]:
     """Shuffle the distinct ids with the seed and cut them into (train, validation, final); with
     ``together`` (each id's component, entities.py), whole components are shuffled and cut."""
     units = _units(ids, together)
@@ -177,16 +176,18 @@ def assign_rows(n_rows: int, seed: int, fractions: Sequence[float]) -> tuple[tup
     return tuple(tuple(sorted(int(i) for i in part)) for part in _cut(n_rows, seed, fractions, "frames"))
 
 
-def make_group_split(snapshot_path: str | os.PathLike, out_dir: str | os.PathLike, *, seed: int,
-                     fractions: Sequence[float] = (0.7, 0.15, 0.15), revision: str = "group_r8") -> SplitInfo:
+def make_group_split(
+    snapshot_path: str | os.PathLike, out_dir: str | os.PathLike, *, seed: int, fractions: Sequence[float] = (0.7, 0.15, 0.15), revision: str = "group_r8"
+) -> SplitInfo:
     _check_seed(seed)
     made = _Source.read(snapshot_path)
     parts = assign_groups(made.entities.shipments.tolist(), seed, fractions, made.entities.together())
     return made.write(SplitMethod.GROUP, out_dir, revision, seed, parts, {"fractions": [float(x) for x in fractions]})
 
 
-def assign_group_folds(ids: Sequence[str], seed: int, k: int, final_fraction: float,
-                       together: Mapping[str, str] | None = None) -> tuple[tuple[str, ...], tuple[tuple[str, ...], ...]]:
+def assign_group_folds(
+    ids: Sequence[str], seed: int, k: int, final_fraction: float, together: Mapping[str, str] | None = None
+) -> tuple[tuple[str, ...], tuple[tuple[str, ...], ...]]:
     """Shuffle the distinct ids (or components, with ``together``) with the seed, hold out the final
     partition, cut the rest into ``k`` folds of as equal a number of units as can be: (final, folds)."""
     units = _units(ids, together)
@@ -195,7 +196,9 @@ def assign_group_folds(ids: Sequence[str], seed: int, k: int, final_fraction: fl
         raise UsageError(f"split.folds={k!r} must be an integer of at least 2 (one validation fold, one to train on)")
     n_final = max(1, math.floor(float(final_fraction) * len(distinct) + 0.5))
     if not 0 < final_fraction < 1 or len(distinct) - n_final < k:
-        raise UsageError(f"{len(distinct)} shipments cannot give a final partition of {final_fraction} and {k} non-empty folds; use more shipments or fewer folds")
+        raise UsageError(
+            f"{len(distinct)} shipments cannot give a final partition of {final_fraction} and {k} non-empty folds; use more shipments or fewer folds"
+        )
     order = _permutation(len(distinct), seed)
 
     def members(picked) -> tuple[str, ...]:
@@ -205,8 +208,9 @@ def assign_group_folds(ids: Sequence[str], seed: int, k: int, final_fraction: fl
     return members(order[len(order) - n_final :]), tuple(members(rest[f::k]) for f in range(k))
 
 
-def make_group_kfold_split(snapshot_path: str | os.PathLike, out_dir: str | os.PathLike, *, seed: int, folds: int = 5,
-                           final_fraction: float = 0.15, revision: str = "group_kfold_r1") -> SplitInfo:
+def make_group_kfold_split(
+    snapshot_path: str | os.PathLike, out_dir: str | os.PathLike, *, seed: int, folds: int = 5, final_fraction: float = 0.15, revision: str = "group_kfold_r1"
+) -> SplitInfo:
     """The final partition held out by shipment as a group split does; the rest cut into ``folds``
     folds by shipment. The file's train and validation are fold 0's, so a reader that knows no
     folds sees one honest split."""
@@ -214,12 +218,12 @@ def make_group_kfold_split(snapshot_path: str | os.PathLike, out_dir: str | os.P
     made = _Source.read(snapshot_path)
     final, parts = assign_group_folds(made.entities.shipments.tolist(), seed, folds, final_fraction, made.entities.together())
     train = tuple(sorted(i for part in parts[1:] for i in part))
-    return made.write(SplitMethod.GROUP_KFOLD, out_dir, revision, seed, (train, parts[0], final),
-                      {"final_fraction": float(final_fraction)}, folds=parts)
+    return made.write(SplitMethod.GROUP_KFOLD, out_dir, revision, seed, (train, parts[0], final), {"final_fraction": float(final_fraction)}, folds=parts)
 
 
-def make_time_split(snapshot_path: str | os.PathLike, out_dir: str | os.PathLike, *,
-                    fractions: Sequence[float] = (0.7, 0.15, 0.15), revision: str = "time_r1") -> SplitInfo:
+def make_time_split(
+    snapshot_path: str | os.PathLike, out_dir: str | os.PathLike, *, fractions: Sequence[float] = (0.7, 0.15, 0.15), revision: str = "time_r1"
+) -> SplitInfo:
     """Train on the earliest shipments, validate on the later ones, hold the latest out as final
     (fractions count shipments; each boundary falls where no component straddles it, periods.py).
     Nothing is drawn at random: the file's seed is 0."""
@@ -229,8 +233,9 @@ def make_time_split(snapshot_path: str | os.PathLike, out_dir: str | os.PathLike
     return made.write(SplitMethod.TIME, out_dir, revision, 0, parts, {"fractions": list(fr)})
 
 
-def make_time_kfold_split(snapshot_path: str | os.PathLike, out_dir: str | os.PathLike, *, folds: int = 4,
-                          final_fraction: float = 0.15, revision: str = "time_kfold_r1") -> SplitInfo:
+def make_time_kfold_split(
+    snapshot_path: str | os.PathLike, out_dir: str | os.PathLike, *, folds: int = 4, final_fraction: float = 0.15, revision: str = "time_kfold_r1"
+) -> SplitInfo:
     """The latest shipments held out as final; the rest cut into ``folds + 1`` periods: the earliest
     only ever trained on, and fold i validating on period i + 1 after training on every period before
     it (forward chaining). The file's train and validation are the last fold's: a reader that knows
@@ -240,12 +245,14 @@ def make_time_kfold_split(snapshot_path: str | os.PathLike, out_dir: str | os.Pa
     periods = assign_periods(made.entities.shipments.tolist(), made.times(), made.entities.together(), shares)
     head, parts, final = periods[0], periods[1:-1], periods[-1]
     train = tuple(sorted(i for part in (head, *parts[:-1]) for i in part))
-    return made.write(SplitMethod.TIME_KFOLD, out_dir, revision, 0, (train, parts[-1], final),
-                      {"final_fraction": float(final_fraction)}, folds=parts, train_only=head)
+    return made.write(
+        SplitMethod.TIME_KFOLD, out_dir, revision, 0, (train, parts[-1], final), {"final_fraction": float(final_fraction)}, folds=parts, train_only=head
+    )
 
 
-def make_assigned_split(snapshot_path: str | os.PathLike, out_dir: str | os.PathLike, assignment: Mapping[str, str], *,
-                        revision: str, group_leaks: bool = False) -> SplitInfo:
+def make_assigned_split(
+    snapshot_path: str | os.PathLike, out_dir: str | os.PathLike, assignment: Mapping[str, str], *, revision: str, group_leaks: bool = False
+) -> SplitInfo:
     """A group split whose partitions the user chose: ``assignment`` maps every shipment id to
     ``train``, ``validation`` or ``final``. One whose parcels (or declared groups) cross partitions is
     refused; ``group_leaks`` moves each crossing component whole into its latest partition instead."""
@@ -263,12 +270,15 @@ def make_assigned_split(snapshot_path: str | os.PathLike, out_dir: str | os.Path
         index = group_leaks_away(index, made.entities.together())
     parts = tuple(tuple(sorted(s for s, i in index.items() if i == k)) for k in range(len(_PARTS)))
     if not all(parts):
-        raise UsageError(f"partition {_PARTS[[bool(p) for p in parts].index(False)]!r} would hold no shipment; assign at least one shipment to each of {list(_PARTS)}")
+        raise UsageError(
+            f"partition {_PARTS[[bool(p) for p in parts].index(False)]!r} would hold no shipment; assign at least one shipment to each of {list(_PARTS)}"
+        )
     return made.write(SplitMethod.GROUP, out_dir, revision, 0, parts, {"assigned": True}, fix=_GROUP_AWAY)
 
 
-def make_random_split(snapshot_path: str | os.PathLike, out_dir: str | os.PathLike, *, seed: int,
-                      fractions: Sequence[float] = (0.7, 0.15, 0.15), revision: str = "random_r7") -> SplitInfo:
+def make_random_split(
+    snapshot_path: str | os.PathLike, out_dir: str | os.PathLike, *, seed: int, fractions: Sequence[float] = (0.7, 0.15, 0.15), revision: str = "random_r7"
+) -> SplitInfo:
     _check_seed(seed)
     made = _Source.read(snapshot_path)
     parts = assign_rows(len(made.entities.shipments), seed, fractions)
@@ -279,10 +289,20 @@ def read_split(path: str | os.PathLike) -> Split:
     """The split a trial is given, its digest recomputed from what was read."""
     c = _read_checked(path, SPLIT_FORMAT)
     try:
-        return Split(method=_method(c, path), key=c["key"], revision=c["revision"], snapshot_digest=c["snapshot_digest"],
-                     seed=c["seed"], train=tuple(c["train"]), validation=tuple(c["validation"]),
-                     final_digest=c["final_digest"], digest=c[DIGEST_FIELD], path=str(path),
-                     folds=tuple(tuple(part) for part in c.get("folds", ())), train_only=tuple(c.get("train_only", ())))
+        return Split(
+            method=_method(c, path),
+            key=c["key"],
+            revision=c["revision"],
+            snapshot_digest=c["snapshot_digest"],
+            seed=c["seed"],
+            train=tuple(c["train"]),
+            validation=tuple(c["validation"]),
+            final_digest=c["final_digest"],
+            digest=c[DIGEST_FIELD],
+            path=str(path),
+            folds=tuple(tuple(part) for part in c.get("folds", ())),
+            train_only=tuple(c.get("train_only", ())),
+        )
     except (KeyError, TypeError) as exc:
         raise CorruptRecord(f"{path} lacks field {exc}; regenerate the split under a new revision") from None
 
@@ -291,8 +311,15 @@ def read_final_record(path: str | os.PathLike) -> FinalRecord:
     """For load_final_partition only; a trial never has a reason to call this."""
     c = _read_checked(path, FINAL_FORMAT)
     try:
-        return FinalRecord(method=_method(c, path), key=c["key"], revision=c["revision"],
-                           snapshot_digest=c["snapshot_digest"], final=tuple(c["final"]), digest=c[DIGEST_FIELD], path=str(path))
+        return FinalRecord(
+            method=_method(c, path),
+            key=c["key"],
+            revision=c["revision"],
+            snapshot_digest=c["snapshot_digest"],
+            final=tuple(c["final"]),
+            digest=c[DIGEST_FIELD],
+            path=str(path),
+        )
     except (KeyError, TypeError) as exc:
         raise CorruptRecord(f"{path} lacks field {exc}; regenerate the split under a new revision") from None
 
@@ -311,7 +338,9 @@ def refuse_leaking_split(snapshot_path: str | os.PathLike, split: Split) -> None
     with open_snapshot(snapshot_path) as f:
         leak = split_leak(read_entities(f), split)
     if leak is not None:
-        raise UsageError(f"split {split.path} leaks: {leak}; make a new split revision (`parcel-hpc make-snapshot`, make_group_split), which keeps connected shipments together")
+        raise UsageError(
+            f"split {split.path} leaks: {leak}; make a new split revision (`parcel-hpc make-snapshot`, make_group_split), which keeps connected shipments together"
+        )
 
 
 _PARTS = ("train", "validation", "final")
@@ -337,8 +366,19 @@ class _Source:
             raise UsageError(f"snapshot {self.path} has no {CAPTURE_TIME} dataset; a time split needs each frame's capture time (docs/snapshot-format.md)")
         return self.entities.capture_time
 
-    def write(self, method: SplitMethod, out_dir, revision: str, seed: int, parts: tuple[Ids, ...], extra: dict[str, Any], *,
-              folds: tuple[Ids, ...] = (), train_only: Ids = (), fix: str = "") -> SplitInfo:
+    def write(
+        self,
+        method: SplitMethod,
+        out_dir,
+        revision: str,
+        seed: int,
+        parts: tuple[Ids, ...],
+        extra: dict[str, Any],
+        *,
+        folds: tuple[Ids, ...] = (),
+        train_only: Ids = (),
+        fix: str = "",
+    ) -> SplitInfo:
         split_path, final_path = split_paths(out_dir, revision)
         train, validation, final = parts
         if not method.leaks_shipments():
@@ -380,14 +420,30 @@ def _units(ids: Sequence[str], together: Mapping[str, str] | None) -> dict[str, 
     return units
 
 
-def _write_split(method: SplitMethod, revision: str, split_path: Path, final_path: Path, split_content: dict[str, Any],
-                 final_content: dict[str, Any], seed: int, counts: tuple[int, int, int]) -> SplitInfo:
+def _write_split(
+    method: SplitMethod,
+    revision: str,
+    split_path: Path,
+    final_path: Path,
+    split_content: dict[str, Any],
+    final_content: dict[str, Any],
+    seed: int,
+    counts: tuple[int, int, int],
+) -> SplitInfo:
     ensure_dir(split_path.parent)
     _write_once(final_path, final_content)
     _write_once(split_path, split_content)
-    return SplitInfo(method=method, revision=revision, split_path=str(split_path), final_path=str(final_path),
-                     split_digest=split_content[DIGEST_FIELD], final_digest=final_content[DIGEST_FIELD],
-                     snapshot_digest=split_content["snapshot_digest"], seed=seed, counts=counts)
+    return SplitInfo(
+        method=method,
+        revision=revision,
+        split_path=str(split_path),
+        final_path=str(final_path),
+        split_digest=split_content[DIGEST_FIELD],
+        final_digest=final_content[DIGEST_FIELD],
+        snapshot_digest=split_content["snapshot_digest"],
+        seed=seed,
+        counts=counts,
+    )
 
 
 def _check_seed(seed: int) -> None:

@@ -19,11 +19,11 @@ from typing import cast
 import h5py
 import numpy as np
 
-from parcel_hpc.errors import UsageError
-from parcel_hpc.fsio import FILE_MODE, canonical_json, ensure_dir, fsync_dir
 from parcel_hpc.data import schema as S
 from parcel_hpc.data._render import CAMERA_LABELS, DAMAGE_LABELS, render
 from parcel_hpc.data.digest import snapshot_digest
+from parcel_hpc.errors import UsageError
+from parcel_hpc.fsio import FILE_MODE, canonical_json, ensure_dir, fsync_dir
 
 GENERATOR = "parcel_hpc.data.synthetic/2"  # bump when the same seed would draw different parcels
 
@@ -75,9 +75,18 @@ def make_snapshot(
     out = ensure_dir(out_dir)
     target = out / S.SNAPSHOT_FILENAME
     t0 = clock()
-    r = render(seed, n_shipments, cast(tuple[int, int], tuple(parcels_per_shipment)), frames_per_parcel, image_size, label_noise, reshipped, drift)  # _check_args: two ints
-    params = dict(n_shipments=n_shipments, parcels_per_shipment=list(parcels_per_shipment),
-                  frames_per_parcel=frames_per_parcel, image_size=image_size, label_noise=label_noise, reshipped=reshipped, drift=drift)
+    r = render(
+        seed, n_shipments, cast(tuple[int, int], tuple(parcels_per_shipment)), frames_per_parcel, image_size, label_noise, reshipped, drift
+    )  # _check_args: two ints
+    params = dict(
+        n_shipments=n_shipments,
+        parcels_per_shipment=list(parcels_per_shipment),
+        frames_per_parcel=frames_per_parcel,
+        image_size=image_size,
+        label_noise=label_noise,
+        reshipped=reshipped,
+        drift=drift,
+    )
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=out)
     os.close(fd)
     try:
@@ -87,9 +96,7 @@ def make_snapshot(
         if target.exists():
             existing = snapshot_digest(target)
             if existing != digest:
-                raise UsageError(
-                    f"{target} already holds a different snapshot ({existing}); pick another out_dir or move it aside"
-                )
+                raise UsageError(f"{target} already holds a different snapshot ({existing}); pick another out_dir or move it aside")
             seconds = 0.0
         else:
             os.replace(tmp, target)
@@ -122,8 +129,9 @@ def _write(path: str, r, seed: int, params: dict) -> None:
     # A parcel's id names the shipment it first travelled in: a re-shipped parcel keeps it.
     first = np.zeros(int(r.parcel_index.max()) + 1, dtype=np.int64)
     first[r.parcel_index] = np.arange(len(r.parcel_index))  # a frame of each parcel slot
-    parcel_id = np.char.add(np.char.add(ship_ids[r.shipment_index[first[r.identity]]], b"-P"),
-                            np.char.zfill(r.parcel_in_shipment[first[r.identity]].astype("S2"), 2))
+    parcel_id = np.char.add(
+        np.char.add(ship_ids[r.shipment_index[first[r.identity]]], b"-P"), np.char.zfill(r.parcel_in_shipment[first[r.identity]].astype("S2"), 2)
+    )
     columns = {
         S.IMAGES: r.images,
         S.NEEDS_REVIEW: r.needs_review,
