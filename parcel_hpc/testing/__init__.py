@@ -42,7 +42,9 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name in _PUBLIC:
-        return getattr(importlib.import_module(_PUBLIC[name]), name)
-    raise AttributeError(f"module 'parcel_hpc.testing' has no attribute {name!r}")
+if not TYPE_CHECKING:  # mypy reads the imports above: a name not among them stays an error, not Any
+
+    def __getattr__(name: str) -> Any:
+        if name in _PUBLIC:
+            return getattr(importlib.import_module(_PUBLIC[name]), name)
+        raise AttributeError(f"module 'parcel_hpc.testing' has no attribute {name!r}")
