@@ -248,6 +248,28 @@ def test_the_public_api_is_pinned():
     )
 
 
+def test_the_packages_that_resolve_names_on_first_use_resolve_each_they_export_from_its_module():
+    """``parcel_hpc.data`` and ``parcel_hpc.testing`` name each export twice (the imports mypy reads,
+    the table their ``__getattr__`` reads): the two agree, and each name is the module's own object."""
+    import importlib
+
+    for package in ("parcel_hpc.data", "parcel_hpc.testing"):
+        module = importlib.import_module(package)
+        table = vars(module)["_PUBLIC"]
+        assert sorted(table) == sorted(module.__all__), package
+        typed = {
+            a.name
+            for node in ast.parse(Path(module.__file__).read_text()).body
+            if isinstance(node, ast.If)
+            for imp in node.body
+            if isinstance(imp, ast.ImportFrom)
+            for a in imp.names
+        }
+        assert typed == set(table), package
+        for name, where in table.items():
+            assert getattr(module, name) is getattr(importlib.import_module(where), name), (package, name)
+
+
 def test_one_default_for_how_many_checkpoints_a_trial_keeps():
     import yaml
 

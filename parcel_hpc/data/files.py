@@ -15,11 +15,11 @@ from parcel_hpc.errors import UsageError
 _REVISION = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
 
 
-def check_revision(revision: str) -> None:
+def _check_revision(revision: str) -> None:
     if not isinstance(revision, str) or not _REVISION.match(revision):
         raise UsageError(f"revision {revision!r} must match {_REVISION.pattern} (it becomes part of a file name)")
 
 
 def split_paths(out_dir: str | os.PathLike, revision: str) -> tuple[Path, Path]:
-    check_revision(revision)
+    _check_revision(revision)
     return Path(out_dir) / f"split-{revision}.json", Path(out_dir) / f"final-{revision}.json"
