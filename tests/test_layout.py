@@ -5,6 +5,7 @@ pinned (docs/architecture.md)."""
 from __future__ import annotations
 
 import ast
+import importlib
 import subprocess
 import sys
 from pathlib import Path
@@ -208,8 +209,8 @@ def test_a_trials_worker_a_launch_and_a_read_command_load_what_they_use_and_no_m
     """Every trial's job, every launch and every command pays its imports at start (a suite of short
     trials runs thousands): a worker loads neither Hydra nor pyarrow, a launch no pyarrow (the
     accounting tables' library, loaded by the reads that make one: reconcile, account, report), and
-    ``status`` and ``logs``, which read the ledger alone, not numpy and h5py either (they were about a
-    third of such a command's start, docs/performance.md)."""
+    ``status`` and ``logs``, which read the ledger alone, not numpy and h5py either (they were about
+    half of such a command's start, docs/performance.md)."""
     loaded = "import sys, {}; print(sorted(m for m in ('hydra', 'pyarrow', 'numpy', 'h5py') if m in sys.modules))"
     for module, expected in (
         ("parcel_hpc.worker.gate, parcel_hpc.worker.task", "['h5py', 'numpy']"),
@@ -251,8 +252,6 @@ def test_the_public_api_is_pinned():
 def test_the_packages_that_resolve_names_on_first_use_resolve_each_they_export_from_its_module():
     """``parcel_hpc.data`` and ``parcel_hpc.testing`` name each export twice (the imports mypy reads,
     the table their ``__getattr__`` reads): the two agree, and each name is the module's own object."""
-    import importlib
-
     for package in ("parcel_hpc.data", "parcel_hpc.testing"):
         module = importlib.import_module(package)
         table = vars(module)["_PUBLIC"]
